@@ -1,0 +1,11 @@
+"""pyinfra configuration for deploy.py (loaded by the pyinfra CLI before connecting)."""
+
+from pyinfra import config, state
+
+from sglang_deploy.hooks import ValidateBeforeConnect
+
+# Any failed host stops the whole run: a half-converged fleet is worse than a stopped deploy.
+config.FAIL_PERCENT = 0
+
+# Check every host's data (keys, types, launch flag shapes, secrets) before any connection.
+state.add_callback_handler(ValidateBeforeConnect())

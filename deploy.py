@@ -1,0 +1,26 @@
+"""sglang-deploy: from a bare LXC GPU host to a verified SGLang endpoint.
+
+    pyinfra inventory/prod.py deploy.py            # deploy / converge
+    pyinfra inventory/prod.py deploy.py --dry      # show what would change
+
+The operator's checklist, in order. Every stage reads the host first and changes only what
+differs; a second run changes nothing and restarts nothing.
+"""
+
+from sglang_deploy import stages
+
+# 1. Pre-flight, before anything is installed: nvidia-smi, device nodes, a CUDA driver-API
+#    probe, P2P verified by real peer copies (policy gpu_p2p_policy), the model's shards.
+stages.preflight_stage()
+
+# 2. Runtime: service user and folders, persistent caches, uv, the release venv installed
+#    exactly from the lock, and the version-aware FlashInfer autotune patch.
+stages.runtime_stage()
+
+# 3. Service: launch flags checked against the installed sglang, secrets in a root-only
+#    file, the systemd unit; restart only when something that affects the server changed.
+stages.service_stage()
+
+# 4. Verify: follow the journal and systemd until the model really serves (autotune seen,
+#    /health 200, /v1/models, a one-token generation), or fail fast saying why.
+stages.verify_stage()

@@ -1,0 +1,136 @@
+"""pyinfra facts: fetch raw host state in as few round trips as possible (no decisions here).
+
+Each fact asks for machine-readable output; the parsing and every decision live in the pure
+modules (``nvsmi``, ``preflight``, ``logparse``...).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from pyinfra.api import FactBase
+
+from sglang_deploy import nvsmi
+
+REMOTE = Path(__file__).resolve().parent / "remote"
+MARK = "@@sglang-deploy:"
+
+
+def _stdin_script(script: str, args: list[str], python: str = "python3") -> str:
+    """Run a shipped stdlib script with the host's python, fed on stdin (nothing written)."""
+    body = (REMOTE / script).read_text()
+    delim = "SGLANG_DEPLOY_EOF"
+    assert delim not in body
+    return f"{shlex.quote(python)} - {shlex.join(args)} <<'{delim}'\n{body}\n{delim}"
+
+
+def _json_fact_output(output: list[str]):
+    text = "\n".join(output).strip()
+    # the object is the last line; anything before it would be stray noise
+    return json.loads(text.splitlines()[-1]) if text else None
+
+
+GPU_SECTIONS = {
+    "query-gpu.csv": nvsmi.query_command(),
+    "topo-m.txt": "nvidia-smi topo -m",
+    "topo-p2p-r.txt": "nvidia-smi topo -p2p r",
+    "topo-p2p-w.txt": "nvidia-smi topo -p2p w",
+    "dev-nvidia.txt": "ls -l /dev/nvidia*",
+}
+
+
+class GpuSnapshot(FactBase):
+    """
+    nvidia-smi (``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``) and ``ls -l /dev/nvidia*``,
+    in one round trip. Returns ``{file name: {"out": text, "rc": exit code}}``, the same names
+    as a ``doctor --collect`` folder.
+    """
+
+    def command(self) -> str:
+        parts = []
+        for name, cmd in GPU_SECTIONS.items():
+            parts.append(f"echo '{MARK}{name}'; {cmd} 2>&1; echo \"{MARK}rc=$?\"")
+        return "LC_ALL=C; export LC_ALL; " + "; ".join(parts) + "; true"
+
+    def process(self, output: list[str]) -> dict:
+        sections: dict = {}
+        current, lines = None, []
+        for line in output:
+            if line.startswith(MARK + "rc="):
+                sections[current] = {"out": "\n".join(lines) + ("\n" if lines else ""),
+                                     "rc": int(line.split("=", 1)[1])}
+                current, lines = None, []
+            elif line.startswith(MARK):
+                current, lines = line[len(MARK):], []
+            else:
+                lines.append(line)
+        return sections
+
+
+class CudaProbe(FactBase):
+    """
+    Result of the CUDA driver-API probe (``remote/cuda_probe.py``, ctypes over libcuda.so.1,
+    no torch) run with the system python: init, devices and, with ``p2p``, a data-verified
+    copy between every GPU pair with its bandwidth. Returns the probe's JSON object.
+    """
+
+    def command(self, python: str = "python3", p2p: bool = True, mib: int = 64) -> str:
+        args = ["--mib", str(mib)] + (["--p2p"] if p2p else [])
+        return _stdin_script("cuda_probe.py", args, python=python)
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)
+
+
+class SglangHostState(FactBase):
+    """
+    Everything the runtime and service stages decide on, in one round trip: releases (with
+    their recorded patch state), the ``current`` link, the tool venv's uv version, the
+    service's ``systemctl show`` properties and, with ``model``, the model folder's shards.
+    """
+
+    def command(self, root: str, service: str, model: str | None = None,
+                secrets: str | None = None, python: str = "python3") -> str:
+        args = ["state", "--root", root, "--service", service]
+        if secrets:
+            args += ["--secrets", secrets]
+        if model:
+            args += ["--model", model]
+        return _stdin_script("hoststate.py", args, python=python)
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)
+
+
+class PatchStatus(FactBase):
+    """
+    ``patch.py status`` of a release venv's site-packages, run with that venv's python.
+    Returns the JSON object (``state``, ``file``, ``version``...), or ``None`` when the venv
+    does not exist yet.
+    """
+
+    def command(self, python: str, site: str, tool: str) -> str:
+        return (f"test -x {shlex.quote(python)} || {{ echo null; exit 0; }}; "
+                f"{shlex.quote(python)} {shlex.quote(tool)} status {shlex.quote(site)} --json; true")
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)
+
+
+class ServerArgsSource(FactBase):
+    """The text of ``sglang/srt/server_args.py`` of a release venv (``None`` if absent)."""
+
+    def command(self, site: str) -> str:
+        path = shlex.quote(f"{site}/sglang/srt/server_args.py")
+        return f"if test -f {path}; then cat {path}; else echo @@missing; fi"
+
+    def process(self, output: list[str]):
+        if output == ["@@missing"]:
+            return None
+        return "\n".join(output) + "\n"
+
+
+def site_packages(venv: str, python_minor: str) -> str:
+    return f"{venv}/lib/python{python_minor}/site-packages"

@@ -1,0 +1,52 @@
+"""`sglang-deploy lock`: regenerate a release lock (with hashes) for the HOSTS' platform.
+
+The input `locks/NAME.in` lists the top-level pins; a line `# lock-options: ...` in it adds
+uv options (e.g. `--no-deps` for the testbed, which installs sglang without its GPU stack).
+The output `locks/NAME.txt` is what `uv pip sync --require-hashes` installs on the host.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_PLATFORM = "x86_64-manylinux_2_36"  # Debian 12 (glibc 2.36) on x86_64
+DEFAULT_PYTHON = "3.11"  # Debian 12's python3
+
+
+def lock_options(text: str) -> list[str]:
+    opts: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("# lock-options:"):
+            opts += shlex.split(line.split(":", 1)[1])
+    return opts
+
+
+def compile_command(src: Path, out: Path, platform: str, python: str) -> list[str]:
+    uv = shutil.which("uv") or "uv"
+    return [uv, "pip", "compile", str(src), "--generate-hashes", "--quiet",
+            "--python-platform", platform, "--python-version", python,
+            "--custom-compile-command", f"sglang-deploy lock {src}",
+            *lock_options(src.read_text()), "-o", str(out)]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("lock", help="regenerate a release lock file (hashes) for the hosts' platform")
+    p.add_argument("input", type=Path, help="locks/NAME.in")
+    p.add_argument("--platform", default=DEFAULT_PLATFORM)
+    p.add_argument("--python-version", default=DEFAULT_PYTHON)
+    p.add_argument("--output", type=Path, help="default: NAME.txt beside the input")
+
+
+def run(args) -> int:
+    out = args.output or args.input.with_suffix(".txt")
+    cmd = compile_command(args.input, out, args.platform, args.python_version)
+    proc = subprocess.run(cmd)
+    if proc.returncode != 0:
+        print(f"error: uv pip compile failed ({proc.returncode})", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,287 @@
+"""pyinfra operations of sglang-deploy: each reads what it needs first and yields nothing when
+the host already matches (``host.noop``). Decisions come from the pure modules."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, operation
+from pyinfra.api.command import FileUploadCommand
+
+from sglang_deploy import flags as flagmod
+from sglang_deploy.errors import FlagError, PatchError, PreflightError
+from sglang_deploy.facts import ServerArgsSource
+
+
+def _sh(*words: str) -> str:
+    return " ".join(shlex.quote(w) for w in words)
+
+
+@operation()
+def preflight_gate(checks: list, title: str = "pre-flight"):
+    """
+    Report pre-flight checks; fail the host (before anything is installed) if any failed.
+
+    + checks: list of ``preflight.Check`` from the pure evaluation
+    + title: heading of the report
+
+    **Example:**
+
+    .. code:: python
+
+        preflight_gate(name="GPU pre-flight", checks=checks)
+    """
+    failed = [c for c in checks if c.status == "fail"]
+    for c in checks:
+        if c.status in ("warn", "fail"):
+            logger.warning(f"{host.print_prefix}{title}: {c.status.upper()} {c.name}: {c.message}")
+    if failed:
+        raise PreflightError(
+            what=f"{title} must pass before anything is installed",
+            found="; ".join(f"{c.name}: {c.message}" for c in failed),
+            fix=" / ".join(c.fix for c in failed if getattr(c, "fix", None)) or "see above",
+        )
+    host.noop(f"{title}: {len(checks)} checks passed"
+              + (f" ({sum(c.status == 'warn' for c in checks)} warnings)"
+                 if any(c.status == "warn" for c in checks) else ""))
+    return
+    yield  # pragma: no cover  (makes this a generator)
+
+
+@operation()
+def tool_venv(root: str, python: str, uv_version: str, present_version: str | None,
+              wheelhouse: str | None = None, index_url: str | None = None):
+    """
+    Bring uv onto the host, in a small tool venv made with the system python.
+
+    + root: sglang root folder (the venv goes to ``ROOT/tools/venv``)
+    + python: system python used to make the venv
+    + uv_version: exact uv version wanted
+    + present_version: the uv version found on the host (from ``SglangHostState``)
+    + wheelhouse: install offline from this folder on the host
+    + index_url: package index to use otherwise
+
+    **Example:**
+
+    .. code:: python
+
+        tool_venv(root="/opt/sglang", python="/usr/bin/python3", uv_version="0.13.9",
+                  present_version=None, wheelhouse="/srv/wheelhouse")
+    """
+    if present_version == uv_version:
+        host.noop(f"uv {uv_version} is present")
+        return
+    venv = f"{root}/tools/venv"
+    source = (["--no-index", "--find-links", wheelhouse] if wheelhouse
+              else (["--index-url", index_url] if index_url else []))
+    yield f"rm -rf {shlex.quote(venv)} && {_sh(python, '-m', 'venv', venv)}"
+    yield _sh(f"{venv}/bin/pip", "install", "--disable-pip-version-check", "--no-input", "-q",
+              *source, f"uv=={uv_version}")
+
+
+@operation()
+def release_venv(root: str, release_id: str, python: str, lock_path: str, complete: bool,
+                 wheelhouse: str | None = None, index_url: str | None = None,
+                 uv_cache: str | None = None, meta: dict | None = None):
+    """
+    Install one release venv, exactly the lock (``uv pip sync --require-hashes``).
+
+    A release lives in ``ROOT/releases/ID/venv`` and counts only once ``.complete`` exists,
+    so an install that was interrupted is thrown away and redone by the next run.
+
+    + root: sglang root folder
+    + release_id: the release id (hash of the lock file)
+    + python: the system python the venv is made from
+    + lock_path: path of the lock file ON THE HOST (uploaded before)
+    + complete: whether the host already has this release complete (from ``SglangHostState``)
+    + wheelhouse: install offline from this folder on the host (no index)
+    + index_url: package index otherwise
+    + uv_cache: uv's cache folder on the host
+    + meta: extra fields written into ``release.json``
+
+    **Example:**
+
+    .. code:: python
+
+        release_venv(root="/opt/sglang", release_id="3f2a...", python="/usr/bin/python3",
+                     lock_path="/opt/sglang/releases/3f2a.../requirements.lock", complete=False)
+    """
+    if complete:
+        host.noop(f"release {release_id} is installed")
+        return
+    rel = f"{root}/releases/{release_id}"
+    uv = f"{root}/tools/venv/bin/uv"
+    source = (["--offline", "--no-index", "--find-links", wheelhouse] if wheelhouse
+              else (["--index-url", index_url] if index_url else []))
+    env = f"UV_CACHE_DIR={shlex.quote(uv_cache)} " if uv_cache else ""
+    release_meta = json.dumps({"id": release_id, **(meta or {})}, sort_keys=True)
+    yield f"rm -rf {shlex.quote(rel + '/venv')} {shlex.quote(rel + '/.complete')}"
+    yield f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}"
+    yield (f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}")
+    yield f"printf '%s\\n' {shlex.quote(release_meta)} > {shlex.quote(rel + '/release.json')}"
+    yield f"touch {shlex.quote(rel + '/.complete')}"
+
+
+@operation()
+def autotune_patch(python: str, site: str, tool: str, record: str, status: dict | None):
+    """
+    Apply the FlashInfer autotune patch to a release venv, version-aware (``patch.py``).
+
+    + python: the release venv's python
+    + site: its site-packages folder
+    + tool: path of the shipped ``patch.py`` on the host
+    + record: where the patch state record is written (JSON)
+    + status: ``patch.py status --json`` of the venv, or None when the venv is new
+
+    **Example:**
+
+    .. code:: python
+
+        autotune_patch(python=".../venv/bin/python", site=".../site-packages",
+                       tool="/opt/sglang/tools/patch.py", record=".../autotune-patch.json",
+                       status=None)
+    """
+    state = (status or {}).get("state")
+    if state in ("already-applied", "enabled-upstream"):
+        host.noop(f"autotune patch: {state} ({status.get('file')})")
+        return
+    if status is not None and state not in (None, "needed"):
+        raise PatchError(what="a known autotune allow-list in the installed sglang",
+                         found=f"{state}: {status.get('error') or status.get('message')}",
+                         fix="pin an sglang version the patcher knows (0.5.7 .. 0.5.23) or set "
+                             "sglang_autotune_patch: false")
+    yield _sh(python, tool, "apply", site, "--json", "--record", record)
+
+
+def _check_flags_on_host(site: str, settings_flags: dict, version: str):
+    text = host.get_fact(ServerArgsSource, site=site)
+    if text is None:
+        raise FlagError(what="sglang/srt/server_args.py in the release venv",
+                        found=f"missing under {site}", fix="re-run the deploy to reinstall")
+    flagmod.check_flags(settings_flags, flagmod.parse_server_args(text), version)
+    logger.info(f"{host.print_prefix}launch flags checked against sglang {version}")
+
+
+@operation()
+def launch_flags_check(site: str, flag_map: dict, version: str, server_args: str | None):
+    """
+    Check every launch flag against the flags the installed sglang defines (read statically
+    from its ``server_args.py``), before the unit changes.
+
+    + site: site-packages of the release venv on the host
+    + flag_map: the full flag mapping that will be rendered
+    + version: the sglang version of the release
+    + server_args: the text of ``server_args.py`` if the release exists already, else None
+      (then the check runs on the host right after the install)
+
+    **Example:**
+
+    .. code:: python
+
+        launch_flags_check(site=site, flag_map=flags, version="0.5.12.post1", server_args=None)
+    """
+    if server_args is not None:
+        flagmod.check_flags(flag_map, flagmod.parse_server_args(server_args), version)
+        host.noop(f"{len(flag_map)} launch flags are defined by sglang {version}")
+        return
+    yield FunctionCommand(_check_flags_on_host, (site, flag_map, version), {})
+
+
+@operation()
+def secret_file(path: str, content: str, present_sha256: str | None):
+    """
+    Write the service's secrets (root:root 0600) without ever printing or diffing them.
+
+    + path: the EnvironmentFile path (its folder is root-only, 0700)
+    + content: the file body
+    + present_sha256: sha256 of the file on the host, None if absent
+
+    **Example:**
+
+    .. code:: python
+
+        secret_file(path="/etc/sglang/secrets.env", content=body, present_sha256=None)
+    """
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    if present_sha256 == digest:
+        host.noop(f"{path} is up to date")
+        return
+    tmp = f"{path}.tmp"
+    yield f"umask 077 && : > {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)}"
+    yield FileUploadCommand(StringIO(content), tmp, remote_temp_filename=None)
+    yield f"chown root:root {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
+
+
+@operation()
+def service_enabled(service: str, unit_file_state: str | None):
+    """
+    Enable the unit at boot.
+
+    + service: unit name without ``.service``
+    + unit_file_state: ``UnitFileState`` from ``systemctl show``
+
+    **Example:**
+
+    .. code:: python
+
+        service_enabled(service="sglang", unit_file_state="disabled")
+    """
+    if unit_file_state == "enabled":
+        host.noop(f"{service}.service is enabled")
+        return
+    yield _sh("systemctl", "enable", f"{service}.service")
+
+
+@operation()
+def service_started(service: str, active_state: str | None):
+    """
+    Start the service if it is not active (the verifier then waits for it).
+
+    + service: unit name without ``.service``
+    + active_state: ``ActiveState`` from ``systemctl show`` when the deploy began
+
+    **Example:**
+
+    .. code:: python
+
+        service_started(service="sglang", active_state="inactive")
+    """
+    if active_state in ("active", "activating", "reloading"):
+        host.noop(f"{service}.service is {active_state}")
+        return
+    yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
+    yield _sh("systemctl", "start", f"{service}.service")
+
+
+@operation()
+def service_restarted(service: str):
+    """
+    Restart the service (gate it with ``_if`` on the changes that affect the server).
+
+    + service: unit name without ``.service``
+
+    **Example:**
+
+    .. code:: python
+
+        service_restarted(service="sglang", _if=any_changed(unit, secrets, patch))
+    """
+    yield _sh("systemctl", "restart", f"{service}.service")
+
+
+@operation()
+def daemon_reload():
+    """
+    ``systemctl daemon-reload`` (gate it with ``_if=unit.did_change``).
+
+    **Example:**
+
+    .. code:: python
+
+        daemon_reload(_if=unit.did_change)
+    """
+    yield "systemctl daemon-reload"

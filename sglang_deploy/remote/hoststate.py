@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Read-only host state for sglang-deploy, one JSON object per call (stdlib only).
+
+Shipped to the host (or fed on stdin) and run with the system python, so that one round
+trip returns everything a fact or a verifier poll needs.
+
+  hoststate.py state --root R --service S [--model PATH]
+  hoststate.py poll --service S --port P [--host H] [--cursor C] [--invocation ID]
+                    [--http] [--generate] [--model-name NAME] [--secrets FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SHOW_PROPS = (
+    "ActiveState", "SubState", "Result", "InvocationID", "MainPID", "ExecMainCode",
+    "ExecMainStatus", "NRestarts", "ActiveEnterTimestampMonotonic", "UnitFileState",
+    "LoadState", "FragmentPath",
+)
+
+
+def systemd_show(service: str) -> dict:
+    out = subprocess.run(
+        ["systemctl", "show", f"{service}.service", "--no-pager", "-p", ",".join(SHOW_PROPS)],
+        capture_output=True, text=True,
+    )
+    props = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        props[key] = value
+    return props
+
+
+def read_json(path: str):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def releases(root: str) -> dict:
+    found = {}
+    for meta_path in sorted(glob.glob(os.path.join(root, "releases", "*", "release.json"))):
+        rel_dir = os.path.dirname(meta_path)
+        meta = read_json(meta_path) or {}
+        meta["complete"] = os.path.exists(os.path.join(rel_dir, ".complete"))
+        meta["patch"] = read_json(os.path.join(rel_dir, "autotune-patch.json"))
+        found[os.path.basename(rel_dir)] = meta
+    for rel_dir in sorted(glob.glob(os.path.join(root, "releases", "*"))):
+        found.setdefault(os.path.basename(rel_dir), {"complete": False, "patch": None})
+    return found
+
+
+def safetensors_shard(path: str) -> dict:
+    """Size and internal consistency of one shard (header length + data end == file size)."""
+    info = {"exists": os.path.exists(path)}
+    if not info["exists"]:
+        return info
+    size = os.path.getsize(path)
+    info["size"] = size
+    try:
+        with open(path, "rb") as fh:
+            (hlen,) = struct.unpack("<Q", fh.read(8))
+            if hlen > 100 * 1024 * 1024:
+                raise ValueError("header too large")
+            header = json.loads(fh.read(hlen))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+                  default=0)
+        info["expected_size"] = 8 + hlen + end
+    except (ValueError, struct.error, KeyError, TypeError) as exc:
+        info["error"] = f"unreadable safetensors header: {exc}"
+    return info
+
+
+def model_state(path: str) -> dict:
+    state = {"path": path, "exists": os.path.isdir(path)}
+    if not state["exists"]:
+        return state
+    state["config"] = read_json(os.path.join(path, "config.json")) is not None
+    index = read_json(os.path.join(path, "model.safetensors.index.json"))
+    state["index"] = index is not None
+    shards = sorted(set((index or {}).get("weight_map", {}).values()))
+    if index is None and os.path.exists(os.path.join(path, "model.safetensors")):
+        shards = ["model.safetensors"]
+    state["total_size"] = ((index or {}).get("metadata") or {}).get("total_size")
+    state["shards"] = {name: safetensors_shard(os.path.join(path, name)) for name in shards}
+    return state
+
+
+def sha256_file(path: str):
+    import hashlib
+
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def cmd_state(args) -> dict:
+    root = args.root
+    current = None
+    link = os.path.join(root, "current")
+    if os.path.islink(link):
+        current = os.path.basename(os.readlink(link).rstrip("/"))
+    uv = os.path.join(root, "tools", "venv", "bin", "uv")
+    uv_version = None
+    if os.access(uv, os.X_OK):
+        out = subprocess.run([uv, "--version"], capture_output=True, text=True)
+        uv_version = out.stdout.split()[1] if out.returncode == 0 and out.stdout else None
+    result = {
+        "releases": releases(root),
+        "current": current,
+        "uv_version": uv_version,
+        "service": systemd_show(args.service),
+        "last_verified": read_json(os.path.join(root, "last-verified.json")),
+        "python": "%d.%d" % sys.version_info[:2],
+        "secrets_sha256": sha256_file(args.secrets) if args.secrets else None,
+        "known_good": read_json(os.path.join(root, "known-good.json")),
+    }
+    if args.model:
+        result["model"] = model_state(args.model)
+    return result
+
+
+def _secret(path: str | None, name: str) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path) as fh:
+            for line in fh:
+                key, sep, value = line.strip().partition("=")
+                if sep and key == name:
+                    value = value.strip()
+                    if len(value) >= 2 and value[0] == value[-1] == '"':
+                        out, it = [], iter(value[1:-1])
+                        for ch in it:
+                            out.append(next(it, "") if ch == "\\" else ch)
+                        return "".join(out)
+                    return value
+    except OSError:
+        return None
+    return None
+
+
+def http(method: str, url: str, key: str | None, body: dict | None = None, timeout=5.0):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return {"status": resp.status, "body": resp.read(4096).decode("utf-8", "replace")}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code, "body": exc.read(1024).decode("utf-8", "replace")}
+    except (OSError, ValueError) as exc:
+        return {"status": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def journal(service: str, cursor: str | None, invocation: str | None, limit: int = 2000):
+    cmd = ["journalctl", "--no-pager", "-o", "json", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID",
+           "-n", str(limit)]
+    if invocation:
+        cmd.append(f"_SYSTEMD_INVOCATION_ID={invocation}")
+    else:
+        cmd += ["-u", f"{service}.service"]
+    if cursor:
+        cmd.append(f"--after-cursor={cursor}")
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    entries, last = [], cursor
+    for line in out.stdout.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        msg = entry.get("MESSAGE")
+        if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
+            msg = bytes(msg).decode("utf-8", "replace")
+        last = entry.get("__CURSOR", last)
+        entries.append({"t": int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6, "msg": msg or ""})
+    return entries, last
+
+
+def cmd_poll(args) -> dict:
+    result = {"now": time.time(), "service": systemd_show(args.service)}
+    invocation = args.invocation or result["service"].get("InvocationID") or None
+    result["journal"], result["cursor"] = journal(args.service, args.cursor, invocation)
+    if args.http:
+        base = f"http://{args.host}:{args.port}"
+        key = _secret(args.secrets, "SGLANG_API_KEY")
+        result["health"] = http("GET", base + "/health", None)
+        if result["health"].get("status") == 200:
+            result["models"] = http("GET", base + "/v1/models", key)
+            if args.generate:
+                result["generate"] = http(
+                    "POST", base + "/generate", key,
+                    {"text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+                    timeout=60,
+                )
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hoststate.py")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("state")
+    st.add_argument("--root", required=True)
+    st.add_argument("--service", required=True)
+    st.add_argument("--model")
+    st.add_argument("--secrets")
+    po = sub.add_parser("poll")
+    po.add_argument("--service", required=True)
+    po.add_argument("--host", default="127.0.0.1")
+    po.add_argument("--port", type=int, required=True)
+    po.add_argument("--cursor")
+    po.add_argument("--invocation")
+    po.add_argument("--http", action="store_true")
+    po.add_argument("--generate", action="store_true")
+    po.add_argument("--secrets")
+    args = parser.parse_args(argv)
+    out = cmd_state(args) if args.cmd == "state" else cmd_poll(args)
+    json.dump(out, sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

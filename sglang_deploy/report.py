@@ -1,0 +1,41 @@
+"""Per-host deploy summary: what runs, in what state, and how long startup took."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+REPORT_DIR = Path(os.environ.get("SGLANG_DEPLOY_REPORTS", ".sglang-deploy/reports"))
+
+
+def host_summary(name: str, ctx, decision) -> dict:
+    d = decision.details
+    return {
+        "host": name,
+        "release": ctx.release_id,
+        "sglang_version": ctx.sglang_version,
+        "patch_state": ctx.patch_state,
+        "served_model_name": ctx.settings.served_model_name,
+        "invocation": d.get("invocation"),
+        "phase_durations_s": {k: round(v, 2) for k, v in (d.get("phase_durations") or {}).items()},
+        "time_to_ready_s": d.get("time_to_ready_s"),
+        "nccl_env": ctx.nccl_env,
+    }
+
+
+def format_summary(summary: dict) -> str:
+    phases = ", ".join(f"{k} {v:.1f}s" for k, v in summary["phase_durations_s"].items())
+    return (f"READY {summary['host']}: sglang {summary['sglang_version']} (release "
+            f"{summary['release']}), autotune patch {summary['patch_state']}, serving "
+            f"`{summary['served_model_name']}`; phases: {phases or 'n/a'}; time to ready "
+            f"{summary['time_to_ready_s']}s"
+            + (f"; NCCL env {summary['nccl_env']}" if summary["nccl_env"] else ""))
+
+
+def emit(summary: dict) -> None:
+    from pyinfra import logger
+
+    logger.info(format_summary(summary))
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / f"{summary['host']}.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,296 @@
+"""The four stages of deploy.py, as pyinfra deploys: pre-flight, runtime, service, verify.
+
+Each stage reads the facts it needs once, decides with the pure modules and adds operations.
+Nothing here knows whether a host is simulated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, logger, state
+from pyinfra.api import deploy
+from pyinfra.facts.server import Users
+from pyinfra.operations import files, python, server
+
+from sglang_deploy import data as datamod
+from sglang_deploy import flags as flagmod
+from sglang_deploy import operations as ops
+from sglang_deploy import preflight
+from sglang_deploy.errors import DataError, RuntimeSetupError
+from sglang_deploy.facts import REMOTE, CudaProbe, GpuSnapshot, PatchStatus, ServerArgsSource, SglangHostState
+from sglang_deploy.unit import UnitSpec, device_allow, render_secrets_env, render_unit
+
+SECRETS_DIR = "/etc/sglang"
+SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
+
+
+@dataclass
+class Context:
+    """What one host's stages share (kept on host.data under a private key)."""
+
+    settings: datamod.Settings
+    hoststate: dict
+    release_id: str = ""
+    sglang_version: str = ""
+    nccl_env: dict = field(default_factory=dict)
+    ops: dict = field(default_factory=dict)
+    patch_state: str = "unknown"
+
+    @property
+    def root(self) -> str:
+        return self.settings.sglang_root
+
+    @property
+    def release_dir(self) -> str:
+        return f"{self.root}/releases/{self.release_id}"
+
+    @property
+    def venv_python(self) -> str:
+        return f"{self.release_dir}/venv/bin/python"
+
+    @property
+    def site(self) -> str:
+        return f"{self.release_dir}/venv/lib/python{self.hoststate['python']}/site-packages"
+
+    @property
+    def tools(self) -> str:
+        return f"{self.root}/tools"
+
+
+def lock_info(lock_file: str) -> tuple[str, str, str]:
+    """(release id, sglang version, lock text) of a lock file on the controller."""
+    path = Path(state.cwd or ".") / lock_file
+    if not path.is_file():
+        raise DataError(key="sglang_lock", what="the lock file named by `sglang_lock` exists",
+                        found=f"no file {path}",
+                        fix="run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`")
+    text = path.read_text()
+    m = re.search(r"^sglang==([^\s\\;]+)", text, re.M)
+    if not m:
+        raise DataError(key="sglang_lock", what="the lock pins sglang==VERSION",
+                        found=f"no sglang pin in {path}", fix="add sglang to the .in file and re-lock")
+    if "--hash=sha256:" not in text:
+        raise DataError(key="sglang_lock", what="a lock with hashes", found=f"{path} has no hashes",
+                        fix="regenerate it with `sglang-deploy lock` (uses --generate-hashes)")
+    return hashlib.sha256(text.encode()).hexdigest()[:16], m.group(1), text
+
+
+_CONTEXTS: dict[str, Context] = {}
+
+
+def context() -> Context:
+    ctx = _CONTEXTS.get(host.name)
+    if ctx is None:
+        raise RuntimeError("stages.preflight() must run first")
+    return ctx
+
+
+@deploy("Pre-flight: GPUs, CUDA, P2P and model")
+def preflight_stage():
+    settings = datamod.resolve(host.data.dict())
+    hs = host.get_fact(SglangHostState, root=settings.sglang_root, service=settings.sglang_service,
+                       model=settings.sglang_model_path, secrets=SECRETS_FILE,
+                       python=settings.sglang_system_python)
+    ctx = Context(settings=settings, hoststate=hs)
+    _CONTEXTS[host.name] = ctx
+    ctx.release_id, ctx.sglang_version, _ = lock_info(settings.sglang_lock)
+
+    snapshot = host.get_fact(GpuSnapshot)
+    probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=True,
+                          mib=settings.gpu_p2p_test_mib)
+    expect = preflight.Expectations(
+        count=settings.gpu_expected_count, model=settings.gpu_expected_model,
+        min_driver=settings.gpu_min_driver, p2p_policy=settings.gpu_p2p_policy,
+        min_gbps=settings.gpu_p2p_min_gbps,
+    )
+    checks, ctx.nccl_env, matrix = preflight.evaluate(snapshot, probe, expect)
+    checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
+                                    download=settings.sglang_model_download)
+    if matrix:
+        logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
+    ops.preflight_gate(name="Pre-flight checks (GPU, CUDA, P2P, model)", checks=checks)
+
+
+@deploy("Runtime: user, folders, uv, release venv, autotune patch")
+def runtime_stage():
+    ctx = context()
+    s = ctx.settings
+    hs = ctx.hoststate
+    users = host.get_fact(Users)
+    if s.sglang_user not in users:
+        server.user(name=f"Service user {s.sglang_user}", user=s.sglang_user, system=True,
+                    home=s.sglang_home, shell="/usr/sbin/nologin", create_home=False)
+    else:
+        host.noop(f"user {s.sglang_user} exists")
+    for path, owner, mode in (
+        (s.sglang_root, "root", "755"), (f"{s.sglang_root}/releases", "root", "755"),
+        (ctx.tools, "root", "755"), (s.sglang_cache_dir, s.sglang_user, "750"),
+        (s.sglang_home, s.sglang_user, "750"), (SECRETS_DIR, "root", "700"),
+        (f"{s.sglang_root}/uv-cache", "root", "700"),
+    ):
+        files.directory(name=f"Folder {path}", path=path, user=owner, group=owner, mode=mode)
+    for tool in ("patch.py", "launch.py", "hoststate.py"):
+        src = REMOTE / tool if tool != "patch.py" else Path(__file__).parent / "patch.py"
+        files.put(name=f"Tool {tool}", src=str(src), dest=f"{ctx.tools}/{tool}", mode="755",
+                  add_deploy_dir=False)
+    ops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
+                  python=s.sglang_system_python, uv_version=s.sglang_uv_version,
+                  present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
+                  index_url=s.sglang_index_url)
+
+    _, _, lock_text = lock_info(s.sglang_lock)
+    rel = hs["releases"].get(ctx.release_id) or {}
+    lock_put = files.put(name=f"Lock of release {ctx.release_id}", src=StringIO(lock_text),
+                         dest=f"{ctx.release_dir}/requirements.lock", mode="644")
+    release = ops.release_venv(
+        name=f"Release {ctx.release_id} (sglang {ctx.sglang_version})", root=s.sglang_root,
+        release_id=ctx.release_id, python=s.sglang_system_python,
+        lock_path=f"{ctx.release_dir}/requirements.lock", complete=bool(rel.get("complete")),
+        wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url,
+        uv_cache=f"{s.sglang_root}/uv-cache",
+        meta={"sglang_version": ctx.sglang_version, "lock": s.sglang_lock, "python": hs["python"]},
+    )
+    ctx.ops["release"] = release
+    ctx.ops["lock"] = lock_put
+    if s.sglang_autotune_patch:
+        status = None
+        if rel.get("complete"):
+            status = host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
+                                   tool=f"{ctx.tools}/patch.py")
+        ctx.patch_state = (status or {}).get("state") or "applied"
+        if ctx.patch_state == "needed":
+            ctx.patch_state = "applied"
+        ctx.ops["patch"] = ops.autotune_patch(
+            name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
+            tool=f"{ctx.tools}/patch.py", record=f"{ctx.release_dir}/autotune-patch.json",
+            status=status)
+    else:
+        ctx.patch_state = "disabled"
+
+
+def launch_argv(ctx: Context) -> list[str]:
+    s = ctx.settings
+    flag_map = dict(s.sglang_flags)
+    flag_map["model-path"] = s.sglang_model_path
+    if s.sglang_served_model_name:
+        flag_map["served-model-name"] = s.sglang_served_model_name
+    flag_map["host"] = s.sglang_host
+    flag_map["port"] = s.sglang_port
+    command = [c.replace("{python}", ctx.venv_python) for c in s.sglang_launch_command]
+    return [ctx.venv_python, f"{ctx.tools}/launch.py", *command, *flagmod.render_flags(flag_map)]
+
+
+def flag_map_for_check(ctx: Context) -> dict:
+    s = ctx.settings
+    return {**s.sglang_flags, "model-path": s.sglang_model_path, "host": s.sglang_host,
+            "port": s.sglang_port,
+            **({"served-model-name": s.sglang_served_model_name} if s.sglang_served_model_name else {}),
+            **({"api-key": "<secret>"} if s.api_key else {})}
+
+
+def service_environment(ctx: Context) -> list[tuple[str, str]]:
+    s = ctx.settings
+    env = {
+        "HOME": s.sglang_home,
+        "SGLANG_CACHE_DIR": s.sglang_cache_dir,
+        "FLASHINFER_WORKSPACE_BASE": s.sglang_cache_dir,
+        "XDG_CACHE_HOME": s.sglang_cache_dir,
+        "TRITON_CACHE_DIR": f"{s.sglang_cache_dir}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{s.sglang_cache_dir}/inductor",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **ctx.nccl_env,
+        **{k: str(v) for k, v in s.sglang_env.items()},
+    }
+    return sorted(env.items())
+
+
+@deploy("Service: launch flags, secrets, systemd unit, (re)start")
+def service_stage():
+    ctx = context()
+    s = ctx.settings
+    rel = ctx.hoststate["releases"].get(ctx.release_id) or {}
+    server_args = host.get_fact(ServerArgsSource, site=ctx.site) if rel.get("complete") else None
+    ctx.ops["flags"] = ops.launch_flags_check(
+        name="Launch flags known to the installed sglang", site=ctx.site,
+        flag_map=flag_map_for_check(ctx), version=ctx.sglang_version, server_args=server_args)
+    argv = launch_argv(ctx)
+    unit_text = render_unit(UnitSpec(
+        release_id=ctx.release_id, sglang_version=ctx.sglang_version,
+        patch_state=ctx.patch_state, served_model_name=s.served_model_name,
+        user=s.sglang_user, home=s.sglang_home, secrets_file=SECRETS_FILE,
+        environment=tuple(service_environment(ctx)), argv=tuple(argv),
+        stop_timeout_s=s.sglang_stop_timeout_s, restart_sec=s.sglang_restart_sec,
+        writable_paths=(s.sglang_cache_dir, s.sglang_home),
+        device_allow=device_allow(s.gpu_expected_count),
+    ))
+    secrets = ops.secret_file(name=f"Secrets {SECRETS_FILE} (0600, root)", path=SECRETS_FILE,
+                              content=render_secrets_env(s.secrets),
+                              present_sha256=ctx.hoststate.get("secrets_sha256"))
+    unit_path = f"/etc/systemd/system/{s.sglang_service}.service"
+    unit = files.put(name=f"Unit {unit_path}", src=StringIO(unit_text), dest=unit_path, mode="644")
+    link = files.link(name=f"{s.sglang_root}/current -> release {ctx.release_id}",
+                      path=f"{s.sglang_root}/current", target=ctx.release_dir)
+    ops.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
+    svc = ctx.hoststate["service"]
+    ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
+                        unit_file_state=svc.get("UnitFileState") or None)
+    started = ops.service_started(name=f"Start {s.sglang_service}", service=s.sglang_service,
+                                  active_state=svc.get("ActiveState") or None)
+    triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch") if k in ctx.ops]
+    restarted = ops.service_restarted(
+        name=f"Restart {s.sglang_service} (unit, secrets, release or patch changed)",
+        service=s.sglang_service,
+        _if=lambda: any(t.did_change() for t in triggers) and not started.did_change())
+    ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
+    ctx.ops["unit_text"] = unit_text
+
+
+def _expect_autotune(ctx: Context) -> bool:
+    flags = {k.lstrip("-").replace("_", "-"): v for k, v in ctx.settings.sglang_flags.items()}
+    if flags.get("disable-flashinfer-autotune"):
+        return False
+    backend = flags.get("moe-runner-backend")
+    return backend == "flashinfer_cutlass" and ctx.patch_state in (
+        "applied", "already-applied", "enabled-upstream")
+
+
+def _verify(ctx: Context):
+    from sglang_deploy import report
+    from sglang_deploy.verify import Verifier, wait_until_ready
+
+    s = ctx.settings
+    flags = {k.lstrip("-").replace("_", "-"): v for k, v in s.sglang_flags.items()}
+    verifier = Verifier(
+        sglang_version=ctx.sglang_version, expect_autotune=_expect_autotune(ctx),
+        cuda_graph=not flags.get("disable-cuda-graph"), served_model_name=s.served_model_name,
+        overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
+        require_generate=s.verify_generate,
+    )
+    addr = "127.0.0.1" if s.sglang_host in ("0.0.0.0", "::") else s.sglang_host
+    decision = wait_until_ready(
+        host, verifier, tool=f"{ctx.tools}/hoststate.py", service=s.sglang_service,
+        port=s.sglang_port, host_addr=addr, secrets=SECRETS_FILE, poll_s=s.verify_poll_s,
+        log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"),
+    )
+    summary = report.host_summary(host.name, ctx, decision)
+    record = json.dumps(summary, sort_keys=True)
+    host.run_shell_command(
+        f"printf '%s\\n' {shlex.quote(record)} > {shlex.quote(ctx.root + '/last-verified.json')}"
+        f" && cp {shlex.quote(ctx.root + '/last-verified.json')} {shlex.quote(ctx.root + '/known-good.json')}")
+    report.emit(summary)
+
+
+@deploy("Verify: block until the model really serves")
+def verify_stage():
+    ctx = context()
+    started, restarted = ctx.ops["started"], ctx.ops["restarted"]
+    python.call(name="Verify startup, API and a one-token generation", function=_verify, ctx=ctx,
+                _if=lambda: started.did_change() or restarted.did_change())

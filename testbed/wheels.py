@@ -1,0 +1,94 @@
+"""Fetch real wheels from PyPI (simple JSON API), verified by sha256, cached locally.
+
+Used by the testbed (its wheelhouse) and by tests that need the real files of a
+given sglang version. Nothing fetched here is ever committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import urllib.request
+from pathlib import Path
+
+INDEX = os.environ.get("SGLANG_DEPLOY_SIMPLE_INDEX", "https://pypi.org/simple")
+CACHE = Path(os.environ.get("SGLANG_DEPLOY_WHEEL_CACHE", "~/.cache/sglang-deploy/wheels")).expanduser()
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _wheel_ok(filename: str, python_tag: str, platform: str) -> bool:
+    parts = filename[:-4].split("-")
+    if len(parts) < 5:
+        return False
+    py, abi, plat = parts[-3], parts[-2], parts[-1]
+    pys = py.split(".")
+    if not any(p in (python_tag, "py3", "py2.py3") or p == "py3" for p in pys) and python_tag not in pys:
+        # abi3 wheels: cp39-abi3 etc. are fine for any later CPython
+        if not (abi == "abi3" and any(p.startswith("cp3") for p in pys)):
+            return False
+    return plat == "any" or platform in plat
+
+
+def fetch_wheel(name: str, version: str, python_tag: str = "cp311", platform: str = "x86_64",
+                cache: Path | None = None) -> Path:
+    """Return the path of the wheel of NAME==VERSION, downloading it once into the cache."""
+    cache = cache or CACHE
+    cache.mkdir(parents=True, exist_ok=True)
+    req = urllib.request.Request(
+        f"{INDEX}/{_normalise(name)}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        files = json.load(resp)["files"]
+    prefix = f"{name.replace('-', '_')}-{version}-"
+    candidates = [
+        f for f in files
+        if f["filename"].lower().startswith(prefix.lower()) and f["filename"].endswith(".whl")
+        and not f.get("yanked") and _wheel_ok(f["filename"], python_tag, platform)
+    ]
+    if not candidates:
+        raise LookupError(f"no wheel of {name}=={version} for {python_tag}/{platform} on {INDEX}")
+    # Prefer the most specific (platform) wheel, then the pure one.
+    candidates.sort(key=lambda f: f["filename"].endswith("-any.whl"))
+    chosen = candidates[0]
+    target = cache / chosen["filename"]
+    digest = chosen["hashes"]["sha256"]
+    if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == digest:
+        return target
+    tmp = target.with_suffix(".part")
+    with urllib.request.urlopen(chosen["url"], timeout=300) as resp, open(tmp, "wb") as out:
+        h = hashlib.sha256()
+        while chunk := resp.read(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    if h.hexdigest() != digest:
+        tmp.unlink()
+        raise ValueError(f"sha256 mismatch for {chosen['filename']}")
+    tmp.rename(target)
+    return target
+
+
+def fetch_sglang(version: str, **kw) -> Path:
+    return fetch_wheel("sglang", version, **kw)
+
+
+def extract_member(wheel: Path, member: str) -> str:
+    """Read one file (e.g. 'sglang/srt/server_args.py') from a wheel as text."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(member).decode("utf-8")
+
+
+def unpack(wheel: Path, dest: Path) -> Path:
+    """Unpack a wheel into DEST (a fake site-packages); returns DEST."""
+    import zipfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(dest)
+    return dest
