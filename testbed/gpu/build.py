@@ -1,0 +1,167 @@
+"""Build the libcuda.so.1 stand-in (testbed/gpu/libcuda_stub.c) against the real cuda.h.
+
+    python -m testbed.gpu.build OUT_DIR      # prints the path of OUT_DIR/libcuda.so.1
+
+The result is cached: OUT_DIR/libcuda.so.1.sha256 holds a hash of the source, the
+header and the command line; a rebuild only happens when one of them changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "libcuda_stub.c"
+NVIDIA_SMI = HERE / "nvidia_smi.py"
+SONAME = "libcuda.so.1"
+CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-pthread",
+          "-fvisibility=hidden"]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _nvcc_target(nvcc: Path) -> Path:
+    """Resolve symlinks, and one level of `exec /path/to/nvcc "$@"` wrapper scripts."""
+    real = nvcc.resolve()
+    try:
+        head = real.read_bytes()[:4096]
+    except OSError:
+        return real
+    if head.startswith(b"#!"):
+        m = re.search(rb"exec\s+(\S*nvcc)\b", head)
+        if m:
+            return Path(m.group(1).decode()).resolve()
+    return real
+
+
+def find_cuda_include() -> Path:
+    """Directory holding the real cuda.h: $CUDA_HOME, next to nvcc, /usr/local/cuda."""
+    candidates: list[Path] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]) / "include")
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).parent.parent / "include")
+        candidates.append(_nvcc_target(Path(nvcc)).parent.parent / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for c in candidates:
+        if (c / "cuda.h").is_file():
+            return c
+    raise BuildError(
+        "cuda.h not found (looked in: " + ", ".join(str(c) for c in candidates) + "); "
+        "install the CUDA toolkit headers or set CUDA_HOME"
+    )
+
+
+def _command(include: Path, out: Path) -> list[str]:
+    cc = os.environ.get("CC", "gcc")
+    return [cc, *CFLAGS, f"-I{include}", f"-Wl,-soname,{SONAME}", "-o", str(out), str(SOURCE)]
+
+
+def build_libcuda(out_dir: Path) -> Path:
+    """Compile the stand-in into out_dir/libcuda.so.1 (+ libcuda.so link); return its path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    include = find_cuda_include()
+    lib = out_dir / SONAME
+    cmd = _command(include, lib)
+    digest = hashlib.sha256()
+    digest.update(SOURCE.read_bytes())
+    digest.update((include / "cuda.h").read_bytes())
+    digest.update("\0".join(cmd).encode())
+    want = digest.hexdigest()
+    stamp = out_dir / (SONAME + ".sha256")
+    if not (lib.is_file() and stamp.is_file() and stamp.read_text().strip() == want):
+        tmp = out_dir / (SONAME + ".tmp")
+        cmd = _command(include, tmp)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+        os.replace(tmp, lib)
+        stamp.write_text(want + "\n")
+    link = out_dir / "libcuda.so"
+    if not (link.is_symlink() and os.readlink(link) == SONAME):
+        if link.exists() or link.is_symlink():
+            link.unlink()
+        link.symlink_to(SONAME)
+    return lib
+
+
+# gpu.env as in docs/design.md; nvidia_smi.py and libcuda_stub.c use the same defaults
+DEFAULT_GPU_ENV = {
+    "GPU_COUNT": "8",
+    "GPU_NAME": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    "GPU_MEMORY_MIB": "97887",
+    "GPU_CC": "12.0",
+    "DRIVER_VERSION": "580.95.05",
+    "CUDA_VERSION": "13.0",
+    "SOCKETS": "2",
+    "P2P_GBPS": "40",
+    "SCENARIO": "healthy",
+    "REPLAY_DIR": "",
+}
+SCENARIOS = ("healthy", "uvm-missing", "driver-mismatch", "gpu-missing", "p2p-unsupported",
+             "p2p-corrupt", "p2p-slow")
+
+
+def render_gpu_env(**overrides: str | float) -> str:
+    """Text of /etc/testbed/gpu.env: the defaults, updated with `overrides`."""
+    keys = dict(DEFAULT_GPU_ENV)
+    keys.update({k: str(v) for k, v in overrides.items()})
+    if keys["SCENARIO"] not in SCENARIOS:
+        raise ValueError(f"unknown GPU scenario {keys['SCENARIO']!r} (one of {', '.join(SCENARIOS)})")
+    return "".join(f"{k}={v}\n" for k, v in keys.items())
+
+
+def install_into_rootfs(rootfs: Path, build_dir: Path, gpu_env: str | None = None) -> list[Path]:
+    """Copy the stand-ins into a container root file system (device nodes not included):
+    usr/bin/nvidia-smi, usr/lib/x86_64-linux-gnu/libcuda.so.1 (+ libcuda.so link) and,
+    when given, etc/testbed/gpu.env.  Returns the paths written."""
+    rootfs = Path(rootfs)
+    lib = build_libcuda(Path(build_dir))
+    written = []
+    smi = rootfs / "usr/bin/nvidia-smi"
+    smi.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(NVIDIA_SMI, smi)
+    smi.chmod(0o755)
+    written.append(smi)
+    libdir = rootfs / "usr/lib/x86_64-linux-gnu"
+    libdir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(lib, libdir / SONAME)
+    (libdir / SONAME).chmod(0o755)
+    link = libdir / "libcuda.so"
+    if link.exists() or link.is_symlink():
+        link.unlink()
+    link.symlink_to(SONAME)
+    written += [libdir / SONAME, link]
+    if gpu_env is not None:
+        env = rootfs / "etc/testbed/gpu.env"
+        env.parent.mkdir(parents=True, exist_ok=True)
+        env.write_text(gpu_env)
+        written.append(env)
+    return written
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m testbed.gpu.build OUT_DIR", file=sys.stderr)
+        return 2
+    try:
+        print(build_libcuda(Path(argv[0])))
+    except BuildError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
