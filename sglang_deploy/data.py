@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from sglang_deploy.errors import DataError
+from sglang_deploy.errors import DataError, SglangDeployError
 
 # Data keys that belong to pyinfra itself or its connectors: passed through unchecked.
 FOREIGN_PREFIXES = ("ssh_", "_", "local_", "docker_", "chroot_", "winrm_", "terraform_", "vagrant_")
@@ -237,7 +237,11 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
 
     from sglang_deploy import flags as flagmod  # shape of the launch flags
 
-    flagmod.check_shape(values["sglang_flags"])
+    try:
+        flagmod.check_shape(values["sglang_flags"])
+    except SglangDeployError as exc:
+        raise DataError(key="sglang_flags", what=f"well-formed launch flags ({exc.what})",
+                        found=exc.found, fix=exc.fix) from exc
     for flag in flagmod.normalise_names(values["sglang_flags"]):
         if flag in _FLAG_KEYS_OWNED:
             owner = _FLAG_KEYS_OWNED[flag]

@@ -1,0 +1,99 @@
+"""Data validation (sglang_deploy.data): every bad input names its key, before connecting."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sglang_deploy import data
+from sglang_deploy.errors import DataError
+
+BASE = {"sglang_model_path": "/srv/models/m", "ssh_hostname": "10.0.0.1", "_sudo": False}
+
+
+def resolve(**over):
+    return data.resolve({**BASE, **over}, environ={"KEY": "s3cret", "TOK": "hf_x"})
+
+
+def test_defaults_resolve():
+    s = resolve()
+    assert s.gpu_expected_count == 8
+    assert s.sglang_port == 30000
+    assert s.served_model_name == "/srv/models/m"
+    assert s.secrets == {}
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"sglang_portt": 1}, "sglang_portt"),
+    ({"gpu_expected_count": "8"}, "gpu_expected_count"),
+    ({"gpu_expected_count": True}, "gpu_expected_count"),
+    ({"gpu_expected_count": -1}, "gpu_expected_count"),
+    ({"gpu_p2p_policy": "maybe"}, "gpu_p2p_policy"),
+    ({"sglang_model_path": ""}, "sglang_model_path"),
+    ({"sglang_model_path": "relative/path"}, "sglang_model_path"),
+    ({"sglang_flags": {"tp-size": [[1]]}}, "sglang_flags"),
+    ({"sglang_flags": {"served-model-name": "a\nb"}}, "sglang_flags"),
+    ({"sglang_flags": {"port": 8000}}, "sglang_flags"),
+    ({"sglang_flags": {"--api-key": "x"}}, "sglang_flags"),
+    ({"sglang_env": {"BAD NAME": "x"}}, "sglang_env"),
+    ({"sglang_api_key_env": "MISSING_VAR"}, "sglang_api_key_env"),
+    ({"sglang_host": "0.0.0.0"}, "sglang_host"),
+    ({"verify_phase_timeouts": {"loadng": 5}}, "verify_phase_timeouts"),
+    ({"verify_phase_timeouts": {"loading": 0}}, "verify_phase_timeouts"),
+    ({"sglang_model_download": True}, "sglang_model_repo"),
+    ({"sglang_user": "Root;rm"}, "sglang_user"),
+])
+def test_bad_input_names_the_key(over, key):
+    with pytest.raises(DataError) as err:
+        resolve(**over)
+    assert err.value.key == key
+    assert key in str(err.value)
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(DataError, match="did you mean `sglang_port`"):
+        resolve(sglang_portt=1)
+
+
+def test_missing_model_path_is_required():
+    with pytest.raises(DataError, match="sglang_model_path"):
+        data.resolve({"ssh_hostname": "x"}, environ={})
+
+
+def test_public_bind_needs_a_key_or_explicit_permission():
+    assert resolve(sglang_host="0.0.0.0", sglang_api_key_env="KEY").api_key == "s3cret"
+    assert resolve(sglang_host="0.0.0.0", sglang_allow_public_without_key=True).api_key is None
+
+
+def test_secrets_come_from_the_controller_environment_only():
+    s = resolve(sglang_api_key_env="KEY", sglang_hf_token_env="TOK")
+    assert s.secrets == {"SGLANG_API_KEY": "s3cret", "HF_TOKEN": "hf_x"}
+    assert "s3cret" not in repr(s)
+
+
+def test_secret_with_newline_is_refused():
+    with pytest.raises(DataError, match="one line"):
+        data.resolve({**BASE, "sglang_api_key_env": "K"}, environ={"K": "a\nb"})
+
+
+def test_phase_timeouts_merge_with_defaults():
+    s = resolve(verify_phase_timeouts={"loading": 5})
+    assert s.verify_phase_timeouts["loading"] == 5
+    assert s.verify_phase_timeouts["autotune"] == 1800
+
+
+def test_readme_documents_every_key():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert data.markdown_table() in readme, "README data table is stale: run `sglang-deploy data-table`"
+    for name in data.KEYS:
+        assert re.search(rf"\| `{name}` \|", readme)
+
+
+def test_group_data_seed_profile_is_valid():
+    ns: dict = {}
+    exec((Path(__file__).parents[2] / "group_data" / "all.py").read_text(), ns)
+    raw = {k: v for k, v in ns.items() if not k.startswith("_")}
+    s = data.resolve(raw, environ={})
+    assert s.sglang_flags["moe-runner-backend"] == "flashinfer_cutlass"
+    assert "max-running-requests" not in s.sglang_flags
+    assert s.sglang_flags["disable-cuda-graph"] is True
