@@ -1,0 +1,57 @@
+"""pyinfra inventory of the local testbed (`python -m testbed up --hosts N`).
+
+Reads the testbed state (`.testbed/state.json` at the repo root, or `$TESTBED_DIR/state.json`).
+Connections are checked strictly against the testbed's own known_hosts file (the testbed
+writes each host's key there when it creates or wipes the host).
+
+TESTBED_DATA is the ONLY place where the testbed differs from a production inventory.
+"""
+
+import json
+import os
+from pathlib import Path
+
+# The lead fills the final keys; every other piece of data comes from group_data/ as in prod.
+TESTBED_DATA = {
+    # The SGLang simulator stands in for `python -m sglang.launch_server` (same argv after it).
+    "sglang_launch_command": ["{python}", "/opt/sglang-sim/launch_server.py"],
+    # Containers have no route to the package index: install from the read-only bind mount.
+    "sglang_wheelhouse": "/srv/wheelhouse",
+    "sglang_lock": "locks/testbed.txt",
+    "sglang_model_path": "/srv/models/GLM-5-NVFP4",
+}
+
+
+def _state_path() -> Path:
+    env = os.environ.get("TESTBED_DIR")
+    if env:
+        return Path(env).expanduser().resolve() / "state.json"
+    return Path(__file__).resolve().parent.parent / ".testbed" / "state.json"
+
+
+def _load_hosts():
+    path = _state_path()
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        msg = f"no testbed is up: run `python -m testbed up --hosts 1` (no {path})"
+        try:
+            from pyinfra.api.exceptions import InventoryError
+        except ImportError:  # pragma: no cover
+            raise RuntimeError(msg) from None
+        raise InventoryError(msg) from None
+    hosts = []
+    for h in sorted(state["hosts"], key=lambda h: h["index"]):
+        hosts.append((h["name"], {
+            "ssh_hostname": h["address"],
+            "ssh_user": "root",
+            "ssh_key": state["key"],
+            "ssh_known_hosts_file": state["known_hosts"],
+            "ssh_strict_host_key_checking": "yes",
+            "ssh_connect_retries": 3,
+            **TESTBED_DATA,
+        }))
+    return hosts
+
+
+testbed = _load_hosts()

@@ -1,0 +1,89 @@
+"""`python -m testbed up|down|status|wipe|scenario|ssh` (as root). See testbed/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    from testbed import fleet
+
+    p = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("up", help="boot N hosts (idempotent; adds missing ones)")
+    a.add_argument("--hosts", type=int, default=int(os.environ.get("TESTBED_HOSTS", "3")))
+    a.add_argument("--prefix", default=fleet.DEFAULT_PREFIX)
+    a.add_argument("--no-wheels", action="store_true", help="do not fill the wheelhouse")
+    sub.add_parser("down", help="stop and remove every host (keeps the rootfs cache and the key)")
+    a = sub.add_parser("status", help="per host: address, nspawn alive, ssh reachable, scenarios")
+    a.add_argument("--json", action="store_true")
+    a = sub.add_parser("wipe", help="replace HOST by a blank one (new overlay, new host key)")
+    a.add_argument("host")
+    a = sub.add_parser("scenario", help="set a GPU or server scenario on HOST")
+    a.add_argument("host")
+    a.add_argument("name", choices=sorted(set(fleet.GPU_SCENARIOS) | set(fleet.SIM_SCENARIOS)))
+    a = sub.add_parser("ssh", help="run a command on HOST as root (or an interactive shell)")
+    a.add_argument("host")
+    a.add_argument("command", nargs=argparse.REMAINDER)
+    sub.add_parser("build-rootfs", help="build (or rebuild with --force) the cached base rootfs")\
+        .add_argument("--force", action="store_true")
+    args = p.parse_args(argv)
+
+    if os.geteuid() != 0:
+        print("python -m testbed: must run as root (overlays, netns, systemd-nspawn)", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    try:
+        if args.cmd == "up":
+            if args.hosts < 1:
+                p.error("--hosts must be >= 1")
+            state = fleet.up(args.hosts, prefix=args.prefix, wheels=not args.no_wheels)
+            for h in state["hosts"]:
+                print(f"{h['name']}\t{h['address']}\tpid {h['pid']}")
+            print(f"up: {time.monotonic() - t0:.1f}s")
+        elif args.cmd == "down":
+            fleet.down()
+            print(f"down: {time.monotonic() - t0:.1f}s")
+        elif args.cmd == "status":
+            st = fleet.status()
+            if args.json:
+                print(json.dumps(st, indent=2))
+            elif not st["up"]:
+                print(f"no testbed is up ({st['state_dir']})")
+            else:
+                print(f"{'NAME':8} {'ADDRESS':14} {'PID':>8} {'ALIVE':5} {'SSH':5} GPU / SERVER SCENARIO")
+                for h in st["hosts"]:
+                    print(f"{h['name']:8} {h['address']:14} {h['pid'] or '-':>8} {h['alive']!s:5} "
+                          f"{h['ssh']!s:5} {h['gpu_scenario']} / {h['sim_scenario']}")
+        elif args.cmd == "wipe":
+            h = fleet.wipe(args.host)
+            print(f"wiped {h['name']} ({h['address']}) in {time.monotonic() - t0:.1f}s")
+        elif args.cmd == "scenario":
+            fleet.scenario(args.host, args.name)
+            print(f"{args.host}: scenario {args.name}")
+        elif args.cmd == "ssh":
+            state = fleet.load_state()
+            if state is None:
+                raise fleet.TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+            h = fleet.find_host(state, args.host)
+            argv_ = fleet.ssh_argv(state, h, *args.command)
+            if not args.command:
+                argv_.insert(1, "-t")
+            os.execvp(argv_[0], argv_)
+        elif args.cmd == "build-rootfs":
+            from testbed import rootfs
+
+            print(rootfs.ensure_base(force=args.force))
+            print(f"build-rootfs: {time.monotonic() - t0:.1f}s")
+    except fleet.TestbedError as e:
+        print(f"testbed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

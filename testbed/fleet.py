@@ -1,0 +1,742 @@
+"""The testbed fleet: real systemd containers (systemd-nspawn) standing in for 8-GPU LXC hosts.
+
+Each host: an overlay over the cached base rootfs (testbed.rootfs), its own network
+namespace with one address on the controller's bridge (testbed.net), per-host SSH host
+key (known in advance: written to the testbed's known_hosts, so clients check strictly),
+GPU stand-ins, the SGLang simulator and a model stand-in in its overlay upper dir, and the
+controller's wheelhouse bind-mounted read-only at /srv/wheelhouse.
+
+See testbed/README.md for commands and layout. Everything here runs as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import net, rootfs
+
+REPO = Path(__file__).resolve().parent.parent
+SGLANG_VERSION = "0.5.12.post1"
+STATE_VERSION = 1
+DEFAULT_PREFIX = "tb"
+SUBNET = os.environ.get("TESTBED_SUBNET", "10.213.0")  # /24, controller at .1, host i at .(10+i)
+HOST_OFFSET = 10
+MODEL_NAME = "GLM-5-NVFP4"
+BOOT_TIMEOUT = float(os.environ.get("TESTBED_BOOT_TIMEOUT", "120"))
+STOP_TIMEOUT = 30.0
+
+GPU_SCENARIOS = (
+    "healthy", "uvm-missing", "driver-mismatch", "gpu-missing",
+    "p2p-unsupported", "p2p-corrupt", "p2p-slow",
+)
+SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start")
+
+GPU_ENV_DEFAULT = """\
+GPU_COUNT=8
+GPU_NAME=NVIDIA RTX PRO 6000 Blackwell Server Edition
+GPU_MEMORY_MIB=97887
+GPU_CC=12.0
+DRIVER_VERSION=580.95.05
+CUDA_VERSION=13.0
+SOCKETS=2
+P2P_GBPS=40
+SCENARIO=healthy
+REPLAY_DIR=
+"""
+SIM_ENV_DEFAULT = "SCENARIO=healthy\nTIME_SCALE=0.02\n"
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- paths / state
+
+def state_dir() -> Path:
+    env = os.environ.get("TESTBED_DIR")
+    return Path(env).expanduser().resolve() if env else REPO / ".testbed"
+
+
+def wheelhouse_dir() -> Path:
+    env = os.environ.get("TESTBED_WHEELHOUSE")
+    return Path(env).expanduser() if env else Path("~/.cache/sglang-deploy/wheelhouse").expanduser()
+
+
+def state_file() -> Path:
+    return state_dir() / "state.json"
+
+
+def load_state() -> dict | None:
+    try:
+        return json.loads(state_file().read_text())
+    except FileNotFoundError:
+        return None
+
+
+def save_state(state: dict) -> None:
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    state["hosts"].sort(key=lambda h: h["index"])
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.rename(path)
+
+
+@contextlib.contextmanager
+def locked():
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def new_state(prefix: str) -> dict:
+    d = state_dir()
+    return {
+        "version": STATE_VERSION,
+        "prefix": prefix,
+        "state_dir": str(d),
+        "bridge": f"{prefix}br0",
+        "gateway": f"{SUBNET}.1",
+        "subnet": f"{SUBNET}.0/24",
+        "key": str(d / "id_ed25519"),
+        "known_hosts": str(d / "known_hosts"),
+        "wheelhouse": str(wheelhouse_dir()),
+        "base": str(rootfs.base_path()),
+        "sglang_version": SGLANG_VERSION,
+        "hosts": [],
+    }
+
+
+def host_record(state: dict, index: int) -> dict:
+    name = f"{state['prefix']}{index}"
+    d = Path(state["state_dir"]) / name
+    return {
+        "name": name,
+        "index": index,
+        "address": f"{SUBNET}.{HOST_OFFSET + index}",
+        "netns": name,
+        "veth": net.veth_name(name),
+        "pid": None,
+        "dir": str(d),
+        "upper": str(d / "upper"),
+        "work": str(d / "work"),
+        "merged": str(d / "merged"),
+        "console": str(d / "console.log"),
+    }
+
+
+def find_host(state: dict, name: str) -> dict:
+    for h in state["hosts"]:
+        if h["name"] == name or h["address"] == name:
+            return h
+    raise TestbedError(f"no testbed host {name!r} (hosts: {', '.join(h['name'] for h in state['hosts'])})")
+
+
+# --------------------------------------------------------------------------- processes
+
+def _proc_alive(pid: int | None, machine: str | None = None) -> bool:
+    """PID is a live (not zombie) systemd-nspawn (for MACHINE, if given)."""
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+        return False
+    if not cmdline or not cmdline[0].endswith(b"systemd-nspawn"):
+        return False
+    return machine is None or f"--machine={machine}".encode() in cmdline
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def _orphan_inits(h: dict) -> list[int]:
+    """Container inits left running on this host's overlay (e.g. after nspawn got SIGKILL)."""
+    found = []
+    needle = f"upperdir={h['upper']},"
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            nspid = next((ln.split()[1:] for ln in (proc / "status").read_text().splitlines()
+                          if ln.startswith("NSpid:")), [])
+            if len(nspid) < 2 or nspid[-1] != "1":
+                continue  # not the init of a nested pid namespace
+            for line in (proc / "mountinfo").read_text().splitlines():
+                fields = line.split()
+                if fields[4] == "/" and needle in line:
+                    found.append(int(proc.name))
+                    break
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def host_alive(h: dict) -> bool:
+    return _proc_alive(h.get("pid"), h["name"])
+
+
+# --------------------------------------------------------------------------- ssh
+
+def ssh_argv(state: dict, h: dict, *cmd: str, timeout: int = 5) -> list[str]:
+    return [
+        "ssh", "-q",
+        "-o", "BatchMode=yes",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={state['known_hosts']}",
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"ConnectTimeout={timeout}",
+        "-o", "LogLevel=ERROR",
+        "-i", state["key"],
+        f"root@{h['address']}",
+        *cmd,
+    ]
+
+
+def ssh(state: dict, h: dict, cmd: str, timeout: float = 60, check: bool = False,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ssh_argv(state, h, cmd), capture_output=True, text=True, timeout=timeout,
+        check=check, input=input, stdin=None if input is not None else subprocess.DEVNULL,
+    )
+
+
+_KH_LOCK = threading.Lock()
+
+
+def _known_hosts_replace(state: dict, address: str, pubkey_line: str | None) -> None:
+    """Replace (or drop) the known_hosts entry of ADDRESS (a replaced machine has a new key)."""
+    with _KH_LOCK:
+        _known_hosts_replace_locked(state, address, pubkey_line)
+
+
+def _known_hosts_replace_locked(state: dict, address: str, pubkey_line: str | None) -> None:
+    kh = Path(state["known_hosts"])
+    lines = kh.read_text().splitlines() if kh.exists() else []
+    keep = [ln for ln in lines if ln.split(" ", 1)[0].split(",")[0] != address]
+    if pubkey_line:
+        keytype, key = pubkey_line.split()[:2]
+        keep.append(f"{address} {keytype} {key}")
+    tmp = kh.with_name(kh.name + ".tmp")
+    tmp.write_text("".join(ln + "\n" for ln in keep))
+    tmp.rename(kh)
+
+
+# --------------------------------------------------------------------------- controller-side assets
+
+def ensure_key(state: dict) -> None:
+    key = Path(state["key"])
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "testbed-controller", "-f", str(key)],
+            check=True,
+        )
+    Path(state["known_hosts"]).touch()
+
+
+def uv_version() -> str:
+    """The controller's uv version (env TESTBED_UV_VERSION overrides)."""
+    if os.environ.get("TESTBED_UV_VERSION"):
+        return os.environ["TESTBED_UV_VERSION"]
+    uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv:
+        out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout
+        return out.split()[1]
+    try:
+        from importlib.metadata import version
+
+        return version("uv")
+    except Exception:  # noqa: BLE001
+        raise TestbedError("uv not found on the controller: install it or set TESTBED_UV_VERSION") from None
+
+
+def ensure_wheelhouse(state: dict) -> list[str]:
+    """The sglang wheel (pinned) and the uv wheel (controller's version, manylinux x86_64)."""
+    from testbed import wheels
+
+    wh = Path(state["wheelhouse"])
+    wh.mkdir(parents=True, exist_ok=True)
+    added = []
+    wanted = [
+        ("sglang", state["sglang_version"], {}),
+        ("uv", uv_version(), {"python_tag": "py3", "platform": "manylinux_2_17_x86_64"}),
+    ]
+    for name, version, kw in wanted:
+        if any(wh.glob(f"{name}-{version}-*.whl")):
+            continue
+        try:
+            src = wheels.fetch_wheel(name, version, **kw)
+        except Exception as e:
+            raise TestbedError(
+                f"could not fetch the {name}=={version} wheel for the wheelhouse ({e}); put it in "
+                f"{wh} by hand or run `up --no-wheels`"
+            ) from e
+        dst = wh / src.name
+        tmp = wh / f".{src.name}.part"
+        shutil.copyfile(src, tmp)
+        tmp.rename(dst)
+        added.append(dst.name)
+    return added
+
+
+@dataclass
+class Assets:
+    nvidia_smi: Path | None
+    libcuda: Path | None
+    sim_dir: Path | None
+    make_model_dir: object | None
+    missing: list[str]
+
+
+def prepare_assets(state: dict) -> Assets:
+    """Build/locate the GPU and server stand-ins (other modules of testbed/; imported lazily)."""
+    missing = []
+    smi = REPO / "testbed/gpu/nvidia_smi.py"
+    if not smi.exists():
+        smi = None
+        missing.append("testbed/gpu/nvidia_smi.py")
+    libcuda = None
+    try:
+        from testbed.gpu.build import build_libcuda
+    except ImportError as e:
+        missing.append(f"testbed/gpu/build.py ({e})")
+    else:
+        out = Path(state["state_dir"]) / "gpu-build"
+        out.mkdir(parents=True, exist_ok=True)
+        libcuda = Path(build_libcuda(out))
+    sim_dir = REPO / "testbed/sim"
+    if not (sim_dir / "launch_server.py").exists():
+        sim_dir = None
+        missing.append("testbed/sim/launch_server.py")
+    try:
+        from testbed.sim.model import make_model_dir
+    except ImportError as e:
+        make_model_dir = None
+        missing.append(f"testbed/sim/model.py ({e})")
+    for m in missing:
+        log(f"WARNING: stand-in not available yet, hosts will lack it: {m}")
+    return Assets(smi, libcuda, sim_dir, make_model_dir, missing)
+
+
+# --------------------------------------------------------------------------- one host
+
+def _write(path: Path, content: str | bytes, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    path.chmod(mode)
+
+
+def _is_mount(path: Path) -> bool:
+    return os.path.ismount(path)
+
+
+def write_etc_hosts(state: dict, h: dict) -> None:
+    """/etc/hosts: localhost, itself, the controller (bridge address) and the other hosts."""
+    others = "".join(f"{o['address']}\t{o['name']}\n" for o in state["hosts"] if o["name"] != h["name"])
+    _write(Path(h["merged"]) / "etc/hosts",
+           "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+           f"{h['address']}\t{h['name']}\n{state['gateway']}\ttestbed-controller\n{others}")
+
+
+def _populate(state: dict, h: dict, assets: Assets) -> str:
+    """Write the per-host files into the (mounted) merged dir; returns the SSH host pubkey line."""
+    root = Path(h["merged"])
+    name = h["name"]
+    _write(root / "etc/hostname", name + "\n")
+    write_etc_hosts(state, h)
+    _write(root / "etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
+    # SSH: the controller's key, and this host's own host key (made here, so it is known
+    # before the first connection: clients check strictly, no trust-on-first-use).
+    (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
+    pub = Path(state["key"] + ".pub").read_text()
+    _write(root / "root/.ssh/authorized_keys", pub, 0o600)
+    hk = root / "etc/ssh/ssh_host_ed25519_key"
+    for f in (hk, hk.with_suffix(".pub")):
+        if f.exists():
+            f.unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(hk)],
+                   check=True)
+    _write(root / "etc/ssh/sshd_config.d/20-testbed-hostkey.conf",
+           "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    # GPU stand-ins (design.md, "Inside a testbed host").
+    _write(root / "etc/testbed/gpu.env", GPU_ENV_DEFAULT)
+    _write(root / "etc/testbed/sim.env", SIM_ENV_DEFAULT)
+    if assets.nvidia_smi:
+        _write(root / "usr/bin/nvidia-smi", assets.nvidia_smi.read_bytes(), 0o755)
+    if assets.libcuda:
+        libdir = root / "usr/lib/x86_64-linux-gnu"
+        _write(libdir / "libcuda.so.1", assets.libcuda.read_bytes(), 0o755)
+        link = libdir / "libcuda.so"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to("libcuda.so.1")
+    if assets.sim_dir:
+        for f in assets.sim_dir.glob("*.py"):
+            _write(root / "opt/sglang-sim" / f.name, f.read_bytes(), 0o755 if f.name == "launch_server.py" else 0o644)
+    if assets.make_model_dir:
+        model = root / "srv/models" / MODEL_NAME
+        model.parent.mkdir(parents=True, exist_ok=True)
+        assets.make_model_dir(model)
+    return hk.with_suffix(".pub").read_text()
+
+
+def create_host(state: dict, h: dict, assets: Assets) -> None:
+    """Fresh overlay + files + netns; start nspawn (not waiting for the boot)."""
+    d = Path(h["dir"])
+    if d.exists():
+        teardown_host(state, h)
+    for k in ("upper", "work", "merged"):
+        Path(h[k]).mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={state['base']},upperdir={h['upper']},workdir={h['work']}", h["merged"]],
+        check=True, capture_output=True, text=True,
+    )
+    pubkey = _populate(state, h, assets)
+    _known_hosts_replace(state, h["address"], pubkey)
+    net.ensure_host_net(h["netns"], state["bridge"], f"{h['address']}/24", state["gateway"])
+    start_host(state, h)
+
+
+def start_host(state: dict, h: dict) -> None:
+    cmd = [
+        "systemd-nspawn", "-D", h["merged"], "-b",
+        f"--machine={h['name']}", f"--hostname={h['name']}",
+        "--register=no", "--keep-unit",
+        f"--network-namespace-path=/run/netns/{h['netns']}",
+        f"--bind-ro={state['wheelhouse']}:/srv/wheelhouse",
+        "--link-journal=no", "--resolv-conf=off", "--timezone=off",
+        "--console=read-only",
+    ]
+    with open(h["console"], "ab") as out:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    h["pid"] = p.pid
+    h["started"] = time.time()
+    deadline = time.monotonic() + 10  # until the fork has exec'd nspawn (or it died)
+    while not host_alive(h) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if p.poll() is not None:
+        raise TestbedError(f"{h['name']}: systemd-nspawn exited at once (rc={p.returncode}); "
+                           f"console tail:\n{_tail(h['console'])}")
+    # Do not keep the Popen: the process outlives us (reparented when `up` exits).
+    p.returncode = 0  # keeps Popen.__del__ quiet
+    log(f"{h['name']}: nspawn pid {p.pid}, {h['address']}")
+
+
+def wait_host(state: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> float:
+    """Until sshd answers with the key (strict host key check) and systemd is up."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    last = "not tried yet"
+    while time.monotonic() < deadline:
+        if not host_alive(h):
+            raise TestbedError(f"{h['name']}: systemd-nspawn (pid {h['pid']}) exited during boot; "
+                               f"console tail:\n{_tail(h['console'])}")
+        try:
+            r = subprocess.run(ssh_argv(state, h, "systemctl", "is-system-running", timeout=2),
+                               check=False, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+            out = r.stdout.strip()
+            if out in ("running", "degraded"):
+                return time.monotonic() - t0
+            last = f"ssh rc={r.returncode} is-system-running={out!r} {r.stderr.strip()[-200:]}"
+        except subprocess.TimeoutExpired:
+            last = "ssh timed out"
+        time.sleep(0.3)
+    raise TestbedError(f"{h['name']} ({h['address']}) not up after {timeout:.0f}s; last: {last}\n"
+                       f"console tail:\n{_tail(h['console'])}")
+
+
+def _tail(path: str, n: int = 25) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no console log)"
+
+
+def stop_hosts(hosts: list[dict], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM each nspawn (-> orderly poweroff of the container), wait, then SIGKILL."""
+    live = [h for h in hosts if host_alive(h)]
+    for h in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(h["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while live and time.monotonic() < deadline:
+        live = [h for h in live if host_alive(h)]
+        if live:
+            time.sleep(0.1)
+    for h in live:
+        log(f"{h['name']}: no orderly shutdown within {timeout:.0f}s, killing")
+        for child in _children(h["pid"]):  # the container's init: takes its pid namespace down
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(h["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(host_alive(h) for h in live) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for h in hosts:
+        h["pid"] = None
+
+
+def _umount(path: str) -> None:
+    deadline = time.monotonic() + 10
+    while _is_mount(Path(path)):
+        r = subprocess.run(["umount", path], check=False, capture_output=True, text=True)
+        if r.returncode == 0:
+            continue
+        if time.monotonic() > deadline:
+            subprocess.run(["umount", "-l", path], check=False, capture_output=True, text=True)
+            break
+        time.sleep(0.2)
+
+
+def teardown_host(state: dict, h: dict) -> None:
+    """Stop, unmount, drop the netns/veth and the host dir (idempotent)."""
+    stop_hosts([h])
+    for pid in _orphan_inits(h):
+        log(f"{h['name']}: killing orphaned container init (pid {pid})")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _pid_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _umount(h["merged"])
+    net.delete_host_net(h["netns"])
+    d = Path(h["dir"])
+    if d.exists():
+        if _is_mount(Path(h["merged"])):
+            raise TestbedError(f"{h['merged']} is still mounted; not deleting {d}")
+        shutil.rmtree(d)
+
+
+# --------------------------------------------------------------------------- commands
+
+def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True) -> dict:
+    t0 = time.monotonic()
+    with locked():
+        state = load_state() or new_state(prefix)
+        if state["prefix"] != prefix:
+            raise TestbedError(f"a testbed with prefix {state['prefix']!r} is up in {state_dir()}; "
+                               "`down` it first or use its prefix")
+        base = rootfs.ensure_base()
+        if state["base"] != str(base) and any(host_alive(h) for h in state["hosts"]):
+            log(f"note: running hosts use an older base ({state['base']}); `down` + `up` to refresh")
+        else:
+            state["base"] = str(base)
+        ensure_key(state)
+        if wheels:
+            added = ensure_wheelhouse(state)
+            if added:
+                log(f"wheelhouse {state['wheelhouse']}: added {', '.join(added)}")
+        else:
+            Path(state["wheelhouse"]).mkdir(parents=True, exist_ok=True)
+        net.ensure_bridge(state["bridge"], f"{state['gateway']}/24")
+
+        by_index = {h["index"]: h for h in state["hosts"]}
+        todo = []
+        for i in range(1, n_hosts + 1):
+            h = by_index.get(i)
+            if h and host_alive(h):
+                continue
+            if h:
+                log(f"{h['name']}: recorded but not running, recreating")
+                state["hosts"].remove(h)
+            h = host_record(state, i)
+            state["hosts"].append(h)
+            todo.append(h)
+        if not todo:
+            log(f"all {n_hosts} hosts already up ({time.monotonic() - t0:.1f}s)")
+            return state
+        save_state(state)
+        assets = prepare_assets(state)
+        lock = threading.Lock()
+
+        def boot(h):
+            create_host(state, h, assets)
+            with lock:
+                save_state(state)
+            return wait_host(state, h)
+
+        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            futures = {h["name"]: pool.submit(boot, h) for h in todo}
+            errors = []
+            for name, f in futures.items():
+                try:
+                    log(f"{name}: up ({f.result():.1f}s after start)")
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"{name}: {e}")
+        save_state(state)
+        if errors:
+            raise TestbedError("testbed did not come up:\n" + "\n".join(errors))
+        for h in state["hosts"]:  # every host knows every other one by name
+            if _is_mount(Path(h["merged"])):
+                write_etc_hosts(state, h)
+    log(f"up: {n_hosts} hosts ready in {time.monotonic() - t0:.1f}s "
+        f"(state: {state_file()})")
+    return state
+
+
+def down() -> None:
+    t0 = time.monotonic()
+    with locked():
+        state = load_state()
+        d = state_dir()
+        if state is None:
+            # Half-up without a state file: clean what looks like ours.
+            state = new_state(DEFAULT_PREFIX)
+            for p in sorted(d.glob("*/upper")):
+                name = p.parent.name
+                index = name[len(DEFAULT_PREFIX):]
+                if name.startswith(DEFAULT_PREFIX) and index.isdigit():
+                    log(f"no state file; cleaning up {name} found in {d}")
+                    state["hosts"].append(host_record(state, int(index)))
+        hosts = state["hosts"]
+        stop_hosts(hosts)
+        errors = []
+        for h in hosts:
+            try:
+                teardown_host(state, h)
+                _known_hosts_replace(state, h["address"], None)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"{h['name']}: {e}")
+        net.delete_bridge(state["bridge"])
+        if errors:
+            state["hosts"] = [h for h in hosts if Path(h["dir"]).exists()]
+            save_state(state)
+            raise TestbedError("down incomplete:\n" + "\n".join(errors))
+        state_file().unlink(missing_ok=True)
+    log(f"down: {len(hosts)} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
+
+
+def _read_env(path: Path) -> dict:
+    out = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith("#"):
+                k, v = line.split("=", 1)
+                out[k.strip()] = v.split("#", 1)[0].strip()
+    return out
+
+
+def status() -> dict:
+    state = load_state()
+    if state is None:
+        return {"up": False, "state_dir": str(state_dir()), "hosts": []}
+
+    def one(h):
+        alive = host_alive(h)
+        reach = False
+        if alive:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                reach = ssh(state, h, "true", timeout=10).returncode == 0
+        merged = Path(h["merged"])
+        return {
+            "name": h["name"],
+            "address": h["address"],
+            "pid": h["pid"],
+            "alive": alive,
+            "ssh": reach,
+            "gpu_scenario": _read_env(merged / "etc/testbed/gpu.env").get("SCENARIO"),
+            "sim_scenario": _read_env(merged / "etc/testbed/sim.env").get("SCENARIO"),
+        }
+
+    with ThreadPoolExecutor(max_workers=max(1, len(state["hosts"]))) as pool:
+        hosts = list(pool.map(one, state["hosts"]))
+    return {"up": True, "state_dir": state["state_dir"], "key": state["key"],
+            "known_hosts": state["known_hosts"], "wheelhouse": state["wheelhouse"], "hosts": hosts}
+
+
+def wipe(name: str) -> dict:
+    """Replace HOST by a blank one (same name/address, new overlay, new SSH host key)."""
+    t0 = time.monotonic()
+    with locked():
+        state = load_state()
+        if state is None:
+            raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+        h = find_host(state, name)
+        teardown_host(state, h)
+        save_state(state)
+        assets = prepare_assets(state)
+        create_host(state, h, assets)
+        save_state(state)
+        wait_host(state, h)
+    log(f"wipe: {h['name']} blank and up in {time.monotonic() - t0:.1f}s")
+    return h
+
+
+def _set_env_key(path: Path, key: str, value: str) -> None:
+    lines = path.read_text().splitlines() if path.exists() else []
+    out, done = [], False
+    for line in lines:
+        if line.split("=", 1)[0].strip() == key:
+            if not done:
+                out.append(f"{key}={value}")
+                done = True
+        else:
+            out.append(line)
+    if not done:
+        out.append(f"{key}={value}")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(out) + "\n")
+    tmp.rename(path)
+
+
+def scenario(name: str, scen: str) -> None:
+    """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env)."""
+    if scen not in GPU_SCENARIOS and scen not in SIM_SCENARIOS:
+        raise TestbedError(f"unknown scenario {scen!r}; GPU: {', '.join(GPU_SCENARIOS)}; "
+                           f"server: {', '.join(SIM_SCENARIOS)}")
+    state = load_state()
+    if state is None:
+        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+    h = find_host(state, name)
+    if not host_alive(h):
+        raise TestbedError(f"{h['name']} is not running")
+    etc = Path(h["merged"]) / "etc/testbed"
+    if scen in GPU_SCENARIOS:
+        _set_env_key(etc / "gpu.env", "SCENARIO", scen)
+    if scen in SIM_SCENARIOS:
+        _set_env_key(etc / "sim.env", "SCENARIO", scen)
+    # The device nodes live in the container's /dev (a tmpfs): sync them from inside.
+    r = ssh(state, h, "/usr/local/sbin/testbed-gpu-nodes", timeout=30)
+    if r.returncode != 0:
+        raise TestbedError(f"{h['name']}: syncing device nodes failed (rc={r.returncode}): "
+                           f"{r.stderr.strip()}")

@@ -1,0 +1,89 @@
+"""Testbed networking: one bridge in the root namespace, one netns + veth per host.
+
+    controller (root netns)  tbbr0 10.213.0.1/24
+        |-- v<name> (veth, bridge port)  <->  eth0 in netns <name>: 10.213.0.(10+i)/24
+
+The containers have no route to anything but the bridge (no NAT): like an air-gapped
+site, they get what they install from the read-only wheelhouse bind mount.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["ip", *args], check=False, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
+    return r
+
+
+def link_exists(name: str) -> bool:
+    return _ip("link", "show", "dev", name, check=False).returncode == 0
+
+
+def netns_exists(name: str) -> bool:
+    return Path("/run/netns", name).exists()
+
+
+def ensure_bridge(bridge: str, gateway_cidr: str) -> None:
+    if not link_exists(bridge):
+        _ip("link", "add", bridge, "type", "bridge")
+    addrs = _ip("-o", "addr", "show", "dev", bridge).stdout
+    if f" {gateway_cidr} " not in addrs:
+        _ip("addr", "add", gateway_cidr, "dev", bridge)
+    _ip("link", "set", bridge, "up")
+
+
+def delete_bridge(bridge: str) -> None:
+    if link_exists(bridge):
+        _ip("link", "del", bridge, check=False)
+
+
+def veth_name(host: str) -> str:
+    name = f"v{host}"
+    if len(name) > 15:
+        raise ValueError(f"host name {host!r} too long for an interface name (max 14 chars)")
+    return name
+
+
+def host_mac(address: str) -> str:
+    """A fixed, locally administered MAC per address: a re-created (wiped) host keeps its MAC,
+    so the controller's neighbour (ARP) entry stays right and reconnects are immediate."""
+    a, b, c, d = (int(x) for x in address.split("."))
+    return f"02:74:{a:02x}:{b:02x}:{c:02x}:{d:02x}"
+
+
+def ensure_host_net(host: str, bridge: str, address_cidr: str, gateway: str) -> None:
+    """netns HOST with eth0 = ADDRESS, its peer v<HOST> on BRIDGE. Idempotent."""
+    address = address_cidr.split("/")[0]
+    veth = veth_name(host)
+    if not netns_exists(host):
+        _ip("netns", "add", host)
+    if not link_exists(veth):
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host)
+    _ip("link", "set", veth, "master", bridge)
+    _ip("link", "set", veth, "up")
+    addrs = _ip("-n", host, "-o", "addr", "show", "dev", "eth0").stdout
+    if f" {address_cidr} " not in addrs:
+        _ip("-n", host, "addr", "add", address_cidr, "dev", "eth0")
+    _ip("-n", host, "link", "set", "eth0", "address", host_mac(address))
+    _ip("neigh", "flush", "to", address, "dev", bridge, check=False)
+    _ip("-n", host, "link", "set", "lo", "up")
+    _ip("-n", host, "link", "set", "eth0", "up")
+    routes = _ip("-n", host, "route", "show", "default").stdout
+    if gateway not in routes:
+        _ip("-n", host, "route", "replace", "default", "via", gateway)
+
+
+def delete_host_net(host: str) -> None:
+    try:
+        veth = veth_name(host)
+    except ValueError:
+        veth = None
+    if veth and link_exists(veth):
+        _ip("link", "del", veth, check=False)
+    if netns_exists(host):
+        _ip("netns", "del", host, check=False)
