@@ -2,10 +2,10 @@
 
 from pyinfra import config, state
 
-from sglang_deploy.hooks import ValidateBeforeConnect
+from sglang_deploy import hooks
 
 # Any failed host stops the whole run: a half-converged fleet is worse than a stopped deploy.
 config.FAIL_PERCENT = 0
 
 # Check every host's data (keys, types, launch flag shapes, secrets) before any connection.
-state.add_callback_handler(ValidateBeforeConnect())
+hooks.install(state)

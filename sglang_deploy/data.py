@@ -89,7 +89,7 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     # --- service ----------------------------------------------------------------------------
     _k("sglang_flags", dict, {},
        "Launch flags: `{flag: value}`; `true` -> bare flag, `false`/null -> omitted, "
-       "list -> repeated. Full flag names only; `--host`, `--port`, `--api-key`, "
+       "list -> `--flag a b` (sglang's list options take several values). Full flag names only; `--host`, `--port`, `--api-key`, "
        "`--model-path`, `--served-model-name` come from their own keys."),
     _k("sglang_host", str, "127.0.0.1", "Address the server binds."),
     _k("sglang_port", int, 30000, "Port the server listens on.", minimum=1),

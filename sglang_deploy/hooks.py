@@ -1,4 +1,10 @@
-"""pyinfra callback: validate every host's data before the first connection is opened."""
+"""Validate every host's data before pyinfra opens the first connection.
+
+pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.init`` (which
+creates the callback list) runs after that, so ``install`` wraps this state's ``init`` to
+register the callback as soon as it exists. The first ``host_before_connect`` then checks
+the data of EVERY host in the inventory: nothing is contacted if any host's data is wrong.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +14,32 @@ from sglang_deploy import data
 
 
 class ValidateBeforeConnect(BaseStateCallback):
-    """On the first ``host_before_connect``, check the data of every host in the inventory.
+    def __init__(self) -> None:
+        self.checked = False
 
-    Raising here aborts the run before any SSH connection exists; the error names the host
-    and the key."""
-
-    checked = False
-
-    @staticmethod
-    def host_before_connect(state, host):
-        if ValidateBeforeConnect.checked:
+    def host_before_connect(self, state, host):  # type: ignore[override]
+        if self.checked:
             return
-        ValidateBeforeConnect.checked = True
+        self.checked = True
         for each in state.inventory:
             try:
                 data.resolve(each.data.dict())
             except data.DataError as exc:
-                exc.host = each.name
+                exc.what = f"[{each.name}] {exc.what}"
                 raise
+
+
+def install(state) -> None:
+    """Register ValidateBeforeConnect on ``state`` (before or after ``State.init``)."""
+    handler = ValidateBeforeConnect()
+    if hasattr(state, "callback_handlers"):
+        state.add_callback_handler(handler)
+        return
+    original = state.init
+
+    def init(*args, **kwargs):
+        result = original(*args, **kwargs)
+        state.add_callback_handler(handler)
+        return result
+
+    state.init = init

@@ -162,7 +162,7 @@ def _check_flags_on_host(site: str, settings_flags: dict, version: str):
     if text is None:
         raise FlagError(what="sglang/srt/server_args.py in the release venv",
                         found=f"missing under {site}", fix="re-run the deploy to reinstall")
-    flagmod.check_flags(settings_flags, flagmod.parse_server_args(text), version)
+    flagmod.check_flags(settings_flags, flagmod.parse_server_args(text), version, forbidden={})
     logger.info(f"{host.print_prefix}launch flags checked against sglang {version}")
 
 
@@ -185,7 +185,8 @@ def launch_flags_check(site: str, flag_map: dict, version: str, server_args: str
         launch_flags_check(site=site, flag_map=flags, version="0.5.12.post1", server_args=None)
     """
     if server_args is not None:
-        flagmod.check_flags(flag_map, flagmod.parse_server_args(server_args), version)
+        flagmod.check_flags(flag_map, flagmod.parse_server_args(server_args), version,
+                            forbidden={})
         host.noop(f"{len(flag_map)} launch flags are defined by sglang {version}")
         return
     yield FunctionCommand(_check_flags_on_host, (site, flag_map, version), {})

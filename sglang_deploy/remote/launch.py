@@ -7,12 +7,32 @@
 systemd passes the API key in the environment (from the root-only EnvironmentFile). This
 launcher removes it from the environment, appends `--api-key KEY` to sys.argv inside the
 process and runs the entry point in-process, so `ps` and /proc/*/cmdline never show it and
-child processes never inherit it.
+child processes never inherit it. sglang logs its whole config (`server_args=...`, key
+included) at startup: the main process's stdout and stderr are wrapped so that the key's
+text is written as `<redacted>` (to the journal and anywhere else).
 """
 
 import os
 import runpy
 import sys
+
+
+class _Redacting:
+    """A text stream that never writes SECRET: every occurrence becomes <redacted>."""
+
+    def __init__(self, stream, secret: str) -> None:
+        self._stream = stream
+        self._secret = secret
+
+    def write(self, text):
+        return self._stream.write(text.replace(self._secret, "<redacted>"))
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def main() -> None:
@@ -27,6 +47,8 @@ def main() -> None:
     key = os.environ.pop("SGLANG_API_KEY", None)
     if key:
         rest = [*rest, "--api-key", key]
+        sys.stdout = _Redacting(sys.stdout, key)
+        sys.stderr = _Redacting(sys.stderr, key)
     sys.argv = [target, *rest]
     if kind == "module":
         runpy.run_module(target, run_name="__main__", alter_sys=True)
