@@ -11,12 +11,14 @@ import json
 import os
 from pathlib import Path
 
-# The lead fills the final keys; every other piece of data comes from group_data/ as in prod.
+# Every other piece of data comes from group_data/ exactly as in production.
 TESTBED_DATA = {
-    # The SGLang simulator stands in for `python -m sglang.launch_server` (same argv after it).
-    "sglang_launch_command": ["{python}", "/opt/sglang-sim/launch_server.py"],
+    # The SGLang simulator stands in for `python -m sglang.launch_server` (same argv after it):
+    # the release venv's python runs it, beside the real sglang wheel installed in that venv.
+    "sglang_launch_command": ["/opt/sglang-sim/launch_server.py"],
     # Containers have no route to the package index: install from the read-only bind mount.
     "sglang_wheelhouse": "/srv/wheelhouse",
+    # The real sglang wheel of the pinned version, without its GPU dependencies.
     "sglang_lock": "locks/testbed.txt",
     "sglang_model_path": "/srv/models/GLM-5-NVFP4",
 }

@@ -224,7 +224,9 @@ def service_stage():
     argv = launch_argv(ctx)
     unit_text = render_unit(UnitSpec(
         release_id=ctx.release_id, sglang_version=ctx.sglang_version,
-        patch_state=ctx.patch_state, served_model_name=s.served_model_name,
+        # "applied" whether it happened now or earlier: the unit must not change between runs
+        patch_state="applied" if ctx.patch_state == "already-applied" else ctx.patch_state,
+        served_model_name=s.served_model_name,
         user=s.sglang_user, home=s.sglang_home, secrets_file=SECRETS_FILE,
         environment=tuple(service_environment(ctx)), argv=tuple(argv),
         stop_timeout_s=s.sglang_stop_timeout_s, restart_sec=s.sglang_restart_sec,
