@@ -238,21 +238,23 @@ def service_enabled(service: str, unit_file_state: str | None):
 
 
 @operation()
-def service_started(service: str, active_state: str | None):
+def service_started(service: str, active_state: str | None, sub_state: str | None = None):
     """
-    Start the service if it is not active (the verifier then waits for it).
+    Start the service if it is not running (the verifier then waits for it). A unit waiting
+    to be restarted after a crash (``activating/auto-restart``) counts as not running.
 
     + service: unit name without ``.service``
     + active_state: ``ActiveState`` from ``systemctl show`` when the deploy began
+    + sub_state: ``SubState`` from ``systemctl show``
 
     **Example:**
 
     .. code:: python
 
-        service_started(service="sglang", active_state="inactive")
+        service_started(service="sglang", active_state="inactive", sub_state="dead")
     """
-    if active_state in ("active", "activating", "reloading"):
-        host.noop(f"{service}.service is {active_state}")
+    if active_state in ("active", "activating", "reloading") and sub_state != "auto-restart":
+        host.noop(f"{service}.service is {active_state}/{sub_state}")
         return
     yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
     yield _sh("systemctl", "start", f"{service}.service")

@@ -111,6 +111,11 @@ def preflight_stage():
         min_gbps=settings.gpu_p2p_min_gbps,
     )
     checks, ctx.nccl_env, matrix = preflight.evaluate(snapshot, probe, expect)
+    if probe is None:  # the deploy never installs on a host whose CUDA was not proven
+        checks.append(preflight.Check(
+            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
+            fix=f"run `{settings.sglang_system_python} cuda_probe.py --p2p` on the host (or "
+                "`sglang-deploy doctor` there) and read its error"))
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if matrix:
@@ -240,17 +245,23 @@ def service_stage():
     unit = files.put(name=f"Unit {unit_path}", src=StringIO(unit_text), dest=unit_path, mode="644")
     link = files.link(name=f"{s.sglang_root}/current -> release {ctx.release_id}",
                       path=f"{s.sglang_root}/current", target=ctx.release_dir)
-    ops.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
     svc = ctx.hoststate["service"]
     ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
                         unit_file_state=svc.get("UnitFileState") or None)
-    started = ops.service_started(name=f"Start {s.sglang_service}", service=s.sglang_service,
-                                  active_state=svc.get("ActiveState") or None)
     triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch") if k in ctx.ops]
-    restarted = ops.service_restarted(
-        name=f"Restart {s.sglang_service} (unit, secrets, release or patch changed)",
-        service=s.sglang_service,
-        _if=lambda: any(t.did_change() for t in triggers) and not started.did_change())
+    # Gated operations are added only when a trigger may fire, so that a converged host shows
+    # no change at all, not even a conditional one, in --dry.
+    restart_needed = any(t.will_change for t in triggers)
+    if unit.will_change:
+        ops.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
+    started = ops.service_started(name=f"Start {s.sglang_service}", service=s.sglang_service,
+                                  active_state=svc.get("ActiveState") or None,
+                                  sub_state=svc.get("SubState") or None)
+    restarted = None
+    if restart_needed and not started.will_change:
+        restarted = ops.service_restarted(
+            name=f"Restart {s.sglang_service} (unit, secrets, release or patch changed)",
+            service=s.sglang_service, _if=lambda: any(t.did_change() for t in triggers))
     ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
     ctx.ops["unit_text"] = unit_text
 
@@ -294,5 +305,8 @@ def _verify(ctx: Context):
 def verify_stage():
     ctx = context()
     started, restarted = ctx.ops["started"], ctx.ops["restarted"]
+    if not (started.will_change or restarted is not None):
+        host.noop("the service was not (re)started: nothing to verify")
+        return
     python.call(name="Verify startup, API and a one-token generation", function=_verify, ctx=ctx,
-                _if=lambda: started.did_change() or restarted.did_change())
+                _if=lambda: started.did_change() or (restarted is not None and restarted.did_change()))

@@ -1,0 +1,130 @@
+"""Typed, actionable errors.
+
+Every error says what was expected, what was found and how to fix it, so that a failed
+deploy prints something an operator can act on without reading a traceback::
+
+    GPU pre-flight failed on gpu-host-1
+      expected: 8 GPUs visible to nvidia-smi
+      found:    7 GPUs (0-6)
+      fix:      add `lxc.mount.entry: /dev/nvidia7 dev/nvidia7 none bind,optional,create=file`
+
+They derive from pyinfra's ``PyinfraError`` so that pyinfra reports them as ordinary
+operation/deploy failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api.exceptions import PyinfraError
+
+__all__ = [
+    "SglangDeployError",
+    "DeployError",
+    "PreflightError",
+    "DataError",
+    "PatchError",
+    "FlagError",
+    "VerifyError",
+    "RuntimeSetupError",
+]
+
+
+def _indent(text: str, prefix: str) -> str:
+    lines = str(text).splitlines() or [""]
+    return ("\n" + prefix).join(lines)
+
+
+class SglangDeployError(PyinfraError):
+    """Base class: ``what`` was expected, ``found`` is what is there, ``fix`` is what to do."""
+
+    title = "sglang-deploy error"
+
+    def __init__(
+        self,
+        what: str,
+        found: str | None = None,
+        fix: str | None = None,
+        *,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        self.what = what
+        self.found = found
+        self.fix = fix
+        self.details = dict(details or {})
+        super().__init__(what)
+
+    def lines(self) -> list[str]:
+        out = [self.headline()]
+        if self.found:
+            out.append("  found:    " + _indent(self.found, "            "))
+        if self.fix:
+            out.append("  fix:      " + _indent(self.fix, "            "))
+        return out
+
+    def headline(self) -> str:
+        return f"{self.title}: expected {self.what}" if self.title else self.what
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "what": self.what,
+            "found": self.found,
+            "fix": self.fix,
+            **({"details": self.details} if self.details else {}),
+        }
+
+
+#: the name used in docs/design.md
+DeployError = SglangDeployError
+
+
+class PreflightError(SglangDeployError):
+    """A host failed the GPU/driver/LXC pre-flight. ``checks`` holds the failing checks."""
+
+    title = "GPU pre-flight failed"
+
+    def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
+                 checks: list[Any] | None = None, details: dict[str, Any] | None = None) -> None:
+        self.checks = list(checks or [])
+        super().__init__(what, found, fix, details=details)
+
+    def headline(self) -> str:
+        return f"{self.title}: {self.what}"
+
+
+class DataError(SglangDeployError):
+    """Bad group data / inventory value. ``key`` names the offending data key."""
+
+    title = "invalid deploy data"
+
+    def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
+                 key: str | None = None, details: dict[str, Any] | None = None) -> None:
+        self.key = key
+        super().__init__(what, found, fix, details=details)
+
+    def headline(self) -> str:
+        where = f" `{self.key}`" if self.key else ""
+        return f"{self.title}{where}: expected {self.what}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "key": self.key}
+
+
+class PatchError(SglangDeployError):
+    title = "cannot patch SGLang"
+
+
+class FlagError(SglangDeployError):
+    title = "invalid launch flags"
+
+
+class VerifyError(SglangDeployError):
+    title = "verification failed"
+
+
+class RuntimeSetupError(SglangDeployError):
+    title = "runtime setup failed"

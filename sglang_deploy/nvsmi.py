@@ -1,0 +1,540 @@
+"""Parsers for nvidia-smi outputs (pure functions, no I/O).
+
+Shaped on real outputs (tests/fixtures/nvidia-smi/, see SOURCES.md there):
+
+* ``--query-gpu=... --format=csv[,noheader][,nounits]``  -> :func:`parse_query_csv`
+* ``topo -m`` / ``topo -mp``                              -> :func:`parse_topo_matrix`
+* ``topo -p2p r|w|n|a|p``                                 -> :func:`parse_p2p_matrix`
+* the default table (``nvidia-smi`` without arguments)    -> :func:`parse_smi_table`
+* the text and exit code of a failed call                 -> :func:`classify_smi_error`
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+__all__ = [
+    "QUERY_FIELDS",
+    "query_command",
+    "ParseError",
+    "parse_query_csv",
+    "GpuInfo",
+    "gpus_from_query",
+    "TopoMatrix",
+    "parse_topo_matrix",
+    "P2P_CODES",
+    "parse_p2p_matrix",
+    "SmiTable",
+    "SmiTableGpu",
+    "parse_smi_table",
+    "SmiFailure",
+    "classify_smi_error",
+    "driver_version_tuple",
+]
+
+#: the fields the deploy asks nvidia-smi for (order matters: the CSV is positional)
+QUERY_FIELDS: tuple[str, ...] = (
+    "index",
+    "name",
+    "uuid",
+    "driver_version",
+    "memory.total",
+    "compute_cap",
+    "pci.bus_id",
+)
+
+
+def query_command(fields: Iterable[str] = QUERY_FIELDS) -> str:
+    """The exact command line the deploy runs to list GPUs."""
+    return f"nvidia-smi --query-gpu={','.join(fields)} --format=csv,noheader,nounits"
+
+
+class ParseError(ValueError):
+    """The text is not the nvidia-smi output the parser expects."""
+
+
+# ---------------------------------------------------------------------------------------
+# --query-gpu CSV
+
+#: cells nvidia-smi prints when a value is unavailable
+_NA_VALUES = {
+    "[n/a]",
+    "n/a",
+    "[not supported]",
+    "not supported",
+    "[insufficient permissions]",
+    "[unknown error]",
+    "[gpu requires reset]",
+    "[gpu is lost]",
+    "",
+}
+_UNIT_RE = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|MB|GB|W|%|MHz|GHz|C|s|ms|us)$")
+_HEADER_UNIT_RE = re.compile(r"\s*\[[^\]]*\]\s*$")
+
+
+def _clean_cell(raw: str) -> str | None:
+    value = raw.strip()
+    if value.lower() in _NA_VALUES:
+        return None
+    m = _UNIT_RE.match(value)
+    if m:
+        return m.group(1)
+    return value
+
+
+def _header_name(cell: str) -> str:
+    return _HEADER_UNIT_RE.sub("", cell.strip())
+
+
+def parse_query_csv(text: str, fields: Iterable[str] | None = QUERY_FIELDS) -> list[dict[str, str | None]]:
+    """Parse ``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]``.
+
+    Rows are dicts keyed by the *requested* field names (nvidia-smi renames some fields in
+    its header, e.g. ``clocks_throttle_reasons`` -> ``clocks_event_reasons``, so the header
+    is only used when ``fields`` is None). Values are stripped strings with units removed
+    (``"97887 MiB"`` -> ``"97887"``); ``[N/A]``, ``[Not Supported]`` and the like become None.
+    Header lines and blank lines are skipped. A line with the wrong number of cells (an
+    error message on stdout, say) raises :class:`ParseError`.
+    """
+    names: list[str] | None = list(fields) if fields is not None else None
+    rows: list[dict[str, str | None]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        cells = next(csv.reader([line], skipinitialspace=True))
+        header = [_header_name(c) for c in cells]
+        if names is None:
+            names = header
+            continue
+        if header and names and header[0] == names[0] and not header[0][:1].isdigit():
+            # a header line (csv without noheader); first field names match
+            if len(header) == len(names):
+                continue
+        if len(cells) != len(names):
+            raise ParseError(
+                f"line {lineno}: expected {len(names)} comma-separated values "
+                f"({', '.join(names)}), found {len(cells)}: {line.strip()!r}"
+            )
+        rows.append({name: _clean_cell(cell) for name, cell in zip(names, cells)})
+    return rows
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU from the deploy's own query (:data:`QUERY_FIELDS`)."""
+
+    index: int
+    name: str | None
+    uuid: str | None = None
+    driver_version: str | None = None
+    memory_mib: int | None = None
+    compute_cap: str | None = None
+    pci_bus_id: str | None = None
+
+
+def _to_int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def gpus_from_query(rows: list[dict[str, str | None]]) -> list[GpuInfo]:
+    """Typed view of :func:`parse_query_csv` rows (missing fields become None)."""
+    out = []
+    for pos, row in enumerate(rows):
+        index = _to_int(row.get("index"))
+        out.append(
+            GpuInfo(
+                index=pos if index is None else index,
+                name=row.get("name"),
+                uuid=row.get("uuid"),
+                driver_version=row.get("driver_version"),
+                memory_mib=_to_int(row.get("memory.total")),
+                compute_cap=row.get("compute_cap"),
+                pci_bus_id=row.get("pci.bus_id"),
+            )
+        )
+    return out
+
+
+def driver_version_tuple(version: str) -> tuple[int, ...]:
+    """``"580.95.05"`` -> ``(580, 95, 5)``; raises ValueError on garbage."""
+    parts = version.strip().split(".")
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a driver version: {version!r}")
+    return tuple(int(p) for p in parts)
+
+
+# ---------------------------------------------------------------------------------------
+# topo -m
+
+_TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_HEADER_SPLIT = re.compile(r"\t+| {2,}")
+_GPU_LABEL = re.compile(r"^GPU(\d+)$")
+_NV_LINK = re.compile(r"^NV(\d+)$")
+_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+
+
+@dataclass
+class TopoMatrix:
+    """``nvidia-smi topo -m``: link codes between GPUs (and NICs), plus affinity columns.
+
+    ``links[(i, j)]`` is the code between GPU i and GPU j (``X`` on the diagonal, ``SYS``,
+    ``NODE``, ``PHB``, ``PXB``, ``PIX``, ``NV<n>``; the old ``SOC`` is reported as ``SYS``).
+    NIC rows and columns go to ``nic_links[(row_label, column_label)]`` with labels as
+    printed (``NIC0``, ``mlx5_0``, ``GPU0``), ``nic_names`` holds the ``NIC Legend``.
+    Affinity dicts map a GPU index to the cell text, None where absent or ``N/A``.
+    """
+
+    gpus: list[str] = field(default_factory=list)
+    links: dict[tuple[int, int], str] = field(default_factory=dict)
+    nics: list[str] = field(default_factory=list)
+    nic_links: dict[tuple[str, str], str] = field(default_factory=dict)
+    nic_names: dict[str, str] = field(default_factory=dict)
+    columns: list[str] = field(default_factory=list)
+    cpu_affinity: dict[int, str | None] = field(default_factory=dict)
+    numa_affinity: dict[int, str | None] = field(default_factory=dict)
+    gpu_numa_id: dict[int, str | None] = field(default_factory=dict)
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        return [int(_GPU_LABEL.match(g).group(1)) for g in self.gpus]  # type: ignore[union-attr]
+
+    def link(self, i: int, j: int) -> str | None:
+        return self.links.get((i, j))
+
+    def nvlinks(self, i: int, j: int) -> int:
+        """Number of bonded NVLinks between GPU i and j (0 for PCIe paths)."""
+        m = _NV_LINK.match(self.links.get((i, j)) or "")
+        return int(m.group(1)) if m else 0
+
+    def link_counts(self) -> dict[str, int]:
+        """How many unordered GPU pairs use each link code."""
+        counts: dict[str, int] = {}
+        for (i, j), code in self.links.items():
+            if i < j:
+                counts[code] = counts.get(code, 0) + 1
+        return dict(sorted(counts.items()))
+
+
+def _norm_code(code: str) -> str:
+    code = code.strip()
+    return "SYS" if code == "SOC" else code
+
+
+def _na(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    return None if value in ("", "N/A") else value
+
+
+def parse_topo_matrix(text: str) -> TopoMatrix:
+    """Parse the first matrix of ``nvidia-smi topo -m`` (or ``-mp``).
+
+    Copes with tab- and space-separated pastes, trailing tabs/spaces, empty and ``N/A``
+    cells, missing ``NUMA Affinity``/``GPU NUMA ID`` columns, NIC rows/columns, text before
+    the matrix (a shell prompt, ``NVIDIA Topology:``), and the ``Legend``/``NIC Legend``.
+    Raises :class:`ParseError` when no GPU matrix is found or a GPU row is incomplete.
+    """
+    lines = text.splitlines()
+    header_at = None
+    for n, line in enumerate(lines):
+        cells = [c.strip() for c in _HEADER_SPLIT.split(line.strip())]
+        if cells and cells[0] == "GPU0" and line[:1].isspace():
+            header_at = n
+            break
+        # a header row starts with whitespace; tolerate a stripped one ("GPU0\tGPU1\tCPU...")
+        if cells and cells[0] == "GPU0" and len(cells) > 1 and not _known_code(cells[1]):
+            header_at = n
+            break
+    if header_at is None:
+        raise ParseError("no `nvidia-smi topo -m` matrix found (no header row with GPU0)")
+
+    header = [c.strip() for c in _HEADER_SPLIT.split(lines[header_at].strip()) if c.strip()]
+    trailing_at = len(header)
+    for k, name in enumerate(header):
+        if name in _TRAILING_COLUMNS:
+            trailing_at = k
+            break
+    devices = header[:trailing_at]
+    trailing = header[trailing_at:]
+    topo = TopoMatrix(columns=header)
+    topo.gpus = [d for d in devices if _GPU_LABEL.match(d)]
+    topo.nics = [d for d in devices if not _GPU_LABEL.match(d)]
+    if not topo.gpus:
+        raise ParseError("`topo -m` header has no GPU columns")
+
+    seen_rows: set[str] = set()
+    for line in lines[header_at + 1:]:
+        if not line.strip() or line.strip().startswith("Legend"):
+            break
+        tokens = line.split()
+        label = tokens[0]
+        if label not in devices or label in seen_rows:
+            break
+        seen_rows.add(label)
+        cells = tokens[1:]
+        gm = _GPU_LABEL.match(label)
+        if gm:
+            if len(cells) < len(devices):
+                raise ParseError(
+                    f"`topo -m` row {label}: expected {len(devices)} link cells, found {len(cells)}"
+                )
+            i = int(gm.group(1))
+            p2p_like = [c for c in cells[: len(devices)] if c in P2P_CODES]
+            if p2p_like:
+                raise ParseError(
+                    f"`topo -m` row {label} holds P2P status codes ({', '.join(p2p_like)}): "
+                    "this is `nvidia-smi topo -p2p` output"
+                )
+            for col, code in zip(devices, cells):
+                cm = _GPU_LABEL.match(col)
+                if cm:
+                    topo.links[(i, int(cm.group(1)))] = _norm_code(code)
+                else:
+                    topo.nic_links[(label, col)] = _norm_code(code)
+            rest = cells[len(devices):]
+            values: dict[str, str | None] = {}
+            for col, value in zip(trailing, rest):
+                values[col] = _na(value)
+            topo.cpu_affinity[i] = values.get("CPU Affinity")
+            if "NUMA Affinity" in trailing:
+                topo.numa_affinity[i] = values.get("NUMA Affinity")
+            if "GPU NUMA ID" in trailing:
+                topo.gpu_numa_id[i] = values.get("GPU NUMA ID")
+        else:
+            # NIC rows may be cut short (pastes); keep what is there
+            for col, code in zip(devices, cells):
+                topo.nic_links[(label, col)] = _norm_code(code)
+
+    missing = [g for g in topo.gpus if g not in seen_rows]
+    if missing:
+        raise ParseError(f"`topo -m` matrix has no row for {', '.join(missing)}")
+
+    for line in lines:
+        m = _NIC_LEGEND.match(line)
+        if m and m.group(1) in topo.nics:
+            topo.nic_names[m.group(1)] = m.group(2)
+    return topo
+
+
+def _known_code(cell: str) -> bool:
+    return cell in {"X", "SYS", "SOC", "NODE", "PHB", "PXB", "PIX", "N/A"} or bool(_NV_LINK.match(cell))
+
+
+# ---------------------------------------------------------------------------------------
+# topo -p2p r|w|n|a|p
+
+#: P2P status codes printed by ``topo -p2p`` (``X`` is the diagonal)
+P2P_CODES = {
+    "OK": "Status Ok",
+    "CNS": "Chipset not supported",
+    "GNS": "GPU not supported",
+    "TNS": "Topology not supported",
+    "NS": "Not supported",
+    "DR": "Disabled by regkey",
+    "U": "Unknown",
+}
+
+
+def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
+    """Parse ``nvidia-smi topo -p2p <cap>``: ``{(i, j): code}`` for every ordered pair i != j.
+
+    Rows start with a space and cells are tab-separated with a trailing tab in the real
+    output; any whitespace works. Unknown codes are kept verbatim (callers treat anything
+    but ``OK`` as "not supported"). Raises :class:`ParseError` when there is no matrix.
+    """
+    lines = text.splitlines()
+    header: list[int] | None = None
+    result: dict[tuple[int, int], str] = {}
+    for line in lines:
+        tokens = line.split()
+        if header is None:
+            if tokens and all(_GPU_LABEL.match(t) for t in tokens):
+                header = [int(_GPU_LABEL.match(t).group(1)) for t in tokens]  # type: ignore[union-attr]
+            continue
+        if not tokens or tokens[0].startswith("Legend"):
+            break
+        m = _GPU_LABEL.match(tokens[0])
+        if not m:
+            break
+        i = int(m.group(1))
+        cells = tokens[1:]
+        if len(cells) < len(header):
+            raise ParseError(
+                f"`topo -p2p` row GPU{i}: expected {len(header)} cells, found {len(cells)}"
+            )
+        for j, code in zip(header, cells):
+            if i != j:
+                result[(i, j)] = code
+    if header is None:
+        raise ParseError("no `nvidia-smi topo -p2p` matrix found (no header row with GPU0)")
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# default table
+
+
+@dataclass(frozen=True)
+class SmiTableGpu:
+    index: int
+    name: str  # may be cut short with "..." by nvidia-smi
+    bus_id: str | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+
+    @property
+    def name_truncated(self) -> bool:
+        return self.name.endswith("...")
+
+
+@dataclass
+class SmiTable:
+    smi_version: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    attached_gpus: int | None = None  # from an ``-q`` section when present
+    gpus: list[SmiTableGpu] = field(default_factory=list)
+
+
+_TABLE_HEADER = re.compile(
+    r"NVIDIA-SMI\s+(?P<smi>[\w.]+)\s+Driver Version:\s*(?P<driver>[\w.]+)"
+    r"(?:\s+CUDA Version:\s*(?P<cuda>[\w./]+))?"
+)
+_Q_DRIVER = re.compile(r"^\s*Driver Version\s*:\s*(\S+)")
+_Q_CUDA = re.compile(r"^\s*CUDA Version\s*:\s*(\S+)")
+_Q_ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)")
+_GPU_ROW = re.compile(
+    r"^\|\s+(?P<index>\d+)\s+(?P<name>.+?)\s+(?:On|Off|N/A)\s+\|\s*"
+    r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])"
+)
+_MEM = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
+
+
+def parse_smi_table(text: str) -> SmiTable:
+    """Parse the default ``nvidia-smi`` table (and the header of ``nvidia-smi -q``).
+
+    Gives driver and CUDA versions and, per GPU, index, (possibly truncated) name, bus id
+    and memory. Text without a table yields an empty :class:`SmiTable`.
+    """
+    table = SmiTable()
+    lines = text.splitlines()
+    pending: SmiTableGpu | None = None
+    for line in lines:
+        m = _TABLE_HEADER.search(line)
+        if m:
+            table.smi_version = m.group("smi")
+            table.driver_version = m.group("driver")
+            table.cuda_version = m.group("cuda")
+            continue
+        m = _GPU_ROW.match(line)
+        if m:
+            if pending is not None:
+                table.gpus.append(pending)
+            pending = SmiTableGpu(
+                index=int(m.group("index")),
+                name=m.group("name").strip(),
+                bus_id=m.group("bus"),
+                memory_used_mib=None,
+                memory_total_mib=None,
+            )
+            continue
+        m = _MEM.search(line)
+        if m and pending is not None:
+            table.gpus.append(
+                SmiTableGpu(
+                    index=pending.index,
+                    name=pending.name,
+                    bus_id=pending.bus_id,
+                    memory_used_mib=int(m.group(1)),
+                    memory_total_mib=int(m.group(2)),
+                )
+            )
+            pending = None
+            continue
+        m = _Q_DRIVER.match(line)
+        if m and table.driver_version is None:
+            table.driver_version = m.group(1)
+            continue
+        m = _Q_CUDA.match(line)
+        if m and table.cuda_version is None:
+            table.cuda_version = m.group(1)
+            continue
+        m = _Q_ATTACHED.match(line)
+        if m:
+            table.attached_gpus = int(m.group(1))
+    if pending is not None:
+        table.gpus.append(pending)
+    return table
+
+
+# ---------------------------------------------------------------------------------------
+# failures
+
+
+class SmiFailure(str, enum.Enum):
+    """Known ways nvidia-smi fails (values are stable identifiers used in reports)."""
+
+    DRIVER_LIBRARY_MISMATCH = "driver-library-mismatch"
+    NO_DRIVER = "no-driver"  # "couldn't communicate with the NVIDIA driver"
+    NVML_UNKNOWN = "nvml-unknown-error"  # "Failed to initialize NVML: Unknown Error" / 999
+    NO_DEVICES = "no-devices"
+    NOT_FOUND = "command-not-found"
+    NVML_LIBRARY_MISSING = "nvml-library-missing"
+    PERMISSION = "insufficient-permissions"
+    GPU_LOST = "gpu-lost"
+    UNKNOWN = "unknown"
+
+
+_FAILURE_PATTERNS: list[tuple[re.Pattern[str], SmiFailure]] = [
+    (re.compile(r"driver/library version mismatch", re.I), SmiFailure.DRIVER_LIBRARY_MISMATCH),
+    (re.compile(r"couldn't communicate with the nvidia driver|unable to communicate with the nvidia driver", re.I),
+     SmiFailure.NO_DRIVER),
+    (re.compile(r"command not found|no such file or directory|not found in \$?PATH|executable file not found", re.I),
+     SmiFailure.NOT_FOUND),
+    (re.compile(r"couldn't find libnvidia-ml|nvml shared library not found|libnvidia-ml\.so.*cannot open", re.I),
+     SmiFailure.NVML_LIBRARY_MISSING),
+    (re.compile(r"no devices were found|no devices found", re.I), SmiFailure.NO_DEVICES),
+    (re.compile(r"insufficient permissions|no permission", re.I), SmiFailure.PERMISSION),
+    (re.compile(r"fallen off the bus|gpu is lost|requires reset", re.I), SmiFailure.GPU_LOST),
+    (re.compile(r"failed to initialize nvml: unknown error|nvml\b.*\binit\w* failure: 999|\b999\b.*unknown", re.I),
+     SmiFailure.NVML_UNKNOWN),
+]
+
+# nvidia-smi(1) RETURN VALUE section
+_EXIT_CODES = {
+    4: SmiFailure.PERMISSION,
+    6: SmiFailure.NO_DEVICES,
+    9: SmiFailure.NO_DRIVER,
+    12: SmiFailure.NVML_LIBRARY_MISSING,
+    15: SmiFailure.GPU_LOST,
+    127: SmiFailure.NOT_FOUND,
+}
+
+
+def classify_smi_error(text: str, exit_code: int | None) -> SmiFailure | None:
+    """Name the failure behind an nvidia-smi call, or None when it succeeded.
+
+    The message text wins over the exit code (codes differ between driver generations);
+    a non-zero exit without a known message is :attr:`SmiFailure.UNKNOWN`. ``exit_code``
+    None means "not recorded": then only the text decides.
+    """
+    for pattern, kind in _FAILURE_PATTERNS:
+        if pattern.search(text or ""):
+            return kind
+    if exit_code is None or exit_code == 0:
+        return None
+    return _EXIT_CODES.get(exit_code, SmiFailure.UNKNOWN)

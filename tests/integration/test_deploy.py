@@ -1,0 +1,242 @@
+"""The real deploy.py, run by the real pyinfra CLI over SSH against testbed hosts.
+
+tb1: fresh deploy, idempotent re-run (same systemd invocation), one flag change = one restart,
+     secrets handling. tb2: every GPU scenario stops the deploy in pre-flight, before anything
+     is installed. tb3: every server scenario fails the verifier with phase and log lines.
+Tests in this module run in file order and build on each other's host state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PYINFRA = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "pyinfra")
+SEED_FLAGS = {
+    "tp-size": 8, "quantization": "modelopt_fp4", "moe-runner-backend": "flashinfer_cutlass",
+    "enable-flashinfer-allreduce-fusion": True, "disable-cuda-graph": True,
+    "trust-remote-code": True,
+}
+SECRET = "s3cr'et \"$HOME\" ;|&`x`"
+
+
+def deploy(testbed, host: str, *args: str, env: dict | None = None, timeout: float = 600):
+    r = subprocess.run(
+        [PYINFRA, "-y", str(testbed.inventory), "deploy.py", "--limit", host, *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    testbed.log.append(r)
+    return r
+
+
+def results(out: str) -> dict[str, tuple[int, int, int]]:
+    """pyinfra's results table: operation name -> (success, error, no change)."""
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"\s{4}(.+?)\s{2,}(\d+)\s+([\d-]+)\s+([\d-]+)\s+([\d-]+)\s*$", line)
+        if m:
+            rows[m.group(1).strip()] = tuple(0 if x == "-" else int(x) for x in m.group(3, 4, 5))
+    return rows
+
+
+def changed(out: str) -> list[str]:
+    return [name for name, (ok, _, _) in results(out).items()
+            if ok and name != "Grand total"]
+
+
+def invocation(testbed, host: str) -> str:
+    r = testbed.ssh(host, "systemctl show -p InvocationID --value sglang.service", check=True)
+    return r.stdout.strip()
+
+
+def both(r) -> str:
+    return r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------------- tb1
+def test_fresh_host_ends_verified_and_serving(testbed):
+    r = deploy(testbed, "tb1")
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert "READY tb1: sglang 0.5.12.post1" in out
+    assert "autotune patch applied" in out
+    assert re.search(r"autotune \d+\.\d+s", out), "the summary gives the autotune duration"
+    # the server really serves, from outside the deploy too
+    gen = testbed.ssh("tb1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health")
+    assert gen.stdout.strip() == "200"
+    # the journal shows autotune (the patch took effect) before ready
+    journal = testbed.ssh("tb1", "journalctl -u sglang -o cat --no-pager", check=True).stdout
+    assert journal.index("FlashInfer autotune completed.") < journal.index(
+        "The server is fired up and ready to roll!")
+
+
+def test_second_run_changes_nothing_and_restarts_nothing(testbed):
+    before = invocation(testbed, "tb1")
+    r = deploy(testbed, "tb1")
+    assert r.returncode == 0, both(r)[-4000:]
+    assert changed(both(r)) == []
+    assert invocation(testbed, "tb1") == before
+
+
+def test_dry_run_on_converged_host_shows_no_change(testbed):
+    r = subprocess.run([PYINFRA, str(testbed.inventory), "deploy.py", "--limit", "tb1", "--dry"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = both(r)
+    assert r.returncode == 0, out[-3000:]
+    table = out[out.index("--> Detected changes:"):]
+    rows = re.findall(r"^\s{4}(.+?\|.+?)\s{2,}(\S+)\s+(\S+)\s*$", table, re.M)
+    assert len(rows) >= 20
+    assert all(change == "-" and cond == "-" for _, change, cond in rows), rows
+
+
+def test_bad_input_fails_before_connecting_naming_the_key(testbed):
+    for args, env, key in (
+        (["--data", "sglang_portt=1"], {}, "sglang_portt"),
+        (["--data", "gpu_expected_count=eight"], {}, "gpu_expected_count"),
+        (["--data", 'sglang_flags={"tp-size": [[8]]}'], {}, "sglang_flags"),
+        (["--data", "sglang_api_key_env=NO_SUCH_SECRET_VAR"], {}, "sglang_api_key_env"),
+    ):
+        r = deploy(testbed, "tb1", *args, env=env)
+        out = both(r)
+        assert r.returncode != 0, out[-2000:]
+        assert key in out, (key, out[-2000:])
+        assert "Connected" not in out, "validation must happen before any connection"
+
+
+def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed):
+    before = invocation(testbed, "tb1")
+    flags = {**SEED_FLAGS, "enable-metrics": True}
+    r = deploy(testbed, "tb1", "--data", f"sglang_flags={json.dumps(flags)}")
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert sorted(changed(out)) == sorted([
+        "Service: launch flags, secrets, systemd unit, (re)start | Unit /etc/systemd/system/sglang.service",
+        "Service: launch flags, secrets, systemd unit, (re)start | systemd daemon-reload",
+        "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit, secrets, release or patch changed)",
+        "Verify: block until the model really serves | Verify startup, API and a one-token generation",
+    ])
+    assert invocation(testbed, "tb1") != before
+    unit = testbed.ssh("tb1", "cat /etc/systemd/system/sglang.service", check=True).stdout
+    assert "--enable-metrics" in unit
+    metrics = testbed.ssh("tb1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/metrics")
+    assert metrics.stdout.strip() == "200"
+
+
+def test_a_flag_unknown_to_the_installed_sglang_never_reaches_a_restart(testbed):
+    before = invocation(testbed, "tb1")
+    unit_before = testbed.ssh("tb1", "sha256sum /etc/systemd/system/sglang.service").stdout
+    flags = {**SEED_FLAGS, "cuda-graph-max-bsz": 8}
+    r = deploy(testbed, "tb1", "--data", f"sglang_flags={json.dumps(flags)}")
+    out = both(r)
+    assert r.returncode != 0
+    assert "--cuda-graph-max-bsz" in out and "0.5.12.post1" in out
+    assert testbed.ssh("tb1", "sha256sum /etc/systemd/system/sglang.service").stdout == unit_before
+    assert invocation(testbed, "tb1") == before
+
+
+def test_secrets_stay_out_of_argv_unit_journal_and_output(testbed):
+    r = deploy(testbed, "tb1", "-vvv", "--data", "sglang_api_key_env=TB_API_KEY",
+               env={"TB_API_KEY": SECRET})
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert "READY tb1" in out  # the verifier's generation passed the key
+    assert SECRET not in out
+    ps = testbed.ssh("tb1", "ps -eo args", check=True).stdout
+    assert "--api-key" not in ps and SECRET not in ps
+    assert SECRET not in testbed.ssh("tb1", "cat /etc/systemd/system/sglang.service").stdout
+    journal = testbed.ssh("tb1", "journalctl -u sglang -o cat --no-pager", check=True).stdout
+    assert "api_key=" in journal and SECRET not in journal
+    mode = testbed.ssh("tb1", "stat -c '%a %U %G' /etc/sglang/secrets.env /etc/sglang",
+                       check=True).stdout.split("\n")
+    assert mode[0] == "600 root root" and mode[1] == "700 root root"
+    # the API enforces the key: without it 401, with it 200
+    anon = testbed.ssh("tb1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/v1/models")
+    assert anon.stdout.strip() == "401"
+
+
+# ---------------------------------------------------------------------------------- tb2
+GPU_SCENARIOS = {
+    "uvm-missing": ["/dev/nvidia-uvm", "nvidia-modprobe -u -c=0"],
+    "driver-mismatch": ["Driver/library version mismatch"],
+    "gpu-missing": ["7", "8"],
+    "p2p-unsupported": ["P2P"],
+    "p2p-corrupt": ["corrupt"],
+    "p2p-slow": ["GB/s"],
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(GPU_SCENARIOS))
+def test_gpu_scenario_stops_in_preflight_before_anything_is_installed(testbed, scenario):
+    testbed.scenario("tb2", scenario)
+    try:
+        r = deploy(testbed, "tb2")
+    finally:
+        testbed.scenario("tb2", "healthy")
+    out = both(r)
+    assert r.returncode != 0, out[-3000:]
+    assert "fix" in out.lower()
+    for needle in GPU_SCENARIOS[scenario]:
+        assert needle.lower() in out.lower(), (needle, out[-3000:])
+    # nothing was installed
+    assert testbed.ssh("tb2", "test -e /opt/sglang || test -e /etc/sglang").returncode != 0
+
+
+def test_p2p_unsupported_adapts_by_policy(testbed):
+    testbed.scenario("tb2", "p2p-unsupported")
+    try:
+        r = deploy(testbed, "tb2", "--data", "gpu_p2p_policy=adapt")
+    finally:
+        testbed.scenario("tb2", "healthy")
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert "NCCL_P2P_DISABLE" in out
+    unit = testbed.ssh("tb2", "cat /etc/systemd/system/sglang.service", check=True).stdout
+    assert "Environment=NCCL_P2P_DISABLE=1" in unit
+
+
+# ---------------------------------------------------------------------------------- tb3
+SERVER_SCENARIOS = {
+    # scenario: (phase reached, words in the message)
+    "autotune-crash": ("autotune", ["Ninja build failed", "exit"]),
+    "oom": ("kv_cache", ["Not enough memory", "mem-fraction-static"]),
+    "load-hang": ("loading", ["stalled", "loading"]),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SERVER_SCENARIOS))
+def test_server_scenario_fails_the_verifier_with_phase_and_log_lines(testbed, scenario):
+    phase, words = SERVER_SCENARIOS[scenario]
+    testbed.ssh("tb3", "systemctl stop sglang.service 2>/dev/null; true")
+    testbed.scenario("tb3", scenario)
+    try:
+        r = deploy(testbed, "tb3", "--data", 'verify_phase_timeouts={"loading": 8}')
+    finally:
+        testbed.scenario("tb3", "healthy")
+    out = both(r)
+    assert r.returncode != 0, out[-3000:]
+    assert f"phase reached: {phase}" in out or f"phase `{phase}`" in out, out[-3000:]
+    for w in words:
+        assert w in out, (w, out[-3000:])
+    assert "READY tb3" not in out
+
+
+def test_a_reverted_patch_is_noticed_and_reapplied(testbed):
+    # Revert the patch behind the deploy's back (as a reinstall would): the next deploy
+    # must notice it, re-patch, restart and see autotune again.
+    testbed.ssh("tb3", "systemctl stop sglang.service 2>/dev/null; true")
+    rel = testbed.ssh("tb3", "readlink /opt/sglang/current", check=True).stdout.strip()
+    testbed.ssh("tb3", f"sed -i 's/^\\( *\\)\"flashinfer_cutlass\",  # sglang-deploy: autotune patch$/\\1# \"flashinfer_cutlass\",/' "
+                f"{rel}/venv/lib/python3.11/site-packages/sglang/srt/model_executor/model_runner.py", check=True)
+    # a normal deploy notices the revert and re-patches: that is the design
+    r = deploy(testbed, "tb3")
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert "FlashInfer autotune patch" in " ".join(changed(out))
+    assert "READY tb3" in out

@@ -1,0 +1,549 @@
+"""Pre-flight decisions (pure): each failure kind gives its diagnosis, expected/found and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglang_deploy import nvsmi, preflight
+from sglang_deploy.errors import PreflightError, SglangDeployError
+from sglang_deploy.preflight import Check, Expectations
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
+NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def raw(prefix: str) -> str:
+    (path,) = FIX.glob(prefix + "*")
+    lines = path.read_text().split("\n")
+    if "# BEGIN" in lines:
+        return "\n".join(lines[lines.index("# BEGIN") + 1: lines.index("# END")]) + "\n"
+    return "\n".join(lines)
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def assert_actionable(check: Check) -> None:
+    assert check.status == "fail"
+    assert check.expected and check.found and check.fix, check
+
+
+def rows(n: int = 8, skip=(), name: str = NAME, driver: str = "580.95.05"):
+    return [r | {"name": name, "driver_version": driver}
+            for r in nvsmi.parse_query_csv(raw("synth_query_8x"))[:n]
+            if int(r["index"]) not in skip]
+
+
+def pairs(n: int = 8, override=None):
+    override = override or {}
+    out = []
+    for s in range(n):
+        for d in range(n):
+            if s != d:
+                entry = {"src": s, "dst": d, "can_access": True, "verified": True, "gbps": 40.0,
+                         "error": None}
+                entry.update(override.get((s, d), {}))
+                out.append(entry)
+    return out
+
+
+# ----------------------------------------------------------------------------- Check
+
+
+def test_check_validates_status_and_serialises():
+    with pytest.raises(ValueError):
+        Check("x", "ok", "nope")  # type: ignore[arg-type]
+    d = Check("x", "pass", "fine").to_dict()
+    assert d == {"name": "x", "status": "pass", "message": "fine"}
+    d = Check("y", "fail", "bad", fix="do", expected="e", found="f", details={"k": 1}).to_dict()
+    assert d["fix"] == "do" and d["details"] == {"k": 1}
+
+
+def test_summarise_and_raise_for():
+    ok = Check("a", "pass", "ok")
+    warn = Check("b", "warn", "hm")
+    bad1 = Check("c", "fail", "broken", fix="fix c", expected="E", found="F")
+    bad2 = Check("d", "fail", "also broken", fix="fix d", expected="E2", found="F2")
+    assert preflight.summarise([ok, Check("s", "skipped", "-")]) == "pass"
+    assert preflight.summarise([ok, warn]) == "warn"
+    assert preflight.summarise([ok, warn, bad1]) == "fail"
+    assert preflight.summarise([Check("s", "skipped", "-")]) == "skipped"
+    preflight.raise_for([ok, warn])  # nothing raised
+    with pytest.raises(PreflightError) as exc:
+        preflight.raise_for([ok, bad1, warn, bad2], host="gpu-1")
+    err = exc.value
+    assert isinstance(err, SglangDeployError)
+    assert [c.name for c in err.checks] == ["c", "d"]
+    text = str(err)
+    assert "2 check(s) failed on gpu-1: c, d" in text
+    for piece in ("broken", "also broken", "fix c", "fix d", "F2"):
+        assert piece in text
+
+
+# ----------------------------------------------------------------------------- nvidia-smi
+
+
+def test_smi_healthy():
+    checks = by_name(preflight.check_smi(rows(), 8, NAME, "580.0"))
+    assert {c.status for c in checks.values()} == {"pass"}
+    assert checks["gpu-count"].details["count"] == 8
+
+
+def test_smi_missing_gpu_names_mount_entry():
+    c = by_name(preflight.check_smi(rows(skip=(7,)), 8, NAME, "580.0"))["gpu-count"]
+    assert_actionable(c)
+    assert c.found == "7 GPUs (indices 0-6)"
+    assert "lxc.mount.entry: /dev/nvidia7 dev/nvidia7 none bind,optional,create=file" in c.fix
+    assert "lxc.cgroup2.devices.allow: c 195:* rwm" in c.fix
+
+
+def test_smi_more_gpus_than_expected_warns():
+    assert by_name(preflight.check_smi(rows(), 4))["gpu-count"].status == "warn"
+
+
+def test_smi_model_mismatch_and_partial_names():
+    ws = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
+    c = by_name(preflight.check_smi(rows(name=ws), 8, NAME))["gpu-model"]
+    assert_actionable(c)
+    assert "GPU0: " + ws in c.found
+    # a part of the name accepts every edition
+    assert by_name(preflight.check_smi(rows(name=ws), 8, "rtx pro 6000 blackwell"))["gpu-model"].status == "pass"
+
+
+def test_smi_driver_too_old():
+    c = by_name(preflight.check_smi(rows(driver="570.172.08"), 8, None, "580.0"))["driver-version"]
+    assert_actionable(c)
+    assert "570.172.08" in c.found and ">= 580.0" in c.expected
+    assert by_name(preflight.check_smi(rows(driver="580.95.05"), 8, None, "580.95.05"))["driver-version"].status == "pass"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "code", "kind", "fix_piece"),
+    [
+        ("11_", None, "driver-library-mismatch", "--no-kernel-module"),
+        ("13_", 9, "no-driver", "lxc.mount.entry: /dev/nvidiactl"),
+    ],
+)
+def test_smi_failures_from_real_samples(prefix, code, kind, fix_piece):
+    checks = by_name(preflight.check_smi(None, 8, NAME, "580.0", error_text=raw(prefix), exit_code=code))
+    c = checks["nvidia-smi"]
+    assert_actionable(c)
+    assert c.details["kind"] == kind
+    assert fix_piece in c.fix
+    assert {checks[n].status for n in ("gpu-count", "gpu-model", "driver-version")} == {"skipped"}
+
+
+def test_smi_mismatch_message_and_version_hint():
+    c = preflight.check_smi(None, 8, error_text=raw("11_"), exit_code=None)[0]
+    assert "different version than the kernel module" in c.message
+    assert "/proc/driver/nvidia/version" in c.fix
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "piece"),
+    [
+        ("Failed to initialize NVML: Unknown Error\n", 255, "lxc.cgroup2.devices.allow: c 195:* rwm"),
+        ("No devices were found\n", 6, "lxc.mount.entry: /dev/nvidiaN"),
+        ("sh: 1: nvidia-smi: not found\n", 127, "--no-kernel-module"),
+        ("weird\n", 3, "Run `nvidia-smi`"),
+    ],
+)
+def test_smi_other_failures(text, code, piece):
+    c = preflight.check_smi(None, 8, error_text=text, exit_code=code)[0]
+    assert_actionable(c)
+    assert piece in c.fix
+    assert f"exit code {code}" in c.found
+
+
+# ----------------------------------------------------------------------------- device nodes
+
+
+def test_nodes_healthy_from_listing():
+    checks = by_name(preflight.check_device_nodes(raw("synth_dev_nvidia_8x"), 8, {}))
+    assert [checks[n].status for n in ("dev-nvidia-gpus", "dev-nvidiactl", "dev-nvidia-uvm",
+                                       "dev-nvidia-uvm-tools")] == ["pass"] * 4
+    assert checks["dev-nvidia-uvm"].message == "/dev/nvidia-uvm 508:0"
+
+
+def test_parse_dev_listing_handles_caps_dir():
+    nodes = preflight.parse_dev_listing(raw("synth_dev_nvidia_8x"))
+    assert nodes["/dev/nvidia3"].major == 195 and nodes["/dev/nvidia3"].minor == 3
+    assert nodes["/dev/nvidiactl"].minor == 255
+    assert nodes["/dev/nvidia-caps/nvidia-cap1"].major == 511
+    assert preflight.uvm_major_of(nodes) == 508
+
+
+def test_nodes_uvm_missing_gives_modprobe_and_mount_lines():
+    listing = "".join(ln + "\n" for ln in raw("synth_dev_nvidia_8x").splitlines() if "uvm" not in ln)
+    checks = by_name(preflight.check_device_nodes(listing, 8))
+    c = checks["dev-nvidia-uvm"]
+    assert_actionable(c)
+    assert "nvidia-modprobe -u -c=0" in c.fix
+    assert "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file" in c.fix
+    assert ("lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,"
+            "create=file") in c.fix
+    assert "c <uvm-major>:* rwm" in c.fix and "/proc/devices" in c.fix
+    assert checks["dev-nvidia-uvm-tools"].status == "warn"
+    assert checks["dev-nvidia-gpus"].status == "pass"
+
+
+def test_nodes_placeholder_file_from_skipped_optional_mount():
+    listing = raw("synth_dev_nvidia_8x").replace(
+        "crw-rw-rw- 1 root root 508,   0 Dec  2 13:10 /dev/nvidia-uvm\n",
+        "-rw-r--r-- 1 root root        0 Dec  2 13:10 /dev/nvidia-uvm\n")
+    c = by_name(preflight.check_device_nodes(listing, 8))["dev-nvidia-uvm"]
+    assert_actionable(c)
+    assert "empty regular file" in c.message and "optional" in c.message
+    assert "c 508:* rwm" in c.fix  # the major is known from nvidia-uvm-tools
+
+
+def test_nodes_missing_gpu_and_ctl_as_dict():
+    nodes = {f"/dev/nvidia{i}": (195, i) for i in range(6)}
+    checks = by_name(preflight.check_device_nodes(nodes, 8))
+    c = checks["dev-nvidia-gpus"]
+    assert_actionable(c)
+    assert c.details["missing"] == [6, 7]
+    assert "lxc.mount.entry: /dev/nvidia7 dev/nvidia7" in c.fix
+    assert checks["dev-nvidiactl"].status == "fail"
+    assert "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl" in checks["dev-nvidiactl"].fix
+
+
+def test_nodes_nothing_at_all():
+    text = "ls: cannot access '/dev/nvidia*': No such file or directory\n"
+    checks = by_name(preflight.check_device_nodes(text, 8, {}))
+    assert [checks[n].status for n in ("dev-nvidia-gpus", "dev-nvidiactl", "dev-nvidia-uvm")] == ["fail"] * 3
+    assert checks["dev-cgroup"].status == "skipped"
+
+
+def test_nodes_cgroup_denied_lists_allow_lines_for_real_majors():
+    opened = preflight.parse_open_results(
+        "/dev/nvidia0 ok\n/dev/nvidia-uvm EPERM Operation not permitted\n"
+        "/dev/nvidia1 EPERM Operation not permitted\n/dev/nvidiactl ok\n")
+    c = by_name(preflight.check_device_nodes(raw("synth_dev_nvidia_8x"), 8, opened))["dev-cgroup"]
+    assert_actionable(c)
+    # the same lines as the real Proxmox configs (samples 14/15)
+    conf = raw("14_")
+    assert "lxc.cgroup2.devices.allow: c 195:* rwm" in conf
+    assert "lxc.cgroup2.devices.allow: c 195:* rwm" in c.fix
+    assert "lxc.cgroup2.devices.allow: c 508:* rwm" in c.fix
+    assert "c 195:0 rwm" in c.fix  # mentions the per-minor form of sample 15
+    assert "lxc.cgroup2.devices.allow: c 195:0 rwm" in raw("15_")
+    assert c.details["denied"] == ["/dev/nvidia-uvm", "/dev/nvidia1"]
+
+
+def test_nodes_other_open_errors():
+    opened = {"/dev/nvidia0": "EACCES Permission denied"}
+    c = by_name(preflight.check_device_nodes(raw("synth_dev_nvidia_8x"), 8, opened))["dev-cgroup"]
+    assert_actionable(c)
+    assert "EACCES" in c.fix
+
+
+def test_fix_lines_match_real_lxc_config_syntax():
+    """Every lxc line a fix proposes has the exact shape of the real configs (sample 14)."""
+    real = {ln.split(":", 1)[0] for ln in raw("14_").splitlines() if ln.startswith("lxc.")}
+    texts = [preflight.uvm_fix(508), preflight.gpu_nodes_fix(["/dev/nvidia0"], include_ctl=True),
+             preflight.cgroup_fix([195, 508])]
+    proposed = [ln.strip() for t in texts for ln in t.splitlines() if ln.strip().startswith("lxc.")]
+    assert proposed
+    for line in proposed:
+        key = line.split(":", 1)[0]
+        assert key in real, line
+        if key == "lxc.mount.entry":
+            src, dst, *_ = line.split(": ", 1)[1].split()
+            assert dst == src.removeprefix("/")
+            assert line.endswith("none bind,optional,create=file")
+    assert "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file" in raw("14_")
+
+
+# ----------------------------------------------------------------------------- CUDA probe
+
+
+def probe_ok(n: int = 8, p2p=None):
+    return {"ok": True, "library": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "error": None,
+            "driver_version": 13000, "device_count": n,
+            "devices": [{"index": i, "name": NAME, "cc": "12.0", "total_mem_mib": 97887}
+                        for i in range(n)], "p2p": p2p or []}
+
+
+def probe_err(call: str, code, name, message):
+    return {"ok": False, "library": None, "error": {"call": call, "code": code, "name": name,
+                                                    "message": message},
+            "driver_version": None, "device_count": None, "devices": [], "p2p": []}
+
+
+def test_probe_healthy():
+    checks = by_name(preflight.check_cuda_probe(probe_ok(), 8))
+    assert checks["cuda-init"].status == "pass" and "13.0" in checks["cuda-init"].message
+    assert checks["cuda-devices"].status == "pass"
+
+
+def test_probe_not_run_is_skipped():
+    assert {c.status for c in preflight.check_cuda_probe(None, 8)} == {"skipped"}
+
+
+def test_probe_fewer_devices():
+    c = by_name(preflight.check_cuda_probe(probe_ok(7), 8))["cuda-devices"]
+    assert_actionable(c)
+    assert "/dev/nvidia7" in c.fix and "CUDA_VISIBLE_DEVICES" in c.fix
+
+
+@pytest.mark.parametrize(
+    ("error", "message_piece", "fix_piece"),
+    [
+        (("cuInit", 999, "CUDA_ERROR_UNKNOWN", "unknown error"), "/dev/nvidia-uvm",
+         "nvidia-modprobe -u -c=0"),
+        (("cuInit", 803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+          "system has unsupported display driver / cuda driver combination"),
+         "not the version of the host's kernel module", "--no-kernel-module"),
+        (("cuInit", 804, "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility"),
+         "forward-compatibility", "LD_LIBRARY_PATH"),
+        (("cuInit", 304, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
+         "operating-system call", "lxc.cgroup2.devices.allow: c 195:* rwm"),
+        (("cuInit", 35, "CUDA_ERROR_INSUFFICIENT_DRIVER",
+          "CUDA driver version is insufficient for CUDA runtime version"),
+         "Insufficient driver", "/proc/driver/nvidia/version"),
+        (("cuInit", 100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+         "no usable GPU", "lxc.mount.entry: /dev/nvidiactl"),
+        (("cuInit", 34, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
+         "stub", "stubs"),
+        (("dlopen", None, None, "libcuda.so.1: cannot open shared object file: No such file or directory"),
+         "no NVIDIA userspace driver", "--no-kernel-module"),
+        (("cuInit", 1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"), "cuInit failed with", "cuda_probe.py"),
+    ],
+)
+def test_probe_diagnoses(error, message_piece, fix_piece):
+    checks = by_name(preflight.check_cuda_probe(probe_err(*error), 8))
+    c = checks["cuda-init"]
+    assert_actionable(c)
+    assert message_piece in c.message
+    assert fix_piece in c.fix
+    assert checks["cuda-devices"].status == "skipped"
+
+
+def test_probe_999_uses_device_listing():
+    listing = "".join(ln + "\n" for ln in raw("synth_dev_nvidia_8x").splitlines() if "uvm" not in ln)
+    c = preflight.check_cuda_probe(probe_err("cuInit", 999, "CUDA_ERROR_UNKNOWN", "unknown error"), 8, listing)[0]
+    assert "/dev/nvidia-uvm is missing in the container" in c.message
+    c = preflight.check_cuda_probe(probe_err("cuInit", 999, "CUDA_ERROR_UNKNOWN", "unknown error"), 8,
+                                   raw("synth_dev_nvidia_8x"))[0]
+    assert "denied by the device cgroup" in c.message  # uvm present: the other causes
+    assert "c 508:* rwm" in c.fix
+
+
+def test_probe_timeout_in_p2p():
+    probe = probe_ok(p2p=pairs()[:3])
+    probe["ok"] = False
+    probe["error"] = {"call": "cuMemcpyPeer", "code": None, "name": "TIMEOUT",
+                      "message": "no answer after 600s while testing GPU0 -> GPU4"}
+    checks = by_name(preflight.check_cuda_probe(probe, 8))
+    assert checks["cuda-init"].status == "pass"
+    assert_actionable(checks["cuda-probe"])
+    assert "NCCL_P2P_DISABLE=1" in checks["cuda-probe"].fix
+
+
+# ----------------------------------------------------------------------------- P2P
+
+
+def topo8():
+    return nvsmi.parse_topo_matrix(raw("synth_topo_m_8x"))
+
+
+def test_p2p_all_good():
+    ok = nvsmi.parse_p2p_matrix(raw("synth_topo_p2p_r_8x_OK"))
+    checks, env = preflight.check_p2p(topo8(), ok, ok, pairs(), "require", 10)
+    c = by_name(checks)
+    assert env == {}
+    assert [c[n].status for n in ("topology", "p2p-support", "p2p-data", "p2p-bandwidth")] == ["pass"] * 4
+    assert "NODE x12" in c["topology"].message
+    matrix = c["p2p-matrix"].details["matrix"]
+    assert matrix.splitlines()[1].startswith("GPU0    X")
+    assert "OK ok 40.0" in matrix
+
+
+def test_p2p_gns_real_sample_require_fails_adapt_warns():
+    topo = nvsmi.parse_topo_matrix(raw("01_"))
+    read = nvsmi.parse_p2p_matrix(raw("02_"))
+    checks, env = preflight.check_p2p(topo, read, None, None, "require", None)
+    c = by_name(checks)["p2p-support"]
+    assert_actionable(c)
+    assert env == {}
+    assert "GPU0->GPU1 (read GNS)" in c.found
+    assert "adapt" in c.fix
+    checks, env = preflight.check_p2p(topo, read, None, None, "adapt", None)
+    c = by_name(checks)["p2p-support"]
+    assert c.status == "warn" and "NCCL_P2P_DISABLE=1" in c.message
+    assert env == {"NCCL_P2P_DISABLE": "1"}
+    assert by_name(checks)["p2p-data"].status == "skipped"
+
+
+def test_p2p_cuda_says_no_peer_access():
+    no = {(s, d): {"can_access": False} for s in range(8) for d in range(8) if (s < 4) != (d < 4)}
+    ok = nvsmi.parse_p2p_matrix(raw("synth_topo_p2p_r_8x_OK"))
+    checks, env = preflight.check_p2p(topo8(), ok, ok, pairs(override=no), "adapt", 10)
+    c = by_name(checks)
+    assert c["p2p-support"].status == "warn" and env == {"NCCL_P2P_DISABLE": "1"}
+    assert c["p2p-support"].details["pairs"][0] == [0, 4]
+    # nvidia-smi said OK where CUDA says no: reported
+    assert c["p2p-consistency"].status == "warn"
+    assert c["p2p-data"].status == "pass"
+    assert "host" in c["p2p-matrix"].details["matrix"] or "OK" in c["p2p-matrix"].details["matrix"]
+
+
+def test_p2p_enable_peer_access_error_counts_as_unsupported():
+    err = {(0, 1): {"error": "cuCtxEnablePeerAccess: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (217)"}}
+    checks, _ = preflight.check_p2p(None, None, None, pairs(2, err), "require", None)
+    c = by_name(checks)
+    assert c["p2p-support"].status == "fail"
+    assert "enabling peer access failed" in c["p2p-support"].found
+    assert c["p2p-data"].status == "pass"  # the copy itself verified
+    assert c["topology"].status == "skipped"
+
+
+@pytest.mark.parametrize("policy", ["require", "adapt"])
+def test_p2p_corruption_always_fails(policy):
+    bad = {(0, 5): {"verified": False}, (3, 4): {"verified": False}}
+    ok = nvsmi.parse_p2p_matrix(raw("synth_topo_p2p_r_8x_OK"))
+    checks, env = preflight.check_p2p(topo8(), ok, ok, pairs(override=bad), policy, 10)
+    c = by_name(checks)["p2p-data"]
+    assert_actionable(c)
+    assert "silent corruption" in c.message
+    assert "GPU0->GPU5" in c.found and "GPU3->GPU4" in c.found
+    assert c.details["corrupt"] == [[0, 5], [3, 4]]
+    assert "BAD" in by_name(checks)["p2p-matrix"].details["matrix"]
+
+
+def test_p2p_copy_errors_and_untested_pairs_fail():
+    p = pairs(3, {(0, 1): {"verified": None, "gbps": None,
+                          "error": "cuMemcpyPeer: CUDA_ERROR_ILLEGAL_ADDRESS (700)"}})
+    p = [e for e in p if (e["src"], e["dst"]) != (2, 1)]
+    c = by_name(preflight.check_p2p(None, None, None, p, "adapt", None)[0])["p2p-data"]
+    assert_actionable(c)
+    assert "copy failed: GPU0->GPU1 (cuMemcpyPeer" in c.found
+    assert "not tested (probe stopped): GPU2->GPU1" in c.found
+
+
+def test_p2p_slow_pairs_named():
+    slow = {(1, 2): {"gbps": 6.6}, (2, 1): {"gbps": 6.34, "can_access": False}}
+    checks, _ = preflight.check_p2p(topo8(), None, None, pairs(override=slow), "adapt", 20)
+    c = by_name(checks)["p2p-bandwidth"]
+    assert_actionable(c)
+    assert c.found == "GPU1->GPU2 (6.6 GB/s), GPU2->GPU1 (6.3 GB/s, via host)"
+    assert c.details["min"] == 6.34
+    # no minimum: informational pass
+    c = by_name(preflight.check_p2p(topo8(), None, None, pairs(override=slow), "adapt", None)[0])["p2p-bandwidth"]
+    assert c.status == "pass" and "min 6.3" in c.message
+
+
+def test_p2p_single_gpu_or_nothing_skips():
+    topo = nvsmi.parse_topo_matrix(raw("37_"))
+    checks, env = preflight.check_p2p(topo, None, None, None, "require", 10)
+    assert by_name(checks)["p2p-support"].status == "skipped" and env == {}
+    checks, env = preflight.check_p2p(None, None, None, None, "require", 10, expected_count=8)
+    assert {c.status for c in checks} == {"skipped"}
+
+
+def test_p2p_policy_is_validated():
+    with pytest.raises(ValueError):
+        preflight.check_p2p(None, None, None, None, "maybe", None)  # type: ignore[arg-type]
+
+
+def test_render_matrix_cells():
+    text = preflight.render_p2p_matrix(
+        2, {(0, 1): "GNS", (1, 0): "GNS"},
+        [{"src": 0, "dst": 1, "can_access": False, "verified": True, "gbps": 12.345, "error": None},
+         {"src": 1, "dst": 0, "can_access": False, "verified": None, "gbps": None, "error": "x"}])
+    lines = text.splitlines()
+    assert lines[0].split() == ["src\\dst", "GPU0", "GPU1"]
+    assert lines[1].split() == ["GPU0", "X", "GNS", "ok", "12.3"]
+    assert lines[2].split() == ["GPU1", "GNS", "ERR", "-", "X"]
+    assert preflight.render_p2p_matrix(2, None, [{"src": 0, "dst": 1, "can_access": True,
+                                                  "verified": False, "gbps": 1, "error": None}]
+                                       ).splitlines()[1].split()[2:] == ["peer", "BAD", "1.0"]
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def snapshot(**override):
+    snap = {
+        "query-gpu.csv": {"out": raw("synth_query_8x"), "rc": 0},
+        "topo-m.txt": {"out": raw("synth_topo_m_8x"), "rc": 0},
+        "topo-p2p-r.txt": {"out": raw("synth_topo_p2p_r_8x_OK"), "rc": 0},
+        "topo-p2p-w.txt": {"out": raw("synth_topo_p2p_r_8x_OK"), "rc": 0},
+        "dev-nvidia.txt": {"out": raw("synth_dev_nvidia_8x"), "rc": 0},
+    }
+    snap.update(override)
+    return {k: v for k, v in snap.items() if v is not None}
+
+
+EXPECT = Expectations(count=8, model=NAME, min_driver="580.0", p2p_policy="require", min_gbps=10)
+
+
+def test_evaluate_healthy():
+    facts: dict = {}
+    checks, env, matrix = preflight.evaluate(snapshot(), probe_ok(p2p=pairs()), EXPECT, facts)
+    assert preflight.summarise(checks) == "pass", [c for c in checks if c.status != "pass"]
+    assert env == {} and matrix and matrix.count("\n") == 9
+    assert len(facts["gpus"]) == 8 and facts["topology"]["links"] == {"NODE": 12, "SYS": 16}
+    assert facts["cuda_probe"]["device_count"] == 8
+    assert by_name(checks)["dev-cgroup"].status == "skipped"  # no open test in the snapshot
+
+
+def test_evaluate_driver_mismatch_everywhere():
+    text = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.95\n"
+    bad = {"out": text, "rc": 18}
+    snap = snapshot(**{"query-gpu.csv": bad, "topo-m.txt": bad, "topo-p2p-r.txt": bad,
+                       "topo-p2p-w.txt": bad})
+    probe = probe_err("cuInit", 803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "x")
+    checks, env, matrix = preflight.evaluate(snap, probe, EXPECT)
+    c = by_name(checks)
+    assert c["nvidia-smi"].details["kind"] == "driver-library-mismatch"
+    assert c["cuda-init"].status == "fail" and "803" in c["cuda-init"].message
+    assert c["topology"].status == "skipped" and c["topo-p2p-r"].status == "skipped"
+    assert matrix is None and env == {}
+
+
+def test_evaluate_plain_text_snapshot_and_missing_parts():
+    checks, _, _ = preflight.evaluate({"query-gpu.csv": raw("synth_query_8x")}, None, EXPECT)
+    c = by_name(checks)
+    assert c["gpu-count"].status == "pass"
+    assert c["dev-nvidia-uvm"].status == "skipped" and c["cuda-init"].status == "skipped"
+    assert preflight.summarise(checks) == "pass"
+
+
+def test_evaluate_adapt_returns_nccl_env():
+    cns = {"out": raw("synth_topo_p2p_r_8x_CNS"), "rc": 0}
+    exp = Expectations(count=8, p2p_policy="adapt")
+    checks, env, _ = preflight.evaluate(snapshot(**{"topo-p2p-r.txt": cns, "topo-p2p-w.txt": cns}),
+                                        probe_ok(p2p=pairs()), exp)
+    assert env == {"NCCL_P2P_DISABLE": "1"}
+    assert preflight.summarise(checks) == "warn"
+
+
+def test_evaluate_table_fallback_when_no_query():
+    snap = {"nvidia-smi.txt": {"out": raw("synth_nvidia_smi_table_8x"), "rc": 0}}
+    checks = by_name(preflight.evaluate(snap, None, EXPECT)[0])
+    assert checks["gpu-count"].status == "pass"
+    assert checks["gpu-model"].status == "skipped"  # names are cut to "..." in the table
+    assert checks["driver-version"].status == "pass"
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def test_check_model():
+    path = "/srv/models/glm"
+    good = {"path": path, "exists": True, "config": True, "index": True,
+            "shards": {"a.safetensors": {"exists": True, "size": 2**30, "expected_size": 2**30}}}
+    assert preflight.check_model(good, path)[0].status == "pass"
+    missing = preflight.check_model({"path": path, "exists": False}, path)[0]
+    assert_actionable(missing)
+    assert preflight.check_model({"path": path, "exists": False}, path, download=True)[0].status == "warn"
+    broken = dict(good, shards={"a.safetensors": {"exists": True, "size": 10, "expected_size": 2**30},
+                                "b.safetensors": {"exists": False}})
+    c = preflight.check_model(broken, path)[0]
+    assert_actionable(c)
+    assert "1 shards missing (b.safetensors)" in c.found and "1 shards truncated" in c.found
