@@ -103,7 +103,7 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("sglang_launch_command", list, ["-m", "sglang.launch_server"],
        "What the release venv's python runs, before the flags."),
     _k("sglang_stop_timeout_s", int, 120, "TimeoutStopSec of the unit.", minimum=1),
-    _k("sglang_restart_sec", int, 30, "RestartSec of the unit (Restart=on-failure).", minimum=0),
+    _k("sglang_restart_sec", int, 30, "RestartSec of the unit (Restart=always).", minimum=0),
     # --- verify -----------------------------------------------------------------------------
     _k("verify_timeout_s", (int, float), 3600, "Overall deadline for the server to become ready.",
        minimum=1),

@@ -54,6 +54,11 @@ class SglangDeployError(PyinfraError):
         self.details = dict(details or {})
         super().__init__(what)
 
+    @property
+    def message(self) -> str:
+        """The full text (pyinfra's CLI shows ``exc.message`` when it reports the error)."""
+        return str(self)
+
     def lines(self) -> list[str]:
         out = [self.headline()]
         if self.found:

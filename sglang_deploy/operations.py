@@ -21,10 +21,10 @@ def _sh(*words: str) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-@operation()
-def preflight_gate(checks: list, title: str = "pre-flight"):
+def preflight_gate(checks: list, title: str = "pre-flight") -> None:
     """
-    Report pre-flight checks; fail the host (before anything is installed) if any failed.
+    Report pre-flight checks and stop the deploy (while operations are still being prepared,
+    so before anything runs on any host) if any failed.
 
     + checks: list of ``preflight.Check`` from the pure evaluation
     + title: heading of the report
@@ -33,7 +33,7 @@ def preflight_gate(checks: list, title: str = "pre-flight"):
 
     .. code:: python
 
-        preflight_gate(name="GPU pre-flight", checks=checks)
+        preflight_gate(checks, title="GPU pre-flight")
     """
     failed = [c for c in checks if c.status == "fail"]
     for c in checks:
@@ -41,15 +41,14 @@ def preflight_gate(checks: list, title: str = "pre-flight"):
             logger.warning(f"{host.print_prefix}{title}: {c.status.upper()} {c.name}: {c.message}")
     if failed:
         raise PreflightError(
-            what=f"{title} must pass before anything is installed",
-            found="; ".join(f"{c.name}: {c.message}" for c in failed),
-            fix=" / ".join(c.fix for c in failed if getattr(c, "fix", None)) or "see above",
+            what=f"{title} passes on {host.name} before anything is installed",
+            found="\n".join(f"{c.name}: {c.message}" for c in failed),
+            fix="\n".join(f"{c.name}: {c.fix}" for c in failed if getattr(c, "fix", None))
+            or "see the checks above",
         )
-    host.noop(f"{title}: {len(checks)} checks passed"
-              + (f" ({sum(c.status == 'warn' for c in checks)} warnings)"
-                 if any(c.status == "warn" for c in checks) else ""))
-    return
-    yield  # pragma: no cover  (makes this a generator)
+    warns = sum(c.status == "warn" for c in checks)
+    logger.info(f"{host.print_prefix}{title}: {len(checks)} checks passed"
+                + (f" ({warns} warnings)" if warns else ""))
 
 
 @operation()

@@ -120,7 +120,7 @@ def preflight_stage():
                                     download=settings.sglang_model_download)
     if matrix:
         logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
-    ops.preflight_gate(name="Pre-flight checks (GPU, CUDA, P2P, model)", checks=checks)
+    ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
 
 
 @deploy("Runtime: user, folders, uv, release venv, autotune patch")

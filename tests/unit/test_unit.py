@@ -24,7 +24,7 @@ def test_render_is_deterministic_and_complete():
     a, b = render_unit(spec()), render_unit(spec())
     assert a == b
     for needle in ("User=sglang", "EnvironmentFile=/etc/sglang/secrets.env", "KillMode=mixed",
-                   "TimeoutStopSec=120", "Restart=on-failure", "NoNewPrivileges=yes",
+                   "TimeoutStopSec=120", "Restart=always", "NoNewPrivileges=yes",
                    "PrivateTmp=yes", "ProtectSystem=strict", "DevicePolicy=closed",
                    "DeviceAllow=/dev/nvidia-uvm rw", "DeviceAllow=/dev/nvidia1 rw",
                    'Environment="X=a b%%c$$d"', '"glm 5"'):
