@@ -248,3 +248,15 @@ def test_a_reverted_patch_is_noticed_and_reapplied(testbed):
     assert r.returncode == 0, out[-4000:]
     assert "FlashInfer autotune patch" in " ".join(changed(out))
     assert "READY tb3" in out
+
+
+def test_slow_start_within_the_deadlines_succeeds(testbed):
+    testbed.ssh("tb3", "systemctl stop sglang.service 2>/dev/null; true")
+    testbed.scenario("tb3", "slow-start")
+    try:
+        r = deploy(testbed, "tb3")
+    finally:
+        testbed.scenario("tb3", "healthy")
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert "READY tb3" in out
