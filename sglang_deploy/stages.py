@@ -23,8 +23,15 @@ from sglang_deploy import data as datamod
 from sglang_deploy import flags as flagmod
 from sglang_deploy import operations as ops
 from sglang_deploy import preflight
-from sglang_deploy.errors import DataError, RuntimeSetupError
-from sglang_deploy.facts import REMOTE, CudaProbe, GpuSnapshot, PatchStatus, ServerArgsSource, SglangHostState
+from sglang_deploy.errors import DataError
+from sglang_deploy.facts import (
+    REMOTE,
+    CudaProbe,
+    GpuSnapshot,
+    PatchStatus,
+    ServerArgsSource,
+    SglangHostState,
+)
 from sglang_deploy.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 
 SECRETS_DIR = "/etc/sglang"
@@ -39,6 +46,7 @@ class Context:
     hoststate: dict
     release_id: str = ""
     sglang_version: str = ""
+    lock_text: str = ""
     nccl_env: dict = field(default_factory=dict)
     ops: dict = field(default_factory=dict)
     patch_state: str = "unknown"
@@ -72,7 +80,7 @@ def lock_info(lock_file: str) -> tuple[str, str, str]:
                         found=f"no file {path}",
                         fix="run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`")
     text = path.read_text()
-    m = re.search(r"^sglang==([^\s\\;]+)", text, re.M)
+    m = re.search(r"^sglang==([^\s\\;]+)", text, re.MULTILINE)
     if not m:
         raise DataError(key="sglang_lock", what="the lock pins sglang==VERSION",
                         found=f"no sglang pin in {path}", fix="add sglang to the .in file and re-lock")
@@ -100,7 +108,7 @@ def preflight_stage():
                        python=settings.sglang_system_python)
     ctx = Context(settings=settings, hoststate=hs)
     _CONTEXTS[host.name] = ctx
-    ctx.release_id, ctx.sglang_version, _ = lock_info(settings.sglang_lock)
+    ctx.release_id, ctx.sglang_version, ctx.lock_text = lock_info(settings.sglang_lock)
 
     snapshot = host.get_fact(GpuSnapshot)
     probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=True,
@@ -150,9 +158,8 @@ def runtime_stage():
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
                   index_url=s.sglang_index_url)
 
-    _, _, lock_text = lock_info(s.sglang_lock)
     rel = hs["releases"].get(ctx.release_id) or {}
-    lock_put = files.put(name=f"Lock of release {ctx.release_id}", src=StringIO(lock_text),
+    lock_put = files.put(name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text),
                          dest=f"{ctx.release_dir}/requirements.lock", mode="644")
     release = ops.release_venv(
         name=f"Release {ctx.release_id} (sglang {ctx.sglang_version})", root=s.sglang_root,
@@ -267,10 +274,10 @@ def service_stage():
 
 
 def _expect_autotune(ctx: Context) -> bool:
-    flags = {k.lstrip("-").replace("_", "-"): v for k, v in ctx.settings.sglang_flags.items()}
-    if flags.get("disable-flashinfer-autotune"):
+    flags = flagmod.normalise(ctx.settings.sglang_flags)
+    if flags.get("--disable-flashinfer-autotune"):
         return False
-    backend = flags.get("moe-runner-backend")
+    backend = flags.get("--moe-runner-backend")
     return backend == "flashinfer_cutlass" and ctx.patch_state in (
         "applied", "already-applied", "enabled-upstream")
 
@@ -280,10 +287,10 @@ def _verify(ctx: Context):
     from sglang_deploy.verify import Verifier, wait_until_ready
 
     s = ctx.settings
-    flags = {k.lstrip("-").replace("_", "-"): v for k, v in s.sglang_flags.items()}
+    flags = flagmod.normalise(s.sglang_flags)
     verifier = Verifier(
         sglang_version=ctx.sglang_version, expect_autotune=_expect_autotune(ctx),
-        cuda_graph=not flags.get("disable-cuda-graph"), served_model_name=s.served_model_name,
+        cuda_graph=not flags.get("--disable-cuda-graph"), served_model_name=s.served_model_name,
         overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
         require_generate=s.verify_generate,
     )
