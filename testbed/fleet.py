@@ -31,7 +31,8 @@ from testbed import net, rootfs
 REPO = Path(__file__).resolve().parent.parent
 SGLANG_VERSION = "0.5.12.post1"
 STATE_VERSION = 1
-DEFAULT_PREFIX = "tb"
+# Several testbeds can run side by side with distinct TESTBED_PREFIX, TESTBED_SUBNET, TESTBED_DIR.
+DEFAULT_PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
 SUBNET = os.environ.get("TESTBED_SUBNET", "10.213.0")  # /24, controller at .1, host i at .(10+i)
 HOST_OFFSET = 10
 MODEL_NAME = "GLM-5-NVFP4"

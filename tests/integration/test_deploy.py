@@ -23,13 +23,15 @@ SEED_FLAGS = {
     "enable-flashinfer-allreduce-fusion": True, "disable-cuda-graph": True,
     "trust-remote-code": True,
 }
+PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
+TB1, TB2, TB3 = (f"{PREFIX}{i}" for i in (1, 2, 3))
 SECRET = "s3cr'et \"$HOME\" ;|&`x`"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def blank_hosts(testbed):
     """This module starts from blank hosts (as after `testbed wipe`), whatever ran before."""
-    for name in ("tb1", "tb2", "tb3"):
+    for name in (TB1, TB2, TB3):
         testbed.wipe(name)
 
 
@@ -69,31 +71,31 @@ def both(r) -> str:
 
 # ---------------------------------------------------------------------------------- tb1
 def test_fresh_host_ends_verified_and_serving(testbed):
-    r = deploy(testbed, "tb1")
+    r = deploy(testbed, TB1)
     out = both(r)
     assert r.returncode == 0, out[-4000:]
-    assert "READY tb1: sglang 0.5.12.post1" in out
+    assert f"READY {TB1}: sglang 0.5.12.post1" in out
     assert "autotune patch applied" in out
     assert re.search(r"autotune \d+\.\d+s", out), "the summary gives the autotune duration"
     # the server really serves, from outside the deploy too
-    gen = testbed.ssh("tb1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health")
+    gen = testbed.ssh(TB1, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health")
     assert gen.stdout.strip() == "200"
     # the journal shows autotune (the patch took effect) before ready
-    journal = testbed.ssh("tb1", "journalctl -u sglang -o cat --no-pager", check=True).stdout
+    journal = testbed.ssh(TB1, "journalctl -u sglang -o cat --no-pager", check=True).stdout
     assert journal.index("FlashInfer autotune completed.") < journal.index(
         "The server is fired up and ready to roll!")
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(testbed):
-    before = invocation(testbed, "tb1")
-    r = deploy(testbed, "tb1")
+    before = invocation(testbed, TB1)
+    r = deploy(testbed, TB1)
     assert r.returncode == 0, both(r)[-4000:]
     assert changed(both(r)) == []
-    assert invocation(testbed, "tb1") == before
+    assert invocation(testbed, TB1) == before
 
 
 def test_dry_run_on_converged_host_shows_no_change(testbed):
-    r = subprocess.run([PYINFRA, str(testbed.inventory), "deploy.py", "--limit", "tb1", "--dry"],
+    r = subprocess.run([PYINFRA, str(testbed.inventory), "deploy.py", "--limit", TB1, "--dry"],
                        cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     out = both(r)
     assert r.returncode == 0, out[-3000:]
@@ -110,7 +112,7 @@ def test_bad_input_fails_before_connecting_naming_the_key(testbed):
         (["--data", 'sglang_flags={"tp-size": [[8]]}'], {}, "sglang_flags"),
         (["--data", "sglang_api_key_env=NO_SUCH_SECRET_VAR"], {}, "sglang_api_key_env"),
     ):
-        r = deploy(testbed, "tb1", *args, env=env)
+        r = deploy(testbed, TB1, *args, env=env)
         out = both(r)
         assert r.returncode != 0, out[-2000:]
         assert key in out, (key, out[-2000:])
@@ -118,9 +120,9 @@ def test_bad_input_fails_before_connecting_naming_the_key(testbed):
 
 
 def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed):
-    before = invocation(testbed, "tb1")
+    before = invocation(testbed, TB1)
     flags = {**SEED_FLAGS, "enable-metrics": True}
-    r = deploy(testbed, "tb1", "--data", f"sglang_flags={json.dumps(flags)}")
+    r = deploy(testbed, TB1, "--data", f"sglang_flags={json.dumps(flags)}")
     out = both(r)
     assert r.returncode == 0, out[-4000:]
     assert sorted(changed(out)) == sorted([
@@ -129,42 +131,42 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
         "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit, secrets, release or patch changed)",
         "Verify: block until the model really serves | Verify startup, API and a one-token generation",
     ])
-    assert invocation(testbed, "tb1") != before
-    unit = testbed.ssh("tb1", "cat /etc/systemd/system/sglang.service", check=True).stdout
+    assert invocation(testbed, TB1) != before
+    unit = testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service", check=True).stdout
     assert "--enable-metrics" in unit
-    metrics = testbed.ssh("tb1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/metrics")
+    metrics = testbed.ssh(TB1, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/metrics")
     assert metrics.stdout.strip() == "200"
 
 
 def test_a_flag_unknown_to_the_installed_sglang_never_reaches_a_restart(testbed):
-    before = invocation(testbed, "tb1")
-    unit_before = testbed.ssh("tb1", "sha256sum /etc/systemd/system/sglang.service").stdout
+    before = invocation(testbed, TB1)
+    unit_before = testbed.ssh(TB1, "sha256sum /etc/systemd/system/sglang.service").stdout
     flags = {**SEED_FLAGS, "cuda-graph-max-bsz": 8}
-    r = deploy(testbed, "tb1", "--data", f"sglang_flags={json.dumps(flags)}")
+    r = deploy(testbed, TB1, "--data", f"sglang_flags={json.dumps(flags)}")
     out = both(r)
     assert r.returncode != 0
     assert "--cuda-graph-max-bsz" in out and "0.5.12.post1" in out
-    assert testbed.ssh("tb1", "sha256sum /etc/systemd/system/sglang.service").stdout == unit_before
-    assert invocation(testbed, "tb1") == before
+    assert testbed.ssh(TB1, "sha256sum /etc/systemd/system/sglang.service").stdout == unit_before
+    assert invocation(testbed, TB1) == before
 
 
 def test_secrets_stay_out_of_argv_unit_journal_and_output(testbed):
-    r = deploy(testbed, "tb1", "-vvv", "--data", "sglang_api_key_env=TB_API_KEY",
+    r = deploy(testbed, TB1, "-vvv", "--data", "sglang_api_key_env=TB_API_KEY",
                env={"TB_API_KEY": SECRET})
     out = both(r)
     assert r.returncode == 0, out[-4000:]
-    assert "READY tb1" in out  # the verifier's generation passed the key
+    assert f"READY {TB1}" in out  # the verifier's generation passed the key
     assert SECRET not in out
-    ps = testbed.ssh("tb1", "ps -eo args", check=True).stdout
+    ps = testbed.ssh(TB1, "ps -eo args", check=True).stdout
     assert "--api-key" not in ps and SECRET not in ps
-    assert SECRET not in testbed.ssh("tb1", "cat /etc/systemd/system/sglang.service").stdout
-    journal = testbed.ssh("tb1", "journalctl -u sglang -o cat --no-pager", check=True).stdout
+    assert SECRET not in testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service").stdout
+    journal = testbed.ssh(TB1, "journalctl -u sglang -o cat --no-pager", check=True).stdout
     assert "api_key=" in journal and SECRET not in journal
-    mode = testbed.ssh("tb1", "stat -c '%a %U %G' /etc/sglang/secrets.env /etc/sglang",
+    mode = testbed.ssh(TB1, "stat -c '%a %U %G' /etc/sglang/secrets.env /etc/sglang",
                        check=True).stdout.split("\n")
     assert mode[0] == "600 root root" and mode[1] == "700 root root"
     # the API enforces the key: without it 401, with it 200
-    anon = testbed.ssh("tb1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/v1/models")
+    anon = testbed.ssh(TB1, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/v1/models")
     assert anon.stdout.strip() == "401"
 
 
@@ -181,30 +183,30 @@ GPU_SCENARIOS = {
 
 @pytest.mark.parametrize("scenario", sorted(GPU_SCENARIOS))
 def test_gpu_scenario_stops_in_preflight_before_anything_is_installed(testbed, scenario):
-    testbed.scenario("tb2", scenario)
+    testbed.scenario(TB2, scenario)
     try:
-        r = deploy(testbed, "tb2")
+        r = deploy(testbed, TB2)
     finally:
-        testbed.scenario("tb2", "healthy")
+        testbed.scenario(TB2, "healthy")
     out = both(r)
     assert r.returncode != 0, out[-3000:]
     assert "fix" in out.lower()
     for needle in GPU_SCENARIOS[scenario]:
         assert needle.lower() in out.lower(), (needle, out[-3000:])
     # nothing was installed
-    assert testbed.ssh("tb2", "test -e /opt/sglang || test -e /etc/sglang").returncode != 0
+    assert testbed.ssh(TB2, "test -e /opt/sglang || test -e /etc/sglang").returncode != 0
 
 
 def test_p2p_unsupported_adapts_by_policy(testbed):
-    testbed.scenario("tb2", "p2p-unsupported")
+    testbed.scenario(TB2, "p2p-unsupported")
     try:
-        r = deploy(testbed, "tb2", "--data", "gpu_p2p_policy=adapt")
+        r = deploy(testbed, TB2, "--data", "gpu_p2p_policy=adapt")
     finally:
-        testbed.scenario("tb2", "healthy")
+        testbed.scenario(TB2, "healthy")
     out = both(r)
     assert r.returncode == 0, out[-4000:]
     assert "NCCL_P2P_DISABLE" in out
-    unit = testbed.ssh("tb2", "cat /etc/systemd/system/sglang.service", check=True).stdout
+    unit = testbed.ssh(TB2, "cat /etc/systemd/system/sglang.service", check=True).stdout
     assert "Environment=NCCL_P2P_DISABLE=1" in unit
 
 
@@ -221,42 +223,42 @@ SERVER_SCENARIOS = {
 @pytest.mark.parametrize("scenario", sorted(SERVER_SCENARIOS))
 def test_server_scenario_fails_the_verifier_with_phase_and_log_lines(testbed, scenario):
     phase, words = SERVER_SCENARIOS[scenario]
-    testbed.ssh("tb3", "systemctl stop sglang.service 2>/dev/null; true")
-    testbed.scenario("tb3", scenario)
+    testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
+    testbed.scenario(TB3, scenario)
     try:
-        r = deploy(testbed, "tb3", "--data", 'verify_phase_timeouts={"loading": 8}')
+        r = deploy(testbed, TB3, "--data", 'verify_phase_timeouts={"loading": 8}')
     finally:
-        testbed.scenario("tb3", "healthy")
+        testbed.scenario(TB3, "healthy")
     out = both(r)
     assert r.returncode != 0, out[-3000:]
     assert f"phase reached: {phase}" in out or f"phase `{phase}`" in out, out[-3000:]
     for w in words:
         assert w in out, (w, out[-3000:])
-    assert "READY tb3" not in out
+    assert f"READY {TB3}" not in out
 
 
 def test_a_reverted_patch_is_noticed_and_reapplied(testbed):
     # Revert the patch behind the deploy's back (as a reinstall would): the next deploy
     # must notice it, re-patch, restart and see autotune again.
-    testbed.ssh("tb3", "systemctl stop sglang.service 2>/dev/null; true")
-    rel = testbed.ssh("tb3", "readlink /opt/sglang/current", check=True).stdout.strip()
-    testbed.ssh("tb3", f"sed -i 's/^\\( *\\)\"flashinfer_cutlass\",  # sglang-deploy: autotune patch$/\\1# \"flashinfer_cutlass\",/' "
+    testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
+    rel = testbed.ssh(TB3, "readlink /opt/sglang/current", check=True).stdout.strip()
+    testbed.ssh(TB3, f"sed -i 's/^\\( *\\)\"flashinfer_cutlass\",  # sglang-deploy: autotune patch$/\\1# \"flashinfer_cutlass\",/' "
                 f"{rel}/venv/lib/python3.11/site-packages/sglang/srt/model_executor/model_runner.py", check=True)
     # a normal deploy notices the revert and re-patches: that is the design
-    r = deploy(testbed, "tb3")
+    r = deploy(testbed, TB3)
     out = both(r)
     assert r.returncode == 0, out[-4000:]
     assert "FlashInfer autotune patch" in " ".join(changed(out))
-    assert "READY tb3" in out
+    assert f"READY {TB3}" in out
 
 
 def test_slow_start_within_the_deadlines_succeeds(testbed):
-    testbed.ssh("tb3", "systemctl stop sglang.service 2>/dev/null; true")
-    testbed.scenario("tb3", "slow-start")
+    testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
+    testbed.scenario(TB3, "slow-start")
     try:
-        r = deploy(testbed, "tb3")
+        r = deploy(testbed, TB3)
     finally:
-        testbed.scenario("tb3", "healthy")
+        testbed.scenario(TB3, "healthy")
     out = both(r)
     assert r.returncode == 0, out[-4000:]
-    assert "READY tb3" in out
+    assert f"READY {TB3}" in out
