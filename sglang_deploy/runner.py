@@ -1,0 +1,101 @@
+"""Drive the real pyinfra CLI from the tool's own commands (rollout, status, bench, rebuild).
+
+Every command that touches hosts runs the same files an operator runs by hand
+(``pyinfra INVENTORY deploy.py``), one pyinfra process per step, so a step's result is the
+CLI's exit status and a crash in one step cannot leave state behind in the next.
+``inventory_hosts`` reads an inventory the way pyinfra does (group data included) without
+connecting to anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+
+@dataclass
+class Run:
+    argv: list[str]
+    rc: int
+    output: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def pyinfra_bin() -> str:
+    beside = Path(sys.executable).parent / "pyinfra"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("pyinfra")
+    if not found:
+        raise FileNotFoundError("the pyinfra command is not installed beside this python")
+    return found
+
+
+def data_args(data: dict | Sequence[str] | None) -> list[str]:
+    """``--data k=v`` arguments (pyinfra parses true/false, integers and JSON values)."""
+    if not data:
+        return []
+    items = data.items() if isinstance(data, dict) else (d.split("=", 1) for d in data)
+    out: list[str] = []
+    for key, value in items:
+        out += ["--data", f"{key}={value}"]
+    return out
+
+
+def pyinfra_argv(inventory: str, deploy_file: str, *, limit: Sequence[str] = (),
+                 data: dict | Sequence[str] | None = None, dry: bool = False,
+                 extra: Sequence[str] = ()) -> list[str]:
+    argv = [pyinfra_bin(), "-y", inventory, deploy_file]
+    if limit:
+        argv += ["--limit", ",".join(limit)]
+    argv += data_args(data)
+    if dry:
+        argv.append("--dry")
+    return argv + list(extra)
+
+
+def run_pyinfra(inventory: str, deploy_file: str, *, limit: Sequence[str] = (),
+                data: dict | Sequence[str] | None = None, dry: bool = False,
+                env: dict | None = None, cwd: str | os.PathLike = ".",
+                on_line: Callable[[str], None] | None = None,
+                extra: Sequence[str] = ()) -> Run:
+    """Run pyinfra, streaming its output lines to ON_LINE; return the exit status and output."""
+    argv = pyinfra_argv(inventory, deploy_file, limit=limit, data=data, dry=dry, extra=extra)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if on_line:
+            on_line(line.rstrip("\n"))
+    rc = proc.wait()
+    return Run(argv=argv, rc=rc, output="".join(lines), seconds=time.monotonic() - t0)
+
+
+def inventory_hosts(inventory: str, cwd: str | os.PathLike = ".",
+                    data: dict | None = None) -> list[tuple[str, dict]]:
+    """(name, merged data) of every host of INVENTORY, in inventory order, no connection."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    cwd = str(Path(cwd).resolve())
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    ctx_state.set(State())
+    inv = make_inventory(str(Path(cwd, inventory)) if not os.path.isabs(inventory) else inventory,
+                         cwd=cwd, override_data=data or {})
+    return [(h.name, h.data.dict()) for h in inv]
