@@ -3,30 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+# Each module has add_parser(subparsers) and run(args) -> exit status.
+COMMAND_MODULES = (
+    "patch",
+    "doctor",
+    "lock",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sglang_deploy import doctor, lock, patch
-
     parser = argparse.ArgumentParser(prog="sglang-deploy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    patch.add_parser(sub)
-    doctor.add_parser(sub)
-    lock.add_parser(sub)
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"sglang_deploy.{name}")
+        before = set(sub.choices)
+        module.add_parser(sub)
+        for added in set(sub.choices) - before:
+            sub.choices[added].set_defaults(_module=module)
     dt = sub.add_parser("data-table", help="print the README table of data keys")
     dt.set_defaults(_run=lambda args: print(__import__("sglang_deploy.data").data.markdown_table()) or 0)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglang_deploy import doctor, lock, patch
-
     args = build_parser().parse_args(argv)
-    runners = {"patch": patch.run, "doctor": doctor.run, "lock": lock.run}
     if hasattr(args, "_run"):
         return args._run(args)
-    return runners[args.command](args)
+    return args._module.run(args)
 
 
 if __name__ == "__main__":
