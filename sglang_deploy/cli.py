@@ -11,6 +11,7 @@ COMMAND_MODULES = (
     "patch",
     "doctor",
     "lock",
+    "wheelhouse",
 )
 
 

@@ -286,32 +286,19 @@ def uv_version() -> str:
 
 
 def ensure_wheelhouse(state: dict) -> list[str]:
-    """The sglang wheel (pinned) and the uv wheel (controller's version, manylinux x86_64)."""
-    from testbed import wheels
+    """Every wheel of locks/testbed.txt and the uv wheel, filled by the tool's own
+    `sglang-deploy wheelhouse` code (the hosts install offline from it)."""
+    from sglang_deploy import wheelhouse
 
     wh = Path(state["wheelhouse"])
-    wh.mkdir(parents=True, exist_ok=True)
-    added = []
-    wanted = [
-        ("sglang", state["sglang_version"], {}),
-        ("uv", uv_version(), {"python_tag": "py3", "platform": "manylinux_2_17_x86_64"}),
-    ]
-    for name, version, kw in wanted:
-        if any(wh.glob(f"{name}-{version}-*.whl")):
-            continue
-        try:
-            src = wheels.fetch_wheel(name, version, **kw)
-        except Exception as e:
-            raise TestbedError(
-                f"could not fetch the {name}=={version} wheel for the wheelhouse ({e}); put it in "
-                f"{wh} by hand or run `up --no-wheels`"
-            ) from e
-        dst = wh / src.name
-        tmp = wh / f".{src.name}.part"
-        shutil.copyfile(src, tmp)
-        tmp.rename(dst)
-        added.append(dst.name)
-    return added
+    try:
+        result = wheelhouse.fill(REPO / "locks" / "testbed.txt", wh, uv_version=uv_version())
+    except Exception as e:
+        raise TestbedError(
+            f"could not fill the wheelhouse {wh} from locks/testbed.txt ({e}); fetch the wheels "
+            f"by hand with `sglang-deploy wheelhouse locks/testbed.txt {wh}` or run `up --no-wheels`"
+        ) from e
+    return result["fetched"]
 
 
 @dataclass
