@@ -769,7 +769,7 @@ class Sim:
             self.ninja_failure()
         cached = bool(paths) and all(Path(p).is_file() for p in paths)
         self.cfg.sleep("autotune_cached" if cached else "autotune")
-        for p in paths:
+        for p in ([] if cached else paths):  # a complete cache has nothing new to save
             try:
                 Path(p).write_text("{}\n")
             except OSError:
