@@ -27,6 +27,7 @@ __all__ = [
     "FlagError",
     "VerifyError",
     "RuntimeSetupError",
+    "ModelError",
 ]
 
 
@@ -133,3 +134,7 @@ class VerifyError(SglangDeployError):
 
 class RuntimeSetupError(SglangDeployError):
     title = "runtime setup failed"
+
+
+class ModelError(SglangDeployError):
+    title = "model download failed"

@@ -21,6 +21,7 @@ from pyinfra.operations import files, python, server
 
 from sglang_deploy import data as datamod
 from sglang_deploy import flags as flagmod
+from sglang_deploy import modelfetch
 from sglang_deploy import operations as ops
 from sglang_deploy import preflight
 from sglang_deploy.errors import DataError
@@ -149,7 +150,7 @@ def runtime_stage():
         (f"{s.sglang_root}/uv-cache", "root", "700"),
     ):
         files.directory(name=f"Folder {path}", path=path, user=owner, group=owner, mode=mode)
-    for tool in ("patch.py", "launch.py", "hoststate.py"):
+    for tool in ("patch.py", "launch.py", "hoststate.py", "model_fetch.py"):
         src = REMOTE / tool if tool != "patch.py" else Path(__file__).parent / "patch.py"
         files.put(name=f"Tool {tool}", src=str(src), dest=f"{ctx.tools}/{tool}", mode="755",
                   add_deploy_dir=False)
@@ -185,6 +186,16 @@ def runtime_stage():
             status=status)
     else:
         ctx.patch_state = "disabled"
+    if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
+        ops.model_download(
+            name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
+            spec=modelfetch.FetchSpec(
+                repo=s.sglang_model_repo, revision=s.sglang_model_revision, path=s.sglang_model_path,
+                python=ctx.venv_python, tool=f"{ctx.tools}/model_fetch.py",
+                token_file=f"{SECRETS_DIR}/.hf-token", endpoint=s.sglang_hf_endpoint,
+                timeout_s=s.sglang_model_download_timeout_s, token_env=s.sglang_hf_token_env),
+            complete=modelfetch.model_complete(hs.get("model"), s.sglang_model_path),
+            token=s.secrets.get("HF_TOKEN"), group=s.sglang_user)
 
 
 def launch_argv(ctx: Context) -> list[str]:
