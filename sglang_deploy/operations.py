@@ -291,7 +291,9 @@ def daemon_reload():
 
 
 def _fetch_on_host(spec: "modelfetch.FetchSpec", group: str | None):
-    ok, output = host.run_shell_command(modelfetch.fetch_command(spec), print_output=False)
+    # the command names the token FILE only, so it may be shown (-vv); its output is not
+    ok, output = host.run_shell_command(modelfetch.fetch_command(spec), print_output=False,
+                                        print_input=host.state.print_input)
     result, rc = modelfetch.parse_output(output.stdout)
     error = modelfetch.diagnose(spec, result, rc if ok else None, output.stderr)
     if error is not None:

@@ -80,7 +80,10 @@ def fetch(repo: str, revision: str, dest: str, endpoint: str | None, token: str 
         token=token if token else False, max_workers=workers,
         cache_dir=os.path.join(dest, ".cache", "huggingface", "hub"),
     )
-    count = sum(len(files) for _, _, files in os.walk(path))
+    count = 0
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".cache"]  # huggingface_hub's own metadata
+        count += len(files)
     return {"commit": commit, "files": count}
 
 

@@ -14,7 +14,9 @@ from sglang_deploy.remote import model_fetch
 
 from testbed.sim.model import make_model_dir
 
+
 TOKEN = "hf_S3cr3t'token\"$x"
+
 
 def spec(**kw) -> modelfetch.FetchSpec:
     base = dict(repo="org/model", revision="main", path="/srv/models/m",
