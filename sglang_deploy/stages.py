@@ -111,7 +111,7 @@ def preflight_stage():
     _CONTEXTS[host.name] = ctx
     ctx.release_id, ctx.sglang_version, ctx.lock_text = lock_info(settings.sglang_lock)
 
-    snapshot = host.get_fact(GpuSnapshot)
+    snapshot = host.get_fact(GpuSnapshot, python=settings.sglang_system_python)
     probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=True,
                           mib=settings.gpu_p2p_test_mib)
     expect = preflight.Expectations(
