@@ -1129,6 +1129,7 @@ def evaluate(
     if probe is not None:
         facts["cuda_probe"] = {k: probe.get(k) for k in ("library", "driver_version", "device_count")}
     checks += check_cuda_probe(probe, expect.count, dev_text)
+    _blame_the_cgroup(checks)
 
     def smi_failed(text: str, rc: int | None) -> bool:
         return bool(rc) or classify_smi_error(text, None) is not None
@@ -1168,6 +1169,19 @@ def evaluate(
     checks += extra + p2p_checks
     matrix = next((c.details.get("matrix") for c in checks if c.name == "p2p-matrix"), None)
     return checks, env, matrix
+
+
+def _blame_the_cgroup(checks: list[Check]) -> None:
+    """When the open test proved the device cgroup denies the nodes, nvidia-smi's and CUDA's
+    failures are its consequence: say so and give the cgroup fix with the real majors."""
+    cgroup = next((c for c in checks if c.name == "dev-cgroup" and c.status == "fail"
+                   and c.details.get("denied")), None)
+    if cgroup is None:
+        return
+    for c in checks:
+        if c.status == "fail" and c.name in ("nvidia-smi", "cuda-init", "cuda-devices"):
+            c.message += " -- the open test shows the cause: the container's device cgroup denies the nodes"
+            c.fix = cgroup.fix
 
 
 def check_model(model: Mapping[str, Any], path: str | None, download: bool = False) -> list[Check]:

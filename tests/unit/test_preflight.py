@@ -607,6 +607,16 @@ def test_evaluate_with_the_open_test_of_a_denied_container():
                                         "rc": 0}})
     checks, _, _ = preflight.evaluate(snap, probe_ok(p2p=pairs()), EXPECT)
     assert by_name(checks)["dev-cgroup"].status == "fail"
+    # what the real tools say then: NVML 'Unknown Error', cuInit 999 -> blamed on the cgroup
+    nvml = {"out": "Failed to initialize NVML: Unknown Error\n", "rc": 255}
+    snap = snapshot(**{"dev-open.txt": snap["dev-open.txt"], "query-gpu.csv": nvml,
+                       "topo-m.txt": nvml, "topo-p2p-r.txt": nvml, "topo-p2p-w.txt": nvml})
+    checks = by_name(preflight.evaluate(
+        snap, probe_err("cuInit", 999, "CUDA_ERROR_UNKNOWN", "unknown error"), EXPECT)[0])
+    for name in ("nvidia-smi", "cuda-init", "dev-cgroup"):
+        assert checks[name].status == "fail"
+        assert "device cgroup denies" in checks[name].message
+        assert "lxc.cgroup2.devices.allow: c 508:* rwm" in checks[name].fix
     healthy = snapshot(**{"dev-open.txt": {"out": open_text({}), "rc": 0}})
     checks, _, _ = preflight.evaluate(healthy, probe_ok(p2p=pairs()), EXPECT)
     assert preflight.summarise(checks) == "pass"
