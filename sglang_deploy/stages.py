@@ -187,7 +187,7 @@ def runtime_stage():
     else:
         ctx.patch_state = "disabled"
     if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
-        ops.model_download(
+        ctx.ops["model"] = ops.model_download(
             name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
             spec=modelfetch.FetchSpec(
                 repo=s.sglang_model_repo, revision=s.sglang_model_revision, path=s.sglang_model_path,
@@ -266,7 +266,7 @@ def service_stage():
     svc = ctx.hoststate["service"]
     ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
                         unit_file_state=svc.get("UnitFileState") or None)
-    triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch") if k in ctx.ops]
+    triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch", "model") if k in ctx.ops]
     # Gated operations are added only when a trigger may fire, so that a converged host shows
     # no change at all, not even a conditional one, in --dry.
     restart_needed = any(t.will_change for t in triggers)
