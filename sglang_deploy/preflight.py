@@ -38,6 +38,7 @@ __all__ = [
     "check_smi",
     "check_device_nodes",
     "check_open_results",
+    "required_node",
     "classify_open",
     "check_cuda_probe",
     "diagnose_cuda_error",
@@ -556,7 +557,7 @@ def check_device_nodes(
         checks.append(Check("dev-cgroup", "skipped",
                             "open test not run" if open_errors is None else "no node to open"))
         return checks
-    checks.append(check_open_results(open_errors, nodes))
+    checks.append(check_open_results(open_errors, nodes, expected_count))
     return checks
 
 
@@ -583,8 +584,18 @@ def classify_open(error: str | None) -> str:
     return "other"
 
 
+def required_node(path: str, expected_count: int | None = None) -> bool:
+    """Nodes CUDA needs: nvidiactl, nvidia-uvm and the expected GPUs' nodes (not uvm-tools,
+    modeset, nvswitch... nor GPUs beyond the expected count)."""
+    if path in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
+        return True
+    m = _GPU_NODE.match(path)
+    return bool(m) and (expected_count is None or int(m.group(1)) < expected_count)
+
+
 def check_open_results(open_errors: Mapping[str, str | None],
-                       nodes: Mapping[str, DevNode] | None = None) -> Check:
+                       nodes: Mapping[str, DevNode] | None = None,
+                       expected_count: int | None = None) -> Check:
     """The ``dev-cgroup`` check from the open test (``dev-open.txt``: each /dev/nvidia* node
     opened read-write, non-blocking).
 
@@ -592,6 +603,8 @@ def check_open_results(open_errors: Mapping[str, str | None],
     real majors). EACCES: the node's mode/owner (or, on some kernels, the cgroup) refuses
     it. ENOENT: the node vanished. ENXIO/ENODEV: the cgroup PERMITTED the open and no driver
     instance answered: not a cgroup problem (whether CUDA works is the CUDA probe's verdict).
+    Nodes CUDA does not need (:func:`required_node`: uvm-tools, modeset, GPUs beyond the
+    expected count) only warn.
     """
     nodes = nodes or {}
     kinds: dict[str, list[str]] = {}
@@ -627,8 +640,13 @@ def check_open_results(open_errors: Mapping[str, str | None],
                    "mount (unprivileged containers see them as nobody:nogroup, which is fine "
                    "with that mode); if the mode is right, the device cgroup refuses them:\n"
                    + cgroup_fix(sorted(majors, key=str)))
+        details = {"denied": sorted(kinds.get("denied", [])),
+                   "refused": sorted(kinds.get("access", []))}
+        if not any(required_node(p, expected_count) for p in denied):
+            return Check("dev-cgroup", "warn", message + " (nodes CUDA does not need)",
+                         fix=fix, expected=expected, found=found_of(denied), details=details)
         return _fail("dev-cgroup", message, expected=expected, found=found_of(denied), fix=fix,
-                     denied=sorted(kinds.get("denied", [])), refused=sorted(kinds.get("access", [])))
+                     **details)
     if kinds.get("missing"):
         return _fail("dev-cgroup", "NVIDIA device nodes vanished while being opened (ENOENT)",
                      expected=expected, found=found_of(kinds["missing"]),

@@ -595,6 +595,14 @@ def test_open_enoent_and_eacces_and_others():
     acc = preflight.check_open_results({"/dev/nvidia0": "EACCES Permission denied"})
     assert_actionable(acc)
     assert "crw-rw-rw-" in acc.fix and "lxc.cgroup2.devices.allow: c 195:* rwm" in acc.fix
+    # a per-minor LXC config that allows what CUDA needs but not uvm-tools / extra GPUs: warn
+    optional = preflight.check_open_results(
+        {"/dev/nvidia0": None, "/dev/nvidiactl": None, "/dev/nvidia-uvm": None,
+         "/dev/nvidia-uvm-tools": "EPERM Operation not permitted",
+         "/dev/nvidia5": "EPERM Operation not permitted"}, expected_count=4)
+    assert optional.status == "warn" and "c 195:* rwm" in optional.fix
+    assert preflight.check_open_results(
+        {"/dev/nvidia3": "EPERM Operation not permitted"}, expected_count=4).status == "fail"
     busy = preflight.check_open_results({"/dev/nvidia0": "EBUSY Device or resource busy"})
     assert busy.status == "warn"
     assert [preflight.classify_open(e) for e in (None, "EPERM x", "1", "EACCES x", "ENOENT x",
