@@ -28,6 +28,8 @@ __all__ = [
     "VerifyError",
     "RuntimeSetupError",
     "ModelError",
+    "RollbackError",
+    "RolloutError",
 ]
 
 
@@ -138,3 +140,11 @@ class RuntimeSetupError(SglangDeployError):
 
 class ModelError(SglangDeployError):
     title = "model download failed"
+
+
+class RollbackError(SglangDeployError):
+    title = "cannot roll back"
+
+
+class RolloutError(SglangDeployError):
+    title = "rollout stopped"
