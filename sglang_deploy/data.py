@@ -93,6 +93,13 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Hugging Face repo id to download into the model path when `sglang_model_download`."),
     _k("sglang_model_download", bool, False,
        "Download the model (huggingface_hub, token from `sglang_hf_token_env`) if shards are missing."),
+    _k("sglang_model_revision", str, "main",
+       "Revision of `sglang_model_repo` to download: a branch, tag or (to pin it) a commit hash."),
+    _k("sglang_hf_endpoint", (str, NONE), None,
+       "Hugging Face endpoint the host downloads from (a mirror, as `HF_ENDPOINT`); null: "
+       "https://huggingface.co."),
+    _k("sglang_model_download_timeout_s", int, 86400,
+       "Deadline of the model download, seconds (it then fails, naming what arrived).", minimum=1),
     # --- service ----------------------------------------------------------------------------
     _k("sglang_flags", dict, {},
        "Launch flags: `{flag: value}`; `true` -> bare flag, `false`/null -> omitted, "
@@ -283,6 +290,10 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
                         found="no API key (`sglang_api_key_env` is not set)",
                         fix="set `sglang_api_key_env`, bind 127.0.0.1, or set "
                             "`sglang_allow_public_without_key: true` deliberately")
+    endpoint = values["sglang_hf_endpoint"]
+    if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
+        raise DataError(key="sglang_hf_endpoint", what="an http(s) URL without query",
+                        found=repr(endpoint), fix="e.g. https://hf-mirror.example.org or null")
     if values["sglang_model_download"] and not values["sglang_model_repo"]:
         raise DataError(key="sglang_model_repo", what="downloading needs a repo id",
                         found="sglang_model_download is true but sglang_model_repo is not set",

@@ -27,6 +27,7 @@ __all__ = [
     "FlagError",
     "VerifyError",
     "RuntimeSetupError",
+    "ModelError",
     "RollbackError",
     "RolloutError",
 ]
@@ -135,6 +136,10 @@ class VerifyError(SglangDeployError):
 
 class RuntimeSetupError(SglangDeployError):
     title = "runtime setup failed"
+
+
+class ModelError(SglangDeployError):
+    title = "model download failed"
 
 
 class RollbackError(SglangDeployError):

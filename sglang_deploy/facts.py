@@ -41,16 +41,23 @@ GPU_SECTIONS = {
 }
 
 
+#: the open test of the device nodes (run with the host's python; see remote/dev_open.py)
+DEV_OPEN = (REMOTE / "dev_open.py").read_text()
+
+
 class GpuSnapshot(FactBase):
     """
-    nvidia-smi (``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``) and ``ls -l /dev/nvidia*``,
+    nvidia-smi (``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``), ``ls -l /dev/nvidia*``
+    and the open test of every node (``dev-open.txt``: EPERM = the device cgroup denies it),
     in one round trip. Returns ``{file name: {"out": text, "rc": exit code}}``, the same names
     as a ``doctor --collect`` folder.
     """
 
-    def command(self) -> str:
+    def command(self, python: str = "python3") -> str:
         parts = []
-        for name, cmd in GPU_SECTIONS.items():
+        sections = {**GPU_SECTIONS,
+                    "dev-open.txt": f"{shlex.quote(python)} -c {shlex.quote(DEV_OPEN)}"}
+        for name, cmd in sections.items():
             parts.append(f"echo '{MARK}{name}'; {cmd} 2>&1; echo \"{MARK}rc=$?\"")
         return "LC_ALL=C; export LC_ALL; " + "; ".join(parts) + "; true"
 

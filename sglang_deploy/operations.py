@@ -13,6 +13,7 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand
 
 from sglang_deploy import flags as flagmod
+from sglang_deploy import modelfetch
 from sglang_deploy.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
 from sglang_deploy.facts import ServerArgsSource
 
@@ -415,3 +416,56 @@ def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
         host.noop(f"{len(releases)} release(s) kept (at most {keep})")
         return
     yield "rm -rf " + " ".join(shlex.quote(f"{root}/releases/{rid}") for rid in doomed)
+
+
+def _fetch_on_host(spec: "modelfetch.FetchSpec", group: str | None):
+    # the command names the token FILE only, so it may be shown (-vv); its output is not
+    ok, output = host.run_shell_command(modelfetch.fetch_command(spec), print_output=False,
+                                        print_input=host.state.print_input)
+    result, rc = modelfetch.parse_output(output.stdout)
+    error = modelfetch.diagnose(spec, result, rc if ok else None, output.stderr)
+    if error is not None:
+        raise error
+    if group:  # the service user reads the model through its group
+        host.run_shell_command(f"chgrp -R {shlex.quote(group)} {shlex.quote(spec.path)} && "
+                               f"chmod -R g+rX {shlex.quote(spec.path)}")
+    logger.info(f"{host.print_prefix}model {spec.repo}@{(result or {}).get('commit') or spec.revision}"
+                f": {(result or {}).get('files')} files in {spec.path}")
+
+
+@operation()
+def model_download(spec: "modelfetch.FetchSpec", complete: bool, token: str | None = None,
+                   group: str | None = None):
+    """
+    Download the model with huggingface_hub (``remote/model_fetch.py`` run by the release
+    venv's python) when the folder is incomplete, then check every shard against the index.
+
+    The token goes into a root-only file (``spec.token_file``, removed after the download),
+    never into argv, the environment of another process, or pyinfra's output.
+
+    + spec: ``modelfetch.FetchSpec`` (repo, revision, path, python, tool, token file, endpoint,
+      deadline)
+    + complete: whether the folder already holds every shard at full size (pre-flight fact)
+    + token: the Hugging Face token (from the controller's environment), None: anonymous
+    + group: group given read access to the downloaded files (the service user's)
+
+    **Example:**
+
+    .. code:: python
+
+        model_download(spec=FetchSpec(repo="org/model", revision="main", path="/srv/models/m",
+                                      python=".../venv/bin/python",
+                                      tool="/opt/sglang/tools/model_fetch.py",
+                                      token_file="/etc/sglang/.hf-token"),
+                       complete=False, token=settings.secrets.get("HF_TOKEN"), group="sglang")
+    """
+    if complete:
+        host.noop(f"model folder {spec.path} is complete")
+        return
+    if token and spec.token_file:
+        tmp = shlex.quote(spec.token_file)
+        yield f"umask 077 && : > {tmp} && chmod 600 {tmp}"
+        yield FileUploadCommand(StringIO(token + "\n"), spec.token_file, remote_temp_filename=None)
+    elif spec.token_file:
+        spec = modelfetch.FetchSpec(**{**spec.__dict__, "token_file": None})
+    yield FunctionCommand(_fetch_on_host, (spec, group), {})

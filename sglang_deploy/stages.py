@@ -21,6 +21,7 @@ from pyinfra.operations import files, python, server
 
 from sglang_deploy import data as datamod
 from sglang_deploy import flags as flagmod
+from sglang_deploy import modelfetch
 from sglang_deploy import operations as ops
 from sglang_deploy import plan
 from sglang_deploy import preflight
@@ -112,7 +113,7 @@ def preflight_stage():
     _CONTEXTS[host.name] = ctx
     ctx.release_id, ctx.sglang_version, ctx.lock_text = lock_info(settings.sglang_lock)
 
-    snapshot = host.get_fact(GpuSnapshot)
+    snapshot = host.get_fact(GpuSnapshot, python=settings.sglang_system_python)
     svc = hs["service"]
     serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
     record = hs.get("p2p_verified")
@@ -167,7 +168,7 @@ def runtime_stage():
         ops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
                          cache_dir=s.sglang_cache_dir, user=s.sglang_user,
                          present_files=hs.get("cache_files") or 0)
-    for tool in ("patch.py", "launch.py", "hoststate.py"):
+    for tool in ("patch.py", "launch.py", "hoststate.py", "model_fetch.py"):
         src = REMOTE / tool if tool != "patch.py" else Path(__file__).parent / "patch.py"
         files.put(name=f"Tool {tool}", src=str(src), dest=f"{ctx.tools}/{tool}", mode="755",
                   add_deploy_dir=False)
@@ -212,6 +213,16 @@ def runtime_stage():
             status=status)
     else:
         ctx.patch_state = "disabled"
+    if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
+        ctx.ops["model"] = ops.model_download(
+            name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
+            spec=modelfetch.FetchSpec(
+                repo=s.sglang_model_repo, revision=s.sglang_model_revision, path=s.sglang_model_path,
+                python=ctx.venv_python, tool=f"{ctx.tools}/model_fetch.py",
+                token_file=f"{SECRETS_DIR}/.hf-token", endpoint=s.sglang_hf_endpoint,
+                timeout_s=s.sglang_model_download_timeout_s, token_env=s.sglang_hf_token_env),
+            complete=modelfetch.model_complete(hs.get("model"), s.sglang_model_path),
+            token=s.secrets.get("HF_TOKEN"), group=s.sglang_user)
 
 
 def launch_argv(ctx: Context) -> list[str]:
@@ -282,7 +293,7 @@ def service_stage():
     svc = ctx.hoststate["service"]
     ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
                         unit_file_state=svc.get("UnitFileState") or None)
-    triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch") if k in ctx.ops]
+    triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch", "model") if k in ctx.ops]
     # Gated operations are added only when a trigger may fire, so that a converged host shows
     # no change at all, not even a conditional one, in --dry.
     restart_needed = any(t.will_change for t in triggers)

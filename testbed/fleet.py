@@ -41,8 +41,12 @@ STOP_TIMEOUT = 30.0
 
 GPU_SCENARIOS = (
     "healthy", "uvm-missing", "driver-mismatch", "gpu-missing",
-    "p2p-unsupported", "p2p-corrupt", "p2p-slow",
+    "p2p-unsupported", "p2p-corrupt", "p2p-slow", "cgroup-denied",
 )
+# cgroup-denied: the host's processes are moved into a child of the (v1) devices cgroup that
+# denies read/write on the NVIDIA majors, as an LXC config without the
+# `lxc.cgroup*.devices.allow` lines does: opening the nodes really fails with EPERM.
+DEVICES_CGROUP = Path(os.environ.get("TESTBED_DEVICES_CGROUP", "/sys/fs/cgroup/devices"))
 SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start")
 
 GPU_ENV_DEFAULT = """\
@@ -183,6 +187,67 @@ def _children(pid: int) -> list[int]:
         with contextlib.suppress(OSError):
             out += [int(x) for x in (task / "children").read_text().split()]
     return out
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def _device_cgroup(h: dict) -> Path:
+    return DEVICES_CGROUP / f"testbed-{h['name']}"
+
+
+def deny_devices(h: dict, timeout: float = 10.0) -> None:
+    """Move every process of the host into a devices cgroup that denies the NVIDIA majors."""
+    if not (DEVICES_CGROUP / "devices.deny").exists():
+        raise TestbedError(
+            f"the cgroup-denied scenario needs the cgroup v1 devices controller at "
+            f"{DEVICES_CGROUP} (this machine has none); on a cgroup v2 host with systemd the "
+            "equivalent is `systemctl set-property --runtime <the container's scope> "
+            "DevicePolicy=closed`")
+    cg = _device_cgroup(h)
+    cg.mkdir(exist_ok=True)
+    for major in (195, rootfs.UVM_MAJOR):
+        (cg / "devices.deny").write_text(f"c {major}:* rw\n")
+    # Processes forked while we move inherit their parent's cgroup: repeat until a pass
+    # finds nothing left to move.
+    deadline = time.monotonic() + timeout
+    while True:
+        inside = set((cg / "cgroup.procs").read_text().split())
+        todo = [p for p in _descendants(h["pid"]) if str(p) not in inside]
+        if not todo:
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"{h['name']}: could not move every process into {cg}; "
+                               f"left: {todo[:10]}")
+        for pid in todo:
+            with contextlib.suppress(OSError):  # it may have exited meanwhile
+                (cg / "cgroup.procs").write_text(f"{pid}\n")
+
+
+def allow_devices(h: dict, timeout: float = 10.0) -> None:
+    """Undo deny_devices: processes back to the parent cgroup, the child removed."""
+    cg = _device_cgroup(h)
+    if not cg.exists():
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = (cg / "cgroup.procs").read_text().split()
+        if not pids:
+            with contextlib.suppress(OSError):
+                cg.rmdir()
+            if not cg.exists():
+                return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"{h['name']}: could not empty {cg}; left: {pids[:10]}")
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                (DEVICES_CGROUP / "cgroup.procs").write_text(f"{pid}\n")
 
 
 def _orphan_inits(h: dict) -> list[int]:
@@ -528,6 +593,8 @@ def teardown_host(state: dict, h: dict) -> None:
             time.sleep(0.05)
     _umount(h["merged"])
     net.delete_host_net(h["netns"])
+    with contextlib.suppress(OSError, TestbedError):
+        allow_devices(h, timeout=2.0)  # the cgroup-denied scenario's cgroup, now empty
     d = Path(h["dir"])
     if d.exists():
         if _is_mount(Path(h["merged"])):
@@ -721,6 +788,8 @@ def scenario(name: str, scen: str, when: str = "") -> None:
     if not host_alive(h):
         raise TestbedError(f"{h['name']} is not running")
     etc = Path(h["merged"]) / "etc/testbed"
+    if scen in GPU_SCENARIOS and scen != "cgroup-denied":
+        allow_devices(h)
     if scen in GPU_SCENARIOS:
         _set_env_key(etc / "gpu.env", "SCENARIO", scen)
     if scen in SIM_SCENARIOS:
@@ -731,3 +800,5 @@ def scenario(name: str, scen: str, when: str = "") -> None:
     if r.returncode != 0:
         raise TestbedError(f"{h['name']}: syncing device nodes failed (rc={r.returncode}): "
                            f"{r.stderr.strip()}")
+    if scen == "cgroup-denied":
+        deny_devices(h)
