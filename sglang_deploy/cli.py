@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "doctor",
     "lock",
     "wheelhouse",
+    "bench",
 )
 
 
