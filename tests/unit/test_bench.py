@@ -348,3 +348,18 @@ def test_simulator_rates_follow_sim_env(tmp_path, monkeypatch):
     cfg._rates_checked = 0.0
     cfg.refresh_rates()
     assert (cfg.tokens_per_s, cfg.max_tokens_per_s) == (200.0, 500.0)
+
+
+def test_model_stand_in_tokenizer_is_fixed_and_covers_the_simulator_words(tmp_path):
+    from testbed.sim import launch_server as sim
+    from testbed.sim.model import make_model_dir, tokenizer_files
+
+    assert tokenizer_files() == tokenizer_files()
+    d = make_model_dir(tmp_path / "m", n_shards=1)
+    tok = json.loads((d / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    assert sorted(vocab.values()) == list(range(1024))
+    assert tok["model"]["type"] == "WordLevel" and tok["model"]["unk_token"] in vocab
+    assert set(sim.WORDS) <= set(vocab)   # what the simulator generates re-tokenizes 1:1
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
