@@ -280,6 +280,11 @@ def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple
     worst = min(rows, key=lambda c: c.ratio)
     summary = ", ".join(f"c={c.concurrency}: {c.now:.1f} vs {c.previous:.1f} tok/s "
                         f"(x{c.ratio:.3f})" for c in rows)
+    cp, pp = current.get("params"), previous.get("params")
+    if cp is not None and pp is not None and cp != pp:
+        changed = ", ".join(f"{k} {pp.get(k)!r} -> {cp.get(k)!r}" for k in sorted(set(cp) | set(pp))
+                            if cp.get(k) != pp.get(k))
+        summary += f" [benchmark parameters differ: {changed}]"
     if min_ratio is None:
         return True, f"{host}: {current['identity']} vs {previous['identity']}: {summary}"
     low = [c for c in rows if c.ratio < min_ratio]

@@ -98,7 +98,7 @@ def run_level(python: str, level: dict, env: dict, key: str | None, timeout: flo
     argv = [python, "-m", "sglang.bench_serving", *level["argv"], "--output-file", out_file]
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(argv, env=env, cwd=workdir, capture_output=True, text=True,
+        proc = subprocess.run(argv, env=env, cwd=workdir, capture_output=True, text=True, check=False,
                               timeout=timeout, stdin=subprocess.DEVNULL)
         rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as exc:

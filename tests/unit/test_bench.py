@@ -197,6 +197,13 @@ def test_gate_rejects_a_slower_release():
     assert "concurrency 4" in msg
 
 
+def test_gate_says_when_the_benchmark_parameters_differ():
+    cur = {**rec("B", c2=800.0), "params": {"output_len": 128, "input_len": 32}}
+    prev = {**rec("A", c2=800.0), "params": {"output_len": 64, "input_len": 32}}
+    ok, msg = bench.gate(cur, prev, 0.95)
+    assert ok and "benchmark parameters differ: output_len 64 -> 128" in msg
+
+
 def test_gate_one_level_below_fails():
     ok, msg = bench.gate(rec("B", c2=800.0, c4=900.0), rec("A", c2=800.0, c4=990.0), 0.95)
     assert not ok and "concurrency 4" in msg and "concurrency 2:" not in msg
@@ -321,8 +328,9 @@ def test_remote_runner_is_stdlib_only():
 
 # ----------------------------------------------------------------------------- simulator pacing
 def test_simulator_aggregate_cap_spaces_tokens():
-    from testbed.sim import launch_server as sim
     import threading
+
+    from testbed.sim import launch_server as sim
 
     fake = SimpleNamespace(cfg=SimpleNamespace(max_tokens_per_s=100.0), pace_lock=threading.Lock(),
                            next_slot=0.0)
