@@ -371,3 +371,36 @@ def test_model_stand_in_tokenizer_is_fixed_and_covers_the_simulator_words(tmp_pa
     assert set(sim.WORDS) <= set(vocab)   # what the simulator generates re-tokenizes 1:1
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+# ----------------------------------------------------------------------------- command glue
+def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkeypatch):
+    from sglang_deploy import runner
+
+    seen = {}
+
+    def fake_run_pyinfra(inventory, deploy_file, *, limit, cwd, env, on_line=None, **kw):
+        seen.update(inventory=inventory, deploy_file=deploy_file, limit=limit, env=env)
+        run_id = env[bench.RUN_ID_ENV]
+        bench.append_local("h1", {"run_id": run_id, "host": "h1",
+                                  "current": rec("B", c2=400.0), "previous": rec("A", c2=800.0)},
+                           cwd)
+        return runner.Run(argv=[], rc=1, output="...\n[h2] pyinfra error: boom\n", seconds=1.0)
+
+    monkeypatch.setattr(runner, "run_pyinfra", fake_run_pyinfra)
+    out = bench.run_hosts("inv.py", ["h1", "h2"], 0.95, cwd=tmp_path)
+    assert seen["deploy_file"] == str(bench.DEPLOY_FILE) and seen["limit"] == ["h1", "h2"]
+    assert [o.host for o in out] == ["h1", "h2"]
+    assert not out[0].ok and "ratio 0.500" in out[0].message
+    assert not out[1].ok and out[1].current is None
+    assert "pyinfra exit status 1" in out[1].message and "boom" in out[1].message
+
+
+def test_cli_refuses_unknown_hosts_and_bad_ratio(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inv.py").write_text('web = ["h1", "h2"]\n')
+    args = cli.build_parser().parse_args(["bench", "inv.py", "--limit", "h1,nope"])
+    assert bench.run(args) == 2
+    assert "not in inv.py: nope (hosts: h1, h2)" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["bench", "inv.py", "--min-throughput-ratio", "0"])
+    assert bench.run(args) == 2
