@@ -12,6 +12,10 @@ COMMAND_MODULES = (
     "doctor",
     "lock",
     "wheelhouse",
+    "rollout",
+    "status",
+    "hostshell",
+    "rebuild",
     "bench",
 )
 

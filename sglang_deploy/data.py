@@ -56,6 +56,10 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Lowest acceptable measured peer-copy bandwidth per GPU pair, GB/s.", minimum=0),
     _k("gpu_p2p_test_mib", int, 64, "Size of each verified peer copy in the P2P test, MiB.",
        minimum=1),
+    _k("gpu_p2p_test", str, "auto",
+       "`auto`: run the data-verified peer copies unless the service is running (its GPUs are "
+       "busy serving): then reuse the result of the last full test recorded on the host. "
+       "`always`: copy on every deploy.", choices=("auto", "always")),
     # --- runtime ----------------------------------------------------------------------------
     _k("sglang_lock", str, "locks/glm5-blackwell.txt",
        "Lock file (on the controller, relative to the deploy folder): the exact packages, with "
@@ -70,6 +74,9 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("sglang_root", str, "/opt/sglang", "Releases (`releases/<id>/venv`), `current` link, tools."),
     _k("sglang_cache_dir", str, "/var/cache/sglang",
        "Persistent cache (SGLANG_CACHE_DIR, FlashInfer workspace): survives reinstalls."),
+    _k("sglang_cache_seed", (str, NONE), None,
+       "Archive ON THE CONTROLLER (from `sglang-deploy cache save`) unpacked into an EMPTY "
+       "cache folder, so a rebuilt host reuses autotune and JIT results instead of paying again."),
     _k("sglang_home", str, "/var/lib/sglang", "Home and working directory of the service user."),
     _k("sglang_user", str, "sglang", "Unprivileged user the service runs as."),
     _k("sglang_service", str, "sglang", "systemd unit name (without `.service`)."),
@@ -113,6 +120,9 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Deadline per startup phase, seconds (a stall fails naming the phase)."),
     _k("verify_poll_s", (int, float), 0.5, "Poll interval of the verifier, seconds.", minimum=0.05),
     _k("verify_generate", bool, True, "Require a real one-token generation before ready."),
+    _k("verify_converged", bool, False,
+       "Also check a server that was not restarted (health, models, a generation); "
+       "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),
     # --- bench ------------------------------------------------------------------------------
     _k("bench_concurrency", list, [256, 512, 1024],
        "`sglang-deploy bench`: concurrency levels (`--max-concurrency` of "

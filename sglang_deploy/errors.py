@@ -27,6 +27,8 @@ __all__ = [
     "FlagError",
     "VerifyError",
     "RuntimeSetupError",
+    "RollbackError",
+    "RolloutError",
 ]
 
 
@@ -133,3 +135,11 @@ class VerifyError(SglangDeployError):
 
 class RuntimeSetupError(SglangDeployError):
     title = "runtime setup failed"
+
+
+class RollbackError(SglangDeployError):
+    title = "cannot roll back"
+
+
+class RolloutError(SglangDeployError):
+    title = "rollout stopped"

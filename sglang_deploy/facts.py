@@ -92,8 +92,10 @@ class SglangHostState(FactBase):
     """
 
     def command(self, root: str, service: str, model: str | None = None,
-                secrets: str | None = None, python: str = "python3") -> str:
+                secrets: str | None = None, python: str = "python3", cache: str | None = None) -> str:
         args = ["state", "--root", root, "--service", service]
+        if cache:
+            args += ["--cache", cache]
         if secrets:
             args += ["--secrets", secrets]
         if model:
@@ -134,3 +136,17 @@ class ServerArgsSource(FactBase):
 
 def site_packages(venv: str, python_minor: str) -> str:
     return f"{venv}/lib/python{python_minor}/site-packages"
+
+
+class ServingProbe(FactBase):
+    """One read-only poll of the service: ``systemctl show`` and, over HTTP on the host,
+    ``/health`` and ``/v1/models`` (the API key read on the host from the secrets file)."""
+
+    def command(self, service: str, port: int, host_addr: str, secrets: str,
+                python: str = "python3") -> str:
+        args = ["poll", "--service", service, "--port", str(port), "--host", host_addr,
+                "--secrets", secrets, "--http", "--no-journal"]
+        return _stdin_script("hoststate.py", args, python=python)
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)

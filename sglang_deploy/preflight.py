@@ -1111,6 +1111,32 @@ def evaluate(
     return checks, env, matrix
 
 
+P2P_RECORD_CHECKS = ("p2p-data", "p2p-bandwidth")
+
+
+def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> dict | None:
+    """What a passed, full P2P test leaves on the host for later runs (no figures that vary
+    between runs, so the file only changes when the verdict does). None unless it passed."""
+    by_name = {c.name: c for c in checks}
+    if any(by_name.get(n) is None or by_name[n].status != "pass" for n in P2P_RECORD_CHECKS):
+        return None
+    matrix = by_name.get("p2p-matrix")
+    return {"gpus": (matrix.details.get("gpus") if matrix else None), "policy": policy,
+            "nccl_env": dict(sorted(env.items())), "verified": list(P2P_RECORD_CHECKS)}
+
+
+def use_p2p_record(checks: list[Check], env: dict[str, str], record: Mapping[str, Any],
+                   service: str) -> tuple[list[Check], dict[str, str]]:
+    """Checks and NCCL env when the peer copies were skipped because SERVICE is serving:
+    the last full test's verdict (RECORD) stands for the copy and bandwidth checks."""
+    kept = [c for c in checks if c.name not in P2P_RECORD_CHECKS]
+    kept.append(Check("p2p-data", "pass",
+                      f"peer copies skipped while {service} serves on these GPUs; the last full "
+                      f"test on this host passed ({record.get('gpus')} GPUs, policy "
+                      f"{record.get('policy')}); set gpu_p2p_test: always to copy anyway"))
+    return kept, {**dict(record.get("nccl_env") or {}), **env}
+
+
 def check_model(model: Mapping[str, Any], path: str | None, download: bool = False) -> list[Check]:
     """Model folder check from ``hoststate.py state --model`` (``model`` key of its JSON).
 

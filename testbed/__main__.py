@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("scenario", help="set a GPU or server scenario on HOST")
     a.add_argument("host")
     a.add_argument("name", choices=sorted(set(fleet.GPU_SCENARIOS) | set(fleet.SIM_SCENARIOS)))
+    a.add_argument("--when", help="server scenario only for launches with these arguments")
     a = sub.add_parser(
         "sim-env", help="set simulator keys in HOST's /etc/testbed/sim.env, e.g. "
                         "MAX_TOKENS_PER_S=500 (a slower server: the throughput that "
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             h = fleet.wipe(args.host)
             print(f"wiped {h['name']} ({h['address']}) in {time.monotonic() - t0:.1f}s")
         elif args.cmd == "scenario":
-            fleet.scenario(args.host, args.name)
+            fleet.scenario(args.host, args.name, when=args.when or "")
             print(f"{args.host}: scenario {args.name}")
         elif args.cmd == "sim-env":
             pairs = dict(item.split("=", 1) for item in args.settings if "=" in item)

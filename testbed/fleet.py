@@ -717,8 +717,10 @@ def _set_env_key(path: Path, key: str, value: str) -> None:
     tmp.rename(path)
 
 
-def scenario(name: str, scen: str) -> None:
-    """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env)."""
+def scenario(name: str, scen: str, when: str = "") -> None:
+    """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env). WHEN
+    (server scenarios) limits it to servers launched with those arguments, e.g.
+    "--mem-fraction-static 0.8": a configuration that fails while others still work."""
     if scen not in GPU_SCENARIOS and scen not in SIM_SCENARIOS:
         raise TestbedError(f"unknown scenario {scen!r}; GPU: {', '.join(GPU_SCENARIOS)}; "
                            f"server: {', '.join(SIM_SCENARIOS)}")
@@ -733,6 +735,7 @@ def scenario(name: str, scen: str) -> None:
         _set_env_key(etc / "gpu.env", "SCENARIO", scen)
     if scen in SIM_SCENARIOS:
         _set_env_key(etc / "sim.env", "SCENARIO", scen)
+        _set_env_key(etc / "sim.env", "SCENARIO_WHEN", when)
     # The device nodes live in the container's /dev (a tmpfs): sync them from inside.
     r = ssh(state, h, "/usr/local/sbin/testbed-gpu-nodes", timeout=30)
     if r.returncode != 0:

@@ -688,7 +688,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A copy between two different devices: paced to P2P_GBPS (1/20 of it in p2p-slow),
+/* A copy between two different devices: paced to P2P_GBPS (1/100 of it in p2p-slow),
    silently corrupted in p2p-corrupt. */
 static void peer_copy(void *dst, const void *src, size_t n) {
     double t0 = now_s();
@@ -699,7 +699,7 @@ static void peer_copy(void *dst, const void *src, size_t n) {
         d[n - 1] ^= 0xA5;
     }
     double gbps = cfg.p2p_gbps;
-    if (scenario("p2p-slow")) gbps /= 20.0;
+    if (scenario("p2p-slow")) gbps /= 100.0;
     if (gbps > 0) {
         double want = (double)n / (gbps * 1e9);
         double left = want - (now_s() - t0);

@@ -547,3 +547,29 @@ def test_check_model():
     c = preflight.check_model(broken, path)[0]
     assert_actionable(c)
     assert "1 shards missing (b.safetensors)" in c.found and "1 shards truncated" in c.found
+
+
+# --- P2P verdict reused while the service serves -------------------------------------------
+
+def test_p2p_record_only_from_a_passed_full_test():
+    from sglang_deploy.preflight import Check, p2p_record
+
+    passed = [Check("p2p-data", "pass", ""), Check("p2p-bandwidth", "pass", ""),
+              Check("p2p-matrix", "pass", "", details={"gpus": 8})]
+    assert p2p_record(passed, {"NCCL_P2P_DISABLE": "1"}, "adapt") == {
+        "gpus": 8, "policy": "adapt", "nccl_env": {"NCCL_P2P_DISABLE": "1"},
+        "verified": ["p2p-data", "p2p-bandwidth"]}
+    assert p2p_record(passed[:1] + [Check("p2p-bandwidth", "skipped", "")], {}, "require") is None
+    assert p2p_record([Check("p2p-data", "fail", ""), passed[1]], {}, "require") is None
+
+
+def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
+    from sglang_deploy.preflight import Check, use_p2p_record
+
+    checks = [Check("driver", "pass", ""), Check("p2p-data", "skipped", "no copies"),
+              Check("p2p-bandwidth", "skipped", "no copies")]
+    out, env = use_p2p_record(checks, {}, {"gpus": 8, "policy": "adapt",
+                                           "nccl_env": {"NCCL_P2P_DISABLE": "1"}}, "sglang")
+    assert [c.name for c in out] == ["driver", "p2p-data"]
+    assert out[-1].status == "pass" and "skipped while sglang serves" in out[-1].message
+    assert env == {"NCCL_P2P_DISABLE": "1"}
