@@ -25,6 +25,16 @@ TESTBED_DATA = {
     # machine's load: healthy 15-27 GB/s idle, a few GB/s on a busy 2-core machine; the
     # p2p-slow scenario 0.4 GB/s.
     "gpu_p2p_min_gbps": 1.0,
+    # `sglang-deploy bench`: this machine has 2 CPU cores shared by the client and the
+    # simulator, so small levels and short requests (the simulator's rate, not the CPU, sets
+    # the figure: TOKENS_PER_S / MAX_TOKENS_PER_S in /etc/testbed/sim.env).
+    "bench_concurrency": [2, 4],
+    "bench_num_prompts": 32,
+    "bench_input_len": 32,
+    "bench_output_len": 128,
+    # The benchmark client imports torch/triton/torchvision (through sglang/__init__.py) but
+    # never uses them; the testbed's release venv has no GPU stack, so import-only stand-ins.
+    "bench_env": {"PYTHONPATH": "/opt/sglang-sim/standins"},
 }
 
 

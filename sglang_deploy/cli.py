@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "status",
     "hostshell",
     "rebuild",
+    "bench",
 )
 
 

@@ -130,6 +130,26 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("verify_converged", bool, False,
        "Also check a server that was not restarted (health, models, a generation); "
        "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),
+    # --- bench ------------------------------------------------------------------------------
+    _k("bench_concurrency", list, [256, 512, 1024],
+       "`sglang-deploy bench`: concurrency levels (`--max-concurrency` of "
+       "`python -m sglang.bench_serving`), one run each."),
+    _k("bench_num_prompts", (int, NONE), None,
+       "Requests per concurrency level; null: 4 x the level.", minimum=1),
+    _k("bench_input_len", int, 1024, "Input tokens per request (`--random-input-len`).", minimum=1),
+    _k("bench_output_len", int, 1024, "Output tokens per request (`--random-output-len`).",
+       minimum=1),
+    _k("bench_dataset", str, "random-ids",
+       "`random-ids`: random token ids, nothing to download. `random`: ShareGPT text, which "
+       "bench_serving downloads from the Hugging Face Hub (the host needs that access).",
+       choices=("random-ids", "random")),
+    _k("bench_request_rate", (int, float, NONE), None,
+       "Requests per second (Poisson arrivals); null: all at once, bounded by the concurrency.",
+       minimum=0),
+    _k("bench_timeout_s", (int, float), 3600, "Deadline of one concurrency level, seconds.",
+       minimum=1),
+    _k("bench_env", dict, {},
+       "Extra, non-secret environment variables of the benchmark client on the host."),
 ]}
 
 PHASES = ("starting", "loading", "kv_cache", "autotune", "capture", "http", "warmup")
@@ -234,6 +254,12 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
                  "sglang_wheelhouse", "sglang_system_python"):
         _check_path(name, values[name])
     _check_mapping_of_scalars("sglang_env", values["sglang_env"])
+    _check_mapping_of_scalars("bench_env", values["bench_env"])
+    levels = values["bench_concurrency"]
+    if not levels or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
+                             for c in levels) or len(set(levels)) != len(levels):
+        raise DataError(key="bench_concurrency", what="a list of distinct positive integers",
+                        found=repr(levels), fix="e.g. [256, 512, 1024]")
     for name in ("sglang_user", "sglang_service"):
         if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", values[name]):
             raise DataError(key=name, what=f"`{name}` must be a plain lower-case name",

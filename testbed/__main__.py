@@ -27,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("host")
     a.add_argument("name", choices=sorted(set(fleet.GPU_SCENARIOS) | set(fleet.SIM_SCENARIOS)))
     a.add_argument("--when", help="server scenario only for launches with these arguments")
+    a = sub.add_parser(
+        "sim-env", help="set simulator keys in HOST's /etc/testbed/sim.env, e.g. "
+                        "MAX_TOKENS_PER_S=500 (a slower server: the throughput that "
+                        "`sglang-deploy bench` measures follows it at once)")
+    a.add_argument("host")
+    a.add_argument("settings", nargs="+", metavar="KEY=VALUE",
+                   help=f"keys: {', '.join(fleet.SIM_ENV_KEYS)}")
     a = sub.add_parser("ssh", help="run a command on HOST as root (or an interactive shell)")
     a.add_argument("host")
     a.add_argument("command", nargs=argparse.REMAINDER)
@@ -66,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "scenario":
             fleet.scenario(args.host, args.name, when=args.when or "")
             print(f"{args.host}: scenario {args.name}")
+        elif args.cmd == "sim-env":
+            pairs = dict(item.split("=", 1) for item in args.settings if "=" in item)
+            if len(pairs) != len(args.settings):
+                p.error("settings must be KEY=VALUE")
+            env = fleet.sim_env(args.host, pairs)
+            print(f"{args.host}: " + " ".join(f"{k}={v}" for k, v in env.items()))
         elif args.cmd == "ssh":
             state = fleet.load_state()
             if state is None:

@@ -61,7 +61,13 @@ P2P_GBPS=40
 SCENARIO=healthy
 REPLAY_DIR=
 """
-SIM_ENV_DEFAULT = "SCENARIO=healthy\nTIME_SCALE=0.02\n"
+# TOKENS_PER_S per request, MAX_TOKENS_PER_S for the whole server (the simulated decode
+# throughput that `sglang-deploy bench` measures; low enough that this machine's CPUs are
+# never the limit, so the figure follows these keys, not the load).
+SIM_ENV_DEFAULT = "SCENARIO=healthy\nTIME_SCALE=0.02\nTOKENS_PER_S=400\nMAX_TOKENS_PER_S=1000\n"
+# Keys `python -m testbed sim-env` may set (read by testbed/sim/launch_server.py).
+SIM_ENV_KEYS = ("TIME_SCALE", "TOKENS_PER_S", "MAX_TOKENS_PER_S", "WARMUP_GATE", "HANG_AT_SHARD",
+                "GPU_MEMORY_MIB")
 
 
 class TestbedError(RuntimeError):
@@ -463,6 +469,10 @@ def _populate(state: dict, h: dict, assets: Assets) -> str:
     if assets.sim_dir:
         for f in assets.sim_dir.glob("*.py"):
             _write(root / "opt/sglang-sim" / f.name, f.read_bytes(), 0o755 if f.name == "launch_server.py" else 0o644)
+        # import-only torch/triton/torchvision for the benchmark client (standins/_testbed_standin.py)
+        for f in (assets.sim_dir / "standins").rglob("*.py"):
+            _write(root / "opt/sglang-sim/standins" / f.relative_to(assets.sim_dir / "standins"),
+                   f.read_bytes())
     if assets.make_model_dir:
         model = root / "srv/models" / MODEL_NAME
         model.parent.mkdir(parents=True, exist_ok=True)
@@ -802,3 +812,26 @@ def scenario(name: str, scen: str, when: str = "") -> None:
                            f"{r.stderr.strip()}")
     if scen == "cgroup-denied":
         deny_devices(h)
+
+
+def sim_env(name: str, settings: dict) -> dict:
+    """Set KEY=VALUE lines of HOST's /etc/testbed/sim.env; returns the file's keys after it.
+
+    The rate keys (TOKENS_PER_S, MAX_TOKENS_PER_S) take effect in a running simulator within
+    half a second; the others at its next start.
+    """
+    bad = [k for k in settings if k not in SIM_ENV_KEYS]
+    if bad:
+        raise TestbedError(f"unknown sim.env key(s) {', '.join(bad)}; known: {', '.join(SIM_ENV_KEYS)}")
+    state = load_state()
+    if state is None:
+        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+    h = find_host(state, name)
+    if not host_alive(h):
+        raise TestbedError(f"{h['name']} is not running")
+    path = Path(h["merged"]) / "etc/testbed/sim.env"
+    for key, value in settings.items():
+        if "\n" in str(value):
+            raise TestbedError(f"{key}: the value must be one line")
+        _set_env_key(path, key, str(value))
+    return _read_env(path)

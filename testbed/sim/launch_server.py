@@ -21,7 +21,9 @@ What is derived from the INSTALLED wheel (so a different version behaves differe
 Config: /etc/testbed/sim.env (or $TESTBED_SIM_ENV), KEY=VALUE lines:
   SCENARIO=healthy|autotune-crash|load-hang|oom|slow-start
   TIME_SCALE=0.05       multiplies the real-ish durations below (slow-start: x5 more)
-  TOKENS_PER_S=5000     simulated output throughput of one request
+  TOKENS_PER_S=5000     simulated output throughput of one request (re-read while running)
+  MAX_TOKENS_PER_S=0    aggregate output throughput cap of the server, 0 = none (re-read
+                        while running): throughput = min(concurrency x TOKENS_PER_S, cap)
   READY_FILE=/var/lib/sglang-sim/ready.json   wall-clock ready moment, written atomically
   WARMUP_GATE=          optional path: warmup (health 503) lasts until this file exists
   HANG_AT_SHARD=        load-hang: shard index where progress stops (default: half)
@@ -491,11 +493,32 @@ class Config:
         self.time_scale = float(env.get("TIME_SCALE", "0.05") or 0.05)
         if self.scenario == "slow-start":
             self.time_scale *= 5
-        self.tokens_per_s = float(env.get("TOKENS_PER_S", "5000") or 5000)
+        self.path = os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env")
+        self._rates_checked = 0.0
+        self._rates_mtime = None
+        self._apply_rates(env)
         self.ready_file = env.get("READY_FILE", "/var/lib/sglang-sim/ready.json")
         self.warmup_gate = env.get("WARMUP_GATE", "")
         self.hang_at = env.get("HANG_AT_SHARD", "")
         self.gpu_mib = int(env.get("GPU_MEMORY_MIB") or gpu.get("GPU_MEMORY_MIB") or 97887)
+
+    def _apply_rates(self, env: dict) -> None:
+        self.tokens_per_s = float(env.get("TOKENS_PER_S", "5000") or 5000)
+        self.max_tokens_per_s = float(env.get("MAX_TOKENS_PER_S", "0") or 0)
+
+    def refresh_rates(self) -> None:
+        """TOKENS_PER_S / MAX_TOKENS_PER_S follow sim.env while running (checked at most 2x/s)."""
+        now = time.monotonic()
+        if now - self._rates_checked < 0.5:
+            return
+        self._rates_checked = now
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return
+        if mtime != self._rates_mtime:
+            self._rates_mtime = mtime
+            self._apply_rates(read_env_file(self.path))
 
     def sleep(self, what: str, factor: float = 1.0):
         time.sleep(REAL_DURATIONS[what] * factor * self.time_scale)
@@ -605,6 +628,8 @@ class Sim:
         self.inflight: dict[str, float] = {}
         self.lock = threading.Lock()
         self.counters = {"prompt": 0, "gen": 0, "requests": 0}
+        self.pace_lock = threading.Lock()
+        self.next_slot = 0.0   # aggregate pacing: the earliest moment the next token may leave
         self.started = time.time()
         self.exempt = self._auth_exempt_prefixes()
         self.httpd = None
@@ -904,7 +929,22 @@ class Sim:
     def fake_text(self, n: int) -> list[str]:
         return [(" " if i else "") + WORDS[i % len(WORDS)] for i in range(n)]
 
+    def token_time(self, wanted: float) -> float:
+        """When a token wanted at WANTED may leave, given the aggregate cap MAX_TOKENS_PER_S.
+
+        Tokens of all requests share one schedule spaced 1/cap apart (the simulated GPU's
+        decode throughput): aggregate throughput = min(concurrency x TOKENS_PER_S, cap).
+        """
+        cap = self.cfg.max_tokens_per_s
+        if cap <= 0:
+            return wanted
+        with self.pace_lock:
+            slot = max(wanted, self.next_slot)
+            self.next_slot = slot + 1.0 / cap
+            return slot
+
     def generate_tokens(self, rid: str, n: int, on_token=None):
+        self.cfg.refresh_rates()
         delay = 1.0 / self.cfg.tokens_per_s if self.cfg.tokens_per_s > 0 else 0.0
         toks = self.fake_text(n)
         with self.lock:
@@ -913,7 +953,7 @@ class Sim:
             out = []
             t0 = time.monotonic()
             for i, t in enumerate(toks):
-                target = t0 + (i + 1) * delay
+                target = self.token_time(t0 + (i + 1) * delay)
                 now = time.monotonic()
                 if target > now:
                     time.sleep(target - now)

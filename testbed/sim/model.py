@@ -1,7 +1,10 @@
 """Model directory stand-in for the testbed (what /srv/models/<name>/ holds).
 
 Only the files SGLang's startup reads before the weights: config.json and
-model.safetensors.index.json, plus shard files with a valid safetensors header.
+model.safetensors.index.json, plus shard files with a valid safetensors header; and a tiny
+word-level tokenizer (tokenizer.json + tokenizer_config.json, written as plain JSON, no
+download) so that `AutoTokenizer.from_pretrained(model_dir)` works for clients such as
+`python -m sglang.bench_serving`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,31 @@ def _safetensors_bytes(tensor_name: str, n_bytes: int) -> bytes:
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # header padded to 8 bytes, as the reference writer does
     return struct.pack("<Q", len(raw)) + raw + bytes(n_bytes)
+
+
+# Words the simulator generates (launch_server.WORDS) come first, then filler words: the
+# vocabulary is fixed, so tokenization is deterministic across hosts and runs.
+TOKENIZER_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
+                   "sglang", "serves", "tokens", "from", "eight", "simulated", "blackwell", "gpus",
+                   "in", "small", "testbed"]
+TOKENIZER_VOCAB_SIZE = 1024
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
+
+
+def tokenizer_files(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> dict:
+    """{filename: text} of a word-level Hugging Face tokenizer (the `tokenizers` JSON format)."""
+    words = list(SPECIAL_TOKENS) + TOKENIZER_WORDS
+    words += [f"w{i}" for i in range(vocab_size - len(words))]
+    vocab = {w: i for i, w in enumerate(words)}
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(SPECIAL_TOKENS)]
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+           "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+           "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "model_max_length": 202752, "clean_up_tokenization_spaces": False}
+    return {"tokenizer.json": json.dumps(tok, indent=1) + "\n",
+            "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
 
 
 def make_model_dir(path, n_shards: int = 5, shard_bytes: int = 4096,
@@ -57,4 +85,6 @@ def make_model_dir(path, n_shards: int = 5, shard_bytes: int = 4096,
         total += shard_bytes
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    for name, text in tokenizer_files().items():
+        (root / name).write_text(text)
     return root
