@@ -416,12 +416,12 @@ class BenchOutcome:
 
 
 def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd=".",
-              on_line=None) -> list[BenchOutcome]:
+              on_line=None, data=None) -> list[BenchOutcome]:
     """Run the bench deploy for HOSTS (one pyinfra process) and gate each host."""
     from sglang_deploy import runner
 
     run_id = uuid.uuid4().hex
-    run = runner.run_pyinfra(inventory, str(DEPLOY_FILE), limit=hosts, cwd=cwd,
+    run = runner.run_pyinfra(inventory, str(DEPLOY_FILE), limit=hosts, cwd=cwd, data=data,
                              env={RUN_ID_ENV: run_id}, on_line=on_line)
     outcomes = []
     for name in hosts:
@@ -439,9 +439,9 @@ def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd="."
     return outcomes
 
 
-def run_and_gate(inventory: str, host: str, min_ratio: float, cwd=".") -> BenchOutcome:
+def run_and_gate(inventory: str, host: str, min_ratio: float, cwd=".", data=None) -> BenchOutcome:
     """Benchmark HOST and gate it against its previous configuration (for the rollout)."""
-    return run_hosts(inventory, [host], min_ratio, cwd=cwd)[0]
+    return run_hosts(inventory, [host], min_ratio, cwd=cwd, data=data)[0]
 
 
 def add_parser(sub) -> None:

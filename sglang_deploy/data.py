@@ -127,6 +127,9 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Deadline per startup phase, seconds (a stall fails naming the phase)."),
     _k("verify_poll_s", (int, float), 0.5, "Poll interval of the verifier, seconds.", minimum=0.05),
     _k("verify_generate", bool, True, "Require a real one-token generation before ready."),
+    _k("verify_promote_known_good", bool, True,
+       "Make what just passed verification the host's known-good configuration (rollback "
+       "target). `rollout --min-throughput-ratio` turns it off and promotes after the gate."),
     _k("verify_converged", bool, False,
        "Also check a server that was not restarted (health, models, a generation); "
        "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),

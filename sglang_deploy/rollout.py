@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -143,6 +144,8 @@ class Rollout:
                                        "is invalid (see above); no host was touched")
 
         for i, group in enumerate(groups, 1):
+            if self.min_throughput_ratio is not None:
+                self.baseline(group)
             ok = self.deploy_batch(i, group, results, run_dir)
             if ok and self.min_throughput_ratio is not None:
                 ok = self.gate_batch(group, results)
@@ -154,8 +157,9 @@ class Rollout:
     def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
         reports = run_dir / f"batch{index}-reports"
         self.say(f"[{index}] deploying {', '.join(group)} ...")
+        gated = ["verify_promote_known_good=false"] if self.min_throughput_ratio is not None else []
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=group,
-                                 data=[*self.data, "verify_converged=true"], cwd=self.cwd,
+                                 data=[*self.data, "verify_converged=true", *gated], cwd=self.cwd,
                                  env={"SGLANG_DEPLOY_REPORTS": str(reports)})
         log = run_dir / f"batch{index}-deploy.log"
         log.write_text(run.output)
@@ -180,19 +184,49 @@ class Rollout:
                      + (f"\n{_indent(r.message)}" if r.status == "failed" else ""))
         return ok
 
+    def baseline(self, group: list[str]) -> None:
+        """Benchmark the configuration the hosts run now, so the gate has its figures."""
+        from sglang_deploy import bench
+
+        for got in bench.run_hosts(self.inventory, group, None, cwd=self.cwd, data=self.data):
+            first = got.message.splitlines()[0] if got.message else ""
+            self.say(f"    {got.host}: baseline benchmark: "
+                     + ("recorded" if got.current else f"none ({first[:120]})"))
+
     def gate_batch(self, group: list[str], results: dict) -> bool:
         from sglang_deploy import bench
 
         for name in group:
             if results[name].status != "done":
                 continue  # a converged host runs what it ran before
-            got = bench.run_and_gate(self.inventory, name, self.min_throughput_ratio, cwd=self.cwd)
+            got = bench.run_and_gate(self.inventory, name, self.min_throughput_ratio,
+                                     cwd=self.cwd, data=self.data)
             self.say(f"    {name}: throughput gate: {got.message}")
             if not got.ok:
                 results[name].status = "failed"
                 results[name].message = f"throughput gate: {got.message}"
                 return False
+            self.promote(name)
         return True
+
+    def promote(self, name: str) -> None:
+        """The gate passed: the verified candidate becomes the host's known-good."""
+        from sglang_deploy import hostshell
+
+        data = hostshell.host_data(self.inventory, name, self.cwd)
+        root = hostshell.setting(data, "sglang_root")
+        client = hostshell.connect(name, data)
+        try:
+            q = shlex.quote
+            _, out, err = client.exec_command(
+                f"test -d {q(root + '/known-good.candidate')} && rm -rf {q(root + '/known-good')} "
+                f"&& mv {q(root + '/known-good.candidate')} {q(root + '/known-good')}")
+            if out.channel.recv_exit_status() != 0:
+                raise RolloutError(what=f"the verified configuration of {name} promoted to known-good",
+                                   found=err.read().decode()[-300:] or "no candidate on the host",
+                                   fix="re-run the rollout; check the host's sglang_root")
+        finally:
+            client.close()
 
     def rollback(self, group: list[str], results: dict, run_dir: Path) -> None:
         failed = [h for h in group if results[h].status == "failed"]

@@ -370,7 +370,8 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
     from sglang_deploy import report
 
     root = s.sglang_root
-    kg = f"{root}/known-good"
+    # Not promoted (a gate must pass first): kept as a candidate the rollout promotes.
+    kg = f"{root}/known-good" if s.verify_promote_known_good else f"{root}/known-good.candidate"
     summary["verified_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record = json.dumps({**params, "verified_at": summary["verified_at"]}, sort_keys=True)
     q = shlex.quote

@@ -22,6 +22,7 @@ Config: /etc/testbed/sim.env (or $TESTBED_SIM_ENV), KEY=VALUE lines:
   SCENARIO=healthy|autotune-crash|load-hang|oom|slow-start
   TIME_SCALE=0.05       multiplies the real-ish durations below (slow-start: x5 more)
   TOKENS_PER_S=5000     simulated output throughput of one request (re-read while running)
+  SLOW_WHEN=, SLOW_FACTOR=0.5  rates x SLOW_FACTOR when launched with the SLOW_WHEN arguments
   MAX_TOKENS_PER_S=0    aggregate output throughput cap of the server, 0 = none (re-read
                         while running): throughput = min(concurrency x TOKENS_PER_S, cap)
   READY_FILE=/var/lib/sglang-sim/ready.json   wall-clock ready moment, written atomically
@@ -505,6 +506,13 @@ class Config:
     def _apply_rates(self, env: dict) -> None:
         self.tokens_per_s = float(env.get("TOKENS_PER_S", "5000") or 5000)
         self.max_tokens_per_s = float(env.get("MAX_TOKENS_PER_S", "0") or 0)
+        # SLOW_WHEN="--flag value", SLOW_FACTOR=0.5: a configuration that is slower than
+        # the previous one (the benchmark gate's test); other launches keep the rates.
+        when = env.get("SLOW_WHEN", "")
+        if when and f" {when} " in " " + " ".join(sys.argv[1:]) + " ":
+            factor = float(env.get("SLOW_FACTOR", "0.5") or 0.5)
+            self.tokens_per_s *= factor
+            self.max_tokens_per_s *= factor
 
     def refresh_rates(self) -> None:
         """TOKENS_PER_S / MAX_TOKENS_PER_S follow sim.env while running (checked at most 2x/s)."""

@@ -215,6 +215,32 @@ def test_status_reports_every_host_and_the_drift_of_a_manual_change(testbed, tmp
     assert "--mem-fraction-static 0.9" in unit_text(testbed, TB2)
 
 
+def test_throughput_gate_rejects_a_slower_configuration_and_rolls_it_back(testbed, tmp_path):
+    from .conftest import run_testbed
+
+    r, _ = rollout(testbed, report=tmp_path / "r0.json", data=[flags(**{"mem-fraction-static": 0.85})])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]  # undo the hand edit of the status test
+    # the new configuration (mem fraction 0.75) is 60% slower on tb1 (simulated decode rate)
+    run_testbed("sim-env", TB1, "SLOW_WHEN=--mem-fraction-static 0.75", "SLOW_FACTOR=0.4")
+    unit1 = unit_text(testbed, TB1)
+    untouched = {h: invocation(testbed, h) for h in (TB2, TB3)}
+    try:
+        r, doc = rollout(testbed, "--min-throughput-ratio", "0.95", report=tmp_path / "r.json",
+                         data=[flags(**{"mem-fraction-static": 0.75})])
+    finally:
+        run_testbed("sim-env", TB1, "SLOW_WHEN=")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    hosts = by_host(doc)
+    assert hosts[TB1]["status"] == "rolled-back", hosts[TB1]
+    assert "throughput gate" in hosts[TB1]["message"] and "0.95" in hosts[TB1]["message"]
+    assert f"{TB1}: baseline benchmark: recorded" in out
+    assert {h: hosts[h]["status"] for h in (TB2, TB3)} == {TB2: "untouched", TB3: "untouched"}
+    assert {h: invocation(testbed, h) for h in (TB2, TB3)} == untouched
+    assert unit_text(testbed, TB1) == unit1  # back on the faster configuration, serving
+    assert health(testbed.address(TB1)) == 200
+
+
 # ------------------------------------------------------------------- disaster recovery
 
 def host_state(testbed, host: str) -> dict:
