@@ -18,6 +18,28 @@ from sglang_deploy.errors import FlagError, PatchError, PreflightError, RuntimeS
 from sglang_deploy.facts import ServerArgsSource
 
 
+def reported(function):
+    """Wrap a function run on the host's turn (``python.call``, ``FunctionCommand``): a
+    tool error is logged as its own message (expected / found / fix), not as a Python
+    traceback, and fails the operation."""
+    import functools
+
+    from pyinfra.api.exceptions import NestedOperationError
+
+    from sglang_deploy.errors import SglangDeployError
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except SglangDeployError as exc:
+            logger.error("\n".join(f"{host.print_prefix}{line}" if i == 0 else f"    {line}"
+                                   for i, line in enumerate(exc.message.splitlines())))
+            raise NestedOperationError(exc.headline()) from exc
+
+    return wrapper
+
+
 def _sh(*words: str) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
@@ -193,7 +215,7 @@ def launch_flags_check(site: str, flag_map: dict, version: str, server_args: str
                             forbidden={})
         host.noop(f"{len(flag_map)} launch flags are defined by sglang {version}")
         return
-    yield FunctionCommand(_check_flags_on_host, (site, flag_map, version), {})
+    yield FunctionCommand(reported(_check_flags_on_host), (site, flag_map, version), {})
 
 
 @operation()
@@ -468,4 +490,4 @@ def model_download(spec: "modelfetch.FetchSpec", complete: bool, token: str | No
         yield FileUploadCommand(StringIO(token + "\n"), spec.token_file, remote_temp_filename=None)
     elif spec.token_file:
         spec = modelfetch.FetchSpec(**{**spec.__dict__, "token_file": None})
-    yield FunctionCommand(_fetch_on_host, (spec, group), {})
+    yield FunctionCommand(reported(_fetch_on_host), (spec, group), {})

@@ -316,8 +316,9 @@ def _error_excerpt(output: str, n: int = 12) -> str:
     lines = output.rstrip().splitlines()
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
-        if ": expected " in line and ("sglang_deploy.errors." in line or line.startswith("--> pyinfra error")):
-            block = [line.split("sglang_deploy.errors.", 1)[-1]]
+        if ": expected " in line and ("sglang_deploy.errors." in line or line.startswith("--> pyinfra error")
+                                      or line.lstrip().startswith("[")):
+            block = [line.split("sglang_deploy.errors.", 1)[-1].strip()]
             for more in lines[i + 1:]:
                 if not more.startswith(" "):
                     break

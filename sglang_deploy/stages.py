@@ -416,11 +416,11 @@ def verify_stage():
     plan.record(state, host, ctx)
     if may_restart:
         python.call(name="Verify startup, API and a one-token generation",
-                    function=lambda: _verify(ctx, _action(started, restarted)),
+                    function=ops.reported(lambda: _verify(ctx, _action(started, restarted))),
                     _if=lambda: _action(started, restarted) is not None)
     if ctx.settings.verify_converged:
         python.call(name="Verify the running server still serves (converged host)",
-                    function=lambda: _verify(ctx, "converged"),
+                    function=ops.reported(lambda: _verify(ctx, "converged")),
                     _if=lambda: _action(started, restarted) is None)
     elif not may_restart:
         host.noop("the service was not (re)started: nothing to verify")
@@ -476,5 +476,5 @@ def rollback_stage():
         record_verified(s, params, summary)
 
     python.call(name="Verify the known-good configuration serves",
-                function=lambda: verify("rolled-back" if restart is not None and restart.did_change()
-                                        else "unchanged"))
+                function=ops.reported(lambda: verify("rolled-back" if restart is not None
+                                                     and restart.did_change() else "unchanged")))
