@@ -82,6 +82,18 @@ def tool_venv(root: str, python: str, uv_version: str, present_version: str | No
               *source, f"uv=={uv_version}")
 
 
+def _explain_failure(cmd: str, release_id: str, rel: str) -> str:
+    """CMD, and if it fails: a message naming the release, the free space and the fix, on
+    stderr (pyinfra shows it under the failed command), then CMD's exit status."""
+    msg = (f"sglang-deploy: installing release {release_id} failed (exit $rc; free space in "
+           f"{rel}: $(df -h --output=avail {shlex.quote(rel)} 2>/dev/null | tail -n 1 | tr -d ' ')). "
+           "The half-made release has no .complete marker: it is never used, the service keeps "
+           "its current release, and the next run installs it again. Fix: read the error above "
+           "(No space left on device: free disk space; a missing or mismatched wheel: fill the "
+           "wheelhouse or check the index and the lock), then re-run the deploy.")
+    return f'{cmd} || {{ rc=$?; echo "{msg}" >&2; exit $rc; }}'
+
+
 @operation()
 def release_venv(root: str, release_id: str, python: str, lock_path: str, complete: bool,
                  wheelhouse: str | None = None, index_url: str | None = None,
@@ -119,8 +131,11 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     env = f"UV_CACHE_DIR={shlex.quote(uv_cache)} " if uv_cache else ""
     release_meta = json.dumps({"id": release_id, **(meta or {})}, sort_keys=True)
     yield f"rm -rf {shlex.quote(rel + '/venv')} {shlex.quote(rel + '/.complete')}"
-    yield f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}"
-    yield (f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}")
+    yield _explain_failure(f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}",
+                           release_id, rel)
+    yield _explain_failure(
+        f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}",
+        release_id, rel)
     yield f"printf '%s\\n' {shlex.quote(release_meta)} > {shlex.quote(rel + '/release.json')}"
     yield f"touch {shlex.quote(rel + '/.complete')}"
 
