@@ -42,17 +42,51 @@ class ValidateBeforeConnect(BaseStateCallback):
             raise self.error
 
 
+def connection_lost(host) -> bool:
+    """True when HOST's SSH connection is known to be closed (paramiko transport gone)."""
+    client = getattr(host.connector, "client", None)
+    if client is None or not hasattr(client, "get_transport"):
+        return False
+    transport = client.get_transport()
+    return transport is None or not transport.is_active()
+
+
+def lost_connection_message(host_name: str, address: str, operation: str) -> str:
+    return (f"sglang-deploy: the SSH connection to {host_name} was lost during `{operation}`\n"
+            f"  found:    the connection closed under the running command (sshd killed, network "
+            f"down or host rebooted); nothing after it ran on {host_name}, and the service keeps "
+            f"the release it had (a half-made release has no .complete marker and is never used)\n"
+            f"  fix:      check that `ssh root@{address} true` works, then re-run the deploy: it "
+            f"continues from where it stopped")
+
+
+class ExplainLostConnection(BaseStateCallback):
+    """When an operation fails because the SSH connection dropped, say so (pyinfra only says
+    `Error: executed N commands` and `No hosts remaining!`)."""
+
+    def operation_host_error(self, state, host, op_hash, retry_attempt=0, max_retries=0):  # type: ignore[override]
+        if not connection_lost(host):
+            return
+        from pyinfra import logger
+
+        names = sorted(state.get_op_meta(op_hash).names) or [op_hash]
+        address = host.data.get("ssh_hostname") or host.name
+        logger.error(host.print_prefix + lost_connection_message(host.name, address, names[0]))
+
+
 def install(state) -> None:
     """Validate on ``state`` as soon as its inventory exists (before or after ``State.init``)."""
     handler = ValidateBeforeConnect()
     if hasattr(state, "callback_handlers"):
         state.add_callback_handler(handler)
+        state.add_callback_handler(ExplainLostConnection())
         return
     original = state.init
 
     def init(*args, **kwargs):
         result = original(*args, **kwargs)
         state.add_callback_handler(handler)
+        state.add_callback_handler(ExplainLostConnection())
         validate_inventory(state.inventory)
         handler.checked = True
         return result
