@@ -11,6 +11,7 @@ same check and refuses every host's connection while the data is wrong.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pyinfra.api.state import BaseStateCallback
@@ -106,7 +107,11 @@ class ExplainLostConnection(BaseStateCallback):
             return
         from pyinfra import logger
 
+        # the names of one operation hash span hosts (e.g. each host's own release id)
         names = sorted(state.get_op_meta(op_hash).names) or [op_hash]
+        if len(names) > 1:
+            common = os.path.commonprefix(names)
+            names = [common.rsplit(" ", 1)[0] + " …" if " " in common else " / ".join(names)]
         address = host.data.get("ssh_hostname") or host.name
         logger.error(host.print_prefix + lost_connection_message(host.name, address, names[0]))
 

@@ -42,7 +42,9 @@ def preflight_gate(checks: list, title: str = "pre-flight") -> None:
     if failed:
         raise PreflightError(
             what=f"{title} passes on {host.name} before anything is installed",
-            found="\n".join(f"{c.name}: {c.message}" for c in failed),
+            found="\n".join(f"{c.name}: {c.message}" + (
+                f" ({c.found})" if getattr(c, "found", None) and str(c.found) not in c.message
+                else "") for c in failed),
             fix="\n".join(f"{c.name}: {c.fix}" for c in failed if getattr(c, "fix", None))
             or "see the checks above",
         )

@@ -4,7 +4,7 @@
     fault_watch.py ACTION PATTERN DEADLINE_S REPORT
 
 Polls /proc every 20 ms (until DEADLINE_S) for a process whose command line contains
-PATTERN, then does ACTION to it and writes what it did to REPORT (JSON):
+PATTERN (or starts with it: `^PATTERN`), then does ACTION to it and writes what it did to REPORT (JSON):
 
   drop-ssh   stop the process, kill -9 the sshd session process(es) that carry it (the SSH
              connection of the deploy drops, seen from the host side), then let it go on
@@ -47,9 +47,13 @@ def comm(pid: int) -> str:
 
 
 def find(pattern: str) -> int | None:
+    """A process whose command line contains PATTERN (starts with it, if PATTERN starts with ^)."""
     me = os.getpid()
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me and pattern in cmdline(int(name)):
+        if not name.isdigit() or int(name) == me:
+            continue
+        line = cmdline(int(name))
+        if (line.startswith(pattern[1:]) if pattern.startswith("^") else pattern in line):
             return int(name)
     return None
 
