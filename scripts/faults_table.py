@@ -42,6 +42,24 @@ ended with exit 0 and `/health` 200. ✓ yes, ✗ no, n/a not applicable.
 """
 
 
+FOOTER = """## Known gaps (read with the table)
+
+- A fault in a NEW server start (autotune crash, out of memory, load hang, deadline passed)
+  happens after the restart: the previous server is already gone. There is no automatic
+  rollback to the previous release yet (the lead's rollout work); the next run restarts the
+  never-verified server and verifies it, which is what makes the re-run converge.
+- A host unreachable at the start of a rollout is the lead's case (`sglang-deploy rollout`).
+- The deploy lock is tied to the deploy's SSH connection; a holder from another controller
+  machine is never judged stale from here (its pid cannot be checked): the message says how
+  to end it by hand.
+- The port check happens when sglang binds, i.e. after loading (as sglang 0.5.12.post1
+  does); there is no pre-flight port check, so a taken port costs one full load.
+- The unit's system-call filter and `ProtectProc` were checked with the simulator, not with
+  a real CUDA/NCCL stack.
+- Rows can come from more than one run of the suite (each case keeps its latest record).
+"""
+
+
 def cell(value) -> str:
     if value is None:
         return "n/a"
@@ -93,6 +111,7 @@ def render(records: list[dict], extra: dict | None = None, prefix: str = "tb") -
     for r in records:
         if r.get("table_only_text"):
             out.append(r["table_only_text"].rstrip() + "\n")
+    out.append(FOOTER)
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -11,12 +11,14 @@ same check and refuses every host's connection while the data is wrong.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from pathlib import Path
 
 from pyinfra.api.state import BaseStateCallback
 
-from sglang_deploy import data, deploylock
+from sglang_deploy import data, deploylock, errors
 
 
 def validate_inventory(inventory, cwd: str | None = None) -> None:
@@ -157,9 +159,33 @@ class HoldDeployLock(BaseStateCallback):
             logger.warning(f"{host.print_prefix}{verdict.message}")
 
 
+class TypedErrorsWithoutTraceback(logging.Filter):
+    """pyinfra logs an exception raised in a Python callback (``python.call``) as a traceback,
+    then `Unexpected error in Python callback: X(...)`. For this tool's typed errors the
+    traceback is noise: keep only the error's own text (expected / found / fix)."""
+
+    _tail = re.compile(r"^sglang_deploy\.errors\.\w+: ", re.MULTILINE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - never break logging
+            return True
+        if text.startswith("Traceback (most recent call last):"):
+            m = self._tail.search(text)
+            if m:
+                record.msg, record.args = text[m.end():], ()
+            return True
+        return not ("Unexpected error in Python callback: " in text
+                    and any(f": {name}(" in text for name in errors.__all__))
+
+
 def install(state) -> None:
     """Validate on ``state`` as soon as its inventory exists (before or after ``State.init``)."""
     import gevent
+    from pyinfra import logger
+
+    logger.addFilter(TypedErrorsWithoutTraceback())
 
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()

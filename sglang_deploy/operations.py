@@ -21,6 +21,14 @@ def _sh(*words: str) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _found_suffix(check, limit: int = 200) -> str:
+    """` (what was found)` when the message does not already say it, shortened."""
+    found = str(getattr(check, "found", None) or "")
+    if not found or found in check.message:
+        return ""
+    return f" ({found if len(found) <= limit else found[:limit - 1] + '…'})"
+
+
 def preflight_gate(checks: list, title: str = "pre-flight") -> None:
     """
     Report pre-flight checks and stop the deploy (while operations are still being prepared,
@@ -42,9 +50,7 @@ def preflight_gate(checks: list, title: str = "pre-flight") -> None:
     if failed:
         raise PreflightError(
             what=f"{title} passes on {host.name} before anything is installed",
-            found="\n".join(f"{c.name}: {c.message}" + (
-                f" ({c.found})" if getattr(c, "found", None) and str(c.found) not in c.message
-                else "") for c in failed),
+            found="\n".join(f"{c.name}: {c.message}" + _found_suffix(c) for c in failed),
             fix="\n".join(f"{c.name}: {c.fix}" for c in failed if getattr(c, "fix", None))
             or "see the checks above",
         )

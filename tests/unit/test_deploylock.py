@@ -47,3 +47,48 @@ def test_holder_takes_holds_and_frees_the_lock_with_its_stdin(tmp_path):
     assert third.stdout.readline().strip() == "LOCKED"
     third.stdin.close()
     third.wait(10)
+
+
+def test_connection_messages_name_host_file_and_fix():
+    from sglang_deploy import hooks
+
+    text = hooks.host_key_message("gpu-1", "10.0.0.5", "/inv/known_hosts")
+    assert "gpu-1" in text and "/inv/known_hosts" in text
+    assert "ssh-keygen -R 10.0.0.5 -f /inv/known_hosts" in text and "out of band" in text
+    lost = hooks.lost_connection_message("gpu-1", "10.0.0.5", "Runtime | Release …")
+    assert "gpu-1" in lost and "`Runtime | Release …`" in lost and ".complete" in lost
+    assert "ssh root@10.0.0.5 true" in lost and "re-run" in lost
+
+
+def test_connection_lost_reads_the_transport():
+    from types import SimpleNamespace as NS
+
+    from sglang_deploy import hooks
+
+    def host(transport):
+        return NS(connector=NS(client=NS(get_transport=lambda: transport)))
+
+    assert hooks.connection_lost(host(None))
+    assert hooks.connection_lost(host(NS(is_active=lambda: False)))
+    assert not hooks.connection_lost(host(NS(is_active=lambda: True)))
+    assert not hooks.connection_lost(NS(connector=NS()))  # not SSH: unknown, never claimed
+
+
+def test_typed_error_tracebacks_are_reduced_to_the_message():
+    import logging
+
+    from sglang_deploy import hooks
+    from sglang_deploy.errors import VerifyError
+
+    f = hooks.TypedErrorsWithoutTraceback()
+    err = VerifyError(what="ready", found="crashed", fix="read the journal")
+    tb = ('Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
+          f"sglang_deploy.errors.VerifyError: {err}")
+    rec = logging.LogRecord("pyinfra", logging.WARNING, "", 0, tb, (), None)
+    assert f.filter(rec) and rec.getMessage() == str(err)
+    dup = logging.LogRecord("pyinfra", logging.WARNING, "", 0,
+                            "[h] Unexpected error in Python callback: VerifyError('ready',)", (), None)
+    assert not f.filter(dup)
+    other = logging.LogRecord("pyinfra", logging.WARNING, "", 0,
+                              "[h] Unexpected error in Python callback: KeyError('x',)", (), None)
+    assert f.filter(other)
