@@ -181,7 +181,9 @@ class TypedErrorsWithoutTraceback(logging.Filter):
 
 
 def install(state) -> None:
-    """Validate on ``state`` as soon as its inventory exists (before or after ``State.init``)."""
+    """Install every hook on ``state`` (before or after ``State.init``): data validation as
+    soon as the inventory exists, the deploy lock after each connection, clear messages for a
+    changed host key and a lost connection, typed errors without tracebacks."""
     import gevent
     from pyinfra import logger
 

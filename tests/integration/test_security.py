@@ -17,11 +17,15 @@ import time
 
 import pytest
 
+from sglang_deploy.unit import render_secrets_env
+
 from .test_deploy import SECRET
 from .test_faults import FAULTS, REPO, SPARE, both, deploy, record
 
 EXPOSURE_BEFORE = 3.2  # the unit before this hardening (measured the same way, systemd 252)
 EXPOSURE_LIMIT = 2.0
+FAULT_TEXT = ("deploy at -vvv with an API key holding a quote, double quotes, `$HOME`, `;|&` "
+              "and a backtick command (test_deploy.SECRET)")
 
 
 # Why each remaining `systemd-analyze security` item stays open (keyed by its setting).
@@ -104,7 +108,7 @@ def test_secret_never_in_output_argv_unit_or_reports(testbed, keyed):
     anon = testbed.ssh(SPARE, "curl -s -o /dev/null -w '%{http_code}' "
                               "http://127.0.0.1:30000/v1/models").stdout.strip()
     record("API key with shell metacharacters never leaks", "Security",
-           "deploy at -vvv with SGLANG API key `" + SECRET.replace("`", "'") + "`", r,
+           FAULT_TEXT, r,
            expect_ok=True, converged=None,
            notes=f"{len(samples)} argv samples (server seen: {server_seen}); leaks: "
                  + ", ".join(f"{k}: {'LEAK' if v else 'none'}" for k, v in leaks.items())
@@ -118,8 +122,11 @@ def test_no_world_readable_file_holds_the_secret(testbed, keyed):
     # the pattern goes in on stdin: a search must not put the secret into argv itself
     cmd = ("grep -rlsF -f /dev/stdin / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev "
            "--exclude-dir=wheelhouse --exclude-dir=models; true")
-    r = subprocess.run(testbed.ssh_argv(SPARE, cmd), input=SECRET + "\n", text=True,
-                       capture_output=True, timeout=600, check=False)
+    # the key as it is, as the env file writes it (escaped), and a distinctive piece of it
+    body = render_secrets_env({"SGLANG_API_KEY": SECRET}).splitlines()[-1]
+    patterns = [SECRET, body.split("=", 1)[1].strip('"'), SECRET[:6]]
+    r = subprocess.run(testbed.ssh_argv(SPARE, cmd), input="\n".join(patterns) + "\n",
+                       text=True, capture_output=True, timeout=600, check=False)
     files = sorted(set(r.stdout.split()))
     readable = []
     for f in files:
@@ -132,7 +139,8 @@ def test_no_world_readable_file_holds_the_secret(testbed, keyed):
             readable.append(f)
     perms = testbed.ssh(SPARE, "stat -c '%a %U' /etc/sglang/secrets.env /etc/sglang").stdout.split("\n")
     record("no world-readable file holds a secret", "Security",
-           "`grep -rlF` for the key over / (but /proc, /sys, /dev, wheelhouse, models)",
+           "`grep -rlF` over / (but /proc, /sys, /dev, wheelhouse, models) for the key, its "
+           "env-file escaped form and its first 6 characters",
            subprocess.CompletedProcess([], 0, "", ""), expect_ok=True,
            notes=f"files holding it: {files or 'none'}; world-readable among them: "
                  f"{readable or 'none'}; /etc/sglang/secrets.env and its folder: "
