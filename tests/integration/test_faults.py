@@ -280,9 +280,6 @@ def test_after_bad_input_a_rerun_converges_without_change(testbed):
 
 
 # ------------------------------------------------------------------------------- GPU
-# slow: two deploys each (over a minute on a loaded 2-core machine); test_deploy.py covers the
-# detection itself in its default run
-@pytest.mark.slow
 @pytest.mark.parametrize("scenario", sorted(GPU_SCENARIOS))
 def test_gpu_fault_stops_the_redeploy_and_the_host_keeps_serving(testbed, scenario):
     data = next_flags()
@@ -328,7 +325,6 @@ SERVER_FAULTS = {
 }
 
 
-@pytest.mark.slow  # two deploys and a restart each; test_deploy.py covers the detection
 @pytest.mark.parametrize("case", list(SERVER_FAULTS))
 def test_server_fault_in_the_new_start(testbed, case):
     scenario, extra, words, ok = SERVER_FAULTS[case]
