@@ -360,7 +360,7 @@ def test_port_already_taken_by_another_process(testbed):
 
 # ------------------------------------------------------------------------------- host/network
 def test_ssh_connection_dropped_during_the_venv_install(testbed):
-    lock, rel = new_release("ssh-drop")
+    lock, _ = new_release("ssh-drop")
     report = {}
 
     def inject():
