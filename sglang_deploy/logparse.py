@@ -250,6 +250,11 @@ FATAL_SIGNATURES: tuple[Signature, ...] = (
     Signature("cuda-oom", re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError"),
               "a GPU ran out of memory: lower --mem-fraction-static or free the GPUs",
               origin="torch"),
+    Signature("port-in-use",
+              re.compile(r"error while attempting to bind on address .*address already in use"),
+              "another process holds the server's port: find it with `ss -ltnp` on the host "
+              "and stop it, or set `sglang_port` to a free port",
+              origin="uvicorn"),
     Signature("nccl-warn", re.compile(r"\bNCCL WARN\b"),
               "NCCL reported a problem (P2P/transport): check NCCL_P2P_DISABLE / NCCL_P2P_LEVEL "
               "and the GPU topology", fatal=False, origin="nccl"),

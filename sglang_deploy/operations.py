@@ -44,6 +44,14 @@ def _sh(*words: str) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _found_suffix(check, limit: int = 200) -> str:
+    """` (what was found)` when the message does not already say it, shortened."""
+    found = str(getattr(check, "found", None) or "")
+    if not found or found in check.message:
+        return ""
+    return f" ({found if len(found) <= limit else found[:limit - 1] + '…'})"
+
+
 def preflight_gate(checks: list, title: str = "pre-flight") -> None:
     """
     Report pre-flight checks and stop the deploy (while operations are still being prepared,
@@ -65,7 +73,7 @@ def preflight_gate(checks: list, title: str = "pre-flight") -> None:
     if failed:
         raise PreflightError(
             what=f"{title} passes on {host.name} before anything is installed",
-            found="\n".join(f"{c.name}: {c.message}" for c in failed),
+            found="\n".join(f"{c.name}: {c.message}" + _found_suffix(c) for c in failed),
             fix="\n".join(f"{c.name}: {c.fix}" for c in failed if getattr(c, "fix", None))
             or "see the checks above",
         )
@@ -103,6 +111,18 @@ def tool_venv(root: str, python: str, uv_version: str, present_version: str | No
     yield f"rm -rf {shlex.quote(venv)} && {_sh(python, '-m', 'venv', venv)}"
     yield _sh(f"{venv}/bin/pip", "install", "--disable-pip-version-check", "--no-input", "-q",
               *source, f"uv=={uv_version}")
+
+
+def _explain_failure(cmd: str, release_id: str, rel: str) -> str:
+    """CMD, and if it fails: a message naming the release, the free space and the fix, on
+    stderr (pyinfra shows it under the failed command), then CMD's exit status."""
+    msg = (f"sglang-deploy: installing release {release_id} failed (exit $rc; free space in "
+           f"{rel}: $(df -h --output=avail {shlex.quote(rel)} 2>/dev/null | tail -n 1 | tr -d ' ')). "
+           "The half-made release has no .complete marker: it is never used, the service keeps "
+           "its current release, and the next run installs it again. Fix: read the error above "
+           "(No space left on device: free disk space; a missing or mismatched wheel: fill the "
+           "wheelhouse or check the index and the lock), then re-run the deploy.")
+    return f'{cmd} || {{ rc=$?; echo "{msg}" >&2; exit $rc; }}'
 
 
 @operation()
@@ -146,8 +166,11 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     release_meta = json.dumps({"id": release_id, "installed_at": installed, **(meta or {})},
                               sort_keys=True)
     yield f"rm -rf {shlex.quote(rel + '/venv')} {shlex.quote(rel + '/.complete')}"
-    yield f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}"
-    yield (f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}")
+    yield _explain_failure(f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}",
+                           release_id, rel)
+    yield _explain_failure(
+        f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}",
+        release_id, rel)
     yield f"printf '%s\\n' {shlex.quote(release_meta)} > {shlex.quote(rel + '/release.json')}"
     yield f"touch {shlex.quote(rel + '/.complete')}"
 

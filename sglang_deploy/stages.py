@@ -303,10 +303,18 @@ def service_stage():
                                   active_state=svc.get("ActiveState") or None,
                                   sub_state=svc.get("SubState") or None)
     restarted = None
+    # A server that runs but was never verified (a failed or interrupted deploy left it hung,
+    # crash-looping or half-started) is restarted and verified: re-runs converge.
+    verified = (ctx.hoststate.get("last_verified") or {}).get("invocation")
+    unverified = bool(svc.get("InvocationID")) and svc.get("InvocationID") != verified
     if restart_needed and not started.will_change:
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} (unit, secrets, release or patch changed)",
-            service=s.sglang_service, _if=lambda: any(t.did_change() for t in triggers))
+            service=s.sglang_service,
+            _if=lambda: unverified or any(t.did_change() for t in triggers))
+    elif unverified and not started.will_change:
+        restarted = ops.service_restarted(
+            name=f"Restart {s.sglang_service} (running, never verified)", service=s.sglang_service)
     ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
     ctx.ops["unit_text"] = unit_text
 

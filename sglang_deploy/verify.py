@@ -64,6 +64,7 @@ class Verifier:
             exit=f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}",
             state=f"{service.get('ActiveState')}/{service.get('SubState')}",
             log=self.tracker.relevant_lines(),
+            hints=self.tracker.fatal_hints,
         )
         return Decision("fail", message, details)
 
@@ -205,7 +206,8 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
                        f"{d.get('state')}; exit {d.get('exit')}"
                        + (f"; {d['progress']}" if d.get("progress") else "")
                        + (f"\n  relevant log lines:\n{lines}" if lines else "")),
-                fix=f"read `journalctl -u {service} -b` on the host; fix the cause above and re-run "
+                fix="".join(f"{h}\n" for h in d.get("hints", []))
+                    + f"read `journalctl -u {service} -b` on the host; fix the cause above and re-run "
                     "the deploy (it converges from where it stopped)",
             )
         now = clock()

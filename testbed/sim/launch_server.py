@@ -142,6 +142,12 @@ MESSAGES: dict[str, tuple] = {
     "uv_complete": ("INFO:     Application startup complete.", "<uvicorn>", None, None),
     "uv_running": ("INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)", "<uvicorn>", None, None),
     "uv_access": ('INFO:     {client} - "{method} {path} HTTP/1.1" {status} {phrase}', "<uvicorn>", None, None),
+    "init_failed": ("Initialization failed. warmup error: {traceback}", "sglang/srt/entrypoints/http_server.py",
+                    None, None),
+    # asyncio's create_server error, logged by uvicorn's Server.startup before sys.exit(1)
+    "uv_bind_error": ("ERROR:    [Errno {errno}] error while attempting to bind on address ('{host}', {port}): "
+                      "{reason}", "<uvicorn>", None, None),
+    "uv_shutdown_wait": ("INFO:     Waiting for application shutdown.", "<uvicorn>", None, None),
     "ninja_failed": ("RuntimeError: Ninja build failed.", "<flashinfer/jit/cpp_ext.py run_ninja>", None, None),
 }
 
@@ -858,12 +864,28 @@ class Sim:
         _write(sys.stderr, M("uv_complete") + "\n")
         handler = make_handler(self)
         ThreadingHTTPServer.daemon_threads = True
-        self.httpd = ThreadingHTTPServer((self.host, self.port), handler)
+        try:
+            self.httpd = ThreadingHTTPServer((self.host, self.port), handler)
+        except OSError as exc:
+            self.bind_failed(exc)
         _write(sys.stderr, M("uv_running", host=self.host, port=self.port) + "\n")
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.warmup()
         while True:
             time.sleep(3600)
+
+    def bind_failed(self, exc: OSError):
+        """The port is taken (0.5.12.post1, uvicorn.run in http_server.py): uvicorn logs the bind
+        error and starts its shutdown; the lifespan then joins the warmup thread, which polls
+        /model_info on the port (the other process) for 120 x 1 s, logs `Initialization
+        failed.` and kills the process tree (this process ends by SIGKILL)."""
+        reason = (exc.strerror or str(exc)).lower()
+        _write(sys.stderr, M("uv_bind_error", errno=exc.errno, host=self.host, port=self.port,
+                             reason=reason) + "\n")
+        _write(sys.stderr, M("uv_shutdown_wait") + "\n")
+        time.sleep(120)
+        log(M("init_failed", traceback=f"AssertionError: res=<Response [404]>, url=http://{self.host}:{self.port}/model_info\n"))
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def warmup(self):
         self.cfg.sleep("http_start")

@@ -97,3 +97,19 @@ def test_group_data_seed_profile_is_valid():
     assert s.sglang_flags["moe-runner-backend"] == "flashinfer_cutlass"
     assert "max-running-requests" not in s.sglang_flags
     assert s.sglang_flags["disable-cuda-graph"] is True
+
+
+def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection():
+    from pyinfra.api import Config, Inventory, State
+
+    from sglang_deploy import hooks
+    from sglang_deploy.errors import DataError
+
+    good = {"sglang_model_path": "/srv/models/m"}
+    inventory = Inventory(([("h1", good), ("h2", {**good, "sglang_portt": 1})], {}))
+    state = State()
+    hooks.install(state)  # as config.py does: before State.init
+    with pytest.raises(DataError) as err:
+        state.init(inventory, Config())
+    assert "[h2]" in str(err.value) and "sglang_portt" in str(err.value)
+    assert not any(h.connected for h in inventory)

@@ -350,3 +350,11 @@ def test_relevant_lines_bounded_and_fallback():
     assert rel[-1].startswith("torch.OutOfMemoryError") or any(
         x.startswith("torch.OutOfMemoryError") for x in rel)
     assert any("omitted" in x for x in rel)
+
+
+def test_port_in_use_is_fatal_with_a_fix():
+    t = L.StartupTracker("0.5.12.post1", expect_autotune=False, cuda_graph=False)
+    events = t.feed("ERROR:    [Errno 98] error while attempting to bind on address "
+                    "('127.0.0.1', 30000): address already in use", 1.0)
+    assert [e.kind for e in events] == ["fatal"]
+    assert t.fatal and "sglang_port" in t.fatal_hints[0] and "ss -ltnp" in t.fatal_hints[0]

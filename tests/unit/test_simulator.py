@@ -440,3 +440,22 @@ def test_sigterm_after_ready_drains_then_sigkills_itself(site, model_dir, tmp_pa
     assert "Gracefully exiting... Remaining number of requests 1." in out
     assert "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]." in out
     assert rc == -signal.SIGKILL  # <= 0.5.18: systemd sees status=9/KILL
+
+
+def test_port_already_taken_fails_like_uvicorn_after_startup(site, model_dir, tmp_path, runs):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    try:
+        # the last --port wins (argparse): the one held above
+        r = start(runs, tmp_path, site, model_dir, "--port", str(holder.getsockname()[1]))
+        text = r.wait_for("address already in use")
+        # 0.5.12.post1 loads everything first: the port is bound only by uvicorn at the end
+        assert text.index("Load weight end") < text.index("INFO:     Application startup complete.")
+        line = next(x for x in text.splitlines() if "address already in use" in x)
+        assert line == (f"ERROR:    [Errno 98] error while attempting to bind on address "
+                        f"('127.0.0.1', {holder.getsockname()[1]}): address already in use")
+        r.wait_for("INFO:     Waiting for application shutdown.")
+        assert "The server is fired up" not in r.text
+    finally:
+        holder.close()

@@ -58,3 +58,26 @@ def test_secrets_env_escapes_shell_metacharacters():
     assert 'SGLANG_API_KEY="a\\"b\\\\c\\$d\\`e\'f g;|&"' in body
     with pytest.raises(ValueError):
         render_secrets_env({"K": "a\nb"})
+
+
+def test_unit_is_hardened_as_far_as_gpu_access_allows():
+    text = render_unit(spec())
+    for needle in ("ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+                   "NoNewPrivileges=yes", "CapabilityBoundingSet=\n", "ProtectProc=invisible",
+                   "RemoveIPC=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
+                   "ProtectKernelLogs=yes", "ProtectClock=yes", "ProtectControlGroups=yes",
+                   "RestrictNamespaces=yes", "LockPersonality=yes", "RestrictSUIDSGID=yes",
+                   "SystemCallFilter=@system-service pidfd_getfd\n", "SystemCallErrorNumber=EPERM",
+                   "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK", "UMask=0077",
+                   "ReadWritePaths=/var/cache/sglang /var/lib/sglang\n", "DevicePolicy=closed"):
+        assert needle in text, needle
+    deny = next(x for x in text.splitlines() if x.startswith("SystemCallFilter=~"))
+    assert {"@privileged", "@mount", "@module", "@raw-io", "@reboot", "@swap", "@clock"} <= set(deny[18:].split())
+    # impossible with GPUs (see the template's comment): never set
+    for absent in ("PrivateDevices=yes", "MemoryDenyWriteExecute=yes", "PrivateNetwork=yes",
+                   "ProcSubset=pid"):
+        assert absent not in text.splitlines(), absent
+    # only the NVIDIA nodes: control, one per GPU, uvm
+    assert [x for x in text.splitlines() if x.startswith("DeviceAllow=")] == [
+        "DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia0 rw", "DeviceAllow=/dev/nvidia1 rw",
+        "DeviceAllow=/dev/nvidia-uvm rw", "DeviceAllow=/dev/nvidia-uvm-tools rw"]
