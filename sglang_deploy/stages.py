@@ -53,6 +53,7 @@ class Context:
     ops: dict = field(default_factory=dict)
     patch_state: str = "unknown"
     p2p_record: dict | None = None
+    verify_running: bool = False
 
     @property
     def root(self) -> str:
@@ -303,10 +304,23 @@ def service_stage():
                                   active_state=svc.get("ActiveState") or None,
                                   sub_state=svc.get("SubState") or None)
     restarted = None
-    # A server that runs but was never verified (a failed or interrupted deploy left it hung,
-    # crash-looping or half-started) is restarted and verified: re-runs converge.
+    # A server that runs but was never verified: if it serves (e.g. started at boot) it is
+    # verified as it is, without a restart (a reload costs a model load); if it does not (a
+    # failed or interrupted deploy left it hung or half-started) it is restarted and
+    # verified, so that a re-run converges.
     verified = (ctx.hoststate.get("last_verified") or {}).get("invocation")
-    unverified = bool(svc.get("InvocationID")) and svc.get("InvocationID") != verified
+    unverified = (bool(svc.get("InvocationID")) and svc.get("InvocationID") != verified
+                  and not started.will_change)
+    ctx.verify_running = False
+    if unverified:
+        from sglang_deploy.facts import ServingProbe
+        from sglang_deploy.verify import check_serving
+
+        probe = host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
+                              host_addr=_addr(s), secrets=SECRETS_FILE,
+                              python=s.sglang_system_python)
+        if probe and check_serving(probe, s.served_model_name, False).kind == "ready":
+            unverified, ctx.verify_running = False, not restart_needed
     if restart_needed and not started.will_change:
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} (unit, secrets, release or patch changed)",
@@ -426,7 +440,10 @@ def verify_stage():
         python.call(name="Verify startup, API and a one-token generation",
                     function=ops.reported(lambda: _verify(ctx, _action(started, restarted))),
                     _if=lambda: _action(started, restarted) is not None)
-    if ctx.settings.verify_converged:
+    if ctx.verify_running:
+        python.call(name="Verify the running server (never verified, serving: not restarted)",
+                    function=ops.reported(lambda: _verify(ctx, "converged")))
+    elif ctx.settings.verify_converged:
         python.call(name="Verify the running server still serves (converged host)",
                     function=ops.reported(lambda: _verify(ctx, "converged")),
                     _if=lambda: _action(started, restarted) is None)
