@@ -45,10 +45,12 @@ ended with exit 0 and `/health` 200. ✓ yes, ✗ no, n/a not applicable.
 FOOTER = """## Known gaps (read with the table)
 
 - A fault in a NEW server start (autotune crash, out of memory, load hang, deadline passed)
-  happens after the restart: the previous server is already gone. There is no automatic
-  rollback to the previous release yet (the lead's rollout work); the next run restarts the
-  never-verified server and verifies it, which is what makes the re-run converge.
-- A host unreachable at the start of a rollout is the lead's case (`sglang-deploy rollout`).
+  under a plain `pyinfra ... deploy.py` happens after the restart: the previous server is
+  already gone and the deploy stops there (run `pyinfra INVENTORY rollback.py --limit HOST`);
+  the next run restarts the never-verified server and verifies it. Under
+  `sglang-deploy rollout` the failed host is rolled back to its known-good configuration
+  automatically (rows "... in a rollout" and "throughput below the rollout gate", recorded
+  by `tests/integration/test_rollout.py`).
 - The deploy lock is tied to the deploy's SSH connection; a holder from another controller
   machine is never judged stale from here (its pid cannot be checked): the message says how
   to end it by hand.

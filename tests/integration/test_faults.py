@@ -450,15 +450,3 @@ def test_changed_ssh_host_key_stops_the_deploy(testbed, tmp_path):
     for w in (SPARE, str(changed), f"ssh-keygen -R {addr} -f {changed}"):
         assert w in out, (w, out[-3000:])
     assert rec["error"] and r2.returncode == 0, both(r2)[-3000:]
-
-
-def test_host_unreachable_at_the_start_of_a_rollout_is_the_leads():
-    """Owned by the lead (`sglang-deploy rollout`): recorded as a placeholder row."""
-    FAULTS.mkdir(parents=True, exist_ok=True)
-    (FAULTS / "host-and-network-host-unreachable-at-the-start-of-a-rollout.json").write_text(
-        json.dumps({"case": "host unreachable at the start of a rollout",
-                    "category": "Host and network", "fault": "(lead: `sglang-deploy rollout`)",
-                    "exit_code": None, "expected_exit": "non-zero", "error": [],
-                    "other_hosts_untouched": None, "previous_release_serving": None,
-                    "rerun_converged": None, "notes": "owned by the lead's rollout work; not "
-                    "tested here", "recorded_at": time.time(), "placeholder": True}, indent=2) + "\n")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_faults import record
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
 PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
@@ -166,6 +168,16 @@ def test_failure_on_second_host_halts_rolls_it_back_and_leaves_the_third_untouch
     assert unit_text(testbed, TB2) == old_unit2
     assert health(testbed.address(TB2)) == 200
     assert "--mem-fraction-static 0.85" in unit_text(testbed, TB2)
+    # the fault removed (the scenario is back to healthy), the same rollout converges
+    again, doc2 = rollout(testbed, report=tmp_path / "r2.json", data=[flags(**{"mem-fraction-static": 0.8})])
+    record("autotune crash in a rollout (2nd of 3 hosts)", "Server",
+           "`autotune-crash` scenario for the new flags on the 2nd host of a 3-host "
+           "`sglang-deploy rollout`", r, others_untouched=True, serving=True,
+           converged=again.returncode == 0,
+           notes=f"{TB1} done, {TB2} rolled back to its known-good unit and verified serving, "
+                 f"{TB3} untouched (same invocation); exit 1")
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert by_host(doc2)[TB1]["status"] == "converged"
 
 
 def test_unreachable_host_stops_the_rollout_before_any_host_is_touched(testbed, tmp_path):
@@ -174,16 +186,26 @@ def test_unreachable_host_stops_the_rollout_before_any_host_is_touched(testbed, 
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
         r, doc = rollout(testbed, report=tmp_path / "r.json",
-                         data=[flags(**{"mem-fraction-static": 0.85})])
+                         data=[flags(**{"mem-fraction-static": 0.8})])
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
     out = r.stdout + r.stderr
+    untouched = {h: invocation(testbed, h) for h in (TB1, TB2)} == before
+    testbed.wait_for(f"{TB3} reachable again",
+                     lambda: testbed.ssh(TB3, "true", timeout=15).returncode == 0, timeout=60)
+    again, doc2 = rollout(testbed, report=tmp_path / "r2.json", data=[flags(**{"mem-fraction-static": 0.8})])
+    record("host unreachable at the start of a rollout", "Host and network",
+           f"{TB3}'s link down (`ip link set v{TB3} down`) when `sglang-deploy rollout` starts", r,
+           others_untouched=untouched, serving=all(health(testbed.address(h)) == 200 for h in (TB1, TB2)),
+           converged=again.returncode == 0,
+           notes="the rollout checks every host answers (SSH, host keys, data) before touching "
+                 "any; no host was touched")
     assert r.returncode != 0
     assert "before touching any host" in out and TB3 in out
     assert {h["status"] for h in doc["hosts"]} == {"untouched"}
-    assert {h: invocation(testbed, h) for h in (TB1, TB2)} == before
-    testbed.wait_for(f"{TB3} reachable again",
-                     lambda: testbed.ssh(TB3, "true", timeout=15).returncode == 0, timeout=60)
+    assert untouched
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert {h["status"] for h in doc2["hosts"]} == {"converged"}
 
 
 def test_status_reports_every_host_and_the_drift_of_a_manual_change(testbed, tmp_path):
@@ -239,6 +261,17 @@ def test_throughput_gate_rejects_a_slower_configuration_and_rolls_it_back(testbe
     assert {h: invocation(testbed, h) for h in (TB2, TB3)} == untouched
     assert unit_text(testbed, TB1) == unit1  # back on the faster configuration, serving
     assert health(testbed.address(TB1)) == 200
+    # the slower build fixed (SLOW_WHEN cleared), the gated rollout of that host passes
+    again, doc2 = rollout(testbed, "--min-throughput-ratio", "0.95", "--limit", TB1,
+                          report=tmp_path / "r2.json", data=[flags(**{"mem-fraction-static": 0.75})])
+    record("throughput below the rollout gate", "Server",
+           f"the new flags run 60% slower on {TB1} (simulated decode rate); rollout with "
+           "`--min-throughput-ratio 0.95`", r, others_untouched=True, serving=True,
+           converged=again.returncode == 0,
+           notes=f"{TB1} verified, benchmarked below the gate, rolled back and verified; "
+                 f"{TB2}, {TB3} untouched")
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert by_host(doc2)[TB1]["status"] == "done"
 
 
 # ------------------------------------------------------------------- disaster recovery
