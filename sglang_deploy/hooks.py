@@ -19,6 +19,7 @@ from pathlib import Path
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy import data, deploylock, errors
+from sglang_deploy.plan import PLAN_ENV
 
 
 def validate_inventory(inventory, cwd: str | None = None) -> None:
@@ -193,7 +194,9 @@ def install(state) -> None:
     hub = gevent.get_hub()
     hub.NOT_ERROR = (*hub.NOT_ERROR, deploylock.SglangDeployError)
     handler = ValidateBeforeConnect()
-    others = (ExplainConnectErrors(), ExplainLostConnection(), HoldDeployLock())
+    others = (ExplainConnectErrors(), ExplainLostConnection())
+    if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
+        others += (HoldDeployLock(),)
     if hasattr(state, "callback_handlers"):
         state.add_callback_handler(handler)
         for each in others:
