@@ -16,7 +16,6 @@ from pathlib import Path
 
 from pyinfra import host, logger, state
 from pyinfra.api import deploy
-from pyinfra.facts.server import Users
 from pyinfra.operations import files, python, server
 
 from sglang_deploy import data as datamod
@@ -136,7 +135,7 @@ def runtime_stage():
     ctx = context()
     s = ctx.settings
     hs = ctx.hoststate
-    users = host.get_fact(Users)
+    users = hs["users"]  # from the host-state fact: no separate Users round trip
     if s.sglang_user not in users:
         server.user(name=f"Service user {s.sglang_user}", user=s.sglang_user, system=True,
                     home=s.sglang_home, shell="/usr/sbin/nologin", create_home=False)

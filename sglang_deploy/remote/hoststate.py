@@ -15,6 +15,7 @@ import argparse
 import glob
 import json
 import os
+import pwd
 import struct
 import subprocess
 import sys
@@ -128,6 +129,8 @@ def cmd_state(args) -> dict:
         "python": "%d.%d" % sys.version_info[:2],
         "secrets_sha256": sha256_file(args.secrets) if args.secrets else None,
         "known_good": read_json(os.path.join(root, "known-good.json")),
+        # user names, so the runtime stage needs no pyinfra Users fact (a lastlog loop per user)
+        "users": sorted({p.pw_name for p in pwd.getpwall()}),
     }
     if args.model:
         result["model"] = model_state(args.model)
