@@ -11,6 +11,7 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand
+from pyinfra.operations import files
 
 from sglang_deploy import flags as flagmod
 from sglang_deploy.errors import FlagError, PatchError, PreflightError
@@ -287,3 +288,64 @@ def daemon_reload():
         daemon_reload(_if=unit.did_change)
     """
     yield "systemctl daemon-reload"
+
+
+def _mode(mode) -> str:
+    return "%o" % int(str(mode), 8)
+
+
+@operation()
+def directories(dirs: list, present: dict):
+    """
+    Folders with owner, group and mode, all checked against one host-state read: no round
+    trip per folder when they match; a folder that differs is handed to ``files.directory``.
+
+    + dirs: list of ``(path, owner, mode)``; the group is the owner's name
+    + present: ``SglangHostState``'s ``paths`` (path -> kind/user/group/mode, or None)
+
+    **Example:**
+
+    .. code:: python
+
+        directories(dirs=[("/opt/sglang", "root", "755")], present=hoststate["paths"])
+    """
+    todo = [(path, owner, mode) for path, owner, mode in dirs
+            if (present.get(path) or {}) != {"kind": "dir", "user": owner, "group": owner,
+                                             "mode": _mode(mode)}]
+    if not todo:
+        host.noop(f"{len(dirs)} folders exist with their owner and mode")
+        return
+    for path, owner, mode in todo:
+        yield from files.directory._inner(path=path, user=owner, group=owner, mode=mode)
+
+
+@operation()
+def file_content(src, dest: str, mode: str, present: dict | None):
+    """
+    A file with exact content and mode, checked against one host-state read (sha256): no
+    round trip when it matches; otherwise ``files.put`` uploads it.
+
+    + src: local path or file-like object (``StringIO``) with the content
+    + dest: path on the host
+    + mode: octal mode, e.g. ``"644"``
+    + present: ``SglangHostState``'s ``paths[dest]`` (kind/mode/sha256, or None)
+
+    **Example:**
+
+    .. code:: python
+
+        file_content(src=StringIO(unit_text), dest="/etc/systemd/system/sglang.service",
+                     mode="644", present=hoststate["paths"].get(unit_path))
+    """
+    if hasattr(src, "getvalue"):
+        data = src.getvalue()
+        data = data.encode() if isinstance(data, str) else data
+    else:
+        with open(src, "rb") as fh:
+            data = fh.read()
+    present = present or {}
+    if (present.get("kind") == "file" and present.get("sha256") == hashlib.sha256(data).hexdigest()
+            and present.get("mode") == _mode(mode)):
+        host.noop(f"{dest} is up to date")
+        return
+    yield from files.put._inner(src=src, dest=dest, mode=mode, add_deploy_dir=False)
