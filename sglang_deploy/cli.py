@@ -11,6 +11,11 @@ COMMAND_MODULES = (
     "patch",
     "doctor",
     "lock",
+    "wheelhouse",
+    "rollout",
+    "status",
+    "hostshell",
+    "rebuild",
 )
 
 

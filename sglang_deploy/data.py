@@ -56,6 +56,10 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Lowest acceptable measured peer-copy bandwidth per GPU pair, GB/s.", minimum=0),
     _k("gpu_p2p_test_mib", int, 64, "Size of each verified peer copy in the P2P test, MiB.",
        minimum=1),
+    _k("gpu_p2p_test", str, "auto",
+       "`auto`: run the data-verified peer copies unless the service is running (its GPUs are "
+       "busy serving): then reuse the result of the last full test recorded on the host. "
+       "`always`: copy on every deploy.", choices=("auto", "always")),
     # --- runtime ----------------------------------------------------------------------------
     _k("sglang_lock", str, "locks/glm5-blackwell.txt",
        "Lock file (on the controller, relative to the deploy folder): the exact packages, with "
@@ -70,6 +74,9 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("sglang_root", str, "/opt/sglang", "Releases (`releases/<id>/venv`), `current` link, tools."),
     _k("sglang_cache_dir", str, "/var/cache/sglang",
        "Persistent cache (SGLANG_CACHE_DIR, FlashInfer workspace): survives reinstalls."),
+    _k("sglang_cache_seed", (str, NONE), None,
+       "Archive ON THE CONTROLLER (from `sglang-deploy cache save`) unpacked into an EMPTY "
+       "cache folder, so a rebuilt host reuses autotune and JIT results instead of paying again."),
     _k("sglang_home", str, "/var/lib/sglang", "Home and working directory of the service user."),
     _k("sglang_user", str, "sglang", "Unprivileged user the service runs as."),
     _k("sglang_service", str, "sglang", "systemd unit name (without `.service`)."),
@@ -86,6 +93,13 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Hugging Face repo id to download into the model path when `sglang_model_download`."),
     _k("sglang_model_download", bool, False,
        "Download the model (huggingface_hub, token from `sglang_hf_token_env`) if shards are missing."),
+    _k("sglang_model_revision", str, "main",
+       "Revision of `sglang_model_repo` to download: a branch, tag or (to pin it) a commit hash."),
+    _k("sglang_hf_endpoint", (str, NONE), None,
+       "Hugging Face endpoint the host downloads from (a mirror, as `HF_ENDPOINT`); null: "
+       "https://huggingface.co."),
+    _k("sglang_model_download_timeout_s", int, 86400,
+       "Deadline of the model download, seconds (it then fails, naming what arrived).", minimum=1),
     # --- service ----------------------------------------------------------------------------
     _k("sglang_flags", dict, {},
        "Launch flags: `{flag: value}`; `true` -> bare flag, `false`/null -> omitted, "
@@ -113,6 +127,9 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Deadline per startup phase, seconds (a stall fails naming the phase)."),
     _k("verify_poll_s", (int, float), 0.5, "Poll interval of the verifier, seconds.", minimum=0.05),
     _k("verify_generate", bool, True, "Require a real one-token generation before ready."),
+    _k("verify_converged", bool, False,
+       "Also check a server that was not restarted (health, models, a generation); "
+       "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),
 ]}
 
 PHASES = ("starting", "loading", "kv_cache", "autotune", "capture", "http", "warmup")
@@ -273,6 +290,10 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
                         found="no API key (`sglang_api_key_env` is not set)",
                         fix="set `sglang_api_key_env`, bind 127.0.0.1, or set "
                             "`sglang_allow_public_without_key: true` deliberately")
+    endpoint = values["sglang_hf_endpoint"]
+    if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
+        raise DataError(key="sglang_hf_endpoint", what="an http(s) URL without query",
+                        found=repr(endpoint), fix="e.g. https://hf-mirror.example.org or null")
     if values["sglang_model_download"] and not values["sglang_model_repo"]:
         raise DataError(key="sglang_model_repo", what="downloading needs a repo id",
                         found="sglang_model_download is true but sglang_model_repo is not set",

@@ -28,11 +28,8 @@ When a command fails, its file holds stdout followed by stderr.
 from __future__ import annotations
 
 import argparse
-import errno
-import glob
 import json
 import os
-import stat
 import subprocess
 import sys
 import tempfile
@@ -101,25 +98,11 @@ def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tupl
 
 
 def open_test(paths: Sequence[str] | None = None) -> str:
-    """Try to open every /dev/nvidia* character device; one line per node."""
-    if paths is None:
-        paths = sorted(glob.glob("/dev/nvidia*"))
-    lines = []
-    for path in paths:
-        try:
-            if not stat.S_ISCHR(os.stat(path).st_mode):
-                continue
-        except OSError:
-            continue
-        try:
-            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-            lines.append(f"{path} {code} {exc.strerror}")
-        else:
-            os.close(fd)
-            lines.append(f"{path} ok")
-    return "\n".join(lines) + ("\n" if lines else "")
+    """Try to open every /dev/nvidia* character device (read-write, non-blocking); one line
+    per node (``remote/dev_open.py``, the same test the deploy's GpuSnapshot runs)."""
+    from .remote.dev_open import open_test as _open_test
+
+    return _open_test(paths)
 
 
 def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) -> Path:

@@ -27,6 +27,9 @@ __all__ = [
     "FlagError",
     "VerifyError",
     "RuntimeSetupError",
+    "ModelError",
+    "RollbackError",
+    "RolloutError",
 ]
 
 
@@ -133,3 +136,15 @@ class VerifyError(SglangDeployError):
 
 class RuntimeSetupError(SglangDeployError):
     title = "runtime setup failed"
+
+
+class ModelError(SglangDeployError):
+    title = "model download failed"
+
+
+class RollbackError(SglangDeployError):
+    title = "cannot roll back"
+
+
+class RolloutError(SglangDeployError):
+    title = "rollout stopped"

@@ -41,16 +41,23 @@ GPU_SECTIONS = {
 }
 
 
+#: the open test of the device nodes (run with the host's python; see remote/dev_open.py)
+DEV_OPEN = (REMOTE / "dev_open.py").read_text()
+
+
 class GpuSnapshot(FactBase):
     """
-    nvidia-smi (``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``) and ``ls -l /dev/nvidia*``,
+    nvidia-smi (``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``), ``ls -l /dev/nvidia*``
+    and the open test of every node (``dev-open.txt``: EPERM = the device cgroup denies it),
     in one round trip. Returns ``{file name: {"out": text, "rc": exit code}}``, the same names
     as a ``doctor --collect`` folder.
     """
 
-    def command(self) -> str:
+    def command(self, python: str = "python3") -> str:
         parts = []
-        for name, cmd in GPU_SECTIONS.items():
+        sections = {**GPU_SECTIONS,
+                    "dev-open.txt": f"{shlex.quote(python)} -c {shlex.quote(DEV_OPEN)}"}
+        for name, cmd in sections.items():
             parts.append(f"echo '{MARK}{name}'; {cmd} 2>&1; echo \"{MARK}rc=$?\"")
         return "LC_ALL=C; export LC_ALL; " + "; ".join(parts) + "; true"
 
@@ -94,8 +101,11 @@ class SglangHostState(FactBase):
     """
 
     def command(self, root: str, service: str, model: str | None = None,
-                secrets: str | None = None, python: str = "python3", paths: tuple = ()) -> str:
+                secrets: str | None = None, python: str = "python3", cache: str | None = None,
+                paths: tuple = ()) -> str:
         args = ["state", "--root", root, "--service", service]
+        if cache:
+            args += ["--cache", cache]
         if secrets:
             args += ["--secrets", secrets]
         for path in paths:
@@ -138,3 +148,17 @@ class ServerArgsSource(FactBase):
 
 def site_packages(venv: str, python_minor: str) -> str:
     return f"{venv}/lib/python{python_minor}/site-packages"
+
+
+class ServingProbe(FactBase):
+    """One read-only poll of the service: ``systemctl show`` and, over HTTP on the host,
+    ``/health`` and ``/v1/models`` (the API key read on the host from the secrets file)."""
+
+    def command(self, service: str, port: int, host_addr: str, secrets: str,
+                python: str = "python3") -> str:
+        args = ["poll", "--service", service, "--port", str(port), "--host", host_addr,
+                "--secrets", secrets, "--http", "--no-journal"]
+        return _stdin_script("hoststate.py", args, python=python)
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)

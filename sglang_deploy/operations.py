@@ -14,7 +14,8 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.operations import files
 
 from sglang_deploy import flags as flagmod
-from sglang_deploy.errors import FlagError, PatchError, PreflightError
+from sglang_deploy import modelfetch
+from sglang_deploy.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
 from sglang_deploy.facts import ServerArgsSource
 
 
@@ -118,7 +119,11 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     source = (["--offline", "--no-index", "--find-links", wheelhouse] if wheelhouse
               else (["--index-url", index_url] if index_url else []))
     env = f"UV_CACHE_DIR={shlex.quote(uv_cache)} " if uv_cache else ""
-    release_meta = json.dumps({"id": release_id, **(meta or {})}, sort_keys=True)
+    import datetime
+
+    installed = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    release_meta = json.dumps({"id": release_id, "installed_at": installed, **(meta or {})},
+                              sort_keys=True)
     yield f"rm -rf {shlex.quote(rel + '/venv')} {shlex.quote(rel + '/.complete')}"
     yield f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}"
     yield (f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}")
@@ -288,6 +293,183 @@ def daemon_reload():
         daemon_reload(_if=unit.did_change)
     """
     yield "systemctl daemon-reload"
+
+
+@operation()
+def known_good_restored(root: str, service: str, known_good: dict, unit_sha256: str | None,
+                        secrets_sha256: str | None, current: str | None, secrets: str):
+    """
+    Put the host back on its last known-good configuration (kept in ``ROOT/known-good/`` by
+    the verifier): unit file, secrets file and the ``current`` link; then ``daemon-reload``.
+    Yields nothing when the host already runs that configuration.
+
+    + root: sglang root folder
+    + service: unit name without ``.service``
+    + known_good: the ``known_good`` entry of ``SglangHostState`` (record and file hashes)
+    + unit_sha256: sha256 of the live unit file
+    + secrets_sha256: sha256 of the live secrets file
+    + current: release the ``current`` link points to
+    + secrets: path of the live secrets file
+
+    **Example:**
+
+    .. code:: python
+
+        known_good_restored(root="/opt/sglang", service="sglang", known_good=hs["known_good"],
+                            unit_sha256=hs["unit_sha256"], secrets_sha256=hs["secrets_sha256"],
+                            current=hs["current"], secrets="/etc/sglang/secrets.env")
+    """
+    kg = f"{root}/known-good"
+    release = known_good["record"]["release"]
+    unit = f"/etc/systemd/system/{service}.service"
+    changed = []
+    if unit_sha256 != known_good.get("unit_sha256"):
+        changed.append(f"install -m 644 {shlex.quote(kg + '/unit.service')} {shlex.quote(unit)}")
+    if secrets_sha256 != known_good.get("secrets_sha256"):
+        if known_good.get("secrets_sha256"):
+            changed.append(f"install -m 600 -o root -g root {shlex.quote(kg + '/secrets.env')} {shlex.quote(secrets)}")
+        else:
+            changed.append(f"rm -f {shlex.quote(secrets)}")
+    if current != release:
+        changed.append(f"ln -sfn {shlex.quote(root + '/releases/' + release)} {shlex.quote(root + '/current')}")
+    if not changed:
+        host.noop(f"the host runs its known-good configuration (release {release})")
+        return
+    yield from changed
+    yield "systemctl daemon-reload"
+
+
+@operation()
+def cache_seeded(seed: str, cache_dir: str, user: str, present_files: int):
+    """
+    Unpack a cache archive (``sglang-deploy cache save``) into the service's cache folder
+    when that folder is empty (a new or rebuilt host). Never overwrites a live cache.
+
+    + seed: path of the ``.tar.gz`` ON THE CONTROLLER (relative to the deploy folder)
+    + cache_dir: the service's cache folder on the host (``sglang_cache_dir``)
+    + user: the service user, owner of everything unpacked
+    + present_files: number of files in the cache folder now (``SglangHostState``)
+
+    **Example:**
+
+    .. code:: python
+
+        cache_seeded(seed="backups/gpu-node-1-cache.tar.gz", cache_dir="/var/cache/sglang",
+                     user="sglang", present_files=0)
+    """
+    if present_files:
+        host.noop(f"{cache_dir} already holds {present_files} files: not seeded")
+        return
+    from pathlib import Path
+
+    from pyinfra import state
+
+    path = Path(state.cwd or ".") / seed
+    if not path.is_file():
+        raise RuntimeSetupError(what="the cache archive `sglang_cache_seed` on the controller",
+                                found=f"no file {path}",
+                                fix="make one with `sglang-deploy cache save INVENTORY HOST FILE` "
+                                    "or unset sglang_cache_seed")
+    tmp = "/root/.sglang-cache-seed.tar.gz"
+    yield FileUploadCommand(str(path), tmp, remote_temp_filename=None)
+    q = shlex.quote
+    yield (f"install -d -m 750 {q(cache_dir)} && tar -C {q(cache_dir)} -xzf {q(tmp)} "
+           f"--no-same-owner && chown -R {q(user)}:{q(user)} {q(cache_dir)} && rm -f {q(tmp)}")
+
+
+def releases_to_prune(releases: dict, keep: int, protected: set[str]) -> list[str]:
+    """Pure: the release ids to delete so that at most KEEP remain, oldest first, never a
+    PROTECTED one (current, known-good, the one being deployed) nor an unknown-age one."""
+    dated = sorted((meta.get("installed_at") or "", rid) for rid, meta in releases.items()
+                   if meta.get("installed_at"))
+    excess = len(releases) - keep
+    out = []
+    for _, rid in dated:
+        if excess <= 0:
+            break
+        if rid in protected:
+            continue
+        out.append(rid)
+        excess -= 1
+    return out
+
+
+@operation()
+def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
+    """
+    Delete old release venvs beyond ``keep`` (oldest first); the current, the known-good
+    and the release being deployed are never deleted, so a rollback always has its venv.
+
+    + root: sglang root folder
+    + releases: ``releases`` of ``SglangHostState`` (with ``installed_at``)
+    + keep: how many releases to keep (``sglang_keep_releases``)
+    + protected: release ids that must stay
+
+    **Example:**
+
+    .. code:: python
+
+        releases_pruned(root="/opt/sglang", releases=hs["releases"], keep=3,
+                        protected={"3f2a...", "9be1..."})
+    """
+    doomed = releases_to_prune(releases, keep, protected)
+    if not doomed:
+        host.noop(f"{len(releases)} release(s) kept (at most {keep})")
+        return
+    yield "rm -rf " + " ".join(shlex.quote(f"{root}/releases/{rid}") for rid in doomed)
+
+
+def _fetch_on_host(spec: "modelfetch.FetchSpec", group: str | None):
+    # the command names the token FILE only, so it may be shown (-vv); its output is not
+    ok, output = host.run_shell_command(modelfetch.fetch_command(spec), print_output=False,
+                                        print_input=host.state.print_input)
+    result, rc = modelfetch.parse_output(output.stdout)
+    error = modelfetch.diagnose(spec, result, rc if ok else None, output.stderr)
+    if error is not None:
+        raise error
+    if group:  # the service user reads the model through its group
+        host.run_shell_command(f"chgrp -R {shlex.quote(group)} {shlex.quote(spec.path)} && "
+                               f"chmod -R g+rX {shlex.quote(spec.path)}")
+    logger.info(f"{host.print_prefix}model {spec.repo}@{(result or {}).get('commit') or spec.revision}"
+                f": {(result or {}).get('files')} files in {spec.path}")
+
+
+@operation()
+def model_download(spec: "modelfetch.FetchSpec", complete: bool, token: str | None = None,
+                   group: str | None = None):
+    """
+    Download the model with huggingface_hub (``remote/model_fetch.py`` run by the release
+    venv's python) when the folder is incomplete, then check every shard against the index.
+
+    The token goes into a root-only file (``spec.token_file``, removed after the download),
+    never into argv, the environment of another process, or pyinfra's output.
+
+    + spec: ``modelfetch.FetchSpec`` (repo, revision, path, python, tool, token file, endpoint,
+      deadline)
+    + complete: whether the folder already holds every shard at full size (pre-flight fact)
+    + token: the Hugging Face token (from the controller's environment), None: anonymous
+    + group: group given read access to the downloaded files (the service user's)
+
+    **Example:**
+
+    .. code:: python
+
+        model_download(spec=FetchSpec(repo="org/model", revision="main", path="/srv/models/m",
+                                      python=".../venv/bin/python",
+                                      tool="/opt/sglang/tools/model_fetch.py",
+                                      token_file="/etc/sglang/.hf-token"),
+                       complete=False, token=settings.secrets.get("HF_TOKEN"), group="sglang")
+    """
+    if complete:
+        host.noop(f"model folder {spec.path} is complete")
+        return
+    if token and spec.token_file:
+        tmp = shlex.quote(spec.token_file)
+        yield f"umask 077 && : > {tmp} && chmod 600 {tmp}"
+        yield FileUploadCommand(StringIO(token + "\n"), spec.token_file, remote_temp_filename=None)
+    elif spec.token_file:
+        spec = modelfetch.FetchSpec(**{**spec.__dict__, "token_file": None})
+    yield FunctionCommand(_fetch_on_host, (spec, group), {})
 
 
 def _mode(mode) -> str:

@@ -37,6 +37,9 @@ __all__ = [
     "parse_open_results",
     "check_smi",
     "check_device_nodes",
+    "check_open_results",
+    "required_node",
+    "classify_open",
     "check_cuda_probe",
     "diagnose_cuda_error",
     "check_p2p",
@@ -554,9 +557,65 @@ def check_device_nodes(
         checks.append(Check("dev-cgroup", "skipped",
                             "open test not run" if open_errors is None else "no node to open"))
         return checks
-    denied = {p: e for p, e in open_errors.items() if e and e.split()[0] in ("EPERM", "1")}
-    refused = {p: e for p, e in open_errors.items() if e and p not in denied}
-    if denied:
+    checks.append(check_open_results(open_errors, nodes, expected_count))
+    return checks
+
+
+#: errno names of an open() that the device cgroup refused (cgroup v1 and v2 BPF: EPERM)
+CGROUP_DENIED = ("EPERM", "1")
+#: errno names of an open() the cgroup PERMITTED but no driver instance answered
+#: (no such device behind the node: stale node after a driver reload, or no kernel driver)
+NO_DEVICE = ("ENXIO", "ENODEV", "6", "19")
+
+
+def classify_open(error: str | None) -> str:
+    """'ok' | 'denied' (device cgroup) | 'access' (mode/owner) | 'missing' | 'no-device' | 'other'."""
+    if not error:
+        return "ok"
+    name = error.split()[0]
+    if name in CGROUP_DENIED:
+        return "denied"
+    if name in ("EACCES", "13"):
+        return "access"
+    if name in ("ENOENT", "2"):
+        return "missing"
+    if name in NO_DEVICE:
+        return "no-device"
+    return "other"
+
+
+def required_node(path: str, expected_count: int | None = None) -> bool:
+    """Nodes CUDA needs: nvidiactl, nvidia-uvm and the expected GPUs' nodes (not uvm-tools,
+    modeset, nvswitch... nor GPUs beyond the expected count)."""
+    if path in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
+        return True
+    m = _GPU_NODE.match(path)
+    return bool(m) and (expected_count is None or int(m.group(1)) < expected_count)
+
+
+def check_open_results(open_errors: Mapping[str, str | None],
+                       nodes: Mapping[str, DevNode] | None = None,
+                       expected_count: int | None = None) -> Check:
+    """The ``dev-cgroup`` check from the open test (``dev-open.txt``: each /dev/nvidia* node
+    opened read-write, non-blocking).
+
+    EPERM: the container's device cgroup denies the node (fail, with the allow lines for the
+    real majors). EACCES: the node's mode/owner (or, on some kernels, the cgroup) refuses
+    it. ENOENT: the node vanished. ENXIO/ENODEV: the cgroup PERMITTED the open and no driver
+    instance answered: not a cgroup problem (whether CUDA works is the CUDA probe's verdict).
+    Nodes CUDA does not need (:func:`required_node`: uvm-tools, modeset, GPUs beyond the
+    expected count) only warn.
+    """
+    nodes = nodes or {}
+    kinds: dict[str, list[str]] = {}
+    for path, error in sorted(open_errors.items()):
+        kinds.setdefault(classify_open(error), []).append(path)
+    listed = "; ".join
+    found_of = lambda paths: listed(f"{p}: {open_errors[p]}" for p in paths)  # noqa: E731
+    uvm_major = uvm_major_of(nodes)
+    expected = "every /dev/nvidia* node can be opened (read-write)"
+    if kinds.get("denied") or kinds.get("access"):
+        denied = kinds.get("denied", []) + kinds.get("access", [])
         majors: list[int | str] = []
         for path in denied:
             node = nodes.get(path)
@@ -564,29 +623,47 @@ def check_device_nodes(
                 NVIDIA_MAJOR if _GPU_NODE.match(path) or path == "/dev/nvidiactl" else "<uvm-major>")
             if major not in majors:
                 majors.append(major)
-        checks.append(_fail(
-            "dev-cgroup",
-            "the container's device cgroup denies "
-            + ", ".join(sorted(denied)),
-            expected="every /dev/nvidia* node can be opened",
-            found="; ".join(f"{p}: {e}" for p, e in sorted(denied.items())),
-            fix=cgroup_fix(sorted(majors, key=str)),
-            denied=sorted(denied),
-        ))
-    elif refused:
-        checks.append(_fail(
-            "dev-cgroup",
-            "some NVIDIA device nodes cannot be opened",
-            expected="every /dev/nvidia* node can be opened",
-            found="; ".join(f"{p}: {e}" for p, e in sorted(refused.items())),
-            fix="EACCES: fix the node mode/owner (`crw-rw-rw-`; unprivileged containers see "
-            "nobody:nogroup); ENXIO/ENODEV: the node does not match a device of the loaded "
-            "driver (stale after a host driver reload): restart the container.",
-            refused=sorted(refused),
-        ))
-    else:
-        checks.append(Check("dev-cgroup", "pass", f"{len(open_errors)} nodes open"))
-    return checks
+        # the container needs both families; the uvm major is read from the node itself
+        for major in (NVIDIA_MAJOR, uvm_major):
+            if major is not None and major not in majors:
+                majors.append(major)
+        if kinds.get("denied"):
+            message = ("the container's device cgroup denies opening "
+                       + ", ".join(kinds["denied"]) + " (EPERM)")
+            fix = cgroup_fix(sorted(majors, key=str))
+            if kinds.get("access"):
+                message += "; permission denied (EACCES) on " + ", ".join(kinds["access"])
+        else:
+            message = ("opening " + ", ".join(kinds["access"]) + " is refused (EACCES): the "
+                       "node's mode/owner, or the container's device cgroup")
+            fix = ("EACCES: give the nodes mode `crw-rw-rw-` on the LXC host before the bind "
+                   "mount (unprivileged containers see them as nobody:nogroup, which is fine "
+                   "with that mode); if the mode is right, the device cgroup refuses them:\n"
+                   + cgroup_fix(sorted(majors, key=str)))
+        details = {"denied": sorted(kinds.get("denied", [])),
+                   "refused": sorted(kinds.get("access", []))}
+        if not any(required_node(p, expected_count) for p in denied):
+            return Check("dev-cgroup", "warn", message + " (nodes CUDA does not need)",
+                         fix=fix, expected=expected, found=found_of(denied), details=details)
+        return _fail("dev-cgroup", message, expected=expected, found=found_of(denied), fix=fix,
+                     **details)
+    if kinds.get("missing"):
+        return _fail("dev-cgroup", "NVIDIA device nodes vanished while being opened (ENOENT)",
+                     expected=expected, found=found_of(kinds["missing"]),
+                     fix=gpu_nodes_fix(kinds["missing"]), missing=kinds["missing"])
+    if kinds.get("other"):
+        return Check("dev-cgroup", "warn", "some NVIDIA device nodes fail to open for another "
+                     "reason: " + found_of(kinds["other"]), expected=expected,
+                     found=found_of(kinds["other"]),
+                     fix="compare `ls -l /dev/nvidia*` inside the container and on the host")
+    permitted = len(open_errors)
+    no_device = kinds.get("no-device", [])
+    if no_device:
+        return Check("dev-cgroup", "pass",
+                     f"the device cgroup permits all {permitted} nodes; {len(no_device)} answer "
+                     "ENXIO/ENODEV (no driver instance behind them: the CUDA probe decides)",
+                     details={"no_device": no_device})
+    return Check("dev-cgroup", "pass", f"all {permitted} nodes open read-write")
 
 
 # ---------------------------------------------------------------------------------------
@@ -1070,6 +1147,7 @@ def evaluate(
     if probe is not None:
         facts["cuda_probe"] = {k: probe.get(k) for k in ("library", "driver_version", "device_count")}
     checks += check_cuda_probe(probe, expect.count, dev_text)
+    _blame_the_cgroup(checks)
 
     def smi_failed(text: str, rc: int | None) -> bool:
         return bool(rc) or classify_smi_error(text, None) is not None
@@ -1109,6 +1187,45 @@ def evaluate(
     checks += extra + p2p_checks
     matrix = next((c.details.get("matrix") for c in checks if c.name == "p2p-matrix"), None)
     return checks, env, matrix
+
+
+def _blame_the_cgroup(checks: list[Check]) -> None:
+    """When the open test proved the device cgroup denies the nodes, nvidia-smi's and CUDA's
+    failures are its consequence: say so and give the cgroup fix with the real majors."""
+    cgroup = next((c for c in checks if c.name == "dev-cgroup" and c.status == "fail"
+                   and c.details.get("denied")), None)
+    if cgroup is None:
+        return
+    for c in checks:
+        if c.status == "fail" and c.name in ("nvidia-smi", "cuda-init", "cuda-devices"):
+            c.message += " -- the open test shows the cause: the container's device cgroup denies the nodes"
+            c.fix = cgroup.fix
+
+
+P2P_RECORD_CHECKS = ("p2p-data", "p2p-bandwidth")
+
+
+def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> dict | None:
+    """What a passed, full P2P test leaves on the host for later runs (no figures that vary
+    between runs, so the file only changes when the verdict does). None unless it passed."""
+    by_name = {c.name: c for c in checks}
+    if any(by_name.get(n) is None or by_name[n].status != "pass" for n in P2P_RECORD_CHECKS):
+        return None
+    matrix = by_name.get("p2p-matrix")
+    return {"gpus": (matrix.details.get("gpus") if matrix else None), "policy": policy,
+            "nccl_env": dict(sorted(env.items())), "verified": list(P2P_RECORD_CHECKS)}
+
+
+def use_p2p_record(checks: list[Check], env: dict[str, str], record: Mapping[str, Any],
+                   service: str) -> tuple[list[Check], dict[str, str]]:
+    """Checks and NCCL env when the peer copies were skipped because SERVICE is serving:
+    the last full test's verdict (RECORD) stands for the copy and bandwidth checks."""
+    kept = [c for c in checks if c.name not in P2P_RECORD_CHECKS]
+    kept.append(Check("p2p-data", "pass",
+                      f"peer copies skipped while {service} serves on these GPUs; the last full "
+                      f"test on this host passed ({record.get('gpus')} GPUs, policy "
+                      f"{record.get('policy')}); set gpu_p2p_test: always to copy anyway"))
+    return kept, {**dict(record.get("nccl_env") or {}), **env}
 
 
 def check_model(model: Mapping[str, Any], path: str | None, download: bool = False) -> list[Check]:

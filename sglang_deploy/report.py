@@ -28,6 +28,11 @@ def host_summary(name: str, ctx, decision) -> dict:
 
 
 def format_summary(summary: dict) -> str:
+    if summary.get("action") in ("converged", "unchanged"):
+        return (f"SERVING {summary['host']}: sglang {summary['sglang_version']} (release "
+                f"{summary['release']}), autotune patch {summary['patch_state']}, serving "
+                f"`{summary['served_model_name']}`; not restarted (health, models and a "
+                "generation checked)")
     phases = ", ".join(f"{k} {v:.1f}s" for k, v in summary["phase_durations_s"].items())
     return (f"READY {summary['host']}: sglang {summary['sglang_version']} (release "
             f"{summary['release']}), autotune patch {summary['patch_state']}, serving "

@@ -52,19 +52,22 @@ def data_args(data: dict | Sequence[str] | None) -> list[str]:
     return out
 
 
-def pyinfra_argv(inventory: str, deploy_file: str, *, limit: Sequence[str] = (),
+def pyinfra_argv(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequence[str] = (),
                  data: dict | Sequence[str] | None = None, dry: bool = False,
                  extra: Sequence[str] = ()) -> list[str]:
-    argv = [pyinfra_bin(), "-y", inventory, deploy_file]
-    if limit:
-        argv += ["--limit", ",".join(limit)]
+    """``pyinfra -y [options] INVENTORY DEPLOY`` (DEPLOY: a file, or words like exec -- true)."""
+    argv = [pyinfra_bin(), "-y"]
+    for name in limit:
+        argv += ["--limit", name]
     argv += data_args(data)
     if dry:
         argv.append("--dry")
-    return argv + list(extra)
+    argv += list(extra)
+    operations = [deploy_file] if isinstance(deploy_file, str) else list(deploy_file)
+    return argv + [inventory, *operations]
 
 
-def run_pyinfra(inventory: str, deploy_file: str, *, limit: Sequence[str] = (),
+def run_pyinfra(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequence[str] = (),
                 data: dict | Sequence[str] | None = None, dry: bool = False,
                 env: dict | None = None, cwd: str | os.PathLike = ".",
                 on_line: Callable[[str], None] | None = None,

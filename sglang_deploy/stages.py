@@ -20,7 +20,9 @@ from pyinfra.operations import files, python, server
 
 from sglang_deploy import data as datamod
 from sglang_deploy import flags as flagmod
+from sglang_deploy import modelfetch
 from sglang_deploy import operations as ops
+from sglang_deploy import plan
 from sglang_deploy import preflight
 from sglang_deploy.errors import DataError
 from sglang_deploy.facts import (
@@ -49,6 +51,7 @@ class Context:
     nccl_env: dict = field(default_factory=dict)
     ops: dict = field(default_factory=dict)
     patch_state: str = "unknown"
+    p2p_record: dict | None = None
 
     @property
     def root(self) -> str:
@@ -92,7 +95,7 @@ def lock_info(lock_file: str) -> tuple[str, str, str]:
 _CONTEXTS: dict[str, Context] = {}
 
 
-TOOLS = ("patch.py", "launch.py", "hoststate.py")
+TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py")
 
 
 def managed_folders(s: datamod.Settings) -> list[tuple[str, str, str]]:
@@ -128,14 +131,20 @@ def preflight_stage():
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     hs = host.get_fact(SglangHostState, root=settings.sglang_root, service=settings.sglang_service,
                        model=settings.sglang_model_path, secrets=SECRETS_FILE,
-                       python=settings.sglang_system_python,
+                       python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
                        paths=managed_paths(settings, release_id))
     ctx = Context(settings=settings, hoststate=hs, release_id=release_id,
                   sglang_version=sglang_version, lock_text=lock_text)
     _CONTEXTS[host.name] = ctx
 
-    snapshot = host.get_fact(GpuSnapshot)
-    probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=True,
+    snapshot = host.get_fact(GpuSnapshot, python=settings.sglang_system_python)
+    svc = hs["service"]
+    serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
+    record = hs.get("p2p_verified")
+    # Peer copies need GPU memory the running server holds; while it serves, the verdict of
+    # the last full test on this host stands (the GPUs and their links have not changed).
+    full_p2p = settings.gpu_p2p_test == "always" or not (serving and record)
+    probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=full_p2p,
                           mib=settings.gpu_p2p_test_mib)
     expect = preflight.Expectations(
         count=settings.gpu_expected_count, model=settings.gpu_expected_model,
@@ -143,6 +152,11 @@ def preflight_stage():
         min_gbps=settings.gpu_p2p_min_gbps,
     )
     checks, ctx.nccl_env, matrix = preflight.evaluate(snapshot, probe, expect)
+    if full_p2p:
+        ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, settings.gpu_p2p_policy)
+    else:
+        checks, ctx.nccl_env = preflight.use_p2p_record(checks, ctx.nccl_env, record,
+                                                        settings.sglang_service)
     if probe is None:  # the deploy never installs on a host whose CUDA was not proven
         checks.append(preflight.Check(
             name="cuda-probe", status="fail", message="the CUDA probe gave no result",
@@ -152,6 +166,7 @@ def preflight_stage():
                                     download=settings.sglang_model_download)
     if matrix:
         logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
+    plan.preflight(host.name, checks)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
 
 
@@ -169,6 +184,10 @@ def runtime_stage():
     paths = hs["paths"]  # one round trip for every folder and file below (host-state fact)
     ops.directories(name="Folders (root, releases, tools, cache, home, secrets, uv cache)",
                     dirs=managed_folders(s), present=paths)
+    if s.sglang_cache_seed:
+        ops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
+                         cache_dir=s.sglang_cache_dir, user=s.sglang_user,
+                         present_files=hs.get("cache_files") or 0)
     for tool in TOOLS:
         src = REMOTE / tool if tool != "patch.py" else Path(__file__).parent / "patch.py"
         ops.file_content(name=f"Tool {tool}", src=str(src), dest=f"{ctx.tools}/{tool}", mode="755",
@@ -178,6 +197,10 @@ def runtime_stage():
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
                   index_url=s.sglang_index_url)
 
+    if ctx.p2p_record is not None:
+        files.put(name="Record of the passed P2P test", mode="644",
+                  src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
+                  dest=f"{s.sglang_root}/p2p-verified.json")
     rel = hs["releases"].get(ctx.release_id) or {}
     lock_put = ops.file_content(name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text),
                                 dest=f"{ctx.release_dir}/requirements.lock", mode="644",
@@ -192,6 +215,11 @@ def runtime_stage():
     )
     ctx.ops["release"] = release
     ctx.ops["lock"] = lock_put
+    known_good = ((hs.get("known_good") or {}).get("record") or {}).get("release")
+    ops.releases_pruned(name=f"Old releases (keep {s.sglang_keep_releases})", root=s.sglang_root,
+                        releases={**hs["releases"], ctx.release_id: {"installed_at": "now"}},
+                        keep=s.sglang_keep_releases,
+                        protected={r for r in (ctx.release_id, hs.get("current"), known_good) if r})
     if s.sglang_autotune_patch:
         status = None
         if rel.get("complete"):
@@ -206,6 +234,16 @@ def runtime_stage():
             status=status)
     else:
         ctx.patch_state = "disabled"
+    if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
+        ctx.ops["model"] = ops.model_download(
+            name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
+            spec=modelfetch.FetchSpec(
+                repo=s.sglang_model_repo, revision=s.sglang_model_revision, path=s.sglang_model_path,
+                python=ctx.venv_python, tool=f"{ctx.tools}/model_fetch.py",
+                token_file=f"{SECRETS_DIR}/.hf-token", endpoint=s.sglang_hf_endpoint,
+                timeout_s=s.sglang_model_download_timeout_s, token_env=s.sglang_hf_token_env),
+            complete=modelfetch.model_complete(hs.get("model"), s.sglang_model_path),
+            token=s.secrets.get("HF_TOKEN"), group=s.sglang_user)
 
 
 def launch_argv(ctx: Context) -> list[str]:
@@ -277,7 +315,7 @@ def service_stage():
     svc = ctx.hoststate["service"]
     ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
                         unit_file_state=svc.get("UnitFileState") or None)
-    triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch") if k in ctx.ops]
+    triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch", "model") if k in ctx.ops]
     # Gated operations are added only when a trigger may fire, so that a converged host shows
     # no change at all, not even a conditional one, in --dry.
     restart_needed = any(t.will_change for t in triggers)
@@ -304,38 +342,160 @@ def _expect_autotune(ctx: Context) -> bool:
         "applied", "already-applied", "enabled-upstream")
 
 
-def _verify(ctx: Context):
-    from sglang_deploy import report
+def verify_params(ctx: Context) -> dict:
+    """What the verifier expects of this configuration (kept in the known-good record, so a
+    rollback verifies the old configuration by its own standards)."""
+    flags = flagmod.normalise(ctx.settings.sglang_flags)
+    return {"release": ctx.release_id, "sglang_version": ctx.sglang_version,
+            "patch_state": ctx.patch_state, "served_model_name": ctx.settings.served_model_name,
+            "expect_autotune": _expect_autotune(ctx),
+            "cuda_graph": not flags.get("--disable-cuda-graph"), "nccl_env": ctx.nccl_env}
+
+
+def _addr(s: datamod.Settings) -> str:
+    return "127.0.0.1" if s.sglang_host in ("0.0.0.0", "::") else s.sglang_host
+
+
+def verify_startup(s: datamod.Settings, params: dict, tools: str):
+    """Block until the (re)started server is ready (raises VerifyError)."""
     from sglang_deploy.verify import Verifier, wait_until_ready
 
-    s = ctx.settings
-    flags = flagmod.normalise(s.sglang_flags)
     verifier = Verifier(
-        sglang_version=ctx.sglang_version, expect_autotune=_expect_autotune(ctx),
-        cuda_graph=not flags.get("--disable-cuda-graph"), served_model_name=s.served_model_name,
+        sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
+        cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
         overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
         require_generate=s.verify_generate,
     )
-    addr = "127.0.0.1" if s.sglang_host in ("0.0.0.0", "::") else s.sglang_host
-    decision = wait_until_ready(
-        host, verifier, tool=f"{ctx.tools}/hoststate.py", service=s.sglang_service,
-        port=s.sglang_port, host_addr=addr, secrets=SECRETS_FILE, poll_s=s.verify_poll_s,
+    return wait_until_ready(
+        host, verifier, tool=f"{tools}/hoststate.py", service=s.sglang_service,
+        port=s.sglang_port, host_addr=_addr(s), secrets=SECRETS_FILE, poll_s=s.verify_poll_s,
         log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"),
     )
-    summary = report.host_summary(host.name, ctx, decision)
-    record = json.dumps(summary, sort_keys=True)
+
+
+def verify_serving(s: datamod.Settings, params: dict, tools: str):
+    """Check a server that was not restarted still serves (raises VerifyError)."""
+    from sglang_deploy.verify import wait_serving
+
+    return wait_serving(
+        host, tool=f"{tools}/hoststate.py", service=s.sglang_service, port=s.sglang_port,
+        host_addr=_addr(s), secrets=SECRETS_FILE, served_model_name=params["served_model_name"],
+        require_generate=s.verify_generate, timeout_s=s.verify_phase_timeouts["http"],
+        poll_s=s.verify_poll_s)
+
+
+def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
+    """Keep what was just verified on the host: the summary, and the known-good copy of the
+    unit and secrets that a rollback restores (ROOT/known-good/, root only)."""
+    import datetime
+
+    from sglang_deploy import report
+
+    root = s.sglang_root
+    kg = f"{root}/known-good"
+    summary["verified_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record = json.dumps({**params, "verified_at": summary["verified_at"]}, sort_keys=True)
+    q = shlex.quote
+    unit = f"/etc/systemd/system/{s.sglang_service}.service"
     host.run_shell_command(
-        f"printf '%s\\n' {shlex.quote(record)} > {shlex.quote(ctx.root + '/last-verified.json')}"
-        f" && cp {shlex.quote(ctx.root + '/last-verified.json')} {shlex.quote(ctx.root + '/known-good.json')}")
+        f"set -e; install -d -m 700 {q(kg)}; install -m 644 {q(unit)} {q(kg + '/unit.tmp')}; "
+        f"if test -f {q(SECRETS_FILE)}; then install -m 600 {q(SECRETS_FILE)} {q(kg + '/secrets.tmp')}; "
+        f"mv -f {q(kg + '/secrets.tmp')} {q(kg + '/secrets.env')}; else rm -f {q(kg + '/secrets.env')}; fi; "
+        f"mv -f {q(kg + '/unit.tmp')} {q(kg + '/unit.service')}; "
+        f"printf '%s\\n' {q(record)} > {q(kg + '/record.tmp')}; mv -f {q(kg + '/record.tmp')} {q(kg + '/record.json')}; "
+        f"printf '%s\\n' {q(json.dumps(summary, sort_keys=True))} > {q(root + '/last-verified.json')}",
+        print_output=False)
     report.emit(summary)
+
+
+def _verify(ctx: Context, action: str):
+    from sglang_deploy import report
+
+    params = verify_params(ctx)
+    if action == "converged":
+        decision = verify_serving(ctx.settings, params, ctx.tools)
+    else:
+        decision = verify_startup(ctx.settings, params, ctx.tools)
+    summary = report.host_summary(host.name, ctx, decision)
+    summary["action"] = action
+    record_verified(ctx.settings, params, summary)
+
+
+def _action(started, restarted) -> str | None:
+    if started.did_change():
+        return "started"
+    if restarted is not None and restarted.did_change():
+        return "restarted"
+    return None
 
 
 @deploy("Verify: block until the model really serves")
 def verify_stage():
     ctx = context()
     started, restarted = ctx.ops["started"], ctx.ops["restarted"]
-    if not (started.will_change or restarted is not None):
+    may_restart = started.will_change or restarted is not None
+    plan.record(state, host, ctx)
+    if may_restart:
+        python.call(name="Verify startup, API and a one-token generation",
+                    function=lambda: _verify(ctx, _action(started, restarted)),
+                    _if=lambda: _action(started, restarted) is not None)
+    if ctx.settings.verify_converged:
+        python.call(name="Verify the running server still serves (converged host)",
+                    function=lambda: _verify(ctx, "converged"),
+                    _if=lambda: _action(started, restarted) is None)
+    elif not may_restart:
         host.noop("the service was not (re)started: nothing to verify")
-        return
-    python.call(name="Verify startup, API and a one-token generation", function=_verify, ctx=ctx,
-                _if=lambda: started.did_change() or (restarted is not None and restarted.did_change()))
+
+
+@deploy("Rollback: back to the last known-good configuration")
+def rollback_stage():
+    """Restore the unit, secrets and release that last passed verification on this host,
+    restart, and verify by that configuration's own standards. A host that already runs its
+    known-good configuration and serves is only checked, never restarted."""
+    from types import SimpleNamespace
+
+    from sglang_deploy.errors import RollbackError
+
+    s = datamod.resolve(host.data.dict())
+    hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
+                       secrets=SECRETS_FILE, python=s.sglang_system_python)
+    kg = hs.get("known_good")
+    if not kg:
+        raise RollbackError(
+            what=f"a known-good configuration on {host.name} ({s.sglang_root}/known-good/)",
+            found="none: this host never passed verification",
+            fix="nothing to roll back to: fix the cause and deploy it "
+                "(`pyinfra INVENTORY deploy.py --limit HOST`)")
+    params = kg["record"]
+    if not (hs["releases"].get(params["release"]) or {}).get("complete"):
+        raise RollbackError(
+            what=f"the known-good release {params['release']} installed on {host.name}",
+            found="its venv is missing or incomplete",
+            fix="deploy with the lock of that release, or deploy the current one after fixing it")
+    tools = f"{s.sglang_root}/tools"
+    restored = ops.known_good_restored(
+        name=f"Known-good configuration (release {params['release']})", root=s.sglang_root,
+        service=s.sglang_service, known_good=kg, unit_sha256=hs.get("unit_sha256"),
+        secrets_sha256=hs.get("secrets_sha256"), current=hs.get("current"), secrets=SECRETS_FILE)
+    svc = hs["service"]
+    serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
+    restart = None
+    if restored.will_change or not serving:
+        restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
+                                        service=s.sglang_service)
+    summary_ctx = SimpleNamespace(release_id=params["release"], sglang_version=params["sglang_version"],
+                                  patch_state=params.get("patch_state"), nccl_env=params.get("nccl_env") or {},
+                                  settings=SimpleNamespace(served_model_name=params["served_model_name"]))
+
+    def verify(action: str):
+        from sglang_deploy import report
+
+        check = verify_serving if action == "unchanged" else verify_startup
+        decision = check(s, params, tools)
+        summary = report.host_summary(host.name, summary_ctx, decision)
+        summary["action"] = action
+        record_verified(s, params, summary)
+
+    python.call(name="Verify the known-good configuration serves",
+                function=lambda: verify("rolled-back" if restart is not None and restart.did_change()
+                                        else "unchanged"))

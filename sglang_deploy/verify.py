@@ -156,13 +156,16 @@ class Verifier:
 
 
 def poll_command(tool: str, service: str, port: int, host_addr: str, cursor: str | None,
-                 invocation: str | None, http: bool, generate: bool, secrets: str) -> str:
+                 invocation: str | None, http: bool, generate: bool, secrets: str,
+                 journal: bool = True) -> str:
     args = ["python3", tool, "poll", "--service", service, "--port", str(port), "--host", host_addr,
             "--secrets", secrets]
     if cursor:
         args += ["--cursor", cursor]
     if invocation:
         args += ["--invocation", invocation]
+    if not journal:
+        args.append("--no-journal")
     if http:
         args.append("--http")
         if generate:
@@ -212,4 +215,60 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
             last_shown, last_text = now, decision.message
         if verifier.wants_http() and not asked_http:
             continue  # the log just said ready: ask the API at once, not one poll interval later
+        sleep(poll_s)
+
+
+def check_serving(poll: dict, served_model_name: str, require_generate: bool) -> Decision:
+    """Pure: does a server that was NOT restarted serve? One poll (with --http) decides:
+    wait (not yet answering), ready, or fail (unit down, wrong model, generation refused)."""
+    service = poll.get("service", {})
+    state = f"{service.get('ActiveState')}/{service.get('SubState')}"
+    details = {"state": state, "invocation": service.get("InvocationID") or None,
+               "exit": f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}"}
+    if state != "active/running":
+        return Decision("fail", f"the unit is {state}, not active/running", details)
+    health = poll.get("health") or {}
+    if health.get("status") != 200:
+        return Decision("wait", f"/health answers {health.get('status') or health.get('error')}", details)
+    models = poll.get("models") or {}
+    try:
+        ids = [m.get("id") for m in json.loads(models.get("body") or "{}").get("data", [])]
+    except (ValueError, AttributeError):
+        ids = []
+    if models.get("status") != 200 or served_model_name not in ids:
+        return Decision("fail", f"/v1/models answers {models.get('status')} serving {ids}, not "
+                                f"`{served_model_name}`", details)
+    if require_generate:
+        gen = poll.get("generate") or {}
+        if gen.get("status") != 200:
+            return Decision("fail", f"a one-token generation failed: {gen.get('status') or gen.get('error')}",
+                            details)
+    return Decision("ready", "serving (not restarted)", {**details, "phase_durations": {},
+                                                          "time_to_ready_s": None})
+
+
+def wait_serving(host, *, tool: str, service: str, port: int, host_addr: str, secrets: str,
+                 served_model_name: str, require_generate: bool, timeout_s: float,
+                 poll_s: float, clock=time.monotonic, sleep=None) -> Decision:
+    """Poll a running server until it serves, or raise VerifyError at the deadline."""
+    import gevent
+
+    sleep = sleep or gevent.sleep
+    deadline = clock() + timeout_s
+    while True:
+        cmd = poll_command(tool, service, port, host_addr, None, None, True, require_generate,
+                           secrets, journal=False)
+        ok, output = host.run_shell_command(cmd, print_output=False)
+        decision = (check_serving(json.loads(output.stdout.strip().splitlines()[-1]),
+                                  served_model_name, require_generate)
+                    if ok else Decision("wait", f"poll failed: {output.stderr[-300:]}"))
+        if decision.kind == "ready":
+            return decision
+        if decision.kind == "fail" or clock() > deadline:
+            raise VerifyError(
+                what=f"the running {service} server (not restarted) answers /health, /v1/models "
+                     "and a generation",
+                found=decision.message + (f" (after {timeout_s:g}s)" if decision.kind == "wait" else ""),
+                fix=f"read `journalctl -u {service} -b` on the host; re-run the deploy, or roll "
+                    "back with `pyinfra INVENTORY rollback.py --limit HOST`")
         sleep(poll_s)

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("scenario", help="set a GPU or server scenario on HOST")
     a.add_argument("host")
     a.add_argument("name", choices=sorted(set(fleet.GPU_SCENARIOS) | set(fleet.SIM_SCENARIOS)))
+    a.add_argument("--when", help="server scenario only for launches with these arguments")
     a = sub.add_parser("ssh", help="run a command on HOST as root (or an interactive shell)")
     a.add_argument("host")
     a.add_argument("command", nargs=argparse.REMAINDER)
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             h = fleet.wipe(args.host)
             print(f"wiped {h['name']} ({h['address']}) in {time.monotonic() - t0:.1f}s")
         elif args.cmd == "scenario":
-            fleet.scenario(args.host, args.name)
+            fleet.scenario(args.host, args.name, when=args.when or "")
             print(f"{args.host}: scenario {args.name}")
         elif args.cmd == "ssh":
             state = fleet.load_state()

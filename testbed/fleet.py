@@ -41,8 +41,12 @@ STOP_TIMEOUT = 30.0
 
 GPU_SCENARIOS = (
     "healthy", "uvm-missing", "driver-mismatch", "gpu-missing",
-    "p2p-unsupported", "p2p-corrupt", "p2p-slow",
+    "p2p-unsupported", "p2p-corrupt", "p2p-slow", "cgroup-denied",
 )
+# cgroup-denied: the host's processes are moved into a child of the (v1) devices cgroup that
+# denies read/write on the NVIDIA majors, as an LXC config without the
+# `lxc.cgroup*.devices.allow` lines does: opening the nodes really fails with EPERM.
+DEVICES_CGROUP = Path(os.environ.get("TESTBED_DEVICES_CGROUP", "/sys/fs/cgroup/devices"))
 SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start")
 
 GPU_ENV_DEFAULT = """\
@@ -185,6 +189,67 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def _device_cgroup(h: dict) -> Path:
+    return DEVICES_CGROUP / f"testbed-{h['name']}"
+
+
+def deny_devices(h: dict, timeout: float = 10.0) -> None:
+    """Move every process of the host into a devices cgroup that denies the NVIDIA majors."""
+    if not (DEVICES_CGROUP / "devices.deny").exists():
+        raise TestbedError(
+            f"the cgroup-denied scenario needs the cgroup v1 devices controller at "
+            f"{DEVICES_CGROUP} (this machine has none); on a cgroup v2 host with systemd the "
+            "equivalent is `systemctl set-property --runtime <the container's scope> "
+            "DevicePolicy=closed`")
+    cg = _device_cgroup(h)
+    cg.mkdir(exist_ok=True)
+    for major in (195, rootfs.UVM_MAJOR):
+        (cg / "devices.deny").write_text(f"c {major}:* rw\n")
+    # Processes forked while we move inherit their parent's cgroup: repeat until a pass
+    # finds nothing left to move.
+    deadline = time.monotonic() + timeout
+    while True:
+        inside = set((cg / "cgroup.procs").read_text().split())
+        todo = [p for p in _descendants(h["pid"]) if str(p) not in inside]
+        if not todo:
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"{h['name']}: could not move every process into {cg}; "
+                               f"left: {todo[:10]}")
+        for pid in todo:
+            with contextlib.suppress(OSError):  # it may have exited meanwhile
+                (cg / "cgroup.procs").write_text(f"{pid}\n")
+
+
+def allow_devices(h: dict, timeout: float = 10.0) -> None:
+    """Undo deny_devices: processes back to the parent cgroup, the child removed."""
+    cg = _device_cgroup(h)
+    if not cg.exists():
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = (cg / "cgroup.procs").read_text().split()
+        if not pids:
+            with contextlib.suppress(OSError):
+                cg.rmdir()
+            if not cg.exists():
+                return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"{h['name']}: could not empty {cg}; left: {pids[:10]}")
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                (DEVICES_CGROUP / "cgroup.procs").write_text(f"{pid}\n")
+
+
 def _orphan_inits(h: dict) -> list[int]:
     """Container inits left running on this host's overlay (e.g. after nspawn got SIGKILL)."""
     found = []
@@ -286,32 +351,19 @@ def uv_version() -> str:
 
 
 def ensure_wheelhouse(state: dict) -> list[str]:
-    """The sglang wheel (pinned) and the uv wheel (controller's version, manylinux x86_64)."""
-    from testbed import wheels
+    """Every wheel of locks/testbed.txt and the uv wheel, filled by the tool's own
+    `sglang-deploy wheelhouse` code (the hosts install offline from it)."""
+    from sglang_deploy import wheelhouse
 
     wh = Path(state["wheelhouse"])
-    wh.mkdir(parents=True, exist_ok=True)
-    added = []
-    wanted = [
-        ("sglang", state["sglang_version"], {}),
-        ("uv", uv_version(), {"python_tag": "py3", "platform": "manylinux_2_17_x86_64"}),
-    ]
-    for name, version, kw in wanted:
-        if any(wh.glob(f"{name}-{version}-*.whl")):
-            continue
-        try:
-            src = wheels.fetch_wheel(name, version, **kw)
-        except Exception as e:
-            raise TestbedError(
-                f"could not fetch the {name}=={version} wheel for the wheelhouse ({e}); put it in "
-                f"{wh} by hand or run `up --no-wheels`"
-            ) from e
-        dst = wh / src.name
-        tmp = wh / f".{src.name}.part"
-        shutil.copyfile(src, tmp)
-        tmp.rename(dst)
-        added.append(dst.name)
-    return added
+    try:
+        result = wheelhouse.fill(REPO / "locks" / "testbed.txt", wh, uv_version=uv_version())
+    except Exception as e:
+        raise TestbedError(
+            f"could not fill the wheelhouse {wh} from locks/testbed.txt ({e}); fetch the wheels "
+            f"by hand with `sglang-deploy wheelhouse locks/testbed.txt {wh}` or run `up --no-wheels`"
+        ) from e
+    return result["fetched"]
 
 
 @dataclass
@@ -541,6 +593,8 @@ def teardown_host(state: dict, h: dict) -> None:
             time.sleep(0.05)
     _umount(h["merged"])
     net.delete_host_net(h["netns"])
+    with contextlib.suppress(OSError, TestbedError):
+        allow_devices(h, timeout=2.0)  # the cgroup-denied scenario's cgroup, now empty
     d = Path(h["dir"])
     if d.exists():
         if _is_mount(Path(h["merged"])):
@@ -720,8 +774,10 @@ def _set_env_key(path: Path, key: str, value: str) -> None:
     tmp.rename(path)
 
 
-def scenario(name: str, scen: str) -> None:
-    """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env)."""
+def scenario(name: str, scen: str, when: str = "") -> None:
+    """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env). WHEN
+    (server scenarios) limits it to servers launched with those arguments, e.g.
+    "--mem-fraction-static 0.8": a configuration that fails while others still work."""
     if scen not in GPU_SCENARIOS and scen not in SIM_SCENARIOS:
         raise TestbedError(f"unknown scenario {scen!r}; GPU: {', '.join(GPU_SCENARIOS)}; "
                            f"server: {', '.join(SIM_SCENARIOS)}")
@@ -732,12 +788,17 @@ def scenario(name: str, scen: str) -> None:
     if not host_alive(h):
         raise TestbedError(f"{h['name']} is not running")
     etc = Path(h["merged"]) / "etc/testbed"
+    if scen in GPU_SCENARIOS and scen != "cgroup-denied":
+        allow_devices(h)
     if scen in GPU_SCENARIOS:
         _set_env_key(etc / "gpu.env", "SCENARIO", scen)
     if scen in SIM_SCENARIOS:
         _set_env_key(etc / "sim.env", "SCENARIO", scen)
+        _set_env_key(etc / "sim.env", "SCENARIO_WHEN", when)
     # The device nodes live in the container's /dev (a tmpfs): sync them from inside.
     r = ssh(state, h, "/usr/local/sbin/testbed-gpu-nodes", timeout=30)
     if r.returncode != 0:
         raise TestbedError(f"{h['name']}: syncing device nodes failed (rc={r.returncode}): "
                            f"{r.stderr.strip()}")
+    if scen == "cgroup-denied":
+        deny_devices(h)

@@ -1,4 +1,5 @@
-"""Scripts shipped to hosts and run there with the host's python3 (stdlib only).
+"""Scripts shipped to hosts and run there with the host's python3 (stdlib only; except
+``model_fetch.py``, which runs with the release venv's python for its huggingface_hub).
 
 They are plain files: read them with :func:`script_path` and upload them; never import
 them on the controller for their side effects.

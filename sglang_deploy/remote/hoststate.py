@@ -136,6 +136,16 @@ def path_state(path: str) -> dict | None:
     return out
 
 
+def known_good(root: str):
+    """The last verified configuration kept for rollback (ROOT/known-good/)."""
+    kg = os.path.join(root, "known-good")
+    record = read_json(os.path.join(kg, "record.json"))
+    if record is None:
+        return None
+    return {"record": record, "unit_sha256": sha256_file(os.path.join(kg, "unit.service")),
+            "secrets_sha256": sha256_file(os.path.join(kg, "secrets.env"))}
+
+
 def cmd_state(args) -> dict:
     root = args.root
     current = None
@@ -155,13 +165,18 @@ def cmd_state(args) -> dict:
         "last_verified": read_json(os.path.join(root, "last-verified.json")),
         "python": "%d.%d" % sys.version_info[:2],
         "secrets_sha256": sha256_file(args.secrets) if args.secrets else None,
-        "known_good": read_json(os.path.join(root, "known-good.json")),
         # user names, so the runtime stage needs no pyinfra Users fact (a lastlog loop per user)
         "users": sorted({p.pw_name for p in pwd.getpwall()}),
         "paths": {p: path_state(p) for p in (args.path or [])},
+        "known_good": known_good(root),
+        "unit_sha256": sha256_file(f"/etc/systemd/system/{args.service}.service"),
+        "p2p_verified": read_json(os.path.join(root, "p2p-verified.json")),
+        "monotonic_now": time.monotonic(),  # systemd's *TimestampMonotonic use the same clock
     }
     if args.model:
         result["model"] = model_state(args.model)
+    if args.cache:
+        result["cache_files"] = sum(len(files) for _, _, files in os.walk(args.cache))
     return result
 
 
@@ -228,7 +243,8 @@ def journal(service: str, cursor: str | None, invocation: str | None, limit: int
 def cmd_poll(args) -> dict:
     result = {"now": time.time(), "service": systemd_show(args.service)}
     invocation = args.invocation or result["service"].get("InvocationID") or None
-    result["journal"], result["cursor"] = journal(args.service, args.cursor, invocation)
+    if not args.no_journal:
+        result["journal"], result["cursor"] = journal(args.service, args.cursor, invocation)
     if args.http:
         base = f"http://{args.host}:{args.port}"
         key = _secret(args.secrets, "SGLANG_API_KEY")
@@ -253,6 +269,7 @@ def main(argv=None) -> int:
     st.add_argument("--model")
     st.add_argument("--secrets")
     st.add_argument("--path", action="append", help="report kind/owner/mode/sha256 (repeatable)")
+    st.add_argument("--cache")
     po = sub.add_parser("poll")
     po.add_argument("--service", required=True)
     po.add_argument("--host", default="127.0.0.1")
@@ -261,6 +278,7 @@ def main(argv=None) -> int:
     po.add_argument("--invocation")
     po.add_argument("--http", action="store_true")
     po.add_argument("--generate", action="store_true")
+    po.add_argument("--no-journal", action="store_true")
     po.add_argument("--secrets")
     args = parser.parse_args(argv)
     out = cmd_state(args) if args.cmd == "state" else cmd_poll(args)

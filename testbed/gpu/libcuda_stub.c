@@ -12,6 +12,7 @@
 #include <cuda.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -180,6 +181,21 @@ static int node_exists(const char *name) {
     return access(path, F_OK) == 0;
 }
 
+/* The container's device cgroup refused the node (the open fails with EPERM/EACCES). The
+ * stand-in nodes have no kernel driver behind them, so a PERMITTED open answers ENXIO. */
+static int node_denied(const char *name) {
+    const char *root = getenv("TESTBED_DEV_ROOT");
+    char path[1024];
+    if (!root || !*root) root = "/dev";
+    snprintf(path, sizeof path, "%s/%s", root, name);
+    int fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return 0;
+    }
+    return errno == EPERM || errno == EACCES;
+}
+
 /* ------------------------------------------------------------------ uuid (same as nvidia_smi.py) */
 
 static uint64_t fnv1a64(const char *s) {
@@ -284,11 +300,14 @@ EXPORT CUresult CUDAAPI cuInit(unsigned int Flags) {
     for (int i = 0; i < count; i++) {
         char name[32];
         snprintf(name, sizeof name, "nvidia%d", i);
-        if (node_exists(name)) dev_phys[n++] = i;
+        if (node_exists(name) && !node_denied(name)) dev_phys[n++] = i;
     }
     if (scenario("driver-mismatch")) rc = CUDA_ERROR_SYSTEM_DRIVER_MISMATCH;
+    /* like the real driver: nvidiactl that cannot be opened -> 999 at initialisation */
+    else if (node_exists("nvidiactl") && node_denied("nvidiactl")) rc = CUDA_ERROR_UNKNOWN;
     else if (!node_exists("nvidiactl") || n == 0) rc = CUDA_ERROR_NO_DEVICE;
-    else if (scenario("uvm-missing") || !node_exists("nvidia-uvm")) rc = CUDA_ERROR_UNKNOWN;
+    else if (scenario("uvm-missing") || !node_exists("nvidia-uvm") || node_denied("nvidia-uvm"))
+        rc = CUDA_ERROR_UNKNOWN;
     if (rc == CUDA_SUCCESS) {
         if (!initialized) {
             for (int i = 0; i < MAX_DEV; i++) {
@@ -688,7 +707,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A copy between two different devices: paced to P2P_GBPS (1/20 of it in p2p-slow),
+/* A copy between two different devices: paced to P2P_GBPS (1/100 of it in p2p-slow),
    silently corrupted in p2p-corrupt. */
 static void peer_copy(void *dst, const void *src, size_t n) {
     double t0 = now_s();
@@ -699,7 +718,7 @@ static void peer_copy(void *dst, const void *src, size_t n) {
         d[n - 1] ^= 0xA5;
     }
     double gbps = cfg.p2p_gbps;
-    if (scenario("p2p-slow")) gbps /= 20.0;
+    if (scenario("p2p-slow")) gbps /= 100.0;
     if (gbps > 0) {
         double want = (double)n / (gbps * 1e9);
         double left = want - (now_s() - t0);

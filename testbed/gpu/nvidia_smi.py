@@ -466,6 +466,9 @@ def run(args: list[str]) -> tuple[int, str]:
         dev = os.environ.get("TESTBED_DEV_ROOT") or "/dev"
         if not os.path.exists(os.path.join(dev, "nvidiactl")):
             return 9, NO_DRIVER
+        if _open_denied(os.path.join(dev, "nvidiactl")):
+            # the device cgroup refuses the node: what the real nvidia-smi prints then
+            return 255, "Failed to initialize NVML: Unknown Error\n"
         if req["mode"] == "version":
             return 0, render_version(m)
         gpus = _select(m, req["ids"])
@@ -482,6 +485,18 @@ def run(args: list[str]) -> tuple[int, str]:
         return 0, render_table(sub)
     except Exit as e:
         return e.code, e.text
+
+
+def _open_denied(path: str) -> bool:
+    """The open is refused (EPERM/EACCES: the container's device cgroup). The stand-in nodes
+    have no driver behind them: a permitted open answers ENXIO."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def main() -> int:

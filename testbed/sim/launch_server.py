@@ -149,6 +149,7 @@ REAL_DURATIONS = {          # seconds on a real 8-GPU host, multiplied by TIME_S
     "per_shard": 4.0,
     "kv_alloc": 3.0,
     "autotune": 120.0,
+    "autotune_cached": 6.0,  # every rank finds its tactics in SGLANG_CACHE_DIR: no profiling
     "autotune_fail": 40.0,
     "graph": 60.0,
     "http_start": 2.0,
@@ -484,6 +485,11 @@ class Config:
         env = read_env_file(os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env"))
         gpu = read_env_file(os.environ.get("TESTBED_GPU_ENV", "/etc/testbed/gpu.env"))
         self.scenario = env.get("SCENARIO", "healthy") or "healthy"
+        # SCENARIO_WHEN="--flag value": the scenario hits only a server launched with those
+        # arguments (a configuration that fails), any other launch is healthy.
+        when = env.get("SCENARIO_WHEN", "")
+        if when and f" {when} " not in " " + " ".join(sys.argv[1:]) + " ":
+            self.scenario = "healthy"
         self.time_scale = float(env.get("TIME_SCALE", "0.05") or 0.05)
         if self.scenario == "slow-start":
             self.time_scale *= 5
@@ -767,8 +773,9 @@ class Sim:
         if self.cfg.scenario == "autotune-crash":
             self.cfg.sleep("autotune_fail")
             self.ninja_failure()
-        self.cfg.sleep("autotune")
-        for p in paths:
+        cached = bool(paths) and all(Path(p).is_file() for p in paths)
+        self.cfg.sleep("autotune_cached" if cached else "autotune")
+        for p in ([] if cached else paths):  # a complete cache has nothing new to save
             try:
                 Path(p).write_text("{}\n")
             except OSError:

@@ -83,8 +83,8 @@ class Testbed:
             raise AssertionError(f"{host}: `{cmd}` rc={r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
 
-    def scenario(self, host: str, name: str) -> None:
-        run_testbed("scenario", host, name, timeout=120)
+    def scenario(self, host: str, name: str, when: str = "") -> None:
+        run_testbed("scenario", host, name, *(["--when", when] if when else []), timeout=120)
 
     def wipe(self, host: str) -> None:
         run_testbed("wipe", host, timeout=300)

@@ -178,6 +178,10 @@ GPU_SCENARIOS = {
     "p2p-unsupported": ["P2P"],
     "p2p-corrupt": ["corrupt"],
     "p2p-slow": ["GB/s"],
+    # opening the nodes really fails with EPERM (the container's devices cgroup denies them):
+    # the cause, and the allow lines with the real majors (510: the testbed's nvidia-uvm)
+    "cgroup-denied": ["device cgroup denies", "EPERM", "lxc.cgroup2.devices.allow: c 195:* rwm",
+                      "lxc.cgroup2.devices.allow: c 510:* rwm"],
 }
 
 

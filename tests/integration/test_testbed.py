@@ -125,6 +125,33 @@ def test_scenario_driver_mismatch(testbed):
     testbed.ssh(host, "nvidia-smi", check=True)
 
 
+OPEN_NODES = ("python3 -c 'import os\nfor p in (\"/dev/nvidia0\", \"/dev/nvidiactl\", "
+              "\"/dev/nvidia-uvm\"):\n try: os.open(p, os.O_RDWR | os.O_NONBLOCK)\n"
+              " except OSError as e: print(p, e.errno)'")
+
+
+def test_scenario_cgroup_denied_really_denies_opening_the_nodes(testbed):
+    host = testbed.hosts[-1]
+    # healthy: the cgroup permits the stand-in nodes; no driver behind them answers ENXIO (6)
+    assert testbed.ssh(host, OPEN_NODES, check=True).stdout.split() == [
+        "/dev/nvidia0", "6", "/dev/nvidiactl", "6", "/dev/nvidia-uvm", "6"]
+    try:
+        testbed.scenario(host, "cgroup-denied")
+        # the nodes are there, and opening them fails with EPERM (1) from the device cgroup
+        assert testbed.ssh(host, "test -c /dev/nvidia0 && test -c /dev/nvidiactl").returncode == 0
+        assert testbed.ssh(host, OPEN_NODES, check=True).stdout.split() == [
+            "/dev/nvidia0", "1", "/dev/nvidiactl", "1", "/dev/nvidia-uvm", "1"]
+        # the stand-ins fail as the real driver does when /dev/nvidiactl cannot be opened
+        smi = testbed.ssh(host, "nvidia-smi")
+        assert smi.returncode == 255 and "Failed to initialize NVML: Unknown Error" in smi.stdout
+        cu = testbed.ssh(host, "python3 -c 'import ctypes; print(ctypes.CDLL(\"libcuda.so.1\").cuInit(0))'")
+        assert cu.stdout.strip() == "999"
+    finally:
+        testbed.scenario(host, "healthy")
+    assert testbed.ssh(host, OPEN_NODES, check=True).stdout.split()[1::2] == ["6", "6", "6"]
+    testbed.ssh(host, "nvidia-smi", check=True)
+
+
 def test_server_scenario_and_healthy_resets_both(testbed):
     host = testbed.hosts[-1]
     try:

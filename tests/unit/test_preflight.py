@@ -547,3 +547,136 @@ def test_check_model():
     c = preflight.check_model(broken, path)[0]
     assert_actionable(c)
     assert "1 shards missing (b.safetensors)" in c.found and "1 shards truncated" in c.found
+
+
+# --------------------------------------------------------------------- open test (dev-open.txt)
+ALL_NODES = [f"/dev/nvidia{i}" for i in range(8)] + [
+    "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+
+
+def open_text(status: dict[str, str], default: str = "ENXIO No such device or address") -> str:
+    return "".join(f"{p} {status.get(p, default)}\n" for p in ALL_NODES)
+
+
+def test_open_enxio_means_the_cgroup_permits_it():
+    """Nodes without a driver instance answer ENXIO: the cgroup let the open through."""
+    opened = preflight.parse_open_results(open_text({}))
+    c = by_name(preflight.check_device_nodes(raw("synth_dev_nvidia_8x"), 8, opened))["dev-cgroup"]
+    assert c.status == "pass" and "permits all 11 nodes" in c.message
+    assert len(c.details["no_device"]) == 11
+    ok = preflight.check_open_results({p: None for p in ALL_NODES})
+    assert ok.status == "pass" and "open read-write" in ok.message
+
+
+def test_open_eperm_everywhere_is_the_cgroup_with_both_real_majors():
+    opened = preflight.parse_open_results(open_text({}, "EPERM Operation not permitted"))
+    checks = by_name(preflight.check_device_nodes(raw("synth_dev_nvidia_8x"), 8, opened))
+    c = checks["dev-cgroup"]
+    assert_actionable(c)
+    assert "device cgroup denies" in c.message and "EPERM" in c.message
+    assert "lxc.cgroup2.devices.allow: c 195:* rwm" in c.fix
+    assert "lxc.cgroup2.devices.allow: c 508:* rwm" in c.fix  # the uvm major of the listing
+    assert "<uvm-major>" not in c.fix
+    assert checks["dev-nvidia-gpus"].status == "pass"  # the nodes are there: only denied
+
+
+def test_open_eperm_on_ctl_only_still_names_the_uvm_major():
+    c = preflight.check_open_results(
+        {"/dev/nvidiactl": "EPERM Operation not permitted", "/dev/nvidia0": None},
+        preflight.parse_dev_listing(raw("synth_dev_nvidia_8x")))
+    assert c.status == "fail" and c.details["denied"] == ["/dev/nvidiactl"]
+    assert "c 195:* rwm" in c.fix and "c 508:* rwm" in c.fix
+
+
+def test_open_enoent_and_eacces_and_others():
+    gone = preflight.check_open_results({"/dev/nvidia3": "ENOENT No such file or directory"})
+    assert_actionable(gone)
+    assert "lxc.mount.entry: /dev/nvidia3 dev/nvidia3" in gone.fix
+    acc = preflight.check_open_results({"/dev/nvidia0": "EACCES Permission denied"})
+    assert_actionable(acc)
+    assert "crw-rw-rw-" in acc.fix and "lxc.cgroup2.devices.allow: c 195:* rwm" in acc.fix
+    # a per-minor LXC config that allows what CUDA needs but not uvm-tools / extra GPUs: warn
+    optional = preflight.check_open_results(
+        {"/dev/nvidia0": None, "/dev/nvidiactl": None, "/dev/nvidia-uvm": None,
+         "/dev/nvidia-uvm-tools": "EPERM Operation not permitted",
+         "/dev/nvidia5": "EPERM Operation not permitted"}, expected_count=4)
+    assert optional.status == "warn" and "c 195:* rwm" in optional.fix
+    assert preflight.check_open_results(
+        {"/dev/nvidia3": "EPERM Operation not permitted"}, expected_count=4).status == "fail"
+    busy = preflight.check_open_results({"/dev/nvidia0": "EBUSY Device or resource busy"})
+    assert busy.status == "warn"
+    assert [preflight.classify_open(e) for e in (None, "EPERM x", "1", "EACCES x", "ENOENT x",
+                                                 "ENXIO x", "ENODEV x", "EIO x")] == [
+        "ok", "denied", "denied", "access", "missing", "no-device", "no-device", "other"]
+
+
+def test_evaluate_with_the_open_test_of_a_denied_container():
+    snap = snapshot(**{"dev-open.txt": {"out": open_text({}, "EPERM Operation not permitted"),
+                                        "rc": 0}})
+    checks, _, _ = preflight.evaluate(snap, probe_ok(p2p=pairs()), EXPECT)
+    assert by_name(checks)["dev-cgroup"].status == "fail"
+    # what the real tools say then: NVML 'Unknown Error', cuInit 999 -> blamed on the cgroup
+    nvml = {"out": "Failed to initialize NVML: Unknown Error\n", "rc": 255}
+    snap = snapshot(**{"dev-open.txt": snap["dev-open.txt"], "query-gpu.csv": nvml,
+                       "topo-m.txt": nvml, "topo-p2p-r.txt": nvml, "topo-p2p-w.txt": nvml})
+    checks = by_name(preflight.evaluate(
+        snap, probe_err("cuInit", 999, "CUDA_ERROR_UNKNOWN", "unknown error"), EXPECT)[0])
+    for name in ("nvidia-smi", "cuda-init", "dev-cgroup"):
+        assert checks[name].status == "fail"
+        assert "device cgroup denies" in checks[name].message
+        assert "lxc.cgroup2.devices.allow: c 508:* rwm" in checks[name].fix
+    healthy = snapshot(**{"dev-open.txt": {"out": open_text({}), "rc": 0}})
+    checks, _, _ = preflight.evaluate(healthy, probe_ok(p2p=pairs()), EXPECT)
+    assert preflight.summarise(checks) == "pass"
+
+
+def test_the_open_script_reports_the_errno_of_a_real_node(tmp_path):
+    """A real character node 195:0 without the NVIDIA driver loaded: ENXIO (cgroup permits)."""
+    import os
+
+    from sglang_deploy.remote.dev_open import open_test
+
+    node = tmp_path / "nvidia0"
+    os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
+    text = open_test([str(node), "/dev/null", str(tmp_path / "absent"), str(tmp_path)])
+    assert text == f"{node} ENXIO No such device or address\n/dev/null ok\n"
+    assert preflight.classify_open(preflight.parse_open_results(text)[str(node)]) == "no-device"
+
+
+def test_gpu_snapshot_fact_collects_the_open_test():
+    import subprocess
+
+    from sglang_deploy.facts import GpuSnapshot
+
+    cmd = GpuSnapshot().command(python="python3")
+    assert "dev-open.txt" in cmd
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60).stdout
+    sections = GpuSnapshot().process(out.splitlines())
+    assert sections["dev-open.txt"]["rc"] == 0
+    assert set(sections) >= {"query-gpu.csv", "dev-nvidia.txt", "dev-open.txt"}
+
+
+# --- P2P verdict reused while the service serves -------------------------------------------
+
+def test_p2p_record_only_from_a_passed_full_test():
+    from sglang_deploy.preflight import Check, p2p_record
+
+    passed = [Check("p2p-data", "pass", ""), Check("p2p-bandwidth", "pass", ""),
+              Check("p2p-matrix", "pass", "", details={"gpus": 8})]
+    assert p2p_record(passed, {"NCCL_P2P_DISABLE": "1"}, "adapt") == {
+        "gpus": 8, "policy": "adapt", "nccl_env": {"NCCL_P2P_DISABLE": "1"},
+        "verified": ["p2p-data", "p2p-bandwidth"]}
+    assert p2p_record(passed[:1] + [Check("p2p-bandwidth", "skipped", "")], {}, "require") is None
+    assert p2p_record([Check("p2p-data", "fail", ""), passed[1]], {}, "require") is None
+
+
+def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
+    from sglang_deploy.preflight import Check, use_p2p_record
+
+    checks = [Check("driver", "pass", ""), Check("p2p-data", "skipped", "no copies"),
+              Check("p2p-bandwidth", "skipped", "no copies")]
+    out, env = use_p2p_record(checks, {}, {"gpus": 8, "policy": "adapt",
+                                           "nccl_env": {"NCCL_P2P_DISABLE": "1"}}, "sglang")
+    assert [c.name for c in out] == ["driver", "p2p-data"]
+    assert out[-1].status == "pass" and "skipped while sglang serves" in out[-1].message
+    assert env == {"NCCL_P2P_DISABLE": "1"}

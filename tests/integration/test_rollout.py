@@ -1,0 +1,304 @@
+"""`sglang-deploy rollout`, `rollback.py`, `status`, `rebuild`/`cache save` on 3 testbed hosts.
+
+The hosts start blank. Every rollout here binds the API on all addresses (no key: the
+testbed is a closed bridge) so that a poller on the controller can watch every host's
+/health from outside while a rollout runs. Tests run in file order and build on each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
+PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
+TB1, TB2, TB3 = (f"{PREFIX}{i}" for i in (1, 2, 3))
+SEED_FLAGS = {
+    "tp-size": 8, "quantization": "modelopt_fp4", "moe-runner-backend": "flashinfer_cutlass",
+    "enable-flashinfer-allreduce-fusion": True, "disable-cuda-graph": True,
+    "trust-remote-code": True,
+}
+BASE = ["sglang_host=0.0.0.0", "sglang_allow_public_without_key=true"]
+
+
+def flags(**extra) -> str:
+    return "sglang_flags=" + json.dumps({**SEED_FLAGS, **extra})
+
+
+def tool(testbed, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(BIN / "sglang-deploy"), *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=timeout)
+    testbed.log.append(r)
+    return r
+
+
+def rollout(testbed, *args: str, report: Path, data=()) -> tuple[subprocess.CompletedProcess, dict]:
+    argv = ["rollout", str(testbed.inventory), "--report", str(report)]
+    for d in [*BASE, *data]:
+        argv += ["--data", d]
+    r = tool(testbed, *argv, *args)
+    doc = json.loads(report.read_text()) if report.exists() else {}
+    return r, doc
+
+
+def by_host(doc: dict) -> dict:
+    return {h["host"]: h for h in doc["hosts"]}
+
+
+def invocation(testbed, host: str) -> str:
+    return testbed.ssh(host, "systemctl show -p InvocationID --value sglang.service",
+                       check=True).stdout.strip()
+
+
+def unit_text(testbed, host: str) -> str:
+    return testbed.ssh(host, "cat /etc/systemd/system/sglang.service", check=True).stdout
+
+
+def health(address: str) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://{address}:30000/health", timeout=1) as resp:
+            return resp.status
+    except Exception:
+        return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def blank_hosts(testbed):
+    for name in (TB1, TB2, TB3):
+        testbed.wipe(name)
+        testbed.scenario(name, "healthy")
+
+
+def test_first_rollout_installs_every_host_in_the_printed_order(testbed, tmp_path):
+    r, doc = rollout(testbed, "--canary", TB2, report=tmp_path / "r.json")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert f"1. {TB2}\n  2. {TB1}\n  3. {TB3}" in out
+    assert [h["host"] for h in doc["hosts"]] == [TB2, TB1, TB3]
+    assert {h["status"] for h in doc["hosts"]} == {"done"}
+    for name in (TB1, TB2, TB3):
+        assert health(testbed.address(name)) == 200
+
+
+def test_converged_hosts_are_verified_and_not_restarted(testbed, tmp_path):
+    before = {h: invocation(testbed, h) for h in (TB1, TB2, TB3)}
+    r, doc = rollout(testbed, report=tmp_path / "r.json")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert {h["status"] for h in doc["hosts"]} == {"converged"}
+    assert {h: invocation(testbed, h) for h in (TB1, TB2, TB3)} == before
+
+
+def test_dry_prints_the_plan_and_touches_nothing(testbed, tmp_path):
+    before = {h: (invocation(testbed, h), unit_text(testbed, h)) for h in (TB1, TB2, TB3)}
+    r, _ = rollout(testbed, "--dry", report=tmp_path / "r.json", data=[flags(**{"mem-fraction-static": 0.85})])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    for name in (TB1, TB2, TB3):
+        assert f"  {name}: " in out and "Unit /etc/systemd/system/sglang.service" in out
+    assert "Restart sglang" in out
+    assert {h: (invocation(testbed, h), unit_text(testbed, h)) for h in (TB1, TB2, TB3)} == before
+
+
+def test_flag_change_rolls_one_host_at_a_time_keeping_the_others_serving(testbed, tmp_path):
+    """At most --batch (1) hosts are out of service at any moment, watched from outside."""
+    addresses = {h: testbed.address(h) for h in (TB1, TB2, TB3)}
+    samples: list[dict] = []
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            samples.append({h: health(a) for h, a in addresses.items()})
+            stop.wait(0.1)
+
+    before = {h: invocation(testbed, h) for h in addresses}
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        r, doc = rollout(testbed, "--batch", "1", report=tmp_path / "r.json",
+                         data=[flags(**{"mem-fraction-static": 0.85})])
+    finally:
+        stop.set()
+        poller.join(5)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert [h["host"] for h in doc["hosts"]] == [TB1, TB2, TB3]
+    assert {h["status"] for h in doc["hosts"]} == {"done"}
+    for name in addresses:
+        assert invocation(testbed, name) != before[name]
+        assert "--mem-fraction-static 0.85" in unit_text(testbed, name)
+    down_counts = [sum(v != 200 for v in s.values()) for s in samples]
+    assert len(samples) > 50, len(samples)
+    assert max(down_counts) == 1, "each host was restarted, so each was down at some point"
+    assert all(c <= 1 for c in down_counts), [s for s in samples if sum(v != 200 for v in s.values()) > 1][:3]
+    # every host was seen down at some point, one after the other
+    assert {h for s in samples for h, v in s.items() if v != 200} == set(addresses)
+
+
+def test_failure_on_second_host_halts_rolls_it_back_and_leaves_the_third_untouched(testbed, tmp_path):
+    # the NEW configuration crashes in autotune on tb2; its previous one still works
+    testbed.scenario(TB2, "autotune-crash", when="--mem-fraction-static 0.8")
+    inv3 = invocation(testbed, TB3)
+    unit3 = unit_text(testbed, TB3)
+    old_unit2 = unit_text(testbed, TB2)
+    try:
+        r, doc = rollout(testbed, report=tmp_path / "r.json",
+                         data=[flags(**{"mem-fraction-static": 0.8})])
+    finally:
+        testbed.scenario(TB2, "healthy")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    hosts = by_host(doc)
+    assert hosts[TB1]["status"] == "done"
+    assert hosts[TB2]["status"] == "rolled-back", hosts[TB2]
+    assert "autotune" in hosts[TB2]["message"]  # the verifier's reason travels to the report
+    assert hosts[TB3]["status"] == "untouched"
+    assert f"halted at {TB2}" in out
+    # the third host was never touched: same process, same unit
+    assert invocation(testbed, TB3) == inv3 and unit_text(testbed, TB3) == unit3
+    # the second host serves its previous configuration again
+    assert unit_text(testbed, TB2) == old_unit2
+    assert health(testbed.address(TB2)) == 200
+    assert "--mem-fraction-static 0.85" in unit_text(testbed, TB2)
+
+
+def test_unreachable_host_stops_the_rollout_before_any_host_is_touched(testbed, tmp_path):
+    before = {h: invocation(testbed, h) for h in (TB1, TB2)}
+    veth = f"v{TB3}"
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    try:
+        r, doc = rollout(testbed, report=tmp_path / "r.json",
+                         data=[flags(**{"mem-fraction-static": 0.85})])
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "before touching any host" in out and TB3 in out
+    assert {h["status"] for h in doc["hosts"]} == {"untouched"}
+    assert {h: invocation(testbed, h) for h in (TB1, TB2)} == before
+    testbed.wait_for(f"{TB3} reachable again",
+                     lambda: testbed.ssh(TB3, "true", timeout=15).returncode == 0, timeout=60)
+
+
+def test_status_reports_every_host_and_the_drift_of_a_manual_change(testbed, tmp_path):
+    # converge tb1 back to the flags of the others (it kept 0.8 from the halted rollout)
+    r, _ = rollout(testbed, report=tmp_path / "r.json", data=[flags(**{"mem-fraction-static": 0.85})])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    units = {h: unit_text(testbed, h) for h in (TB1, TB2, TB3)}
+    # a manual change on one host: someone edits the unit by hand
+    testbed.ssh(TB2, "sed -i 's/--mem-fraction-static 0.85/--mem-fraction-static 0.9/' "
+                     "/etc/systemd/system/sglang.service", check=True)
+    argv = ["status", str(testbed.inventory), "--json"]
+    for d in [*BASE, flags(**{"mem-fraction-static": 0.85})]:
+        argv += ["--data", d]  # drift against the configuration the rollout deployed
+    r = tool(testbed, *argv)
+    rows = {row["host"]: row for row in json.loads(r.stdout)}
+    assert r.returncode == 1, r.stderr[-2000:]  # not everything in sync
+    for name in (TB1, TB2, TB3):
+        row = rows[name]
+        assert row["reachable"] is True and row["health"] == 200 and row["unit"] == "active/running"
+        assert row["sglang_version"] == "0.5.12.post1" and row["patch_state"] == "applied"
+        assert row["models"] == ["glm-5"] and row["last_verified"]
+        assert row["uptime_s"] is not None and row["uptime_s"] >= 0
+    assert rows[TB1]["in_sync"] is True and rows[TB3]["in_sync"] is True
+    assert rows[TB1]["changes"] == [] and rows[TB3]["changes"] == []
+    assert rows[TB2]["in_sync"] is False
+    assert "Unit /etc/systemd/system/sglang.service" in rows[TB2]["changes"], rows[TB2]
+    # status only reads: nothing changed
+    assert {h: unit_text(testbed, h) for h in (TB1, TB3)} == {h: units[h] for h in (TB1, TB3)}
+    assert "--mem-fraction-static 0.9" in unit_text(testbed, TB2)
+
+
+# ------------------------------------------------------------------- disaster recovery
+
+def host_state(testbed, host: str) -> dict:
+    """What must be identical after a rebuild: packages, unit, patch, release link."""
+    q = testbed.ssh
+    freeze = q(host, "/opt/sglang/tools/venv/bin/uv pip freeze --python /opt/sglang/current/venv/bin/python",
+               check=True).stdout
+    patch = json.loads(q(host, "/opt/sglang/current/venv/bin/python /opt/sglang/tools/patch.py status "
+                               "$(ls -d /opt/sglang/current/venv/lib/python3*/site-packages) --json",
+                         check=True).stdout)
+    patched = q(host, f"sha256sum {patch['file']}", check=True).stdout.split()[0]
+    return {"freeze": freeze, "unit": unit_text(testbed, host),
+            "current": q(host, "readlink /opt/sglang/current", check=True).stdout.strip(),
+            "patch_state": patch["state"], "patched_file_sha256": patched,
+            "secrets_mode": q(host, "stat -c '%a %U' /etc/sglang/secrets.env 2>/dev/null || echo none").stdout}
+
+
+def report_of(host: str) -> dict:
+    return json.loads((REPO / ".sglang-deploy" / "reports" / f"{host}.json").read_text())
+
+
+def rebuild(testbed, host: str, *extra: str):
+    argv = ["rebuild", str(testbed.inventory), host]
+    for d in [*BASE, flags(**{"mem-fraction-static": 0.85})]:
+        argv += ["--data", d]
+    return tool(testbed, *argv, *extra)
+
+
+def test_wipe_and_rebuild_restores_identical_state_and_caches(testbed, tmp_path):
+    host = TB3
+    r = rebuild(testbed, host)  # make sure it runs the configuration of the others
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    before = host_state(testbed, host)
+    assert before["patch_state"] == "already-applied"
+
+    archive = tmp_path / "cache.tar.gz"
+    r = tool(testbed, "cache", "save", str(testbed.inventory), host, str(archive))
+    assert r.returncode == 0, r.stderr
+    import tarfile
+
+    with tarfile.open(archive) as tf:
+        names = tf.getnames()
+    assert any(n.endswith("rank_tp0_pp0_dp0.json") for n in names), names
+
+    # lost host, blank replacement, one command
+    testbed.wipe(host)
+    r = rebuild(testbed, host)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert host_state(testbed, host) == before
+    cold = report_of(host)["phase_durations_s"]
+
+    # again, seeding the caches saved from the healthy host
+    testbed.wipe(host)
+    r = rebuild(testbed, host, "--cache", str(archive))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert host_state(testbed, host) == before
+    warm = report_of(host)["phase_durations_s"]
+    # the restored tactics were there before the server started (tar keeps their mtime)
+    started = testbed.ssh(host, "systemctl show -p ExecMainStartTimestamp --value sglang | xargs -I{} date -d {} +%s",
+                          check=True).stdout.strip()
+    mtimes = testbed.ssh(host, "find /var/cache/sglang -name 'rank_tp*_pp0_dp0.json' -printf '%T@\\n'",
+                         check=True).stdout.split()
+    assert len(mtimes) == 8 and all(float(m) < float(started) for m in mtimes), (mtimes, started)
+    owner = testbed.ssh(host, "stat -c %U /var/cache/sglang", check=True).stdout.strip()
+    assert owner == "sglang"
+    testbed.log.append(f"DR rebuild autotune phase: without cache {cold.get('autotune')}s, "
+                       f"with restored cache {warm.get('autotune')}s")
+
+
+def test_logs_shows_and_follows_the_service_journal(testbed):
+    r = tool(testbed, "logs", TB1, "-i", str(testbed.inventory), "-n", "400")
+    assert r.returncode == 0, r.stderr
+    assert "The server is fired up and ready to roll!" in r.stdout
+    proc = subprocess.Popen([str(BIN / "sglang-deploy"), "logs", TB1, "-i", str(testbed.inventory),
+                             "-n", "0", "--follow"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        seen: list[str] = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")), daemon=True)
+        reader.start()
+        testbed.wait_for("the follower to connect", lambda: testbed.ssh(
+            TB1, "pgrep -f 'journalctl -u sglang.service' >/dev/null && echo yes").stdout.strip() == "yes")
+        testbed.ssh(TB1, "systemctl restart sglang", check=True)
+        testbed.wait_for("the restart's startup lines in the followed journal",
+                         lambda: any("ready to roll" in line for line in seen), timeout=120)
+    finally:
+        proc.terminate()
+        proc.wait(10)
