@@ -1,53 +1,63 @@
 """Disaster-recovery rebuild: a blank host (`python -m testbed wipe`) to verified serving from
-the local wheelhouse, without and (when `sglang-deploy cache` exists) with restored caches.
+the local wheelhouse, with `sglang-deploy rebuild`, without and with restored caches (an
+archive from `sglang-deploy cache save`, taken once from the converged host). Plain and
+cached rebuilds alternate within each run.
 """
 
 from __future__ import annotations
 
-import subprocess
+import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PY, ROOT, Figure, converge, deploy, ensure_hosts, host_report, log, not_measured, testbed
+from bench.common import (BENCH_INVENTORY, PY, Figure, bench_env, converge, ensure_hosts, host_report,
+                          log, run_timed, testbed)
 
 NAME = "Disaster-recovery rebuild (blank host to verified serving)"
+CLI = str(Path(PY).parent / "sglang-deploy")
 
 
-def cache_commands() -> bool:
-    cli = Path(PY).parent / "sglang-deploy"
-    r = subprocess.run([str(cli), "cache", "--help"], cwd=ROOT, capture_output=True, text=True)
-    return r.returncode == 0
-
-
-def _rebuild(host: str) -> tuple[float, float, float]:
+def _rebuild(host: str, cache: str | None) -> tuple[float, float, float, dict]:
     t0 = time.monotonic()
     wall0 = time.time()
     testbed("wipe", host)
     wiped = time.monotonic() - t0
-    t = deploy([host])
+    t = run_timed([CLI, "rebuild", BENCH_INVENTORY, host, *(["--cache", cache] if cache else [])],
+                  env=bench_env())
     rep = host_report(host) or {}
-    if not rep.get("verified_at") or rep["verified_at"] < wall0:
-        raise RuntimeError(f"rebuild of {host}: no fresh verified report ({rep})")
-    return time.monotonic() - t0, wiped, t.seconds
+    if not t.ok or not rep.get("verified_at") or rep["verified_at"] < wall0:
+        raise RuntimeError(f"rebuild of {host} (cache {cache}) failed or not verified (rc {t.rc}):\n{t.tail()}")
+    return time.monotonic() - t0, wiped, t.seconds, rep
 
 
 def run(cfg) -> list[Figure]:
     host = ensure_hosts(1)[0]
     converge([host])
-    total, wipes, deploys = [], [], []
-    for i in range(cfg.runs):
-        a, w, d = _rebuild(host)
-        total.append(a)
-        wipes.append(w)
-        deploys.append(d)
-        log(f"DR run {i + 1}/{cfg.runs}: {a:.1f}s (wipe {w:.1f}s, deploy {d:.1f}s)")
-    figs = [Figure(key="dr_plain", name=NAME + ", no caches", unit="s", samples=total,
-                   notes="wipe + full deploy (install from /srv/wheelhouse, start, verify)",
-                   extra={"wipe_s": wipes, "deploy_s": deploys})]
-    if cache_commands():
-        figs.append(not_measured("dr_cache", NAME + ", restored caches", "s",
-                                 "`sglang-deploy cache` exists but bench/dr.py does not drive it yet"))
-    else:
-        figs.append(not_measured("dr_cache", NAME + ", restored caches", "s",
-                                 "`sglang-deploy cache save/restore` is not in this tree"))
-    return figs
+    with tempfile.TemporaryDirectory(prefix="sglang-bench-cache-") as tmp:
+        archive = str(Path(tmp) / f"{host}-cache.tar.gz")
+        save = run_timed([CLI, "cache", "save", BENCH_INVENTORY, host, archive], env=bench_env())
+        if not save.ok:
+            raise RuntimeError(f"cache save failed (rc {save.rc}):\n{save.tail()}")
+        size_mib = Path(archive).stat().st_size / (1 << 20)
+        log(f"cache archive of {host}: {size_mib:.2f} MiB in {save.seconds:.1f}s")
+        plain, cached, wipes, ready_plain, ready_cached = [], [], [], [], []
+        for i in range(cfg.runs):
+            a, w, d, rep = _rebuild(host, None)
+            plain.append(a)
+            wipes.append(w)
+            ready_plain.append(rep.get("time_to_ready_s"))
+            b, w, d2, rep2 = _rebuild(host, archive)
+            cached.append(b)
+            wipes.append(w)
+            ready_cached.append(rep2.get("time_to_ready_s"))
+            log(f"DR run {i + 1}/{cfg.runs}: no caches {a:.1f}s (server ready {ready_plain[-1]}s), "
+                f"restored caches {b:.1f}s (server ready {ready_cached[-1]}s)")
+    return [
+        Figure(key="dr_plain", name=NAME + ", no caches", unit="s", samples=plain,
+               notes="`testbed wipe` + `sglang-deploy rebuild` (install from /srv/wheelhouse, start, verify)",
+               extra={"wipe_s": wipes, "time_to_ready_s": ready_plain}),
+        Figure(key="dr_cache", name=NAME + ", restored caches", unit="s", samples=cached,
+               baseline_name="rebuild without caches (same runs)", baseline_samples=plain,
+               notes=f"`rebuild --cache` with a {size_mib:.2f} MiB archive from `cache save`",
+               extra={"time_to_ready_s": ready_cached}),
+    ]
