@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -100,7 +101,7 @@ def median(xs):
 
 # ------------------------------------------------------------------------------ testbed
 def testbed(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-    r = subprocess.run([PY, "-m", "testbed", *args], cwd=ROOT, text=True, capture_output=True,
+    r = subprocess.run([PY, "-m", "testbed", *args], cwd=ROOT, text=True, capture_output=True, check=False,
                        timeout=timeout)
     if check and r.returncode != 0:
         raise RuntimeError(f"python -m testbed {' '.join(args)} failed ({r.returncode}):\n"
@@ -143,6 +144,7 @@ class Timed:
     rc: int
     seconds: float
     maxrss_kib: int
+    cpu_s: float         # the child's own user + system CPU time (the controller's cost)
     lines: list          # [(monotonic offset s, wall-clock epoch s, text)]
     started_wall: float
 
@@ -173,7 +175,7 @@ def run_timed(argv: list[str], env: dict | None = None) -> Timed:
     seconds = time.monotonic() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     return Timed(argv=argv, rc=proc.returncode, seconds=seconds, maxrss_kib=rusage.ru_maxrss,
-                 lines=lines, started_wall=wall0)
+                 cpu_s=rusage.ru_utime + rusage.ru_stime, lines=lines, started_wall=wall0)
 
 
 def pyinfra_argv(deploy: str, limit: list[str] | None = None, verbose: bool = False,
@@ -246,12 +248,15 @@ def round_trips(t: Timed) -> dict:
     sends = 0
     facts: dict = {}
     pending = None
+    send = re.compile(r"^\s*\[[^\]]+\]\s+>>> ")       # host names are padded to one width
+    loaded = re.compile(r"^\s*\[[^\]]+\]\s+Loaded fact (\S+)")
     for off, _, text in t.lines:
-        if "] >>> " in text:
+        m = loaded.match(text)
+        if send.match(text):
             sends += 1
             pending = off
-        elif pending is not None and "] Loaded fact " in text:
-            name = text.split("] Loaded fact ", 1)[1].split(" (", 1)[0].strip()
+        elif pending is not None and m:
+            name = m.group(1)
             name = name.rsplit(".", 1)[-1]
             f = facts.setdefault(name, {"count": 0, "seconds": 0.0})
             f["count"] += 1

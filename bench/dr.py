@@ -10,8 +10,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import (BENCH_INVENTORY, PY, Figure, bench_env, converge, ensure_hosts, host_report,
-                          log, run_timed, testbed)
+from bench.common import (
+    BENCH_INVENTORY,
+    PY,
+    Figure,
+    bench_env,
+    converge,
+    ensure_hosts,
+    host_report,
+    log,
+    run_timed,
+    testbed,
+)
 
 NAME = "Disaster-recovery rebuild (blank host to verified serving)"
 CLI = str(Path(PY).parent / "sglang-deploy")
@@ -25,7 +35,7 @@ def _rebuild(host: str, cache: str | None) -> tuple[float, float, float, dict]:
     t = run_timed([CLI, "rebuild", BENCH_INVENTORY, host, *(["--cache", cache] if cache else [])],
                   env=bench_env())
     rep = host_report(host) or {}
-    if not t.ok or not rep.get("verified_at") or rep["verified_at"] < wall0:
+    if not t.ok or not rep.get("verified_epoch_s") or rep["verified_epoch_s"] < wall0:
         raise RuntimeError(f"rebuild of {host} (cache {cache}) failed or not verified (rc {t.rc}):\n{t.tail()}")
     return time.monotonic() - t0, wiped, t.seconds, rep
 
@@ -42,11 +52,11 @@ def run(cfg) -> list[Figure]:
         log(f"cache archive of {host}: {size_mib:.2f} MiB in {save.seconds:.1f}s")
         plain, cached, wipes, ready_plain, ready_cached = [], [], [], [], []
         for i in range(cfg.runs):
-            a, w, d, rep = _rebuild(host, None)
+            a, w, _, rep = _rebuild(host, None)
             plain.append(a)
             wipes.append(w)
             ready_plain.append(rep.get("time_to_ready_s"))
-            b, w, d2, rep2 = _rebuild(host, archive)
+            b, w, _, rep2 = _rebuild(host, archive)
             cached.append(b)
             wipes.append(w)
             ready_cached.append(rep2.get("time_to_ready_s"))

@@ -3,7 +3,7 @@
 Both moments are wall-clock epoch seconds on the same kernel clock (the testbed hosts are
 containers on this machine): the simulator writes `ready_at` (at "The server is fired up and
 ready to roll!") and `exited_at` (just before a crash exit) under the service's cache dir; the
-deploy's report carries `verified_at` (the verifier's ready decision). The crash's fail moment
+deploy's report carries `verified_epoch_s` (the verifier's ready decision). The crash's fail moment
 is when the failure line reaches the controller's output.
 
 A restart is forced by a new value of `sglang_env` (a unit change) through bench/inventory.py.
@@ -14,7 +14,16 @@ from __future__ import annotations
 import math
 import time
 
-from bench.common import Figure, converge, deploy, ensure_hosts, host_report, log, read_json_on, testbed
+from bench.common import (
+    Figure,
+    converge,
+    deploy,
+    ensure_hosts,
+    host_report,
+    log,
+    read_json_on,
+    testbed,
+)
 
 SIM_DIR = "/var/cache/sglang/sglang-sim"   # sglang_cache_dir (default) / sglang-sim
 PROBE_PERIOD_S = 10.0
@@ -34,9 +43,9 @@ def run(cfg) -> list[Figure]:
         t = deploy([host], extra_data=_restart_data("ready"))
         rep = host_report(host) or {}
         ready = read_json_on(host, f"{SIM_DIR}/ready.json") or {}
-        if not rep.get("verified_at") or not ready.get("ready_at") or ready["ready_at"] < t.started_wall:
+        if not rep.get("verified_epoch_s") or not ready.get("ready_at") or ready["ready_at"] < t.started_wall:
             raise RuntimeError(f"readiness run {i + 1}: no fresh ready moment (report {rep}, sim {ready})")
-        lat.append(rep["verified_at"] - ready["ready_at"])
+        lat.append(rep["verified_epoch_s"] - ready["ready_at"])
         s = ready["ready_at"] - ready["started_at"]
         startup.append(s)
         # baselines from the same run's startup time: a human's fixed `sleep 60` after the
@@ -65,7 +74,7 @@ def run(cfg) -> list[Figure]:
         Figure(key="ready_vs_sleep", name="Readiness detection latency (vs fixed sleep 60)", unit="s",
                samples=lat, baseline_name="`sleep 60` after the restart (same runs' startup)",
                baseline_samples=sleep60, goal="< 1 s", goal_kind="value_max", goal_value=1.0,
-               notes="ready moment = simulator's ready_at; detection = the report's verified_at",
+               notes="ready moment = simulator's ready_at; detection = the report's verified_epoch_s",
                extra={"startup_s": startup}),
         Figure(key="ready_vs_probe", name="Readiness detection latency (vs 10 s probe)", unit="s",
                samples=lat, baseline_name="probe every 10 s (same runs' startup)",

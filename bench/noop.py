@@ -18,15 +18,15 @@ def run(cfg) -> list[Figure]:
     converge(hosts)
     one = hosts[:1]
     b1, d1, bn, dn, ch = [], [], [], [], []
+    cpu = {"true_1": [], "deploy_1": [], f"true_{n}": [], f"deploy_{n}": []}
     for i in range(cfg.runs):
-        b1.append(deploy(one, deploy_file=TRUE).seconds)
-        t = deploy(one)
-        d1.append(t.seconds)
-        ch.append(changes(t))
-        bn.append(deploy(hosts, deploy_file=TRUE).seconds)
-        t = deploy(hosts)
-        dn.append(t.seconds)
-        ch.append(changes(t))
+        for key, target, deploy_file, out in (("true_1", one, TRUE, b1), ("deploy_1", one, "deploy.py", d1),
+                                              (f"true_{n}", hosts, TRUE, bn), (f"deploy_{n}", hosts, "deploy.py", dn)):
+            t = deploy(target, deploy_file=deploy_file)
+            out.append(t.seconds)
+            cpu[key].append(round(t.cpu_s, 2))
+            if deploy_file == "deploy.py":
+                ch.append(changes(t))
         log(f"no-op run {i + 1}/{cfg.runs}: true 1 host {b1[-1]:.2f}s, deploy 1 host {d1[-1]:.2f}s, "
             f"true {n} hosts {bn[-1]:.2f}s, deploy {n} hosts {dn[-1]:.2f}s, changes {ch[-2:]}")
     prof = round_trips(deploy(one, verbose=True))
@@ -34,7 +34,7 @@ def run(cfg) -> list[Figure]:
     changed = sum(c or 0 for c in ch)
     note = (f"{prof['commands']} commands per host per no-op run; changes reported by the no-op "
             f"runs: {changed}")
-    extra = {"profile_1_host": prof, "changes": ch}
+    extra = {"profile_1_host": prof, "changes": ch, "controller_cpu_s": cpu}
     return [
         Figure(key="noop_1", name="No-op converge, 1 host (full deploy.py)", unit="s", samples=d1,
                baseline_name="pyinfra `true`, 1 host", baseline_samples=b1,

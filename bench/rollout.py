@@ -14,8 +14,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import (BENCH_INVENTORY, PY, ROOT, Figure, bench_env, converge, ensure_hosts, log,
-                          not_measured, run_timed)
+from bench.common import (
+    BENCH_INVENTORY,
+    PY,
+    ROOT,
+    Figure,
+    bench_env,
+    converge,
+    ensure_hosts,
+    log,
+    not_measured,
+    run_timed,
+)
 
 NAME = "Rollout overhead per host (3 hosts)"
 GOAL = "< 3 s per host"
@@ -47,6 +57,8 @@ def run(cfg) -> list[Figure]:
         with tempfile.TemporaryDirectory() as tmp:
             rep_file = Path(tmp) / "rollout.json"
             argv = [cli, "rollout", BENCH_INVENTORY, "--report", str(rep_file)]
+            for h in hosts:
+                argv += ["--limit", h]
             data = {"sglang_env": {"BENCH_RUN": f"rollout-{time.time():.3f}"}}
             t = run_timed(argv, env=bench_env(data))
             if not t.ok or not rep_file.exists():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -23,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from bench.common import ROOT, Figure, log  # noqa: E402
+from bench import common
+from bench.common import ROOT, log
 
 SUITES = ("noop", "latency", "rollout", "dr", "scale")
 
@@ -56,12 +57,42 @@ def run_suites(args) -> dict:
             traceback.print_exc()
             result["errors"][name] = f"{type(e).__name__}: {e}"[:3000]
             figs = [common.not_measured(name, name, "s", f"the {name} suite failed: {str(e).splitlines()[0][:200]}")]
-        result["figures"] += [f.to_json() for f in figs]
+        result["figures"] += [{**f.to_json(), "suite": name} for f in figs]
         result["durations_s"][name] = round(time.monotonic() - t0, 1)
         log(f"== {name} done in {result['durations_s'][name]}s")
     result["finished"] = time.time()
     result["load_after"] = common.loadavg()
     return result
+
+
+def merge_update(old: dict, new: dict) -> dict:
+    """OLD's figures with those of NEW's suites replaced in place (a figure without a
+    ``suite`` field belongs to the suite named by its key, or to the suite run now that
+    produced the same key)."""
+    suites = set(new["config"]["only"])
+    new_keys = {f["key"] for f in new["figures"]}
+
+    def replaced(f):
+        return f.get("suite") in suites or f["key"] in suites or f["key"] in new_keys
+
+    figures, inserted = [], set()
+    for f in old["figures"]:
+        if not replaced(f):
+            figures.append(f)
+            continue
+        suite = f.get("suite") or next((g["suite"] for g in new["figures"] if g["key"] == f["key"]), f["key"])
+        if suite not in inserted:
+            figures += [g for g in new["figures"] if g["suite"] == suite]
+            inserted.add(suite)
+    figures += [g for g in new["figures"] if g["suite"] not in inserted]
+    errors = {k: v for k, v in old.get("errors", {}).items() if k not in suites}
+    errors.update(new.get("errors", {}))
+    durations = {**old.get("durations_s", {}), **new.get("durations_s", {})}
+    return {**old, "figures": figures, "errors": errors, "durations_s": durations,
+            "load_after": new["load_after"],
+            "updated": {"suites": sorted(suites), "at": new["started_iso"], "commit": new["commit"],
+                        "load_before": new["load_before"]},
+            "finished": old["finished"] + (new["finished"] - new["started"])}
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -108,6 +139,10 @@ def render(result: dict, before: dict | None = None) -> str:
         f"- Load average (1/5/15 min) before: {' / '.join(map(str, result['load_before']))}; "
         f"after: {' / '.join(map(str, result['load_after']))}",
         f"- Conditions: {result.get('conditions') or 'not stated'}",
+        *([f"- Suites {', '.join(result['updated']['suites'])} rerun at {result['updated']['at']} "
+           f"(commit `{result['updated']['commit']}`, load before "
+           f"{' / '.join(map(str, result['updated']['load_before']))}); the rest from the first run"]
+          if result.get("updated") else []),
         f"- Counts: {result['config']['runs']} runs per figure, {result['config']['scale_runs']} for scale",
         "",
         "## Figures",
@@ -127,6 +162,9 @@ def render(result: dict, before: dict | None = None) -> str:
             facts = "; ".join(f"{k} {v['count']}x {v['seconds']:.2f}s" for k, v in prof["facts"].items())
             bits.append(f"round trips of one no-op run (1 host, -vv): {prof['commands']} commands; "
                         f"facts: {facts}")
+        if "controller_cpu_s" in extra:
+            bits.append("controller CPU (pyinfra user+sys, median): " + ", ".join(
+                f"{k.replace('_', ' ')} {statistics.median(v):.2f} s" for k, v in extra["controller_cpu_s"].items() if v))
         if "startup_s" in extra:
             bits.append("server restart-to-ready (simulated): "
                         + ", ".join(f"{x:.2f} s" for x in extra["startup_s"]))
@@ -138,13 +176,17 @@ def render(result: dict, before: dict | None = None) -> str:
         prev = {f["key"]: f for f in before["figures"]}
         lines += ["", f"## Before / after (before: {before['started_iso']}, commit `{before['commit']}`; "
                       f"conditions: {before.get('conditions') or 'not stated'})", "",
-                  "| figure | before (median) | after (median) | after / before |", "|---|---|---|---|"]
+                  "| figure | before (median) | after (median) | after / before | ratio to baseline before -> after |",
+                  "|---|---|---|---|---|"]
         for f in result["figures"]:
             b = prev.get(f["key"])
             if not b or not b["measured"] or not f["measured"]:
                 continue
             r = f"{f['median'] / b['median']:.2f}x" if b["median"] else "-"
-            lines.append(f"| {f['name']} | {_fmt(b['median'], f['unit'])} | {_fmt(f['median'], f['unit'])} | {r} |")
+            rr = (f"{b['ratio']:.2f}x -> {f['ratio']:.2f}x"
+                  if b.get("ratio") is not None and f.get("ratio") is not None else "-")
+            lines.append(f"| {f['name']} | {_fmt(b['median'], f['unit'])} | {_fmt(f['median'], f['unit'])} "
+                         f"| {r} | {rr} |")
     extra_md = ROOT / "bench" / "performance-notes.md"
     if extra_md.exists():
         lines += ["", extra_md.read_text().rstrip()]
@@ -169,6 +211,9 @@ def main(argv=None) -> int:
     p.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
     p.add_argument("--render", metavar="RESULTS", help="only render RESULTS (a results JSON) to --doc")
     p.add_argument("--down", action="store_true", help="take the testbed down at the end")
+    p.add_argument("--update", metavar="RESULTS",
+                   help="rerun only the --only suites and replace their figures in RESULTS "
+                        "(e.g. after fixing one suite); writes a new results file")
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
     bad = [s for s in args.only if s not in SUITES]
@@ -185,6 +230,8 @@ def main(argv=None) -> int:
         finally:
             if args.down:
                 common.testbed("down", check=False)
+        if args.update:
+            result = merge_update(json.loads(Path(args.update).read_text()), result)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         path = out / time.strftime("%Y%m%dT%H%M%SZ.json", time.gmtime(result["started"]))

@@ -22,7 +22,7 @@ def host_summary(name: str, ctx, decision) -> dict:
         "phase_durations_s": {k: round(v, 2) for k, v in (d.get("phase_durations") or {}).items()},
         "time_to_ready_s": d.get("time_to_ready_s"),
         # wall clock (epoch s) of the ready decision on the controller, for latency measurements
-        "verified_at": round(time.time(), 3),
+        "verified_epoch_s": round(time.time(), 3),
         "nccl_env": ctx.nccl_env,
     }
 
