@@ -65,6 +65,11 @@ def run_suites(args) -> dict:
     return result
 
 
+def _updates(result: dict) -> list:
+    u = result.get("updated") or []
+    return [u] if isinstance(u, dict) else list(u)
+
+
 def merge_update(old: dict, new: dict) -> dict:
     """OLD's figures with those of NEW's suites replaced in place (a figure without a
     ``suite`` field belongs to the suite named by its key, or to the suite run now that
@@ -90,8 +95,8 @@ def merge_update(old: dict, new: dict) -> dict:
     durations = {**old.get("durations_s", {}), **new.get("durations_s", {})}
     return {**old, "figures": figures, "errors": errors, "durations_s": durations,
             "load_after": new["load_after"],
-            "updated": {"suites": sorted(suites), "at": new["started_iso"], "commit": new["commit"],
-                        "load_before": new["load_before"]},
+            "updated": _updates(old) + [{"suites": sorted(suites), "at": new["started_iso"],
+                                         "commit": new["commit"], "load_before": new["load_before"]}],
             "finished": old["finished"] + (new["finished"] - new["started"])}
 
 
@@ -133,16 +138,15 @@ def render(result: dict, before: dict | None = None) -> str:
         "measured in the same run. Medians of `runs` runs.",
         "",
         f"- Run: {result['started_iso']}, commit `{result['commit']}`, "
-        f"{(result['finished'] - result['started']) / 60:.1f} min",
+        f"{(result['finished'] - result['started']) / 60:.1f} min of measuring (reruns included)",
         f"- Machine: {m['cpu_model']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, kernel {m['kernel']}, "
         f"Python {m['python']}",
         f"- Load average (1/5/15 min) before: {' / '.join(map(str, result['load_before']))}; "
         f"after: {' / '.join(map(str, result['load_after']))}",
         f"- Conditions: {result.get('conditions') or 'not stated'}",
-        *([f"- Suites {', '.join(result['updated']['suites'])} rerun at {result['updated']['at']} "
-           f"(commit `{result['updated']['commit']}`, load before "
-           f"{' / '.join(map(str, result['updated']['load_before']))}); the rest from the first run"]
-          if result.get("updated") else []),
+        *[f"- Rerun of {', '.join(u['suites'])} at {u['at']} (commit `{u['commit']}`, load before "
+          f"{' / '.join(map(str, u['load_before'] or ['?']))}): their figures replace the first run's"
+          for u in _updates(result)],
         f"- Counts: {result['config']['runs']} runs per figure, {result['config']['scale_runs']} for scale",
         "",
         "## Figures",

@@ -8,26 +8,12 @@ maximum RSS (wait4 rusage: pyinfra is one process; SSH is paramiko inside it).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from bench.common import Figure, changes, converge, deploy, ensure_hosts, log, state
+from bench.common import Figure, changes, converge, deploy, ensure_hosts, log
 
 TRUE = "bench/true_deploy.py"
 
 
-def _mem_available_kib() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1])
-    return 0
-
-
 def run(cfg) -> list[Figure]:
-    before = _mem_available_kib()
-    try:
-        already = len(state()["hosts"])
-    except (OSError, ValueError, KeyError):
-        already = 0
     hosts = []
     for n in sorted({min(8, cfg.scale_hosts), cfg.scale_hosts}):
         try:
@@ -37,9 +23,6 @@ def run(cfg) -> list[Figure]:
             break
     n = len(hosts)
     t = converge(hosts)
-    # memory taken by the hosts this suite added (booted and converged), per host
-    added = n - already
-    per_host_mib = (before - _mem_available_kib()) / 1024 / added if added > 0 else None
     secs, rss, base, base_rss, ch = [], [], [], [], []
     for i in range(cfg.scale_runs):
         b = deploy(hosts, deploy_file=TRUE)
@@ -54,13 +37,9 @@ def run(cfg) -> list[Figure]:
     return [
         Figure(key="scale_time", name=f"Pre-flight + no-op deploy, {n} hosts", unit="s", samples=secs,
                baseline_name=f"pyinfra `true`, {n} hosts", baseline_samples=base,
-               notes=f"{n} testbed hosts ran here (asked for {cfg.scale_hosts}); "
-                     + (f"about {per_host_mib:.0f} MiB of this machine's memory (MemAvailable) per "
-                        f"host booted and converged by this suite ({added})"
-                        if per_host_mib is not None else "all hosts were up before: memory per host "
-                        "not measured") + f"; converge of all {n} before the runs: {t.seconds:.0f}s",
-               extra={"hosts": n, "changes": ch,
-                      "mem_per_host_mib": None if per_host_mib is None else round(per_host_mib)}),
+               notes=f"{n} testbed hosts ran here (asked for {cfg.scale_hosts}); converge of all "
+                     f"{n} before the runs: {t.seconds:.0f}s",
+               extra={"hosts": n, "changes": ch}),
         Figure(key="scale_rss", name=f"Controller peak memory, {n} hosts", unit="MiB", samples=rss,
                baseline_name=f"pyinfra `true`, {n} hosts", baseline_samples=base_rss),
     ]
