@@ -95,16 +95,21 @@ class SglangHostState(FactBase):
     """
     Everything the runtime and service stages decide on, in one round trip: releases (with
     their recorded patch state), the ``current`` link, the tool venv's uv version, the
-    service's ``systemctl show`` properties and, with ``model``, the model folder's shards.
+    service's ``systemctl show`` properties, the user names, ``paths`` (kind, owner, group,
+    mode, sha256 of each path given: the folders and files the deploy manages) and, with
+    ``model``, the model folder's shards.
     """
 
     def command(self, root: str, service: str, model: str | None = None,
-                secrets: str | None = None, python: str = "python3", cache: str | None = None) -> str:
+                secrets: str | None = None, python: str = "python3", cache: str | None = None,
+                paths: tuple = ()) -> str:
         args = ["state", "--root", root, "--service", service]
         if cache:
             args += ["--cache", cache]
         if secrets:
             args += ["--secrets", secrets]
+        for path in paths:
+            args += ["--path", path]
         if model:
             args += ["--model", model]
         return _stdin_script("hoststate.py", args, python=python)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 REPORT_DIR = Path(os.environ.get("SGLANG_DEPLOY_REPORTS", ".sglang-deploy/reports"))
@@ -20,6 +21,8 @@ def host_summary(name: str, ctx, decision) -> dict:
         "invocation": d.get("invocation"),
         "phase_durations_s": {k: round(v, 2) for k, v in (d.get("phase_durations") or {}).items()},
         "time_to_ready_s": d.get("time_to_ready_s"),
+        # wall clock (epoch s) of the ready decision on the controller, for latency measurements
+        "verified_epoch_s": round(time.time(), 3),
         "nccl_env": ctx.nccl_env,
     }
 

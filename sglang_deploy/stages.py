@@ -16,7 +16,6 @@ from pathlib import Path
 
 from pyinfra import host, logger, state
 from pyinfra.api import deploy
-from pyinfra.facts.server import Users
 from pyinfra.operations import files, python, server
 
 from sglang_deploy import data as datamod
@@ -97,6 +96,29 @@ def lock_info(lock_file: str) -> tuple[str, str, str]:
 _CONTEXTS: dict[str, Context] = {}
 
 
+TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py")
+
+
+def managed_folders(s: datamod.Settings) -> list[tuple[str, str, str]]:
+    """(path, owner, mode) of every folder the runtime stage keeps."""
+    return [
+        (s.sglang_root, "root", "755"), (f"{s.sglang_root}/releases", "root", "755"),
+        (f"{s.sglang_root}/tools", "root", "755"), (s.sglang_cache_dir, s.sglang_user, "750"),
+        (s.sglang_home, s.sglang_user, "750"), (SECRETS_DIR, "root", "700"),
+        (f"{s.sglang_root}/uv-cache", "root", "700"),
+    ]
+
+
+def unit_path(s: datamod.Settings) -> str:
+    return f"/etc/systemd/system/{s.sglang_service}.service"
+
+
+def managed_paths(s: datamod.Settings, release_id: str) -> tuple[str, ...]:
+    """Folders and files whose state the host-state fact reads in its one round trip."""
+    return (*(p for p, _, _ in managed_folders(s)), *(f"{s.sglang_root}/tools/{t}" for t in TOOLS),
+            f"{s.sglang_root}/releases/{release_id}/requirements.lock", unit_path(s))
+
+
 def context() -> Context:
     ctx = _CONTEXTS.get(host.name)
     if ctx is None:
@@ -107,12 +129,14 @@ def context() -> Context:
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
     settings = datamod.resolve(host.data.dict())
+    release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     hs = host.get_fact(SglangHostState, root=settings.sglang_root, service=settings.sglang_service,
                        model=settings.sglang_model_path, secrets=SECRETS_FILE,
-                       python=settings.sglang_system_python, cache=settings.sglang_cache_dir)
-    ctx = Context(settings=settings, hoststate=hs)
+                       python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
+                       paths=managed_paths(settings, release_id))
+    ctx = Context(settings=settings, hoststate=hs, release_id=release_id,
+                  sglang_version=sglang_version, lock_text=lock_text)
     _CONTEXTS[host.name] = ctx
-    ctx.release_id, ctx.sglang_version, ctx.lock_text = lock_info(settings.sglang_lock)
 
     snapshot = host.get_fact(GpuSnapshot, python=settings.sglang_system_python)
     svc = hs["service"]
@@ -152,27 +176,23 @@ def runtime_stage():
     ctx = context()
     s = ctx.settings
     hs = ctx.hoststate
-    users = host.get_fact(Users)
+    users = hs["users"]  # from the host-state fact: no separate Users round trip
     if s.sglang_user not in users:
         server.user(name=f"Service user {s.sglang_user}", user=s.sglang_user, system=True,
                     home=s.sglang_home, shell="/usr/sbin/nologin", create_home=False)
     else:
         host.noop(f"user {s.sglang_user} exists")
-    for path, owner, mode in (
-        (s.sglang_root, "root", "755"), (f"{s.sglang_root}/releases", "root", "755"),
-        (ctx.tools, "root", "755"), (s.sglang_cache_dir, s.sglang_user, "750"),
-        (s.sglang_home, s.sglang_user, "750"), (SECRETS_DIR, "root", "700"),
-        (f"{s.sglang_root}/uv-cache", "root", "700"),
-    ):
-        files.directory(name=f"Folder {path}", path=path, user=owner, group=owner, mode=mode)
+    paths = hs["paths"]  # one round trip for every folder and file below (host-state fact)
+    ops.directories(name="Folders (root, releases, tools, cache, home, secrets, uv cache)",
+                    dirs=managed_folders(s), present=paths)
     if s.sglang_cache_seed:
         ops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
                          cache_dir=s.sglang_cache_dir, user=s.sglang_user,
                          present_files=hs.get("cache_files") or 0)
-    for tool in ("patch.py", "launch.py", "hoststate.py", "model_fetch.py"):
+    for tool in TOOLS:
         src = REMOTE / tool if tool != "patch.py" else Path(__file__).parent / "patch.py"
-        files.put(name=f"Tool {tool}", src=str(src), dest=f"{ctx.tools}/{tool}", mode="755",
-                  add_deploy_dir=False)
+        ops.file_content(name=f"Tool {tool}", src=str(src), dest=f"{ctx.tools}/{tool}", mode="755",
+                         present=paths.get(f"{ctx.tools}/{tool}"))
     ops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
@@ -183,8 +203,9 @@ def runtime_stage():
                   src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
                   dest=f"{s.sglang_root}/p2p-verified.json")
     rel = hs["releases"].get(ctx.release_id) or {}
-    lock_put = files.put(name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text),
-                         dest=f"{ctx.release_dir}/requirements.lock", mode="644")
+    lock_put = ops.file_content(name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text),
+                                dest=f"{ctx.release_dir}/requirements.lock", mode="644",
+                                present=hs["paths"].get(f"{ctx.release_dir}/requirements.lock"))
     release = ops.release_venv(
         name=f"Release {ctx.release_id} (sglang {ctx.sglang_version})", root=s.sglang_root,
         release_id=ctx.release_id, python=s.sglang_system_python,
@@ -287,8 +308,9 @@ def service_stage():
     secrets = ops.secret_file(name=f"Secrets {SECRETS_FILE} (0600, root)", path=SECRETS_FILE,
                               content=render_secrets_env(s.secrets),
                               present_sha256=ctx.hoststate.get("secrets_sha256"))
-    unit_path = f"/etc/systemd/system/{s.sglang_service}.service"
-    unit = files.put(name=f"Unit {unit_path}", src=StringIO(unit_text), dest=unit_path, mode="644")
+    unit_file = unit_path(s)
+    unit = ops.file_content(name=f"Unit {unit_file}", src=StringIO(unit_text), dest=unit_file,
+                            mode="644", present=ctx.hoststate["paths"].get(unit_file))
     link = files.link(name=f"{s.sglang_root}/current -> release {ctx.release_id}",
                       path=f"{s.sglang_root}/current", target=ctx.release_dir)
     svc = ctx.hoststate["service"]

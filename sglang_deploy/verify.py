@@ -185,8 +185,9 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
     last_shown = 0.0
     last_text = ""
     while True:
+        asked_http = verifier.wants_http()
         cmd = poll_command(tool, service, port, host_addr, cursor, verifier.invocation,
-                           verifier.wants_http(), verifier.require_generate, secrets)
+                           asked_http, verifier.require_generate, secrets)
         ok, output = host.run_shell_command(cmd, print_output=False)
         if not ok:
             raise VerifyError(what="the verifier's poll of the host answers",
@@ -214,6 +215,8 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
         if log and (decision.message != last_text and now - last_shown >= 2.0 or now - last_shown >= 10):
             log(decision.message)
             last_shown, last_text = now, decision.message
+        if verifier.wants_http() and not asked_http:
+            continue  # the log just said ready: ask the API at once, not one poll interval later
         sleep(poll_s)
 
 

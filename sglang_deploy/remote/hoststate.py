@@ -15,6 +15,7 @@ import argparse
 import glob
 import json
 import os
+import pwd
 import struct
 import subprocess
 import sys
@@ -108,6 +109,33 @@ def sha256_file(path: str):
         return None
 
 
+def path_state(path: str) -> dict | None:
+    """Kind, owner, group, octal mode and (for files) sha256 of PATH; None when absent."""
+    import grp
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    kind = "link" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else \
+        "file" if stat.S_ISREG(st.st_mode) else "other"
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    out = {"kind": kind, "user": user, "group": group, "mode": "%o" % stat.S_IMODE(st.st_mode)}
+    if kind == "file":
+        out["sha256"] = sha256_file(path)
+    elif kind == "link":
+        out["target"] = os.readlink(path)
+    return out
+
+
 def known_good(root: str):
     """The last verified configuration kept for rollback (ROOT/known-good/)."""
     kg = os.path.join(root, "known-good")
@@ -137,6 +165,9 @@ def cmd_state(args) -> dict:
         "last_verified": read_json(os.path.join(root, "last-verified.json")),
         "python": "%d.%d" % sys.version_info[:2],
         "secrets_sha256": sha256_file(args.secrets) if args.secrets else None,
+        # user names, so the runtime stage needs no pyinfra Users fact (a lastlog loop per user)
+        "users": sorted({p.pw_name for p in pwd.getpwall()}),
+        "paths": {p: path_state(p) for p in (args.path or [])},
         "known_good": known_good(root),
         "unit_sha256": sha256_file(f"/etc/systemd/system/{args.service}.service"),
         "p2p_verified": read_json(os.path.join(root, "p2p-verified.json")),
@@ -237,6 +268,7 @@ def main(argv=None) -> int:
     st.add_argument("--service", required=True)
     st.add_argument("--model")
     st.add_argument("--secrets")
+    st.add_argument("--path", action="append", help="report kind/owner/mode/sha256 (repeatable)")
     st.add_argument("--cache")
     po = sub.add_parser("poll")
     po.add_argument("--service", required=True)

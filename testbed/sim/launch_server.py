@@ -25,7 +25,9 @@ Config: /etc/testbed/sim.env (or $TESTBED_SIM_ENV), KEY=VALUE lines:
   SLOW_WHEN=, SLOW_FACTOR=0.5  rates x SLOW_FACTOR when launched with the SLOW_WHEN arguments
   MAX_TOKENS_PER_S=0    aggregate output throughput cap of the server, 0 = none (re-read
                         while running): throughput = min(concurrency x TOKENS_PER_S, cap)
-  READY_FILE=/var/lib/sglang-sim/ready.json   wall-clock ready moment, written atomically
+  READY_FILE=$SGLANG_CACHE_DIR/sglang-sim/ready.json   wall-clock ready moment, written atomically
+                        (default under the cache dir: the unit's ProtectSystem=strict leaves it writable)
+  EXIT_FILE=<beside READY_FILE>/exit.json   wall-clock moment of a crash exit (autotune-crash, oom)
   WARMUP_GATE=          optional path: warmup (health 503) lasts until this file exists
   HANG_AT_SHARD=        load-hang: shard index where progress stops (default: half)
   GPU_MEMORY_MIB=       simulated GPU memory (default: GPU_MEMORY_MIB of /etc/testbed/gpu.env, else 97887)
@@ -504,7 +506,9 @@ class Config:
         self._rates_checked = 0.0
         self._rates_mtime = None
         self._apply_rates(env)
-        self.ready_file = env.get("READY_FILE", "/var/lib/sglang-sim/ready.json")
+        cache = os.environ.get("SGLANG_CACHE_DIR") or os.path.expanduser("~/.cache/sglang")
+        self.ready_file = env.get("READY_FILE") or os.path.join(cache, "sglang-sim", "ready.json")
+        self.exit_file = env.get("EXIT_FILE") or os.path.join(os.path.dirname(self.ready_file), "exit.json")
         self.warmup_gate = env.get("WARMUP_GATE", "")
         self.hang_at = env.get("HANG_AT_SHARD", "")
         self.gpu_mib = int(env.get("GPU_MEMORY_MIB") or gpu.get("GPU_MEMORY_MIB") or 97887)
@@ -691,6 +695,8 @@ class Sim:
         for r in range(self.tp):
             log(M("sched_exc", traceback="\n".join(tb) + "\n"), self.prefix(r))
         log(M("sigquit"))
+        self.write_record(self.cfg.exit_file, {"exited_at": time.time(), "how": "SIGKILL",
+                                               "phase": exc_lines[-1] if exc_lines else ""})
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _lineno(self, path: str, code: str):
@@ -905,18 +911,24 @@ class Sim:
         self.write_ready()
 
     def write_ready(self):
-        path = Path(self.cfg.ready_file)
-        data = {"ready_at": time.time(), "ready_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "started_at": self.started, "pid": os.getpid(), "version": self.version,
-                "scenario": self.cfg.scenario, "autotune": self.autotune_ran,
-                "autotune_reason": self.autotune_reason, "host": self.host, "port": self.port}
+        self.write_record(self.cfg.ready_file, {
+            "ready_at": time.time(), "ready_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "started_at": self.started, "pid": os.getpid(), "version": self.version,
+            "scenario": self.cfg.scenario, "autotune": self.autotune_ran,
+            "autotune_reason": self.autotune_reason, "host": self.host, "port": self.port})
+
+    def write_record(self, file: str, data: dict):
+        """Wall-clock moments for the benchmarks (same kernel clock as the controller)."""
+        data.setdefault("started_at", self.started)
+        data.setdefault("pid", os.getpid())
+        path = Path(file)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(data) + "\n")
             os.replace(tmp, path)
         except OSError as e:
-            _write(sys.stderr, f"sglang-sim: cannot write READY_FILE {path}: {e}\n")
+            _write(sys.stderr, f"sglang-sim: cannot write {path}: {e}\n")
 
     def access(self, client, method, path, status):
         try:

@@ -365,6 +365,9 @@ def test_autotune_crash_on_patched_host(patched_site, model_dir, tmp_path, runs)
     k = out.index("TP0] Scheduler hit an exception: Traceback (most recent call last):", i)
     assert k < j < out.index("] Received sigquit from a child process. It usually means the child failed.")
     assert "FlashInfer autotune completed." not in out and "Uvicorn running" not in out
+    exited = json.loads((r.ready_file.parent / "exit.json").read_text())  # for bench/: crash moment
+    assert exited["pid"] == r.p.pid and exited["started_at"] <= exited["exited_at"]
+    assert not r.ready_file.exists()
 
 
 def test_autotune_crash_scenario_is_harmless_without_autotune(site, model_dir, tmp_path, runs):

@@ -1,0 +1,299 @@
+"""Shared helpers of the benchmark scripts: testbed control, timed pyinfra runs, medians.
+
+Benchmarks are scripts, not tests: they drive the real CLI against the local testbed and
+return figures. Every testbed call honours TESTBED_DIR / TESTBED_SUBNET / TESTBED_PREFIX from
+the environment (the testbed reads them itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+BENCH_INVENTORY = "bench/inventory.py"
+# The testbed's simulated peer copies are host memcpy: their speed follows this machine's
+# load. The benchmark measures time, not bandwidth, so a busy machine must not fail the
+# pre-flight threshold; nothing else differs from the testbed inventory.
+BENCH_DATA = {"gpu_p2p_min_gbps": 0.5}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ figures
+@dataclass
+class Figure:
+    """One measured figure beside its baseline (same run), as written to the JSON report."""
+
+    key: str
+    name: str
+    unit: str
+    samples: list = field(default_factory=list)
+    baseline_name: str | None = None
+    baseline_samples: list = field(default_factory=list)
+    goal: str | None = None           # human text, e.g. "<= 2x baseline"
+    goal_kind: str | None = None      # "ratio_max" | "value_max" | None
+    goal_value: float | None = None
+    notes: str = ""
+    measured: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def median(self):
+        return median(self.samples)
+
+    @property
+    def baseline_median(self):
+        return median(self.baseline_samples)
+
+    @property
+    def ratio(self):
+        m, b = self.median, self.baseline_median
+        if m is None or b in (None, 0):
+            return None
+        return m / b
+
+    @property
+    def met(self):
+        if not self.measured or self.goal_kind is None or self.median is None:
+            return None
+        if self.goal_kind == "ratio_max":
+            return None if self.ratio is None else self.ratio <= self.goal_value
+        if self.goal_kind == "value_max":
+            return self.median < self.goal_value
+        return None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(median=_r(self.median), baseline_median=_r(self.baseline_median),
+                 ratio=_r(self.ratio), met=self.met, runs=len(self.samples))
+        d["samples"] = [_r(x) for x in self.samples]
+        d["baseline_samples"] = [_r(x) for x in self.baseline_samples]
+        return d
+
+
+def not_measured(key: str, name: str, unit: str, why: str, goal: str | None = None) -> Figure:
+    return Figure(key=key, name=name, unit=unit, goal=goal, measured=False, notes=f"not measured: {why}")
+
+
+def _r(x, nd=3):
+    return None if x is None else round(float(x), nd)
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# ------------------------------------------------------------------------------ testbed
+def testbed(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    r = subprocess.run([PY, "-m", "testbed", *args], cwd=ROOT, text=True, capture_output=True, check=False,
+                       timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"python -m testbed {' '.join(args)} failed ({r.returncode}):\n"
+                           f"{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+def state() -> dict:
+    env = os.environ.get("TESTBED_DIR")
+    path = (Path(env).expanduser().resolve() if env else ROOT / ".testbed") / "state.json"
+    return json.loads(path.read_text())
+
+
+def ensure_hosts(n: int) -> list[str]:
+    """Boot (or keep) at least N testbed hosts; return the names of the first N."""
+    t0 = time.monotonic()
+    testbed("up", "--hosts", str(n), timeout=900)
+    hosts = sorted(state()["hosts"], key=lambda h: h["index"])[:n]
+    log(f"testbed: {len(hosts)} hosts up ({time.monotonic() - t0:.1f}s)")
+    return [h["name"] for h in hosts]
+
+
+def ssh(host: str, cmd: str, check: bool = True, timeout: float = 60) -> str:
+    r = testbed("ssh", host, "sh", "-c", shlex.quote(cmd), check=check, timeout=timeout)
+    return r.stdout
+
+
+def read_json_on(host: str, path: str):
+    out = ssh(host, f"cat {shlex.quote(path)} 2>/dev/null || echo null", check=False)
+    try:
+        return json.loads(out.strip().splitlines()[-1]) if out.strip() else None
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------ pyinfra runs
+@dataclass
+class Timed:
+    argv: list
+    rc: int
+    seconds: float
+    maxrss_kib: int
+    cpu_s: float         # the child's own user + system CPU time (the controller's cost)
+    lines: list          # [(monotonic offset s, wall-clock epoch s, text)]
+    started_wall: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(t for _, _, t in self.lines[-n:])
+
+    def first_line(self, pred: Callable[[str], bool]):
+        for off, wall, text in self.lines:
+            if pred(text):
+                return off, wall, text
+        return None
+
+
+def run_timed(argv: list[str], env: dict | None = None) -> Timed:
+    """Run ARGV, timestamping each output line; peak RSS from the child's own rusage."""
+    wall0, t0 = time.time(), time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append((time.monotonic() - t0, time.time(), line.rstrip("\n")))
+    _, status, rusage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Timed(argv=argv, rc=proc.returncode, seconds=seconds, maxrss_kib=rusage.ru_maxrss,
+                 cpu_s=rusage.ru_utime + rusage.ru_stime, lines=lines, started_wall=wall0)
+
+
+def pyinfra_argv(deploy: str, limit: list[str] | None = None, verbose: bool = False,
+                 inventory: str = BENCH_INVENTORY) -> list[str]:
+    argv = [str(Path(PY).parent / "pyinfra"), "-y", inventory, deploy]
+    for name in limit or ():
+        argv += ["--limit", name]  # one flag per host: pyinfra does not split "a,b"
+    if verbose:
+        argv.append("-vv")
+    return argv
+
+
+def bench_env(extra_data: dict | None = None, env: dict | None = None) -> dict:
+    """Environment of a run against bench/inventory.py (its extra data, the report folder)."""
+    run_env = dict(env or {})
+    run_env["BENCH_EXTRA_DATA"] = json.dumps({**BENCH_DATA, **(extra_data or {})})
+    run_env.setdefault("SGLANG_DEPLOY_REPORTS", str(report_dir()))
+    return run_env
+
+
+def deploy(hosts: list[str] | None, *, extra_data: dict | None = None, env: dict | None = None,
+           verbose: bool = False, deploy_file: str = "deploy.py", check: bool = True) -> Timed:
+    """One `pyinfra INVENTORY deploy.py` run (bench inventory: testbed + BENCH_EXTRA_DATA)."""
+    t = run_timed(pyinfra_argv(deploy_file, limit=hosts, verbose=verbose),
+                  env=bench_env(extra_data, env))
+    if any("No host matches found" in text for _, _, text in t.lines):
+        raise RuntimeError(f"{' '.join(t.argv)}: a --limit matched no host:\n{t.tail()}")
+    if check and not t.ok:
+        raise RuntimeError(f"{' '.join(t.argv)} failed (rc {t.rc}) after {t.seconds:.1f}s:\n{t.tail()}")
+    return t
+
+
+_REPORTS: Path | None = None
+
+
+def report_dir() -> Path:
+    global _REPORTS
+    if _REPORTS is None:
+        _REPORTS = Path(tempfile.mkdtemp(prefix="sglang-bench-reports-"))
+    return _REPORTS
+
+
+def host_report(host: str) -> dict | None:
+    p = report_dir() / f"{host}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def converge(hosts: list[str]) -> Timed:
+    """Bring HOSTS to the converged state of the plain testbed data (installs if needed)."""
+    t = deploy(hosts, extra_data={})
+    log(f"converged {','.join(hosts)} in {t.seconds:.1f}s")
+    return t
+
+
+def changes(t: Timed) -> int | None:
+    """Operations that changed something (pyinfra's "Grand total" Success column)."""
+    for _, _, text in reversed(t.lines):
+        parts = text.split()
+        if parts[:2] == ["Grand", "total"] and len(parts) >= 4:
+            return 0 if parts[3] == "-" else int(parts[3])
+    return None
+
+
+def round_trips(t: Timed) -> dict:
+    """From a -vv run of ONE host: commands sent, and per fact: round trips and seconds.
+
+    A command starts at its `[host] >>> ...` line and ends at the next `Loaded fact NAME` line
+    (facts) or at the next line of any kind (other commands).
+    """
+    sends = 0
+    facts: dict = {}
+    pending = None
+    send = re.compile(r"^\s*\[[^\]]+\]\s+>>> ")       # host names are padded to one width
+    loaded = re.compile(r"^\s*\[[^\]]+\]\s+Loaded fact (\S+)")
+    for off, _, text in t.lines:
+        m = loaded.match(text)
+        if send.match(text):
+            sends += 1
+            pending = off
+        elif pending is not None and m:
+            name = m.group(1)
+            name = name.rsplit(".", 1)[-1]
+            f = facts.setdefault(name, {"count": 0, "seconds": 0.0})
+            f["count"] += 1
+            f["seconds"] = round(f["seconds"] + off - pending, 3)
+            pending = None
+    return {"commands": sends, "facts": dict(sorted(facts.items(), key=lambda kv: -kv[1]["seconds"]))}
+
+
+# ------------------------------------------------------------------------------ machine
+def machine() -> dict:
+    cpu_model, cores = None, 0
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu_model is None:
+                cpu_model = line.split(":", 1)[1].strip()
+            if line.startswith("processor"):
+                cores += 1
+    except OSError:
+        pass
+    mem_kib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    try:
+        kernel = Path("/proc/sys/kernel/osrelease").read_text().strip()
+    except OSError:
+        kernel = platform.release()
+    return {"cpu_model": cpu_model, "cores": cores or os.cpu_count(),
+            "ram_gib": round(mem_kib / (1 << 20), 1) if mem_kib else None, "kernel": kernel,
+            "python": platform.python_version()}
+
+
+def loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []

@@ -1,0 +1,48 @@
+"""No-op converge: a full deploy.py run on converged hosts against a pyinfra run of `true`.
+
+Per run (same run, interleaved): `true` on 1 host, deploy on 1 host, `true` on N hosts,
+deploy on N hosts (default N=8, in parallel). One extra -vv run on 1 host gives the round
+trips and the time per fact.
+"""
+
+from __future__ import annotations
+
+from bench.common import Figure, changes, converge, deploy, ensure_hosts, log, round_trips
+
+TRUE = "bench/true_deploy.py"
+
+
+def run(cfg) -> list[Figure]:
+    hosts = ensure_hosts(cfg.noop_hosts)
+    n = len(hosts)
+    converge(hosts)
+    one = hosts[:1]
+    b1, d1, bn, dn, ch = [], [], [], [], []
+    cpu = {"true_1": [], "deploy_1": [], f"true_{n}": [], f"deploy_{n}": []}
+    for i in range(cfg.runs):
+        for key, target, deploy_file, out in (("true_1", one, TRUE, b1), ("deploy_1", one, "deploy.py", d1),
+                                              (f"true_{n}", hosts, TRUE, bn), (f"deploy_{n}", hosts, "deploy.py", dn)):
+            t = deploy(target, deploy_file=deploy_file)
+            out.append(t.seconds)
+            cpu[key].append(round(t.cpu_s, 2))
+            if deploy_file == "deploy.py":
+                ch.append(changes(t))
+        log(f"no-op run {i + 1}/{cfg.runs}: true 1 host {b1[-1]:.2f}s, deploy 1 host {d1[-1]:.2f}s, "
+            f"true {n} hosts {bn[-1]:.2f}s, deploy {n} hosts {dn[-1]:.2f}s, changes {ch[-2:]}")
+    prof = round_trips(deploy(one, verbose=True))
+    log(f"no-op profile (1 host): {prof['commands']} commands; facts {prof['facts']}")
+    changed = sum(c or 0 for c in ch)
+    note = (f"{prof['commands']} commands per host per no-op run; changes reported by the no-op "
+            f"runs: {changed}")
+    extra = {"profile_1_host": prof, "changes": ch, "controller_cpu_s": cpu}
+    return [
+        Figure(key="noop_1", name="No-op converge, 1 host (full deploy.py)", unit="s", samples=d1,
+               baseline_name="pyinfra `true`, 1 host", baseline_samples=b1,
+               goal="<= 2x baseline", goal_kind="ratio_max", goal_value=2.0, notes=note, extra=extra),
+        Figure(key=f"noop_{n}", name=f"No-op converge, {n} hosts in parallel", unit="s", samples=dn,
+               baseline_name=f"pyinfra `true`, {n} hosts", baseline_samples=bn,
+               goal="<= 2x baseline", goal_kind="ratio_max", goal_value=2.0),
+        Figure(key="noop_scaling", name=f"No-op converge, {n} hosts vs 1 host", unit="s", samples=dn,
+               baseline_name="no-op converge, 1 host (same runs)", baseline_samples=d1,
+               goal="<= 1.5x", goal_kind="ratio_max", goal_value=1.5),
+    ]
