@@ -136,7 +136,11 @@ class Rollout:
         (run_dir / "reachability.log").write_text(check.output)
         if not check.ok or "Grand total   -" in check.output:
             tail = "\n".join(check.output.strip().splitlines()[-15:])
-            self.say(f"STOPPED before touching any host: not every host answered.\n{tail}")
+            down = unreachable(check.output)
+            self.say("STOPPED before touching any host: "
+                     + (f"{', '.join(down)} did not answer over SSH" if down
+                        else "not every host answered or its data is invalid")
+                     + f" (fix it, or leave it out with --limit).\n{tail}")
             for r in results.values():
                 r.message = "not touched: a host did not answer before the rollout"
             return self.finish(results, run_dir, report, t_start,
@@ -305,6 +309,13 @@ class Rollout:
         if any(r.status == "rollback-failed" for r in rows):
             return 3
         return 0 if ok else 1
+
+
+def unreachable(output: str) -> list[str]:
+    """Hosts pyinfra could not connect to, from its output (``[host] Could not connect``)."""
+    import re
+
+    return re.findall(r"^\s*\[([^\]]+)\] Could not connect", output, re.MULTILINE)
 
 
 def _indent(text: str, prefix: str = "      ") -> str:

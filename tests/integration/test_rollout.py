@@ -17,7 +17,22 @@ from pathlib import Path
 
 import pytest
 
-from .test_faults import record
+from .test_faults import FAULTS
+from .test_faults import record as fault_record
+
+
+def record(case, category, fault, r, **kw):
+    """A fault-matrix row (docs/faults.md) whose 'what the user sees' is the rollout's own
+    verdict lines (STOPPED / HALT / per-host failure / FAILED) rather than pyinfra's."""
+    rec = fault_record(case, category, fault, r, **kw)
+    keys = ("STOPPED", "HALT", "FAILED:", "      VerifyError", "    tb", f"    {PREFIX}")
+    seen = [line.strip() for line in (r.stdout + r.stderr).splitlines()
+            if line.startswith(keys) and ("fail" in line.lower() or "STOPPED" in line
+                                          or "HALT" in line or "rolled" in line)]
+    rec["error"] = seen[:4] or rec["error"]
+    slug = next(p for p in FAULTS.glob("*.json") if json.loads(p.read_text()).get("case") == case)
+    slug.write_text(json.dumps(rec, indent=2) + "\n")
+    return rec
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"

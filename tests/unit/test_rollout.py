@@ -99,3 +99,10 @@ def test_release_pruning_keeps_the_newest_and_never_a_protected_one():
     assert releases_to_prune(rel, keep=3, protected={"d"}) == ["a", "b"]
     assert releases_to_prune(rel, keep=3, protected={"a", "d"}) == ["b", "c"]
     assert releases_to_prune(rel, keep=5, protected=set()) == []
+
+
+def test_unreachable_hosts_are_named_from_pyinfras_output():
+    out = ("    [tb1] Connected\n"
+           "    [tb3] Could not connect ([Errno None] Unable to connect to port 22 on 10.213.0.13)\n"
+           "--> pyinfra error: Over 0% of hosts failed (33%)\n")
+    assert rollout.unreachable(out) == ["tb3"]
