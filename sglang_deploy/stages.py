@@ -53,6 +53,9 @@ class Context:
     patch_state: str = "unknown"
     p2p_record: dict | None = None
     verify_running: bool = False
+    p2p_skipped: bool = False
+    gpu_snapshot: dict | None = None
+    expect: object = None
 
     @property
     def root(self) -> str:
@@ -153,6 +156,7 @@ def preflight_stage():
         min_gbps=settings.gpu_p2p_min_gbps,
     )
     checks, ctx.nccl_env, matrix = preflight.evaluate(snapshot, probe, expect)
+    ctx.gpu_snapshot, ctx.expect, ctx.p2p_skipped = snapshot, expect, not full_p2p
     if full_p2p:
         ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, settings.gpu_p2p_policy)
     else:
@@ -284,6 +288,54 @@ def service_environment(ctx: Context) -> list[tuple[str, str]]:
     return sorted(env.items())
 
 
+def unit_for(ctx: Context) -> str:
+    s = ctx.settings
+    return render_unit(UnitSpec(
+        release_id=ctx.release_id, sglang_version=ctx.sglang_version,
+        # "applied" whether it happened now or earlier: the unit must not change between runs
+        patch_state="applied" if ctx.patch_state == "already-applied" else ctx.patch_state,
+        served_model_name=s.served_model_name,
+        user=s.sglang_user, home=s.sglang_home, secrets_file=SECRETS_FILE,
+        environment=tuple(service_environment(ctx)), argv=tuple(launch_argv(ctx)),
+        stop_timeout_s=s.sglang_stop_timeout_s, restart_sec=s.sglang_restart_sec,
+        writable_paths=(s.sglang_cache_dir, s.sglang_home),
+        device_allow=device_allow(s.gpu_expected_count),
+    ))
+
+
+def restart_planned(ctx: Context, unit_text: str, unit_file: str) -> bool:
+    """Will this run restart the server (unit, secrets, release, patch or model change)?"""
+    hs = ctx.hoststate
+    if hashlib.sha256(unit_text.encode()).hexdigest() != (hs["paths"].get(unit_file) or {}).get("sha256"):
+        return True
+    secrets = hashlib.sha256(render_secrets_env(ctx.settings.secrets).encode()).hexdigest()
+    if secrets != hs.get("secrets_sha256"):
+        return True
+    return any(ctx.ops[k].will_change for k in ("release", "patch", "model") if k in ctx.ops)
+
+
+def full_p2p_check(ctx: Context) -> None:
+    """The data-verified peer copies, then the pre-flight verdict again (raises if it fails)."""
+    s = ctx.settings
+    probe = host.get_fact(CudaProbe, python=s.sglang_system_python, p2p=True,
+                          mib=s.gpu_p2p_test_mib)
+    checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
+    if probe is None:
+        checks.append(preflight.Check(name="cuda-probe", status="fail",
+                                      message="the CUDA probe gave no result",
+                                      fix="run `sglang-deploy doctor` on the host and read its error"))
+    if matrix:
+        logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
+    plan.preflight(host.name, checks)
+    ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}")
+    ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
+    if ctx.p2p_record is not None and ctx.p2p_record != ctx.hoststate.get("p2p_verified"):
+        files.put(name="Record of the passed P2P test", mode="644",
+                  src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
+                  dest=f"{s.sglang_root}/p2p-verified.json")
+    ctx.p2p_skipped = False
+
+
 @deploy("Service: launch flags, secrets, systemd unit, (re)start")
 def service_stage():
     ctx = context()
@@ -293,22 +345,16 @@ def service_stage():
     ctx.ops["flags"] = ops.launch_flags_check(
         name="Launch flags known to the installed sglang", site=ctx.site,
         flag_map=flag_map_for_check(ctx), version=ctx.sglang_version, server_args=server_args)
-    argv = launch_argv(ctx)
-    unit_text = render_unit(UnitSpec(
-        release_id=ctx.release_id, sglang_version=ctx.sglang_version,
-        # "applied" whether it happened now or earlier: the unit must not change between runs
-        patch_state="applied" if ctx.patch_state == "already-applied" else ctx.patch_state,
-        served_model_name=s.served_model_name,
-        user=s.sglang_user, home=s.sglang_home, secrets_file=SECRETS_FILE,
-        environment=tuple(service_environment(ctx)), argv=tuple(argv),
-        stop_timeout_s=s.sglang_stop_timeout_s, restart_sec=s.sglang_restart_sec,
-        writable_paths=(s.sglang_cache_dir, s.sglang_home),
-        device_allow=device_allow(s.gpu_expected_count),
-    ))
+    unit_text = unit_for(ctx)
+    unit_file = unit_path(s)
+    if ctx.p2p_skipped and restart_planned(ctx, unit_text, unit_file):
+        # The server is about to be replaced: the copies skipped in pre-flight (it was
+        # serving) run now, still before any operation executes; a failure stops here.
+        full_p2p_check(ctx)
+        unit_text = unit_for(ctx)
     secrets = ops.secret_file(name=f"Secrets {SECRETS_FILE} (0600, root)", path=SECRETS_FILE,
                               content=render_secrets_env(s.secrets),
                               present_sha256=ctx.hoststate.get("secrets_sha256"))
-    unit_file = unit_path(s)
     unit = ops.file_content(name=f"Unit {unit_file}", src=StringIO(unit_text), dest=unit_file,
                             mode="644", present=ctx.hoststate["paths"].get(unit_file))
     link = files.link(name=f"{s.sglang_root}/current -> release {ctx.release_id}",
