@@ -35,6 +35,8 @@ TESTBED_DATA = {
     "bench_num_prompts": 32,
     "bench_input_len": 32,
     "bench_output_len": 128,
+    # a level takes seconds here: a stuck one fails in minutes, not the default hour
+    "bench_timeout_s": 300,
     # The benchmark client imports torch/triton/torchvision (through sglang/__init__.py) but
     # never uses them; the testbed's release venv has no GPU stack, so import-only stand-ins.
     "bench_env": {"PYTHONPATH": "/opt/sglang-sim/standins"},
