@@ -138,16 +138,22 @@ def test_no_world_readable_file_holds_the_secret(testbed, keyed):
         if mode == "1":
             readable.append(f)
     perms = testbed.ssh(SPARE, "stat -c '%a %U' /etc/sglang/secrets.env /etc/sglang").stdout.split("\n")
+    # the rollback copy of what last passed verification (root only, like the original)
+    kg_perms = testbed.ssh(SPARE, "stat -c '%a %U' /opt/sglang/known-good/secrets.env "
+                                  "/opt/sglang/known-good").stdout.split("\n")
     record("no world-readable file holds a secret", "Security",
            "`grep -rlF` over / (but /proc, /sys, /dev, wheelhouse, models) for the key, its "
            "env-file escaped form and its first 6 characters",
            subprocess.CompletedProcess([], 0, "", ""), expect_ok=True,
            notes=f"files holding it: {files or 'none'}; world-readable among them: "
                  f"{readable or 'none'}; /etc/sglang/secrets.env and its folder: "
-                 f"{', '.join(x for x in perms if x)}")
-    assert files == ["/etc/sglang/secrets.env"], files
+                 f"{', '.join(x for x in perms if x)}; the rollback copy "
+                 f"/opt/sglang/known-good/secrets.env and its folder: "
+                 f"{', '.join(x for x in kg_perms if x)}")
+    assert files == ["/etc/sglang/secrets.env", "/opt/sglang/known-good/secrets.env"], files
     assert readable == []
     assert perms[:2] == ["600 root", "700 root"]
+    assert kg_perms[:2] == ["600 root", "700 root"]
 
 
 def test_service_is_unprivileged_and_hardened(testbed, keyed):
