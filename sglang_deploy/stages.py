@@ -129,6 +129,21 @@ def context() -> Context:
     return ctx
 
 
+def no_probe_check(settings) -> preflight.Check:
+    return preflight.Check(
+        name="cuda-probe", status="fail", message="the CUDA probe gave no result",
+        fix=f"run `{settings.sglang_system_python} cuda_probe.py --p2p` on the host (or "
+            "`sglang-deploy doctor` there) and read its error")
+
+
+def put_p2p_record(ctx: Context) -> None:
+    """Keep a passed full P2P test's verdict on the host (a file op: unchanged = no change)."""
+    if ctx.p2p_record is not None:
+        files.put(name="Record of the passed P2P test", mode="644",
+                  src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
+                  dest=f"{ctx.settings.sglang_root}/p2p-verified.json")
+
+
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
     settings = datamod.resolve(host.data.dict())
@@ -163,10 +178,7 @@ def preflight_stage():
         checks, ctx.nccl_env = preflight.use_p2p_record(checks, ctx.nccl_env, record,
                                                         settings.sglang_service)
     if probe is None:  # the deploy never installs on a host whose CUDA was not proven
-        checks.append(preflight.Check(
-            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
-            fix=f"run `{settings.sglang_system_python} cuda_probe.py --p2p` on the host (or "
-                "`sglang-deploy doctor` there) and read its error"))
+        checks.append(no_probe_check(settings))
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if matrix:
@@ -202,10 +214,7 @@ def runtime_stage():
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
                   index_url=s.sglang_index_url)
 
-    if ctx.p2p_record is not None:
-        files.put(name="Record of the passed P2P test", mode="644",
-                  src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
-                  dest=f"{s.sglang_root}/p2p-verified.json")
+    put_p2p_record(ctx)
     rel = hs["releases"].get(ctx.release_id) or {}
     lock_put = ops.file_content(name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text),
                                 dest=f"{ctx.release_dir}/requirements.lock", mode="644",
@@ -321,18 +330,13 @@ def full_p2p_check(ctx: Context) -> None:
                           mib=s.gpu_p2p_test_mib)
     checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
     if probe is None:
-        checks.append(preflight.Check(name="cuda-probe", status="fail",
-                                      message="the CUDA probe gave no result",
-                                      fix="run `sglang-deploy doctor` on the host and read its error"))
+        checks.append(no_probe_check(s))
     if matrix:
         logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
     plan.preflight(host.name, checks)
     ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}")
     ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
-    if ctx.p2p_record is not None and ctx.p2p_record != ctx.hoststate.get("p2p_verified"):
-        files.put(name="Record of the passed P2P test", mode="644",
-                  src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
-                  dest=f"{s.sglang_root}/p2p-verified.json")
+    put_p2p_record(ctx)
     ctx.p2p_skipped = False
 
 

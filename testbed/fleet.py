@@ -784,6 +784,17 @@ def _set_env_key(path: Path, key: str, value: str) -> None:
     tmp.rename(path)
 
 
+def running_host(name: str) -> tuple[dict, dict]:
+    """(testbed state, host record) of NAME, which must be up and running."""
+    state = load_state()
+    if state is None:
+        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+    h = find_host(state, name)
+    if not host_alive(h):
+        raise TestbedError(f"{h['name']} is not running")
+    return state, h
+
+
 def scenario(name: str, scen: str, when: str = "") -> None:
     """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env). WHEN
     (server scenarios) limits it to servers launched with those arguments, e.g.
@@ -791,12 +802,7 @@ def scenario(name: str, scen: str, when: str = "") -> None:
     if scen not in GPU_SCENARIOS and scen not in SIM_SCENARIOS:
         raise TestbedError(f"unknown scenario {scen!r}; GPU: {', '.join(GPU_SCENARIOS)}; "
                            f"server: {', '.join(SIM_SCENARIOS)}")
-    state = load_state()
-    if state is None:
-        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
-    h = find_host(state, name)
-    if not host_alive(h):
-        raise TestbedError(f"{h['name']} is not running")
+    state, h = running_host(name)
     etc = Path(h["merged"]) / "etc/testbed"
     if scen in GPU_SCENARIOS and scen != "cgroup-denied":
         allow_devices(h)
@@ -823,12 +829,7 @@ def sim_env(name: str, settings: dict) -> dict:
     bad = [k for k in settings if k not in SIM_ENV_KEYS]
     if bad:
         raise TestbedError(f"unknown sim.env key(s) {', '.join(bad)}; known: {', '.join(SIM_ENV_KEYS)}")
-    state = load_state()
-    if state is None:
-        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
-    h = find_host(state, name)
-    if not host_alive(h):
-        raise TestbedError(f"{h['name']} is not running")
+    _, h = running_host(name)
     path = Path(h["merged"]) / "etc/testbed/sim.env"
     for key, value in settings.items():
         if "\n" in str(value):
