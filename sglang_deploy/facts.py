@@ -45,6 +45,45 @@ GPU_SECTIONS = {
 DEV_OPEN = (REMOTE / "dev_open.py").read_text()
 
 
+def _sections_command(sections: dict[str, str], parallel: bool = False) -> str:
+    """One shell command that runs every section and prints each one's output between
+    markers (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given.
+    With ``parallel`` they run at once (each into its own file of a private temp folder) and
+    print in order afterwards: the round trip lasts as long as the slowest section."""
+    if not parallel:
+        parts = [f"echo '{MARK}{name}'; {cmd} 2>&1; echo \"{MARK}rc=$?\"" for name, cmd in sections.items()]
+        return "LC_ALL=C; export LC_ALL; " + "; ".join(parts) + "; true"
+    lines = ["LC_ALL=C; export LC_ALL", 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    for i, cmd in enumerate(sections.values()):
+        # its own subshell, closed on its own line: a command may end in a here-document
+        lines.append(f'( ( {cmd}\n) >"$d/{i}" 2>&1; echo $? >"$d/{i}.rc" ) &')
+    lines.append("wait")
+    for i, name in enumerate(sections):
+        lines.append(f"echo '{MARK}{name}'; cat \"$d/{i}\"; "
+                     f"[ -z \"$(tail -c1 \"$d/{i}\")\" ] || echo; "
+                     f"echo \"{MARK}rc=$(cat \"$d/{i}.rc\" 2>/dev/null || echo 255)\"")
+    return "\n".join(lines)
+
+
+def _parse_sections(output: list[str]) -> dict:
+    sections: dict = {}
+    current, lines = None, []
+    for line in output:
+        if line.startswith(MARK + "rc="):
+            sections[current] = {"out": "\n".join(lines) + ("\n" if lines else ""),
+                                 "rc": int(line.split("=", 1)[1])}
+            current, lines = None, []
+        elif line.startswith(MARK):
+            current, lines = line[len(MARK):], []
+        else:
+            lines.append(line)
+    return sections
+
+
+def gpu_sections(python: str) -> dict[str, str]:
+    return {**GPU_SECTIONS, "dev-open.txt": f"{shlex.quote(python)} -c {shlex.quote(DEV_OPEN)}"}
+
+
 class GpuSnapshot(FactBase):
     """
     nvidia-smi (``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``), ``ls -l /dev/nvidia*``
@@ -54,26 +93,10 @@ class GpuSnapshot(FactBase):
     """
 
     def command(self, python: str = "python3") -> str:
-        parts = []
-        sections = {**GPU_SECTIONS,
-                    "dev-open.txt": f"{shlex.quote(python)} -c {shlex.quote(DEV_OPEN)}"}
-        for name, cmd in sections.items():
-            parts.append(f"echo '{MARK}{name}'; {cmd} 2>&1; echo \"{MARK}rc=$?\"")
-        return "LC_ALL=C; export LC_ALL; " + "; ".join(parts) + "; true"
+        return _sections_command(gpu_sections(python))
 
     def process(self, output: list[str]) -> dict:
-        sections: dict = {}
-        current, lines = None, []
-        for line in output:
-            if line.startswith(MARK + "rc="):
-                sections[current] = {"out": "\n".join(lines) + ("\n" if lines else ""),
-                                     "rc": int(line.split("=", 1)[1])}
-                current, lines = None, []
-            elif line.startswith(MARK):
-                current, lines = line[len(MARK):], []
-            else:
-                lines.append(line)
-        return sections
+        return _parse_sections(output)
 
 
 class CudaProbe(FactBase):
@@ -134,16 +157,57 @@ class PatchStatus(FactBase):
 
 
 class ServerArgsSource(FactBase):
-    """The text of ``sglang/srt/server_args.py`` of a release venv (``None`` if absent)."""
+    """``sglang/srt/server_args.py`` of a release venv: ``{"sha256": hex, "text": source}``
+    (``None`` if absent). Fetched only when the controller has no parsed copy of a file with
+    that sha256 (``flagcache``)."""
 
     def command(self, site: str) -> str:
         path = shlex.quote(f"{site}/sglang/srt/server_args.py")
-        return f"if test -f {path}; then cat {path}; else echo @@missing; fi"
+        return (f"if test -f {path}; then sha256sum {path} | cut -d' ' -f1; cat {path}; "
+                f"else echo @@missing; fi")
 
     def process(self, output: list[str]):
-        if output == ["@@missing"]:
+        if not output or output == ["@@missing"]:
             return None
-        return "\n".join(output) + "\n"
+        return {"sha256": output[0].strip(), "text": "\n".join(output[1:]) + "\n"}
+
+
+class HostSnapshot(FactBase):
+    """
+    The pre-flight's one round trip: the host state (``SglangHostState``), the GPU snapshot
+    (``GpuSnapshot``) and the CUDA probe without peer copies (``CudaProbe(p2p=False)``), run
+    at the same time on the host. Returns ``{"state": ..., "gpu": ..., "probe": ...}`` with
+    each part as its own fact returns it (``None`` for a part that printed no JSON), and
+    ``output``: the raw text of the two JSON parts (for the error that names what went wrong).
+    """
+
+    def command(self, root: str, service: str, model: str | None = None,
+                secrets: str | None = None, python: str = "python3", cache: str | None = None,
+                paths: tuple = (), mib: int = 64) -> str:
+        state = SglangHostState().command(root=root, service=service, model=model,
+                                          secrets=secrets, python=python, cache=cache, paths=paths)
+        probe = CudaProbe().command(python=python, p2p=False, mib=mib)
+        return _sections_command({"hoststate.json": state, "cuda-probe.json": probe,
+                                  **gpu_sections(python)}, parallel=True)
+
+    def process(self, output: list[str]) -> dict:
+        sections = _parse_sections(output)
+
+        raw = {name: (sections.get(name) or {}).get("out", "")
+               for name in ("hoststate.json", "cuda-probe.json")}
+
+        def json_of(name: str):
+            # the part's stderr shares its section: the object is its last JSON line
+            for line in reversed((sections.pop(name, None) or {}).get("out", "").splitlines()):
+                if line.startswith(("{", "null")):
+                    try:
+                        return json.loads(line)
+                    except ValueError:
+                        continue
+            return None
+
+        return {"state": json_of("hoststate.json"), "probe": json_of("cuda-probe.json"),
+                "gpu": sections, "output": raw}
 
 
 def site_packages(venv: str, python_minor: str) -> str:

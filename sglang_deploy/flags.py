@@ -34,6 +34,7 @@ Pure module (no I/O except :func:`spec_from_wheel`, which reads a local wheel fi
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import json
 import math
@@ -187,6 +188,40 @@ class FlagSpec(Mapping[str, ArgInfo]):
 
     def __repr__(self) -> str:
         return f"FlagSpec(version={self.version!r}, {len(self._by_opt)} option strings)"
+
+    def to_json(self) -> dict:
+        """A JSON-able copy that :meth:`from_json` turns back into an equal spec (the
+        controller's cache of parsed ``server_args.py`` files, see ``flagcache``)."""
+        infos: list[ArgInfo] = []
+        index: dict[int, int] = {}
+        by_opt = {}
+        for opt, info in self._by_opt.items():
+            if id(info) not in index:
+                index[id(info)] = len(infos)
+                infos.append(info)
+            by_opt[opt] = index[id(info)]
+        return {"version": self.version, "by_opt": by_opt,
+                "infos": [dataclasses.asdict(i) for i in infos]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> FlagSpec:
+        def info(d: dict) -> ArgInfo:
+            d = dict(d)
+            d["option_strings"] = tuple(d["option_strings"])
+            if d.get("choices") is not None:
+                d["choices"] = tuple(d["choices"])
+            return ArgInfo(**d)
+
+        infos = [info(d) for d in obj["infos"]]
+        spec = cls((), version=obj.get("version"))
+        spec._by_opt = {opt: infos[i] for opt, i in obj["by_opt"].items()}
+        return spec
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, FlagSpec) and self.version == other.version
+                and list(self._by_opt.items()) == list(other._by_opt.items()))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 # --------------------------------------------------------------------------------------

@@ -6,14 +6,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import posixpath
 import shlex
 from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
-from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.operations import files
 
+from sglang_deploy import flagcache
 from sglang_deploy import flags as flagmod
 from sglang_deploy import modelfetch
 from sglang_deploy.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
@@ -24,7 +26,6 @@ def reported(function):
     """Wrap a function run on the host's turn (``python.call``, ``FunctionCommand``): a
     tool error is logged as its own message (expected / found / fix), not as a Python
     traceback, and fails the operation."""
-    import functools
 
     from pyinfra.api.exceptions import NestedOperationError
 
@@ -208,24 +209,28 @@ def autotune_patch(python: str, site: str, tool: str, record: str, status: dict 
     yield _sh(python, tool, "apply", site, "--json", "--record", record)
 
 
-@functools.lru_cache(maxsize=4)
-def server_args_spec(text: str) -> flagmod.FlagSpec:
-    """Parse a ``server_args.py`` once per process: every host of a release has the same file,
-    and the parse costs about 0.15 s of controller CPU (it was paid once per host)."""
-    return flagmod.parse_server_args(text)
+def server_args_flag_spec(site: str, cache_dir: str) -> flagmod.FlagSpec | None:
+    """The flags ``server_args.py`` of the release at SITE declares: fetched and parsed only
+    when the controller's cache (``flagcache``, by sha256) does not hold them; None if the
+    file is missing."""
+    src = host.get_fact(ServerArgsSource, site=site)
+    if src is None:
+        return None
+    return flagcache.spec_for(cache_dir, src["text"], src["sha256"])
 
 
-def _check_flags_on_host(site: str, settings_flags: dict, version: str):
-    text = host.get_fact(ServerArgsSource, site=site)
-    if text is None:
+def _check_flags_on_host(site: str, settings_flags: dict, version: str, cache_dir: str):
+    spec = server_args_flag_spec(site, cache_dir)
+    if spec is None:
         raise FlagError(what="sglang/srt/server_args.py in the release venv",
                         found=f"missing under {site}", fix="re-run the deploy to reinstall")
-    flagmod.check_flags(settings_flags, server_args_spec(text), version, forbidden={})
+    flagmod.check_flags(settings_flags, spec, version, forbidden={})
     logger.info(f"{host.print_prefix}launch flags checked against sglang {version}")
 
 
 @operation()
-def launch_flags_check(site: str, flag_map: dict, version: str, server_args: str | None):
+def launch_flags_check(site: str, flag_map: dict, version: str, spec: flagmod.FlagSpec | None,
+                       cache_dir: str):
     """
     Check every launch flag against the flags the installed sglang defines (read statically
     from its ``server_args.py``), before the unit changes.
@@ -233,20 +238,22 @@ def launch_flags_check(site: str, flag_map: dict, version: str, server_args: str
     + site: site-packages of the release venv on the host
     + flag_map: the full flag mapping that will be rendered
     + version: the sglang version of the release
-    + server_args: the text of ``server_args.py`` if the release exists already, else None
-      (then the check runs on the host right after the install)
+    + spec: the flags of the installed release's ``server_args.py`` if it exists already,
+      else None (then the check runs on the host right after the install)
+    + cache_dir: the controller's cache of parsed ``server_args.py`` files (``flagcache``)
 
     **Example:**
 
     .. code:: python
 
-        launch_flags_check(site=site, flag_map=flags, version="0.5.12.post1", server_args=None)
+        launch_flags_check(site=site, flag_map=flags, version="0.5.12.post1", spec=None,
+                           cache_dir=".sglang-deploy/cache/flagspec")
     """
-    if server_args is not None:
-        flagmod.check_flags(flag_map, server_args_spec(server_args), version, forbidden={})
+    if spec is not None:
+        flagmod.check_flags(flag_map, spec, version, forbidden={})
         host.noop(f"{len(flag_map)} launch flags are defined by sglang {version}")
         return
-    yield FunctionCommand(reported(_check_flags_on_host), (site, flag_map, version), {})
+    yield FunctionCommand(reported(_check_flags_on_host), (site, flag_map, version, cache_dir), {})
 
 
 @operation()
@@ -553,11 +560,33 @@ def directories(dirs: list, present: dict):
         yield from files.directory._inner(path=path, user=owner, group=owner, mode=mode)
 
 
+def _content_matches(src, mode: str, present: dict | None) -> bool:
+    if hasattr(src, "getvalue"):
+        data = src.getvalue()
+        data = data.encode() if isinstance(data, str) else data
+    else:
+        with open(src, "rb") as fh:
+            data = fh.read()
+    present = present or {}
+    return (present.get("kind") == "file" and present.get("mode") == _mode(mode)
+            and present.get("sha256") == hashlib.sha256(data).hexdigest())
+
+
+def _upload(src, dest: str, mode: str):
+    """Upload SRC to DEST (a temp file, then a rename) and set its mode. The caller found
+    from the host-state read that the file differs, so pyinfra's ``File``/``Directory``/
+    ``Sha1File`` round trips (``files.put`` reads them while preparing and again while
+    executing) are not needed."""
+    yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
+    yield FileUploadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
+    yield StringCommand("chmod", mode, QuoteString(dest))
+
+
 @operation()
 def file_content(src, dest: str, mode: str, present: dict | None):
     """
     A file with exact content and mode, checked against one host-state read (sha256): no
-    round trip when it matches; otherwise ``files.put`` uploads it.
+    round trip when it matches; otherwise it is uploaded (temp file, rename, chmod).
 
     + src: local path or file-like object (``StringIO``) with the content
     + dest: path on the host
@@ -571,15 +600,56 @@ def file_content(src, dest: str, mode: str, present: dict | None):
         file_content(src=StringIO(unit_text), dest="/etc/systemd/system/sglang.service",
                      mode="644", present=hoststate["paths"].get(unit_path))
     """
-    if hasattr(src, "getvalue"):
-        data = src.getvalue()
-        data = data.encode() if isinstance(data, str) else data
-    else:
-        with open(src, "rb") as fh:
-            data = fh.read()
-    present = present or {}
-    if (present.get("kind") == "file" and present.get("sha256") == hashlib.sha256(data).hexdigest()
-            and present.get("mode") == _mode(mode)):
+    if _content_matches(src, mode, present):
         host.noop(f"{dest} is up to date")
         return
-    yield from files.put._inner(src=src, dest=dest, mode=mode, add_deploy_dir=False)
+    yield from _upload(src, dest, mode)
+
+
+@operation()
+def files_content(sources: list, mode: str, present: dict):
+    """
+    Several files with exact content and one mode (the shipped tools), as one operation:
+    checked against one host-state read; only the files that differ are uploaded.
+
+    + sources: list of ``(local path, path on the host)``
+    + mode: octal mode of every file, e.g. ``"755"``
+    + present: ``SglangHostState``'s ``paths`` (path -> kind/mode/sha256, or None)
+
+    **Example:**
+
+    .. code:: python
+
+        files_content(sources=[("sglang_deploy/patch.py", "/opt/sglang/tools/patch.py")],
+                      mode="755", present=hoststate["paths"])
+    """
+    todo = [(src, dest) for src, dest in sources if not _content_matches(src, mode, present.get(dest))]
+    if not todo:
+        host.noop(f"{len(sources)} files are up to date")
+        return
+    for src, dest in todo:
+        yield from _upload(src, dest, mode)
+
+
+@operation()
+def symlink(path: str, target: str, present: dict | None):
+    """
+    A symbolic link to TARGET, checked against one host-state read: no round trip when it
+    is there; otherwise ``files.link`` makes it.
+
+    + path: the link
+    + target: what it points to
+    + present: ``SglangHostState``'s ``paths[path]`` (kind ``link`` and ``target``, or None)
+
+    **Example:**
+
+    .. code:: python
+
+        symlink(path="/opt/sglang/current", target="/opt/sglang/releases/0123abcd",
+                present=hoststate["paths"].get("/opt/sglang/current"))
+    """
+    present = present or {}
+    if present.get("kind") == "link" and present.get("target") == target:
+        host.noop(f"{path} -> {target}")
+        return
+    yield from files.link._inner(path=path, target=target)

@@ -566,6 +566,21 @@ def _analyse_file(file: Path) -> tuple[bytes, str, str | None, PatchPlan]:
     return data, text, version, plan
 
 
+def status_from_record(record: dict | None, file_sha256: str | None) -> dict | None:
+    """What ``status --json`` would say, decided from a release's state record (see
+    :func:`write_record`) when the patched file is still byte-for-byte the file the record
+    describes (FILE_SHA256, its sha256 on the host now): ``already-applied`` after
+    ``applied``/``already-applied``, ``enabled-upstream`` after ``enabled-upstream``. None
+    when the record is absent, unknown or does not match: then ``status`` must read the file."""
+    if not isinstance(record, dict) or not file_sha256 or record.get("sha256_after") != file_sha256:
+        return None
+    state = {APPLIED: ALREADY, ALREADY: ALREADY, UPSTREAM: UPSTREAM}.get(record.get("state"))
+    if state is None or not record.get("file"):
+        return None
+    return {"state": state, "file": record["file"], "version": record.get("version"),
+            "sha256": file_sha256, "from_record": True}
+
+
 def status(path: str | os.PathLike) -> PatchResult:
     """Read-only: ``needed``, ``already-applied`` or ``enabled-upstream`` (raises
     PatchError for ``not-found``, ``no-autotune-list``, ``unrecognised``)."""

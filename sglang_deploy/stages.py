@@ -16,21 +16,22 @@ from pathlib import Path
 
 from pyinfra import host, logger, state
 from pyinfra.api import deploy
-from pyinfra.operations import files, python, server
+from pyinfra.operations import python, server
 
 from sglang_deploy import data as datamod
+from sglang_deploy import flagcache
 from sglang_deploy import flags as flagmod
 from sglang_deploy import modelfetch
 from sglang_deploy import operations as ops
+from sglang_deploy import patch as patchmod
 from sglang_deploy import plan
 from sglang_deploy import preflight
-from sglang_deploy.errors import DataError
+from sglang_deploy.errors import DataError, RuntimeSetupError
 from sglang_deploy.facts import (
     REMOTE,
     CudaProbe,
-    GpuSnapshot,
+    HostSnapshot,
     PatchStatus,
-    ServerArgsSource,
     SglangHostState,
 )
 from sglang_deploy.unit import UnitSpec, device_allow, render_secrets_env, render_unit
@@ -112,6 +113,15 @@ def managed_folders(s: datamod.Settings) -> list[tuple[str, str, str]]:
     ]
 
 
+def tool_source(tool: str) -> Path:
+    """The controller's copy of a tool shipped to ROOT/tools."""
+    return Path(__file__).parent / "patch.py" if tool == "patch.py" else REMOTE / tool
+
+
+def p2p_record_path(s: datamod.Settings) -> str:
+    return f"{s.sglang_root}/p2p-verified.json"
+
+
 def unit_path(s: datamod.Settings) -> str:
     return f"/etc/systemd/system/{s.sglang_service}.service"
 
@@ -119,7 +129,18 @@ def unit_path(s: datamod.Settings) -> str:
 def managed_paths(s: datamod.Settings, release_id: str) -> tuple[str, ...]:
     """Folders and files whose state the host-state fact reads in its one round trip."""
     return (*(p for p, _, _ in managed_folders(s)), *(f"{s.sglang_root}/tools/{t}" for t in TOOLS),
-            f"{s.sglang_root}/releases/{release_id}/requirements.lock", unit_path(s))
+            f"{s.sglang_root}/releases/{release_id}/requirements.lock", unit_path(s),
+            f"{s.sglang_root}/current", p2p_record_path(s))
+
+
+def flag_cache_dir() -> str:
+    """The controller's cache of parsed ``server_args.py`` files (``flagcache``)."""
+    return str(Path(state.cwd or ".") / ".sglang-deploy" / "cache" / "flagspec")
+
+
+def _tail(text: str | None, lines: int = 5) -> str:
+    kept = (text or "").strip().splitlines()[-lines:]
+    return "\n".join(kept) if kept else "no output at all"
 
 
 def context() -> Context:
@@ -139,32 +160,40 @@ def no_probe_check(settings) -> preflight.Check:
 def put_p2p_record(ctx: Context) -> None:
     """Keep a passed full P2P test's verdict on the host (a file op: unchanged = no change)."""
     if ctx.p2p_record is not None:
-        files.put(name="Record of the passed P2P test", mode="644",
-                  src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
-                  dest=f"{ctx.settings.sglang_root}/p2p-verified.json")
+        dest = p2p_record_path(ctx.settings)
+        ops.file_content(name="Record of the passed P2P test", mode="644",
+                         src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
+                         dest=dest, present=ctx.hoststate["paths"].get(dest))
 
 
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
     settings = datamod.resolve(host.data.dict())
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
-    hs = host.get_fact(SglangHostState, root=settings.sglang_root, service=settings.sglang_service,
-                       model=settings.sglang_model_path, secrets=SECRETS_FILE,
-                       python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
-                       paths=managed_paths(settings, release_id))
+    # one round trip: host state, GPU snapshot and the CUDA probe (no copies), run at once
+    snap = host.get_fact(HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
+                         model=settings.sglang_model_path, secrets=SECRETS_FILE,
+                         python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
+                         paths=managed_paths(settings, release_id), mib=settings.gpu_p2p_test_mib)
+    hs, snapshot, probe = snap["state"], snap["gpu"], snap["probe"]
+    if hs is None:
+        raise RuntimeSetupError(
+            what=f"the host-state read ({settings.sglang_system_python} hoststate.py) to print JSON",
+            found=_tail(snap["output"]["hoststate.json"]), fix=f"check that `{settings.sglang_system_python}` "
+            "(sglang_system_python) runs on the host: it is the Python 3 the deploy uses there")
     ctx = Context(settings=settings, hoststate=hs, release_id=release_id,
                   sglang_version=sglang_version, lock_text=lock_text)
     _CONTEXTS[host.name] = ctx
 
-    snapshot = host.get_fact(GpuSnapshot, python=settings.sglang_system_python)
     svc = hs["service"]
     serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
     record = hs.get("p2p_verified")
     # Peer copies need GPU memory the running server holds; while it serves, the verdict of
     # the last full test on this host stands (the GPUs and their links have not changed).
     full_p2p = settings.gpu_p2p_test == "always" or not (serving and record)
-    probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=full_p2p,
-                          mib=settings.gpu_p2p_test_mib)
+    if full_p2p:
+        probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=True,
+                              mib=settings.gpu_p2p_test_mib)
     expect = preflight.Expectations(
         count=settings.gpu_expected_count, model=settings.gpu_expected_model,
         min_driver=settings.gpu_min_driver, p2p_policy=settings.gpu_p2p_policy,
@@ -205,10 +234,8 @@ def runtime_stage():
         ops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
                          cache_dir=s.sglang_cache_dir, user=s.sglang_user,
                          present_files=hs.get("cache_files") or 0)
-    for tool in TOOLS:
-        src = REMOTE / tool if tool != "patch.py" else Path(__file__).parent / "patch.py"
-        ops.file_content(name=f"Tool {tool}", src=str(src), dest=f"{ctx.tools}/{tool}", mode="755",
-                         present=paths.get(f"{ctx.tools}/{tool}"))
+    ops.files_content(name=f"Tools ({', '.join(TOOLS)})", mode="755", present=paths,
+                      sources=[(str(tool_source(tool)), f"{ctx.tools}/{tool}") for tool in TOOLS])
     ops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
@@ -237,8 +264,11 @@ def runtime_stage():
     if s.sglang_autotune_patch:
         status = None
         if rel.get("complete"):
-            status = host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
-                                   tool=f"{ctx.tools}/patch.py")
+            # the record of the last apply, when the file is still the bytes it describes;
+            # else the venv's python reads the file (``patch.py status``)
+            status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
+                or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
+                                 tool=f"{ctx.tools}/patch.py")
         ctx.patch_state = (status or {}).get("state") or "applied"
         if ctx.patch_state == "needed":
             ctx.patch_state = "applied"
@@ -345,10 +375,15 @@ def service_stage():
     ctx = context()
     s = ctx.settings
     rel = ctx.hoststate["releases"].get(ctx.release_id) or {}
-    server_args = host.get_fact(ServerArgsSource, site=ctx.site) if rel.get("complete") else None
+    cache_dir = flag_cache_dir()
+    spec = None
+    if rel.get("complete"):  # by the sha256 the host reported; fetched only on a cache miss
+        spec = flagcache.load(cache_dir, rel.get("server_args_sha256")) \
+            or ops.server_args_flag_spec(ctx.site, cache_dir)
     ctx.ops["flags"] = ops.launch_flags_check(
         name="Launch flags known to the installed sglang", site=ctx.site,
-        flag_map=flag_map_for_check(ctx), version=ctx.sglang_version, server_args=server_args)
+        flag_map=flag_map_for_check(ctx), version=ctx.sglang_version, spec=spec,
+        cache_dir=cache_dir)
     unit_text = unit_for(ctx)
     unit_file = unit_path(s)
     if ctx.p2p_skipped and restart_planned(ctx, unit_text, unit_file):
@@ -361,8 +396,9 @@ def service_stage():
                               present_sha256=ctx.hoststate.get("secrets_sha256"))
     unit = ops.file_content(name=f"Unit {unit_file}", src=StringIO(unit_text), dest=unit_file,
                             mode="644", present=ctx.hoststate["paths"].get(unit_file))
-    link = files.link(name=f"{s.sglang_root}/current -> release {ctx.release_id}",
-                      path=f"{s.sglang_root}/current", target=ctx.release_dir)
+    link = ops.symlink(name=f"{s.sglang_root}/current -> release {ctx.release_id}",
+                       path=f"{s.sglang_root}/current", target=ctx.release_dir,
+                       present=ctx.hoststate["paths"].get(f"{s.sglang_root}/current"))
     svc = ctx.hoststate["service"]
     ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
                         unit_file_state=svc.get("UnitFileState") or None)

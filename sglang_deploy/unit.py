@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,13 +53,19 @@ def device_allow(gpu_count: int) -> tuple[str, ...]:
             "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
-def render_unit(spec: UnitSpec, template: Path = TEMPLATE) -> str:
+@functools.lru_cache(maxsize=8)
+def _compiled(text: str) -> jinja2.Template:
+    """Compile a unit template once per process (it was compiled once per host)."""
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, autoescape=False,
     )
     env.filters["systemd_quote"] = systemd_quote
-    tmpl = env.from_string(template.read_text())
+    return env.from_string(text)
+
+
+def render_unit(spec: UnitSpec, template: Path = TEMPLATE) -> str:
+    tmpl = _compiled(template.read_text())
     return tmpl.render(
         release_id=spec.release_id, sglang_version=spec.sglang_version,
         patch_state=spec.patch_state, served_model_name=spec.served_model_name,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import threading
 import urllib.parse
 from dataclasses import dataclass, field

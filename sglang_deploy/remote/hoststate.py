@@ -20,8 +20,6 @@ import struct
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 SHOW_PROPS = (
     "ActiveState", "SubState", "Result", "InvocationID", "MainPID", "ExecMainCode",
@@ -57,6 +55,13 @@ def releases(root: str) -> dict:
         meta = read_json(meta_path) or {}
         meta["complete"] = os.path.exists(os.path.join(rel_dir, ".complete"))
         meta["patch"] = read_json(os.path.join(rel_dir, "autotune-patch.json"))
+        # what the controller decides on without running the venv's python or fetching the
+        # file: the patched file's sha256 (against the record) and server_args.py's sha256
+        patched = (meta["patch"] or {}).get("file") if isinstance(meta["patch"], dict) else None
+        meta["patch_file_sha256"] = sha256_file(patched) if patched else None
+        args_files = sorted(glob.glob(os.path.join(
+            rel_dir, "venv", "lib", "python*", "site-packages", "sglang", "srt", "server_args.py")))
+        meta["server_args_sha256"] = sha256_file(args_files[0]) if args_files else None
         found[os.path.basename(rel_dir)] = meta
     for rel_dir in sorted(glob.glob(os.path.join(root, "releases", "*"))):
         found.setdefault(os.path.basename(rel_dir), {"complete": False, "patch": None})
@@ -201,6 +206,9 @@ def _secret(path: str | None, name: str) -> str | None:
 
 
 def http(method: str, url: str, key: str | None, body: dict | None = None, timeout=5.0):
+    import urllib.error  # here, not at the top: it costs the state read ~60 ms of imports
+    import urllib.request
+
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:

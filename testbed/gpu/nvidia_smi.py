@@ -11,7 +11,6 @@ $TESTBED_DEV_ROOT (default /dev).  See testbed/gpu/README.md.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 
@@ -168,7 +167,7 @@ class Machine:
         if self.scenario == "gpu-missing":
             count = max(0, count - 1)
         self.configured = _int(cfg, "GPU_COUNT")
-        host = cfg.get("HOSTNAME") or socket.gethostname()
+        host = cfg.get("HOSTNAME") or os.uname().nodename
         # socket split is computed on the configured count: a missing GPU does not move others
         self.gpus = [Gpu(cfg, i, self.configured, host) for i in range(count)]
         self.sockets = max(1, _int(cfg, "SOCKETS"))

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 import urllib.request
 from pathlib import Path
 

@@ -19,3 +19,25 @@ def test_state_lists_the_users(tmp_path):
     assert "root" in state["users"]
     assert state["users"] == sorted({p.pw_name for p in pwd.getpwall()})
     assert state["releases"] == {} and state["current"] is None
+
+
+def test_state_reports_the_shas_the_controller_decides_on(tmp_path):
+    """Per release: sha256 of the file its patch record names and of server_args.py, so that a
+    no-op deploy needs neither the venv's python nor the 350 KB file."""
+    import hashlib
+
+    rel = tmp_path / "releases" / "r1"
+    srt = rel / "venv/lib/python3.11/site-packages/sglang/srt"
+    srt.mkdir(parents=True)
+    (srt / "server_args.py").write_text("ARGS = 1\n")
+    (srt / "model_runner.py").write_text("patched\n")
+    (rel / "release.json").write_text("{}")
+    (rel / "autotune-patch.json").write_text(json.dumps({"file": str(srt / "model_runner.py")}))
+    (tmp_path / "releases" / "r2").mkdir()  # a release without venv nor record
+    out = subprocess.run([sys.executable, str(TOOL), "state", "--root", str(tmp_path),
+                          "--service", "sglang-deploy-test-absent"],
+                         capture_output=True, text=True, check=True).stdout
+    releases = json.loads(out)["releases"]
+    assert releases["r1"]["server_args_sha256"] == hashlib.sha256(b"ARGS = 1\n").hexdigest()
+    assert releases["r1"]["patch_file_sha256"] == hashlib.sha256(b"patched\n").hexdigest()
+    assert releases["r2"] == {"complete": False, "patch": None}

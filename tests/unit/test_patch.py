@@ -566,3 +566,28 @@ def test_standalone_script_without_site_packages(tmp_path):
 
     proc = subprocess.run(cmd + ["frobnicate"], capture_output=True, text=True, check=False)
     assert proc.returncode == 2
+
+
+def test_status_from_record_agrees_with_status_and_refuses_a_changed_file(tmp_path):
+    """The deploy's no-op path reads the release's record instead of running `status` in the
+    venv: it must say what `status` says while the file is the recorded bytes, and nothing
+    (ask the host) once the file differs or the record is odd."""
+    import hashlib
+
+    site = make_site(tmp_path / "site")
+    f = site / "sglang/srt/model_executor/model_runner.py"
+    record = tmp_path / "patch.json"
+    P.apply(site, record_path=record)
+    rec = json.loads(record.read_text())
+    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    got = P.status_from_record(rec, sha)
+    assert got["state"] == P.status(site).state == "already-applied"
+    assert got["file"] == str(f) and got["version"] == "0.5.12.post1"
+
+    f.write_text(METHOD_SRC)  # reinstalled by hand: the unpatched bytes again
+    changed = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert P.status_from_record(rec, changed) is None and P.status(site).state == "needed"
+    assert P.status_from_record(rec, None) is None  # the file is gone
+    assert P.status_from_record(None, sha) is None
+    assert P.status_from_record({**rec, "state": "weird"}, sha) is None
+    assert P.status_from_record({**rec, "state": "enabled-upstream"}, sha)["state"] == "enabled-upstream"

@@ -680,3 +680,40 @@ def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
     assert [c.name for c in out] == ["driver", "p2p-data"]
     assert out[-1].status == "pass" and "skipped while sglang serves" in out[-1].message
     assert env == {"NCCL_P2P_DISABLE": "1"}
+
+
+def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
+    """The pre-flight's one round trip (host state, CUDA probe, nvidia-smi, device nodes, open
+    test), run for real with sh here: every section is there, in order, even the parts that
+    are multi-line (a here-document, a quoted script) or fail (no nvidia-smi here)."""
+    import subprocess
+
+    from sglang_deploy.facts import GPU_SECTIONS, HostSnapshot
+
+    cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
+                                 python="python3", paths=(str(tmp_path),), mib=1)
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
+    markers = [line for line in out.splitlines() if line.startswith("@@sglang-deploy:")
+               and not line.startswith("@@sglang-deploy:rc=")]
+    assert markers == [f"@@sglang-deploy:{n}" for n in
+                       ("hoststate.json", "cuda-probe.json", *GPU_SECTIONS, "dev-open.txt")]
+    snap = HostSnapshot().process(out.splitlines())
+    assert snap["state"]["paths"][str(tmp_path)]["kind"] == "dir"
+    assert snap["state"]["releases"] == {}
+    assert isinstance(snap["probe"], dict)  # the probe's JSON even without a driver here
+    assert set(snap["gpu"]) == {*GPU_SECTIONS, "dev-open.txt"}
+    assert snap["gpu"]["dev-open.txt"]["rc"] == 0
+    assert snap["gpu"]["dev-nvidia.txt"]["rc"] != 0  # no /dev/nvidia* on this machine
+
+
+def test_sections_keep_output_without_a_final_newline_apart_from_the_marker():
+    import subprocess
+
+    from sglang_deploy.facts import _parse_sections, _sections_command
+
+    cmd = _sections_command({"a": "printf 'no newline'", "b": "cat <<'EOF'\none\ntwo\nEOF",
+                             "c": "exit 3"}, parallel=True)
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30).stdout
+    assert _parse_sections(out.splitlines()) == {
+        "a": {"out": "no newline\n", "rc": 0}, "b": {"out": "one\ntwo\n", "rc": 0},
+        "c": {"out": "", "rc": 3}}
