@@ -147,6 +147,13 @@ class Timed:
     cpu_s: float         # the child's own user + system CPU time (the controller's cost)
     lines: list          # [(monotonic offset s, wall-clock epoch s, text)]
     started_wall: float
+    machine_cpu_s: float = 0.0  # busy CPU of the whole machine meanwhile (/proc/stat): the
+    #                             controller, the testbed hosts' own work, sshd, the kernel
+
+    @property
+    def others_cpu_s(self) -> float:
+        """Machine CPU not spent by the controller: mostly the hosts' work."""
+        return max(0.0, self.machine_cpu_s - self.cpu_s)
 
     @property
     def ok(self) -> bool:
@@ -162,8 +169,17 @@ class Timed:
         return None
 
 
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (all cores; /proc/stat)."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def run_timed(argv: list[str], env: dict | None = None) -> Timed:
     """Run ARGV, timestamping each output line; peak RSS from the child's own rusage."""
+    busy0 = machine_busy_s()
     wall0, t0 = time.time(), time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -175,7 +191,8 @@ def run_timed(argv: list[str], env: dict | None = None) -> Timed:
     seconds = time.monotonic() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     return Timed(argv=argv, rc=proc.returncode, seconds=seconds, maxrss_kib=rusage.ru_maxrss,
-                 cpu_s=rusage.ru_utime + rusage.ru_stime, lines=lines, started_wall=wall0)
+                 cpu_s=rusage.ru_utime + rusage.ru_stime, lines=lines, started_wall=wall0,
+                 machine_cpu_s=machine_busy_s() - busy0)
 
 
 def pyinfra_argv(deploy: str, limit: list[str] | None = None, verbose: bool = False,
