@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_deploy.errors import SglangDeployError
+from sglang_deploy.facts import stdin_script
 
-REMOTE = Path(__file__).resolve().parent / "remote"
 DEPLOY_FILE = Path(__file__).resolve().parent / "bench_deploy.py"
 LOCAL_DIR = Path(".sglang-deploy") / "bench"
 RUN_ID_ENV = "SGLANG_DEPLOY_BENCH_RUN"
@@ -97,10 +97,7 @@ def remote_command(settings, secrets_file: str, python: str = "python3") -> str:
             "--plan", json.dumps(plan(settings), separators=(",", ":"))]
     for k, v in sorted(settings.bench_env.items()):
         args += ["--env", f"{k}={v}"]
-    body = (REMOTE / "bench_run.py").read_text()
-    delim = "SGLANG_DEPLOY_EOF"
-    assert delim not in body
-    return f"{shlex.quote(python)} - {shlex.join(args)} <<'{delim}'\n{body}\n{delim}"
+    return stdin_script("bench_run.py", args, python=python)
 
 
 def record_dir(root: str) -> str:

@@ -18,7 +18,7 @@ REMOTE = Path(__file__).resolve().parent / "remote"
 MARK = "@@sglang-deploy:"
 
 
-def _stdin_script(script: str, args: list[str], python: str = "python3") -> str:
+def stdin_script(script: str, args: list[str], python: str = "python3") -> str:
     """Run a shipped stdlib script with the host's python, fed on stdin (nothing written)."""
     body = (REMOTE / script).read_text()
     delim = "SGLANG_DEPLOY_EOF"
@@ -45,14 +45,11 @@ GPU_SECTIONS = {
 DEV_OPEN = (REMOTE / "dev_open.py").read_text()
 
 
-def _sections_command(sections: dict[str, str], parallel: bool = False) -> str:
-    """One shell command that runs every section and prints each one's output between
-    markers (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given.
-    With ``parallel`` they run at once (each into its own file of a private temp folder) and
-    print in order afterwards: the round trip lasts as long as the slowest section."""
-    if not parallel:
-        parts = [f"echo '{MARK}{name}'; {cmd} 2>&1; echo \"{MARK}rc=$?\"" for name, cmd in sections.items()]
-        return "LC_ALL=C; export LC_ALL; " + "; ".join(parts) + "; true"
+def _sections_command(sections: dict[str, str]) -> str:
+    """One shell command that runs every section at once (each into its own file of a private
+    temp folder) and then prints each one's output between markers
+    (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given: the round
+    trip lasts as long as the slowest section."""
     lines = ["LC_ALL=C; export LC_ALL", 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
     for i, cmd in enumerate(sections.values()):
         # its own subshell, closed on its own line: a command may end in a here-document
@@ -84,21 +81,6 @@ def gpu_sections(python: str) -> dict[str, str]:
     return {**GPU_SECTIONS, "dev-open.txt": f"{shlex.quote(python)} -c {shlex.quote(DEV_OPEN)}"}
 
 
-class GpuSnapshot(FactBase):
-    """
-    nvidia-smi (``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``), ``ls -l /dev/nvidia*``
-    and the open test of every node (``dev-open.txt``: EPERM = the device cgroup denies it),
-    in one round trip. Returns ``{file name: {"out": text, "rc": exit code}}``, the same names
-    as a ``doctor --collect`` folder.
-    """
-
-    def command(self, python: str = "python3") -> str:
-        return _sections_command(gpu_sections(python))
-
-    def process(self, output: list[str]) -> dict:
-        return _parse_sections(output)
-
-
 class CudaProbe(FactBase):
     """
     Result of the CUDA driver-API probe (``remote/cuda_probe.py``, ctypes over libcuda.so.1,
@@ -108,7 +90,7 @@ class CudaProbe(FactBase):
 
     def command(self, python: str = "python3", p2p: bool = True, mib: int = 64) -> str:
         args = ["--mib", str(mib)] + (["--p2p"] if p2p else [])
-        return _stdin_script("cuda_probe.py", args, python=python)
+        return stdin_script("cuda_probe.py", args, python=python)
 
     def process(self, output: list[str]):
         return _json_fact_output(output)
@@ -135,7 +117,7 @@ class SglangHostState(FactBase):
             args += ["--path", path]
         if model:
             args += ["--model", model]
-        return _stdin_script("hoststate.py", args, python=python)
+        return stdin_script("hoststate.py", args, python=python)
 
     def process(self, output: list[str]):
         return _json_fact_output(output)
@@ -175,7 +157,9 @@ class ServerArgsSource(FactBase):
 class HostSnapshot(FactBase):
     """
     The pre-flight's one round trip: the host state (``SglangHostState``), the GPU snapshot
-    (``GpuSnapshot``) and the CUDA probe without peer copies (``CudaProbe(p2p=False)``), run
+    (nvidia-smi ``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*`` and
+    the open test of every node, ``dev-open.txt``: EPERM = the device cgroup denies it; the
+    same file names as a ``doctor --collect`` folder) and the CUDA probe without peer copies (``CudaProbe(p2p=False)``), run
     at the same time on the host. Returns ``{"state": ..., "gpu": ..., "probe": ...}`` with
     each part as its own fact returns it (``None`` for a part that printed no JSON), and
     ``output``: the raw text of the two JSON parts (for the error that names what went wrong).
@@ -188,7 +172,7 @@ class HostSnapshot(FactBase):
                                           secrets=secrets, python=python, cache=cache, paths=paths)
         probe = CudaProbe().command(python=python, p2p=False, mib=mib)
         return _sections_command({"hoststate.json": state, "cuda-probe.json": probe,
-                                  **gpu_sections(python)}, parallel=True)
+                                  **gpu_sections(python)})
 
     def process(self, output: list[str]) -> dict:
         sections = _parse_sections(output)
@@ -222,7 +206,7 @@ class ServingProbe(FactBase):
                 python: str = "python3") -> str:
         args = ["poll", "--service", service, "--port", str(port), "--host", host_addr,
                 "--secrets", secrets, "--http", "--no-journal"]
-        return _stdin_script("hoststate.py", args, python=python)
+        return stdin_script("hoststate.py", args, python=python)
 
     def process(self, output: list[str]):
         return _json_fact_output(output)
