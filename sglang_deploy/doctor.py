@@ -99,8 +99,9 @@ def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tupl
 
 def open_test(paths: Sequence[str] | None = None) -> str:
     """Try to open every /dev/nvidia* character device (read-write, non-blocking); one line
-    per node (``remote/dev_open.py``, the same test the deploy's HostSnapshot runs)."""
-    from .remote.dev_open import open_test as _open_test
+    per node (``remote/hoststate.py``'s ``open_test``, the same test the deploy's
+    HostSnapshot runs)."""
+    from .remote.hoststate import open_test as _open_test
 
     return _open_test(paths)
 

@@ -7,6 +7,7 @@ modules (``nvsmi``, ``preflight``, ``logparse``...).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -41,44 +42,48 @@ GPU_SECTIONS = {
 }
 
 
-#: the open test of the device nodes (run with the host's python; see remote/dev_open.py)
-DEV_OPEN = (REMOTE / "dev_open.py").read_text()
-
 
 def _sections_command(sections: dict[str, str]) -> str:
     """One shell command that runs every section at once (each into its own file of a private
-    temp folder) and then prints each one's output between markers
+    temp folder) and then prints them all with one ``cat``, each between markers
     (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given: the round
-    trip lasts as long as the slowest section."""
+    trip lasts as long as the slowest section. The rc marker always follows a newline of its
+    own, so it starts a line whether or not the section's output ended with one."""
     lines = ["LC_ALL=C; export LC_ALL", 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
-    for i, cmd in enumerate(sections.values()):
-        # its own subshell, closed on its own line: a command may end in a here-document
-        lines.append(f'( ( {cmd}\n) >"$d/{i}" 2>&1; echo $? >"$d/{i}.rc" ) &')
+    for i, (name, cmd) in enumerate(sections.items()):
+        # the command in a subshell of its own, closed on its own line: it may `exit` or end
+        # in a here-document
+        lines.append(f"( echo '{MARK}{name}'; ( {cmd}\n) 2>&1; printf '\\n{MARK}rc=%s\\n' \"$?\" ) "
+                     f'>"$d/{i}" &')
     lines.append("wait")
-    for i, name in enumerate(sections):
-        lines.append(f"echo '{MARK}{name}'; cat \"$d/{i}\"; "
-                     f"[ -z \"$(tail -c1 \"$d/{i}\")\" ] || echo; "
-                     f"echo \"{MARK}rc=$(cat \"$d/{i}.rc\" 2>/dev/null || echo 255)\"")
+    lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(sections))))
     return "\n".join(lines)
 
 
+_RC_LINE = re.compile(re.escape(MARK) + r"rc=(\d+)")
+
+
 def _parse_sections(output: list[str]) -> dict:
+    """``{name: {"out": text, "rc": int}}`` of a ``_sections_command`` output. A name marker
+    counts only between sections and an rc marker only as a whole line, so a section whose
+    text merely contains the marker prefix keeps it."""
     sections: dict = {}
     current, lines = None, []
     for line in output:
-        if line.startswith(MARK + "rc="):
+        if current is None:
+            if line.startswith(MARK):
+                current, lines = line[len(MARK):], []
+            continue
+        rc = _RC_LINE.fullmatch(line)
+        if rc:
+            if lines and lines[-1] == "":
+                lines.pop()  # the newline printed before the marker
             sections[current] = {"out": "\n".join(lines) + ("\n" if lines else ""),
-                                 "rc": int(line.split("=", 1)[1])}
+                                 "rc": int(rc.group(1))}
             current, lines = None, []
-        elif line.startswith(MARK):
-            current, lines = line[len(MARK):], []
         else:
             lines.append(line)
     return sections
-
-
-def gpu_sections(python: str) -> dict[str, str]:
-    return {**GPU_SECTIONS, "dev-open.txt": f"{shlex.quote(python)} -c {shlex.quote(DEV_OPEN)}"}
 
 
 class CudaProbe(FactBase):
@@ -102,13 +107,16 @@ class SglangHostState(FactBase):
     their recorded patch state), the ``current`` link, the tool venv's uv version, the
     service's ``systemctl show`` properties, the user names, ``paths`` (kind, owner, group,
     mode, sha256 of each path given: the folders and files the deploy manages) and, with
-    ``model``, the model folder's shards.
+    ``model``, the model folder's shards; with ``dev_open``, the open test of every
+    /dev/nvidia* node as ``dev_open`` (the text of a ``dev-open.txt``).
     """
 
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = ()) -> str:
+                paths: tuple = (), dev_open: bool = False) -> str:
         args = ["state", "--root", root, "--service", service]
+        if dev_open:
+            args.append("--dev-open")
         if cache:
             args += ["--cache", cache]
         if secrets:
@@ -156,12 +164,14 @@ class ServerArgsSource(FactBase):
 
 class HostSnapshot(FactBase):
     """
-    The pre-flight's one round trip: the host state (``SglangHostState``), the GPU snapshot
-    (nvidia-smi ``--query-gpu`` csv, ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*`` and
-    the open test of every node, ``dev-open.txt``: EPERM = the device cgroup denies it; the
-    same file names as a ``doctor --collect`` folder) and the CUDA probe without peer copies (``CudaProbe(p2p=False)``), run
-    at the same time on the host. Returns ``{"state": ..., "gpu": ..., "probe": ...}`` with
-    each part as its own fact returns it (``None`` for a part that printed no JSON), and
+    The pre-flight's one round trip: the host state (``SglangHostState``, with the open test
+    of every /dev/nvidia* node), the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
+    ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*``) and the CUDA probe without peer
+    copies (``CudaProbe(p2p=False)``), run at the same time on the host. Returns
+    ``{"state": ..., "gpu": ..., "probe": ...}`` with each part as its own fact returns it
+    (``None`` for a part that printed no JSON); ``gpu`` holds each nvidia-smi / ``ls``
+    section as ``{"out", "rc"}`` under the file names of a ``doctor --collect`` folder, and
+    ``dev-open.txt`` (EPERM = the device cgroup denies the node) from the host state.
     ``output``: the raw text of the two JSON parts (for the error that names what went wrong).
     """
 
@@ -169,10 +179,11 @@ class HostSnapshot(FactBase):
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
                 paths: tuple = (), mib: int = 64) -> str:
         state = SglangHostState().command(root=root, service=service, model=model,
-                                          secrets=secrets, python=python, cache=cache, paths=paths)
+                                          secrets=secrets, python=python, cache=cache, paths=paths,
+                                          dev_open=True)
         probe = CudaProbe().command(python=python, p2p=False, mib=mib)
         return _sections_command({"hoststate.json": state, "cuda-probe.json": probe,
-                                  **gpu_sections(python)})
+                                  **GPU_SECTIONS})
 
     def process(self, output: list[str]) -> dict:
         sections = _parse_sections(output)
@@ -190,8 +201,11 @@ class HostSnapshot(FactBase):
                         continue
             return None
 
-        return {"state": json_of("hoststate.json"), "probe": json_of("cuda-probe.json"),
-                "gpu": sections, "output": raw}
+        state = json_of("hoststate.json")
+        if isinstance(state, dict) and "dev_open" in state:
+            sections["dev-open.txt"] = {"out": state.pop("dev_open"), "rc": 0}
+        return {"state": state, "probe": json_of("cuda-probe.json"), "gpu": sections,
+                "output": raw}
 
 
 def site_packages(venv: str, python_minor: str) -> str:

@@ -41,3 +41,58 @@ def test_state_reports_the_shas_the_controller_decides_on(tmp_path):
     assert releases["r1"]["server_args_sha256"] == hashlib.sha256(b"ARGS = 1\n").hexdigest()
     assert releases["r1"]["patch_file_sha256"] == hashlib.sha256(b"patched\n").hexdigest()
     assert releases["r2"] == {"complete": False, "patch": None}
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hoststate_under_test", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_run_gives_the_exit_code_and_stdout_and_drops_stderr():
+    run = _module().run
+    assert run(["sh", "-c", "echo out; echo err >&2; exit 3"]) == (3, "out\n")
+    assert run(["sh", "-c", "kill -TERM $$"])[0] == -15
+    assert run(["sglang-deploy-no-such-command"]) == (127, "")
+    big = run(["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x"])  # more than a pipe holds
+    assert big == (0, "x" * 300000)
+
+
+def test_state_reads_the_uv_version_of_the_tool_venv(tmp_path):
+    uv = tmp_path / "tools" / "venv" / "bin" / "uv"
+    uv.parent.mkdir(parents=True)
+
+    def state():
+        out = subprocess.run([sys.executable, str(TOOL), "state", "--root", str(tmp_path),
+                              "--service", "sglang-deploy-test-absent"],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)["uv_version"]
+
+    uv.write_text("#!/bin/sh\necho 'uv 0.13.9 (x86_64-unknown-linux-gnu)'\n")
+    uv.chmod(0o755)
+    assert state() == "0.13.9"
+    uv.write_text("#!/bin/sh\necho 'uv 0.13.9'; exit 1\n")  # a failing uv is no version
+    assert state() is None
+
+
+def test_a_state_read_does_not_import_subprocess(tmp_path):
+    """The state read is the host's share of every no-op deploy: it spawns systemctl and uv
+    with os.posix_spawnp, because importing subprocess would cost it about 13 ms of CPU."""
+    code = "\n".join([
+        "import runpy, sys",
+        "tool, root = sys.argv[1:]",
+        "sys.argv = [tool, 'state', '--root', root, '--service', 'sglang-deploy-test-absent',",
+        "            '--dev-open']",
+        "try:",
+        "    runpy.run_path(tool, run_name='__main__')",
+        "except SystemExit:",
+        "    pass",
+        "print('subprocess' in sys.modules, file=sys.stderr)",
+    ])
+    out = subprocess.run([sys.executable, "-c", code, str(TOOL), str(tmp_path)],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["dev_open"] == ""  # no /dev/nvidia* here
+    assert out.stderr.strip() == "False"

@@ -634,7 +634,7 @@ def test_the_open_script_reports_the_errno_of_a_real_node(tmp_path):
     """A real character node 195:0 without the NVIDIA driver loaded: ENXIO (cgroup permits)."""
     import os
 
-    from sglang_deploy.remote.dev_open import open_test
+    from sglang_deploy.remote.hoststate import open_test
 
     node = tmp_path / "nvidia0"
     os.mknod(node, 0o666 | 0o020000, os.makedev(195, 0))
@@ -670,8 +670,8 @@ def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
 
 
 def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
-    """The pre-flight's one round trip (host state, CUDA probe, nvidia-smi, device nodes, open
-    test), run for real with sh here: every section is there, in order, even the parts that
+    """The pre-flight's one round trip (host state with the open test, CUDA probe, nvidia-smi,
+    device nodes), run for real with sh here: every section is there, in order, even the parts that
     are multi-line (a here-document, a quoted script) or fail (no nvidia-smi here)."""
     import subprocess
 
@@ -683,13 +683,15 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
     markers = [line for line in out.splitlines() if line.startswith("@@sglang-deploy:")
                and not line.startswith("@@sglang-deploy:rc=")]
     assert markers == [f"@@sglang-deploy:{n}" for n in
-                       ("hoststate.json", "cuda-probe.json", *GPU_SECTIONS, "dev-open.txt")]
+                       ("hoststate.json", "cuda-probe.json", *GPU_SECTIONS)]
     snap = HostSnapshot().process(out.splitlines())
     assert snap["state"]["paths"][str(tmp_path)]["kind"] == "dir"
     assert snap["state"]["releases"] == {}
+    assert "dev_open" not in snap["state"]  # moved to its section
     assert isinstance(snap["probe"], dict)  # the probe's JSON even without a driver here
     assert set(snap["gpu"]) == {*GPU_SECTIONS, "dev-open.txt"}
-    assert snap["gpu"]["dev-open.txt"]["rc"] == 0
+    # the open test ran in the host-state process: this machine has no /dev/nvidia* nodes
+    assert snap["gpu"]["dev-open.txt"] == {"out": "", "rc": 0}
     assert snap["gpu"]["dev-nvidia.txt"]["rc"] != 0  # no /dev/nvidia* on this machine
 
 
@@ -699,8 +701,10 @@ def test_sections_keep_output_without_a_final_newline_apart_from_the_marker():
     from sglang_deploy.facts import _parse_sections, _sections_command
 
     cmd = _sections_command({"a": "printf 'no newline'", "b": "cat <<'EOF'\none\ntwo\nEOF",
-                             "c": "exit 3"})
+                             "c": "exit 3", "d": "printf 'x\\n\\n'; echo err >&2; false",
+                             "e": "echo '@@sglang-deploy:rc=9 is text here'"})
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30).stdout
     assert _parse_sections(out.splitlines()) == {
         "a": {"out": "no newline\n", "rc": 0}, "b": {"out": "one\ntwo\n", "rc": 0},
-        "c": {"out": "", "rc": 3}}
+        "c": {"out": "", "rc": 3}, "d": {"out": "x\n\nerr\n", "rc": 1},
+        "e": {"out": "@@sglang-deploy:rc=9 is text here\n", "rc": 0}}
