@@ -1,9 +1,11 @@
-"""Build the libcuda.so.1 stand-in (testbed/gpu/libcuda_stub.c) against the real cuda.h.
+"""Build the libcuda.so.1 stand-in (testbed/gpu/libcuda_stub.c) against the real cuda.h,
+and the nvidia-smi fast path (testbed/gpu/nvidia_smi_fast.c, libc only).
 
-    python -m testbed.gpu.build OUT_DIR      # prints the path of OUT_DIR/libcuda.so.1
+    python -m testbed.gpu.build OUT_DIR      # prints OUT_DIR/libcuda.so.1, then OUT_DIR/nvidia-smi
 
-The result is cached: OUT_DIR/libcuda.so.1.sha256 holds a hash of the source, the
-header and the command line; a rebuild only happens when one of them changes.
+The results are cached: OUT_DIR/libcuda.so.1.sha256 (OUT_DIR/nvidia-smi.sha256) holds a hash
+of the source, the header and the command line; a rebuild only happens when one of them
+changes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ NVIDIA_SMI = HERE / "nvidia_smi.py"
 SONAME = "libcuda.so.1"
 CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-pthread",
           "-fvisibility=hidden"]
+SMI_FAST_SOURCE = HERE / "nvidia_smi_fast.c"
+SMI_BINARY = "nvidia-smi"
+#: where the fast path finds the Python stand-in's launcher inside a host (compiled in;
+#: $TESTBED_SMI_FALLBACK overrides it at run time); testbed.fleet installs it there
+SMI_FALLBACK = "/usr/lib/testbed-gpu/nvidia-smi.py"
+SMI_CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"]
 
 
 class BuildError(RuntimeError):
@@ -96,6 +104,38 @@ def build_libcuda(out_dir: Path) -> Path:
     return lib
 
 
+def _smi_command(out: Path) -> list[str]:
+    cc = os.environ.get("CC", "gcc")
+    return [cc, *SMI_CFLAGS, f'-DSMI_FALLBACK="{SMI_FALLBACK}"', "-o", str(out),
+            str(SMI_FAST_SOURCE)]
+
+
+def build_nvidia_smi(out_dir: Path) -> Path:
+    """Compile the nvidia-smi fast path into out_dir/nvidia-smi (0755); return its path.
+    Cached like build_libcuda (hash of the source and the command line)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exe = out_dir / SMI_BINARY
+    digest = hashlib.sha256()
+    digest.update(SMI_FAST_SOURCE.read_bytes())
+    digest.update("\0".join(_smi_command(exe)).encode())
+    want = digest.hexdigest()
+    stamp = out_dir / (SMI_BINARY + ".sha256")
+    if not (exe.is_file() and stamp.is_file() and stamp.read_text().strip() == want):
+        tmp = out_dir / (SMI_BINARY + ".tmp")
+        cmd = _smi_command(tmp)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except OSError as e:
+            raise BuildError(f"{' '.join(cmd)} failed: {e}") from e
+        if proc.returncode != 0:
+            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+        tmp.chmod(0o755)
+        os.replace(tmp, exe)
+        stamp.write_text(want + "\n")
+    return exe
+
+
 # gpu.env as in docs/design.md; nvidia_smi.py and libcuda_stub.c use the same defaults
 DEFAULT_GPU_ENV = {
     "GPU_COUNT": "8",
@@ -157,6 +197,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         print(build_libcuda(Path(argv[0])))
+        print(build_nvidia_smi(Path(argv[0])))
     except BuildError as e:
         print(e, file=sys.stderr)
         return 1
