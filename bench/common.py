@@ -94,6 +94,11 @@ def _r(x, nd=3):
     return None if x is None else round(float(x), nd)
 
 
+def plural(n, word: str) -> str:
+    """``1 command``, ``2 commands``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

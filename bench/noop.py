@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from bench.common import Figure, changes, converge, deploy, ensure_hosts, log, median, round_trips
+from bench.common import (Figure, changes, converge, deploy, ensure_hosts, log, median, plural,
+                          round_trips)
 
 CORES = os.cpu_count() or 1
 
@@ -36,9 +37,9 @@ def run(cfg) -> list[Figure]:
         log(f"no-op run {i + 1}/{cfg.runs}: true 1 host {b1[-1]:.2f}s, deploy 1 host {d1[-1]:.2f}s, "
             f"true {n} hosts {bn[-1]:.2f}s, deploy {n} hosts {dn[-1]:.2f}s, changes {ch[-2:]}")
     prof = round_trips(deploy(one, verbose=True))
-    log(f"no-op profile (1 host): {prof['commands']} commands; facts {prof['facts']}")
+    log(f"no-op profile (1 host): {plural(prof['commands'], 'command')}; facts {prof['facts']}")
     changed = sum(c or 0 for c in ch)
-    note = (f"{prof['commands']} commands per host per no-op run; changes reported by the no-op "
+    note = (f"{plural(prof['commands'], 'command')} per host per no-op run; changes reported by the no-op "
             f"runs: {changed}")
     ctl, oth = median(cpu[f"deploy_{n}"]), median(others[f"deploy_{n}"])
     cpu_note = (f"CPU of the {n}-host no-op run (median): controller {ctl:.2f} s, everything else "

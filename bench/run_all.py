@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from bench.common import ROOT, log
+from bench.common import ROOT, log, plural
 
 SUITES = ("noop", "latency", "rollout", "dr", "scale")
 
@@ -164,7 +164,7 @@ def render(result: dict, before: dict | None = None) -> str:
         if "profile_1_host" in extra:
             prof = extra["profile_1_host"]
             facts = "; ".join(f"{k} {v['count']}x {v['seconds']:.2f}s" for k, v in prof["facts"].items())
-            bits.append(f"round trips of one no-op run (1 host, -vv): {prof['commands']} commands; "
+            bits.append(f"round trips of one no-op run (1 host, -vv): {plural(prof['commands'], 'command')}; "
                         f"facts: {facts}")
         if "controller_cpu_s" in extra:
             bits.append("controller CPU (pyinfra user+sys, median): " + ", ".join(
