@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra.api import FactBase
@@ -19,12 +20,28 @@ REMOTE = Path(__file__).resolve().parent / "remote"
 MARK = "@@sglang-deploy:"
 
 
+HEREDOC_END = "SGLANG_DEPLOY_EOF"
+
+
+def _heredoc(python: str, args: str, body: str) -> str:
+    """``PYTHON - ARGS`` (ARGS: shell text) with BODY as the program on stdin."""
+    assert HEREDOC_END not in body
+    return f"{python} - {args} <<'{HEREDOC_END}'\n{body}\n{HEREDOC_END}"
+
+
 def stdin_script(script: str, args: list[str], python: str = "python3") -> str:
     """Run a shipped stdlib script with the host's python, fed on stdin (nothing written)."""
-    body = (REMOTE / script).read_text()
-    delim = "SGLANG_DEPLOY_EOF"
-    assert delim not in body
-    return f"{shlex.quote(python)} - {shlex.join(args)} <<'{delim}'\n{body}\n{delim}"
+    return _heredoc(shlex.quote(python), shlex.join(args), (REMOTE / script).read_text())
+
+
+@dataclass(frozen=True)
+class Script:
+    """A part of a ``_sections_command`` that is a shipped stdlib script (``remote/NAME``, with
+    a ``main(argv)``) and its arguments. All the Script parts of one command run in ONE
+    Python process (``remote/bundle.py``): one interpreter start and one set of imports."""
+
+    name: str
+    args: tuple[str, ...] = ()
 
 
 def _json_fact_output(output: list[str]):
@@ -42,20 +59,44 @@ GPU_SECTIONS = {
 }
 
 
+def _bundle_command(python: str, parts: list[tuple[int, str, Script]]) -> str:
+    """The Python process that runs every Script part (``remote/bundle.py``), each writing its
+    own section file into the command's temp folder ``$d``; ``-I -S``: the scripts use the
+    standard library only, so no site-packages scan and no user environment."""
+    spec = [(str(i), section, Path(s.name).stem, list(s.args), (REMOTE / s.name).read_text())
+            for i, section, s in parts]
+    body = (REMOTE / "bundle.py").read_text() + f"\nrun({MARK!r}, sys.argv[1], {spec!r})\n"
+    return _heredoc(f"{shlex.quote(python)} -I -S", '"$d"', body)
 
-def _sections_command(sections: dict[str, str]) -> str:
+
+def _sections_command(sections: dict[str, str | Script], python: str = "python3") -> str:
     """One shell command that runs every section at once (each into its own file of a private
     temp folder) and then prints them all with one ``cat``, each between markers
     (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given: the round
     trip lasts as long as the slowest section. The rc marker always follows a newline of its
-    own, so it starts a line whether or not the section's output ended with one."""
+    own, so it starts a line whether or not the section's output ended with one.
+
+    A section is a shell command, or a ``Script``: the Script sections share one Python
+    process (``_bundle_command``), which writes their section files itself; a Script section
+    whose file that process did not write (PYTHON missing, killed) gets the process's own
+    output and exit status instead."""
     lines = ["LC_ALL=C; export LC_ALL", 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    scripts = [(i, name, cmd) for i, (name, cmd) in enumerate(sections.items())
+               if isinstance(cmd, Script)]
+    if scripts:
+        lines.append(f"{{ ( {_bundle_command(python, scripts)}\n) >\"$d/py\" 2>&1; "
+                     f"echo \"$?\" >\"$d/py.rc\"; }} &")
     for i, (name, cmd) in enumerate(sections.items()):
+        if isinstance(cmd, Script):
+            continue
         # the command in a subshell of its own, closed on its own line: it may `exit` or end
         # in a here-document
         lines.append(f"( echo '{MARK}{name}'; ( {cmd}\n) 2>&1; printf '\\n{MARK}rc=%s\\n' \"$?\" ) "
                      f'>"$d/{i}" &')
     lines.append("wait")
+    for i, name, _ in scripts:
+        lines.append(f'[ -e "$d/{i}" ] || {{ echo \'{MARK}{name}\'; cat "$d/py"; '
+                     f'printf \'\\n{MARK}rc=%s\\n\' "$(cat "$d/py.rc")"; }} >"$d/{i}"')
     lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(sections))))
     return "\n".join(lines)
 
@@ -93,9 +134,12 @@ class CudaProbe(FactBase):
     copy between every GPU pair with its bandwidth. Returns the probe's JSON object.
     """
 
+    @staticmethod
+    def args(p2p: bool = True, mib: int = 64) -> list[str]:
+        return ["--mib", str(mib)] + (["--p2p"] if p2p else [])
+
     def command(self, python: str = "python3", p2p: bool = True, mib: int = 64) -> str:
-        args = ["--mib", str(mib)] + (["--p2p"] if p2p else [])
-        return stdin_script("cuda_probe.py", args, python=python)
+        return stdin_script("cuda_probe.py", self.args(p2p=p2p, mib=mib), python=python)
 
     def process(self, output: list[str]):
         return _json_fact_output(output)
@@ -111,9 +155,9 @@ class SglangHostState(FactBase):
     /dev/nvidia* node as ``dev_open`` (the text of a ``dev-open.txt``).
     """
 
-    def command(self, root: str, service: str, model: str | None = None,
-                secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = (), dev_open: bool = False) -> str:
+    @staticmethod
+    def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
+             cache: str | None = None, paths: tuple = (), dev_open: bool = False) -> list[str]:
         args = ["state", "--root", root, "--service", service]
         if dev_open:
             args.append("--dev-open")
@@ -125,7 +169,14 @@ class SglangHostState(FactBase):
             args += ["--path", path]
         if model:
             args += ["--model", model]
-        return stdin_script("hoststate.py", args, python=python)
+        return args
+
+    def command(self, root: str, service: str, model: str | None = None,
+                secrets: str | None = None, python: str = "python3", cache: str | None = None,
+                paths: tuple = (), dev_open: bool = False) -> str:
+        return stdin_script("hoststate.py", self.args(root, service, model=model, secrets=secrets,
+                                                      cache=cache, paths=paths, dev_open=dev_open),
+                            python=python)
 
     def process(self, output: list[str]):
         return _json_fact_output(output)
@@ -167,7 +218,8 @@ class HostSnapshot(FactBase):
     The pre-flight's one round trip: the host state (``SglangHostState``, with the open test
     of every /dev/nvidia* node), the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
     ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*``) and the CUDA probe without peer
-    copies (``CudaProbe(p2p=False)``), run at the same time on the host. Returns
+    copies (``CudaProbe(p2p=False)``), run at the same time on the host; the host state and
+    the probe share one Python process (forked once both scripts are loaded). Returns
     ``{"state": ..., "gpu": ..., "probe": ...}`` with each part as its own fact returns it
     (``None`` for a part that printed no JSON); ``gpu`` holds each nvidia-smi / ``ls``
     section as ``{"out", "rc"}`` under the file names of a ``doctor --collect`` folder, and
@@ -178,12 +230,12 @@ class HostSnapshot(FactBase):
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
                 paths: tuple = (), mib: int = 64) -> str:
-        state = SglangHostState().command(root=root, service=service, model=model,
-                                          secrets=secrets, python=python, cache=cache, paths=paths,
-                                          dev_open=True)
-        probe = CudaProbe().command(python=python, p2p=False, mib=mib)
-        return _sections_command({"hoststate.json": state, "cuda-probe.json": probe,
-                                  **GPU_SECTIONS})
+        state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
+                                     cache=cache, paths=paths, dev_open=True)
+        probe = CudaProbe.args(p2p=False, mib=mib)
+        return _sections_command({"hoststate.json": Script("hoststate.py", tuple(state)),
+                                  "cuda-probe.json": Script("cuda_probe.py", tuple(probe)),
+                                  **GPU_SECTIONS}, python=python)
 
     def process(self, output: list[str]) -> dict:
         sections = _parse_sections(output)

@@ -187,21 +187,46 @@ def known_good(root: str):
             "secrets_sha256": sha256_file(os.path.join(kg, "secrets.env"))}
 
 
+def recorded_size(dist_info: str, path: str):
+    """The size a wheel's RECORD in DIST_INFO gives for PATH (None when it names no size)."""
+    site = os.path.dirname(dist_info)
+    try:
+        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8") as fh:
+            for line in fh:
+                name, _, rest = line.rstrip("\n").partition(",")
+                if os.path.normpath(os.path.join(site, name)) == path:
+                    size = rest.rpartition(",")[2]
+                    return int(size) if size.isdigit() else None
+    except OSError:
+        return None
+    return None
+
+
+def uv_version(venv: str):
+    """Version of the tool venv's uv (None: absent or not answering). From the package record
+    the installer wrote (``uv-X.dist-info``) when there is exactly one and its RECORD gives the
+    binary's size, so that no 38 MB binary is started on every read; anything else (two
+    records, a binary replaced by hand) asks ``uv --version``."""
+    uv = os.path.join(venv, "bin", "uv")
+    if not os.access(uv, os.X_OK):
+        return None
+    infos = glob.glob(os.path.join(venv, "lib", "python*", "site-packages", "uv-*.dist-info"))
+    if len(infos) == 1 and recorded_size(infos[0], uv) == os.stat(uv).st_size:
+        return os.path.basename(infos[0])[len("uv-"):-len(".dist-info")]
+    rc, out = run([uv, "--version"])
+    return out.split()[1] if rc == 0 and len(out.split()) > 1 else None
+
+
 def cmd_state(args) -> dict:
     root = args.root
     current = None
     link = os.path.join(root, "current")
     if os.path.islink(link):
         current = os.path.basename(os.readlink(link).rstrip("/"))
-    uv = os.path.join(root, "tools", "venv", "bin", "uv")
-    uv_version = None
-    if os.access(uv, os.X_OK):
-        rc, out = run([uv, "--version"])
-        uv_version = out.split()[1] if rc == 0 and len(out.split()) > 1 else None
     result = {
         "releases": releases(root),
         "current": current,
-        "uv_version": uv_version,
+        "uv_version": uv_version(os.path.join(root, "tools", "venv")),
         "service": systemd_show(args.service),
         "last_verified": read_json(os.path.join(root, "last-verified.json")),
         "python": "%d.%d" % sys.version_info[:2],

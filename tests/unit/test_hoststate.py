@@ -76,3 +76,31 @@ def test_state_reads_the_uv_version_of_the_tool_venv(tmp_path):
     assert state() == "0.13.9"
     uv.write_text("#!/bin/sh\necho 'uv 0.13.9'; exit 1\n")  # a failing uv is no version
     assert state() is None
+
+
+def test_uv_version_comes_from_the_installed_record_when_it_matches_the_binary(tmp_path):
+    """The installer's uv-X.dist-info names the version when its RECORD gives the binary's size;
+    a binary of another size (replaced by hand) or two records mean asking the binary."""
+    venv = tmp_path / "venv"
+    uv = venv / "bin" / "uv"
+    uv.parent.mkdir(parents=True)
+    uv.write_text("#!/bin/sh\necho 'uv 0.14.0'\n")  # what the binary itself says
+    uv.chmod(0o755)
+    info = venv / "lib" / "python3.11" / "site-packages" / "uv-0.13.9.dist-info"
+    info.mkdir(parents=True)
+    size = uv.stat().st_size
+
+    def record(n):
+        (info / "RECORD").write_text(f"uv-0.13.9.dist-info/METADATA,sha256=x,10\n"
+                                     f"../../../bin/uv,sha256=abc,{n}\nuv-0.13.9.dist-info/RECORD,,\n")
+
+    uv_version = _module().uv_version
+    record(size)
+    assert uv_version(str(venv)) == "0.13.9"  # from the record: the binary did not run
+    record(size + 1)
+    assert uv_version(str(venv)) == "0.14.0"  # the binary is not the one recorded
+    record(size)
+    (info.parent / "uv-0.14.0.dist-info").mkdir()
+    assert uv_version(str(venv)) == "0.14.0"  # two records: ask the binary
+    uv.chmod(0o644)
+    assert uv_version(str(venv)) is None  # not executable: no uv

@@ -1,0 +1,123 @@
+"""remote/bundle.py through facts._sections_command: several scripts in one Python process,
+each part in a forked child of its own, run for real with sh and this machine's python."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from sglang_deploy.facts import Script, _parse_sections, _sections_command
+
+
+def _script(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _run(sections: dict, python: str = sys.executable) -> dict:
+    cmd = _sections_command(sections, python=python)
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
+    return _parse_sections(out.splitlines())
+
+
+LOADS = """
+    import os, sys
+    with open(os.environ.get("BUNDLE_TEST_LOG", "/dev/null"), "a") as fh:
+        fh.write(__name__ + " loaded in " + str(os.getpid()) + "\\n")
+"""
+
+
+def test_each_part_gets_its_own_section_and_exit_status(tmp_path, monkeypatch):
+    log = tmp_path / "loads.log"
+    monkeypatch.setenv("BUNDLE_TEST_LOG", str(log))
+    ok = _script(tmp_path, "ok", LOADS + """
+    def main(argv):
+        print("args", argv)
+        print("to stderr", file=sys.stderr)
+        return 0
+    """)
+    fails = _script(tmp_path, "fails", LOADS + """
+    def main(argv):
+        print("partial")
+        raise ValueError("boom")
+    """)
+    exits = _script(tmp_path, "exits", """
+    import sys
+    def main(argv):
+        sys.exit("bad usage")
+    """)
+    code = _script(tmp_path, "code", """
+    import os
+    def main(argv):
+        print("before", flush=True)
+        os._exit(7)
+    """)
+    crash = _script(tmp_path, "crash", """
+    import os, signal
+    def main(argv):
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    big = _script(tmp_path, "big", """
+    def main(argv):
+        print("y" * 300000)  # more than a pipe holds
+    """)
+    secs = _run({"a": Script(ok, ("--x", "1 2")), "shell": "echo from shell",
+                 "b": Script(fails), "c": Script(exits), "d": Script(code),
+                 "e": Script(crash), "f": Script(big)})
+    assert list(secs) == ["a", "shell", "b", "c", "d", "e", "f"]
+    assert secs["a"]["rc"] == 0  # stdout is block-buffered, stderr not: as with `2>&1` in sh
+    assert sorted(secs["a"]["out"].splitlines()) == ["args ['--x', '1 2']", "to stderr"]
+    assert secs["shell"] == {"out": "from shell\n", "rc": 0}
+    assert secs["b"]["rc"] == 1
+    assert secs["b"]["out"].startswith("partial\nTraceback")
+    assert "ValueError: boom" in secs["b"]["out"]
+    assert secs["c"] == {"out": "bad usage\n", "rc": 1}
+    assert secs["d"] == {"out": "before\n", "rc": 7}
+    assert secs["e"] == {"out": "", "rc": 128 + 9}
+    assert secs["f"] == {"out": "y" * 300000 + "\n", "rc": 0}
+    # each script was loaded once, in the one parent process (the parts run in its children)
+    loads = log.read_text().splitlines()
+    assert sorted(line.split()[0] for line in loads) == ["fails", "ok"]
+    assert len({line.split()[-1] for line in loads}) == 1
+
+
+def test_a_script_that_does_not_load_fails_alone(tmp_path):
+    broken = _script(tmp_path, "broken", "def main(argv:\n")
+    ok = _script(tmp_path, "fine", "def main(argv):\n    print('fine')\n")
+    secs = _run({"x": Script(broken), "y": Script(ok)})
+    assert secs["x"]["rc"] == 1 and "SyntaxError" in secs["x"]["out"]
+    assert secs["y"] == {"out": "fine\n", "rc": 0}
+
+
+def test_the_parts_run_at_the_same_time(tmp_path):
+    """Each part waits for the other's flag file: run one after the other, the first would
+    give up at its deadline and fail."""
+    body = """
+    import os, time
+    def main(argv):
+        mine, theirs = argv
+        open(mine, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(theirs):
+            if time.monotonic() > deadline:
+                print("the other part never ran alongside")
+                return 1
+            time.sleep(0.01)
+        print("met")
+        return 0
+    """
+    a, b = str(tmp_path / "a.flag"), str(tmp_path / "b.flag")
+    secs = _run({"one": Script(_script(tmp_path, "one", body), (a, b)),
+                 "two": Script(_script(tmp_path, "two", body), (b, a))})
+    assert secs == {"one": {"out": "met\n", "rc": 0}, "two": {"out": "met\n", "rc": 0}}
+
+
+def test_without_the_python_the_script_sections_say_why(tmp_path):
+    ok = _script(tmp_path, "fine", "def main(argv):\n    print('fine')\n")
+    secs = _run({"x": Script(ok), "shell": "echo still here"},
+                python=str(tmp_path / "no-such-python3"))
+    assert secs["x"]["rc"] == 127
+    assert "no-such-python3" in secs["x"]["out"]
+    assert secs["shell"] == {"out": "still here\n", "rc": 0}
