@@ -22,7 +22,7 @@ from sglang_deploy import data as datamod
 from sglang_deploy import flagcache
 from sglang_deploy import flags as flagmod
 from sglang_deploy import modelfetch
-from sglang_deploy import oporder
+from sglang_deploy import pyinfrafast
 from sglang_deploy import operations as ops
 from sglang_deploy import patch as patchmod
 from sglang_deploy import plan
@@ -194,7 +194,7 @@ def name_deploy_file_as_module() -> None:
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
     name_deploy_file_as_module()
-    oporder.install()
+    pyinfrafast.install()
     settings = datamod.resolve(host.data.dict())
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state, GPU snapshot and the CUDA probe (no copies), run at once
@@ -596,7 +596,7 @@ def rollback_stage():
     from sglang_deploy.errors import RollbackError
 
     name_deploy_file_as_module()
-    oporder.install()
+    pyinfrafast.install()
     s = datamod.resolve(host.data.dict())
     hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
                        secrets=SECRETS_FILE, python=s.sglang_system_python)

@@ -74,6 +74,34 @@ def test_connection_lost_reads_the_transport():
     assert not hooks.connection_lost(NS(connector=NS()))  # not SSH: unknown, never claimed
 
 
+def test_no_delay_turns_nagle_off_on_the_connections_tcp_socket():
+    import socket
+    from types import SimpleNamespace as NS
+
+    from sglang_deploy import hooks
+
+    def client(sock):
+        return NS(get_transport=lambda: NS(sock=sock))
+
+    server = socket.create_server(("127.0.0.1", 0))
+    tcp = socket.create_connection(server.getsockname())
+    try:
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        assert hooks.no_delay(client(tcp)) is True
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        tcp.close()
+        server.close()
+    a, b = socket.socketpair()  # not TCP (a proxy command, a local connector): left alone
+    try:
+        assert hooks.no_delay(client(a)) is False
+    finally:
+        a.close()
+        b.close()
+    assert hooks.no_delay(NS(get_transport=lambda: None)) is False
+    assert hooks.no_delay(NS()) is False
+
+
 def test_typed_error_tracebacks_are_reduced_to_the_message():
     import logging
 

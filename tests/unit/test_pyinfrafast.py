@@ -1,4 +1,4 @@
-"""oporder.operation_order gives pyinfra's own operation order, on real stacks."""
+"""pyinfrafast.operation_order gives pyinfra's own operation order, on real stacks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pyinfra.api import util as pyinfra_util
 from pyinfra.api.util import PYINFRA_INSTALL_DIR
 
-from sglang_deploy import oporder
+from sglang_deploy import pyinfrafast
 
 # A deploy file (exec'd like pyinfra runs one) calling helpers of a library module, in a
 # loop and through a function compiled as if it were pyinfra's own (a frame pyinfra skips).
@@ -48,7 +48,7 @@ def _compare_on(deploy_filename: str | None, run_as: str, tmp_path, file_number:
     pairs = []
 
     def probe():
-        pairs.append((pyinfra_util.get_operation_order_from_stack(state), oporder.operation_order(state, sys._getframe(0))))  # noqa: E501  (both calls on one line: the same f_lineno)
+        pairs.append((pyinfra_util.get_operation_order_from_stack(state), pyinfrafast.operation_order(state, sys._getframe(0))))  # noqa: E501  (both calls on one line: the same f_lineno)
 
     lib = type(sys)("lib")
     lib_file = str(tmp_path / "lib.py")
@@ -87,16 +87,31 @@ def test_same_order_without_a_deploy_file_and_outside_cli_mode(tmp_path, monkeyp
         assert fast == slow
 
 
-def test_install_replaces_pyinfras_function_for_the_pinned_version_only(monkeypatch):
-    module = sys.modules["pyinfra.api.operation"]
-    original = pyinfra_util.get_operation_order_from_stack
-    monkeypatch.setattr(module, "get_operation_order_from_stack", original)
+def test_global_arguments_are_pyinfras_and_a_new_list_each_time():
+    from typing import get_type_hints
+
+    from pyinfra.api.arguments import AllArguments
+
+    expected = list(get_type_hints(AllArguments).items())  # pyinfra's all_global_arguments()
+    first = pyinfrafast.global_arguments()
+    assert first == expected and len(first) > 30
+    assert ("_sudo", bool) in first
+    first.clear()  # a caller's change does not reach the next caller
+    assert pyinfrafast.global_arguments() == expected
+
+
+def test_install_replaces_pyinfras_functions_for_the_pinned_version_only(monkeypatch):
+    places = [(sys.modules[m], n) for m, n, _ in pyinfrafast._REPLACED]
+    for module, name in places:  # stand-ins for pyinfra's own (restored after the test)
+        monkeypatch.setattr(module, name, lambda *a: None)
+    originals = [getattr(module, name) for module, name in places]
     # the pin this module was checked against is the one installed (a new pyinfra: recheck)
-    assert version("pyinfra") == oporder.PYINFRA_VERSION
-    monkeypatch.setattr(oporder, "PYINFRA_VERSION", "0.0")
-    assert oporder.install() is False
-    assert module.get_operation_order_from_stack is original
-    monkeypatch.setattr(oporder, "PYINFRA_VERSION", version("pyinfra"))
-    assert oporder.install() is True
-    assert module.get_operation_order_from_stack is oporder._from_caller
-    assert oporder.install() is True  # twice: still in place
+    assert version("pyinfra") == pyinfrafast.PYINFRA_VERSION
+    monkeypatch.setattr(pyinfrafast, "PYINFRA_VERSION", "0.0")
+    assert pyinfrafast.install() is False
+    assert [getattr(module, name) for module, name in places] == originals
+    monkeypatch.setattr(pyinfrafast, "PYINFRA_VERSION", version("pyinfra"))
+    assert pyinfrafast.install() is True
+    assert [getattr(module, name) for module, name in places] == [
+        f for _, _, f in pyinfrafast._REPLACED]
+    assert pyinfrafast.install() is True  # twice: still in place

@@ -1,0 +1,103 @@
+"""Two of pyinfra's per-operation costs, made cheap without changing what they return.
+
+pyinfra does this work on every operation call (13 operations per host and no-op run):
+
+- **Operation order.** In CLI mode pyinfra orders the operations of a run by the line numbers
+  of the call stack below the deploy file (``pyinfra.api.util.get_operation_order_from_stack``).
+  It gets them with ``inspect.stack()`` and then ``getframeinfo`` twice per frame: every
+  frame's source file is looked up, ``stat``-ed and read through ``linecache``. About 1.2 ms of
+  controller CPU per operation and host. ``operation_order`` reads the same numbers from the
+  frames' own ``f_code.co_filename`` and ``f_lineno``.
+- **Global argument types.** ``pyinfra.api.arguments.all_global_arguments()`` evaluates
+  ``typing.get_type_hints`` over the 35 global arguments (``_sudo``, ``_env``...) every time
+  an operation or a fact pops its global arguments. The answer depends on pyinfra's classes
+  only: ``global_arguments`` computes it once.
+
+``install()`` puts both in place for the pyinfra version this project pins and tests
+(``PYINFRA_VERSION``); any other version keeps its own functions
+(``tests/unit/test_pyinfrafast.py`` compares each with pyinfra's and fails when the pin moves).
+"""
+
+from __future__ import annotations
+
+import sys
+
+PYINFRA_VERSION = "3.10.0"
+
+
+def operation_order(state, frame) -> list[int]:
+    """What ``get_operation_order_from_stack(state)`` returns, for the stack from FRAME out:
+    pyinfra's current file number (CLI mode), then the line of every frame from the outermost
+    frame of the deploy file inwards, frames of pyinfra's own files left out."""
+    import pyinfra
+    from pyinfra.api.util import PYINFRA_INSTALL_DIR
+
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()  # outermost first, as pyinfra reverses inspect.stack()
+
+    start = 0
+    deploy_file = state.current_deploy_filename
+    if deploy_file:
+        # no frame of the deploy file: pyinfra's loop ends on its own frame, which it skips
+        start = len(frames)
+        for i, f in enumerate(frames):
+            if f.f_code.co_filename == deploy_file:
+                start = i
+                break
+    lines = [state.current_op_file_number] if pyinfra.is_cli else []
+    lines += [f.f_lineno for f in frames[start:]
+              if not f.f_code.co_filename.startswith(PYINFRA_INSTALL_DIR)]
+    return lines
+
+
+def _from_caller(state) -> list[int]:
+    return operation_order(state, sys._getframe(1))
+
+
+_GLOBAL_ARGUMENTS: tuple = ()
+
+
+def global_arguments() -> list[tuple[str, type]]:
+    """``all_global_arguments()``: every global argument and its type, computed once (a new
+    list per call, as pyinfra's callers get)."""
+    global _GLOBAL_ARGUMENTS
+    if not _GLOBAL_ARGUMENTS:
+        from pyinfra.api.arguments import AllArguments
+
+        from typing import get_type_hints
+
+        _GLOBAL_ARGUMENTS = tuple(get_type_hints(AllArguments).items())
+    return list(_GLOBAL_ARGUMENTS)
+
+
+# (module, name, replacement): every place pyinfra 3.10.0 looks the two functions up
+_REPLACED = (
+    ("pyinfra.api.operation", "get_operation_order_from_stack", _from_caller),
+    ("pyinfra.api.arguments", "all_global_arguments", global_arguments),
+    ("pyinfra.api.facts", "all_global_arguments", global_arguments),
+)
+
+
+def install() -> bool:
+    """Use ``operation_order`` and ``global_arguments`` in pyinfra (pinned pyinfra only).
+    True when they are in place."""
+    import pyinfra.api.arguments  # noqa: F401
+    import pyinfra.api.facts  # noqa: F401
+    import pyinfra.api.operation  # noqa: F401  (the module, not the decorator of that name)
+
+    if all(getattr(sys.modules[m], n, None) is f for m, n, f in _REPLACED):
+        return True
+    try:
+        from importlib.metadata import version
+
+        installed = version("pyinfra")
+    except Exception:  # noqa: BLE001  (no metadata: leave pyinfra as it is)
+        return False
+    if installed != PYINFRA_VERSION or not all(hasattr(sys.modules[m], n) for m, n, _ in _REPLACED):
+        return False
+    for module, name, replacement in _REPLACED:
+        setattr(sys.modules[module], name, replacement)
+    return True
