@@ -32,7 +32,6 @@ import argparse
 import ctypes
 import json
 import os
-import random
 import struct
 import sys
 import threading
@@ -213,6 +212,8 @@ PAGE_STAMP = struct.Struct("<QQ")
 def make_pattern(nbytes):
     """The copy pattern of one probe run: a random 1 MiB block repeated (made once per run;
     :func:`stamp` makes it fresh for each pair without allocating 2 x NBYTES again)."""
+    import random  # here: only the copy test needs it (the pre-flight's quick probe does not)
+
     rng = random.Random(os.urandom(16))
     block = rng.randbytes(min(nbytes, MIB))
     buf = bytearray(nbytes)
