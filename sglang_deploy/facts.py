@@ -95,8 +95,8 @@ def _sections_command(sections: dict[str, str | Script], python: str = "python3"
                      f'>"$d/{i}" &')
     lines.append("wait")
     for i, name, _ in scripts:
-        lines.append(f'[ -e "$d/{i}" ] || {{ echo \'{MARK}{name}\'; cat "$d/py"; '
-                     f'printf \'\\n{MARK}rc=%s\\n\' "$(cat "$d/py.rc")"; }} >"$d/{i}"')
+        lines.append(f'[ -e "$d/{i}" ] || {{ echo \'{MARK}{name}\'; cat "$d/py"; rc=$(cat "$d/py.rc"); '
+                     f'printf \'\\n{MARK}rc=%s\\n\' "${{rc:-1}}"; }} >"$d/{i}" 2>/dev/null')
     lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(sections))))
     return "\n".join(lines)
 

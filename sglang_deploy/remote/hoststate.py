@@ -194,7 +194,7 @@ def recorded_size(dist_info: str, path: str):
         with open(os.path.join(dist_info, "RECORD"), encoding="utf-8") as fh:
             for line in fh:
                 name, _, rest = line.rstrip("\n").partition(",")
-                if os.path.normpath(os.path.join(site, name)) == path:
+                if os.path.normpath(os.path.join(site, name)) == os.path.normpath(path):
                     size = rest.rpartition(",")[2]
                     return int(size) if size.isdigit() else None
     except OSError:

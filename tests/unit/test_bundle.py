@@ -121,3 +121,13 @@ def test_without_the_python_the_script_sections_say_why(tmp_path):
     assert secs["x"]["rc"] == 127
     assert "no-such-python3" in secs["x"]["out"]
     assert secs["shell"] == {"out": "still here\n", "rc": 0}
+
+
+def test_a_python_that_writes_no_section_gives_its_own_output_and_status(tmp_path):
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\ncat >/dev/null\necho 'this python is broken' >&2\nexit 5\n")
+    fake.chmod(0o755)
+    ok = _script(tmp_path, "fine", "def main(argv):\n    print('fine')\n")
+    secs = _run({"x": Script(ok), "y": Script(ok), "shell": "echo still here"}, python=str(fake))
+    assert secs["x"] == secs["y"] == {"out": "this python is broken\n", "rc": 5}
+    assert secs["shell"] == {"out": "still here\n", "rc": 0}
