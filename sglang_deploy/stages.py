@@ -22,11 +22,11 @@ from sglang_deploy import data as datamod
 from sglang_deploy import flagcache
 from sglang_deploy import flags as flagmod
 from sglang_deploy import modelfetch
-from sglang_deploy import pyinfrafast
 from sglang_deploy import operations as ops
 from sglang_deploy import patch as patchmod
 from sglang_deploy import plan
 from sglang_deploy import preflight
+from sglang_deploy import pyinfrafast
 from sglang_deploy.errors import DataError, RuntimeSetupError
 from sglang_deploy.facts import (
     REMOTE,
@@ -167,33 +167,8 @@ def put_p2p_record(ctx: Context) -> None:
                          dest=dest, present=ctx.hoststate["paths"].get(dest))
 
 
-def name_deploy_file_as_module() -> None:
-    """Give the deploy file pyinfra runs (``deploy.py``, ``rollback.py``) a module entry.
-
-    pyinfra orders operations by inspecting the call stack on every operation call
-    (``inspect.stack()``). A frame of a file run with ``exec`` belongs to no module, so for
-    that frame ``inspect.getmodule`` scans all of ``sys.modules`` (about 1,500 entries), three
-    times per operation: about a millisecond of controller CPU per operation and host. A
-    module object that names the file makes it a dictionary hit. Nothing imports it.
-    """
-    import os
-    import sys
-    import types
-
-    filename = getattr(state, "current_deploy_filename", None)
-    if not filename:
-        return
-    path = os.path.normcase(os.path.abspath(filename))
-    name = f"sglang_deploy._deploy_file_{hashlib.sha256(path.encode()).hexdigest()[:12]}"
-    if name not in sys.modules:
-        module = types.ModuleType(name, f"the deploy file {path}, run by pyinfra (not imported)")
-        module.__file__ = path
-        sys.modules[name] = module
-
-
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
-    name_deploy_file_as_module()
     pyinfrafast.install()
     settings = datamod.resolve(host.data.dict())
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
@@ -595,7 +570,6 @@ def rollback_stage():
 
     from sglang_deploy.errors import RollbackError
 
-    name_deploy_file_as_module()
     pyinfrafast.install()
     s = datamod.resolve(host.data.dict())
     hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
