@@ -65,9 +65,9 @@ def global_arguments() -> list[tuple[str, type]]:
     list per call, as pyinfra's callers get)."""
     global _GLOBAL_ARGUMENTS
     if not _GLOBAL_ARGUMENTS:
-        from pyinfra.api.arguments import AllArguments
-
         from typing import get_type_hints
+
+        from pyinfra.api.arguments import AllArguments
 
         _GLOBAL_ARGUMENTS = tuple(get_type_hints(AllArguments).items())
     return list(_GLOBAL_ARGUMENTS)
@@ -84,9 +84,10 @@ _REPLACED = (
 def install() -> bool:
     """Use ``operation_order`` and ``global_arguments`` in pyinfra (pinned pyinfra only).
     True when they are in place."""
-    import pyinfra.api.arguments  # noqa: F401
-    import pyinfra.api.facts  # noqa: F401
-    import pyinfra.api.operation  # noqa: F401  (the module, not the decorator of that name)
+    # imported for sys.modules: pyinfra.api.operation is also the name of a decorator
+    import pyinfra.api.arguments
+    import pyinfra.api.facts
+    import pyinfra.api.operation  # noqa: F401
 
     if all(getattr(sys.modules[m], n, None) is f for m, n, f in _REPLACED):
         return True

@@ -41,7 +41,7 @@ def load(module, source):
     mod = types.ModuleType(module)
     mod.__file__ = module + ".py"
     sys.modules[module] = mod
-    exec(compile(source, module + ".py", "exec"), mod.__dict__)
+    exec(compile(source, module + ".py", "exec"), mod.__dict__)  # noqa: S102 (our own script)
     return mod
 
 
@@ -66,9 +66,9 @@ def _child(mod, argv, fd):
         rc = exc.code
         if rc is not None and not isinstance(rc, int):
             sys.stdout.flush()
-            sys.stderr.write("%s\n" % (rc,))
+            sys.stderr.write(f"{rc}\n")
             rc = 1
-    except BaseException:  # the part's own bug: its traceback is its output
+    except BaseException:  # noqa: BLE001 (the part's own bug: its traceback is its output)
         import traceback
 
         sys.stdout.flush()  # what it printed, then how it ended
@@ -84,7 +84,7 @@ def _child(mod, argv, fd):
 
 def section_text(mark, section, out, rc):
     """The text of one section; the rc marker always starts a line of its own."""
-    return "%s%s\n%s\n%src=%d\n" % (mark, section, out, mark, rc)
+    return f"{mark}{section}\n{out}\n{mark}rc={rc}\n"
 
 
 def _write(folder, index, text):
@@ -101,7 +101,7 @@ def run(mark, folder, parts):
     for index, section, module, argv, source in parts:
         try:
             mod = load(module, source)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 (a script that fails to load fails alone)
             import traceback  # not up front: it costs more to import than a part's own work
 
             _write(folder, index, section_text(mark, section, traceback.format_exc(), 1))

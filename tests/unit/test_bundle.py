@@ -18,7 +18,8 @@ def _script(tmp_path, name: str, body: str) -> str:
 
 def _run(sections: dict, python: str = sys.executable) -> dict:
     cmd = _sections_command(sections, python=python)
-    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120,
+                         check=False).stdout
     return _parse_sections(out.splitlines())
 
 

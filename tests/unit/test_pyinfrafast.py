@@ -48,7 +48,7 @@ def _compare_on(deploy_filename: str | None, run_as: str, tmp_path, file_number:
     pairs = []
 
     def probe():
-        pairs.append((pyinfra_util.get_operation_order_from_stack(state), pyinfrafast.operation_order(state, sys._getframe(0))))  # noqa: E501  (both calls on one line: the same f_lineno)
+        pairs.append((pyinfra_util.get_operation_order_from_stack(state), pyinfrafast.operation_order(state, sys._getframe(0))))  # both calls on one line: the same f_lineno
 
     lib = type(sys)("lib")
     lib_file = str(tmp_path / "lib.py")
