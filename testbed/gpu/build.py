@@ -4,8 +4,8 @@ and the nvidia-smi fast path (testbed/gpu/nvidia_smi_fast.c, libc only).
     python -m testbed.gpu.build OUT_DIR      # prints OUT_DIR/libcuda.so.1, then OUT_DIR/nvidia-smi
 
 The results are cached: OUT_DIR/libcuda.so.1.sha256 (OUT_DIR/nvidia-smi.sha256) holds a hash
-of the source, the header and the command line; a rebuild only happens when one of them
-changes.
+of the sources, the headers (gpu_uuid.h; cuda.h for libcuda) and the command line; a rebuild
+only happens when one of them changes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ SMI_BINARY = "nvidia-smi"
 #: $TESTBED_SMI_FALLBACK overrides it at run time); testbed.fleet installs it there
 SMI_FALLBACK = "/usr/lib/testbed-gpu/nvidia-smi.py"
 SMI_CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"]
+#: included by both sources (the GPU UUID), so part of both builds' hashes
+UUID_HEADER = HERE / "gpu_uuid.h"
 
 
 class BuildError(RuntimeError):
@@ -75,27 +77,40 @@ def _command(include: Path, out: Path) -> list[str]:
     return [cc, *CFLAGS, f"-I{include}", f"-Wl,-soname,{SONAME}", "-o", str(out), str(SOURCE)]
 
 
+def _cached_build(out: Path, inputs: list[Path], command) -> bool:
+    """Compile to OUT with ``command(path)`` unless OUT's stamp (OUT.sha256) holds the hash of
+    INPUTS' contents and the command line; the compiler writes OUT.tmp, renamed into place.
+    True when it compiled."""
+    digest = hashlib.sha256()
+    for path in inputs:
+        digest.update(path.read_bytes())
+    digest.update("\0".join(command(out)).encode())
+    want = digest.hexdigest()
+    stamp = out.with_name(out.name + ".sha256")
+    if out.is_file() and stamp.is_file() and stamp.read_text().strip() == want:
+        return False
+    tmp = out.with_name(out.name + ".tmp")
+    cmd = command(tmp)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise BuildError(f"{' '.join(cmd)} failed: {e}") from e
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+    tmp.chmod(0o755)
+    os.replace(tmp, out)
+    stamp.write_text(want + "\n")
+    return True
+
+
 def build_libcuda(out_dir: Path) -> Path:
     """Compile the stand-in into out_dir/libcuda.so.1 (+ libcuda.so link); return its path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     include = find_cuda_include()
     lib = out_dir / SONAME
-    cmd = _command(include, lib)
-    digest = hashlib.sha256()
-    digest.update(SOURCE.read_bytes())
-    digest.update((include / "cuda.h").read_bytes())
-    digest.update("\0".join(cmd).encode())
-    want = digest.hexdigest()
-    stamp = out_dir / (SONAME + ".sha256")
-    if not (lib.is_file() and stamp.is_file() and stamp.read_text().strip() == want):
-        tmp = out_dir / (SONAME + ".tmp")
-        cmd = _command(include, tmp)
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
-        os.replace(tmp, lib)
-        stamp.write_text(want + "\n")
+    _cached_build(lib, [SOURCE, UUID_HEADER, include / "cuda.h"],
+                  lambda out: _command(include, out))
     link = out_dir / "libcuda.so"
     if not (link.is_symlink() and os.readlink(link) == SONAME):
         if link.exists() or link.is_symlink():
@@ -112,27 +127,11 @@ def _smi_command(out: Path) -> list[str]:
 
 def build_nvidia_smi(out_dir: Path) -> Path:
     """Compile the nvidia-smi fast path into out_dir/nvidia-smi (0755); return its path.
-    Cached like build_libcuda (hash of the source and the command line)."""
+    Cached like build_libcuda (hash of the sources and the command line)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     exe = out_dir / SMI_BINARY
-    digest = hashlib.sha256()
-    digest.update(SMI_FAST_SOURCE.read_bytes())
-    digest.update("\0".join(_smi_command(exe)).encode())
-    want = digest.hexdigest()
-    stamp = out_dir / (SMI_BINARY + ".sha256")
-    if not (exe.is_file() and stamp.is_file() and stamp.read_text().strip() == want):
-        tmp = out_dir / (SMI_BINARY + ".tmp")
-        cmd = _smi_command(tmp)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        except OSError as e:
-            raise BuildError(f"{' '.join(cmd)} failed: {e}") from e
-        if proc.returncode != 0:
-            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
-        tmp.chmod(0o755)
-        os.replace(tmp, exe)
-        stamp.write_text(want + "\n")
+    _cached_build(exe, [SMI_FAST_SOURCE, UUID_HEADER], _smi_command)
     return exe
 
 

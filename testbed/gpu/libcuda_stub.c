@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu_uuid.h"
+
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEV 64
 #define MIB (1024ULL * 1024ULL)
@@ -196,20 +198,7 @@ static int node_denied(const char *name) {
     return errno == EPERM || errno == EACCES;
 }
 
-/* ------------------------------------------------------------------ uuid (same as nvidia_smi.py) */
-
-static uint64_t fnv1a64(const char *s) {
-    uint64_t h = 0xCBF29CE484222325ULL;
-    for (; *s; s++) { h ^= (unsigned char)*s; h *= 0x100000001B3ULL; }
-    return h;
-}
-
-static uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+/* ------------------------------------------------------------------ PCI bus ids, sockets */
 
 static const int bus_numbers[8] = {0x01, 0x25, 0x41, 0x61, 0x81, 0xA1, 0xC1, 0xE1};
 static int bus_number(int phys) { return phys < 8 ? bus_numbers[phys] : ((0x01 + 0x10 * phys) & 0xFF); }
@@ -411,12 +400,7 @@ EXPORT CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
     REQUIRE_INIT();
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    for (int half = 0; half < 2; half++) {
-        char buf[512];
-        snprintf(buf, sizeof buf, "testbed-gpu:%s:%d:%d", cfg.hostname, dev_phys[dev], half);
-        uint64_t h = mix64(fnv1a64(buf));
-        for (int i = 0; i < 8; i++) uuid->bytes[half * 8 + i] = (char)((h >> (56 - 8 * i)) & 0xFF);
-    }
+    gpu_uuid_bytes(cfg.hostname, dev_phys[dev], (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 

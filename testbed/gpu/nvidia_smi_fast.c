@@ -37,6 +37,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "gpu_uuid.h"
+
 #ifndef SMI_FALLBACK
 #define SMI_FALLBACK "/usr/lib/testbed-gpu/nvidia-smi.py"
 #endif
@@ -313,35 +315,10 @@ static const char *hostname(void) {
     return host;
 }
 
-static uint64_t fnv1a64_update(uint64_t h, const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001B3ULL;
-    }
-    return h;
-}
-
-static uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-/* format_uuid(gpu_uuid_bytes(host, index)), as libcuda_stub.c's cuDeviceGetUuid */
+/* format_uuid(gpu_uuid_bytes(host, index)): gpu_uuid.h, as libcuda_stub.c's cuDeviceGetUuid */
 static void gpu_uuid(long long index, char out[41]) {
     unsigned char raw[16];
-    const char *h = hostname();
-    for (int half = 0; half < 2; half++) {
-        char tail[64];
-        int tl = snprintf(tail, sizeof tail, ":%lld:%d", index, half);
-        uint64_t x = 0xCBF29CE484222325ULL;
-        x = fnv1a64_update(x, "testbed-gpu:", 12);
-        x = fnv1a64_update(x, h, strlen(h));
-        x = fnv1a64_update(x, tail, (size_t)tl);
-        x = mix64(x);
-        for (int i = 0; i < 8; i++) raw[half * 8 + i] = (unsigned char)(x >> (56 - 8 * i));
-    }
+    gpu_uuid_bytes(hostname(), index, raw);
     static const char hex[] = "0123456789abcdef";
     char *o = out;
     memcpy(o, "GPU-", 4);

@@ -800,6 +800,31 @@ def probe(libdir: Path, host: Host, mib: int = 8) -> dict[str, str]:
     return dict(ln.split("=", 1) for ln in r.stdout.splitlines())
 
 
+def test_a_change_to_any_input_rebuilds(tmp_path: Path) -> None:
+    """The shared UUID header is an input of both builds: changing it (or the source, or the
+    command) compiles again; nothing changed, nothing compiled."""
+    src, header = tmp_path / "a.c", tmp_path / "gpu_uuid.h"
+    src.write_text("source 1\n")
+    header.write_text("header 1\n")
+    out = tmp_path / "out" / "bin"
+    out.parent.mkdir()
+
+    def command(flag: str):
+        return lambda dest: ["sh", "-c", f"cat {src} {header} > {dest}; echo {flag} >> {dest}"]
+
+    assert B._cached_build(out, [src, header], command("x")) is True
+    assert B._cached_build(out, [src, header], command("x")) is False
+    header.write_text("header 2\n")
+    assert B._cached_build(out, [src, header], command("x")) is True
+    assert out.read_text() == "source 1\nheader 2\nx\n"
+    assert B._cached_build(out, [src, header], command("y")) is True
+    src.write_text("source 2\n")
+    assert B._cached_build(out, [src, header], command("y")) is True
+    assert B._cached_build(out, [src, header], command("y")) is False
+    for source in (B.SOURCE, B.SMI_FAST_SOURCE):  # the header both builds hash is the one included
+        assert f'#include "{B.UUID_HEADER.name}"' in source.read_text()
+
+
 def test_build_is_cached_and_named(libdir: Path) -> None:
     lib = libdir / "libcuda.so.1"
     before = lib.stat().st_mtime_ns
