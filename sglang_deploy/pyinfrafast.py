@@ -13,7 +13,8 @@ pyinfra does this work on every operation call (13 operations per host and no-op
   an operation or a fact pops its global arguments. The answer depends on pyinfra's classes
   only: ``global_arguments`` computes it once.
 
-``install()`` puts both in place for the pyinfra version this project pins and tests
+``install()`` (called by ``hooks.install``, so by ``config.py`` before any operation is
+added) puts both in place for the pyinfra version this project pins and tests
 (``PYINFRA_VERSION``); any other version keeps its own functions
 (``tests/unit/test_pyinfrafast.py`` compares each with pyinfra's and fails when the pin moves).
 """

@@ -26,7 +26,6 @@ from sglang_deploy import operations as ops
 from sglang_deploy import patch as patchmod
 from sglang_deploy import plan
 from sglang_deploy import preflight
-from sglang_deploy import pyinfrafast
 from sglang_deploy.errors import DataError, RuntimeSetupError
 from sglang_deploy.facts import (
     REMOTE,
@@ -169,7 +168,6 @@ def put_p2p_record(ctx: Context) -> None:
 
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
-    pyinfrafast.install()
     settings = datamod.resolve(host.data.dict())
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state, GPU snapshot and the CUDA probe (no copies), run at once
@@ -570,7 +568,6 @@ def rollback_stage():
 
     from sglang_deploy.errors import RollbackError
 
-    pyinfrafast.install()
     s = datamod.resolve(host.data.dict())
     hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
                        secrets=SECRETS_FILE, python=s.sglang_system_python)
