@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -154,6 +155,8 @@ class Timed:
     started_wall: float
     machine_cpu_s: float = 0.0  # busy CPU of the whole machine meanwhile (/proc/stat): the
     #                             controller, the testbed hosts' own work, sshd, the kernel
+    cpu_samples: list = field(default_factory=list)  # [(offset s, machine busy s, controller
+    #                                                   CPU s)], only with run_timed(sample_s=...)
 
     @property
     def others_cpu_s(self) -> float:
@@ -182,22 +185,52 @@ def machine_busy_s() -> float:
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_timed(argv: list[str], env: dict | None = None) -> Timed:
-    """Run ARGV, timestamping each output line; peak RSS from the child's own rusage."""
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of the live process PID (/proc/PID/stat), None once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_timed(argv: list[str], env: dict | None = None, sample_s: float | None = None) -> Timed:
+    """Run ARGV, timestamping each output line; peak RSS from the child's own rusage. With
+    SAMPLE_S, a thread also samples the machine's busy CPU and the child's own CPU that often
+    (``Timed.cpu_samples``, for ``bench/timeline.py``)."""
     busy0 = machine_busy_s()
     wall0, t0 = time.time(), time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    samples: list = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while True:
+            own = process_cpu_s(proc.pid)
+            if own is None:
+                return
+            samples.append((time.monotonic() - t0, machine_busy_s(), own))
+            if done.wait(sample_s):
+                return
+
+    sampler = threading.Thread(target=sample, daemon=True) if sample_s else None
+    if sampler:
+        sampler.start()
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append((time.monotonic() - t0, time.time(), line.rstrip("\n")))
+    done.set()
+    if sampler:
+        sampler.join()
     _, status, rusage = os.wait4(proc.pid, 0)
     seconds = time.monotonic() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     return Timed(argv=argv, rc=proc.returncode, seconds=seconds, maxrss_kib=rusage.ru_maxrss,
                  cpu_s=rusage.ru_utime + rusage.ru_stime, lines=lines, started_wall=wall0,
-                 machine_cpu_s=machine_busy_s() - busy0)
+                 machine_cpu_s=machine_busy_s() - busy0, cpu_samples=samples)
 
 
 def pyinfra_argv(deploy: str, limit: list[str] | None = None, verbose: bool = False,
@@ -219,10 +252,11 @@ def bench_env(extra_data: dict | None = None, env: dict | None = None) -> dict:
 
 
 def deploy(hosts: list[str] | None, *, extra_data: dict | None = None, env: dict | None = None,
-           verbose: bool = False, deploy_file: str = "deploy.py", check: bool = True) -> Timed:
+           verbose: bool = False, deploy_file: str = "deploy.py", check: bool = True,
+           sample_s: float | None = None) -> Timed:
     """One `pyinfra INVENTORY deploy.py` run (bench inventory: testbed + BENCH_EXTRA_DATA)."""
     t = run_timed(pyinfra_argv(deploy_file, limit=hosts, verbose=verbose),
-                  env=bench_env(extra_data, env))
+                  env=bench_env(extra_data, env), sample_s=sample_s)
     if any("No host matches found" in text for _, _, text in t.lines):
         raise RuntimeError(f"{' '.join(t.argv)}: a --limit matched no host:\n{t.tail()}")
     if check and not t.ok:
