@@ -59,7 +59,8 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("gpu_p2p_test", str, "auto",
        "`auto`: run the data-verified peer copies unless the service is running and this "
        "deploy will not restart it: then reuse the verdict of the last full test recorded on "
-       "the host. `always`: copy on every deploy.", choices=("auto", "always")),
+       "the host (and skip the CUDA probe while it serves the invocation a deploy verified). "
+       "`always`: probe and copy on every deploy.", choices=("auto", "always")),
     # --- runtime ----------------------------------------------------------------------------
     _k("sglang_lock", str, "locks/glm5-blackwell.txt",
        "Lock file (on the controller, relative to the deploy folder): the exact packages, with "

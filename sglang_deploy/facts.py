@@ -216,48 +216,40 @@ class ServerArgsSource(FactBase):
 class HostSnapshot(FactBase):
     """
     The pre-flight's one round trip: the host state (``SglangHostState``, with the open test
-    of every /dev/nvidia* node), the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
-    ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*``) and the CUDA probe without peer
-    copies (``CudaProbe(p2p=False)``), run at the same time on the host; the host state and
-    the probe share one Python process (forked once both scripts are loaded). Returns
-    ``{"state": ..., "gpu": ..., "probe": ...}`` with each part as its own fact returns it
-    (``None`` for a part that printed no JSON); ``gpu`` holds each nvidia-smi / ``ls``
+    of every /dev/nvidia* node) and the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
+    ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*``), run at the same time on the host.
+    Returns ``{"state": ..., "gpu": ..., "output": ...}``: ``state`` as ``SglangHostState``
+    returns it (``None`` if it printed no JSON); ``gpu`` holds each nvidia-smi / ``ls``
     section as ``{"out", "rc"}`` under the file names of a ``doctor --collect`` folder, and
-    ``dev-open.txt`` (EPERM = the device cgroup denies the node) from the host state.
-    ``output``: the raw text of the two JSON parts (for the error that names what went wrong).
+    ``dev-open.txt`` (EPERM = the device cgroup denies the node) from the host state;
+    ``output``: the host-state part's raw text (for the error that names what went wrong).
+    The CUDA probe is a second round trip, run when the host state calls for it
+    (``preflight.probe_plan``).
     """
 
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = (), mib: int = 64) -> str:
+                paths: tuple = ()) -> str:
         state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
                                      cache=cache, paths=paths, dev_open=True)
-        probe = CudaProbe.args(p2p=False, mib=mib)
         return _sections_command({"hoststate.json": Script("hoststate.py", tuple(state)),
-                                  "cuda-probe.json": Script("cuda_probe.py", tuple(probe)),
                                   **GPU_SECTIONS}, python=python)
 
     def process(self, output: list[str]) -> dict:
         sections = _parse_sections(output)
-
-        raw = {name: (sections.get(name) or {}).get("out", "")
-               for name in ("hoststate.json", "cuda-probe.json")}
-
-        def json_of(name: str):
-            # the part's stderr shares its section: the object is its last JSON line
-            for line in reversed((sections.pop(name, None) or {}).get("out", "").splitlines()):
-                if line.startswith(("{", "null")):
-                    try:
-                        return json.loads(line)
-                    except ValueError:
-                        continue
-            return None
-
-        state = json_of("hoststate.json")
+        raw = (sections.get("hoststate.json") or {}).get("out", "")
+        state = None
+        # the part's stderr shares its section: the object is its last JSON line
+        for line in reversed((sections.pop("hoststate.json", None) or {}).get("out", "").splitlines()):
+            if line.startswith(("{", "null")):
+                try:
+                    state = json.loads(line)
+                    break
+                except ValueError:
+                    continue
         if isinstance(state, dict) and "dev_open" in state:
             sections["dev-open.txt"] = {"out": state.pop("dev_open"), "rc": 0}
-        return {"state": state, "probe": json_of("cuda-probe.json"), "gpu": sections,
-                "output": raw}
+        return {"state": state, "gpu": sections, "output": raw}
 
 
 def site_packages(venv: str, python_minor: str) -> str:

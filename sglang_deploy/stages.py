@@ -170,29 +170,30 @@ def put_p2p_record(ctx: Context) -> None:
 def preflight_stage():
     settings = datamod.resolve(host.data.dict())
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
-    # one round trip: host state, GPU snapshot and the CUDA probe (no copies), run at once
+    # one round trip: host state and GPU snapshot, run at once
     snap = host.get_fact(HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
                          model=settings.sglang_model_path, secrets=SECRETS_FILE,
                          python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
-                         paths=managed_paths(settings, release_id), mib=settings.gpu_p2p_test_mib)
-    hs, snapshot, probe = snap["state"], snap["gpu"], snap["probe"]
+                         paths=managed_paths(settings, release_id))
+    hs, snapshot = snap["state"], snap["gpu"]
     if hs is None:
         raise RuntimeSetupError(
             what=f"the host-state read ({settings.sglang_system_python} hoststate.py) to print JSON",
-            found=_tail(snap["output"]["hoststate.json"]), fix=f"check that `{settings.sglang_system_python}` "
+            found=_tail(snap["output"]), fix=f"check that `{settings.sglang_system_python}` "
             "(sglang_system_python) runs on the host: it is the Python 3 the deploy uses there")
     ctx = Context(settings=settings, hoststate=hs, release_id=release_id,
                   sglang_version=sglang_version, lock_text=lock_text)
     _CONTEXTS[host.name] = ctx
 
-    svc = hs["service"]
-    serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
-    record = hs.get("p2p_verified")
+    record, last_verified = hs.get("p2p_verified"), hs.get("last_verified")
     # Peer copies need GPU memory the running server holds; while it serves, the verdict of
-    # the last full test on this host stands (the GPUs and their links have not changed).
-    full_p2p = settings.gpu_p2p_test == "always" or not (serving and record)
-    if full_p2p:
-        probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=True,
+    # the last full test on this host stands (the GPUs and their links have not changed), and
+    # while it serves a verified invocation, so does that server for the probe itself.
+    kind = preflight.probe_plan(hs["service"], last_verified, record, settings.gpu_p2p_test)
+    full_p2p = kind == "p2p"
+    probe = None
+    if kind != "none":
+        probe = host.get_fact(CudaProbe, python=settings.sglang_system_python, p2p=full_p2p,
                               mib=settings.gpu_p2p_test_mib)
     expect = preflight.Expectations(
         count=settings.gpu_expected_count, model=settings.gpu_expected_model,
@@ -206,7 +207,9 @@ def preflight_stage():
     else:
         checks, ctx.nccl_env = preflight.use_p2p_record(checks, ctx.nccl_env, record,
                                                         settings.sglang_service)
-    if probe is None:  # the deploy never installs on a host whose CUDA was not proven
+    if kind == "none":
+        checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified)
+    elif probe is None:  # the deploy never installs on a host whose CUDA was not proven
         checks.append(no_probe_check(settings))
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)

@@ -670,25 +670,25 @@ def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
 
 
 def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
-    """The pre-flight's one round trip (host state with the open test, CUDA probe, nvidia-smi,
-    device nodes), run for real with sh here: every section is there, in order, even the parts that
+    """The pre-flight's one round trip (host state with the open test, nvidia-smi, device
+    nodes), run for real with sh here: every section is there, in order, even the parts that
     are multi-line (a here-document, a quoted script) or fail (no nvidia-smi here)."""
     import subprocess
 
     from sglang_deploy.facts import GPU_SECTIONS, HostSnapshot
 
     cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
-                                 python="python3", paths=(str(tmp_path),), mib=1)
+                                 python="python3", paths=(str(tmp_path),))
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
     markers = [line for line in out.splitlines() if line.startswith("@@sglang-deploy:")
                and not line.startswith("@@sglang-deploy:rc=")]
-    assert markers == [f"@@sglang-deploy:{n}" for n in
-                       ("hoststate.json", "cuda-probe.json", *GPU_SECTIONS)]
+    assert markers == [f"@@sglang-deploy:{n}" for n in ("hoststate.json", *GPU_SECTIONS)]
     snap = HostSnapshot().process(out.splitlines())
     assert snap["state"]["paths"][str(tmp_path)]["kind"] == "dir"
     assert snap["state"]["releases"] == {}
     assert "dev_open" not in snap["state"]  # moved to its section
-    assert isinstance(snap["probe"], dict)  # the probe's JSON even without a driver here
+    assert "cuda_probe" not in cmd  # the probe is its own round trip (preflight.probe_plan)
+    assert set(snap) == {"state", "gpu", "output"} and snap["output"].startswith("{")
     assert set(snap["gpu"]) == {*GPU_SECTIONS, "dev-open.txt"}
     # the open test ran in the host-state process: this machine has no /dev/nvidia* nodes
     assert snap["gpu"]["dev-open.txt"] == {"out": "", "rc": 0}
@@ -708,3 +708,39 @@ def test_sections_keep_output_without_a_final_newline_apart_from_the_marker():
         "a": {"out": "no newline\n", "rc": 0}, "b": {"out": "one\ntwo\n", "rc": 0},
         "c": {"out": "", "rc": 3}, "d": {"out": "x\n\nerr\n", "rc": 1},
         "e": {"out": "@@sglang-deploy:rc=9 is text here\n", "rc": 0}}
+
+
+# ------------------------------------------------------------------ which CUDA probe runs
+SERVING = {"ActiveState": "active", "SubState": "running", "InvocationID": "abc123"}
+RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data", "p2p-bandwidth"]}
+
+
+@pytest.mark.parametrize("service, last_verified, record, p2p_test, want", [
+    # serving the invocation a deploy verified, P2P verdict on record: no probe at all
+    (SERVING, {"invocation": "abc123"}, RECORD, "auto", "none"),
+    # serving, never verified by a deploy (started at boot, a half-done deploy): init + devices
+    (SERVING, {"invocation": "older"}, RECORD, "auto", "basic"),
+    (SERVING, None, RECORD, "auto", "basic"),
+    ({**SERVING, "InvocationID": ""}, {"invocation": ""}, RECORD, "auto", "basic"),
+    # no P2P verdict yet, not serving, or asked to copy every time: the full test
+    (SERVING, {"invocation": "abc123"}, None, "auto", "p2p"),
+    ({**SERVING, "SubState": "auto-restart", "ActiveState": "activating"}, {"invocation": "abc123"},
+     RECORD, "auto", "p2p"),
+    ({"ActiveState": "inactive", "SubState": "dead"}, None, None, "auto", "p2p"),
+    (SERVING, {"invocation": "abc123"}, RECORD, "always", "p2p"),
+])
+def test_probe_plan(service, last_verified, record, p2p_test, want):
+    assert preflight.probe_plan(service, last_verified, record, p2p_test) == want
+
+
+def test_a_verified_server_stands_for_the_probe_checks():
+    checks = [preflight.Check("gpu-count", "pass", "8 GPUs"),
+              *preflight.check_cuda_probe(None, 8)]  # what evaluate gives without a probe
+    assert {c.name: c.status for c in checks}["cuda-init"] == "skipped"
+    got = preflight.use_verified_server(checks, "sglang", {"invocation": "abc123def4567890",
+                                                           "verified_at": "2026-12-03T04:01:58+00:00"})
+    by_name = {c.name: c for c in got}
+    assert set(by_name) == {"gpu-count", "cuda-init"}
+    assert by_name["cuda-init"].status == "pass"
+    msg = by_name["cuda-init"].message
+    assert "abc123def456" in msg and "2026-12-03T04:01:58" in msg and "before any restart" in msg
