@@ -1,4 +1,5 @@
-"""pyinfrafast.operation_order gives pyinfra's own operation order, on real stacks."""
+"""pyinfrafast gives pyinfra's own operation order, global argument types and global
+arguments, on real stacks and a real inventory."""
 
 from __future__ import annotations
 
@@ -115,3 +116,67 @@ def test_install_replaces_pyinfras_functions_for_the_pinned_version_only(monkeyp
     assert [getattr(module, name) for module, name in places] == [
         f for _, _, f in pyinfrafast._REPLACED]
     assert pyinfrafast.install() is True  # twice: still in place
+
+
+# ------------------------------------------------------------------ pop_global_arguments
+def _state():
+    from pyinfra.api import Config, Inventory, State
+
+    inventory = Inventory(
+        (["h1", ("h2", {"_sudo": True, "_env": {"FROM": "host"}, "unrelated": 1})], {"_timeout": 30}),
+        override_data={"_retries": 2},
+        web=(["h1", "h2"], {"_sudo_user": "svc", "_env": {"FROM": "group"}}),
+        db=(["h2"], {"_sudo_user": "db", "_shell_executable": "bash"}),
+    )
+    return State(inventory, Config(SUDO=False, PARALLEL=3)), inventory
+
+
+CALLS = [
+    {},
+    {"name": "Folders", "_sudo": False},
+    {"_env": {"A": "1"}, "_if": [lambda: True], "path": "/x", "_ignore_errors": True},
+    {"_serial": True, "_run_once": True, "_chdir": "/tmp", "_su_user": "root"},
+]
+
+
+@pytest.mark.parametrize("call", range(len(CALLS)))
+@pytest.mark.parametrize("host_name", ["h1", "h2"])
+def test_pop_global_arguments_is_pyinfras(call, host_name):
+    from pyinfra.api.arguments import pop_global_arguments as pyinfras
+
+    state, inventory = _state()
+    host = inventory.get_host(host_name)
+    for deploy_data, deploy_kwargs in ((None, None), ({"_sudo_user": "deploy"}, {"_shell_executable": "zsh"})):
+        host.current_deploy_data, host.current_deploy_kwargs = deploy_data, deploy_kwargs
+        theirs_kwargs, ours_kwargs = dict(CALLS[call]), dict(CALLS[call])
+        theirs = pyinfras(state, host, theirs_kwargs)
+        ours = pyinfrafast.pop_global_arguments(state, host, ours_kwargs)
+        assert ours == theirs
+        assert ours_kwargs == theirs_kwargs  # the same keys popped, the rest left
+    # the values come from the host's data and are copies, as host.data.<key> gives
+    args, _ = pyinfrafast.pop_global_arguments(state, host, {})
+    assert args["_env"] == {"FROM": "host" if host_name == "h2" else "group"}
+    assert args["_retries"] == 2 and args["_timeout"] == 30
+    args["_env"]["FROM"] = "changed"
+    assert host.data._env["FROM"] != "changed"
+
+
+def test_pop_global_arguments_rejects_a_bad_type_as_pyinfra_does():
+    from pyinfra.api.arguments import pop_global_arguments as pyinfras
+    from pyinfra.api.exceptions import ArgumentTypeError
+
+    state, inventory = _state()
+    host = inventory.get_host("h1")
+    with pytest.raises(ArgumentTypeError) as theirs:
+        pyinfras(state, host, {"_sudo": "yes"})
+    with pytest.raises(ArgumentTypeError) as ours:
+        pyinfrafast.pop_global_arguments(state, host, {"_sudo": "yes"})
+    assert str(ours.value) == str(theirs.value) and "_sudo" in str(ours.value)
+
+
+def test_pop_global_arguments_reads_a_changed_layer_on_the_next_call():
+    state, inventory = _state()
+    host = inventory.get_host("h1")
+    assert pyinfrafast.pop_global_arguments(state, host, {})[0]["_sudo"] is False
+    host.data._sudo = True  # pyinfra's override layer of this host
+    assert pyinfrafast.pop_global_arguments(state, host, {})[0]["_sudo"] is True
