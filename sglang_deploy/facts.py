@@ -171,6 +171,15 @@ class SglangHostState(FactBase):
             args += ["--model", model]
         return args
 
+    @staticmethod
+    def json_args(root: str, service: str, model: str | None = None, secrets: str | None = None,
+                  cache: str | None = None, paths: tuple = (), dev_open: bool = False) -> list[str]:
+        """The same read as ``args`` gives, as ``hoststate.py state-json OPTIONS``: parsed
+        on the host without argparse (the pre-flight snapshot's form)."""
+        opts = {"root": root, "service": service, "model": model, "secrets": secrets,
+                "cache": cache, "path": list(paths), "dev_open": dev_open}
+        return ["state-json", json.dumps(opts, sort_keys=True)]
+
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
                 paths: tuple = (), dev_open: bool = False) -> str:
@@ -230,8 +239,8 @@ class HostSnapshot(FactBase):
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
                 paths: tuple = ()) -> str:
-        state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
-                                     cache=cache, paths=paths, dev_open=True)
+        state = SglangHostState.json_args(root=root, service=service, model=model,
+                                          secrets=secrets, cache=cache, paths=paths, dev_open=True)
         return _sections_command({"hoststate.json": Script("hoststate.py", tuple(state)),
                                   **GPU_SECTIONS}, python=python)
 

@@ -104,3 +104,85 @@ def test_uv_version_comes_from_the_installed_record_when_it_matches_the_binary(t
     assert uv_version(str(venv)) == "0.14.0"  # two records: ask the binary
     uv.chmod(0o644)
     assert uv_version(str(venv)) is None  # not executable: no uv
+
+
+def _releases_tree(root: Path) -> None:
+    """Releases as an install leaves them, plus what a listing must not mistake for one."""
+    rel = root / "releases" / "r1"
+    srt = rel / "venv/lib/python3.11/site-packages/sglang/srt"
+    srt.mkdir(parents=True)
+    (srt / "server_args.py").write_text("ARGS = 1\n")
+    (rel / "release.json").write_text('{"id": "r1"}')
+    (rel / ".complete").write_text("")
+    (rel / "venv/lib/python3.11/site-packages/uv-0.9.1.dist-info").mkdir()
+    (root / "releases" / "r2").mkdir()
+    (root / "releases" / ".tmp-r3").mkdir()  # an install in progress: hidden, not a release
+    (root / "releases" / ".tmp-r3" / "release.json").write_text("{}")
+    (root / "releases" / "stray-file").write_text("")
+    (root / "releases" / "r4").mkdir()
+    (root / "releases" / "r4" / "release.json").symlink_to(root / "nowhere.json")  # dangling
+    tools = root / "tools" / "venv" / "lib" / "python3.11" / "site-packages"
+    tools.mkdir(parents=True)
+    (tools / "uv-0.13.9.dist-info").mkdir()
+    (tools / "uv-helper").mkdir()
+
+
+def test_entries_lists_what_glob_lists(tmp_path):
+    import glob
+
+    _releases_tree(tmp_path)
+    entries = _module().entries
+    for folder, prefix, suffix in [(tmp_path / "releases", "", ""), (tmp_path / "releases", "r", ""),
+                                   (tmp_path / "tools/venv/lib/python3.11/site-packages", "uv-", ".dist-info"),
+                                   (tmp_path / "tools/venv/lib", "python", ""),
+                                   (tmp_path / "no-such-folder", "", ""), (Path("/dev"), "nvidia", "")]:
+        assert entries(str(folder), prefix, suffix) == sorted(glob.glob(f"{folder}/{prefix}*{suffix}"))
+    assert entries(str(tmp_path / "releases")) == [str(tmp_path / "releases" / n)
+                                                   for n in ("r1", "r2", "r4", "stray-file")]
+
+
+def test_state_json_reads_the_same_as_state(tmp_path):
+    _releases_tree(tmp_path)
+    (tmp_path / "unit.service").write_text("[Unit]\n")
+    opts = {"root": str(tmp_path), "service": "sglang-deploy-test-absent", "model": None,
+            "secrets": None, "cache": str(tmp_path / "releases"), "dev_open": True,
+            "path": [str(tmp_path / "unit.service"), str(tmp_path / "absent")]}
+    argv = ["state", "--root", opts["root"], "--service", opts["service"], "--cache", opts["cache"],
+            "--dev-open", "--path", opts["path"][0], "--path", opts["path"][1]]
+    results = []
+    for args in (argv, ["state-json", json.dumps(opts)]):
+        out = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True,
+                             check=True).stdout
+        state = json.loads(out)
+        state.pop("monotonic_now")
+        results.append(state)
+    assert results[0] == results[1]
+    assert set(results[1]["releases"]) == {"r1", "r2", "r4", "stray-file"}
+    assert results[1]["releases"]["r1"]["complete"] is True
+    assert results[1]["paths"][opts["path"][0]]["kind"] == "file"
+    assert results[1]["paths"][opts["path"][1]] is None
+
+
+def test_state_json_refuses_bad_options_without_reading(tmp_path):
+    for text, words in [('{"root": "/x", "service": "s", "rot": 1}', "unknown state option(s): rot"),
+                        ('{"service": "s"}', "'root' is required"),
+                        ('{"root": "/x", "service": "s", "path": "/one"}', "list of strings"),
+                        ('[1]', "one JSON object"), ("{not json", "")]:
+        r = subprocess.run([sys.executable, str(TOOL), "state-json", text], capture_output=True,
+                           text=True, check=False)
+        assert r.returncode == 2 and r.stdout == "", (text, r)
+        assert r.stderr.startswith("hoststate.py state-json: ") and words in r.stderr, (text, r.stderr)
+    r = subprocess.run([sys.executable, str(TOOL), "state-json"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 2 and "state-json" in r.stderr
+
+
+def test_state_json_does_not_import_argparse_or_glob(tmp_path):
+    code = ("import runpy, sys; sys.argv = ['hoststate.py', 'state-json', sys.argv[1]]\n"
+            "try:\n    runpy.run_path(%r, run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print('\\nIMPORTED', 'argparse' in sys.modules, 'glob' in sys.modules)" % str(TOOL))
+    opts = json.dumps({"root": str(tmp_path), "service": "sglang-deploy-test-absent"})
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, opts], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "IMPORTED False False"
