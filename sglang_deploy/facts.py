@@ -6,6 +6,7 @@ modules (``nvsmi``, ``preflight``, ``logparse``...).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -59,17 +60,28 @@ GPU_SECTIONS = {
 }
 
 
-def _bundle_command(python: str, parts: list[tuple[int, str, Script]]) -> str:
+#: where remote/bundle.py keeps the scripts' compiled code on the host (by source sha256 and
+#: interpreter; root's, 0700, beside the deploy lock; /run: gone at reboot)
+CODE_CACHE = "/run/sglang-deploy/pyc"
+
+
+def _bundle_command(python: str, parts: list[tuple[int, str, Script]],
+                    cache: str | None = CODE_CACHE) -> str:
     """The Python process that runs every Script part (``remote/bundle.py``), each writing its
     own section file into the command's temp folder ``$d``; ``-I -S``: the scripts use the
-    standard library only, so no site-packages scan and no user environment."""
-    spec = [(str(i), section, Path(s.name).stem, list(s.args), (REMOTE / s.name).read_text())
-            for i, section, s in parts]
-    body = (REMOTE / "bundle.py").read_text() + f"\nrun({MARK!r}, sys.argv[1], {spec!r})\n"
+    standard library only, so no site-packages scan and no user environment. Each script's
+    compiled code is kept in ``CODE_CACHE`` by its source's sha256."""
+    spec = []
+    for i, section, s in parts:
+        source = (REMOTE / s.name).read_text()
+        spec.append((str(i), section, Path(s.name).stem, list(s.args), source,
+                     hashlib.sha256(source.encode()).hexdigest()))
+    body = (REMOTE / "bundle.py").read_text() + f"\nrun({MARK!r}, sys.argv[1], {spec!r}, {cache!r})\n"
     return _heredoc(f"{shlex.quote(python)} -I -S", '"$d"', body)
 
 
-def _sections_command(sections: dict[str, str | Script], python: str = "python3") -> str:
+def _sections_command(sections: dict[str, str | Script], python: str = "python3",
+                      code_cache: str | None = CODE_CACHE) -> str:
     """One shell command that runs every section at once (each into its own file of a private
     temp folder) and then prints them all with one ``cat``, each between markers
     (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given: the round
@@ -84,7 +96,7 @@ def _sections_command(sections: dict[str, str | Script], python: str = "python3"
     scripts = [(i, name, cmd) for i, (name, cmd) in enumerate(sections.items())
                if isinstance(cmd, Script)]
     if scripts:
-        lines.append(f"{{ ( {_bundle_command(python, scripts)}\n) >\"$d/py\" 2>&1; "
+        lines.append(f"{{ ( {_bundle_command(python, scripts, code_cache)}\n) >\"$d/py\" 2>&1; "
                      f"echo \"$?\" >\"$d/py.rc\"; }} &")
     for i, (name, cmd) in enumerate(sections.items()):
         if isinstance(cmd, Script):
@@ -95,8 +107,9 @@ def _sections_command(sections: dict[str, str | Script], python: str = "python3"
                      f'>"$d/{i}" &')
     lines.append("wait")
     for i, name, _ in scripts:
-        lines.append(f'[ -e "$d/{i}" ] || {{ echo \'{MARK}{name}\'; cat "$d/py"; rc=$(cat "$d/py.rc"); '
-                     f'printf \'\\n{MARK}rc=%s\\n\' "${{rc:-1}}"; }} >"$d/{i}" 2>/dev/null')
+        # a part run in the process itself leaves what it printed in $d/INDEX.part
+        lines.append(f'[ -e "$d/{i}" ] || {{ echo \'{MARK}{name}\'; cat "$d/{i}.part" "$d/py"; '
+                     f'rc=$(cat "$d/py.rc"); printf \'\\n{MARK}rc=%s\\n\' "${{rc:-1}}"; }} >"$d/{i}" 2>/dev/null')
     lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(sections))))
     return "\n".join(lines)
 
@@ -238,11 +251,11 @@ class HostSnapshot(FactBase):
 
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = ()) -> str:
+                paths: tuple = (), code_cache: str | None = CODE_CACHE) -> str:
         state = SglangHostState.json_args(root=root, service=service, model=model,
                                           secrets=secrets, cache=cache, paths=paths, dev_open=True)
         return _sections_command({"hoststate.json": Script("hoststate.py", tuple(state)),
-                                  **GPU_SECTIONS}, python=python)
+                                  **GPU_SECTIONS}, python=python, code_cache=code_cache)
 
     def process(self, output: list[str]) -> dict:
         sections = _parse_sections(output)

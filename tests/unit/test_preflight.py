@@ -678,7 +678,8 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
     from sglang_deploy.facts import GPU_SECTIONS, HostSnapshot
 
     cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
-                                 python="python3", paths=(str(tmp_path),))
+                                 python="python3", paths=(str(tmp_path),),
+                                 code_cache=str(tmp_path / "pyc"))
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
     markers = [line for line in out.splitlines() if line.startswith("@@sglang-deploy:")
                and not line.startswith("@@sglang-deploy:rc=")]
