@@ -85,7 +85,7 @@ def holder_command(owner: dict) -> str:
     closes; or say BUSY and print the owner."""
     rest = json.dumps(owner, sort_keys=True)[1:].replace("'", "'\\''")
     return (
-        f"umask 022; mkdir -p {LOCK_DIR} && exec 9>>{LOCK_FILE} || exit 3; "
+        f"umask 022; {{ [ -d {LOCK_DIR} ] || mkdir -p {LOCK_DIR}; }} && exec 9>>{LOCK_FILE} || exit 3; "
         f"if flock -n 9; then "
         f"printf '{{\"holder_pid\": %s, %s\\n' \"$$\" '{rest}' > {OWNER_FILE}.tmp "
         f"&& mv -f {OWNER_FILE}.tmp {OWNER_FILE} && echo LOCKED && exec cat > /dev/null; "
