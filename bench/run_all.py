@@ -229,12 +229,7 @@ def main(argv=None) -> int:
     else:
         if os.geteuid() != 0:
             p.error("the testbed needs root")
-        # An operator's pyinfra imports from .pyc files; with PYTHONDONTWRITEBYTECODE set and no
-        # .pyc on disk every run would compile ~400 modules (about 0.9 s of CPU per run).
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0",
-                        str(Path(sys.executable).parent.parent / "lib"), str(ROOT / "sglang_deploy"),
-                        str(ROOT / "bench"), str(ROOT / "config.py")], check=False,
-                       capture_output=True)
+        common.byte_compile()
         try:
             result = run_suites(args)
         finally:

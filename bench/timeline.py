@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import changes, converge, deploy, ensure_hosts, log
+from bench.common import byte_compile, changes, converge, deploy, ensure_hosts, log
 
 # Each phase starts at a line of `pyinfra -vv` (its first or last match) and ends where the
 # next one that appears starts; the first starts with the process, the last ends at its exit.
@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--deploy", default="deploy.py")
     args = ap.parse_args(argv)
+    byte_compile()
     hosts = ensure_hosts(args.hosts)
     converge(hosts)
     for target in (hosts[:1], hosts):
