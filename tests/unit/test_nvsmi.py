@@ -271,3 +271,14 @@ def test_classify_messages(text, code, kind):
 def test_classify_success_is_none():
     assert nvsmi.classify_smi_error(raw("synth_query_8x"), 0) is None
     assert nvsmi.classify_smi_error(raw("38_"), None) is None
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("FAILED TO INITIALIZE NVML: DRIVER/LIBRARY VERSION MISMATCH", SmiFailure.DRIVER_LIBRARY_MISMATCH),
+    ("nvidia-smi has failed because it Couldn't Communicate With The NVIDIA Driver", SmiFailure.NO_DRIVER),
+    ("exec: nvidia-smi: executable file not found in $PATH", SmiFailure.NOT_FOUND),
+    ("GPU has Fallen Off The Bus", SmiFailure.GPU_LOST),
+])
+def test_classify_ignores_case(text, kind):
+    assert nvsmi.classify_smi_error(text, None) is kind
+    assert nvsmi.classify_smi_error(text.swapcase(), None) is kind
