@@ -6,6 +6,7 @@ Nothing here knows whether a host is simulated.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -80,12 +81,22 @@ class Context:
 
 
 def lock_info(lock_file: str) -> tuple[str, str, str]:
-    """(release id, sglang version, lock text) of a lock file on the controller."""
+    """(release id, sglang version, lock text) of a lock file on the controller: read and
+    checked once per run and file version (every host of a fleet names the same lock)."""
     path = Path(state.cwd or ".") / lock_file
     if not path.is_file():
         raise DataError(key="sglang_lock", what="the lock file named by `sglang_lock` exists",
                         found=f"no file {path}",
                         fix="run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`")
+    st = path.stat()
+    return _read_lock(str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_lock(path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[str, str, str]:
+    """``lock_info`` of the file version (PATH, mtime, size, inode); a bad lock raises (and
+    exceptions are not cached)."""
+    path = Path(path_text)
     text = path.read_text()
     m = re.search(r"^sglang==([^\s\\;]+)", text, re.MULTILINE)
     if not m:

@@ -1,0 +1,51 @@
+"""stages.lock_info: the controller's lock file, read and checked once per file version."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_deploy import stages
+from sglang_deploy.errors import DataError
+
+LOCK = "sglang==0.5.12.post1 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+
+
+@pytest.fixture
+def cwd(tmp_path, monkeypatch):
+    monkeypatch.setattr(stages, "state", SimpleNamespace(cwd=str(tmp_path)))
+    stages._read_lock.cache_clear()
+    return tmp_path
+
+
+def test_lock_info_reads_a_file_version_once(cwd, monkeypatch):
+    lock = cwd / "locks" / "x.txt"
+    lock.parent.mkdir()
+    lock.write_text(LOCK)
+    reads = []
+    real = stages.Path.read_text
+    monkeypatch.setattr(stages.Path, "read_text", lambda self, *a, **k: reads.append(self) or real(self, *a, **k))
+    want = (hashlib.sha256(LOCK.encode()).hexdigest()[:16], "0.5.12.post1", LOCK)
+    assert stages.lock_info("locks/x.txt") == want
+    assert stages.lock_info("locks/x.txt") == want  # every host of the fleet: no second read
+    assert len(reads) == 1
+    # a new version of the file (re-locked during the run) is read again
+    new = LOCK.replace("0.5.12.post1", "0.5.13")
+    lock.write_text(new)
+    os.utime(lock, ns=(1, 1))
+    assert stages.lock_info("locks/x.txt")[1] == "0.5.13" and len(reads) == 2
+
+
+@pytest.mark.parametrize("text, words", [("numpy==1.0 --hash=sha256:ab\n", "sglang==VERSION"),
+                                         ("sglang==0.5.12\n", "with hashes")])
+def test_a_bad_lock_fails_every_time(cwd, text, words):
+    (cwd / "bad.txt").write_text(text)
+    for _ in range(2):  # errors are not cached away
+        with pytest.raises(DataError, match="sglang_lock") as err:
+            stages.lock_info("bad.txt")
+        assert words in str(err.value)
+    with pytest.raises(DataError, match="no file"):
+        stages.lock_info("missing.txt")
