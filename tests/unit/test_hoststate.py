@@ -179,10 +179,49 @@ def test_state_json_refuses_bad_options_without_reading(tmp_path):
 
 def test_state_json_does_not_import_argparse_or_glob(tmp_path):
     code = ("import runpy, sys; sys.argv = ['hoststate.py', 'state-json', sys.argv[1]]\n"
-            "try:\n    runpy.run_path(%r, run_name='__main__')\n"
+            f"try:\n    runpy.run_path({str(TOOL)!r}, run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
-            "print('\\nIMPORTED', 'argparse' in sys.modules, 'glob' in sys.modules)" % str(TOOL))
+            "print('\\nIMPORTED', 'argparse' in sys.modules, 'glob' in sys.modules)")
     opts = json.dumps({"root": str(tmp_path), "service": "sglang-deploy-test-absent"})
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, opts], capture_output=True,
                          text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "IMPORTED False False"
+
+
+def test_run_gives_the_command_no_stdin_and_keeps_no_pipe_open():
+    run = _module().run
+    # stdin is /dev/null: a command that reads it ends at once instead of waiting
+    assert run(["sh", "-c", "cat; echo read-all"]) == (0, "read-all\n")
+    # a command that leaves a child running with its stdout elsewhere still returns
+    assert run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo started"]) == (0, "started\n")
+    # many runs leak no descriptor
+    import os
+
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        run(["true"])
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_state_read_imports_no_subprocess(tmp_path):
+    code = ("import runpy, sys; sys.argv = ['hoststate.py', 'state-json', sys.argv[1]]\n"
+            f"try:\n    runpy.run_path({str(TOOL)!r}, run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print('\\nIMPORTED', 'subprocess' in sys.modules)")
+    opts = json.dumps({"root": str(tmp_path), "service": "sglang-deploy-test-absent"})
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, opts], capture_output=True,
+                         text=True, check=True, stdin=subprocess.DEVNULL, timeout=60).stdout
+    state = json.loads(out.strip().splitlines()[-3])
+    assert "service" in state and out.strip().splitlines()[-1] == "IMPORTED False"
+
+
+def test_run_kills_a_command_past_its_deadline():
+    import time
+
+    import pytest
+
+    run = _module().run
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 0.5 s"):
+        run(["sh", "-c", "echo partial; exec sleep 30"], timeout_s=0.5)
+    assert time.monotonic() - t0 < 20  # killed, not waited for
