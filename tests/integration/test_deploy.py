@@ -110,6 +110,35 @@ def test_dry_run_on_converged_host_shows_no_change(testbed):
     assert all(change == "-" and cond == "-" for _, change, cond in rows), rows
 
 
+def _facts(r) -> list[tuple[str, str]]:
+    """The facts a -vv run loaded: (name, its arguments as pyinfra prints them)."""
+    return re.findall(r"Loaded fact sglang_deploy\.facts\.(\w+) \(([^)]*)\)", both(r))
+
+
+def test_the_cuda_probe_runs_only_beside_a_server_no_deploy_verified(testbed):
+    """While the service serves the invocation a deploy verified, a no-op deploy sends only
+    the pre-flight snapshot: no CUDA probe beside the server. A server restarted behind the
+    deploy's back (a new invocation, not verified) is probed (init and devices, no peer copies)
+    and verified as it is, without a restart; after that the probe is skipped again."""
+    r = deploy(testbed, TB1, "-vv")
+    assert r.returncode == 0, both(r)[-4000:]
+    assert [name for name, _ in _facts(r)] == ["HostSnapshot"]
+    testbed.ssh(TB1, "systemctl restart sglang.service && for i in $(seq 600); do "
+                "curl -sf -o /dev/null http://127.0.0.1:30000/health && exit 0; sleep 0.1; done; "
+                "exit 1", check=True)
+    restarted = invocation(testbed, TB1)
+    r = deploy(testbed, TB1, "-vv")
+    assert r.returncode == 0, both(r)[-4000:]
+    probes = [args for name, args in _facts(r) if name == "CudaProbe"]
+    assert len(probes) == 1 and "p2p=False" in probes[0], _facts(r)
+    assert invocation(testbed, TB1) == restarted  # verified as it is: no restart
+    assert [name.split(" | ")[-1] for name in changed(both(r))] == [
+        "Verify the running server (never verified, serving: not restarted)"]
+    r = deploy(testbed, TB1, "-vv")
+    assert r.returncode == 0, both(r)[-4000:]
+    assert [name for name, _ in _facts(r)] == ["HostSnapshot"]
+
+
 def test_bad_input_fails_before_connecting_naming_the_key(testbed):
     for args, env, key in (
         (["--data", "sglang_portt=1"], {}, "sglang_portt"),
