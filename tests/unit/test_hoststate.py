@@ -26,14 +26,11 @@ def test_state_reports_the_shas_the_controller_decides_on(tmp_path):
     no-op deploy needs neither the venv's python nor the 350 KB file."""
     import hashlib
 
+    _releases_tree(tmp_path)  # r2: a release without venv nor record
     rel = tmp_path / "releases" / "r1"
     srt = rel / "venv/lib/python3.11/site-packages/sglang/srt"
-    srt.mkdir(parents=True)
-    (srt / "server_args.py").write_text("ARGS = 1\n")
     (srt / "model_runner.py").write_text("patched\n")
-    (rel / "release.json").write_text("{}")
     (rel / "autotune-patch.json").write_text(json.dumps({"file": str(srt / "model_runner.py")}))
-    (tmp_path / "releases" / "r2").mkdir()  # a release without venv nor record
     out = subprocess.run([sys.executable, str(TOOL), "state", "--root", str(tmp_path),
                           "--service", "sglang-deploy-test-absent"],
                          capture_output=True, text=True, check=True).stdout
@@ -177,15 +174,24 @@ def test_state_json_refuses_bad_options_without_reading(tmp_path):
     assert r.returncode == 2 and "state-json" in r.stderr
 
 
-def test_state_json_does_not_import_argparse_or_glob(tmp_path):
+def _state_json_imports(tmp_path, *modules: str) -> tuple[dict, list[bool]]:
+    """Run `hoststate.py state-json` (-I -S, as the snapshot runs it) in a fresh python:
+    its state, and whether each of MODULES was imported by the end."""
     code = ("import runpy, sys; sys.argv = ['hoststate.py', 'state-json', sys.argv[1]]\n"
             f"try:\n    runpy.run_path({str(TOOL)!r}, run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
-            "print('\\nIMPORTED', 'argparse' in sys.modules, 'glob' in sys.modules)")
+            f"print('\\n' + json.dumps([m in sys.modules for m in {list(modules)!r}]))"
+            .replace("import runpy, sys", "import json, runpy, sys"))
     opts = json.dumps({"root": str(tmp_path), "service": "sglang-deploy-test-absent"})
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, opts], capture_output=True,
-                         text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "IMPORTED False False"
+                         text=True, check=True, stdin=subprocess.DEVNULL, timeout=60).stdout
+    lines = out.strip().splitlines()
+    return json.loads(lines[-3]), json.loads(lines[-1])
+
+
+def test_state_json_does_not_import_argparse_or_glob(tmp_path):
+    state, imported = _state_json_imports(tmp_path, "argparse", "glob")
+    assert "service" in state and imported == [False, False]
 
 
 def test_run_gives_the_command_no_stdin_and_keeps_no_pipe_open():
@@ -204,15 +210,8 @@ def test_run_gives_the_command_no_stdin_and_keeps_no_pipe_open():
 
 
 def test_a_state_read_imports_no_subprocess(tmp_path):
-    code = ("import runpy, sys; sys.argv = ['hoststate.py', 'state-json', sys.argv[1]]\n"
-            f"try:\n    runpy.run_path({str(TOOL)!r}, run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "print('\\nIMPORTED', 'subprocess' in sys.modules)")
-    opts = json.dumps({"root": str(tmp_path), "service": "sglang-deploy-test-absent"})
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, opts], capture_output=True,
-                         text=True, check=True, stdin=subprocess.DEVNULL, timeout=60).stdout
-    state = json.loads(out.strip().splitlines()[-3])
-    assert "service" in state and out.strip().splitlines()[-1] == "IMPORTED False"
+    state, imported = _state_json_imports(tmp_path, "subprocess")
+    assert "service" in state and imported == [False]
 
 
 def test_run_kills_a_command_past_its_deadline():
