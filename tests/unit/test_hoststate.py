@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).resolve().parents[2] / "sglang_deploy" / "remote" / "hoststate.py"
 
 
@@ -177,16 +179,19 @@ def test_state_json_refuses_bad_options_without_reading(tmp_path):
 def _state_json_imports(tmp_path, *modules: str) -> tuple[dict, list[bool]]:
     """Run `hoststate.py state-json` (-I -S, as the snapshot runs it) in a fresh python:
     its state, and whether each of MODULES was imported by the end."""
-    code = ("import runpy, sys; sys.argv = ['hoststate.py', 'state-json', sys.argv[1]]\n"
-            f"try:\n    runpy.run_path({str(TOOL)!r}, run_name='__main__')\n"
+    import ast
+
+    # exec'd as a script without runpy (which imports re, through pkgutil and typing)
+    code = ("import sys; sys.argv = ['hoststate.py', 'state-json', sys.argv[1]]\n"
+            f"source = open({str(TOOL)!r}).read()\n"
+            "try:\n    exec(compile(source, 'hoststate.py', 'exec'), {'__name__': '__main__'})\n"
             "except SystemExit:\n    pass\n"
-            f"print('\\n' + json.dumps([m in sys.modules for m in {list(modules)!r}]))"
-            .replace("import runpy, sys", "import json, runpy, sys"))
+            f"print('\\n' + repr([m in sys.modules for m in {list(modules)!r}]))")
     opts = json.dumps({"root": str(tmp_path), "service": "sglang-deploy-test-absent"})
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, opts], capture_output=True,
                          text=True, check=True, stdin=subprocess.DEVNULL, timeout=60).stdout
     lines = out.strip().splitlines()
-    return json.loads(lines[-3]), json.loads(lines[-1])
+    return json.loads(lines[-3]), ast.literal_eval(lines[-1])
 
 
 def test_state_json_does_not_import_argparse_or_glob(tmp_path):
@@ -209,18 +214,62 @@ def test_run_gives_the_command_no_stdin_and_keeps_no_pipe_open():
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-def test_a_state_read_imports_no_subprocess(tmp_path):
-    state, imported = _state_json_imports(tmp_path, "subprocess")
-    assert "service" in state and imported == [False]
+def test_a_state_read_imports_no_subprocess_json_or_re(tmp_path):
+    state, imported = _state_json_imports(tmp_path, "subprocess", "json", "re")
+    assert "service" in state and imported == [False, False, False]
 
 
 def test_run_kills_a_command_past_its_deadline():
     import time
-
-    import pytest
 
     run = _module().run
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="did not finish within 0.5 s"):
         run(["sh", "-c", "echo partial; exec sleep 30"], timeout_s=0.5)
     assert time.monotonic() - t0 < 20  # killed, not waited for
+
+
+# ------------------------------------------------------------------ JSON without the json package
+CORPUS = [
+    {}, [], "", 0, -1, 10 ** 30, 1.5, -0.0, 1e300, 2.5e-10, True, False, None,
+    {"b": [1, {"c": [None, "x"]}], "a": "\u00e9\u4e2d\U0001f600", "k\n\"\\": "\t\b\f\r"},
+    [[[[[]]]], {"": {"": ""}}],
+    {"n": float("inf"), "m": float("-inf")},
+]
+
+
+@pytest.mark.parametrize("obj", CORPUS)
+def test_codec_answers_as_the_json_package(obj):
+    mod = _module()
+    assert mod.dumps(obj) == json.dumps(obj, sort_keys=True)
+    text = json.dumps(obj, indent=2)
+    assert mod.loads(text) == json.loads(text)
+    assert mod.loads(text.encode()) == json.loads(text)
+    assert mod.loads(f" \n\t{text}\r\n ") == obj
+
+
+def test_codec_rejects_what_json_rejects_with_its_words():
+    mod = _module()
+    for bad in ("", " ", "{", '{"a": 1} x', "[1,]", "{'a': 1}", '"\x01"', "nul", "\ufeff{}"):
+        with pytest.raises(ValueError) as theirs:
+            json.loads(bad)
+        with pytest.raises(ValueError) as ours:
+            mod.loads(bad)
+        assert str(ours.value) == str(theirs.value)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        mod.dumps({"a": object()})
+    import math
+
+    assert math.isnan(mod.loads("NaN")) and mod.dumps([float("nan")]) == "[NaN]"
+
+
+def test_codec_uses_the_accelerator_and_falls_back_without_it(tmp_path):
+    assert _module().loads.__module__ != "json"  # the accelerator on this Python
+    # a Python without _json: the json package itself, same answers
+    code = ("import sys; sys.modules['_json'] = None\n"
+            "import importlib.util as u\n"
+            f"s = u.spec_from_file_location('h', {str(TOOL)!r}); m = u.module_from_spec(s)\n"
+            "s.loader.exec_module(m)\n"
+            "print(m.loads.__module__, m.dumps({'b': 1, 'a': [True]}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split(None, 1) == ["json", '{"a": [true], "b": 1}\n']
