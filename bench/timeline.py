@@ -34,7 +34,7 @@ PHASES = (
     ("connect every host, take the deploy lock", "--> Loading inventory", "first"),
     ("load the deploy file up to its first command", "--> Preparing operation files", "first"),
     ("first command sent, until the last fact is in (deploy.py: the pre-flight snapshot)",
-     "] >>> ", "first"),
+     ">>> ", "first"),
     ("prepare and run the operations", "Loaded fact", "last"),
     ("results, disconnect, exit", "--> Results:", "first"),
 )
