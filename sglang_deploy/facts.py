@@ -171,24 +171,8 @@ class SglangHostState(FactBase):
     @staticmethod
     def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
              cache: str | None = None, paths: tuple = (), dev_open: bool = False) -> list[str]:
-        args = ["state", "--root", root, "--service", service]
-        if dev_open:
-            args.append("--dev-open")
-        if cache:
-            args += ["--cache", cache]
-        if secrets:
-            args += ["--secrets", secrets]
-        for path in paths:
-            args += ["--path", path]
-        if model:
-            args += ["--model", model]
-        return args
-
-    @staticmethod
-    def json_args(root: str, service: str, model: str | None = None, secrets: str | None = None,
-                  cache: str | None = None, paths: tuple = (), dev_open: bool = False) -> list[str]:
-        """The same read as ``args`` gives, as ``hoststate.py state-json OPTIONS``: parsed
-        on the host without argparse (the pre-flight snapshot's form)."""
+        """``hoststate.py state-json OPTIONS``: the ``state`` read with its options as one
+        JSON object, parsed on the host without argparse."""
         opts = {"root": root, "service": service, "model": model, "secrets": secrets,
                 "cache": cache, "path": list(paths), "dev_open": dev_open}
         return ["state-json", json.dumps(opts, sort_keys=True)]
@@ -252,8 +236,8 @@ class HostSnapshot(FactBase):
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
                 paths: tuple = (), code_cache: str | None = CODE_CACHE) -> str:
-        state = SglangHostState.json_args(root=root, service=service, model=model,
-                                          secrets=secrets, cache=cache, paths=paths, dev_open=True)
+        state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
+                                     cache=cache, paths=paths, dev_open=True)
         return _sections_command({"hoststate.json": Script("hoststate.py", tuple(state)),
                                   **GPU_SECTIONS}, python=python, code_cache=code_cache)
 

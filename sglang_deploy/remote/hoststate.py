@@ -9,7 +9,7 @@ trip returns everything a fact or a verifier poll needs.
   hoststate.py poll --service S --port P [--host H] [--cursor C] [--invocation ID]
                     [--http] [--generate] [--model-name NAME] [--secrets FILE]
 
-``state-json`` is how the deploy's pre-flight snapshot runs it, on every deploy: it reads
+``state-json`` is how the deploy runs it (its pre-flight snapshot, on every deploy): it reads
 its options without argparse, whose import and parser cost that read about 4 ms of CPU.
 """
 
@@ -405,7 +405,7 @@ def journal(service: str, cursor: str | None, invocation: str | None, limit: int
     if cursor:
         cmd.append(f"--after-cursor={cursor}")
     _, out = run(cmd)
-    entries, last = [], cursor
+    found, last = [], cursor
     for line in out.splitlines():
         try:
             entry = loads(line)
@@ -415,8 +415,8 @@ def journal(service: str, cursor: str | None, invocation: str | None, limit: int
         if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
             msg = bytes(msg).decode("utf-8", "replace")
         last = entry.get("__CURSOR", last)
-        entries.append({"t": int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6, "msg": msg or ""})
-    return entries, last
+        found.append({"t": int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6, "msg": msg or ""})
+    return found, last
 
 
 def cmd_poll(args) -> dict:
