@@ -4,7 +4,8 @@ import os
 
 from pyinfra import config, state
 
-from sglang_deploy import hooks, plan
+from sglang_deploy.shell import hooks
+from sglang_deploy.shell import plan
 
 # Any failed host stops the whole run: a half-converged fleet is worse than a stopped deploy.
 # A read-only plan (`sglang-deploy status`, `rollout --dry`) reports every host instead.

@@ -7,7 +7,7 @@ The operator's checklist, in order. Every stage reads the host first and changes
 differs; a second run changes nothing and restarts nothing.
 """
 
-from sglang_deploy import stages
+from sglang_deploy.shell import stages
 
 # 1. Pre-flight, before anything is installed: nvidia-smi, device nodes, a CUDA driver-API
 #    probe, P2P verified by real peer copies (policy gpu_p2p_policy), the model's shards.

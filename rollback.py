@@ -8,6 +8,6 @@ that configuration's own standards. `sglang-deploy rollout` runs it by itself wh
 fails; a host that already runs its known-good configuration is only checked.
 """
 
-from sglang_deploy import stages
+from sglang_deploy.shell import stages
 
 stages.rollback_stage()

@@ -1,9 +1,9 @@
-"""Rewrite the data-key table in README.md from sglang_deploy.data.KEYS (run after adding keys)."""
+"""Rewrite the data-key table in README.md from sglang_deploy.core.data.KEYS (run after adding keys)."""
 
 import re
 from pathlib import Path
 
-from sglang_deploy import data
+from sglang_deploy.core import data
 
 readme = Path(__file__).resolve().parents[1] / "README.md"
 text = readme.read_text()

@@ -359,7 +359,7 @@ def uv_version() -> str:
 def ensure_wheelhouse(state: dict) -> list[str]:
     """Every wheel of locks/testbed.txt and the uv wheel, filled by the tool's own
     `sglang-deploy wheelhouse` code (the hosts install offline from it)."""
-    from sglang_deploy import wheelhouse
+    from sglang_deploy.commands import wheelhouse
 
     wh = Path(state["wheelhouse"])
     try:

@@ -8,7 +8,7 @@ Fed on stdin to the host's system python by `sglang-deploy bench` (as root, over
 
 PLAN is a JSON list of {"concurrency": N, "argv": [...]}: the arguments of
 `python -m sglang.bench_serving` for each level, built by the controller
-(sglang_deploy/bench.py); they never hold a secret. This script only adds
+(sglang_deploy/commands/bench.py); they never hold a secret. This script only adds
 `--output-file` (a private temporary file) and runs them one after the other with the
 CURRENT release's python (`R/current/venv/bin/python`).
 

@@ -91,7 +91,7 @@ def test_first_bench_records_figures(testbed):
 
 
 def test_same_speed_new_configuration_passes(testbed):
-    from sglang_deploy import bench
+    from sglang_deploy.commands import bench
 
     deploy(testbed, "sglang_restart_sec=31")
     os.environ[KEY_VAR] = SECRET   # in-process: the data check needs the named variable

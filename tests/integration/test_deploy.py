@@ -112,7 +112,7 @@ def test_dry_run_on_converged_host_shows_no_change(testbed):
 
 def _facts(r) -> list[tuple[str, str]]:
     """The facts a -vv run loaded: (name, its arguments as pyinfra prints them)."""
-    return re.findall(r"Loaded fact sglang_deploy\.facts\.(\w+) \(([^)]*)\)", both(r))
+    return re.findall(r"Loaded fact sglang_deploy\.shell\.facts\.(\w+) \(([^)]*)\)", both(r))
 
 
 def test_the_cuda_probe_runs_only_beside_a_server_no_deploy_verified(testbed):

@@ -90,7 +90,7 @@ def error_lines(out: str) -> list[str]:
                 block = [*cause, line]
                 for key in ("  found:", "  fix:"):
                     block += [x for x in lines[i + 1:i + 80] if x.startswith(key)][:1]
-                return [re.sub(r" in /\S+ line \d+|^sglang_deploy\.errors\.\w+: ", "", x.strip())[:500]
+                return [re.sub(r" in /\S+ line \d+|^sglang_deploy\.core\.errors\.\w+: ", "", x.strip())[:500]
                         for x in block]
     return [x.strip()[:500] for x in lines if re.search(r"error|fail", x, re.IGNORECASE)][-3:]
 

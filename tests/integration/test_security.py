@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from sglang_deploy.unit import render_secrets_env
+from sglang_deploy.core.unit import render_secrets_env
 
 from .test_deploy import SECRET
 from .test_faults import FAULTS, REPO, SPARE, both, deploy, record

@@ -18,8 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_deploy import bench, cli, data
-from sglang_deploy.bench import BenchError
+from sglang_deploy.commands import bench
+from sglang_deploy.commands import cli
+from sglang_deploy.core import data
+from sglang_deploy.commands.bench import BenchError
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
@@ -375,7 +377,7 @@ def test_model_stand_in_tokenizer_is_fixed_and_covers_the_simulator_words(tmp_pa
 
 # ----------------------------------------------------------------------------- command glue
 def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkeypatch):
-    from sglang_deploy import runner
+    from sglang_deploy.shell import runner
 
     seen = {}
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from sglang_deploy.facts import Script, _parse_sections, _sections_command
+from sglang_deploy.shell.facts import Script, _parse_sections, _sections_command
 
 
 def _script(tmp_path, name: str, body: str) -> str:

@@ -1,12 +1,12 @@
-"""Data validation (sglang_deploy.data): every bad input names its key, before connecting."""
+"""Data validation (sglang_deploy.core.data): every bad input names its key, before connecting."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from sglang_deploy import data
-from sglang_deploy.errors import DataError
+from sglang_deploy.core import data
+from sglang_deploy.core.errors import DataError
 
 BASE = {"sglang_model_path": "/srv/models/m", "ssh_hostname": "10.0.0.1", "_sudo": False}
 
@@ -102,8 +102,8 @@ def test_group_data_seed_profile_is_valid():
 def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection():
     from pyinfra.api import Config, Inventory, State
 
-    from sglang_deploy import hooks
-    from sglang_deploy.errors import DataError
+    from sglang_deploy.shell import hooks
+    from sglang_deploy.core.errors import DataError
 
     good = {"sglang_model_path": "/srv/models/m"}
     inventory = Inventory(([("h1", good), ("h2", {**good, "sglang_portt": 1})], {}))

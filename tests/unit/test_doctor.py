@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy import doctor, nvsmi
-from sglang_deploy.doctor import Expectations
+from sglang_deploy.commands import doctor
+from sglang_deploy.core import nvsmi
+from sglang_deploy.commands.doctor import Expectations
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = REPO / "tests" / "fixtures" / "doctor"

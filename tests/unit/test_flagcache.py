@@ -1,4 +1,4 @@
-"""The controller's cache of parsed server_args.py files (sglang_deploy.flagcache)."""
+"""The controller's cache of parsed server_args.py files (sglang_deploy.core.flagcache)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sglang_deploy import flagcache
-from sglang_deploy import flags as F
+from sglang_deploy.core import flagcache
+from sglang_deploy.core import flags as F
 
 SOURCE = '''
 import argparse

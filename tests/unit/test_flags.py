@@ -1,4 +1,4 @@
-"""sglang_deploy.flags: rendering, shape checks, and validation against the REAL
+"""sglang_deploy.core.flags: rendering, shape checks, and validation against the REAL
 ``server_args.py`` of sglang 0.5.9, 0.5.12.post1 and 0.5.23 (read statically from the
 wheels of testbed.wheels' cache; downloaded on first use, never skipped, never kept)."""
 
@@ -9,8 +9,8 @@ import functools
 import pytest
 import yaml
 
-from sglang_deploy import flags as F
-from sglang_deploy.errors import FlagError
+from sglang_deploy.core import flags as F
+from sglang_deploy.core.errors import FlagError
 from testbed.wheels import fetch_sglang
 
 PINNED = "0.5.12.post1"

@@ -389,7 +389,7 @@ SMI_FORMATS = ["csv", "csv,noheader", "csv,nounits", "csv,noheader,nounits"]
 
 def deploy_smi_commands() -> list[list[str]]:
     """The nvidia-smi calls the deploy makes on every run (facts.GPU_SECTIONS)."""
-    from sglang_deploy.facts import GPU_SECTIONS
+    from sglang_deploy.shell.facts import GPU_SECTIONS
 
     cmds = [shlex.split(c) for c in GPU_SECTIONS.values() if c.startswith("nvidia-smi ")]
     assert all(c[0] == "nvidia-smi" for c in cmds)

@@ -7,8 +7,10 @@ import shlex
 
 import pytest
 
-from sglang_deploy import data, modelfetch, preflight
-from sglang_deploy.errors import DataError, ModelError
+from sglang_deploy.core import data
+from sglang_deploy.core import modelfetch
+from sglang_deploy.core import preflight
+from sglang_deploy.core.errors import DataError, ModelError
 from sglang_deploy.remote import hoststate
 from sglang_deploy.remote import model_fetch
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy import nvsmi
-from sglang_deploy.nvsmi import SmiFailure
+from sglang_deploy.core import nvsmi
+from sglang_deploy.core.nvsmi import SmiFailure
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 

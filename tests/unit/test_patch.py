@@ -1,4 +1,4 @@
-"""Unit tests of sglang_deploy.patch on small synthetic sources (no wheels, no network)."""
+"""Unit tests of sglang_deploy.core.patch on small synthetic sources (no wheels, no network)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy import patch as P
-from sglang_deploy.errors import PatchError as PackagePatchError
+from sglang_deploy.core import patch as P
+from sglang_deploy.core.errors import PatchError as PackagePatchError
 
 MARKED = '"flashinfer_cutlass",  # sglang-deploy: autotune patch'
 TODO = "# TODO: flashinfer_cutlass will cause some flashinfer compilation errors. To be fixed."

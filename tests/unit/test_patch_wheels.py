@@ -1,4 +1,4 @@
-"""sglang_deploy.patch against the REAL sglang wheels from PyPI.
+"""sglang_deploy.core.patch against the REAL sglang wheels from PyPI.
 
 Only the files the patch reads are extracted from each wheel into a temporary fake
 site-packages (nothing from sglang is kept or committed). Wheels come from the shared
@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from sglang_deploy import patch as P
-from sglang_deploy.errors import PatchError
+from sglang_deploy.core import patch as P
+from sglang_deploy.core.errors import PatchError
 from testbed import wheels
 from testbed.wheels import extract_member, fetch_sglang
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy import nvsmi, preflight
-from sglang_deploy.errors import PreflightError, SglangDeployError
-from sglang_deploy.preflight import Check, Expectations
+from sglang_deploy.core import nvsmi
+from sglang_deploy.core import preflight
+from sglang_deploy.core.errors import PreflightError, SglangDeployError
+from sglang_deploy.core.preflight import Check, Expectations
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -646,7 +647,7 @@ def test_the_open_script_reports_the_errno_of_a_real_node(tmp_path):
 # --- P2P verdict reused while the service serves -------------------------------------------
 
 def test_p2p_record_only_from_a_passed_full_test():
-    from sglang_deploy.preflight import Check, p2p_record
+    from sglang_deploy.core.preflight import Check, p2p_record
 
     passed = [Check("p2p-data", "pass", ""), Check("p2p-bandwidth", "pass", ""),
               Check("p2p-matrix", "pass", "", details={"gpus": 8})]
@@ -658,7 +659,7 @@ def test_p2p_record_only_from_a_passed_full_test():
 
 
 def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
-    from sglang_deploy.preflight import Check, use_p2p_record
+    from sglang_deploy.core.preflight import Check, use_p2p_record
 
     checks = [Check("driver", "pass", ""), Check("p2p-data", "skipped", "no copies"),
               Check("p2p-bandwidth", "skipped", "no copies")]
@@ -675,7 +676,7 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
     are multi-line (a here-document, a quoted script) or fail (no nvidia-smi here)."""
     import subprocess
 
-    from sglang_deploy.facts import GPU_SECTIONS, HostSnapshot
+    from sglang_deploy.shell.facts import GPU_SECTIONS, HostSnapshot
 
     cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
                                  python="python3", paths=(str(tmp_path),),
@@ -699,7 +700,7 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
 def test_sections_keep_output_without_a_final_newline_apart_from_the_marker():
     import subprocess
 
-    from sglang_deploy.facts import _parse_sections, _sections_command
+    from sglang_deploy.shell.facts import _parse_sections, _sections_command
 
     cmd = _sections_command({"a": "printf 'no newline'", "b": "cat <<'EOF'\none\ntwo\nEOF",
                              "c": "exit 3", "d": "printf 'x\\n\\n'; echo err >&2; false",

@@ -4,9 +4,11 @@ import json
 
 import pytest
 
-from sglang_deploy import plan, rollout, status
-from sglang_deploy.errors import RolloutError
-from sglang_deploy.rollout import HostResult, batches, outcome, plan_order
+from sglang_deploy.shell import plan
+from sglang_deploy.commands import rollout
+from sglang_deploy.commands import status
+from sglang_deploy.core.errors import RolloutError
+from sglang_deploy.commands.rollout import HostResult, batches, outcome, plan_order
 
 HOSTS = ["a", "b", "c", "d"]
 
@@ -80,7 +82,7 @@ def test_status_rows_report_drift_unreachable_and_failed_preflight(tmp_path):
 
 
 def test_error_excerpt_finds_the_verify_error_before_pyinfras_last_words():
-    out = ("sglang_deploy.errors.VerifyError: verification failed: expected the server serves\n"
+    out = ("sglang_deploy.core.errors.VerifyError: verification failed: expected the server serves\n"
            "  found:    the server exited in phase `autotune` (status 2/9)\n"
            "  fix:      read the journal\n\n"
            "    [tb2] Unexpected error in Python callback: VerifyError('x',)\n"
@@ -91,7 +93,7 @@ def test_error_excerpt_finds_the_verify_error_before_pyinfras_last_words():
 
 
 def test_release_pruning_keeps_the_newest_and_never_a_protected_one():
-    from sglang_deploy.operations import releases_to_prune
+    from sglang_deploy.shell.operations import releases_to_prune
 
     rel = {"a": {"installed_at": "2026-01-01"}, "b": {"installed_at": "2026-02-01"},
            "c": {"installed_at": "2026-03-01"}, "d": {"installed_at": "2026-04-01"},

@@ -2,7 +2,7 @@
 
 import json
 
-from sglang_deploy.verify import check_serving
+from sglang_deploy.core.verify import check_serving
 
 MODELS = {"status": 200, "body": json.dumps({"data": [{"id": "glm-5"}]})}
 UP = {"ActiveState": "active", "SubState": "running", "InvocationID": "abc"}

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_deploy import stages
-from sglang_deploy.errors import DataError
+from sglang_deploy.shell import stages
+from sglang_deploy.core.errors import DataError
 
 LOCK = "sglang==0.5.12.post1 \\\n    --hash=sha256:" + "a" * 64 + "\n"
 

@@ -1,8 +1,8 @@
-"""The systemd unit and the secrets file (sglang_deploy.unit): deterministic, quoted, safe."""
+"""The systemd unit and the secrets file (sglang_deploy.core.unit): deterministic, quoted, safe."""
 
 import pytest
 
-from sglang_deploy.unit import UnitSpec, device_allow, render_secrets_env, render_unit, systemd_quote
+from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit, systemd_quote
 
 
 def spec(**over):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from sglang_deploy.verify import Verifier, wait_until_ready
+from sglang_deploy.core.verify import Verifier, wait_until_ready
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 

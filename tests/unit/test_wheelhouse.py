@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglang_deploy import wheelhouse
-from sglang_deploy.wheelhouse import Pin, WheelhouseError, choose_wheel, parse_lock, target_tags
+from sglang_deploy.commands import wheelhouse
+from sglang_deploy.commands.wheelhouse import Pin, WheelhouseError, choose_wheel, parse_lock, target_tags
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
 

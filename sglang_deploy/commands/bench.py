@@ -1,0 +1,481 @@
+"""`sglang-deploy bench`: SGLang's own benchmark on each host, recorded and gated.
+
+    sglang-deploy bench INVENTORY [--limit HOST] [--min-throughput-ratio R] [--json]
+
+On each host, `python -m sglang.bench_serving` of the CURRENT release venv runs against the
+local server once per concurrency level (`bench_concurrency`). Its output file (JSONL) is
+parsed for the output token throughput; the figures become a record of the host's
+configuration identity (release id + short hash of the unit file, so a flag change counts as
+a new configuration), kept on the host (`<sglang_root>/bench/<identity>.json`) and locally
+(`.sglang-deploy/bench/<host>.jsonl`), and shown beside the previous configuration's figures
+(the most recent record of a different identity). With `--min-throughput-ratio R` a level
+below R x the previous figure fails the command (exit 1); the rollout calls
+`run_and_gate` and rolls back on such a failure.
+
+Pure core: `bench_argv`, `parse_summary`, `parse_result_line`, `level_figures`,
+`make_record`, `pick_previous`, `gate`, `table`. Thin shell: `bench_host` (runs inside
+`pyinfra INVENTORY sglang_deploy/commands/bench_deploy.py`, through `runner.run_pyinfra`), `run`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.shell.facts import stdin_script
+
+DEPLOY_FILE = Path(__file__).resolve().parent / "bench_deploy.py"
+LOCAL_DIR = Path(".sglang-deploy") / "bench"
+RUN_ID_ENV = "SGLANG_DEPLOY_BENCH_RUN"
+RECORD_VERSION = 1
+
+
+class BenchError(SglangDeployError):
+    title = "benchmark failed"
+
+
+# --------------------------------------------------------------------------- argv
+
+def num_prompts(concurrency: int, configured: int | None) -> int:
+    """Prompts of one level: the configured number, else 4 waves of the concurrency."""
+    return int(configured) if configured else 4 * int(concurrency)
+
+
+def bench_argv(concurrency: int, *, host: str, port: int, model_path: str, served_name: str,
+               dataset: str, input_len: int, output_len: int, prompts: int | None,
+               request_rate: float | None, seed: int = 1) -> list[str]:
+    """Arguments of `python -m sglang.bench_serving` (0.5.12.post1) for one concurrency level.
+
+    Native backend (`/generate`, streamed), exact lengths (`--random-range-ratio 1.0`), the
+    tokenizer from the model folder on the host, the served name for the requests. Never a
+    secret: the API key travels as OPENAI_API_KEY in the environment (remote/bench_run.py).
+    """
+    connect = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    argv = [
+        "--backend", "sglang",
+        "--host", connect, "--port", str(port),
+        "--model", model_path, "--served-model-name", served_name,
+        "--tokenizer", model_path,
+        "--dataset-name", dataset,
+        "--num-prompts", str(num_prompts(concurrency, prompts)),
+        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--random-range-ratio", "1.0",
+        "--max-concurrency", str(concurrency),
+        "--request-rate", "inf" if request_rate is None else repr(float(request_rate)),
+        "--seed", str(seed),
+        "--disable-tqdm",
+    ]
+    return argv
+
+
+def plan(settings) -> list[dict]:
+    """[{concurrency, argv}] of every level of a host (`settings`: data.Settings)."""
+    return [{"concurrency": int(c), "argv": bench_argv(
+        int(c), host=settings.sglang_host, port=settings.sglang_port,
+        model_path=settings.sglang_model_path, served_name=settings.served_model_name,
+        dataset=settings.bench_dataset, input_len=settings.bench_input_len,
+        output_len=settings.bench_output_len, prompts=settings.bench_num_prompts,
+        request_rate=settings.bench_request_rate)} for c in settings.bench_concurrency]
+
+
+def remote_command(settings, secrets_file: str, python: str = "python3") -> str:
+    """The shell command that runs remote/bench_run.py (fed on stdin, nothing written)."""
+    args = ["--root", settings.sglang_root,
+            "--unit", f"/etc/systemd/system/{settings.sglang_service}.service",
+            "--secrets", secrets_file, "--record-dir", record_dir(settings.sglang_root),
+            "--timeout", str(settings.bench_timeout_s),
+            "--plan", json.dumps(plan(settings), separators=(",", ":"))]
+    for k, v in sorted(settings.bench_env.items()):
+        args += ["--env", f"{k}={v}"]
+    return stdin_script("bench_run.py", args, python=python)
+
+
+def record_dir(root: str) -> str:
+    return f"{root.rstrip('/')}/bench"
+
+
+# --------------------------------------------------------------------------- parsing
+
+_SUMMARY_LINE = re.compile(r"^(?P<label>[A-Za-z][^:]*(?:\([^)]*\))?):\s+(?P<value>\S+)\s*$")
+
+
+def parse_summary(text: str) -> dict[str, Any]:
+    """The ' Serving Benchmark Result ' block of bench_serving's stdout: {label: value}.
+
+    Labels are as printed (e.g. "Output token throughput (tok/s)"); numbers become int or
+    float. Empty when the block is missing (the run failed before the summary).
+    """
+    out: dict[str, Any] = {}
+    inside = False
+    for line in text.splitlines():
+        if "Serving Benchmark Result" in line:
+            inside, out = True, {}
+            continue
+        if not inside:
+            continue
+        if line.startswith("=" * 10):
+            break
+        m = _SUMMARY_LINE.match(line.strip())
+        if not m:
+            continue
+        raw = m.group("value")
+        value: Any = raw
+        for conv in (int, float):
+            try:
+                value = conv(raw)
+                break
+            except ValueError:
+                pass
+        out[m.group("label").strip()] = value
+    return out
+
+
+def parse_result_line(text: str) -> dict[str, Any] | None:
+    """The last JSON line of bench_serving's `--output-file`, without `server_info`.
+
+    `server_info` is the server's whole configuration, the API key included: never kept.
+    bench_serving writes `Infinity` for an unlimited request rate (Python's json reads it).
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    try:
+        obj = json.loads(lines[-1])
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    obj.pop("server_info", None)
+    return obj
+
+
+@dataclass
+class Level:
+    concurrency: int
+    output_tok_s: float
+    completed: int | None = None
+    duration_s: float | None = None
+    total_output_tokens: int | None = None
+    request_throughput: float | None = None
+    median_ttft_ms: float | None = None
+    median_itl_ms: float | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def level_figures(raw: dict, expected_prompts: int | None = None) -> Level:
+    """One level of bench_run.py's output -> Level (raises BenchError when it failed)."""
+    c = int(raw.get("concurrency"))
+    res = raw.get("result")
+    if res is None:
+        summary = parse_summary(raw.get("stdout_tail") or "")
+        if "Output token throughput (tok/s)" in summary:
+            res = {"output_throughput": summary["Output token throughput (tok/s)"],
+                   "completed": summary.get("Successful requests"),
+                   "duration": summary.get("Benchmark duration (s)"),
+                   "total_output_tokens": summary.get("Total generated tokens")}
+    if raw.get("rc") != 0 or res is None or res.get("output_throughput") is None:
+        rc = raw.get("rc")
+        why = "timed out" if rc is None else f"exit status {rc}"
+        tail = "\n".join(((raw.get("stdout_tail") or "") + "\n" + (raw.get("stderr_tail") or ""))
+                         .strip().splitlines()[-25:])
+        raise BenchError(
+            what=f"`python -m sglang.bench_serving` at concurrency {c} ends with a result",
+            found=f"{why}, no result; its last output:\n{tail}",
+            fix="check that the server answers (`systemctl status`, /health) and that the "
+                "release venv holds sglang's benchmark dependencies; `bench_timeout_s` bounds "
+                "each level")
+    completed = res.get("completed")
+    if expected_prompts is not None and completed is not None and completed < expected_prompts:
+        raise BenchError(
+            what=f"every request of concurrency {c} succeeds ({expected_prompts})",
+            found=f"{completed} of {expected_prompts} succeeded",
+            fix="read the server's journal for the failed requests (`journalctl -u SERVICE`)")
+    return Level(concurrency=c, output_tok_s=float(res["output_throughput"]), completed=completed,
+                 duration_s=res.get("duration"), total_output_tokens=res.get("total_output_tokens"),
+                 request_throughput=res.get("request_throughput"),
+                 median_ttft_ms=res.get("median_ttft_ms"), median_itl_ms=res.get("median_itl_ms"))
+
+
+# --------------------------------------------------------------------------- records
+
+def identity_name(identity: dict) -> str:
+    """`<release id>-<first 12 hex of the unit's sha256>`: a flag change is a new identity."""
+    return f"{identity['release']}-{identity['unit_sha256'][:12]}"
+
+
+def make_record(host: str, identity: dict, levels: list[Level], params: dict,
+                now: float | None = None, run_id: str | None = None) -> dict:
+    now = time.time() if now is None else now
+    return {
+        "version": RECORD_VERSION,
+        "host": host,
+        "identity": identity_name(identity),
+        "release": identity["release"],
+        "unit_sha256": identity["unit_sha256"],
+        "time": now,
+        "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "run_id": run_id,
+        "params": params,
+        "output_tok_s": {str(lv.concurrency): round(lv.output_tok_s, 2) for lv in levels},
+        "levels": [lv.to_dict() for lv in levels],
+    }
+
+
+def pick_previous(records: list[dict], identity: str) -> dict | None:
+    """The most recent record of a DIFFERENT identity (the previous configuration)."""
+    others = [r for r in records if isinstance(r, dict) and r.get("identity") != identity
+              and isinstance(r.get("output_tok_s"), dict) and r.get("time") is not None]
+    return max(others, key=lambda r: r["time"]) if others else None
+
+
+@dataclass
+class Comparison:
+    concurrency: int
+    now: float
+    previous: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.previous is None or self.previous <= 0:
+            return None
+        return self.now / self.previous
+
+
+def compare(current: dict, previous: dict | None) -> list[Comparison]:
+    prev = (previous or {}).get("output_tok_s") or {}
+    out = []
+    for key, now in sorted(current["output_tok_s"].items(), key=lambda kv: int(kv[0])):
+        out.append(Comparison(int(key), float(now), float(prev[key]) if key in prev else None))
+    return out
+
+
+def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple[bool, str]:
+    """(ok, message): is every level's output throughput >= MIN_RATIO x the previous one?
+
+    No previous record, or no level in common, passes (nothing to compare with) and says so.
+    """
+    host = current.get("host", "?")
+    if previous is None:
+        return True, (f"{host}: first benchmark of a configuration on this host "
+                      f"({current['identity']}): nothing to compare with")
+    rows = [c for c in compare(current, previous) if c.ratio is not None]
+    if not rows:
+        return True, (f"{host}: no concurrency level in common with the previous configuration "
+                      f"{previous['identity']}: nothing to compare with")
+    worst = min(rows, key=lambda c: c.ratio)
+    summary = ", ".join(f"c={c.concurrency}: {c.now:.1f} vs {c.previous:.1f} tok/s "
+                        f"(x{c.ratio:.3f})" for c in rows)
+    cp, pp = current.get("params"), previous.get("params")
+    if cp is not None and pp is not None and cp != pp:
+        changed = ", ".join(f"{k} {pp.get(k)!r} -> {cp.get(k)!r}" for k in sorted(set(cp) | set(pp))
+                            if cp.get(k) != pp.get(k))
+        summary += f" [benchmark parameters differ: {changed}]"
+    if min_ratio is None:
+        return True, f"{host}: {current['identity']} vs {previous['identity']}: {summary}"
+    low = [c for c in rows if c.ratio < min_ratio]
+    if low:
+        drops = "; ".join(f"concurrency {c.concurrency}: {c.now:.1f} tok/s vs {c.previous:.1f} "
+                          f"tok/s, ratio {c.ratio:.3f} (drop of {100 * (1 - c.ratio):.1f}%)"
+                          for c in low)
+        return False, (f"{host}: output token throughput dropped below {min_ratio:g} x the "
+                       f"previous configuration ({previous['identity']} -> "
+                       f"{current['identity']}): {drops}")
+    return True, (f"{host}: throughput holds (worst ratio {worst.ratio:.3f} >= {min_ratio:g}) "
+                  f"vs {previous['identity']}: {summary}")
+
+
+def table(entries: list[tuple[dict, dict | None]]) -> str:
+    """Rows host, concurrency, output tok/s now, previous, ratio."""
+    rows = [("HOST", "CONC", "NOW tok/s", "PREVIOUS tok/s", "RATIO", "IDENTITY (previous)")]
+    for current, previous in entries:
+        for c in compare(current, previous):
+            rows.append((current["host"], str(c.concurrency), f"{c.now:.1f}",
+                         "-" if c.previous is None else f"{c.previous:.1f}",
+                         "-" if c.ratio is None else f"{c.ratio:.3f}",
+                         current["identity"] + (f" ({previous['identity']})" if previous else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# --------------------------------------------------------------------------- local records
+
+def local_file(host: str, cwd: str | os.PathLike = ".") -> Path:
+    return Path(cwd) / LOCAL_DIR / f"{host}.jsonl"
+
+
+def append_local(host: str, entry: dict, cwd: str | os.PathLike = ".") -> Path:
+    path = local_file(host, cwd)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(entry, sort_keys=True) + "\n")
+    return path
+
+
+def read_local(host: str, cwd: str | os.PathLike = ".") -> list[dict]:
+    path = local_file(host, cwd)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def find_run(host: str, run_id: str, cwd: str | os.PathLike = ".") -> dict | None:
+    for entry in reversed(read_local(host, cwd)):
+        if entry.get("run_id") == run_id:
+            return entry
+    return None
+
+
+# --------------------------------------------------------------------------- pyinfra shell
+
+def bench_host(settings, secrets_file: str, run_id: str | None, cwd: str) -> dict:
+    """Inside a pyinfra run (python.call): benchmark this host, write the records.
+
+    Returns the local entry {"run_id", "host", "current", "previous"}. Raises BenchError.
+    """
+    from pyinfra import host, logger
+
+    logger.info(f"{host.print_prefix}bench: concurrency {settings.bench_concurrency} "
+                f"(python -m sglang.bench_serving of the current release)")
+    ok, output = host.run_shell_command(remote_command(settings, secrets_file,
+                                                       settings.sglang_system_python),
+                                        print_output=False)
+    text = output.stdout.strip()
+    if not ok or not text:
+        raise BenchError(what="the benchmark runner on the host answers with JSON",
+                         found=f"failed: {output.stderr[-800:]}",
+                         fix="check the SSH connection and `sglang_system_python` on the host")
+    raw = json.loads(text.splitlines()[-1])
+    if raw.get("error"):
+        raise BenchError(what="a deployed release to benchmark", found=raw["error"],
+                         fix="deploy first: pyinfra INVENTORY deploy.py --limit HOST")
+    levels = []
+    for lv in raw["levels"]:
+        prompts = num_prompts(lv["concurrency"], settings.bench_num_prompts)
+        level = level_figures(lv, expected_prompts=prompts)
+        levels.append(level)
+        logger.info(f"{host.print_prefix}bench: concurrency {level.concurrency}: "
+                    f"{level.output_tok_s:.1f} output tok/s ({lv['seconds']} s)")
+    if len(levels) != len(settings.bench_concurrency):
+        raise BenchError(what="every concurrency level ran", found=f"{len(levels)} ran",
+                         fix="see the output above")
+    params = {"dataset": settings.bench_dataset, "input_len": settings.bench_input_len,
+              "output_len": settings.bench_output_len, "num_prompts": settings.bench_num_prompts,
+              "request_rate": settings.bench_request_rate}
+    record = make_record(host.name, raw["identity"], levels, params, run_id=run_id)
+    previous = pick_previous(raw["records"], record["identity"])
+    path = f"{record_dir(settings.sglang_root)}/{record['identity']}.json"
+    body = json.dumps(record, sort_keys=True)
+    ok, output = host.run_shell_command(
+        f"mkdir -p {shlex.quote(record_dir(settings.sglang_root))} && "
+        f"printf '%s\\n' {shlex.quote(body)} > {shlex.quote(path + '.tmp')} && "
+        f"mv {shlex.quote(path + '.tmp')} {shlex.quote(path)}", print_output=False)
+    if not ok:
+        raise BenchError(what=f"the record is written to {path}", found=output.stderr[-500:],
+                         fix="check free space and permissions under sglang_root")
+    entry = {"run_id": run_id, "host": host.name, "current": record, "previous": previous}
+    local = append_local(host.name, entry, cwd)
+    logger.info(f"{host.print_prefix}bench: recorded {path} and {local}")
+    return entry
+
+
+# --------------------------------------------------------------------------- the command
+
+@dataclass
+class BenchOutcome:
+    ok: bool
+    message: str
+    current: dict | None = None
+    previous: dict | None = None
+    host: str | None = None
+    output: str = field(default="", repr=False)
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "ok": self.ok, "message": self.message,
+                "current": self.current, "previous": self.previous}
+
+
+def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd=".",
+              on_line=None, data=None) -> list[BenchOutcome]:
+    """Run the bench deploy for HOSTS (one pyinfra process) and gate each host."""
+    from sglang_deploy.shell import runner
+
+    run_id = uuid.uuid4().hex
+    run = runner.run_pyinfra(inventory, str(DEPLOY_FILE), limit=hosts, cwd=cwd, data=data,
+                             env={RUN_ID_ENV: run_id}, on_line=on_line)
+    outcomes = []
+    for name in hosts:
+        entry = find_run(name, run_id, cwd)
+        if entry is None:
+            tail = "\n".join(run.output.strip().splitlines()[-30:])
+            outcomes.append(BenchOutcome(
+                ok=False, host=name, output=run.output,
+                message=f"{name}: no benchmark result (pyinfra exit status {run.rc}); its "
+                        f"last output:\n{tail}"))
+            continue
+        ok, message = gate(entry["current"], entry["previous"], min_ratio)
+        outcomes.append(BenchOutcome(ok=ok, message=message, current=entry["current"],
+                                     previous=entry["previous"], host=name, output=run.output))
+    return outcomes
+
+
+def run_and_gate(inventory: str, host: str, min_ratio: float, cwd=".", data=None) -> BenchOutcome:
+    """Benchmark HOST and gate it against its previous configuration (for the rollout)."""
+    return run_hosts(inventory, [host], min_ratio, cwd=cwd, data=data)[0]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="run sglang.bench_serving on hosts, record and compare "
+                                     "output token throughput with the previous configuration")
+    p.add_argument("inventory", help="pyinfra inventory file (e.g. inventory/prod.py)")
+    p.add_argument("--limit", action="append", default=[], metavar="HOST",
+                   help="only this host (repeat or comma-separate for several)")
+    p.add_argument("--min-throughput-ratio", type=float, default=None, metavar="R",
+                   help="fail (exit 1) when a level's output tok/s is below R x the previous "
+                        "configuration's (e.g. 0.95)")
+    p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+
+
+def run(args) -> int:
+    from sglang_deploy.shell import runner
+
+    if args.min_throughput_ratio is not None and not (0 < args.min_throughput_ratio
+                                                      and math.isfinite(args.min_throughput_ratio)):
+        print("error: --min-throughput-ratio must be a positive number", file=sys.stderr)
+        return 2
+    names = [h for h, _ in runner.inventory_hosts(args.inventory)]
+    wanted = [x for item in args.limit for x in item.split(",") if x]
+    unknown = [h for h in wanted if h not in names]
+    if unknown:
+        print(f"error: not in {args.inventory}: {', '.join(unknown)} (hosts: {', '.join(names)})",
+              file=sys.stderr)
+        return 2
+    hosts = wanted or names
+    show = None if args.json else (lambda line: print(line, file=sys.stderr))
+    outcomes = run_hosts(args.inventory, hosts, args.min_throughput_ratio, on_line=show)
+    if args.json:
+        print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True))
+    else:
+        done = [(o.current, o.previous) for o in outcomes if o.current]
+        if done:
+            print(table(done))
+        for o in outcomes:
+            print(("ok:   " if o.ok else "FAIL: ") + o.message)
+    return 0 if all(o.ok for o in outcomes) else 1

@@ -1,0 +1,342 @@
+"""``sglang-deploy doctor``: the GPU pre-flight on the local machine (run it inside the LXC).
+
+    sglang-deploy doctor [--json] [--collect DIR] [--from DIR] [--expected-count N]
+                         [--expected-model M] [--min-driver V] [--p2p-policy require|adapt]
+                         [--min-gbps X] [--mib N] [--no-p2p-test]
+
+Live mode runs nvidia-smi (table, the deploy's own query, ``topo -m``, ``topo -p2p r|w``),
+lists ``/dev/nvidia*``, tries to open each node and runs the CUDA probe, saving every raw
+output in a folder (``--collect DIR``, else a temporary one) and then analysing that folder.
+``--from DIR`` analyses such a folder without running anything; a missing file makes its
+checks ``skipped``. Exit code: 0 when the result is pass or warn, 1 otherwise.
+
+Folder layout (raw outputs, byte for byte)::
+
+    nvidia-smi.txt      nvidia-smi
+    query-gpu.csv       nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits
+    topo-m.txt          nvidia-smi topo -m
+    topo-p2p-r.txt      nvidia-smi topo -p2p r
+    topo-p2p-w.txt      nvidia-smi topo -p2p w
+    dev-nvidia.txt      ls -l /dev/nvidia*
+    dev-open.txt        "<path> ok" | "<path> <ERRNO> <message>" per node (open test)
+    cuda-probe.json     python3 cuda_probe.py --p2p --mib N
+    commands.txt        "<file>\\t<exit code>\\t<command>" per file above
+
+When a command fails, its file holds stdout followed by stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from sglang_deploy.core import nvsmi, preflight
+from sglang_deploy.core.preflight import Check
+from sglang_deploy.remote import CUDA_PROBE
+
+__all__ = [
+    "Expectations",
+    "ProbeOptions",
+    "load_snapshot",
+    "FILES",
+    "collect",
+    "analyse_dir",
+    "run_doctor",
+    "add_parser",
+    "run",
+    "main",
+]
+
+FILES = {
+    **preflight.SNAPSHOT_FILES,
+    "probe": "cuda-probe.json",
+    "commands": "commands.txt",
+}
+
+SMI_TIMEOUT_S = 60
+
+
+Expectations = preflight.Expectations
+
+
+@dataclass
+class ProbeOptions:
+    """How the live mode runs the CUDA probe."""
+
+    mib: float = 64
+    p2p: bool = True
+    timeout_s: float = 600
+
+
+# ---------------------------------------------------------------------------------------
+# collection (live mode)
+
+
+def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(argv, shell=shell, capture_output=True, text=True, timeout=timeout,
+                              errors="replace")
+    except FileNotFoundError as exc:
+        name = argv if isinstance(argv, str) else argv[0]
+        return 127, f"{name}: command not found ({exc.strerror})\n"
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout or ""
+        if isinstance(out, bytes):
+            out = out.decode("utf-8", "replace")
+        return 124, out + f"\n(timed out after {timeout:g}s)\n"
+    text = proc.stdout
+    if proc.returncode != 0 and proc.stderr:
+        text += proc.stderr
+    return proc.returncode, text
+
+
+def open_test(paths: Sequence[str] | None = None) -> str:
+    """Try to open every /dev/nvidia* character device (read-write, non-blocking); one line
+    per node (``remote/hoststate.py``'s ``open_test``, the same test the deploy's
+    HostSnapshot runs)."""
+    from sglang_deploy.remote.hoststate import open_test as _open_test
+
+    return _open_test(paths)
+
+
+def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) -> Path:
+    """Run every command on this machine and save the raw outputs in ``out_dir``."""
+    opts = probe or ProbeOptions()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    commands: list[tuple[str, int, str]] = []
+
+    def save(key: str, command: str, argv: Sequence[str] | str, timeout: float = SMI_TIMEOUT_S,
+             shell: bool = False) -> None:
+        rc, text = _run(argv, timeout, shell=shell)
+        (out / FILES[key]).write_text(text)
+        commands.append((FILES[key], rc, command))
+
+    save("table", "nvidia-smi", ["nvidia-smi"])
+    query = nvsmi.query_command()
+    save("query", query, query.split())
+    save("topo", "nvidia-smi topo -m", ["nvidia-smi", "topo", "-m"])
+    save("p2p_r", "nvidia-smi topo -p2p r", ["nvidia-smi", "topo", "-p2p", "r"])
+    save("p2p_w", "nvidia-smi topo -p2p w", ["nvidia-smi", "topo", "-p2p", "w"])
+    save("dev", "ls -l /dev/nvidia*", "ls -l /dev/nvidia*", shell=True)
+    (out / FILES["open"]).write_text(open_test())
+    commands.append((FILES["open"], 0, "(open test of /dev/nvidia*)"))
+    probe_argv = [sys.executable, str(CUDA_PROBE), "--mib", f"{opts.mib:g}",
+                  "--timeout", f"{opts.timeout_s:g}"] + (["--p2p"] if opts.p2p else [])
+    save("probe", " ".join(["python3", "cuda_probe.py"] + probe_argv[2:]), probe_argv,
+         timeout=opts.timeout_s + 60)
+    (out / FILES["commands"]).write_text(
+        "".join(f"{name}\t{rc}\t{command}\n" for name, rc, command in commands))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# analysis
+
+
+def _read(folder: Path, key: str) -> str | None:
+    path = folder / FILES[key]
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _exit_codes(text: str | None) -> dict[str, int | None]:
+    codes: dict[str, int | None] = {}
+    for line in (text or "").splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 2 and parts[0].strip():
+            try:
+                codes[parts[0].strip()] = int(parts[1])
+            except ValueError:
+                codes[parts[0].strip()] = None
+    return codes
+
+
+def _head(text: str, n: int = 2) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " / ".join(lines[:n]) or "(empty)"
+
+
+def load_snapshot(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], str | None]:
+    """(snapshot for :func:`preflight.evaluate`, raw probe text or None) from a folder."""
+    folder = Path(folder)
+    codes = _exit_codes(_read(folder, "commands"))
+    snapshot: dict[str, Any] = {}
+    for key, name in preflight.SNAPSHOT_FILES.items():
+        text = _read(folder, key)
+        if text is not None:
+            snapshot[name] = {"out": text, "rc": codes.get(name)}
+    return snapshot, _read(folder, "probe")
+
+
+def analyse_dir(folder: str | os.PathLike[str], exp: Expectations | None = None) -> dict[str, Any]:
+    """Analyse a folder of raw outputs (see the module docstring); runs nothing."""
+    exp = exp or Expectations()
+    snapshot, probe_text = load_snapshot(folder)
+    probe: dict[str, Any] | None = None
+    bad_probe: list[Check] = []
+    if probe_text is not None:
+        try:
+            lines = probe_text.strip().splitlines()
+            loaded = json.loads(lines[-1]) if lines else None
+            probe = loaded if isinstance(loaded, dict) else None
+        except json.JSONDecodeError:
+            probe = None
+        if probe is None:
+            bad_probe = [
+                Check("cuda-init", "fail", "the CUDA probe did not print its JSON object",
+                      expected="one JSON object from cuda_probe.py", found=_head(probe_text, 3),
+                      fix="Run `python3 cuda_probe.py` by hand; it needs Python >= 3.9."),
+                Check("cuda-devices", "skipped", "no probe result"),
+            ]
+    facts: dict[str, Any] = {}
+    checks, nccl_env, matrix = preflight.evaluate(snapshot, probe, exp, facts)
+    if bad_probe:
+        checks = [c for c in checks if c.name not in ("cuda-init", "cuda-devices")]
+        at = next((i for i, c in enumerate(checks) if c.name.startswith(("topo", "p2p"))), len(checks))
+        checks[at:at] = bad_probe
+    return {
+        "status": preflight.summarise(checks),
+        "source": str(folder),
+        "expectations": asdict(exp),
+        "facts": facts,
+        "checks": [c.to_dict() for c in checks],
+        "nccl_env": nccl_env,
+        "p2p_matrix": matrix,
+    }
+
+
+def run_doctor(collect_dir: str | os.PathLike[str] | None = None,
+               from_dir: str | os.PathLike[str] | None = None,
+               expectations: Expectations | None = None,
+               probe: ProbeOptions | None = None) -> dict[str, Any]:
+    """Live pre-flight on this machine (outputs kept in ``collect_dir`` when given), or the
+    analysis of an existing folder (``from_dir``). Returns the report dict."""
+    exp = expectations or Expectations()
+    if from_dir is not None and collect_dir is not None:
+        raise ValueError("--from and --collect exclude each other")
+    if from_dir is not None:
+        if not Path(from_dir).is_dir():
+            raise FileNotFoundError(f"--from {from_dir}: no such folder")
+        report = analyse_dir(from_dir, exp)
+        report["mode"] = "from"
+        return report
+    if collect_dir is not None:
+        folder = collect(collect_dir, probe)
+        report = analyse_dir(folder, exp)
+    else:
+        with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
+            report = analyse_dir(collect(tmp, probe), exp)
+            report["source"] = None
+    report["mode"] = "live"
+    return report
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
+
+
+def render(report: dict[str, Any], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"GPU pre-flight ({report.get('mode', '?')}"
+                  + (f": {report['source']}" if report.get("source") else "") + ")")
+    table.add_column("status")
+    table.add_column("check")
+    table.add_column("result", overflow="fold")
+    for c in report["checks"]:
+        style = _STYLE.get(c["status"], "")
+        table.add_row(f"[{style}]{c['status']}[/]", c["name"], c["message"])
+    console.print(table)
+    for c in report["checks"]:
+        if c["status"] in ("fail", "warn") and (c.get("fix") or c.get("found")):
+            style = _STYLE[c["status"]]
+            console.print(f"[{style}]{c['name']}[/]: {c['message']}", markup=True, highlight=False)
+            for label in ("expected", "found", "fix"):
+                if c.get(label):
+                    text = str(c[label]).replace("\n", "\n" + " " * 12)
+                    console.print(f"  {label + ':':<10}{text}", markup=False, highlight=False,
+                                  soft_wrap=True)
+    if report.get("p2p_matrix"):
+        console.print("P2P matrix:", markup=False)
+        console.print(report["p2p_matrix"], markup=False, highlight=False)
+    if report.get("nccl_env"):
+        console.print("NCCL environment for this host: "
+                      + " ".join(f"{k}={v}" for k, v in report["nccl_env"].items()), markup=False)
+    style = _STYLE.get(report["status"], "")
+    console.print(f"overall: [{style}]{report['status']}[/]")
+
+
+def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--collect", metavar="DIR", help="keep the raw outputs in DIR")
+    where.add_argument("--from", dest="from_dir", metavar="DIR",
+                       help="analyse DIR (made by --collect) without running anything")
+    parser.add_argument("--expected-count", type=int, default=None, metavar="N",
+                        help="number of GPUs the host must have")
+    parser.add_argument("--expected-model", default=None, metavar="M",
+                        help="GPU name (or part of it) every GPU must have")
+    parser.add_argument("--min-driver", default=None, metavar="V", help="minimum driver, e.g. 580.95.05")
+    parser.add_argument("--p2p-policy", choices=("require", "adapt"), default="require",
+                        help="require: missing P2P fails; adapt: run with NCCL_P2P_DISABLE=1")
+    parser.add_argument("--min-gbps", type=float, default=None, metavar="X",
+                        help="minimum GPU-to-GPU copy bandwidth (GB/s)")
+    parser.add_argument("--mib", type=float, default=64, metavar="N", help="probe copy size (MiB)")
+    parser.add_argument("--no-p2p-test", action="store_true", help="skip the pairwise copy test")
+    return parser
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``doctor`` on an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser(
+        "doctor", help="GPU pre-flight on this machine (or on a collected folder)",
+        description=__doc__.split("\n\n")[0])
+    _configure(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    exp = Expectations(
+        count=args.expected_count,
+        model=args.expected_model,
+        min_driver=args.min_driver,
+        p2p_policy=args.p2p_policy,
+        min_gbps=args.min_gbps,
+    )
+    opts = ProbeOptions(mib=args.mib, p2p=not args.no_p2p_test)
+    try:
+        report = run_doctor(collect_dir=args.collect, from_dir=args.from_dir, expectations=exp,
+                            probe=opts)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"sglang-deploy doctor: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"status": report["status"], **{k: v for k, v in report.items() if k != "status"}}))
+    else:
+        render(report)
+    return 0 if report["status"] in ("pass", "warn") else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _configure(argparse.ArgumentParser(prog="sglang-deploy doctor",
+                                                description=__doc__.split("\n\n")[0]))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

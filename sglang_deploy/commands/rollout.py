@@ -1,0 +1,368 @@
+"""`sglang-deploy rollout INVENTORY`: the same deploy as deploy.py, host by host, safely.
+
+pyinfra alone cannot roll: ``--serial`` visits hosts in a random order and a failure does
+not stop the run. The rollout owns the loop:
+
+1. a fixed order (the canary first, then inventory order), printed before anything starts;
+2. every host must answer SSH (and pass the data checks) before any host is touched;
+3. batches of N hosts (``--batch``), each a real ``pyinfra INVENTORY deploy.py --limit ...``
+   run with ``verify_converged`` on, so a host that needed no change is verified, not
+   assumed; the next batch starts only when the verifier passed on the whole batch;
+4. the first failure halts the rollout: no further host is touched; the failed batch's
+   hosts are rolled back (``rollback.py``: the last known-good unit, secrets and release,
+   restarted and verified), and a failed rollback is reported loudly;
+5. a report (per host: done / converged / rolled back / rollback FAILED / untouched, with
+   times) is printed and written to ``.sglang-deploy/rollouts/<time>/rollout.json``.
+
+The pure parts are ``plan_order``, ``batches`` and ``outcome``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sglang_deploy.shell import runner
+from sglang_deploy.core.errors import RolloutError, SglangDeployError
+
+RUNS_DIR = Path(".sglang-deploy/rollouts")
+
+
+# ------------------------------------------------------------------------------ pure core
+
+def plan_order(hosts: list[str], canary: str | None = None,
+               limit: list[str] | None = None) -> list[str]:
+    """Hosts in rollout order: the canary first, then the inventory order (limited)."""
+    unknown = [h for h in ([canary] if canary else []) + list(limit or []) if h not in hosts]
+    if unknown:
+        raise RolloutError(what="host names from the inventory",
+                           found=f"not in the inventory: {', '.join(unknown)}",
+                           fix=f"use one of: {', '.join(hosts)}")
+    chosen = [h for h in hosts if not limit or h in limit]
+    if canary and canary not in chosen:
+        raise RolloutError(what="the canary among the hosts rolled",
+                           found=f"{canary} is excluded by --limit", fix="add it to --limit")
+    return ([canary] if canary else []) + [h for h in chosen if h != canary]
+
+
+def batches(order: list[str], size: int, canary: str | None = None) -> list[list[str]]:
+    """Batches of SIZE hosts; the canary, if any, alone in the first batch."""
+    if size < 1:
+        raise RolloutError(what="--batch of at least 1", found=str(size), fix="use --batch 1 or more")
+    out: list[list[str]] = []
+    rest = list(order)
+    if canary:
+        out.append([rest.pop(0)])
+    out += [rest[i:i + size] for i in range(0, len(rest), size)]
+    return out
+
+
+@dataclass
+class HostResult:
+    host: str
+    status: str = "untouched"  # done | converged | failed | rolled-back | rollback-failed | untouched
+    seconds: float | None = None
+    restart_to_ready_s: float | None = None
+    action: str | None = None
+    message: str = ""
+    rollback_seconds: float | None = None
+    log: str | None = None
+
+
+def outcome(results: list[HostResult]) -> tuple[bool, str]:
+    """(all good?, one-line verdict) of a finished rollout."""
+    bad = [r for r in results if r.status in ("failed", "rolled-back", "rollback-failed")]
+    if any(r.status == "rollback-failed" for r in results):
+        names = ", ".join(r.host for r in results if r.status == "rollback-failed")
+        return False, f"ROLLBACK FAILED on {names}: the host may not be serving; act now"
+    if bad:
+        untouched = sum(r.status == "untouched" for r in results)
+        return False, (f"rollout halted at {bad[0].host} ({bad[0].status}); "
+                       f"{untouched} host(s) untouched")
+    return True, f"rollout complete: {len(results)} host(s) verified"
+
+
+def report_from_reports(batch: list[str], report_dir: Path) -> dict[str, dict]:
+    """Per-host verification summaries written by the deploy (report.emit) in REPORT_DIR."""
+    found = {}
+    for name in batch:
+        path = report_dir / f"{name}.json"
+        if path.exists():
+            found[name] = json.loads(path.read_text())
+    return found
+
+
+# ------------------------------------------------------------------------------ shell
+
+@dataclass
+class Rollout:
+    inventory: str
+    batch: int = 1
+    canary: str | None = None
+    limit: list[str] | None = None
+    data: list[str] = field(default_factory=list)
+    min_throughput_ratio: float | None = None
+    cwd: str = "."
+    out: object = sys.stdout
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def run(self, dry: bool = False, report: str | None = None) -> int:
+        hosts = [name for name, _ in runner.inventory_hosts(self.inventory, self.cwd)]
+        order = plan_order(hosts, self.canary, self.limit)
+        groups = batches(order, self.batch, self.canary)
+        self.say(f"rollout order ({len(order)} hosts, batch {self.batch}"
+                 + (f", canary {self.canary}" if self.canary else "") + "):")
+        for i, group in enumerate(groups, 1):
+            self.say(f"  {i}. {', '.join(group)}")
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        run_dir = Path(self.cwd) / RUNS_DIR / stamp
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if dry:
+            return self.dry_run(order, run_dir)
+
+        results = {h: HostResult(h) for h in order}
+        t_start = time.monotonic()
+        self.say("checking that every host answers (SSH, host keys, data) before touching any...")
+        check = runner.run_pyinfra(self.inventory, ["exec", "--", "true"], limit=order,
+                                   data=self.data, cwd=self.cwd)
+        (run_dir / "reachability.log").write_text(check.output)
+        if not check.ok or "Grand total   -" in check.output:
+            tail = "\n".join(check.output.strip().splitlines()[-15:])
+            down = unreachable(check.output)
+            self.say("STOPPED before touching any host: "
+                     + (f"{', '.join(down)} did not answer over SSH" if down
+                        else "not every host answered or its data is invalid")
+                     + f" (fix it, or leave it out with --limit).\n{tail}")
+            for r in results.values():
+                r.message = "not touched: a host did not answer before the rollout"
+            return self.finish(results, run_dir, report, t_start,
+                               verdict="rollout not started: a host is unreachable or its data "
+                                       "is invalid (see above); no host was touched")
+
+        for i, group in enumerate(groups, 1):
+            if self.min_throughput_ratio is not None:
+                self.baseline(group)
+            ok = self.deploy_batch(i, group, results, run_dir)
+            if ok and self.min_throughput_ratio is not None:
+                ok = self.gate_batch(group, results)
+            if not ok:
+                self.rollback(group, results, run_dir)
+                break
+        return self.finish(results, run_dir, report, t_start)
+
+    def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
+        reports = run_dir / f"batch{index}-reports"
+        self.say(f"[{index}] deploying {', '.join(group)} ...")
+        gated = ["verify_promote_known_good=false"] if self.min_throughput_ratio is not None else []
+        run = runner.run_pyinfra(self.inventory, "deploy.py", limit=group,
+                                 data=[*self.data, "verify_converged=true", *gated], cwd=self.cwd,
+                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)})
+        log = run_dir / f"batch{index}-deploy.log"
+        log.write_text(run.output)
+        summaries = report_from_reports(group, reports)
+        ok = run.ok and len(summaries) == len(group)
+        for name in group:
+            r = results[name]
+            r.seconds, r.log = round(run.seconds, 2), str(log)
+            s = summaries.get(name)
+            if s and run.ok:
+                r.action = s.get("action")
+                r.status = "converged" if r.action == "converged" else "done"
+                r.restart_to_ready_s = s.get("time_to_ready_s")
+                r.message = f"{r.action}; sglang {s.get('sglang_version')} release {s.get('release')}"
+            else:
+                r.status = "failed"
+                r.message = _error_excerpt(run.output) if not s else "batch failed elsewhere"
+        for name in group:
+            r = results[name]
+            self.say(f"    {name}: {r.status} in {r.seconds:.1f}s"
+                     + (f" (ready {r.restart_to_ready_s}s after restart)" if r.restart_to_ready_s else "")
+                     + (f"\n{_indent(r.message)}" if r.status == "failed" else ""))
+        return ok
+
+    def baseline(self, group: list[str]) -> None:
+        """Benchmark the configuration the hosts run now, so the gate has its figures."""
+        from sglang_deploy.commands import bench
+
+        for got in bench.run_hosts(self.inventory, group, None, cwd=self.cwd, data=self.data):
+            first = got.message.splitlines()[0] if got.message else ""
+            self.say(f"    {got.host}: baseline benchmark: "
+                     + ("recorded" if got.current else f"none ({first[:120]})"))
+
+    def gate_batch(self, group: list[str], results: dict) -> bool:
+        from sglang_deploy.commands import bench
+
+        for name in group:
+            if results[name].status != "done":
+                continue  # a converged host runs what it ran before
+            got = bench.run_and_gate(self.inventory, name, self.min_throughput_ratio,
+                                     cwd=self.cwd, data=self.data)
+            self.say(f"    {name}: throughput gate: {got.message}")
+            if not got.ok:
+                results[name].status = "failed"
+                results[name].message = f"throughput gate: {got.message}"
+                return False
+            self.promote(name)
+        return True
+
+    def promote(self, name: str) -> None:
+        """The gate passed: the verified candidate becomes the host's known-good."""
+        from sglang_deploy.shell import hostshell
+
+        data = hostshell.host_data(self.inventory, name, self.cwd)
+        root = hostshell.setting(data, "sglang_root")
+        client = hostshell.connect(name, data)
+        try:
+            q = shlex.quote
+            _, out, err = client.exec_command(
+                f"test -d {q(root + '/known-good.candidate')} && rm -rf {q(root + '/known-good')} "
+                f"&& mv {q(root + '/known-good.candidate')} {q(root + '/known-good')}")
+            if out.channel.recv_exit_status() != 0:
+                raise RolloutError(what=f"the verified configuration of {name} promoted to known-good",
+                                   found=err.read().decode()[-300:] or "no candidate on the host",
+                                   fix="re-run the rollout; check the host's sglang_root")
+        finally:
+            client.close()
+
+    def rollback(self, group: list[str], results: dict, run_dir: Path) -> None:
+        failed = [h for h in group if results[h].status == "failed"]
+        self.say(f"HALT: rolling back {', '.join(failed)} to the last known-good configuration ...")
+        reports = run_dir / "rollback-reports"
+        run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, cwd=self.cwd,
+                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)})
+        (run_dir / "rollback.log").write_text(run.output)
+        summaries = report_from_reports(failed, reports)
+        for name in failed:
+            r = results[name]
+            r.rollback_seconds = round(run.seconds, 2)
+            s = summaries.get(name)
+            if run.ok and s and s.get("action") == "unchanged":
+                r.status = "failed"  # nothing had changed yet: it still serves, not restarted
+                r.message += (f"\nstill on its known-good release {s.get('release')} (checked "
+                              "serving; nothing to restore, not restarted)")
+            elif run.ok and s:
+                r.status = "rolled-back"
+                r.message += f"\nrolled back to release {s.get('release')}, restarted and verified serving"
+            elif "never passed verification" in run.output:
+                r.status = "failed"
+                r.message += ("\nnothing to roll back to: the host never passed verification "
+                              "(no known-good configuration on it)")
+            else:
+                r.status = "rollback-failed"
+                r.message += "\nROLLBACK FAILED: " + _error_excerpt(run.output)
+            self.say(f"    {name}: {r.status}")
+
+    def dry_run(self, order: list[str], run_dir: Path) -> int:
+        plans = Path(tempfile.mkdtemp(prefix="plan-", dir=run_dir))
+        run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,
+                                 dry=True, cwd=self.cwd, env={"SGLANG_DEPLOY_PLAN_DIR": str(plans)})
+        (run_dir / "dry.log").write_text(run.output)
+        self.say("plan (nothing was changed):")
+        bad = False
+        for name in order:
+            path = plans / f"{name}.json"
+            if not path.exists():
+                bad = True
+                self.say(f"  {name}: no plan (unreachable, or its data is invalid): see {run_dir / 'dry.log'}")
+                continue
+            p = json.loads(path.read_text())
+            if p.get("preflight") == "fail":
+                bad = True
+                self.say(f"  {name}: pre-flight would FAIL: "
+                         + "; ".join(f"{c['name']}: {c['message']}" for c in p["failed"]))
+            elif not p["changes"]:
+                self.say(f"  {name}: no change (would be verified, not restarted)")
+            else:
+                self.say(f"  {name}: {len(p['changes'])} change(s):")
+                for c in p["changes"]:
+                    self.say(f"      - {c}")
+        return 1 if bad or not run.ok else 0
+
+    def finish(self, results: dict, run_dir: Path, report: str | None, t_start: float,
+               verdict: str | None = None) -> int:
+        rows = list(results.values())
+        ok, text = outcome(rows)
+        if verdict:
+            ok, text = False, verdict
+        doc = {"ok": ok, "verdict": text, "inventory": self.inventory, "batch": self.batch,
+               "canary": self.canary, "data": self.data, "seconds": round(time.monotonic() - t_start, 2),
+               "hosts": [asdict(r) for r in rows]}
+        body = json.dumps(doc, indent=2) + "\n"
+        (run_dir / "rollout.json").write_text(body)
+        if report:
+            Path(report).write_text(body)
+        self.say("")
+        self.say(f"{'host':<16} {'status':<16} {'seconds':>8} {'ready':>7}  note")
+        for r in rows:
+            note = r.message.splitlines()[0] if r.message else ""
+            self.say(f"{r.host:<16} {r.status:<16} {r.seconds if r.seconds is not None else '-':>8} "
+                     f"{r.restart_to_ready_s if r.restart_to_ready_s is not None else '-':>7}  {note[:90]}")
+        self.say(("OK: " if ok else "FAILED: ") + text + f"  (report: {run_dir / 'rollout.json'})")
+        if any(r.status == "rollback-failed" for r in rows):
+            return 3
+        return 0 if ok else 1
+
+
+def unreachable(output: str) -> list[str]:
+    """Hosts pyinfra could not connect to, from its output (``[host] Could not connect``)."""
+    import re
+
+    return re.findall(r"^\s*\[([^\]]+)\] Could not connect", output, re.MULTILINE)
+
+
+def _indent(text: str, prefix: str = "      ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def _error_excerpt(output: str, n: int = 12) -> str:
+    """The sglang-deploy error block of a pyinfra run (expected/found/fix), else its tail."""
+    lines = output.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if ": expected " in line and ("sglang_deploy.core.errors." in line or line.startswith("--> pyinfra error")
+                                      or line.lstrip().startswith("[")):
+            block = [line.split("sglang_deploy.core.errors.", 1)[-1].strip()]
+            for more in lines[i + 1:]:
+                if not more.startswith(" "):
+                    break
+                block.append(more)
+            return "\n".join(block[:n])
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("--> pyinfra error"):
+            return "\n".join(lines[i:i + n])
+    return "\n".join(lines[-n:])
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("rollout", help="roll the deploy across hosts in batches, halting and "
+                                       "rolling back on the first failure")
+    p.add_argument("inventory")
+    p.add_argument("--batch", type=int, default=1, help="hosts deployed at once (at most this many out of service)")
+    p.add_argument("--canary", help="host deployed first, alone")
+    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   help="override host data, as pyinfra --data (repeatable)")
+    p.add_argument("--dry", action="store_true", help="print the order and each host's changes; touch nothing")
+    p.add_argument("--report", help="also write the JSON report here")
+    p.add_argument("--min-throughput-ratio", type=float,
+                   help="after each host, run the benchmark; a drop below this ratio of the "
+                        "previous configuration's throughput fails the host (and rolls it back)")
+
+
+def run(args) -> int:
+    try:
+        return Rollout(inventory=args.inventory, batch=args.batch, canary=args.canary,
+                       limit=args.limit, data=args.data,
+                       min_throughput_ratio=args.min_throughput_ratio).run(dry=args.dry,
+                                                                          report=args.report)
+    except SglangDeployError as exc:
+        print(exc.message, file=sys.stderr)
+        return 2

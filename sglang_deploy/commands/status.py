@@ -1,0 +1,112 @@
+"""`sglang-deploy status INVENTORY [--json]`: where every host stands. Read-only.
+
+One ``pyinfra INVENTORY deploy.py --dry`` run (hosts in parallel) with a plan folder: the
+stages read each host exactly as a deploy would, and record, without changing anything:
+the unit's state and uptime, the release and its sglang version, the patch state, one poll
+of ``/health`` and ``/v1/models``, the time of the last successful verification, and the
+drift: the operations a deploy would run now (an empty list means the host is exactly what
+the deploy would make it). A host without a record did not answer or has invalid data.
+
+Exit status: 0 when every host is reachable, in sync and healthy; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from sglang_deploy.shell import runner
+from sglang_deploy.core.errors import SglangDeployError
+
+
+def rows_from_plans(hosts: list[str], plans: Path, output: str) -> list[dict]:
+    """Pure-ish: one status row per host from the plan files and the pyinfra output."""
+    rows = []
+    for name in hosts:
+        path = plans / f"{name}.json"
+        if not path.exists():
+            m = re.search(rf"\[{re.escape(name)}\] (Could not connect[^\n]*)", output)
+            err = re.search(rf"\[{re.escape(name)}\][^\n]*(invalid deploy data[^\n]*)", output)
+            rows.append({"host": name, "reachable": False if m else None,
+                         "problem": (m.group(1) if m else err.group(1) if err
+                                     else "no answer (see the pyinfra output)"),
+                         "in_sync": None, "healthy": False})
+            continue
+        p = json.loads(path.read_text())
+        row = {"host": name, "reachable": True, **{k: v for k, v in p.items() if k != "host"}}
+        if p.get("preflight") == "fail":
+            row["problem"] = "pre-flight fails: " + "; ".join(f"{c['name']}: {c['message']}" for c in p["failed"])
+            row["in_sync"], row["healthy"] = None, False
+        else:
+            row["in_sync"] = not p["changes"]
+            row["healthy"] = p.get("health") == 200 and p.get("unit") == "active/running"
+        rows.append(row)
+    return rows
+
+
+def _fmt_uptime(s) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 86400}d{s % 86400 // 3600}h" if s >= 86400 else (
+        f"{s // 3600}h{s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m{s % 60}s")
+
+
+def render(rows: list[dict], out=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=out or sys.stdout, width=200 if not (out or sys.stdout).isatty() else None)
+    table = Table(title="sglang-deploy status")
+    for col in ("host", "reachable", "unit", "uptime", "release", "sglang", "patch", "health",
+                "model", "last verified", "drift"):
+        table.add_column(col)
+    for r in rows:
+        if r.get("reachable") is not True or r.get("preflight") == "fail":
+            table.add_row(r["host"], "no" if r.get("reachable") is False else ("yes" if r.get("reachable") else "?"),
+                          "", "", "", "", "", "", "", "", r.get("problem", ""))
+            continue
+        drift = "in sync" if r["in_sync"] else f"{len(r['changes'])} change(s): " + "; ".join(r["changes"][:4])
+        table.add_row(r["host"], "yes", r.get("unit") or "-", _fmt_uptime(r.get("uptime_s")),
+                      r.get("release") or "-", r.get("sglang_version") or "-",
+                      r.get("patch_state") or "-", str(r.get("health") or "down"),
+                      ", ".join(r.get("models") or []) or "-", r.get("last_verified") or "never",
+                      drift)
+    console.print(table)
+
+
+def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
+            data: list[str] | None = None) -> tuple[list[dict], str]:
+    hosts = [name for name, _ in runner.inventory_hosts(inventory, cwd)]
+    if limit:
+        hosts = [h for h in hosts if h in limit]
+    with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
+        run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
+                                 cwd=cwd, env={"SGLANG_DEPLOY_PLAN_DIR": tmp})
+        return rows_from_plans(hosts, Path(tmp), run.output), run.output
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="one row per host: unit, release, patch, health, drift (read-only)")
+    p.add_argument("inventory")
+    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   help="data overrides the deploy would use (as in rollout --data)")
+
+
+def run(args) -> int:
+    try:
+        rows, _ = collect(args.inventory, limit=args.limit, data=args.data)
+    except SglangDeployError as exc:
+        print(exc.message, file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        render(rows)
+    return 0 if all(r.get("in_sync") and r.get("healthy") for r in rows) else 1

@@ -1,0 +1,344 @@
+"""Host data: every key this tool reads, its type, default and meaning (pure).
+
+The README's data table is generated from ``KEYS`` (``sglang-deploy data-table``) and a
+test keeps the two equal. ``resolve(raw)`` checks a host's merged data and returns a
+``Settings`` object; it raises ``DataError`` naming the key for anything wrong, before
+any host is contacted (``config.py`` calls it from pyinfra's before-connect hook).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from sglang_deploy.core.errors import DataError, SglangDeployError
+
+# Data keys that belong to pyinfra itself or its connectors: passed through unchecked.
+FOREIGN_PREFIXES = ("ssh_", "_", "local_", "docker_", "chroot_", "winrm_", "terraform_", "vagrant_")
+
+_SCALAR = (str, int, float, bool)
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    types: tuple
+    default: Any
+    doc: str
+    choices: tuple | None = None
+    minimum: float | None = None
+    required: bool = False
+
+
+def _k(name, types, default, doc, **kw) -> Key:
+    return Key(name, types if isinstance(types, tuple) else (types,), default, doc, **kw)
+
+
+NONE = type(None)
+
+KEYS: dict[str, Key] = {k.name: k for k in [
+    # --- pre-flight -------------------------------------------------------------------------
+    _k("gpu_expected_count", int, 8, "Number of GPUs the host must show (nvidia-smi and CUDA).",
+       minimum=1),
+    _k("gpu_expected_model", (str, NONE), "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+       "Exact GPU name every GPU must report; null accepts any."),
+    _k("gpu_min_driver", (str, NONE), "580.0",
+       "Lowest acceptable NVIDIA driver version (nvidia-smi `driver_version`)."),
+    _k("gpu_p2p_policy", str, "require",
+       "`require`: any GPU pair without working P2P fails. `adapt`: set `NCCL_P2P_DISABLE=1` "
+       "for the service and go on. Corrupt peer copies fail either way.",
+       choices=("require", "adapt")),
+    _k("gpu_p2p_min_gbps", (int, float), 10.0,
+       "Lowest acceptable measured peer-copy bandwidth per GPU pair, GB/s.", minimum=0),
+    _k("gpu_p2p_test_mib", int, 64, "Size of each verified peer copy in the P2P test, MiB.",
+       minimum=1),
+    _k("gpu_p2p_test", str, "auto",
+       "`auto`: run the data-verified peer copies unless the service is running and this "
+       "deploy will not restart it: then reuse the verdict of the last full test recorded on "
+       "the host (and skip the CUDA probe while it serves the invocation a deploy verified). "
+       "`always`: probe and copy on every deploy.", choices=("auto", "always")),
+    # --- runtime ----------------------------------------------------------------------------
+    _k("sglang_lock", str, "locks/glm5-blackwell.txt",
+       "Lock file (on the controller, relative to the deploy folder): the exact packages, with "
+       "hashes, of the release venv. The release id is the hash of this file."),
+    _k("sglang_wheelhouse", (str, NONE), None,
+       "Folder ON THE HOST holding every wheel of the lock (and uv): install offline from it, "
+       "without an index. `sglang-deploy wheelhouse` fills one."),
+    _k("sglang_index_url", (str, NONE), None, "Package index for the host when not offline."),
+    _k("sglang_uv_version", str, "0.13.9", "uv version brought onto the host (tool venv)."),
+    _k("sglang_system_python", str, "/usr/bin/python3",
+       "Python on the host used for the probe, the tool venv and release venvs."),
+    _k("sglang_root", str, "/opt/sglang", "Releases (`releases/<id>/venv`), `current` link, tools."),
+    _k("sglang_cache_dir", str, "/var/cache/sglang",
+       "Persistent cache (SGLANG_CACHE_DIR, FlashInfer workspace): survives reinstalls."),
+    _k("sglang_cache_seed", (str, NONE), None,
+       "Archive ON THE CONTROLLER (from `sglang-deploy cache save`) unpacked into an EMPTY "
+       "cache folder, so a rebuilt host reuses autotune and JIT results instead of paying again."),
+    _k("sglang_home", str, "/var/lib/sglang", "Home and working directory of the service user."),
+    _k("sglang_user", str, "sglang", "Unprivileged user the service runs as."),
+    _k("sglang_service", str, "sglang", "systemd unit name (without `.service`)."),
+    _k("sglang_autotune_patch", bool, True,
+       "Apply the FlashInfer autotune patch (enable `flashinfer_cutlass` in the allow-list)."),
+    _k("sglang_keep_releases", int, 3, "Release venvs kept on the host (current + rollbacks).",
+       minimum=1),
+    # --- model ------------------------------------------------------------------------------
+    _k("sglang_model_path", str, None, "Model directory on the host (Hugging Face layout).",
+       required=True),
+    _k("sglang_served_model_name", (str, NONE), None,
+       "Name served by the API (`--served-model-name`); default: the model path."),
+    _k("sglang_model_repo", (str, NONE), None,
+       "Hugging Face repo id to download into the model path when `sglang_model_download`."),
+    _k("sglang_model_download", bool, False,
+       "Download the model (huggingface_hub, token from `sglang_hf_token_env`) if shards are missing."),
+    _k("sglang_model_revision", str, "main",
+       "Revision of `sglang_model_repo` to download: a branch, tag or (to pin it) a commit hash."),
+    _k("sglang_hf_endpoint", (str, NONE), None,
+       "Hugging Face endpoint the host downloads from (a mirror, as `HF_ENDPOINT`); null: "
+       "https://huggingface.co."),
+    _k("sglang_model_download_timeout_s", int, 86400,
+       "Deadline of the model download, seconds (it then fails, naming what arrived).", minimum=1),
+    # --- service ----------------------------------------------------------------------------
+    _k("sglang_flags", dict, {},
+       "Launch flags: `{flag: value}`; `true` -> bare flag, `false`/null -> omitted, "
+       "list -> `--flag a b` (sglang's list options take several values). Full flag names only; `--host`, `--port`, `--api-key`, "
+       "`--model-path`, `--served-model-name` come from their own keys."),
+    _k("sglang_host", str, "127.0.0.1", "Address the server binds."),
+    _k("sglang_port", int, 30000, "Port the server listens on.", minimum=1),
+    _k("sglang_allow_public_without_key", bool, False,
+       "Allow binding a non-loopback address without an API key."),
+    _k("sglang_api_key_env", (str, NONE), None,
+       "Name of the CONTROLLER environment variable holding the API key (never the key itself)."),
+    _k("sglang_hf_token_env", (str, NONE), None,
+       "Name of the controller environment variable holding the Hugging Face token."),
+    _k("sglang_env", dict, {}, "Extra, non-secret environment variables of the service."),
+    _k("sglang_launch_command", list, ["-m", "sglang.launch_server"],
+       "What the release venv's python runs, before the flags."),
+    _k("sglang_stop_timeout_s", int, 120, "TimeoutStopSec of the unit.", minimum=1),
+    _k("sglang_restart_sec", int, 30, "RestartSec of the unit (Restart=always).", minimum=0),
+    # --- verify -----------------------------------------------------------------------------
+    _k("verify_timeout_s", (int, float), 3600, "Overall deadline for the server to become ready.",
+       minimum=1),
+    _k("verify_phase_timeouts", dict,
+       {"starting": 600, "loading": 2400, "kv_cache": 600, "autotune": 1800, "capture": 900,
+        "http": 300, "warmup": 600},
+       "Deadline per startup phase, seconds (a stall fails naming the phase)."),
+    _k("verify_poll_s", (int, float), 0.5, "Poll interval of the verifier, seconds.", minimum=0.05),
+    _k("verify_generate", bool, True, "Require a real one-token generation before ready."),
+    _k("verify_promote_known_good", bool, True,
+       "Make what just passed verification the host's known-good configuration (rollback "
+       "target). `rollout --min-throughput-ratio` turns it off and promotes after the gate."),
+    _k("verify_converged", bool, False,
+       "Also check a server that was not restarted (health, models, a generation); "
+       "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),
+    # --- bench ------------------------------------------------------------------------------
+    _k("bench_concurrency", list, [256, 512, 1024],
+       "`sglang-deploy bench`: concurrency levels (`--max-concurrency` of "
+       "`python -m sglang.bench_serving`), one run each."),
+    _k("bench_num_prompts", (int, NONE), None,
+       "Requests per concurrency level; null: 4 x the level.", minimum=1),
+    _k("bench_input_len", int, 1024, "Input tokens per request (`--random-input-len`).", minimum=1),
+    _k("bench_output_len", int, 1024, "Output tokens per request (`--random-output-len`).",
+       minimum=1),
+    _k("bench_dataset", str, "random-ids",
+       "`random-ids`: random token ids, nothing to download. `random`: ShareGPT text, which "
+       "bench_serving downloads from the Hugging Face Hub (the host needs that access).",
+       choices=("random-ids", "random")),
+    _k("bench_request_rate", (int, float, NONE), None,
+       "Requests per second (Poisson arrivals); null: all at once, bounded by the concurrency.",
+       minimum=0),
+    _k("bench_timeout_s", (int, float), 3600, "Deadline of one concurrency level, seconds.",
+       minimum=1),
+    _k("bench_env", dict, {},
+       "Extra, non-secret environment variables of the benchmark client on the host."),
+]}
+
+PHASES = ("starting", "loading", "kv_cache", "autotune", "capture", "http", "warmup")
+
+_FLAG_KEYS_OWNED = {
+    "--host": "sglang_host", "--port": "sglang_port", "--api-key": "sglang_api_key_env",
+    "--model-path": "sglang_model_path", "--served-model-name": "sglang_served_model_name",
+}
+
+
+@dataclass
+class Settings:
+    """Resolved data for one host (attributes = key names without changes)."""
+
+    values: dict[str, Any]
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def served_model_name(self) -> str:
+        return self.values["sglang_served_model_name"] or self.values["sglang_model_path"]
+
+    @property
+    def api_key(self) -> str | None:
+        return self.secrets.get("SGLANG_API_KEY")
+
+
+def _type_name(types: tuple) -> str:
+    names = {str: "string", int: "integer", float: "number", bool: "true/false", dict: "mapping",
+             list: "list", NONE: "null"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _check_type(key: Key, value: Any) -> None:
+    ok = isinstance(value, key.types)
+    if isinstance(value, bool) and bool not in key.types:
+        ok = False  # bool is an int in Python: never accept True for a number
+    if not ok:
+        raise DataError(
+            key=key.name,
+            what=f"`{key.name}` must be {_type_name(key.types)}",
+            found=f"{type(value).__name__} {value!r}",
+            fix=f"set `{key.name}` in group_data/ or the inventory to a {_type_name(key.types)}",
+        )
+    if key.choices and value not in key.choices:
+        raise DataError(key=key.name, what=f"`{key.name}` must be one of {', '.join(key.choices)}",
+                        found=repr(value), fix=f"set `{key.name}` to one of {key.choices}")
+    if key.minimum is not None and isinstance(value, (int, float)) and value < key.minimum:
+        raise DataError(key=key.name, what=f"`{key.name}` must be >= {key.minimum}",
+                        found=repr(value), fix=f"set `{key.name}` to a value >= {key.minimum}")
+
+
+def _check_path(name: str, value: str | None) -> None:
+    if value is None:
+        return
+    if not value.strip() or not PurePosixPath(value).is_absolute() or "\n" in value:
+        raise DataError(key=name, what=f"`{name}` must be an absolute path on the host",
+                        found=repr(value), fix=f"set `{name}` to an absolute path like /srv/models/NAME")
+
+
+def _check_mapping_of_scalars(name: str, value: dict) -> None:
+    for k, v in value.items():
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise DataError(key=name, what=f"`{name}` keys must be environment variable names",
+                            found=repr(k), fix=f"rename the key {k!r} in `{name}`")
+        if not isinstance(v, _SCALAR) or "\n" in str(v):
+            raise DataError(key=name, what=f"`{name}.{k}` must be a one-line scalar",
+                            found=repr(v), fix=f"set `{name}.{k}` to a string or number")
+
+
+def unknown_keys(raw: dict[str, Any]) -> list[str]:
+    return sorted(k for k in raw if k not in KEYS and not k.startswith(FOREIGN_PREFIXES))
+
+
+def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> Settings:
+    """Check one host's merged data and return its Settings (raises DataError)."""
+    environ = os.environ if environ is None else environ
+    for name in unknown_keys(raw):
+        close = difflib.get_close_matches(name, KEYS, n=1)
+        hint = f"did you mean `{close[0]}`?" if close else "see the data table in README.md"
+        raise DataError(key=name, what="every data key must be one this tool knows",
+                        found=f"unknown data key `{name}`", fix=f"remove or rename it: {hint}")
+    values: dict[str, Any] = {}
+    for key in KEYS.values():
+        if key.name in raw:
+            value = raw[key.name]
+        elif key.required:
+            raise DataError(key=key.name, what=f"`{key.name}` is required",
+                            found="not set", fix=f"set `{key.name}` in group_data/ or the inventory")
+        else:
+            value = key.default
+        if not (value is None and NONE in key.types):
+            _check_type(key, value)
+        values[key.name] = value
+
+    for name in ("sglang_model_path", "sglang_root", "sglang_cache_dir", "sglang_home",
+                 "sglang_wheelhouse", "sglang_system_python"):
+        _check_path(name, values[name])
+    _check_mapping_of_scalars("sglang_env", values["sglang_env"])
+    _check_mapping_of_scalars("bench_env", values["bench_env"])
+    levels = values["bench_concurrency"]
+    if not levels or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
+                             for c in levels) or len(set(levels)) != len(levels):
+        raise DataError(key="bench_concurrency", what="a list of distinct positive integers",
+                        found=repr(levels), fix="e.g. [256, 512, 1024]")
+    for name in ("sglang_user", "sglang_service"):
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", values[name]):
+            raise DataError(key=name, what=f"`{name}` must be a plain lower-case name",
+                            found=repr(values[name]), fix=f"set `{name}` to e.g. `sglang`")
+    if not all(isinstance(x, str) and x for x in values["sglang_launch_command"]):
+        raise DataError(key="sglang_launch_command", what="a list of non-empty strings",
+                        found=repr(values["sglang_launch_command"]),
+                        fix="e.g. [\"-m\", \"sglang.launch_server\"]")
+    phases = values["verify_phase_timeouts"]
+    for ph, secs in phases.items():
+        if ph not in PHASES:
+            raise DataError(key="verify_phase_timeouts", what=f"phases are {', '.join(PHASES)}",
+                            found=f"unknown phase {ph!r}", fix="rename or remove it")
+        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or secs <= 0:
+            raise DataError(key="verify_phase_timeouts", what=f"`{ph}` must be a positive number",
+                            found=repr(secs), fix=f"set verify_phase_timeouts.{ph} to seconds > 0")
+    values["verify_phase_timeouts"] = {**KEYS["verify_phase_timeouts"].default, **phases}
+
+    from sglang_deploy.core import flags as flagmod  # shape of the launch flags
+
+    try:
+        flagmod.check_shape(values["sglang_flags"])
+    except SglangDeployError as exc:
+        raise DataError(key="sglang_flags", what=f"well-formed launch flags ({exc.what})",
+                        found=exc.found, fix=exc.fix) from exc
+    for flag in flagmod.normalise_names(values["sglang_flags"]):
+        if flag in _FLAG_KEYS_OWNED:
+            owner = _FLAG_KEYS_OWNED[flag]
+            raise DataError(key="sglang_flags", what=f"`{flag}` is set through `{owner}`",
+                            found=f"`{flag}` in sglang_flags",
+                            fix=f"remove it from sglang_flags and set `{owner}`")
+
+    secrets: dict[str, str] = {}
+    for key_name, env_name in (("sglang_api_key_env", "SGLANG_API_KEY"),
+                               ("sglang_hf_token_env", "HF_TOKEN")):
+        var = values[key_name]
+        if var is None:
+            continue
+        secret = environ.get(var)
+        if not secret:
+            raise DataError(key=key_name, what=f"the secret named by `{key_name}` must be set",
+                            found=f"environment variable `{var}` is not set on the controller",
+                            fix=f"export {var}=... in the shell that runs the deploy "
+                                f"(never put the secret itself into data files)")
+        if "\n" in secret or "\0" in secret:
+            raise DataError(key=key_name, what="a secret must be one line",
+                            found=f"`{var}` contains a newline or NUL",
+                            fix=f"set {var} to the secret without newlines")
+        secrets[env_name] = secret
+    if (values["sglang_host"] not in ("127.0.0.1", "localhost", "::1")
+            and "SGLANG_API_KEY" not in secrets and not values["sglang_allow_public_without_key"]):
+        raise DataError(key="sglang_host",
+                        what=f"binding {values['sglang_host']} exposes the API to the network",
+                        found="no API key (`sglang_api_key_env` is not set)",
+                        fix="set `sglang_api_key_env`, bind 127.0.0.1, or set "
+                            "`sglang_allow_public_without_key: true` deliberately")
+    endpoint = values["sglang_hf_endpoint"]
+    if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
+        raise DataError(key="sglang_hf_endpoint", what="an http(s) URL without query",
+                        found=repr(endpoint), fix="e.g. https://hf-mirror.example.org or null")
+    if values["sglang_model_download"] and not values["sglang_model_repo"]:
+        raise DataError(key="sglang_model_repo", what="downloading needs a repo id",
+                        found="sglang_model_download is true but sglang_model_repo is not set",
+                        fix="set `sglang_model_repo` (e.g. org/model) or turn the download off")
+    return Settings(values=values, secrets=secrets)
+
+
+def markdown_table() -> str:
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key in KEYS.values():
+        default = "(required)" if key.required else f"`{key.default!r}`"
+        if isinstance(key.default, dict) and len(repr(key.default)) > 40:
+            default = "see meaning"
+        doc = key.doc.replace("|", "\\|")
+        if isinstance(key.default, dict) and key.default and default == "see meaning":
+            doc += " Default: " + ", ".join(f"{k} {v}" for k, v in key.default.items()) + "."
+        rows.append(f"| `{key.name}` | {_type_name(key.types)} | {default} | {doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,276 @@
+"""Post-deploy verifier: blocks until the model really serves, or fails fast and says why.
+
+The pure core is ``Verifier.observe(poll)``: it takes one poll of the host (systemd
+properties, new journal lines, HTTP answers) and returns a ``Decision`` (wait / ready /
+fail). ``wait_until_ready`` is the thin shell: it polls the host through pyinfra's
+connection, shows progress and raises ``VerifyError`` with the phase reached, the exit
+status and the relevant log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from sglang_deploy.core.errors import VerifyError
+from sglang_deploy.core.logparse import StartupTracker
+
+# tracker phase -> deadline key (data: verify_phase_timeouts)
+PHASE_DEADLINE_KEY = {
+    "starting": "starting", "loading": "loading", "loaded": "kv_cache", "kv_cache": "kv_cache",
+    "autotune": "autotune", "autotuned": "capture", "capture": "capture", "captured": "http",
+    "http": "warmup", "warmup": "warmup", "ready": "warmup",
+}
+
+CRASH_STATES = {"failed", "inactive", "deactivating"}
+
+
+@dataclass
+class Decision:
+    kind: str  # wait | ready | fail
+    message: str = ""
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Verifier:
+    """Pure readiness decision over a stream of polls."""
+
+    sglang_version: str
+    expect_autotune: bool
+    cuda_graph: bool
+    served_model_name: str
+    overall_timeout_s: float
+    phase_timeouts: dict
+    require_generate: bool = True
+    started_at: float | None = None
+    invocation: str | None = None
+    tracker: StartupTracker = None  # type: ignore[assignment]
+    phase_since: float | None = None
+    last_phase: str | None = None
+    last_http: dict = field(default_factory=dict)
+    ready_at: float | None = None
+
+    def __post_init__(self):
+        self.tracker = StartupTracker(self.sglang_version, expect_autotune=self.expect_autotune,
+                                      cuda_graph=self.cuda_graph)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _fail(self, message: str, service: dict, **details) -> Decision:
+        details.update(
+            phase=self.tracker.phase,
+            exit=f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}",
+            state=f"{service.get('ActiveState')}/{service.get('SubState')}",
+            log=self.tracker.relevant_lines(),
+            hints=self.tracker.fatal_hints,
+        )
+        return Decision("fail", message, details)
+
+    def observe(self, poll: dict) -> Decision:
+        now = poll["now"]
+        service = poll.get("service", {})
+        if self.started_at is None:
+            self.started_at = now
+        if self.phase_since is None:
+            self.phase_since = now
+        inv = service.get("InvocationID") or None
+        if self.invocation is None and inv:
+            self.invocation = inv
+
+        violation = None
+        for entry in poll.get("journal", []):
+            for event in self.tracker.feed(entry["msg"], entry["t"]):
+                if getattr(event, "kind", None) == "violation" and violation is None:
+                    violation = event
+        if self.tracker.phase != self.last_phase:
+            self.last_phase, self.phase_since = self.tracker.phase, now
+
+        if violation is not None:
+            return self._fail(f"startup out of order: {violation.message}", service)
+        if inv and self.invocation and inv != self.invocation:
+            return self._fail(
+                f"the service restarted during startup (invocation {self.invocation[:8]} -> "
+                f"{inv[:8]}): it crashed in phase `{self.tracker.phase}`", service)
+        active, sub = service.get("ActiveState"), service.get("SubState")
+        if active in CRASH_STATES or sub == "auto-restart" or (active == "activating" and sub == "auto-restart"):
+            return self._fail(
+                f"the server exited in phase `{self.tracker.phase}` "
+                f"(status {service.get('ExecMainCode')}/{service.get('ExecMainStatus')})", service)
+        if self.tracker.fatal:
+            # the process may still be dying: report now, the lines are conclusive
+            return self._fail(f"fatal error in phase `{self.tracker.phase}`", service)
+
+        elapsed = now - self.started_at
+        key = PHASE_DEADLINE_KEY.get(self.tracker.phase, "warmup")
+        limit = self.phase_timeouts.get(key)
+        if limit is not None and now - self.phase_since > limit:
+            return self._fail(
+                f"startup stalled in phase `{self.tracker.phase}`: no progress for "
+                f"{now - self.phase_since:.0f}s (limit {limit}s, verify_phase_timeouts.{key})",
+                service, progress=self.progress_text(now))
+        if elapsed > self.overall_timeout_s:
+            return self._fail(
+                f"not ready after {elapsed:.0f}s (verify_timeout_s {self.overall_timeout_s})",
+                service, progress=self.progress_text(now))
+
+        if not self.tracker.ready_seen:
+            return Decision("wait", self.progress_text(now))
+        # the log says ready: now the API must agree
+        health = poll.get("health") or {}
+        if health.get("status") != 200:
+            return Decision("wait", f"log says ready; /health answers {health.get('status') or health.get('error')}")
+        models = poll.get("models") or {}
+        if models.get("status") != 200:
+            return self._fail(f"/v1/models answers {models.get('status')}: {models.get('body', '')[:200]}", service)
+        try:
+            ids = [m.get("id") for m in json.loads(models["body"]).get("data", [])]
+        except (ValueError, AttributeError):
+            ids = []
+        if self.served_model_name not in ids:
+            return self._fail(f"/v1/models serves {ids}, not `{self.served_model_name}`", service)
+        if self.require_generate:
+            gen = poll.get("generate") or {}
+            if gen.get("status") != 200:
+                return self._fail(
+                    f"a one-token generation failed: {gen.get('status') or gen.get('error')} "
+                    f"{gen.get('body', '')[:200]}", service)
+        self.ready_at = now
+        return Decision("ready", f"ready after {now - self.started_at:.1f}s", {
+            "phase_durations": self.tracker.phase_durations,
+            "time_to_ready_s": round(now - self.started_at, 2),
+            "invocation": self.invocation,
+        })
+
+    def wants_http(self) -> bool:
+        return bool(self.tracker.ready_seen)
+
+    def progress_text(self, now: float) -> str:
+        parts = [f"phase {self.tracker.phase}"]
+        prog = self.tracker.shard_progress
+        if prog and self.tracker.phase in ("loading",):
+            done, total, pct = prog
+            parts.append(f"shards {done}/{total} ({pct}%)")
+        parts.append(f"elapsed {now - (self.started_at or now):.0f}s")
+        return ", ".join(parts)
+
+
+def poll_command(tool: str, service: str, port: int, host_addr: str, cursor: str | None,
+                 invocation: str | None, http: bool, generate: bool, secrets: str,
+                 journal: bool = True) -> str:
+    args = ["python3", tool, "poll", "--service", service, "--port", str(port), "--host", host_addr,
+            "--secrets", secrets]
+    if cursor:
+        args += ["--cursor", cursor]
+    if invocation:
+        args += ["--invocation", invocation]
+    if not journal:
+        args.append("--no-journal")
+    if http:
+        args.append("--http")
+        if generate:
+            args.append("--generate")
+    return shlex.join(args)
+
+
+def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port: int,
+                     host_addr: str, secrets: str, poll_s: float, log=None,
+                     clock=time.time, sleep=None) -> Decision:
+    """Poll the host until the verifier decides; raise VerifyError on failure."""
+    import gevent
+
+    sleep = sleep or gevent.sleep
+    cursor = None
+    last_shown = 0.0
+    last_text = ""
+    while True:
+        asked_http = verifier.wants_http()
+        cmd = poll_command(tool, service, port, host_addr, cursor, verifier.invocation,
+                           asked_http, verifier.require_generate, secrets)
+        ok, output = host.run_shell_command(cmd, print_output=False)
+        if not ok:
+            raise VerifyError(what="the verifier's poll of the host answers",
+                              found=f"poll failed: {output.stderr[-500:]}",
+                              fix="check the SSH connection and that python3 exists on the host")
+        poll = json.loads(output.stdout.strip().splitlines()[-1])
+        cursor = poll.get("cursor") or cursor
+        decision = verifier.observe(poll)
+        if decision.kind == "ready":
+            return decision
+        if decision.kind == "fail":
+            d = decision.details
+            lines = "\n".join(f"    {line}" for line in d.get("log", [])[-40:])
+            raise VerifyError(
+                what="the server reaches `The server is fired up and ready to roll!` and serves",
+                found=(f"{decision.message}; phase reached: {d.get('phase')}; unit "
+                       f"{d.get('state')}; exit {d.get('exit')}"
+                       + (f"; {d['progress']}" if d.get("progress") else "")
+                       + (f"\n  relevant log lines:\n{lines}" if lines else "")),
+                fix="".join(f"{h}\n" for h in d.get("hints", []))
+                    + f"read `journalctl -u {service} -b` on the host; fix the cause above and re-run "
+                    "the deploy (it converges from where it stopped)",
+            )
+        now = clock()
+        if log and (decision.message != last_text and now - last_shown >= 2.0 or now - last_shown >= 10):
+            log(decision.message)
+            last_shown, last_text = now, decision.message
+        if verifier.wants_http() and not asked_http:
+            continue  # the log just said ready: ask the API at once, not one poll interval later
+        sleep(poll_s)
+
+
+def check_serving(poll: dict, served_model_name: str, require_generate: bool) -> Decision:
+    """Pure: does a server that was NOT restarted serve? One poll (with --http) decides:
+    wait (not yet answering), ready, or fail (unit down, wrong model, generation refused)."""
+    service = poll.get("service", {})
+    state = f"{service.get('ActiveState')}/{service.get('SubState')}"
+    details = {"state": state, "invocation": service.get("InvocationID") or None,
+               "exit": f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}"}
+    if state != "active/running":
+        return Decision("fail", f"the unit is {state}, not active/running", details)
+    health = poll.get("health") or {}
+    if health.get("status") != 200:
+        return Decision("wait", f"/health answers {health.get('status') or health.get('error')}", details)
+    models = poll.get("models") or {}
+    try:
+        ids = [m.get("id") for m in json.loads(models.get("body") or "{}").get("data", [])]
+    except (ValueError, AttributeError):
+        ids = []
+    if models.get("status") != 200 or served_model_name not in ids:
+        return Decision("fail", f"/v1/models answers {models.get('status')} serving {ids}, not "
+                                f"`{served_model_name}`", details)
+    if require_generate:
+        gen = poll.get("generate") or {}
+        if gen.get("status") != 200:
+            return Decision("fail", f"a one-token generation failed: {gen.get('status') or gen.get('error')}",
+                            details)
+    return Decision("ready", "serving (not restarted)", {**details, "phase_durations": {},
+                                                          "time_to_ready_s": None})
+
+
+def wait_serving(host, *, tool: str, service: str, port: int, host_addr: str, secrets: str,
+                 served_model_name: str, require_generate: bool, timeout_s: float,
+                 poll_s: float, clock=time.monotonic, sleep=None) -> Decision:
+    """Poll a running server until it serves, or raise VerifyError at the deadline."""
+    import gevent
+
+    sleep = sleep or gevent.sleep
+    deadline = clock() + timeout_s
+    while True:
+        cmd = poll_command(tool, service, port, host_addr, None, None, True, require_generate,
+                           secrets, journal=False)
+        ok, output = host.run_shell_command(cmd, print_output=False)
+        decision = (check_serving(json.loads(output.stdout.strip().splitlines()[-1]),
+                                  served_model_name, require_generate)
+                    if ok else Decision("wait", f"poll failed: {output.stderr[-300:]}"))
+        if decision.kind == "ready":
+            return decision
+        if decision.kind == "fail" or clock() > deadline:
+            raise VerifyError(
+                what=f"the running {service} server (not restarted) answers /health, /v1/models "
+                     "and a generation",
+                found=decision.message + (f" (after {timeout_s:g}s)" if decision.kind == "wait" else ""),
+                fix=f"read `journalctl -u {service} -b` on the host; re-run the deploy, or roll "
+                    "back with `pyinfra INVENTORY rollback.py --limit HOST`")
+        sleep(poll_s)

@@ -1,0 +1,276 @@
+"""pyinfra facts: fetch raw host state in as few round trips as possible (no decisions here).
+
+Each fact asks for machine-readable output; the parsing and every decision live in the pure
+modules (``nvsmi``, ``preflight``, ``logparse``...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyinfra.api import FactBase
+
+from sglang_deploy.core import nvsmi
+
+REMOTE = Path(__file__).resolve().parent.parent / "remote"
+MARK = "@@sglang-deploy:"
+
+
+HEREDOC_END = "SGLANG_DEPLOY_EOF"
+
+
+def _heredoc(python: str, args: str, body: str) -> str:
+    """``PYTHON - ARGS`` (ARGS: shell text) with BODY as the program on stdin."""
+    assert HEREDOC_END not in body
+    return f"{python} - {args} <<'{HEREDOC_END}'\n{body}\n{HEREDOC_END}"
+
+
+def stdin_script(script: str, args: list[str], python: str = "python3") -> str:
+    """Run a shipped stdlib script with the host's python, fed on stdin (nothing written)."""
+    return _heredoc(shlex.quote(python), shlex.join(args), (REMOTE / script).read_text())
+
+
+@dataclass(frozen=True)
+class Script:
+    """A part of a ``_sections_command`` that is a shipped stdlib script (``remote/NAME``, with
+    a ``main(argv)``) and its arguments. All the Script parts of one command run in ONE
+    Python process (``remote/bundle.py``): one interpreter start and one set of imports."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+
+def _json_fact_output(output: list[str]):
+    text = "\n".join(output).strip()
+    # the object is the last line; anything before it would be stray noise
+    return json.loads(text.splitlines()[-1]) if text else None
+
+
+GPU_SECTIONS = {
+    "query-gpu.csv": nvsmi.query_command(),
+    "topo-m.txt": "nvidia-smi topo -m",
+    "topo-p2p-r.txt": "nvidia-smi topo -p2p r",
+    "topo-p2p-w.txt": "nvidia-smi topo -p2p w",
+    "dev-nvidia.txt": "ls -l /dev/nvidia*",
+}
+
+
+#: where remote/bundle.py keeps the scripts' compiled code on the host (by source sha256 and
+#: interpreter; root's, 0700, beside the deploy lock; /run: gone at reboot)
+CODE_CACHE = "/run/sglang-deploy/pyc"
+
+
+def _bundle_command(python: str, parts: list[tuple[int, str, Script]],
+                    cache: str | None = CODE_CACHE) -> str:
+    """The Python process that runs every Script part (``remote/bundle.py``), each writing its
+    own section file into the command's temp folder ``$d``; ``-I -S``: the scripts use the
+    standard library only, so no site-packages scan and no user environment. Each script's
+    compiled code is kept in ``CODE_CACHE`` by its source's sha256."""
+    spec = []
+    for i, section, s in parts:
+        source = (REMOTE / s.name).read_text()
+        spec.append((str(i), section, Path(s.name).stem, list(s.args), source,
+                     hashlib.sha256(source.encode()).hexdigest()))
+    body = (REMOTE / "bundle.py").read_text() + f"\nrun({MARK!r}, sys.argv[1], {spec!r}, {cache!r})\n"
+    return _heredoc(f"{shlex.quote(python)} -I -S", '"$d"', body)
+
+
+def _sections_command(sections: dict[str, str | Script], python: str = "python3",
+                      code_cache: str | None = CODE_CACHE) -> str:
+    """One shell command that runs every section at once (each into its own file of a private
+    temp folder) and then prints them all with one ``cat``, each between markers
+    (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given: the round
+    trip lasts as long as the slowest section. The rc marker always follows a newline of its
+    own, so it starts a line whether or not the section's output ended with one.
+
+    A section is a shell command, or a ``Script``: the Script sections share one Python
+    process (``_bundle_command``), which writes their section files itself; a Script section
+    whose file that process did not write (PYTHON missing, killed) gets the process's own
+    output and exit status instead."""
+    lines = ["LC_ALL=C; export LC_ALL", 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    scripts = [(i, name, cmd) for i, (name, cmd) in enumerate(sections.items())
+               if isinstance(cmd, Script)]
+    if scripts:
+        lines.append(f"{{ ( {_bundle_command(python, scripts, code_cache)}\n) >\"$d/py\" 2>&1; "
+                     f"echo \"$?\" >\"$d/py.rc\"; }} &")
+    for i, (name, cmd) in enumerate(sections.items()):
+        if isinstance(cmd, Script):
+            continue
+        # the command in a subshell of its own, closed on its own line: it may `exit` or end
+        # in a here-document
+        lines.append(f"( echo '{MARK}{name}'; ( {cmd}\n) 2>&1; printf '\\n{MARK}rc=%s\\n' \"$?\" ) "
+                     f'>"$d/{i}" &')
+    lines.append("wait")
+    for i, name, _ in scripts:
+        # a part run in the process itself leaves what it printed in $d/INDEX.part
+        lines.append(f'[ -e "$d/{i}" ] || {{ echo \'{MARK}{name}\'; cat "$d/{i}.part" "$d/py"; '
+                     f'rc=$(cat "$d/py.rc"); printf \'\\n{MARK}rc=%s\\n\' "${{rc:-1}}"; }} >"$d/{i}" 2>/dev/null')
+    lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(sections))))
+    return "\n".join(lines)
+
+
+_RC_LINE = re.compile(re.escape(MARK) + r"rc=(\d+)")
+
+
+def _parse_sections(output: list[str]) -> dict:
+    """``{name: {"out": text, "rc": int}}`` of a ``_sections_command`` output. A name marker
+    counts only between sections and an rc marker only as a whole line, so a section whose
+    text merely contains the marker prefix keeps it."""
+    sections: dict = {}
+    current, lines = None, []
+    for line in output:
+        if current is None:
+            if line.startswith(MARK):
+                current, lines = line[len(MARK):], []
+            continue
+        rc = _RC_LINE.fullmatch(line)
+        if rc:
+            if lines and lines[-1] == "":
+                lines.pop()  # the newline printed before the marker
+            sections[current] = {"out": "\n".join(lines) + ("\n" if lines else ""),
+                                 "rc": int(rc.group(1))}
+            current, lines = None, []
+        else:
+            lines.append(line)
+    return sections
+
+
+class CudaProbe(FactBase):
+    """
+    Result of the CUDA driver-API probe (``remote/cuda_probe.py``, ctypes over libcuda.so.1,
+    no torch) run with the system python: init, devices and, with ``p2p``, a data-verified
+    copy between every GPU pair with its bandwidth. Returns the probe's JSON object.
+    """
+
+    @staticmethod
+    def args(p2p: bool = True, mib: int = 64) -> list[str]:
+        return ["--mib", str(mib)] + (["--p2p"] if p2p else [])
+
+    def command(self, python: str = "python3", p2p: bool = True, mib: int = 64) -> str:
+        return stdin_script("cuda_probe.py", self.args(p2p=p2p, mib=mib), python=python)
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)
+
+
+class SglangHostState(FactBase):
+    """
+    Everything the runtime and service stages decide on, in one round trip: releases (with
+    their recorded patch state), the ``current`` link, the tool venv's uv version, the
+    service's ``systemctl show`` properties, the user names, ``paths`` (kind, owner, group,
+    mode, sha256 of each path given: the folders and files the deploy manages) and, with
+    ``model``, the model folder's shards; with ``dev_open``, the open test of every
+    /dev/nvidia* node as ``dev_open`` (the text of a ``dev-open.txt``).
+    """
+
+    @staticmethod
+    def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
+             cache: str | None = None, paths: tuple = (), dev_open: bool = False) -> list[str]:
+        """``hoststate.py state-json OPTIONS``: the ``state`` read with its options as one
+        JSON object, parsed on the host without argparse."""
+        opts = {"root": root, "service": service, "model": model, "secrets": secrets,
+                "cache": cache, "path": list(paths), "dev_open": dev_open}
+        return ["state-json", json.dumps(opts, sort_keys=True)]
+
+    def command(self, root: str, service: str, model: str | None = None,
+                secrets: str | None = None, python: str = "python3", cache: str | None = None,
+                paths: tuple = (), dev_open: bool = False) -> str:
+        return stdin_script("hoststate.py", self.args(root, service, model=model, secrets=secrets,
+                                                      cache=cache, paths=paths, dev_open=dev_open),
+                            python=python)
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)
+
+
+class PatchStatus(FactBase):
+    """
+    ``patch.py status`` of a release venv's site-packages, run with that venv's python.
+    Returns the JSON object (``state``, ``file``, ``version``...), or ``None`` when the venv
+    does not exist yet.
+    """
+
+    def command(self, python: str, site: str, tool: str) -> str:
+        return (f"test -x {shlex.quote(python)} || {{ echo null; exit 0; }}; "
+                f"{shlex.quote(python)} {shlex.quote(tool)} status {shlex.quote(site)} --json; true")
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)
+
+
+class ServerArgsSource(FactBase):
+    """``sglang/srt/server_args.py`` of a release venv: ``{"sha256": hex, "text": source}``
+    (``None`` if absent). Fetched only when the controller has no parsed copy of a file with
+    that sha256 (``flagcache``)."""
+
+    def command(self, site: str) -> str:
+        path = shlex.quote(f"{site}/sglang/srt/server_args.py")
+        return (f"if test -f {path}; then sha256sum {path} | cut -d' ' -f1; cat {path}; "
+                f"else echo @@missing; fi")
+
+    def process(self, output: list[str]):
+        if not output or output == ["@@missing"]:
+            return None
+        return {"sha256": output[0].strip(), "text": "\n".join(output[1:]) + "\n"}
+
+
+class HostSnapshot(FactBase):
+    """
+    The pre-flight's one round trip: the host state (``SglangHostState``, with the open test
+    of every /dev/nvidia* node) and the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
+    ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*``), run at the same time on the host.
+    Returns ``{"state": ..., "gpu": ..., "output": ...}``: ``state`` as ``SglangHostState``
+    returns it (``None`` if it printed no JSON); ``gpu`` holds each nvidia-smi / ``ls``
+    section as ``{"out", "rc"}`` under the file names of a ``doctor --collect`` folder, and
+    ``dev-open.txt`` (EPERM = the device cgroup denies the node) from the host state;
+    ``output``: the host-state part's raw text (for the error that names what went wrong).
+    The CUDA probe is a second round trip, run when the host state calls for it
+    (``preflight.probe_plan``).
+    """
+
+    def command(self, root: str, service: str, model: str | None = None,
+                secrets: str | None = None, python: str = "python3", cache: str | None = None,
+                paths: tuple = (), code_cache: str | None = CODE_CACHE) -> str:
+        state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
+                                     cache=cache, paths=paths, dev_open=True)
+        return _sections_command({"hoststate.json": Script("hoststate.py", tuple(state)),
+                                  **GPU_SECTIONS}, python=python, code_cache=code_cache)
+
+    def process(self, output: list[str]) -> dict:
+        sections = _parse_sections(output)
+        raw = (sections.get("hoststate.json") or {}).get("out", "")
+        state = None
+        # the part's stderr shares its section: the object is its last JSON line
+        for line in reversed((sections.pop("hoststate.json", None) or {}).get("out", "").splitlines()):
+            if line.startswith(("{", "null")):
+                try:
+                    state = json.loads(line)
+                    break
+                except ValueError:
+                    continue
+        if isinstance(state, dict) and "dev_open" in state:
+            sections["dev-open.txt"] = {"out": state.pop("dev_open"), "rc": 0}
+        return {"state": state, "gpu": sections, "output": raw}
+
+
+def site_packages(venv: str, python_minor: str) -> str:
+    return f"{venv}/lib/python{python_minor}/site-packages"
+
+
+class ServingProbe(FactBase):
+    """One read-only poll of the service: ``systemctl show`` and, over HTTP on the host,
+    ``/health`` and ``/v1/models`` (the API key read on the host from the secrets file)."""
+
+    def command(self, service: str, port: int, host_addr: str, secrets: str,
+                python: str = "python3") -> str:
+        args = ["poll", "--service", service, "--port", str(port), "--host", host_addr,
+                "--secrets", secrets, "--http", "--no-journal"]
+        return stdin_script("hoststate.py", args, python=python)
+
+    def process(self, output: list[str]):
+        return _json_fact_output(output)

@@ -1,0 +1,97 @@
+"""Plan records: what a ``--dry`` deploy would change on each host, and where it stands.
+
+When ``SGLANG_DEPLOY_PLAN_DIR`` is set (by ``sglang-deploy status`` and ``rollout --dry``),
+the stages write one JSON file per host into it while pyinfra prepares the operations:
+the operations that would change something (the drift), the pre-flight failures, and the
+host's state as read by the facts. Nothing is written to any host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+PLAN_ENV = "SGLANG_DEPLOY_PLAN_DIR"
+
+
+def plan_dir() -> Path | None:
+    value = os.environ.get(PLAN_ENV)
+    return Path(value) if value else None
+
+
+def _write(name: str, record: dict) -> None:
+    d = plan_dir()
+    assert d is not None
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{name}.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def preflight(name: str, checks: list) -> None:
+    """Record a failing pre-flight (the deploy would stop there)."""
+    failed = [c for c in checks if c.status == "fail"]
+    if plan_dir() is None or not failed:
+        return
+    _write(name, {"host": name, "preflight": "fail",
+                  "failed": [{"name": c.name, "message": c.message, "fix": c.fix} for c in failed],
+                  "changes": None})
+
+
+def changes(state, host) -> list[str]:
+    """Names of the host's operations that would change something, in order."""
+    out = []
+    for op_hash, data in state.ops.get(host, {}).items():
+        if data.operation_meta.will_change:
+            names = sorted(state.op_meta[op_hash].names)
+            # "Stage | Operation" -> "Operation"
+            out.append(names[0].split(" | ", 1)[-1] if names else op_hash)
+    return out
+
+
+def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dict:
+    """Pure: the status row's fields from the host state and one serving poll."""
+    svc = (serving or {}).get("service") or hoststate.get("service") or {}
+    current = hoststate.get("current")
+    rel = (hoststate.get("releases") or {}).get(current or "", {})
+    uptime = None
+    try:
+        entered = int(svc.get("ActiveEnterTimestampMonotonic") or 0)
+        if entered and svc.get("ActiveState") == "active":
+            uptime = round(float(hoststate["monotonic_now"]) - entered / 1e6)
+    except (KeyError, TypeError, ValueError):
+        uptime = None
+    health = ((serving or {}).get("health") or {}).get("status")
+    models = []
+    body = ((serving or {}).get("models") or {}).get("body")
+    if body:
+        try:
+            models = [m.get("id") for m in json.loads(body).get("data", [])]
+        except (ValueError, AttributeError):
+            models = []
+    verified = hoststate.get("last_verified") or {}
+    return {
+        "unit": f"{svc.get('ActiveState') or '?'}/{svc.get('SubState') or '?'}",
+        "uptime_s": uptime,
+        "release": current,
+        "release_wanted": release_id,
+        "sglang_version": rel.get("sglang_version"),
+        "patch_state": (rel.get("patch") or {}).get("state"),
+        "health": health,
+        "models": models,
+        "last_verified": verified.get("verified_at"),
+    }
+
+
+def record(state, host, ctx) -> None:
+    """Record the host's drift and state (only when a plan folder is set)."""
+    if plan_dir() is None:
+        return
+    from sglang_deploy.shell.facts import ServingProbe
+
+    s = ctx.settings
+    addr = "127.0.0.1" if s.sglang_host in ("0.0.0.0", "::") else s.sglang_host
+    serving = host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
+                            host_addr=addr, secrets="/etc/sglang/secrets.env",
+                            python=s.sglang_system_python)
+    _write(host.name, {"host": host.name, "preflight": "pass", "changes": changes(state, host),
+                       **status_fields(ctx.hoststate, serving, ctx.release_id)})
