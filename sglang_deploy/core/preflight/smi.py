@@ -1,0 +1,512 @@
+"""nvidia-smi and the device nodes (pure): parsed outputs -> checks, with the LXC causes."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from sglang_deploy.core.nvsmi import (
+    SmiFailure,
+    classify_smi_error,
+    driver_version_tuple,
+)
+from sglang_deploy.core.preflight.checks import (
+    HOST_VERSION_HINT,
+    NVIDIA_MAJOR,
+    NVIDIACTL_MINOR,
+    USERSPACE_FIX,
+    Check,
+    _fail,
+    _ranges,
+    cgroup_fix,
+    gpu_nodes_fix,
+    uvm_fix,
+)
+
+# ---------------------------------------------------------------------------------------
+# nvidia-smi
+
+
+SMI_DIAGNOSES: dict[SmiFailure, tuple[str, str]] = {
+    SmiFailure.DRIVER_LIBRARY_MISMATCH: (
+        "NVML driver/library version mismatch: the container's NVIDIA userspace libraries are "
+        "a different version than the kernel module loaded on the host",
+        HOST_VERSION_HINT + "\n" + USERSPACE_FIX,
+    ),
+    SmiFailure.NO_DRIVER: (
+        "nvidia-smi cannot talk to the kernel driver: /dev/nvidiactl or the GPU nodes are "
+        "missing in the container or denied by its device cgroup, or the host has no NVIDIA "
+        "module loaded",
+        "On the host: `nvidia-smi` must work and `lsmod | grep nvidia` must list the module "
+        "(Blackwell GPUs need the open kernel modules: dmesg says 'requires use of the NVIDIA "
+        "open kernel modules' otherwise).\n" + gpu_nodes_fix(["/dev/nvidia0"], include_ctl=True),
+    ),
+    SmiFailure.NVML_UNKNOWN: (
+        "NVML initialisation failed with 'Unknown Error' (999): the nodes exist but opening "
+        "them is denied (device cgroup) or the host driver state is stale",
+        cgroup_fix([NVIDIA_MAJOR, "<uvm-major>"])
+        + "\nIf the rules are in place, reload the host driver state "
+        "(`rmmod nvidia_uvm && modprobe nvidia_uvm` on the host with no GPU users) or reboot it.",
+    ),
+    SmiFailure.NO_DEVICES: (
+        "the driver answers but finds no GPU: no /dev/nvidiaN usable in the container",
+        gpu_nodes_fix(["..."]),
+    ),
+    SmiFailure.NOT_FOUND: (
+        "nvidia-smi is not installed in the container",
+        "Install the NVIDIA userspace driver (it ships nvidia-smi and libcuda) of exactly the "
+        "host's version. " + USERSPACE_FIX,
+    ),
+    SmiFailure.NVML_LIBRARY_MISSING: (
+        "libnvidia-ml.so (NVML) is missing in the container",
+        USERSPACE_FIX,
+    ),
+    SmiFailure.PERMISSION: (
+        "insufficient permissions on the NVIDIA device nodes",
+        "Run the check as root, or fix the node modes (`crw-rw-rw-`) on the host before the "
+        "bind mount; in unprivileged containers the nodes appear as nobody:nogroup.",
+    ),
+    SmiFailure.GPU_LOST: (
+        "a GPU has fallen off the bus / needs a reset",
+        "A host problem: check the host's `dmesg` for Xid 79/NVRM errors, reset the GPU "
+        "(`nvidia-smi -r -i <n>` on the host with no users) or reboot the host; check power "
+        "and PCIe seating if it repeats.",
+    ),
+    SmiFailure.UNKNOWN: (
+        "nvidia-smi failed",
+        "Run `nvidia-smi` inside the container and on the host and compare; see the output above.",
+    ),
+}
+
+
+def _first_lines(text: str, n: int = 3) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return " / ".join(lines[:n]) if lines else "(no output)"
+
+
+def check_smi(
+    rows: list[Mapping[str, str | None]] | None,
+    expected_count: int | None,
+    expected_model: str | None = None,
+    min_driver: str | None = None,
+    *,
+    error_text: str | None = None,
+    exit_code: int | None = 0,
+) -> list[Check]:
+    """Checks from the deploy's ``--query-gpu`` (rows from :func:`nvsmi.parse_query_csv`).
+
+    Pass ``rows=None`` with ``error_text``/``exit_code`` when the call failed or its output
+    did not parse: the failure is classified (:func:`nvsmi.classify_smi_error`) and the
+    count/model/driver checks are skipped. ``expected_model`` matches a GPU name
+    case-insensitively as a whole or as a part ("RTX PRO 6000 Blackwell" accepts every
+    edition, the full name only that one).
+    """
+    checks: list[Check] = []
+    names = ("gpu-count", "gpu-model", "driver-version")
+    failure = classify_smi_error(error_text or "", exit_code) if (rows is None or exit_code) else None
+    if rows is None or failure is not None:
+        kind = failure or SmiFailure.UNKNOWN
+        message, fix = SMI_DIAGNOSES[kind]
+        checks.append(
+            _fail(
+                "nvidia-smi",
+                message,
+                expected="nvidia-smi lists the GPUs",
+                found=f"exit code {exit_code if exit_code is not None else '?'}: {_first_lines(error_text or '')}",
+                fix=fix,
+                kind=kind.value,
+            )
+        )
+        checks += [Check(n, "skipped", "nvidia-smi did not answer") for n in names]
+        return checks
+    checks.append(Check("nvidia-smi", "pass", f"nvidia-smi answered ({len(rows)} GPU rows)"))
+
+    indices = []
+    for pos, row in enumerate(rows):
+        try:
+            indices.append(int(row.get("index") or pos))
+        except ValueError:
+            indices.append(pos)
+    count = len(rows)
+    if expected_count is None:
+        if count == 0:
+            checks.append(_fail("gpu-count", "no GPU listed", expected="at least 1 GPU",
+                                found="0 GPUs", fix=SMI_DIAGNOSES[SmiFailure.NO_DEVICES][1]))
+        else:
+            checks.append(Check("gpu-count", "pass", f"{count} GPUs ({_ranges(indices)})",
+                                details={"count": count}))
+    elif count < expected_count:
+        missing = [f"/dev/nvidia{i}" for i in range(expected_count) if i not in indices]
+        checks.append(
+            _fail(
+                "gpu-count",
+                f"{count} of {expected_count} GPUs visible",
+                expected=f"{expected_count} GPUs",
+                found=f"{count} GPUs" + (f" (indices {_ranges(indices)})" if indices else ""),
+                fix=gpu_nodes_fix(missing or [f"/dev/nvidia{count}"]),
+                count=count,
+            )
+        )
+    elif count > expected_count:
+        checks.append(
+            Check(
+                "gpu-count",
+                "warn",
+                f"{count} GPUs visible, {expected_count} expected: the server uses "
+                f"{expected_count}; set the expected count if the others are meant for it",
+                expected=f"{expected_count} GPUs",
+                found=f"{count} GPUs ({_ranges(indices)})",
+                details={"count": count},
+            )
+        )
+    else:
+        checks.append(Check("gpu-count", "pass", f"{count} GPUs ({_ranges(indices)})",
+                            details={"count": count}))
+
+    gpu_names = [row.get("name") or "?" for row in rows]
+    if expected_model:
+        want = " ".join(expected_model.split()).lower()
+        wrong = [(i, n) for i, n in zip(indices, gpu_names) if want not in " ".join(n.split()).lower()]
+        if wrong:
+            found = "; ".join(f"GPU{i}: {n}" for i, n in wrong)
+            checks.append(
+                _fail(
+                    "gpu-model",
+                    f"{len(wrong)} GPU(s) are not {expected_model}",
+                    expected=f"every GPU is {expected_model}",
+                    found=found,
+                    fix="Deploy to a host with the expected GPUs, or change the expected model "
+                    "(and the launch profile that was sized for it).",
+                    names=sorted(set(gpu_names)),
+                )
+            )
+        else:
+            checks.append(Check("gpu-model", "pass", f"all GPUs are {sorted(set(gpu_names))[0]}"
+                                if len(set(gpu_names)) == 1 else f"GPUs match {expected_model}"))
+    else:
+        checks.append(Check("gpu-model", "pass", ", ".join(sorted(set(gpu_names))) or "no GPUs",
+                            details={"names": sorted(set(gpu_names))}))
+
+    versions = sorted({row.get("driver_version") or "?" for row in rows})
+    if min_driver:
+        try:
+            floor = driver_version_tuple(min_driver)
+        except ValueError:
+            floor = None
+        bad = []
+        for v in versions:
+            try:
+                if floor is not None and driver_version_tuple(v) < floor:
+                    bad.append(v)
+            except ValueError:
+                bad.append(v)
+        if bad or floor is None:
+            checks.append(
+                _fail(
+                    "driver-version",
+                    f"driver {', '.join(versions)} is older than {min_driver}"
+                    if floor is not None else f"cannot compare driver versions with {min_driver!r}",
+                    expected=f"NVIDIA driver >= {min_driver}",
+                    found=", ".join(versions),
+                    fix="Upgrade the driver on the LXC host (the kernel module is the host's), "
+                    "then install the same version's userspace in the container. " + USERSPACE_FIX,
+                )
+            )
+        else:
+            checks.append(Check("driver-version", "pass", f"driver {', '.join(versions)} >= {min_driver}"))
+    elif len(versions) > 1:
+        checks.append(Check("driver-version", "warn", f"GPUs report different drivers: {', '.join(versions)}",
+                            found=", ".join(versions)))
+    else:
+        checks.append(Check("driver-version", "pass", f"driver {versions[0]}"))
+    return checks
+
+
+# ---------------------------------------------------------------------------------------
+# device nodes
+
+
+@dataclass(frozen=True)
+class DevNode:
+    path: str
+    kind: str  # 'c' char device, 'd' directory, '-' regular file, 'l' link, ...
+    major: int | None = None
+    minor: int | None = None
+    mode: str | None = None
+    owner: str | None = None
+    group: str | None = None
+
+
+_LS_LINE = re.compile(
+    r"^(?P<mode>[-bcdlps][-rwxsStT]{9})[.+@]?\s+\d+\s+(?P<owner>\S+)\s+(?P<group>\S+)\s+"
+    r"(?:(?P<major>\d+),\s*(?P<minor>\d+)|\d+)\s+(?P<rest>.+)$"
+)
+
+
+def parse_dev_listing(text: str) -> dict[str, DevNode]:
+    """Parse ``ls -l /dev/nvidia*`` (files first, then ``dir:`` sections for directories)."""
+    nodes: dict[str, DevNode] = {}
+    directory: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("total "):
+            continue
+        if stripped.endswith(":") and stripped.startswith("/"):
+            directory = stripped[:-1]
+            continue
+        m = _LS_LINE.match(stripped)
+        if not m:
+            continue
+        rest = m.group("rest")
+        name = rest.split(" -> ")[0].split()[-1]
+        path = name if name.startswith("/") else f"{directory or '/dev'}/{name}"
+        nodes[path] = DevNode(
+            path=path,
+            kind=m.group("mode")[0],
+            major=int(m.group("major")) if m.group("major") else None,
+            minor=int(m.group("minor")) if m.group("minor") else None,
+            mode=m.group("mode"),
+            owner=m.group("owner"),
+            group=m.group("group"),
+        )
+    return nodes
+
+
+def parse_open_results(text: str) -> dict[str, str | None]:
+    """Parse lines ``<path> ok`` / ``<path> <ERRNO> <message>`` -> ``{path: None|'ERRNO message'}``."""
+    out: dict[str, str | None] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 1)
+        if not parts or not parts[0].startswith("/"):
+            continue
+        status = parts[1].strip() if len(parts) > 1 else ""
+        out[parts[0]] = None if status.lower() in ("ok", "") else status
+    return out
+
+
+def _coerce_nodes(listing: str | Mapping[str, Any]) -> dict[str, DevNode]:
+    if isinstance(listing, str):
+        return parse_dev_listing(listing)
+    nodes = {}
+    for path, value in listing.items():
+        if isinstance(value, DevNode):
+            nodes[path] = value
+        elif isinstance(value, Mapping):
+            nodes[path] = DevNode(path=path, kind=value.get("kind", "c"), major=value.get("major"),
+                                  minor=value.get("minor"), mode=value.get("mode"),
+                                  owner=value.get("owner"), group=value.get("group"))
+        else:  # (major, minor)
+            major, minor = value
+            nodes[path] = DevNode(path=path, kind="c", major=major, minor=minor)
+    return nodes
+
+
+_GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
+SKIPPED_MOUNT = (
+    "{path} is an empty regular file, not a character device: the `optional` bind mount was "
+    "skipped at container start (the host had no {path} then) and `create=file` left a placeholder"
+)
+
+
+def uvm_major_of(nodes: Mapping[str, DevNode]) -> int | None:
+    for name in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+        node = nodes.get(name)
+        if node and node.kind == "c" and node.major is not None:
+            return node.major
+    return None
+
+
+def check_device_nodes(
+    listing: str | Mapping[str, Any],
+    expected_count: int | None,
+    open_errors: Mapping[str, str | None] | None = None,
+) -> list[Check]:
+    """Checks of the NVIDIA device nodes inside the container.
+
+    ``listing`` is ``ls -l /dev/nvidia*`` output or ``{path: DevNode | {kind, major, minor}
+    | (major, minor)}``. ``open_errors`` (optional, :func:`parse_open_results`) tells whether
+    each node could be opened: ``EPERM`` means the device cgroup denies it.
+    """
+    nodes = _coerce_nodes(listing)
+    checks: list[Check] = []
+    uvm_major = uvm_major_of(nodes)
+
+    gpu_nodes = {int(m.group(1)): n for p, n in nodes.items() if (m := _GPU_NODE.match(p))}
+    good = sorted(i for i, n in gpu_nodes.items() if n.kind == "c")
+    placeholders = sorted(i for i, n in gpu_nodes.items() if n.kind != "c")
+    want = range(expected_count) if expected_count else range(max(1, len(gpu_nodes)))
+    missing = [i for i in want if i not in good]
+    if missing:
+        found = f"{len(good)} GPU nodes" + (f" (/dev/nvidia{{{_ranges(good)}}})" if good else "")
+        if placeholders:
+            found += "; " + "; ".join(SKIPPED_MOUNT.format(path=f"/dev/nvidia{i}") for i in placeholders)
+        checks.append(_fail(
+            "dev-nvidia-gpus",
+            f"missing GPU device nodes: {', '.join(f'/dev/nvidia{i}' for i in missing)}",
+            expected=f"/dev/nvidia0../dev/nvidia{want[-1]} as character devices {NVIDIA_MAJOR}:N",
+            found=found,
+            fix=gpu_nodes_fix([f"/dev/nvidia{i}" for i in missing]),
+            missing=missing,
+        ))
+    else:
+        wrong_major = [i for i in good if gpu_nodes[i].major not in (None, NVIDIA_MAJOR)]
+        if wrong_major:
+            checks.append(Check("dev-nvidia-gpus", "warn",
+                                f"GPU nodes with a major other than {NVIDIA_MAJOR}: {wrong_major}",
+                                expected=f"major {NVIDIA_MAJOR}", found=str(wrong_major)))
+        else:
+            checks.append(Check("dev-nvidia-gpus", "pass", f"{len(good)} GPU nodes (/dev/nvidia{{{_ranges(good)}}})"))
+
+    ctl = nodes.get("/dev/nvidiactl")
+    if ctl is None or ctl.kind != "c":
+        checks.append(_fail(
+            "dev-nvidiactl",
+            "/dev/nvidiactl is missing" if ctl is None else SKIPPED_MOUNT.format(path="/dev/nvidiactl"),
+            expected=f"/dev/nvidiactl, character device {NVIDIA_MAJOR}:{NVIDIACTL_MINOR}",
+            found="absent" if ctl is None else f"{ctl.mode}",
+            fix=gpu_nodes_fix(["/dev/nvidiactl"]),
+        ))
+    else:
+        checks.append(Check("dev-nvidiactl", "pass", f"/dev/nvidiactl {ctl.major}:{ctl.minor}"))
+
+    uvm = nodes.get("/dev/nvidia-uvm")
+    if uvm is None or uvm.kind != "c":
+        why = ("/dev/nvidia-uvm is missing: CUDA cannot initialise without it (cuInit returns "
+               "999 CUDA_ERROR_UNKNOWN) although nvidia-smi works"
+               if uvm is None else SKIPPED_MOUNT.format(path="/dev/nvidia-uvm"))
+        checks.append(_fail(
+            "dev-nvidia-uvm",
+            why,
+            expected="/dev/nvidia-uvm, a character device (major of nvidia-uvm)",
+            found="absent" if uvm is None else f"{uvm.mode} (regular file)",
+            fix=uvm_fix(uvm_major),
+        ))
+    else:
+        checks.append(Check("dev-nvidia-uvm", "pass", f"/dev/nvidia-uvm {uvm.major}:{uvm.minor}"))
+
+    tools = nodes.get("/dev/nvidia-uvm-tools")
+    if tools is None or tools.kind != "c":
+        checks.append(Check(
+            "dev-nvidia-uvm-tools", "warn",
+            "/dev/nvidia-uvm-tools is missing (CUDA runs without it; profilers and some "
+            "tools need it)",
+            fix="\n".join(uvm_fix(uvm_major).splitlines()[:4]),
+            expected="/dev/nvidia-uvm-tools", found="absent" if tools is None else "regular file",
+        ))
+    else:
+        checks.append(Check("dev-nvidia-uvm-tools", "pass", f"/dev/nvidia-uvm-tools {tools.major}:{tools.minor}"))
+
+    if not open_errors:
+        checks.append(Check("dev-cgroup", "skipped",
+                            "open test not run" if open_errors is None else "no node to open"))
+        return checks
+    checks.append(check_open_results(open_errors, nodes, expected_count))
+    return checks
+
+
+#: errno names of an open() that the device cgroup refused (cgroup v1 and v2 BPF: EPERM)
+CGROUP_DENIED = ("EPERM", "1")
+#: errno names of an open() the cgroup PERMITTED but no driver instance answered
+#: (no such device behind the node: stale node after a driver reload, or no kernel driver)
+NO_DEVICE = ("ENXIO", "ENODEV", "6", "19")
+
+
+def classify_open(error: str | None) -> str:
+    """'ok' | 'denied' (device cgroup) | 'access' (mode/owner) | 'missing' | 'no-device' | 'other'."""
+    if not error:
+        return "ok"
+    name = error.split()[0]
+    if name in CGROUP_DENIED:
+        return "denied"
+    if name in ("EACCES", "13"):
+        return "access"
+    if name in ("ENOENT", "2"):
+        return "missing"
+    if name in NO_DEVICE:
+        return "no-device"
+    return "other"
+
+
+def required_node(path: str, expected_count: int | None = None) -> bool:
+    """Nodes CUDA needs: nvidiactl, nvidia-uvm and the expected GPUs' nodes (not uvm-tools,
+    modeset, nvswitch... nor GPUs beyond the expected count)."""
+    if path in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
+        return True
+    m = _GPU_NODE.match(path)
+    return bool(m) and (expected_count is None or int(m.group(1)) < expected_count)
+
+
+def check_open_results(open_errors: Mapping[str, str | None],
+                       nodes: Mapping[str, DevNode] | None = None,
+                       expected_count: int | None = None) -> Check:
+    """The ``dev-cgroup`` check from the open test (``dev-open.txt``: each /dev/nvidia* node
+    opened read-write, non-blocking).
+
+    EPERM: the container's device cgroup denies the node (fail, with the allow lines for the
+    real majors). EACCES: the node's mode/owner (or, on some kernels, the cgroup) refuses
+    it. ENOENT: the node vanished. ENXIO/ENODEV: the cgroup PERMITTED the open and no driver
+    instance answered: not a cgroup problem (whether CUDA works is the CUDA probe's verdict).
+    Nodes CUDA does not need (:func:`required_node`: uvm-tools, modeset, GPUs beyond the
+    expected count) only warn.
+    """
+    nodes = nodes or {}
+    kinds: dict[str, list[str]] = {}
+    for path, error in sorted(open_errors.items()):
+        kinds.setdefault(classify_open(error), []).append(path)
+    listed = "; ".join
+    found_of = lambda paths: listed(f"{p}: {open_errors[p]}" for p in paths)  # noqa: E731
+    uvm_major = uvm_major_of(nodes)
+    expected = "every /dev/nvidia* node can be opened (read-write)"
+    if kinds.get("denied") or kinds.get("access"):
+        denied = kinds.get("denied", []) + kinds.get("access", [])
+        majors: list[int | str] = []
+        for path in denied:
+            node = nodes.get(path)
+            major = node.major if node and node.major is not None else (
+                NVIDIA_MAJOR if _GPU_NODE.match(path) or path == "/dev/nvidiactl" else "<uvm-major>")
+            if major not in majors:
+                majors.append(major)
+        # the container needs both families; the uvm major is read from the node itself
+        for major in (NVIDIA_MAJOR, uvm_major):
+            if major is not None and major not in majors:
+                majors.append(major)
+        if kinds.get("denied"):
+            message = ("the container's device cgroup denies opening "
+                       + ", ".join(kinds["denied"]) + " (EPERM)")
+            fix = cgroup_fix(sorted(majors, key=str))
+            if kinds.get("access"):
+                message += "; permission denied (EACCES) on " + ", ".join(kinds["access"])
+        else:
+            message = ("opening " + ", ".join(kinds["access"]) + " is refused (EACCES): the "
+                       "node's mode/owner, or the container's device cgroup")
+            fix = ("EACCES: give the nodes mode `crw-rw-rw-` on the LXC host before the bind "
+                   "mount (unprivileged containers see them as nobody:nogroup, which is fine "
+                   "with that mode); if the mode is right, the device cgroup refuses them:\n"
+                   + cgroup_fix(sorted(majors, key=str)))
+        details = {"denied": sorted(kinds.get("denied", [])),
+                   "refused": sorted(kinds.get("access", []))}
+        if not any(required_node(p, expected_count) for p in denied):
+            return Check("dev-cgroup", "warn", message + " (nodes CUDA does not need)",
+                         fix=fix, expected=expected, found=found_of(denied), details=details)
+        return _fail("dev-cgroup", message, expected=expected, found=found_of(denied), fix=fix,
+                     **details)
+    if kinds.get("missing"):
+        return _fail("dev-cgroup", "NVIDIA device nodes vanished while being opened (ENOENT)",
+                     expected=expected, found=found_of(kinds["missing"]),
+                     fix=gpu_nodes_fix(kinds["missing"]), missing=kinds["missing"])
+    if kinds.get("other"):
+        return Check("dev-cgroup", "warn", "some NVIDIA device nodes fail to open for another "
+                     "reason: " + found_of(kinds["other"]), expected=expected,
+                     found=found_of(kinds["other"]),
+                     fix="compare `ls -l /dev/nvidia*` inside the container and on the host")
+    permitted = len(open_errors)
+    no_device = kinds.get("no-device", [])
+    if no_device:
+        return Check("dev-cgroup", "pass",
+                     f"the device cgroup permits all {permitted} nodes; {len(no_device)} answer "
+                     "ENXIO/ENODEV (no driver instance behind them: the CUDA probe decides)",
+                     details={"no_device": no_device})
+    return Check("dev-cgroup", "pass", f"all {permitted} nodes open read-write")
+
+
