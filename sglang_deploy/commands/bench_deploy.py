@@ -12,7 +12,7 @@ from pyinfra.operations import python
 
 from sglang_deploy.commands import bench
 from sglang_deploy.core import data
-from sglang_deploy.shell.stages import SECRETS_FILE
+from sglang_deploy.core.service import SECRETS_FILE
 
 settings = data.resolve(host.data.dict())
 python.call(

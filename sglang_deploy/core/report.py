@@ -10,20 +10,22 @@ from pathlib import Path
 REPORT_DIR = Path(os.environ.get("SGLANG_DEPLOY_REPORTS", ".sglang-deploy/reports"))
 
 
-def host_summary(name: str, ctx, decision) -> dict:
+def host_summary(name: str, params: dict, decision) -> dict:
+    """The summary of one verification: PARAMS (``service.verify_params``) and the verifier's
+    decision."""
     d = decision.details
     return {
         "host": name,
-        "release": ctx.release_id,
-        "sglang_version": ctx.sglang_version,
-        "patch_state": ctx.patch_state,
-        "served_model_name": ctx.settings.served_model_name,
+        "release": params["release"],
+        "sglang_version": params["sglang_version"],
+        "patch_state": params.get("patch_state"),
+        "served_model_name": params["served_model_name"],
         "invocation": d.get("invocation"),
         "phase_durations_s": {k: round(v, 2) for k, v in (d.get("phase_durations") or {}).items()},
         "time_to_ready_s": d.get("time_to_ready_s"),
         # wall clock (epoch s) of the ready decision on the controller, for latency measurements
         "verified_epoch_s": round(time.time(), 3),
-        "nccl_env": ctx.nccl_env,
+        "nccl_env": params.get("nccl_env") or {},
     }
 
 

@@ -15,9 +15,8 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.operations import files
 
-from sglang_deploy.core import flagcache
+from sglang_deploy.core import flagcache, modelfetch
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import modelfetch
 from sglang_deploy.core.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
 from sglang_deploy.shell.facts import ServerArgsSource
 
@@ -355,46 +354,36 @@ def daemon_reload():
 
 
 @operation()
-def known_good_restored(root: str, service: str, known_good: dict, unit_sha256: str | None,
-                        secrets_sha256: str | None, current: str | None, secrets: str):
+def known_good_restored(layout, release: str, restore: tuple[str, ...]):
     """
     Put the host back on its last known-good configuration (kept in ``ROOT/known-good/`` by
-    the verifier): unit file, secrets file and the ``current`` link; then ``daemon-reload``.
-    Yields nothing when the host already runs that configuration.
+    the verifier): what RESTORE names of the unit file, the secrets file (``secrets``, or
+    ``no-secrets`` when the known-good configuration had none) and the ``current`` link; then
+    ``daemon-reload``. Yields nothing when RESTORE is empty.
 
-    + root: sglang root folder
-    + service: unit name without ``.service``
-    + known_good: the ``known_good`` entry of ``SglangHostState`` (record and file hashes)
-    + unit_sha256: sha256 of the live unit file
-    + secrets_sha256: sha256 of the live secrets file
-    + current: release the ``current`` link points to
-    + secrets: path of the live secrets file
+    + layout: the host's ``service.Layout``
+    + release: the known-good release id
+    + restore: from ``service.rollback_plan``
 
     **Example:**
 
     .. code:: python
 
-        known_good_restored(root="/opt/sglang", service="sglang", known_good=hs["known_good"],
-                            unit_sha256=hs["unit_sha256"], secrets_sha256=hs["secrets_sha256"],
-                            current=hs["current"], secrets="/etc/sglang/secrets.env")
+        plan = service.rollback_plan(host.name, hoststate, settings.sglang_root)
+        known_good_restored(layout=Layout.of(settings), release=plan.params["release"],
+                            restore=plan.restore)
     """
-    kg = f"{root}/known-good"
-    release = known_good["record"]["release"]
-    unit = f"/etc/systemd/system/{service}.service"
-    changed = []
-    if unit_sha256 != known_good.get("unit_sha256"):
-        changed.append(f"install -m 644 {shlex.quote(kg + '/unit.service')} {shlex.quote(unit)}")
-    if secrets_sha256 != known_good.get("secrets_sha256"):
-        if known_good.get("secrets_sha256"):
-            changed.append(f"install -m 600 -o root -g root {shlex.quote(kg + '/secrets.env')} {shlex.quote(secrets)}")
-        else:
-            changed.append(f"rm -f {shlex.quote(secrets)}")
-    if current != release:
-        changed.append(f"ln -sfn {shlex.quote(root + '/releases/' + release)} {shlex.quote(root + '/current')}")
-    if not changed:
+    if not restore:
         host.noop(f"the host runs its known-good configuration (release {release})")
         return
-    yield from changed
+    kg, q = layout.known_good(), shlex.quote
+    steps = {
+        "unit": f"install -m 644 {q(kg + '/unit.service')} {q(layout.unit_file)}",
+        "secrets": f"install -m 600 -o root -g root {q(kg + '/secrets.env')} {q(layout.secrets_file)}",
+        "no-secrets": f"rm -f {q(layout.secrets_file)}",
+        "current": f"ln -sfn {q(layout.release_dir(release))} {q(layout.current)}",
+    }
+    yield from (steps[name] for name in restore)
     yield "systemctl daemon-reload"
 
 

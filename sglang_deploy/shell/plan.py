@@ -86,12 +86,12 @@ def record(state, host, ctx) -> None:
     """Record the host's drift and state (only when a plan folder is set)."""
     if plan_dir() is None:
         return
+    from sglang_deploy.core import service
     from sglang_deploy.shell.facts import ServingProbe
 
     s = ctx.settings
-    addr = "127.0.0.1" if s.sglang_host in ("0.0.0.0", "::") else s.sglang_host
     serving = host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
-                            host_addr=addr, secrets="/etc/sglang/secrets.env",
-                            python=s.sglang_system_python)
+                            host_addr=service.probe_address(s.sglang_host),
+                            secrets=service.SECRETS_FILE, python=s.sglang_system_python)
     _write(host.name, {"host": host.name, "preflight": "pass", "changes": changes(state, host),
                        **status_fields(ctx.hoststate, serving, ctx.release_id)})

@@ -162,7 +162,7 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
     assert sorted(changed(out)) == sorted([
         "Service: launch flags, secrets, systemd unit, (re)start | Unit /etc/systemd/system/sglang.service",
         "Service: launch flags, secrets, systemd unit, (re)start | systemd daemon-reload",
-        "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit, secrets, release or patch changed)",
+        "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit changed)",
         "Verify: block until the model really serves | Verify startup, API and a one-token generation",
     ])
     assert invocation(testbed, TB1) != before

@@ -1,0 +1,298 @@
+"""The service decisions (pure): where everything lives on a host, how the server is launched,
+its environment, why a restart is due, what to do with a server no deploy verified, what the
+verifier expects, and what a rollback restores.
+
+``shell/stages.py`` reads the host's state (facts), asks these functions, and adds operations.
+Nothing here talks to a host or to pyinfra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from sglang_deploy.core import flags as flagmod
+from sglang_deploy.core.errors import DataError, RollbackError
+
+SECRETS_DIR = "/etc/sglang"
+SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
+HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
+#: scripts shipped to ROOT/tools (patch.py from sglang_deploy/core, the others from remote/)
+TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py")
+#: what, having changed in this run, restarts the server (besides the unit and the secrets)
+RESTART_TRIGGERS = ("release", "patch", "model")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# the host layout: every path the deploy keeps, defined once
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths on one host, from its data (``sglang_root``, ``sglang_service``, ...)."""
+
+    root: str
+    service: str
+    cache_dir: str
+    home: str
+    user: str
+
+    @classmethod
+    def of(cls, settings) -> Layout:
+        return cls(root=settings.sglang_root, service=settings.sglang_service,
+                   cache_dir=settings.sglang_cache_dir, home=settings.sglang_home,
+                   user=settings.sglang_user)
+
+    secrets_dir = SECRETS_DIR
+    secrets_file = SECRETS_FILE
+    hf_token_file = HF_TOKEN_FILE
+
+    @property
+    def unit_file(self) -> str:
+        return f"/etc/systemd/system/{self.service}.service"
+
+    @property
+    def releases(self) -> str:
+        return f"{self.root}/releases"
+
+    @property
+    def tools(self) -> str:
+        return f"{self.root}/tools"
+
+    @property
+    def current(self) -> str:
+        return f"{self.root}/current"
+
+    @property
+    def uv_cache(self) -> str:
+        return f"{self.root}/uv-cache"
+
+    @property
+    def p2p_record(self) -> str:
+        return f"{self.root}/p2p-verified.json"
+
+    @property
+    def last_verified(self) -> str:
+        return f"{self.root}/last-verified.json"
+
+    def known_good(self, promote: bool = True) -> str:
+        """Where a verified configuration is kept: ``known-good`` (the rollback target), or
+        ``known-good.candidate`` when a gate must pass before it is promoted."""
+        return f"{self.root}/known-good" if promote else f"{self.root}/known-good.candidate"
+
+    def tool(self, name: str) -> str:
+        return f"{self.tools}/{name}"
+
+    def release_dir(self, release_id: str) -> str:
+        return f"{self.releases}/{release_id}"
+
+    def release_lock(self, release_id: str) -> str:
+        return f"{self.release_dir(release_id)}/requirements.lock"
+
+    def patch_record(self, release_id: str) -> str:
+        return f"{self.release_dir(release_id)}/autotune-patch.json"
+
+    def venv_python(self, release_id: str) -> str:
+        return f"{self.release_dir(release_id)}/venv/bin/python"
+
+    def site(self, release_id: str, python_minor: str) -> str:
+        return f"{self.release_dir(release_id)}/venv/lib/python{python_minor}/site-packages"
+
+    def folders(self) -> list[tuple[str, str, str]]:
+        """(path, owner, mode) of every folder the runtime stage keeps."""
+        return [
+            (self.root, "root", "755"), (self.releases, "root", "755"), (self.tools, "root", "755"),
+            (self.cache_dir, self.user, "750"), (self.home, self.user, "750"),
+            (self.secrets_dir, "root", "700"), (self.uv_cache, "root", "700"),
+        ]
+
+    def state_paths(self, release_id: str) -> tuple[str, ...]:
+        """Folders and files whose state the host-state read reports in its one round trip."""
+        return (*(p for p, _, _ in self.folders()), *(self.tool(t) for t in TOOLS),
+                self.release_lock(release_id), self.unit_file, self.current, self.p2p_record)
+
+
+# ---------------------------------------------------------------------------------------
+# the release (from the controller's lock file)
+
+
+def release_of_lock(text: str, path: str) -> tuple[str, str]:
+    """(release id, sglang version) of a lock's TEXT: the id is the text's hash, so a new lock
+    is a new release folder. Raises DataError for a lock without an sglang pin or hashes."""
+    m = re.search(r"^sglang==([^\s\\;]+)", text, re.MULTILINE)
+    if not m:
+        raise DataError(key="sglang_lock", what="the lock pins sglang==VERSION",
+                        found=f"no sglang pin in {path}", fix="add sglang to the .in file and re-lock")
+    if "--hash=sha256:" not in text:
+        raise DataError(key="sglang_lock", what="a lock with hashes", found=f"{path} has no hashes",
+                        fix="regenerate it with `sglang-deploy lock` (uses --generate-hashes)")
+    return sha256_text(text)[:16], m.group(1)
+
+
+# ---------------------------------------------------------------------------------------
+# the launch command and the environment
+
+
+def flag_map(settings, *, with_api_key: bool = False) -> dict[str, Any]:
+    """The launch flags: ``sglang_flags`` plus the flags that come from their own keys. The API
+    key never goes into argv (the launcher reads it from the environment); WITH_API_KEY adds a
+    placeholder so that the flag check knows the server will get ``--api-key``."""
+    s = settings
+    out = {**s.sglang_flags, "model-path": s.sglang_model_path, "host": s.sglang_host,
+           "port": s.sglang_port}
+    if s.sglang_served_model_name:
+        out["served-model-name"] = s.sglang_served_model_name
+    if with_api_key and s.api_key:
+        out["api-key"] = "<secret>"
+    return out
+
+
+def launch_argv(settings, layout: Layout, release_id: str) -> list[str]:
+    """ExecStart's words: the release's python runs the launcher, which runs the server."""
+    python = layout.venv_python(release_id)
+    command = [c.replace("{python}", python) for c in settings.sglang_launch_command]
+    return [python, layout.tool("launch.py"), *command, *flagmod.render_flags(flag_map(settings))]
+
+
+def service_environment(settings, nccl_env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The unit's non-secret environment: the persistent caches, offline hub, NCCL's P2P
+    settings from the pre-flight, then the operator's ``sglang_env`` (which wins)."""
+    cache = settings.sglang_cache_dir
+    env = {
+        "HOME": settings.sglang_home,
+        "SGLANG_CACHE_DIR": cache,
+        "FLASHINFER_WORKSPACE_BASE": cache,
+        "XDG_CACHE_HOME": cache,
+        "TRITON_CACHE_DIR": f"{cache}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **nccl_env,
+        **{k: str(v) for k, v in settings.sglang_env.items()},
+    }
+    return sorted(env.items())
+
+
+def unit_patch_state(patch_state: str) -> str:
+    """The patch state written into the unit: "applied" whether it happened in this run or an
+    earlier one, so that the unit does not change between runs."""
+    return "applied" if patch_state == "already-applied" else patch_state
+
+
+def probe_address(bind: str) -> str:
+    """Where the host itself reaches the server (a wildcard bind answers on loopback)."""
+    return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+
+
+# ---------------------------------------------------------------------------------------
+# restarts and servers no deploy verified
+
+
+def restart_reasons(*, unit_text: str, unit_sha256: str | None, secrets_text: str,
+                    secrets_sha256: str | None, changing: Iterable[str] = ()) -> list[str]:
+    """Why this run restarts the server: ``unit`` and ``secrets`` when the rendered text differs
+    from the host's file (by sha256), plus each of RESTART_TRIGGERS that this run changes
+    (CHANGING: the names of those operations that will change). Empty: no restart is due."""
+    reasons = []
+    if sha256_text(unit_text) != unit_sha256:
+        reasons.append("unit")
+    if sha256_text(secrets_text) != secrets_sha256:
+        reasons.append("secrets")
+    reasons += [k for k in RESTART_TRIGGERS if k in set(changing)]
+    return reasons
+
+
+def runs_unverified(service: Mapping[str, Any], last_verified: Mapping[str, Any] | None,
+                    will_start: bool) -> bool:
+    """Does the unit run an invocation that no deploy verified (started at boot, by hand, or
+    by a deploy that stopped half-way)? A unit this run starts is not such a server."""
+    invocation = service.get("InvocationID")
+    return bool(invocation) and not will_start and \
+        invocation != (last_verified or {}).get("invocation")
+
+
+def unverified_action(serves: bool, restart_due: bool) -> str:
+    """What to do with a server that runs but was never verified:
+
+    - ``"verify"``: it serves (health and the model answer) and nothing else restarts it: verify
+      it as it is (a reload costs a model load);
+    - ``"restart"``: it does not serve (a failed start, a hang, a deadline passed): restart it and
+      verify, so that a re-run after the fault converges;
+    - ``"none"``: it serves and a change restarts it anyway (verified after that restart).
+    """
+    if not serves:
+        return "restart"
+    return "none" if restart_due else "verify"
+
+
+# ---------------------------------------------------------------------------------------
+# what the verifier expects
+
+
+def expect_autotune(sglang_flags: Mapping[str, Any], patch_state: str) -> bool:
+    """Must the log show FlashInfer autotune? Only for the CUTLASS MoE backend, when autotune
+    is not disabled and the allow-list has it (patched, or enabled upstream)."""
+    flags = flagmod.normalise(sglang_flags)
+    if flags.get("--disable-flashinfer-autotune"):
+        return False
+    return flags.get("--moe-runner-backend") == "flashinfer_cutlass" and patch_state in (
+        "applied", "already-applied", "enabled-upstream")
+
+
+def verify_params(settings, *, release_id: str, sglang_version: str, patch_state: str,
+                  nccl_env: Mapping[str, str]) -> dict[str, Any]:
+    """What the verifier expects of this configuration. Kept in the known-good record, so
+    that a rollback verifies the old configuration by its own standards."""
+    flags = flagmod.normalise(settings.sglang_flags)
+    return {"release": release_id, "sglang_version": sglang_version, "patch_state": patch_state,
+            "served_model_name": settings.served_model_name,
+            "expect_autotune": expect_autotune(settings.sglang_flags, patch_state),
+            "cuda_graph": not flags.get("--disable-cuda-graph"), "nccl_env": dict(nccl_env)}
+
+
+# ---------------------------------------------------------------------------------------
+# rollback
+
+
+@dataclass(frozen=True)
+class RollbackPlan:
+    params: dict[str, Any]
+    #: what differs from the known-good copy and is restored: "unit", "secrets" (or
+    #: "no-secrets": the known-good configuration had no secrets file), "current"
+    restore: tuple[str, ...]
+    #: restart the service (something was restored, or it does not run)
+    restart: bool
+
+
+def rollback_plan(host_name: str, hoststate: Mapping[str, Any], root: str) -> RollbackPlan:
+    """What a rollback does on a host, from its state (raises RollbackError when there is
+    nothing to roll back to)."""
+    kg = hoststate.get("known_good")
+    if not kg:
+        raise RollbackError(
+            what=f"a known-good configuration on {host_name} ({root}/known-good/)",
+            found="none: this host never passed verification",
+            fix="nothing to roll back to: fix the cause and deploy it "
+                "(`pyinfra INVENTORY deploy.py --limit HOST`)")
+    params = kg["record"]
+    if not (hoststate["releases"].get(params["release"]) or {}).get("complete"):
+        raise RollbackError(
+            what=f"the known-good release {params['release']} installed on {host_name}",
+            found="its venv is missing or incomplete",
+            fix="deploy with the lock of that release, or deploy the current one after fixing it")
+    restore = []
+    if hoststate.get("unit_sha256") != kg.get("unit_sha256"):
+        restore.append("unit")
+    if hoststate.get("secrets_sha256") != kg.get("secrets_sha256"):
+        restore.append("secrets" if kg.get("secrets_sha256") else "no-secrets")
+    if hoststate.get("current") != params["release"]:
+        restore.append("current")
+    svc = hoststate["service"]
+    serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
+    return RollbackPlan(params=params, restore=tuple(restore), restart=bool(restore) or not serving)
