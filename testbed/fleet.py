@@ -372,10 +372,8 @@ def ensure_wheelhouse(state: dict) -> list[str]:
     return result["fetched"]
 
 
-#: /usr/bin/nvidia-smi is the C fast path (testbed/gpu/nvidia_smi_fast.c); what it cannot
-#: answer it execs this launcher of the Python stand-in, installed at SMI_FALLBACK (the path
-#: compiled into the binary: testbed.gpu.build.SMI_FALLBACK)
-SMI_FALLBACK = "/usr/lib/testbed-gpu/nvidia-smi.py"
+#: /usr/bin/nvidia-smi: a launcher importing the Python stand-in as a module (byte-compiled
+#: once, not on every call)
 SMI_LAUNCHER = """#!/usr/bin/python3 -I
 # testbed stand-in for nvidia-smi: /usr/lib/testbed-gpu/nvidia_smi.py
 import sys
@@ -388,7 +386,6 @@ sys.exit(main())
 @dataclass
 class Assets:
     nvidia_smi: Path | None
-    nvidia_smi_fast: Path | None  # the compiled fast path, installed as /usr/bin/nvidia-smi
     libcuda: Path | None
     sim_dir: Path | None
     make_model_dir: object | None
@@ -402,21 +399,15 @@ def prepare_assets(state: dict) -> Assets:
     if not smi.exists():
         smi = None
         missing.append("testbed/gpu/nvidia_smi.py")
-    libcuda = smi_fast = None
+    libcuda = None
     try:
-        from testbed.gpu.build import SMI_FALLBACK as built_fallback
-        from testbed.gpu.build import build_libcuda, build_nvidia_smi
+        from testbed.gpu.build import build_libcuda
     except ImportError as e:
         missing.append(f"testbed/gpu/build.py ({e})")
     else:
         out = Path(state["state_dir"]) / "gpu-build"
         out.mkdir(parents=True, exist_ok=True)
         libcuda = Path(build_libcuda(out))
-        # no silent slow path: a failed build raises (gcc is needed for libcuda anyway)
-        smi_fast = Path(build_nvidia_smi(out))
-        if built_fallback != SMI_FALLBACK:
-            raise TestbedError(f"nvidia-smi fast path falls back to {built_fallback}, "
-                               f"the launcher is installed at {SMI_FALLBACK}")
     sim_dir = REPO / "testbed/sim"
     if not (sim_dir / "launch_server.py").exists():
         sim_dir = None
@@ -428,7 +419,7 @@ def prepare_assets(state: dict) -> Assets:
         missing.append(f"testbed/sim/model.py ({e})")
     for m in missing:
         log(f"WARNING: stand-in not available yet, hosts will lack it: {m}")
-    return Assets(smi, smi_fast, libcuda, sim_dir, make_model_dir, missing)
+    return Assets(smi, libcuda, sim_dir, make_model_dir, missing)
 
 
 # --------------------------------------------------------------------------- one host
@@ -478,15 +469,8 @@ def _populate(state: dict, h: dict, assets: Assets) -> str:
     _write(root / "etc/testbed/gpu.env", GPU_ENV_DEFAULT)
     _write(root / "etc/testbed/sim.env", SIM_ENV_DEFAULT)
     if assets.nvidia_smi:
-        # a launcher importing the stand-in as a module: byte-compiled once, not on every call
-        # (a real nvidia-smi is a compiled binary; the hosts share this machine's 2 cores)
         _write(root / "usr/lib/testbed-gpu/nvidia_smi.py", assets.nvidia_smi.read_bytes(), 0o644)
-        if assets.nvidia_smi_fast:
-            # the C fast path answers the deploy's calls and execs the launcher for the rest
-            _write(root / SMI_FALLBACK.lstrip("/"), SMI_LAUNCHER, 0o755)
-            _write(root / "usr/bin/nvidia-smi", assets.nvidia_smi_fast.read_bytes(), 0o755)
-        else:
-            _write(root / "usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755)
+        _write(root / "usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755)
     if assets.libcuda:
         libdir = root / "usr/lib/x86_64-linux-gnu"
         _write(libdir / "libcuda.so.1", assets.libcuda.read_bytes(), 0o755)

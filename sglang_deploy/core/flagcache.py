@@ -1,10 +1,10 @@
 """The controller's cache of parsed ``server_args.py`` files, keyed by the file's sha256.
 
-Reading the flag declarations of a 350 KB ``server_args.py`` costs about 0.35 s of controller
-CPU, and fetching it from each host 350 KB per host per run. Every host of a release has the
-same file, and a release never changes it, so the host reports the file's sha256 (in the
-host-state round trip) and the controller reuses the spec it parsed before from a file with
-that sha256. The key also names the parser (a hash of ``flags.py``), so a changed parser
+Reading the flag declarations of a ``server_args.py`` (a large file) costs controller CPU,
+and fetching it costs its size per host per run. Every host of a release has the same file,
+and a release never changes it, so the host reports the file's sha256 (in the host-state
+round trip) and the controller reuses the spec it parsed before from a file with that
+sha256. The key also names the parser (a hash of ``flags.py``), so a changed parser
 never reads an old entry. A missing, unreadable or corrupt entry is a miss, never an error.
 """
 

@@ -499,8 +499,7 @@ class SmiFailure(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
-# Written in lower case and searched for in the lower-cased text: as case-insensitive as
-# re.I, at a third of its cost (the pre-flight classifies every section of every host).
+# Written in lower case and searched for in the lower-cased text (as case-insensitive as re.I).
 _FAILURE_PATTERNS: list[tuple[re.Pattern[str], SmiFailure]] = [
     (re.compile(r"driver/library version mismatch"), SmiFailure.DRIVER_LIBRARY_MISMATCH),
     (re.compile(r"couldn't communicate with the nvidia driver|unable to communicate with the nvidia driver"),

@@ -389,13 +389,8 @@ def emit(report):
     sys.stdout.flush()
 
 
-def _formatter(prog):
-    return argparse.HelpFormatter(prog, width=100)
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=_formatter)  # fixed width: no shutil
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--p2p", action="store_true", help="copy between every ordered GPU pair")
     parser.add_argument("--mib", type=float, default=64, help="copy size in MiB (default 64)")
     parser.add_argument("--iters", type=int, default=3, help="timed copies per pair (default 3)")

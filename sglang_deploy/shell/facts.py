@@ -6,11 +6,9 @@ modules (``nvsmi``, ``preflight``, ``logparse``...).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra.api import FactBase
@@ -24,25 +22,12 @@ MARK = "@@sglang-deploy:"
 HEREDOC_END = "SGLANG_DEPLOY_EOF"
 
 
-def _heredoc(python: str, args: str, body: str) -> str:
-    """``PYTHON - ARGS`` (ARGS: shell text) with BODY as the program on stdin."""
-    assert HEREDOC_END not in body
-    return f"{python} - {args} <<'{HEREDOC_END}'\n{body}\n{HEREDOC_END}"
-
-
 def stdin_script(script: str, args: list[str], python: str = "python3") -> str:
-    """Run a shipped stdlib script with the host's python, fed on stdin (nothing written)."""
-    return _heredoc(shlex.quote(python), shlex.join(args), (REMOTE / script).read_text())
-
-
-@dataclass(frozen=True)
-class Script:
-    """A part of a ``_sections_command`` that is a shipped stdlib script (``remote/NAME``, with
-    a ``main(argv)``) and its arguments. All the Script parts of one command run in ONE
-    Python process (``remote/bundle.py``): one interpreter start and one set of imports."""
-
-    name: str
-    args: tuple[str, ...] = ()
+    """Run a shipped stdlib script with the host's python, its source fed on stdin through a
+    here-document (nothing written on the host)."""
+    body = (REMOTE / script).read_text()
+    assert HEREDOC_END not in body
+    return f"{shlex.quote(python)} - {shlex.join(args)} <<'{HEREDOC_END}'\n{body}\n{HEREDOC_END}"
 
 
 def _json_fact_output(output: list[str]):
@@ -60,56 +45,19 @@ GPU_SECTIONS = {
 }
 
 
-#: where remote/bundle.py keeps the scripts' compiled code on the host (by source sha256 and
-#: interpreter; root's, 0700, beside the deploy lock; /run: gone at reboot)
-CODE_CACHE = "/run/sglang-deploy/pyc"
-
-
-def _bundle_command(python: str, parts: list[tuple[int, str, Script]],
-                    cache: str | None = CODE_CACHE) -> str:
-    """The Python process that runs every Script part (``remote/bundle.py``), each writing its
-    own section file into the command's temp folder ``$d``; ``-I -S``: the scripts use the
-    standard library only, so no site-packages scan and no user environment. Each script's
-    compiled code is kept in ``CODE_CACHE`` by its source's sha256."""
-    spec = []
-    for i, section, s in parts:
-        source = (REMOTE / s.name).read_text()
-        spec.append((str(i), section, Path(s.name).stem, list(s.args), source,
-                     hashlib.sha256(source.encode()).hexdigest()))
-    body = (REMOTE / "bundle.py").read_text() + f"\nrun({MARK!r}, sys.argv[1], {spec!r}, {cache!r})\n"
-    return _heredoc(f"{shlex.quote(python)} -I -S", '"$d"', body)
-
-
-def _sections_command(sections: dict[str, str | Script], python: str = "python3",
-                      code_cache: str | None = CODE_CACHE) -> str:
-    """One shell command that runs every section at once (each into its own file of a private
-    temp folder) and then prints them all with one ``cat``, each between markers
-    (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given: the round
-    trip lasts as long as the slowest section. The rc marker always follows a newline of its
-    own, so it starts a line whether or not the section's output ended with one.
-
-    A section is a shell command, or a ``Script``: the Script sections share one Python
-    process (``_bundle_command``), which writes their section files itself; a Script section
-    whose file that process did not write (PYTHON missing, killed) gets the process's own
-    output and exit status instead."""
+def _sections_command(sections: dict[str, str]) -> str:
+    """One shell command that runs every section (a shell command) at once, each into its own
+    file of a private temp folder, and then prints them all with one ``cat``, each between
+    markers (``@@sglang-deploy:NAME`` ... ``@@sglang-deploy:rc=N``), in the order given: the
+    round trip lasts as long as the slowest section. The rc marker always follows a newline of
+    its own, so it starts a line whether or not the section's output ended with one."""
     lines = ["LC_ALL=C; export LC_ALL", 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
-    scripts = [(i, name, cmd) for i, (name, cmd) in enumerate(sections.items())
-               if isinstance(cmd, Script)]
-    if scripts:
-        lines.append(f"{{ ( {_bundle_command(python, scripts, code_cache)}\n) >\"$d/py\" 2>&1; "
-                     f"echo \"$?\" >\"$d/py.rc\"; }} &")
     for i, (name, cmd) in enumerate(sections.items()):
-        if isinstance(cmd, Script):
-            continue
         # the command in a subshell of its own, closed on its own line: it may `exit` or end
         # in a here-document
         lines.append(f"( echo '{MARK}{name}'; ( {cmd}\n) 2>&1; printf '\\n{MARK}rc=%s\\n' \"$?\" ) "
                      f'>"$d/{i}" &')
     lines.append("wait")
-    for i, name, _ in scripts:
-        # a part run in the process itself leaves what it printed in $d/INDEX.part
-        lines.append(f'[ -e "$d/{i}" ] || {{ echo \'{MARK}{name}\'; cat "$d/{i}.part" "$d/py"; '
-                     f'rc=$(cat "$d/py.rc"); printf \'\\n{MARK}rc=%s\\n\' "${{rc:-1}}"; }} >"$d/{i}" 2>/dev/null')
     lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(sections))))
     return "\n".join(lines)
 
@@ -171,11 +119,11 @@ class SglangHostState(FactBase):
     @staticmethod
     def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
              cache: str | None = None, paths: tuple = (), dev_open: bool = False) -> list[str]:
-        """``hoststate.py state-json OPTIONS``: the ``state`` read with its options as one
-        JSON object, parsed on the host without argparse."""
-        opts = {"root": root, "service": service, "model": model, "secrets": secrets,
-                "cache": cache, "path": list(paths), "dev_open": dev_open}
-        return ["state-json", json.dumps(opts, sort_keys=True)]
+        """``hoststate.py state`` and its options."""
+        options = [("root", root), ("service", service), ("model", model), ("secrets", secrets),
+                   ("cache", cache), *(("path", p) for p in paths)]
+        return (["state"] + [f"--{name}={value}" for name, value in options if value]
+                + (["--dev-open"] if dev_open else []))
 
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
@@ -235,11 +183,11 @@ class HostSnapshot(FactBase):
 
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = (), code_cache: str | None = CODE_CACHE) -> str:
+                paths: tuple = ()) -> str:
         state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
                                      cache=cache, paths=paths, dev_open=True)
-        return _sections_command({"hoststate.json": Script("hoststate.py", tuple(state)),
-                                  **GPU_SECTIONS}, python=python, code_cache=code_cache)
+        return _sections_command({"hoststate.json": stdin_script("hoststate.py", state, python),
+                                  **GPU_SECTIONS})
 
     def process(self, output: list[str]) -> dict:
         sections = _parse_sections(output)

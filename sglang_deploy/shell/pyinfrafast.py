@@ -5,9 +5,9 @@ pyinfra does this work on every operation call (13 operations per host and no-op
 - **Operation order.** In CLI mode pyinfra orders the operations of a run by the line numbers
   of the call stack below the deploy file (``pyinfra.api.util.get_operation_order_from_stack``).
   It gets them with ``inspect.stack()`` and then ``getframeinfo`` twice per frame: every
-  frame's source file is looked up, ``stat``-ed and read through ``linecache``. About 1.2 ms of
-  controller CPU per operation and host. ``operation_order`` reads the same numbers from the
-  frames' own ``f_code.co_filename`` and ``f_lineno``.
+  frame's source file is looked up, ``stat``-ed and read through ``linecache``.
+  ``operation_order`` reads the same numbers from the frames' own ``f_code.co_filename``
+  and ``f_lineno``.
 - **Global argument types.** ``pyinfra.api.arguments.all_global_arguments()`` evaluates
   ``typing.get_type_hints`` over the 35 global arguments (``_sudo``, ``_env``...) every time
   an operation or a fact pops its global arguments. The answer depends on pyinfra's classes
@@ -16,9 +16,8 @@ pyinfra does this work on every operation call (13 operations per host and no-op
   and ``@deploy`` call) looks each of the 35 global arguments up in ``host.data``, and each
   lookup walks the data layers (override, host, groups, inventory, deploy data), calling the
   getter of every layer again (the group layer merges the groups' dicts each time) and
-  raising a ``KeyError`` per layer that lacks the key: about 630 lookups and 4 ms of
-  controller CPU per host and no-op run. ``pop_global_arguments`` here reads the layers once
-  per call and looks the keys up in them, in the same order.
+  raising a ``KeyError`` per layer that lacks the key. ``pop_global_arguments`` here reads
+  the layers once per call and looks the keys up in them, in the same order.
 
 ``install()`` (called by ``hooks.install``, so by ``config.py`` before any operation is
 added) puts them in place for the pyinfra version this project pins and tests

@@ -1,11 +1,9 @@
-"""Build the libcuda.so.1 stand-in (testbed/gpu/libcuda_stub.c) against the real cuda.h,
-and the nvidia-smi fast path (testbed/gpu/nvidia_smi_fast.c, libc only).
+"""Build the libcuda.so.1 stand-in (testbed/gpu/libcuda_stub.c) against the real cuda.h.
 
-    python -m testbed.gpu.build OUT_DIR      # prints OUT_DIR/libcuda.so.1, then OUT_DIR/nvidia-smi
+    python -m testbed.gpu.build OUT_DIR      # prints OUT_DIR/libcuda.so.1
 
-The results are cached: OUT_DIR/libcuda.so.1.sha256 (OUT_DIR/nvidia-smi.sha256) holds a hash
-of the sources, the headers (gpu_uuid.h; cuda.h for libcuda) and the command line; a rebuild
-only happens when one of them changes.
+The result is cached: OUT_DIR/libcuda.so.1.sha256 holds a hash of the source, cuda.h and the
+command line; a rebuild only happens when one of them changes.
 """
 
 from __future__ import annotations
@@ -24,14 +22,6 @@ NVIDIA_SMI = HERE / "nvidia_smi.py"
 SONAME = "libcuda.so.1"
 CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-pthread",
           "-fvisibility=hidden"]
-SMI_FAST_SOURCE = HERE / "nvidia_smi_fast.c"
-SMI_BINARY = "nvidia-smi"
-#: where the fast path finds the Python stand-in's launcher inside a host (compiled in;
-#: $TESTBED_SMI_FALLBACK overrides it at run time); testbed.fleet installs it there
-SMI_FALLBACK = "/usr/lib/testbed-gpu/nvidia-smi.py"
-SMI_CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"]
-#: included by both sources (the GPU UUID), so part of both builds' hashes
-UUID_HEADER = HERE / "gpu_uuid.h"
 
 
 class BuildError(RuntimeError):
@@ -109,7 +99,7 @@ def build_libcuda(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     include = find_cuda_include()
     lib = out_dir / SONAME
-    _cached_build(lib, [SOURCE, UUID_HEADER, include / "cuda.h"],
+    _cached_build(lib, [SOURCE, include / "cuda.h"],
                   lambda out: _command(include, out))
     link = out_dir / "libcuda.so"
     if not (link.is_symlink() and os.readlink(link) == SONAME):
@@ -117,22 +107,6 @@ def build_libcuda(out_dir: Path) -> Path:
             link.unlink()
         link.symlink_to(SONAME)
     return lib
-
-
-def _smi_command(out: Path) -> list[str]:
-    cc = os.environ.get("CC", "gcc")
-    return [cc, *SMI_CFLAGS, f'-DSMI_FALLBACK="{SMI_FALLBACK}"', "-o", str(out),
-            str(SMI_FAST_SOURCE)]
-
-
-def build_nvidia_smi(out_dir: Path) -> Path:
-    """Compile the nvidia-smi fast path into out_dir/nvidia-smi (0755); return its path.
-    Cached like build_libcuda (hash of the sources and the command line)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    exe = out_dir / SMI_BINARY
-    _cached_build(exe, [SMI_FAST_SOURCE, UUID_HEADER], _smi_command)
-    return exe
 
 
 # gpu.env as in docs/design.md; nvidia_smi.py and libcuda_stub.c use the same defaults
@@ -196,7 +170,6 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         print(build_libcuda(Path(argv[0])))
-        print(build_nvidia_smi(Path(argv[0])))
     except BuildError as e:
         print(e, file=sys.stderr)
         return 1

@@ -679,8 +679,7 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
     from sglang_deploy.shell.facts import GPU_SECTIONS, HostSnapshot
 
     cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
-                                 python="python3", paths=(str(tmp_path),),
-                                 code_cache=str(tmp_path / "pyc"))
+                                 python="python3", paths=(str(tmp_path),))
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
     markers = [line for line in out.splitlines() if line.startswith("@@sglang-deploy:")
                and not line.startswith("@@sglang-deploy:rc=")]
@@ -695,6 +694,19 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
     # the open test ran in the host-state process: this machine has no /dev/nvidia* nodes
     assert snap["gpu"]["dev-open.txt"] == {"out": "", "rc": 0}
     assert snap["gpu"]["dev-nvidia.txt"]["rc"] != 0  # no /dev/nvidia* on this machine
+
+
+def test_host_snapshot_without_its_python_keeps_the_other_sections_and_says_why(tmp_path):
+    import subprocess
+
+    from sglang_deploy.shell.facts import GPU_SECTIONS, HostSnapshot
+
+    cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
+                                 python=str(tmp_path / "no-python3"))
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
+    snap = HostSnapshot().process(out.splitlines())
+    assert snap["state"] is None and "no-python3" in snap["output"]
+    assert set(snap["gpu"]) == set(GPU_SECTIONS)
 
 
 def test_sections_keep_output_without_a_final_newline_apart_from_the_marker():
