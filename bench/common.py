@@ -195,13 +195,14 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_timed(argv: list[str], env: dict | None = None, sample_s: float | None = None) -> Timed:
+def run_timed(argv: list[str], env: dict | None = None, sample_s: float | None = None,
+              cwd: Path | None = None) -> Timed:
     """Run ARGV, timestamping each output line; peak RSS from the child's own rusage. With
     SAMPLE_S, a thread also samples the machine's busy CPU and the child's own CPU that often
     (``Timed.cpu_samples``, for ``bench/timeline.py``)."""
     busy0 = machine_busy_s()
     wall0, t0 = time.time(), time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, text=True,
+    proc = subprocess.Popen(argv, cwd=cwd or ROOT, env={**os.environ, **(env or {})}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     samples: list = []
     done = threading.Event()
@@ -263,10 +264,15 @@ def bench_env(extra_data: dict | None = None, env: dict | None = None) -> dict:
 
 def deploy(hosts: list[str] | None, *, extra_data: dict | None = None, env: dict | None = None,
            verbose: bool = False, deploy_file: str = "deploy.py", check: bool = True,
-           sample_s: float | None = None) -> Timed:
-    """One `pyinfra INVENTORY deploy.py` run (bench inventory: testbed + BENCH_EXTRA_DATA)."""
-    t = run_timed(pyinfra_argv(deploy_file, limit=hosts, verbose=verbose),
-                  env=bench_env(extra_data, env), sample_s=sample_s)
+           sample_s: float | None = None, code: Path | None = None) -> Timed:
+    """One `pyinfra INVENTORY deploy.py` run (bench inventory: testbed + BENCH_EXTRA_DATA).
+    CODE: another checkout of the tool to run instead of this one (``bench/versions.py``)."""
+    run_env = bench_env(extra_data, env)
+    if code is not None:
+        run_env["PYTHONPATH"] = str(code)  # its sglang_deploy before the installed one
+    t = run_timed(pyinfra_argv(deploy_file, limit=hosts, verbose=verbose,
+                               inventory=str(ROOT / BENCH_INVENTORY)),
+                  env=run_env, sample_s=sample_s, cwd=code)
     if any("No host matches found" in text for _, _, text in t.lines):
         raise RuntimeError(f"{' '.join(t.argv)}: a --limit matched no host:\n{t.tail()}")
     if check and not t.ok:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import ROOT, log, plural
 
-SUITES = ("noop", "latency", "rollout", "dr", "scale")
+SUITES = ("noop", "latency", "rollout", "dr", "scale", "versions")
 
 
 def git_commit() -> str:
@@ -209,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--noop-hosts", type=int, default=8)
     p.add_argument("--scale-hosts", type=int, default=int(os.environ.get("BENCH_SCALE_HOSTS", "16")))
     p.add_argument("--only", default=",".join(SUITES), help=f"comma list of {', '.join(SUITES)}")
+    p.add_argument("--versions", default="before=93972c5,after=HEAD",
+                   help="versions suite: LABEL=REV,... (the first is the baseline; HEAD = this tree)")
     p.add_argument("--before", help="an earlier results JSON: adds a before/after table")
     p.add_argument("--conditions", default="", help="load conditions to print with the figures")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
