@@ -28,7 +28,7 @@ BENCH_INVENTORY = "bench/inventory.py"
 # The testbed's simulated peer copies are host memcpy: their speed follows this machine's
 # load. The benchmark measures time, not bandwidth, so a busy machine must not fail the
 # pre-flight threshold; nothing else differs from the testbed inventory.
-BENCH_DATA = {"gpu_p2p_min_gbps": 0.5}
+BENCH_DATA = {"gpu_p2p_min_gbps": 0.05}
 
 
 def log(msg: str) -> None:

@@ -3,8 +3,7 @@
 Shaped on real outputs (tests/fixtures/nvidia-smi/, see SOURCES.md there):
 
 * ``--query-gpu=... --format=csv[,noheader][,nounits]``  -> :func:`parse_query_csv`
-* ``topo -m`` / ``topo -mp``                              -> :func:`parse_topo_matrix`
-* ``topo -p2p r|w|n|a|p``                                 -> :func:`parse_p2p_matrix`
+* ``topo -m`` / ``topo -mp``, ``topo -p2p r|w|n|a|p``     -> :mod:`sglang_deploy.core.topo`
 * the default table (``nvidia-smi`` without arguments)    -> :func:`parse_smi_table`
 * the text and exit code of a failed call                 -> :func:`classify_smi_error`
 """
@@ -16,6 +15,14 @@ import enum
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
+
+from sglang_deploy.core.topo import (  # noqa: F401 (re-exported: the nvidia-smi parsers in one place)
+    P2P_CODES,
+    ParseError,
+    TopoMatrix,
+    parse_p2p_matrix,
+    parse_topo_matrix,
+)
 
 __all__ = [
     "QUERY_FIELDS",
@@ -51,10 +58,6 @@ QUERY_FIELDS: tuple[str, ...] = (
 def query_command(fields: Iterable[str] = QUERY_FIELDS) -> str:
     """The exact command line the deploy runs to list GPUs."""
     return f"nvidia-smi --query-gpu={','.join(fields)} --format=csv,noheader,nounits"
-
-
-class ParseError(ValueError):
-    """The text is not the nvidia-smi output the parser expects."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,219 +175,6 @@ def driver_version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-# ---------------------------------------------------------------------------------------
-# topo -m
-
-_TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
-_HEADER_SPLIT = re.compile(r"\t+| {2,}")
-_GPU_LABEL = re.compile(r"^GPU(\d+)$")
-_NV_LINK = re.compile(r"^NV(\d+)$")
-_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
-
-
-@dataclass
-class TopoMatrix:
-    """``nvidia-smi topo -m``: link codes between GPUs (and NICs), plus affinity columns.
-
-    ``links[(i, j)]`` is the code between GPU i and GPU j (``X`` on the diagonal, ``SYS``,
-    ``NODE``, ``PHB``, ``PXB``, ``PIX``, ``NV<n>``; the old ``SOC`` is reported as ``SYS``).
-    NIC rows and columns go to ``nic_links[(row_label, column_label)]`` with labels as
-    printed (``NIC0``, ``mlx5_0``, ``GPU0``), ``nic_names`` holds the ``NIC Legend``.
-    Affinity dicts map a GPU index to the cell text, None where absent or ``N/A``.
-    """
-
-    gpus: list[str] = field(default_factory=list)
-    links: dict[tuple[int, int], str] = field(default_factory=dict)
-    nics: list[str] = field(default_factory=list)
-    nic_links: dict[tuple[str, str], str] = field(default_factory=dict)
-    nic_names: dict[str, str] = field(default_factory=dict)
-    columns: list[str] = field(default_factory=list)
-    cpu_affinity: dict[int, str | None] = field(default_factory=dict)
-    numa_affinity: dict[int, str | None] = field(default_factory=dict)
-    gpu_numa_id: dict[int, str | None] = field(default_factory=dict)
-
-    @property
-    def gpu_count(self) -> int:
-        return len(self.gpus)
-
-    @property
-    def gpu_indices(self) -> list[int]:
-        return [int(_GPU_LABEL.match(g).group(1)) for g in self.gpus]  # type: ignore[union-attr]
-
-    def link(self, i: int, j: int) -> str | None:
-        return self.links.get((i, j))
-
-    def nvlinks(self, i: int, j: int) -> int:
-        """Number of bonded NVLinks between GPU i and j (0 for PCIe paths)."""
-        m = _NV_LINK.match(self.links.get((i, j)) or "")
-        return int(m.group(1)) if m else 0
-
-    def link_counts(self) -> dict[str, int]:
-        """How many unordered GPU pairs use each link code."""
-        counts: dict[str, int] = {}
-        for (i, j), code in self.links.items():
-            if i < j:
-                counts[code] = counts.get(code, 0) + 1
-        return dict(sorted(counts.items()))
-
-
-def _norm_code(code: str) -> str:
-    code = code.strip()
-    return "SYS" if code == "SOC" else code
-
-
-def _na(value: str | None) -> str | None:
-    if value is None:
-        return None
-    value = value.strip()
-    return None if value in ("", "N/A") else value
-
-
-def parse_topo_matrix(text: str) -> TopoMatrix:
-    """Parse the first matrix of ``nvidia-smi topo -m`` (or ``-mp``).
-
-    Copes with tab- and space-separated pastes, trailing tabs/spaces, empty and ``N/A``
-    cells, missing ``NUMA Affinity``/``GPU NUMA ID`` columns, NIC rows/columns, text before
-    the matrix (a shell prompt, ``NVIDIA Topology:``), and the ``Legend``/``NIC Legend``.
-    Raises :class:`ParseError` when no GPU matrix is found or a GPU row is incomplete.
-    """
-    lines = text.splitlines()
-    header_at = None
-    for n, line in enumerate(lines):
-        cells = [c.strip() for c in _HEADER_SPLIT.split(line.strip())]
-        if cells and cells[0] == "GPU0" and line[:1].isspace():
-            header_at = n
-            break
-        # a header row starts with whitespace; tolerate a stripped one ("GPU0\tGPU1\tCPU...")
-        if cells and cells[0] == "GPU0" and len(cells) > 1 and not _known_code(cells[1]):
-            header_at = n
-            break
-    if header_at is None:
-        raise ParseError("no `nvidia-smi topo -m` matrix found (no header row with GPU0)")
-
-    header = [c.strip() for c in _HEADER_SPLIT.split(lines[header_at].strip()) if c.strip()]
-    trailing_at = len(header)
-    for k, name in enumerate(header):
-        if name in _TRAILING_COLUMNS:
-            trailing_at = k
-            break
-    devices = header[:trailing_at]
-    trailing = header[trailing_at:]
-    topo = TopoMatrix(columns=header)
-    topo.gpus = [d for d in devices if _GPU_LABEL.match(d)]
-    topo.nics = [d for d in devices if not _GPU_LABEL.match(d)]
-    if not topo.gpus:
-        raise ParseError("`topo -m` header has no GPU columns")
-
-    seen_rows: set[str] = set()
-    for line in lines[header_at + 1:]:
-        if not line.strip() or line.strip().startswith("Legend"):
-            break
-        tokens = line.split()
-        label = tokens[0]
-        if label not in devices or label in seen_rows:
-            break
-        seen_rows.add(label)
-        cells = tokens[1:]
-        gm = _GPU_LABEL.match(label)
-        if gm:
-            if len(cells) < len(devices):
-                raise ParseError(
-                    f"`topo -m` row {label}: expected {len(devices)} link cells, found {len(cells)}"
-                )
-            i = int(gm.group(1))
-            p2p_like = [c for c in cells[: len(devices)] if c in P2P_CODES]
-            if p2p_like:
-                raise ParseError(
-                    f"`topo -m` row {label} holds P2P status codes ({', '.join(p2p_like)}): "
-                    "this is `nvidia-smi topo -p2p` output"
-                )
-            for col, code in zip(devices, cells):
-                cm = _GPU_LABEL.match(col)
-                if cm:
-                    topo.links[(i, int(cm.group(1)))] = _norm_code(code)
-                else:
-                    topo.nic_links[(label, col)] = _norm_code(code)
-            rest = cells[len(devices):]
-            values: dict[str, str | None] = {}
-            for col, value in zip(trailing, rest):
-                values[col] = _na(value)
-            topo.cpu_affinity[i] = values.get("CPU Affinity")
-            if "NUMA Affinity" in trailing:
-                topo.numa_affinity[i] = values.get("NUMA Affinity")
-            if "GPU NUMA ID" in trailing:
-                topo.gpu_numa_id[i] = values.get("GPU NUMA ID")
-        else:
-            # NIC rows may be cut short (pastes); keep what is there
-            for col, code in zip(devices, cells):
-                topo.nic_links[(label, col)] = _norm_code(code)
-
-    missing = [g for g in topo.gpus if g not in seen_rows]
-    if missing:
-        raise ParseError(f"`topo -m` matrix has no row for {', '.join(missing)}")
-
-    for line in lines:
-        m = _NIC_LEGEND.match(line)
-        if m and m.group(1) in topo.nics:
-            topo.nic_names[m.group(1)] = m.group(2)
-    return topo
-
-
-def _known_code(cell: str) -> bool:
-    return cell in {"X", "SYS", "SOC", "NODE", "PHB", "PXB", "PIX", "N/A"} or bool(_NV_LINK.match(cell))
-
-
-# ---------------------------------------------------------------------------------------
-# topo -p2p r|w|n|a|p
-
-#: P2P status codes printed by ``topo -p2p`` (``X`` is the diagonal)
-P2P_CODES = {
-    "OK": "Status Ok",
-    "CNS": "Chipset not supported",
-    "GNS": "GPU not supported",
-    "TNS": "Topology not supported",
-    "NS": "Not supported",
-    "DR": "Disabled by regkey",
-    "U": "Unknown",
-}
-
-
-def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
-    """Parse ``nvidia-smi topo -p2p <cap>``: ``{(i, j): code}`` for every ordered pair i != j.
-
-    Rows start with a space and cells are tab-separated with a trailing tab in the real
-    output; any whitespace works. Unknown codes are kept verbatim (callers treat anything
-    but ``OK`` as "not supported"). Raises :class:`ParseError` when there is no matrix.
-    """
-    lines = text.splitlines()
-    header: list[int] | None = None
-    result: dict[tuple[int, int], str] = {}
-    for line in lines:
-        tokens = line.split()
-        if header is None:
-            if tokens and all(_GPU_LABEL.match(t) for t in tokens):
-                header = [int(_GPU_LABEL.match(t).group(1)) for t in tokens]  # type: ignore[union-attr]
-            continue
-        if not tokens or tokens[0].startswith("Legend"):
-            break
-        m = _GPU_LABEL.match(tokens[0])
-        if not m:
-            break
-        i = int(m.group(1))
-        cells = tokens[1:]
-        if len(cells) < len(header):
-            raise ParseError(
-                f"`topo -p2p` row GPU{i}: expected {len(header)} cells, found {len(cells)}"
-            )
-        for j, code in zip(header, cells):
-            if i != j:
-                result[(i, j)] = code
-    if header is None:
-        raise ParseError("no `nvidia-smi topo -p2p` matrix found (no header row with GPU0)")
-    return result
-
-
-# ---------------------------------------------------------------------------------------
 # default table
 
 
