@@ -317,11 +317,7 @@ def launch_argv(ctx: Context) -> list[str]:
 
 
 def flag_map_for_check(ctx: Context) -> dict:
-    s = ctx.settings
-    return {**s.sglang_flags, "model-path": s.sglang_model_path, "host": s.sglang_host,
-            "port": s.sglang_port,
-            **({"served-model-name": s.sglang_served_model_name} if s.sglang_served_model_name else {}),
-            **({"api-key": "<secret>"} if s.api_key else {})}
+    return datamod.launch_flag_map(ctx.settings)
 
 
 def service_environment(ctx: Context) -> list[tuple[str, str]]:
