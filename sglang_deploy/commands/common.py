@@ -99,31 +99,33 @@ def _typed_block(lines: list[str], start: int, first: str, n: int) -> str:
 
 def host_error(output: str, host: str | None = None, n: int = 12) -> str:
     """The real error of HOST (or of the run) in a pyinfra run's OUTPUT, most telling first:
-    the tool's typed error (expected / found / fix), else pyinfra's own error line for the
+    the tool's typed error (expected / found / fix) logged for the host, else one logged
+    without a host prefix (a traceback's last line), else pyinfra's own error line for the
     host (``[host] Error: ...``, ``Could not connect ...``), else pyinfra's ``--> pyinfra
-    error`` line, else the last lines of the output."""
+    error`` line, else the last lines of the output. Never a pointer to a log file."""
     lines = [_ANSI.sub("", ln) for ln in output.rstrip().splitlines()]
     if host:
         for i in range(len(lines) - 1, -1, -1):
             text = _prefixed(lines[i], host)
             if text and _TYPED_HEAD.search(text):
                 return _typed_block(lines, i, text, n)
-        mine = [(i, _prefixed(ln, host)) for i, ln in enumerate(lines)]
-        errs = [(i, t) for i, t in mine if t and re.search(
-            r"Could not connect|Error|error|failed|refused|denied|timed out", t)]
-        if errs:
-            i, text = errs[-1]
-            if text.rstrip(":").endswith("Error") or text.startswith("Error"):
-                detail = [t for j, t in errs if j < i and not t.startswith("Error")]
-                return "\n".join([*detail[-1:], text])
-            return text
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
-        if _TYPED_HEAD.search(line) and ("sglang_deploy.core.errors." in line
-                                         or line.startswith("--> pyinfra error")
-                                         or line.lstrip().startswith("[")
-                                         or not line.startswith(" ")):
+        if line.lstrip().startswith("[") or not _TYPED_HEAD.search(line):
+            continue
+        if "sglang_deploy.core.errors." in line or line.startswith("--> pyinfra error") \
+                or not line.startswith(" "):
             return _typed_block(lines, i, line.split("--> pyinfra error: ", 1)[-1], n)
+    if host:
+        mine = [t for t in (_prefixed(ln, host) for ln in lines) if t]
+        errs = [t for t in mine if re.search(
+            r"Could not connect|Error|error|failed|refused|denied|timed out", t)
+            and "Unexpected error in Python callback" not in t]
+        if errs:
+            last = errs[-1]
+            if last.startswith("Error") and len(errs) > 1:
+                return "\n".join(errs[-2:])  # pyinfra: the exception line, then "Error: op"
+            return last
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("--> pyinfra error"):
             return "\n".join(lines[i:i + n])
