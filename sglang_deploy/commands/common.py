@@ -136,26 +136,30 @@ def host_error(output: str, host: str | None = None, n: int = 12) -> str:
 # ------------------------------------------------------------------ tables
 
 def console(file=None, stderr: bool = False):
-    """A rich Console: styles and the terminal's width on a terminal; plain text, no
-    colour and a wide line otherwise (so a piped table stays one row per line)."""
+    """A rich Console: styles and the terminal's width on a terminal; otherwise plain text,
+    no colour, and lines as long as their content (a piped table keeps one row per line)."""
     from rich.console import Console
 
     out = file or (sys.stderr if stderr else sys.stdout)
     tty = hasattr(out, "isatty") and out.isatty()
-    return Console(file=out, width=None if tty else 200, no_color=not tty,
-                   highlight=False, emoji=False, soft_wrap=not tty)
+    return Console(file=out, width=None if tty else 10_000, no_color=not tty,
+                   highlight=False, emoji=False)
 
 
 def table(columns: Iterable[str], title: str | None = None, out=None, **kw: Any):
-    """A rich Table; on something that is not a terminal drawn in plain ASCII."""
+    """A rich Table; when OUT is not a terminal, plain text: no borders, columns aligned by
+    spaces, each row on one line starting with its first cell."""
     from rich import box
     from rich.table import Table
 
     target = out or sys.stdout
     tty = hasattr(target, "isatty") and target.isatty()
-    t = Table(title=title, box=box.SIMPLE_HEAD if tty else box.ASCII2, **kw)
+    if tty:
+        t = Table(title=title, box=box.SIMPLE_HEAD, **kw)
+    else:
+        t = Table(title=title, box=None, pad_edge=False, show_edge=False, **kw)
     for col in columns:
-        t.add_column(col)
+        t.add_column(col, no_wrap=not tty)
     return t
 
 

@@ -339,13 +339,16 @@ def test_status_row_of_a_silent_host_carries_its_real_error(tmp_path):
 
 # ------------------------------------------------------------------ tables
 
-def test_tables_are_plain_ascii_when_not_a_terminal():
+def test_tables_are_plain_text_rows_when_not_a_terminal():
     buf = io.StringIO()
-    t = common.table(("host", "state"), out=buf)
-    t.add_row("h1", "ok")
+    t = common.table(("host", "state", "note"), out=buf)
+    t.add_row("h1", "ok", "x" * 300)  # never wrapped onto a second line
+    t.add_row("h2", "failed", "boom")
     common.print_table(t, buf)
-    text = buf.getvalue()
-    assert "\x1b[" not in text and "h1" in text and all(ord(c) < 128 for c in text)
+    lines = buf.getvalue().splitlines()
+    assert "\x1b[" not in buf.getvalue() and all(ord(c) < 128 for c in buf.getvalue())
+    assert lines[0].split() == ["host", "state", "note"]
+    assert lines[1].split() == ["h1", "ok", "x" * 300] and lines[2].split() == ["h2", "failed", "boom"]
 
 
 def test_rebuild_module_has_no_leftover_limit_semantics():
