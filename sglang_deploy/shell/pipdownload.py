@@ -59,18 +59,18 @@ def download(requirements: str, dest: str | os.PathLike, *, quiet: bool = False,
         req.write(requirements)
         req.flush()
         argv = download_argv(req.name, dest, **kw) + (["--quiet"] if quiet else [])
+        lines = []
         try:
-            proc = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            with subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) as proc:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    lines.append(line)
+                    if on_line:
+                        on_line(line.rstrip("\n"))
+                rc = proc.wait()
         except OSError as exc:
             return 127, str(exc), []
-        lines = []
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if on_line:
-                on_line(line.rstrip("\n"))
-        rc = proc.wait()
     new = sorted(p.name for p in dest.iterdir() if p.name not in before
                  and p.name.endswith(".whl"))
     return rc, "".join(lines), new
