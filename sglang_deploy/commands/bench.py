@@ -467,8 +467,10 @@ def run(args) -> int:
         raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
                          fix="e.g. --min-throughput-ratio 0.95")
     hosts = select(args.inventory, args.limit, args.data).hosts
-    show = lambda line: print(line, file=sys.stderr)  # noqa: E731 - progress, never stdout
-    outcomes = run_hosts(args.inventory, hosts, ratio, on_line=show, data=args.data)
+    def progress(line: str) -> None:  # pyinfra's output: never on stdout
+        print(line, file=sys.stderr)
+
+    outcomes = run_hosts(args.inventory, hosts, ratio, on_line=progress, data=args.data)
     if args.json:
         print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True))
     else:

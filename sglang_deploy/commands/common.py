@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -26,8 +27,8 @@ EXIT_INTERRUPTED = 130
 _BASE_CODES = (
     (EXIT_OK, "success"),
     (EXIT_FAILED, "a host or an operation failed (the host's own error is printed)"),
-    (EXIT_USAGE, "usage or input error: bad inventory, a --limit that matches no host, bad "
-                 "--data or data, a missing file; nothing was touched"),
+    (EXIT_USAGE, ("usage or input error: bad inventory, a --limit that matches no host, bad "
+                  "--data or data, a missing file; nothing was touched")),
 )
 
 

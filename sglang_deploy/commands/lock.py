@@ -53,7 +53,7 @@ def run(args) -> int:
                          fix="pass an existing .in file (see locks/*.in)")
     out = args.output or args.input.with_suffix(".txt")
     cmd = compile_command(args.input, out, args.platform, args.python_version)
-    proc = subprocess.run(cmd, stdout=sys.stderr)
+    proc = subprocess.run(cmd, stdout=sys.stderr, check=False)
     if proc.returncode != 0:
         print(f"sglang-deploy lock: uv pip compile failed (exit status {proc.returncode}; "
               "its error is above)", file=sys.stderr)

@@ -40,7 +40,7 @@ def fill(lock: Path, dest: Path, *, index: str | None = None, python: str = DEFA
         raise UsageError(what="LOCK: a lock file with hashes (locks/NAME.txt)",
                          found=f"no file {lock}", fix="make it with `sglang-deploy lock locks/NAME.in`")
     pins = lockfile.parse_lock(lock.read_text(), str(lock))
-    kw = dict(python=python, glibc=glibc, arch=arch, index_url=index, on_line=log)
+    kw = {"python": python, "glibc": glibc, "arch": arch, "index_url": index, "on_line": log}
     steps = [("".join(p.requirement() + "\n" for p in pins), True, f"the {len(pins)} pins of {lock}")]
     if uv_version:
         steps.append((f"uv=={uv_version}\n", False, f"uv=={uv_version}"))

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from sglang_deploy.core.errors import UsageError
 
@@ -64,7 +65,7 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
     ctx_state.set(State())
     try:
         return make_inventory(str(path), cwd=cwd, override_data=data or {})
-    except Exception as exc:  # noqa: BLE001 - whatever the inventory's own code raises
+    except Exception as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
         raise UsageError(what=f"an inventory that pyinfra can load ({inventory})",
                          found=f"{type(exc).__name__}: {text}",

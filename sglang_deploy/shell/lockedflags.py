@@ -16,9 +16,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flagcache, lockfile
@@ -80,7 +80,7 @@ def locked_flags(lock: Path, wheelhouse: str | None = None) -> LockedFlags:
     folders = ([Path(wheelhouse)] if wheelhouse else []) + [wheel_cache()]
     found = find_wheel(pin, folders)
     if found is None:
-        rc, output, _ = pipdownload.download(pin.requirement() + "\n", wheel_cache(), quiet=True,
+        _, output, _ = pipdownload.download(pin.requirement() + "\n", wheel_cache(), quiet=True,
                                              extra=("--timeout", "20", "--retries", "1"))
         found = find_wheel(pin, [wheel_cache()])
         if found is None:

@@ -12,8 +12,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 DEFAULT_PYTHON = "3.11"  # Debian 12's python3
 DEFAULT_GLIBC = (2, 36)  # Debian 12

@@ -21,7 +21,7 @@ TYPO = 'sglang_flags={"tp-sizee": 8}'
 
 
 def run(testbed, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    r = subprocess.run(list(argv), cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    r = subprocess.run(list(argv), check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     testbed.log.append(r)
     return r

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.commands import cli, common, rebuild, status
+from sglang_deploy.commands import cli, common, status
 from sglang_deploy.core import data, flagcache
 from sglang_deploy.core.errors import DataError, UsageError
 from sglang_deploy.shell import hosts, lockedflags, runner
@@ -349,8 +349,3 @@ def test_tables_are_plain_text_rows_when_not_a_terminal():
     assert "\x1b[" not in buf.getvalue() and all(ord(c) < 128 for c in buf.getvalue())
     assert lines[0].split() == ["host", "state", "note"]
     assert lines[1].split() == ["h1", "ok", "x" * 300] and lines[2].split() == ["h2", "failed", "boom"]
-
-
-def test_rebuild_module_has_no_leftover_limit_semantics():
-    # rebuild's HOST goes through the same selection as every --limit
-    assert "hosts.select" in Path(rebuild.__file__).read_text()
