@@ -1,6 +1,6 @@
 """`sglang-deploy bench`: SGLang's own benchmark on each host, recorded and gated.
 
-    sglang-deploy bench INVENTORY [--limit HOST] [--min-throughput-ratio R] [--json]
+    sglang-deploy bench INVENTORY [--limit PATTERN]... [--data K=V]... [--min-throughput-ratio R] [--json]
 
 On each host, `python -m sglang.bench_serving` of the CURRENT release venv runs against the
 local server once per concurrency level (`bench_concurrency`). Its output file (JSONL) is
@@ -13,7 +13,7 @@ below R x the previous figure fails the command (exit 1); the rollout calls
 `run_and_gate` and rolls back on such a failure.
 
 Pure core: `bench_argv`, `parse_summary`, `parse_result_line`, `level_figures`,
-`make_record`, `pick_previous`, `gate`, `table`. Thin shell: `bench_host` (runs inside
+`make_record`, `pick_previous`, `gate`, `table_rows`. Thin shell: `bench_host` (runs inside
 `pyinfra INVENTORY sglang_deploy/commands/bench_deploy.py`, through `runner.run_pyinfra`), `run`.
 """
 
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.commands import common
+from sglang_deploy.core.errors import SglangDeployError, UsageError
 from sglang_deploy.shell.facts import stdin_script
 
 DEPLOY_FILE = Path(__file__).resolve().parent / "bench_deploy.py"
@@ -296,17 +297,20 @@ def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple
                   f"vs {previous['identity']}: {summary}")
 
 
-def table(entries: list[tuple[dict, dict | None]]) -> str:
-    """Rows host, concurrency, output tok/s now, previous, ratio."""
-    rows = [("HOST", "CONC", "NOW tok/s", "PREVIOUS tok/s", "RATIO", "IDENTITY (previous)")]
+def table_rows(entries: list[tuple[dict, dict | None]]) -> list[tuple[str, ...]]:
+    """Rows host, concurrency, output tok/s now, previous, ratio, identity (previous)."""
+    rows = []
     for current, previous in entries:
         for c in compare(current, previous):
             rows.append((current["host"], str(c.concurrency), f"{c.now:.1f}",
                          "-" if c.previous is None else f"{c.previous:.1f}",
                          "-" if c.ratio is None else f"{c.ratio:.3f}",
                          current["identity"] + (f" ({previous['identity']})" if previous else "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+    return rows
+
+
+TABLE_COLUMNS = ("host", "concurrency", "now tok/s", "previous tok/s", "ratio",
+                 "identity (previous)")
 
 
 # --------------------------------------------------------------------------- local records
@@ -424,11 +428,10 @@ def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd="."
     for name in hosts:
         entry = find_run(name, run_id, cwd)
         if entry is None:
-            tail = "\n".join(run.output.strip().splitlines()[-30:])
             outcomes.append(BenchOutcome(
                 ok=False, host=name, output=run.output,
-                message=f"{name}: no benchmark result (pyinfra exit status {run.rc}); its "
-                        f"last output:\n{tail}"))
+                message=f"{name}: no benchmark result (pyinfra exit status {run.rc}):\n"
+                        + common.host_error(run.output, name)))
             continue
         ok, message = gate(entry["current"], entry["previous"], min_ratio)
         outcomes.append(BenchOutcome(ok=ok, message=message, current=entry["current"],
@@ -442,40 +445,41 @@ def run_and_gate(inventory: str, host: str, min_ratio: float, cwd=".", data=None
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run sglang.bench_serving on hosts, record and compare "
-                                     "output token throughput with the previous configuration")
-    p.add_argument("inventory", help="pyinfra inventory file (e.g. inventory/prod.py)")
-    p.add_argument("--limit", action="append", default=[], metavar="HOST",
-                   help="only this host (repeat or comma-separate for several)")
+    p = common.add_command(sub, "bench",
+                           help="run sglang.bench_serving on hosts, record and compare output "
+                                "token throughput with the previous configuration",
+                           failed="a host's benchmark failed, or its throughput fell below "
+                                  "--min-throughput-ratio")
+    common.add_inventory(p)
+    common.add_limit(p)
+    common.add_data(p)
     p.add_argument("--min-throughput-ratio", type=float, default=None, metavar="R",
                    help="fail (exit 1) when a level's output tok/s is below R x the previous "
                         "configuration's (e.g. 0.95)")
-    p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    common.add_json(p, "one outcome per host")
 
 
 def run(args) -> int:
-    from sglang_deploy.shell import runner
+    from sglang_deploy.shell.hosts import select
 
-    if args.min_throughput_ratio is not None and not (0 < args.min_throughput_ratio
-                                                      and math.isfinite(args.min_throughput_ratio)):
-        print("error: --min-throughput-ratio must be a positive number", file=sys.stderr)
-        return 2
-    names = [h for h, _ in runner.inventory_hosts(args.inventory)]
-    wanted = [x for item in args.limit for x in item.split(",") if x]
-    unknown = [h for h in wanted if h not in names]
-    if unknown:
-        print(f"error: not in {args.inventory}: {', '.join(unknown)} (hosts: {', '.join(names)})",
-              file=sys.stderr)
-        return 2
-    hosts = wanted or names
-    show = None if args.json else (lambda line: print(line, file=sys.stderr))
-    outcomes = run_hosts(args.inventory, hosts, args.min_throughput_ratio, on_line=show)
+    ratio = args.min_throughput_ratio
+    if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
+        raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
+                         fix="e.g. --min-throughput-ratio 0.95")
+    hosts = select(args.inventory, args.limit, args.data).hosts
+    def progress(line: str) -> None:  # pyinfra's output: never on stdout
+        print(line, file=sys.stderr)
+
+    outcomes = run_hosts(args.inventory, hosts, ratio, on_line=progress, data=args.data)
     if args.json:
         print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True))
     else:
         done = [(o.current, o.previous) for o in outcomes if o.current]
         if done:
-            print(table(done))
+            t = common.table(TABLE_COLUMNS, title="output token throughput")
+            for row in table_rows(done):
+                t.add_row(*row)
+            common.print_table(t)
         for o in outcomes:
             print(("ok:   " if o.ok else "FAIL: ") + o.message)
-    return 0 if all(o.ok for o in outcomes) else 1
+    return common.EXIT_OK if all(o.ok for o in outcomes) else common.EXIT_FAILED

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
+
+from sglang_deploy.commands import common
+from sglang_deploy.core.errors import SglangDeployError
 
 # Each module has add_parser(subparsers) and run(args) -> exit status.
 COMMAND_MODULES = (
@@ -20,8 +24,24 @@ COMMAND_MODULES = (
 )
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("sglang-deploy")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglang-deploy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sglang-deploy", description=__doc__,
+                                     epilog=common.epilog((common.EXIT_ROLLBACK_FAILED,
+                                                           "rollout: a rollback failed")),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sglang-deploy {version()}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more output: passed to pyinfra as -v/-vv; show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         module = importlib.import_module(name)
@@ -29,16 +49,51 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
         for added in set(sub.choices) - before:
             sub.choices[added].set_defaults(_module=module)
-    dt = sub.add_parser("data-table", help="print the README table of data keys")
+    dt = common.add_command(sub, "data-table", help="print the README table of data keys")
     dt.set_defaults(_run=lambda args: print(importlib.import_module("sglang_deploy.core.data").markdown_table()) or 0)
     return parser
 
 
+#: OS errors about what the user named (a path): input errors, exit 2
+_INPUT_OS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def _os_error(exc: OSError) -> str:
+    what = exc.strerror or str(exc)
+    name = f" {exc.filename}" if exc.filename else ""
+    fix = {
+        FileNotFoundError: "check the path (relative paths start at the current folder)",
+        PermissionError: "run as a user who may read it, or fix its permissions",
+        IsADirectoryError: "give a file, not a folder",
+        NotADirectoryError: "give a folder, not a file",
+    }.get(type(exc), "check the path and the disk")
+    return f"cannot use{name}: {what}; fix: {fix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if hasattr(args, "_run"):
-        return args._run(args)
-    return args._module.run(args)
+    verbose = getattr(args, "verbose", 0) or 0
+    from sglang_deploy.shell import runner
+
+    runner.VERBOSITY = verbose
+    prog = f"sglang-deploy {args.command}"
+    try:
+        if hasattr(args, "_run"):
+            return args._run(args)
+        return args._module.run(args)
+    except SglangDeployError as exc:
+        if verbose:
+            traceback.print_exc()
+        print(f"{prog}: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_status
+    except OSError as exc:
+        if verbose:
+            traceback.print_exc()
+        print(f"{prog}: {_os_error(exc)}", file=sys.stderr)
+        return common.EXIT_USAGE if isinstance(exc, _INPUT_OS_ERRORS) else common.EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return common.EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -302,9 +302,12 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``doctor`` on an ``argparse`` subparsers object."""
-    parser = subparsers.add_parser(
-        "doctor", help="GPU pre-flight on this machine (or on a collected folder)",
-        description=__doc__.split("\n\n")[0])
+    from sglang_deploy.commands import common
+
+    parser = common.add_command(
+        subparsers, "doctor", help="GPU pre-flight on this machine (or on a collected folder)",
+        description=__doc__.split("\n\n")[0],
+        failed="a check failed (the result is fail)")
     _configure(parser)
     parser.set_defaults(func=run)
     return parser
@@ -323,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
         report = run_doctor(collect_dir=args.collect, from_dir=args.from_dir, expectations=exp,
                             probe=opts)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"sglang-deploy doctor: {exc}", file=sys.stderr)
+        print(f"sglang-deploy doctor: {exc}; fix: give a folder made by --collect", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"status": report["status"], **{k: v for k, v in report.items() if k != "status"}}))

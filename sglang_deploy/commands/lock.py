@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sglang_deploy.commands import common
+from sglang_deploy.core.errors import UsageError
+
 DEFAULT_PLATFORM = "x86_64-manylinux_2_36"  # Debian 12 (glibc 2.36) on x86_64
 DEFAULT_PYTHON = "3.11"  # Debian 12's python3
 
@@ -34,19 +37,26 @@ def compile_command(src: Path, out: Path, platform: str, python: str) -> list[st
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("lock", help="regenerate a release lock file (hashes) for the hosts' platform")
-    p.add_argument("input", type=Path, help="locks/NAME.in")
+    p = common.add_command(sub, "lock",
+                           help="regenerate a release lock file (hashes) for the hosts' platform",
+                           failed="uv pip compile failed (its error is printed)")
+    p.add_argument("input", type=Path, metavar="INPUT", help="locks/NAME.in")
     p.add_argument("--platform", default=DEFAULT_PLATFORM)
     p.add_argument("--python-version", default=DEFAULT_PYTHON)
     p.add_argument("--output", type=Path, help="default: NAME.txt beside the input")
 
 
 def run(args) -> int:
+    if not args.input.is_file():
+        raise UsageError(what="INPUT: the top-level pins of a release (locks/NAME.in)",
+                         found=f"no file {args.input}",
+                         fix="pass an existing .in file (see locks/*.in)")
     out = args.output or args.input.with_suffix(".txt")
     cmd = compile_command(args.input, out, args.platform, args.python_version)
-    proc = subprocess.run(cmd)
+    proc = subprocess.run(cmd, stdout=sys.stderr, check=False)
     if proc.returncode != 0:
-        print(f"error: uv pip compile failed ({proc.returncode})", file=sys.stderr)
-        return 1
+        print(f"sglang-deploy lock: uv pip compile failed (exit status {proc.returncode}; "
+              "its error is above)", file=sys.stderr)
+        return common.EXIT_FAILED
     print(f"wrote {out}")
-    return 0
+    return common.EXIT_OK

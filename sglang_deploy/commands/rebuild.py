@@ -10,23 +10,43 @@ to HOST, with ``sglang_cache_seed`` set: nothing here differs from a first insta
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
-from sglang_deploy.shell import runner
+from sglang_deploy.commands import common
+from sglang_deploy.core.errors import UsageError
+from sglang_deploy.shell import hosts, runner
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("rebuild", help="bring a blank replacement host back to the deployed state")
-    p.add_argument("inventory")
-    p.add_argument("host")
+    p = common.add_command(sub, "rebuild",
+                           help="bring a blank replacement host back to the deployed state",
+                           failed="the deploy or its verification failed on the host")
+    common.add_inventory(p)
+    p.add_argument("host", metavar="HOST",
+                   help="the host to rebuild (a host name, or a group / glob, as --limit)")
     p.add_argument("--cache", help="cache archive from `sglang-deploy cache save` to seed it with")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    common.add_data(p)
+    common.add_json(p)
 
 
 def run(args) -> int:
+    if args.cache and not Path(args.cache).is_file():
+        raise UsageError(what="--cache FILE: an archive from `sglang-deploy cache save`",
+                         found=f"no file {args.cache}", fix="pass the path of that archive")
     data = list(args.data) + ([f"sglang_cache_seed={args.cache}"] if args.cache else [])
-    result = runner.run_pyinfra(args.inventory, "deploy.py", limit=[args.host], data=data,
-                                on_line=print)
-    verdict = "rebuilt and verified" if result.ok else "rebuild FAILED (see above)"
-    print(f"{args.host}: {verdict} in {result.seconds:.1f}s", file=sys.stderr)
-    return result.rc
+    chosen = hosts.select(args.inventory, [args.host], data, option="HOST")
+    show = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    result = runner.run_pyinfra(args.inventory, "deploy.py", limit=chosen.hosts, data=data,
+                                on_line=show)
+    rows = [{"host": name, "ok": result.ok,
+             "error": None if result.ok else common.host_error(result.output, name)}
+            for name in chosen.hosts]
+    if args.json:
+        print(json.dumps({"ok": result.ok, "seconds": round(result.seconds, 2), "hosts": rows},
+                         indent=2))
+    for row in rows:
+        verdict = "rebuilt and verified" if row["ok"] else "rebuild FAILED:\n" + row["error"]
+        print(f"{row['host']}: {verdict} ({result.seconds:.1f}s)", file=sys.stderr)
+    return common.EXIT_OK if result.ok else common.EXIT_FAILED

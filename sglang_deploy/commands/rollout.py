@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import shlex
 import sys
 import tempfile
@@ -28,8 +29,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sglang_deploy.commands import common
+from sglang_deploy.core.errors import RolloutError, UsageError
+from sglang_deploy.shell import hosts as hostsel
 from sglang_deploy.shell import runner
-from sglang_deploy.core.errors import RolloutError, SglangDeployError
 
 RUNS_DIR = Path(".sglang-deploy/rollouts")
 
@@ -38,23 +41,24 @@ RUNS_DIR = Path(".sglang-deploy/rollouts")
 
 def plan_order(hosts: list[str], canary: str | None = None,
                limit: list[str] | None = None) -> list[str]:
-    """Hosts in rollout order: the canary first, then the inventory order (limited)."""
+    """Hosts in rollout order: the canary first, then the inventory order (limited: LIMIT
+    is the hosts --limit selected)."""
     unknown = [h for h in ([canary] if canary else []) + list(limit or []) if h not in hosts]
     if unknown:
-        raise RolloutError(what="host names from the inventory",
-                           found=f"not in the inventory: {', '.join(unknown)}",
-                           fix=f"use one of: {', '.join(hosts)}")
+        raise UsageError(what="host names from the inventory",
+                         found=f"not in the inventory: {', '.join(unknown)}",
+                         fix=f"use one of: {', '.join(hosts)}")
     chosen = [h for h in hosts if not limit or h in limit]
     if canary and canary not in chosen:
-        raise RolloutError(what="the canary among the hosts rolled",
-                           found=f"{canary} is excluded by --limit", fix="add it to --limit")
+        raise UsageError(what="the canary among the hosts rolled",
+                         found=f"{canary} is excluded by --limit", fix="add it to --limit")
     return ([canary] if canary else []) + [h for h in chosen if h != canary]
 
 
 def batches(order: list[str], size: int, canary: str | None = None) -> list[list[str]]:
     """Batches of SIZE hosts; the canary, if any, alone in the first batch."""
     if size < 1:
-        raise RolloutError(what="--batch of at least 1", found=str(size), fix="use --batch 1 or more")
+        raise UsageError(what="--batch of at least 1", found=str(size), fix="use --batch 1 or more")
     out: list[list[str]] = []
     rest = list(order)
     if canary:
@@ -110,13 +114,14 @@ class Rollout:
     min_throughput_ratio: float | None = None
     cwd: str = "."
     out: object = sys.stdout
+    json_out: object | None = None  # --json: the report goes here, all else to `out`
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
     def run(self, dry: bool = False, report: str | None = None) -> int:
-        hosts = [name for name, _ in runner.inventory_hosts(self.inventory, self.cwd)]
-        order = plan_order(hosts, self.canary, self.limit)
+        chosen = hostsel.select(self.inventory, self.limit, self.data, cwd=self.cwd)
+        order = plan_order(chosen.all_hosts, self.canary, chosen.hosts if self.limit else None)
         groups = batches(order, self.batch, self.canary)
         self.say(f"rollout order ({len(order)} hosts, batch {self.batch}"
                  + (f", canary {self.canary}" if self.canary else "") + "):")
@@ -135,14 +140,18 @@ class Rollout:
                                    data=self.data, cwd=self.cwd)
         (run_dir / "reachability.log").write_text(check.output)
         if not check.ok or "Grand total   -" in check.output:
-            tail = "\n".join(check.output.strip().splitlines()[-15:])
             down = unreachable(check.output)
             self.say("STOPPED before touching any host: "
                      + (f"{', '.join(down)} did not answer over SSH" if down
                         else "not every host answered or its data is invalid")
-                     + f" (fix it, or leave it out with --limit).\n{tail}")
+                     + " (fix it, or leave it out with --limit):")
+            for name in (down or [None]):
+                self.say(_indent((f"{name}: " if name else "")
+                                 + common.host_error(check.output, name)))
             for r in results.values():
                 r.message = "not touched: a host did not answer before the rollout"
+                if r.host in down:
+                    r.message = common.host_error(check.output, r.host)
             return self.finish(results, run_dir, report, t_start,
                                verdict="rollout not started: a host is unreachable or its data "
                                        "is invalid (see above); no host was touched")
@@ -180,7 +189,8 @@ class Rollout:
                 r.message = f"{r.action}; sglang {s.get('sglang_version')} release {s.get('release')}"
             else:
                 r.status = "failed"
-                r.message = _error_excerpt(run.output) if not s else "batch failed elsewhere"
+                r.message = (common.host_error(run.output, name) if not s
+                             else "batch failed elsewhere")
         for name in group:
             r = results[name]
             self.say(f"    {name}: {r.status} in {r.seconds:.1f}s"
@@ -257,7 +267,7 @@ class Rollout:
                               "(no known-good configuration on it)")
             else:
                 r.status = "rollback-failed"
-                r.message += "\nROLLBACK FAILED: " + _error_excerpt(run.output)
+                r.message += "\nROLLBACK FAILED: " + common.host_error(run.output, name)
             self.say(f"    {name}: {r.status}")
 
     def dry_run(self, order: list[str], run_dir: Path) -> int:
@@ -267,24 +277,36 @@ class Rollout:
         (run_dir / "dry.log").write_text(run.output)
         self.say("plan (nothing was changed):")
         bad = False
+        entries = []
         for name in order:
             path = plans / f"{name}.json"
             if not path.exists():
                 bad = True
-                self.say(f"  {name}: no plan (unreachable, or its data is invalid): see {run_dir / 'dry.log'}")
+                error = common.host_error(run.output, name)
+                entries.append({"host": name, "ok": False, "error": error, "changes": None})
+                self.say(f"  {name}: no plan (unreachable, or its data is invalid):\n"
+                         + _indent(error))
                 continue
             p = json.loads(path.read_text())
+            entry = {"host": name, "ok": True, "error": None, "changes": p["changes"]}
+            entries.append(entry)
             if p.get("preflight") == "fail":
                 bad = True
-                self.say(f"  {name}: pre-flight would FAIL: "
-                         + "; ".join(f"{c['name']}: {c['message']}" for c in p["failed"]))
+                entry["ok"] = False
+                entry["error"] = "pre-flight would FAIL: " + "; ".join(
+                    f"{c['name']}: {c['message']}" for c in p["failed"])
+                self.say(f"  {name}: {entry['error']}")
             elif not p["changes"]:
                 self.say(f"  {name}: no change (would be verified, not restarted)")
             else:
                 self.say(f"  {name}: {len(p['changes'])} change(s):")
                 for c in p["changes"]:
                     self.say(f"      - {c}")
-        return 1 if bad or not run.ok else 0
+        ok = not bad and run.ok
+        if self.json_out is not None:
+            print(json.dumps({"ok": ok, "dry": True, "order": order, "hosts": entries},
+                             indent=2), file=self.json_out)
+        return common.EXIT_OK if ok else common.EXIT_FAILED
 
     def finish(self, results: dict, run_dir: Path, report: str | None, t_start: float,
                verdict: str | None = None) -> int:
@@ -300,15 +322,22 @@ class Rollout:
         if report:
             Path(report).write_text(body)
         self.say("")
-        self.say(f"{'host':<16} {'status':<16} {'seconds':>8} {'ready':>7}  note")
+        table = common.table(("host", "status", "seconds", "ready", "note"), out=self.out)
         for r in rows:
             note = r.message.splitlines()[0] if r.message else ""
-            self.say(f"{r.host:<16} {r.status:<16} {r.seconds if r.seconds is not None else '-':>8} "
-                     f"{r.restart_to_ready_s if r.restart_to_ready_s is not None else '-':>7}  {note[:90]}")
+            table.add_row(r.host, r.status, "-" if r.seconds is None else f"{r.seconds}",
+                          "-" if r.restart_to_ready_s is None else f"{r.restart_to_ready_s}",
+                          note[:120])
+        common.print_table(table, self.out)
+        for r in rows:
+            if r.status in ("failed", "rolled-back", "rollback-failed") and r.message:
+                self.say(f"{r.host} ({r.status}):\n{_indent(r.message)}")
         self.say(("OK: " if ok else "FAILED: ") + text + f"  (report: {run_dir / 'rollout.json'})")
+        if self.json_out is not None:
+            print(body, end="", file=self.json_out)
         if any(r.status == "rollback-failed" for r in rows):
-            return 3
-        return 0 if ok else 1
+            return common.EXIT_ROLLBACK_FAILED
+        return common.EXIT_OK if ok else common.EXIT_FAILED
 
 
 def unreachable(output: str) -> list[str]:
@@ -322,47 +351,35 @@ def _indent(text: str, prefix: str = "      ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
-def _error_excerpt(output: str, n: int = 12) -> str:
-    """The sglang-deploy error block of a pyinfra run (expected/found/fix), else its tail."""
-    lines = output.rstrip().splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        line = lines[i]
-        if ": expected " in line and ("sglang_deploy.core.errors." in line or line.startswith("--> pyinfra error")
-                                      or line.lstrip().startswith("[")):
-            block = [line.split("sglang_deploy.core.errors.", 1)[-1].strip()]
-            for more in lines[i + 1:]:
-                if not more.startswith(" "):
-                    break
-                block.append(more)
-            return "\n".join(block[:n])
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("--> pyinfra error"):
-            return "\n".join(lines[i:i + n])
-    return "\n".join(lines[-n:])
-
-
 def add_parser(sub) -> None:
-    p = sub.add_parser("rollout", help="roll the deploy across hosts in batches, halting and "
-                                       "rolling back on the first failure")
-    p.add_argument("inventory")
+    p = common.add_command(sub, "rollout",
+                           help="roll the deploy across hosts in batches, halting and rolling "
+                                "back on the first failure",
+                           failed="a host failed (halted; the failed host rolled back), or "
+                                  "--dry: a host would fail or did not answer",
+                           codes=((common.EXIT_ROLLBACK_FAILED,
+                                   "ROLLBACK FAILED: a host may not be serving"),))
+    common.add_inventory(p)
     p.add_argument("--batch", type=int, default=1, help="hosts deployed at once (at most this many out of service)")
     p.add_argument("--canary", help="host deployed first, alone")
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="override host data, as pyinfra --data (repeatable)")
+    common.add_limit(p)
+    common.add_data(p)
     p.add_argument("--dry", action="store_true", help="print the order and each host's changes; touch nothing")
     p.add_argument("--report", help="also write the JSON report here")
+    common.add_json(p, "the report")
     p.add_argument("--min-throughput-ratio", type=float,
                    help="after each host, run the benchmark; a drop below this ratio of the "
                         "previous configuration's throughput fails the host (and rolls it back)")
 
 
 def run(args) -> int:
-    try:
-        return Rollout(inventory=args.inventory, batch=args.batch, canary=args.canary,
-                       limit=args.limit, data=args.data,
-                       min_throughput_ratio=args.min_throughput_ratio).run(dry=args.dry,
-                                                                          report=args.report)
-    except SglangDeployError as exc:
-        print(exc.message, file=sys.stderr)
-        return 2
+    ratio = args.min_throughput_ratio
+    if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
+        raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
+                         fix="e.g. --min-throughput-ratio 0.95")
+    return Rollout(inventory=args.inventory, batch=args.batch, canary=args.canary,
+                   limit=args.limit, data=args.data,
+                   min_throughput_ratio=args.min_throughput_ratio,
+                   out=sys.stderr if args.json else sys.stdout,
+                   json_out=sys.stdout if args.json else None).run(dry=args.dry,
+                                                                   report=args.report)

@@ -7,7 +7,8 @@ of ``/health`` and ``/v1/models``, the time of the last successful verification,
 drift: the operations a deploy would run now (an empty list means the host is exactly what
 the deploy would make it). A host without a record did not answer or has invalid data.
 
-Exit status: 0 when every host is reachable, in sync and healthy; 1 otherwise.
+Exit status: 0 when every host is reachable, in sync and healthy; 1 otherwise; 2 for a
+missing inventory, a --limit that matches nothing or bad --data (nothing contacted).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sglang_deploy.commands import common
 from sglang_deploy.shell import runner
-from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.shell.hosts import select
 
 
 def rows_from_plans(hosts: list[str], plans: Path, output: str) -> list[dict]:
@@ -28,11 +30,9 @@ def rows_from_plans(hosts: list[str], plans: Path, output: str) -> list[dict]:
     for name in hosts:
         path = plans / f"{name}.json"
         if not path.exists():
-            m = re.search(rf"\[{re.escape(name)}\] (Could not connect[^\n]*)", output)
-            err = re.search(rf"\[{re.escape(name)}\][^\n]*(invalid deploy data[^\n]*)", output)
+            m = re.search(rf"\[{re.escape(name)}\]\s*Could not connect", output)
             rows.append({"host": name, "reachable": False if m else None,
-                         "problem": (m.group(1) if m else err.group(1) if err
-                                     else "no answer (see the pyinfra output)"),
+                         "problem": common.host_error(output, name),
                          "in_sync": None, "healthy": False})
             continue
         p = json.loads(path.read_text())
@@ -56,18 +56,13 @@ def _fmt_uptime(s) -> str:
 
 
 def render(rows: list[dict], out=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=out or sys.stdout, width=200 if not (out or sys.stdout).isatty() else None)
-    table = Table(title="sglang-deploy status")
-    for col in ("host", "reachable", "unit", "uptime", "release", "sglang", "patch", "health",
-                "model", "last verified", "drift"):
-        table.add_column(col)
+    table = common.table(("host", "reachable", "unit", "uptime", "release", "sglang", "patch",
+                          "health", "model", "last verified", "drift"),
+                         title="sglang-deploy status", out=out)
     for r in rows:
         if r.get("reachable") is not True or r.get("preflight") == "fail":
             table.add_row(r["host"], "no" if r.get("reachable") is False else ("yes" if r.get("reachable") else "?"),
-                          "", "", "", "", "", "", "", "", r.get("problem", ""))
+                          "", "", "", "", "", "", "", "", _one_line(r.get("problem", "")))
             continue
         drift = "in sync" if r["in_sync"] else f"{len(r['changes'])} change(s): " + "; ".join(r["changes"][:4])
         table.add_row(r["host"], "yes", r.get("unit") or "-", _fmt_uptime(r.get("uptime_s")),
@@ -75,14 +70,18 @@ def render(rows: list[dict], out=None) -> None:
                       r.get("patch_state") or "-", str(r.get("health") or "down"),
                       ", ".join(r.get("models") or []) or "-", r.get("last_verified") or "never",
                       drift)
-    console.print(table)
+    common.print_table(table, out)
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
             data: list[str] | None = None) -> tuple[list[dict], str]:
-    hosts = [name for name, _ in runner.inventory_hosts(inventory, cwd)]
-    if limit:
-        hosts = [h for h in hosts if h in limit]
+    """Rows of the hosts INVENTORY and LIMIT select (checked before any connection: a missing
+    inventory, a limit that matches nothing or bad data raise, exit status 2)."""
+    hosts = select(inventory, limit, data, cwd=cwd).hosts
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
         run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
                                  cwd=cwd, env={"SGLANG_DEPLOY_PLAN_DIR": tmp})
@@ -90,23 +89,21 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("status", help="one row per host: unit, release, patch, health, drift (read-only)")
-    p.add_argument("inventory")
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="data overrides the deploy would use (as in rollout --data)")
+    p = common.add_command(sub, "status",
+                           help="one row per host: unit, release, patch, health, drift (read-only)",
+                           failed="a host is unreachable, unhealthy or drifted")
+    common.add_inventory(p)
+    common.add_limit(p)
+    common.add_json(p, "one object per host")
+    common.add_data(p)
 
 
 def run(args) -> int:
-    try:
-        rows, _ = collect(args.inventory, limit=args.limit, data=args.data)
-    except SglangDeployError as exc:
-        print(exc.message, file=sys.stderr)
-        return 2
+    rows, _ = collect(args.inventory, limit=args.limit, data=args.data)
     if args.json:
         json.dump(rows, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
         render(rows)
-    return 0 if all(r.get("in_sync") and r.get("healthy") for r in rows) else 1
+    ok = all(r.get("in_sync") and r.get("healthy") for r in rows)
+    return common.EXIT_OK if ok else common.EXIT_FAILED

@@ -114,7 +114,10 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Name of the CONTROLLER environment variable holding the API key (never the key itself)."),
     _k("sglang_hf_token_env", (str, NONE), None,
        "Name of the controller environment variable holding the Hugging Face token."),
-    _k("sglang_env", dict, {}, "Extra, non-secret environment variables of the service."),
+    _k("sglang_env", dict, {},
+       "Extra, non-secret environment variables of the service. Secret names (`HF_TOKEN`, "
+       "`HUGGING_FACE_HUB_TOKEN`, `*_KEY`, `*_TOKEN`, `*_SECRET`, `*_PASSWORD`) are refused: "
+       "use `sglang_api_key_env` / `sglang_hf_token_env`."),
     _k("sglang_launch_command", list, ["-m", "sglang.launch_server"],
        "What the release venv's python runs, before the flags."),
     _k("sglang_stop_timeout_s", int, 120, "TimeoutStopSec of the unit.", minimum=1),
@@ -229,6 +232,31 @@ def _check_mapping_of_scalars(name: str, value: dict) -> None:
                             found=repr(v), fix=f"set `{name}.{k}` to a string or number")
 
 
+#: environment variable names that hold secrets: refused in `sglang_env` (they would land in
+#: the unit file, readable by every local user); the `*_env` keys carry them instead
+SECRET_ENV_NAME = re.compile(
+    r"^(HF_TOKEN|HUGGING_FACE_HUB_TOKEN|HUGGINGFACE_TOKEN|(.*_)?(KEY|TOKEN|SECRET|PASSWORD|PASSWD))$",
+    re.IGNORECASE)
+
+
+def _check_no_secrets(name: str, value: dict) -> None:
+    for k in value:
+        if SECRET_ENV_NAME.match(k):
+            if "HF" in k.upper() or "HUGGING" in k.upper():
+                fix = ("remove it and set `sglang_hf_token_env` to the name of a controller "
+                       "environment variable holding the token")
+            elif "API_KEY" in k.upper():
+                fix = ("remove it and set `sglang_api_key_env` to the name of a controller "
+                       "environment variable holding the key")
+            else:
+                fix = ("remove it: secrets are never data; the API key goes through "
+                       "`sglang_api_key_env`, the Hugging Face token through "
+                       "`sglang_hf_token_env` (root-only secrets file)")
+            raise DataError(key=name, what=f"no secret in `{name}` (it lands in the unit file, "
+                                           "readable by every local user)",
+                            found=f"`{k}` in `{name}`", fix=fix)
+
+
 def unknown_keys(raw: dict[str, Any]) -> list[str]:
     return sorted(k for k in raw if k not in KEYS and not k.startswith(FOREIGN_PREFIXES))
 
@@ -258,6 +286,7 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
                  "sglang_wheelhouse", "sglang_system_python"):
         _check_path(name, values[name])
     _check_mapping_of_scalars("sglang_env", values["sglang_env"])
+    _check_no_secrets("sglang_env", values["sglang_env"])
     _check_mapping_of_scalars("bench_env", values["bench_env"])
     levels = values["bench_concurrency"]
     if not levels or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1

@@ -30,6 +30,8 @@ __all__ = [
     "ModelError",
     "RollbackError",
     "RolloutError",
+    "UsageError",
+    "one_line",
 ]
 
 
@@ -42,6 +44,8 @@ class SglangDeployError(PyinfraError):
     """Base class: ``what`` was expected, ``found`` is what is there, ``fix`` is what to do."""
 
     title = "sglang-deploy error"
+    #: the command's exit status when this error ends it (2: bad input, nothing touched)
+    exit_status = 1
 
     def __init__(
         self,
@@ -76,6 +80,10 @@ class SglangDeployError(PyinfraError):
     def __str__(self) -> str:
         return "\n".join(self.lines())
 
+    def one_line(self) -> str:
+        """The whole error on one line: headline; found: ...; fix: ..."""
+        return one_line(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "type": type(self).__name__,
@@ -108,6 +116,7 @@ class DataError(SglangDeployError):
     """Bad group data / inventory value. ``key`` names the offending data key."""
 
     title = "invalid deploy data"
+    exit_status = 2
 
     def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
                  key: str | None = None, details: dict[str, Any] | None = None) -> None:
@@ -128,6 +137,7 @@ class PatchError(SglangDeployError):
 
 class FlagError(SglangDeployError):
     title = "invalid launch flags"
+    exit_status = 2
 
 
 class VerifyError(SglangDeployError):
@@ -148,3 +158,25 @@ class RollbackError(SglangDeployError):
 
 class RolloutError(SglangDeployError):
     title = "rollout stopped"
+
+
+class UsageError(SglangDeployError):
+    """A command line the tool cannot act on (an inventory that is not there, a --limit that
+    matches no host, a malformed --data): nothing was touched."""
+
+    title = "invalid command line"
+    exit_status = 2
+
+
+def _flat(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def one_line(exc: SglangDeployError) -> str:
+    """EXC as one line (for a command's final message): headline; found: ...; fix: ..."""
+    parts = [_flat(exc.headline())]
+    if exc.found:
+        parts.append("found: " + _flat(exc.found))
+    if exc.fix:
+        parts.append("fix: " + _flat(exc.fix))
+    return "; ".join(parts)

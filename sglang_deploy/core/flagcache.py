@@ -6,6 +6,8 @@ and a release never changes it, so the host reports the file's sha256 (in the ho
 round trip) and the controller reuses the spec it parsed before from a file with that
 sha256. The key also names the parser (a hash of ``flags.py``), so a changed parser
 never reads an old entry. A missing, unreadable or corrupt entry is a miss, never an error.
+The controller's check before connecting (``shell.lockedflags``) keeps its entries the same
+way, keyed by the sha256 of the locked sglang WHEEL they were read from.
 """
 
 from __future__ import annotations

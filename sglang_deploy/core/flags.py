@@ -24,11 +24,6 @@ Pure module (no I/O except :func:`spec_from_wheel`, which reads a local wheel fi
 
 * :func:`validate_flags` / :func:`check_flags` check a mapping against a spec.
 
-* :func:`render_config_yaml` renders a mapping as the YAML file read by SGLang's
-  ``--config FILE.yaml`` (0.5.7+), following ``ConfigArgumentMerger``: keys are used
-  verbatim as ``--{key}`` (so kebab-case), ``store_true`` booleans become the bare flag or
-  nothing, other booleans ``--key true|false``, lists ``--key a b``, scalars ``str()``.
-  Up to 0.5.12.post1 only ``store``/``store_true`` options may appear in the file.
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from packaging.version import Version
 
 from sglang_deploy.core.errors import FlagError
 
@@ -59,7 +53,6 @@ __all__ = [
     "normalise_name",
     "normalise_names",
     "parse_server_args",
-    "render_config_yaml",
     "render_flags",
     "spec_from_wheel",
     "spec_members",
@@ -730,61 +723,6 @@ def render_flags(mapping: Mapping[str, Any], spec: FlagSpec | None = None) -> li
         else:
             argv += [name, word]
     return argv
-
-
-def render_config_yaml(mapping: Mapping[str, Any], spec: FlagSpec | None = None,
-                       version: str | None = None) -> str:
-    """Render ``mapping`` as a YAML file for SGLang's ``--config`` (0.5.7+).
-
-    Keys are written kebab-case without ``--`` (``ConfigArgumentMerger`` turns each key
-    verbatim into ``--{key}``); ``None`` and ``False`` of ``store_true`` flags are omitted;
-    dicts become JSON strings (0.5.12.post1 would otherwise pass ``str(dict)``, a Python
-    repr that ``json.loads`` rejects).  With a spec, flags the merger of that version
-    refuses (``Unsupported config option``) raise :class:`FlagError`.
-    """
-    import yaml
-
-    norm = normalise(mapping)
-    out: dict[str, Any] = {}
-    for name, value in norm.items():
-        info = spec.get(name) if spec is not None else None
-        if info is not None and not _config_supported(info, version or spec.version):
-            raise _shape_error(
-                name, f"`{name}` to be a plain option (store/store_true) in a --config file",
-                f"{name} is declared with action {info.action_name}"
-                + (f", nargs={info.nargs!r}" if info.nargs is not None else ""),
-                "SGLang's config merger refuses it: pass it on the command line instead")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            if info is not None and info.action_name != "store_true" and info.takes_value:
-                out[name[2:]] = value   # merger writes `--key true|false`
-            elif value:
-                out[name[2:]] = True
-            continue
-        if isinstance(value, dict):
-            out[name[2:]] = _word(value)
-        elif isinstance(value, (list, tuple)):
-            out[name[2:]] = [v for v in value]
-        else:
-            out[name[2:]] = value
-    header = "# Managed by sglang-deploy: launch options read by `--config` (sorted).\n"
-    body = yaml.safe_dump(out, sort_keys=True, default_flow_style=False,
-                          allow_unicode=True, width=10_000) if out else "{}\n"
-    return header + body
-
-
-def _config_supported(info: ArgInfo, version: str | None) -> bool:
-    """ConfigArgumentMerger accepts store/store_true options (0.5.7 .. 0.5.22); 0.5.23 also
-    any other action that takes exactly one value (``nargs`` None)."""
-    if info.action_name in ("store", "store_true"):
-        return True
-    return (version is not None and _vkey(version) >= _vkey("0.5.23")
-            and info.takes_value and info.nargs is None)
-
-
-def _vkey(v: str) -> Version:
-    return Version(v)
 
 
 # --------------------------------------------------------------------------------------

@@ -753,12 +753,22 @@ def apply(path: str | os.PathLike, *, python: str | None = None,
 # --------------------------------------------------------------------------- CLI
 
 
+#: the exit statuses of `patch status|apply` (in their --help)
+EXIT_CODES = """exit status:
+  0   a state: needed, applied, already-applied, enabled-upstream (printed)
+  1   an error state: no-autotune-list, unrecognised, write-failed, or a PATH without sglang
+      (the error is printed with the fix; with --json also as one JSON object)
+  2   usage error"""
+
+
 def _add_arguments(sub) -> None:
-    s = sub.add_parser("status", help="show whether the autotune patch is needed (read-only)")
+    kw = dict(epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = sub.add_parser("status", help="show whether the autotune patch is needed (read-only)",
+                       **kw)
     s.add_argument("path", metavar="PATH",
                    help="site-packages dir, sglang package dir, venv prefix or the file")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    a = sub.add_parser("apply", help="apply the autotune patch (idempotent)")
+    a = sub.add_parser("apply", help="apply the autotune patch (idempotent)", **kw)
     a.add_argument("path", metavar="PATH",
                    help="site-packages dir, sglang package dir, venv prefix or the file")
     a.add_argument("--json", action="store_true", help="print one JSON object")
@@ -776,6 +786,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "patch",
         help="the FlashInfer autotune patch (flashinfer_cutlass, SGLang 0.5.7..0.5.12.post1)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="patch_command", metavar="{status,apply}")
     sub.required = True

@@ -9,12 +9,12 @@ Nothing here talks to a host or to pyinfra.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core.errors import DataError, RollbackError
+from sglang_deploy.core import lockfile
+from sglang_deploy.core.errors import RollbackError
 
 SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
@@ -124,15 +124,9 @@ class Layout:
 
 def release_of_lock(text: str, path: str) -> tuple[str, str]:
     """(release id, sglang version) of a lock's TEXT: the id is the text's hash, so a new lock
-    is a new release folder. Raises DataError for a lock without an sglang pin or hashes."""
-    m = re.search(r"^sglang==([^\s\\;]+)", text, re.MULTILINE)
-    if not m:
-        raise DataError(key="sglang_lock", what="the lock pins sglang==VERSION",
-                        found=f"no sglang pin in {path}", fix="add sglang to the .in file and re-lock")
-    if "--hash=sha256:" not in text:
-        raise DataError(key="sglang_lock", what="a lock with hashes", found=f"{path} has no hashes",
-                        fix="regenerate it with `sglang-deploy lock` (uses --generate-hashes)")
-    return sha256_text(text)[:16], m.group(1)
+    is a new release folder. Raises DataError for a lock that is not fully pinned with hashes
+    or has no sglang pin (``lockfile.sglang_pin``)."""
+    return sha256_text(text)[:16], lockfile.sglang_pin(text, path).version
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,14 +19,22 @@ from pathlib import Path
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data
-from sglang_deploy.shell import deploylock
+from sglang_deploy.shell import deploylock, lockedflags
 from sglang_deploy.core import errors
 from sglang_deploy.shell.plan import PLAN_ENV
 
 
-def validate_inventory(inventory, cwd: str | None = None) -> None:
-    """Resolve every host's data and check that its lock file (the release profile) exists on
-    the controller; raise the first ``DataError``, naming the host."""
+def _pyinfra_warning(text: str) -> None:
+    from pyinfra import logger
+
+    logger.warning(f"sglang-deploy: {text}")
+
+
+def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning) -> None:
+    """Resolve every host's data, check that its lock file (the release profile) exists on
+    the controller and that its launch flags are flags of the sglang version that lock pins
+    (``lockedflags``; WARN says when that cannot be checked here); raise the first
+    ``DataError``, naming the host."""
     for each in inventory:
         try:
             settings = data.resolve(each.data.dict())
@@ -37,6 +45,7 @@ def validate_inventory(inventory, cwd: str | None = None) -> None:
                     found=f"no file {lock}",
                     fix="fix `sglang_lock` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
+            lockedflags.check(settings, cwd or ".", warn)
         except data.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"

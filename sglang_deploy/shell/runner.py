@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
+#: pyinfra's own verbosity (``-v``, ``-vv``) for every pyinfra run a command drives; the CLI's
+#: ``-v`` sets it
+VERBOSITY = 0
+
+
 @dataclass
 class Run:
     argv: list[str]
@@ -56,7 +61,7 @@ def pyinfra_argv(inventory: str, deploy_file: str | Sequence[str], *, limit: Seq
                  data: dict | Sequence[str] | None = None, dry: bool = False,
                  extra: Sequence[str] = ()) -> list[str]:
     """``pyinfra -y [options] INVENTORY DEPLOY`` (DEPLOY: a file, or words like exec -- true)."""
-    argv = [pyinfra_bin(), "-y"]
+    argv = [pyinfra_bin(), "-y"] + (["-" + "v" * VERBOSITY] if VERBOSITY > 0 else [])
     for name in limit:
         argv += ["--limit", name]
     argv += data_args(data)

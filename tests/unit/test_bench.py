@@ -219,14 +219,13 @@ def test_gate_without_previous_or_common_levels_or_ratio():
     assert ok and "x0.200" in msg
 
 
-def test_table():
-    out = bench.table([(rec("B", c2=400.0, c4=495.0), rec("A", c2=800.0)),
-                       ({**rec("Z", c2=7.0), "host": "h2"}, None)])
-    lines = out.splitlines()
-    assert lines[0].split()[:3] == ["HOST", "CONC", "NOW"]
-    assert lines[1].split()[:5] == ["h1", "2", "400.0", "800.0", "0.500"]
-    assert lines[2].split()[:5] == ["h1", "4", "495.0", "-", "-"]
-    assert lines[3].split()[:5] == ["h2", "2", "7.0", "-", "-"]
+def test_table_rows():
+    rows = bench.table_rows([(rec("B", c2=400.0, c4=495.0), rec("A", c2=800.0)),
+                             ({**rec("Z", c2=7.0), "host": "h2"}, None)])
+    assert [r[:5] for r in rows] == [("h1", "2", "400.0", "800.0", "0.500"),
+                                     ("h1", "4", "495.0", "-", "-"),
+                                     ("h2", "2", "7.0", "-", "-")]
+    assert len(bench.TABLE_COLUMNS) == len(rows[0])
 
 
 def test_local_records_roundtrip(tmp_path):
@@ -401,8 +400,8 @@ def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkey
 def test_cli_refuses_unknown_hosts_and_bad_ratio(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "inv.py").write_text('web = ["h1", "h2"]\n')
-    args = cli.build_parser().parse_args(["bench", "inv.py", "--limit", "h1,nope"])
-    assert bench.run(args) == 2
-    assert "not in inv.py: nope (hosts: h1, h2)" in capsys.readouterr().err
-    args = cli.build_parser().parse_args(["bench", "inv.py", "--min-throughput-ratio", "0"])
-    assert bench.run(args) == 2
+    assert cli.main(["bench", "inv.py", "--limit", "h1", "--limit", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing matches 'nope'" in err and "hosts: h1, h2" in err
+    assert cli.main(["bench", "inv.py", "--min-throughput-ratio", "0"]) == 2
+    assert "--min-throughput-ratio" in capsys.readouterr().err

@@ -113,3 +113,26 @@ def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection(
         state.init(inventory, Config())
     assert "[h2]" in str(err.value) and "sglang_portt" in str(err.value)
     assert not any(h.connected for h in inventory)
+
+
+@pytest.mark.parametrize("name, fix", [
+    ("HF_TOKEN", "sglang_hf_token_env"),
+    ("HUGGING_FACE_HUB_TOKEN", "sglang_hf_token_env"),
+    ("OPENAI_API_KEY", "sglang_api_key_env"),
+    ("SGLANG_API_KEY", "sglang_api_key_env"),
+    ("WANDB_TOKEN", "secrets are never data"),
+    ("DB_PASSWORD", "secrets are never data"),
+    ("aws_secret", "secrets are never data"),
+    ("PRIVATE_KEY", "secrets are never data"),
+])
+def test_secrets_in_sglang_env_are_refused_with_the_env_keys_as_fix(name, fix):
+    with pytest.raises(DataError) as err:
+        resolve(sglang_env={"NCCL_DEBUG": "INFO", name: "x"})
+    assert err.value.key == "sglang_env" and f"`{name}`" in err.value.found
+    assert fix in err.value.fix
+
+
+def test_plain_environment_in_sglang_env_passes():
+    env = {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_KEYS_DIR": "/x",
+           "TOKENIZERS_PARALLELISM": "false"}
+    assert resolve(sglang_env=env).sglang_env == env

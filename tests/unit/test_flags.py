@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-import yaml
 
 from sglang_deploy.core import flags as F
 from sglang_deploy.core.errors import FlagError
@@ -298,44 +297,6 @@ def test_check_flags_collects_all_errors():
 # ---------------------------------------------------------------------------------------
 # --config YAML
 # ---------------------------------------------------------------------------------------
-
-
-def _merge_like_sglang(yaml_text: str, s: F.FlagSpec) -> list[str]:
-    """What ConfigArgumentMerger._convert_config_to_args (0.5.9 .. 0.5.12.post1) makes of
-    the file (re-implemented here from the wheel's source: keys -> `--{key}` verbatim)."""
-    data = yaml.safe_load(yaml_text) or {}
-    args: list[str] = []
-    for key, value in data.items():
-        info = s[f"--{key}"]
-        if isinstance(value, bool):
-            if info.action == "store_true":
-                if value:
-                    args.append(f"--{key}")
-            else:
-                args += [f"--{key}", str(value).lower()]
-        elif isinstance(value, list):
-            args += [f"--{key}", *map(str, value)]
-        else:
-            args += [f"--{key}", str(value)]
-    return args
-
-
-def test_config_yaml_round_trips_to_the_same_argv():
-    s = spec(PINNED)
-    mapping = dict(SEED, **{"cuda-graph-bs": [1, 2, 4], "json-model-override-args": {"a": 1},
-                            "enable-metrics": False, "log-level": None})
-    text = F.render_config_yaml(mapping, s)
-    assert text == F.render_config_yaml(dict(reversed(list(mapping.items()))), s)
-    merged = _merge_like_sglang(text, s)
-    # same words as the argv rendering (order aside: both are sorted by flag)
-    assert merged == F.render_flags(mapping, s)
-    assert "enable-metrics" not in text and "log-level" not in text
-
-
-def test_config_yaml_refuses_actions_the_merger_rejects():
-    s = spec(PINNED)
-    with pytest.raises(FlagError, match="config"):
-        F.render_config_yaml({"lora-strict-loading": True}, s)  # BooleanOptionalAction
 
 
 def test_config_parser_source_matches_our_reading():

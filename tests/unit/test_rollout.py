@@ -7,7 +7,8 @@ import pytest
 from sglang_deploy.shell import plan
 from sglang_deploy.commands import rollout
 from sglang_deploy.commands import status
-from sglang_deploy.core.errors import RolloutError
+from sglang_deploy.commands import common
+from sglang_deploy.core.errors import UsageError
 from sglang_deploy.commands.rollout import HostResult, batches, outcome, plan_order
 
 HOSTS = ["a", "b", "c", "d"]
@@ -20,16 +21,16 @@ def test_order_is_the_inventory_order_with_the_canary_first():
 
 
 def test_unknown_or_excluded_hosts_are_refused_before_anything_runs():
-    with pytest.raises(RolloutError, match="not in the inventory: x"):
+    with pytest.raises(UsageError, match="not in the inventory: x"):
         plan_order(HOSTS, canary="x")
-    with pytest.raises(RolloutError, match="excluded"):
+    with pytest.raises(UsageError, match="excluded"):
         plan_order(HOSTS, canary="a", limit=["b"])
 
 
 def test_batches_keep_the_canary_alone():
     assert batches(["c", "a", "b", "d"], 2, canary="c") == [["c"], ["a", "b"], ["d"]]
     assert batches(HOSTS, 3) == [["a", "b", "c"], ["d"]]
-    with pytest.raises(RolloutError):
+    with pytest.raises(UsageError):
         batches(HOSTS, 0)
 
 
@@ -44,8 +45,8 @@ def test_outcome_names_the_halting_host_and_shouts_about_failed_rollbacks():
 
 def test_error_excerpt_prefers_the_tool_error_block():
     out = "noise\n--> pyinfra error in x.py: verification failed\n  found: boom\n  fix: do\nmore"
-    assert rollout._error_excerpt(out).startswith("--> pyinfra error")
-    assert rollout._error_excerpt("a\nb") == "a\nb"
+    assert common.host_error(out).startswith("--> pyinfra error")
+    assert common.host_error("a\nb") == "a\nb"
 
 
 def test_status_fields_from_host_state_and_one_poll():
@@ -87,7 +88,7 @@ def test_error_excerpt_finds_the_verify_error_before_pyinfras_last_words():
            "  fix:      read the journal\n\n"
            "    [tb2] Unexpected error in Python callback: VerifyError('x',)\n"
            "--> pyinfra error: No hosts remaining!\n")
-    text = rollout._error_excerpt(out)
+    text = common.host_error(out, "tb2")
     assert text.startswith("VerifyError: verification failed") and "phase `autotune`" in text
     assert "No hosts remaining" not in text
 

@@ -1,0 +1,168 @@
+"""The one command-line convention of every ``sglang-deploy`` command, shared.
+
+* ``INVENTORY`` is positional; ``--limit PATTERN`` follows pyinfra's rules (host name, group
+  name, glob; ``shell.hosts.select``) and one that matches nothing is an error (exit 2);
+  ``--data K=V`` is checked like the inventory's data before any connection; ``--json``
+  prints the result as JSON on stdout and nothing else goes there; ``-v`` / ``-vv`` pass
+  pyinfra's verbosity through (and show tracebacks).
+* The exit statuses (``EXIT_*``) are listed in each command's ``--help`` (``epilog``).
+* ``host_error`` finds the failing host's own error line in a pyinfra run's output.
+* ``console`` / ``table``: rich tables; plain text when the output is not a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ROLLBACK_FAILED = 3
+EXIT_INTERRUPTED = 130
+
+_BASE_CODES = (
+    (EXIT_OK, "success"),
+    (EXIT_FAILED, "a host or an operation failed (the host's own error is printed)"),
+    (EXIT_USAGE, ("usage or input error: bad inventory, a --limit that matches no host, bad "
+                  "--data or data, a missing file; nothing was touched")),
+)
+
+
+def epilog(*extra: tuple[int, str], failed: str | None = None) -> str:
+    """The ``exit status:`` section of a command's --help."""
+    codes = [(c, failed if c == EXIT_FAILED and failed else text) for c, text in _BASE_CODES]
+    codes += list(extra) + [(EXIT_INTERRUPTED, "interrupted (Ctrl-C)")]
+    return "exit status:\n" + "\n".join(f"  {c:<4}{text}" for c, text in codes)
+
+
+def verbose_parent() -> argparse.ArgumentParser:
+    """``-v`` on every command (and before it): pyinfra's -v/-vv, and tracebacks shown."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                   help="more output: passed to pyinfra as -v/-vv; show tracebacks")
+    return p
+
+
+def add_command(sub, name: str, *, help: str, description: str | None = None,
+                codes: Iterable[tuple[int, str]] = (), failed: str | None = None,
+                ) -> argparse.ArgumentParser:
+    """A subcommand with the shared options (-v) and its exit statuses in --help."""
+    return sub.add_parser(name, help=help, description=description or help,
+                          epilog=epilog(*codes, failed=failed), parents=[verbose_parent()],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_inventory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inventory", metavar="INVENTORY",
+                   help="pyinfra inventory file (e.g. inventory/prod.py)")
+
+
+def add_limit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", action="append", default=[], metavar="PATTERN",
+                   help="only these hosts: a host name, a group name or a glob (pyinfra's "
+                        "--limit rules); repeatable")
+
+
+def add_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   help="override host data, as pyinfra --data; checked like the "
+                        "inventory's data before any connection (repeatable)")
+
+
+def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", action="store_true",
+                   help=f"print {what} as JSON on stdout (progress goes to stderr)")
+
+
+# ------------------------------------------------------------------ the failing host's error
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TYPED_HEAD = re.compile(r": expected |^GPU pre-flight failed: ")
+
+
+def _prefixed(line: str, host: str) -> str | None:
+    m = re.match(rf"^\s*\[{re.escape(host)}\]\s?(.*)$", line)
+    return m.group(1).strip() if m else None
+
+
+def _typed_block(lines: list[str], start: int, first: str, n: int) -> str:
+    block = [first.split("sglang_deploy.core.errors.", 1)[-1].strip()]
+    for more in lines[start + 1:]:
+        if not more.startswith(" ") or more.lstrip().startswith("["):
+            break
+        block.append(more.rstrip())
+    return "\n".join(block[:n])
+
+
+def host_error(output: str, host: str | None = None, n: int = 12) -> str:
+    """The real error of HOST (or of the run) in a pyinfra run's OUTPUT, most telling first:
+    the tool's typed error (expected / found / fix) logged for the host, else one logged
+    without a host prefix (a traceback's last line), else pyinfra's own error line for the
+    host (``[host] Error: ...``, ``Could not connect ...``), else pyinfra's ``--> pyinfra
+    error`` line, else the last lines of the output. Never a pointer to a log file."""
+    lines = [_ANSI.sub("", ln) for ln in output.rstrip().splitlines()]
+    if host:
+        for i in range(len(lines) - 1, -1, -1):
+            text = _prefixed(lines[i], host)
+            if text and _TYPED_HEAD.search(text):
+                return _typed_block(lines, i, text, n)
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if line.lstrip().startswith("[") or not _TYPED_HEAD.search(line):
+            continue
+        if "sglang_deploy.core.errors." in line or line.startswith("--> pyinfra error") \
+                or not line.startswith(" "):
+            return _typed_block(lines, i, line.split("--> pyinfra error: ", 1)[-1], n)
+    if host:
+        mine = [t for t in (_prefixed(ln, host) for ln in lines) if t]
+        errs = [t for t in mine if re.search(
+            r"Could not connect|Error|error|failed|refused|denied|timed out", t)
+            and "Unexpected error in Python callback" not in t]
+        if errs:
+            last = errs[-1]
+            if last.startswith("Error") and len(errs) > 1:
+                return "\n".join(errs[-2:])  # pyinfra: the exception line, then "Error: op"
+            return last
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("--> pyinfra error"):
+            return "\n".join(lines[i:i + n])
+    tail = [ln for ln in lines if ln.strip()][-n:]
+    return "\n".join(tail) if tail else "pyinfra printed nothing"
+
+
+# ------------------------------------------------------------------ tables
+
+def console(file=None, stderr: bool = False):
+    """A rich Console: styles and the terminal's width on a terminal; otherwise plain text,
+    no colour, and lines as long as their content (a piped table keeps one row per line)."""
+    from rich.console import Console
+
+    out = file or (sys.stderr if stderr else sys.stdout)
+    tty = hasattr(out, "isatty") and out.isatty()
+    return Console(file=out, width=None if tty else 10_000, no_color=not tty,
+                   highlight=False, emoji=False)
+
+
+def table(columns: Iterable[str], title: str | None = None, out=None, **kw: Any):
+    """A rich Table; when OUT is not a terminal, plain text: no borders, columns aligned by
+    spaces, each row on one line starting with its first cell."""
+    from rich import box
+    from rich.table import Table
+
+    target = out or sys.stdout
+    tty = hasattr(target, "isatty") and target.isatty()
+    if tty:
+        t = Table(title=title, box=box.SIMPLE_HEAD, **kw)
+    else:
+        t = Table(title=title, box=None, pad_edge=False, show_edge=False, **kw)
+    for col in columns:
+        t.add_column(col, no_wrap=not tty)
+    return t
+
+
+def print_table(t, out=None) -> None:
+    console(out).print(t)

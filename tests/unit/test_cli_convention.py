@@ -1,0 +1,351 @@
+"""The one CLI convention (commands/cli.py, commands/common.py, shell/hosts.py) and the
+launch flags checked on the controller against the locked sglang (shell/lockedflags.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from sglang_deploy.commands import cli, common, status
+from sglang_deploy.core import data, flagcache
+from sglang_deploy.core.errors import DataError, UsageError
+from sglang_deploy.shell import hosts, lockedflags, runner
+from testbed.wheels import fetch_sglang
+
+REPO = Path(__file__).resolve().parents[2]
+PINNED = "0.5.12.post1"
+
+INVENTORY = '''
+_data = {"sglang_model_path": "/srv/models/m", "sglang_lock": "locks/testbed.txt"}
+gpu_a = ([("a1", _data), ("a2", _data)], {})
+gpu_b = ([("b1", _data), ("web-9", _data)], {})
+'''
+
+
+@pytest.fixture
+def inv(tmp_path) -> str:
+    path = tmp_path / "inv.py"
+    path.write_text(INVENTORY)
+    return str(path)
+
+
+@pytest.fixture
+def no_pyinfra(monkeypatch):
+    """Any pyinfra run (a connection) fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"pyinfra was run: {args}")
+
+    monkeypatch.setattr(runner, "run_pyinfra", refuse)
+
+
+@pytest.fixture
+def locked_wheel(tmp_path, monkeypatch) -> Path:
+    """The real sglang wheel the testbed lock pins (downloaded once into the shared wheel
+    cache), with a fresh, empty cache of parsed flags."""
+    wheel = fetch_sglang(PINNED)
+    monkeypatch.setenv("SGLANG_DEPLOY_WHEEL_CACHE", str(wheel.parent))
+    monkeypatch.setenv("SGLANG_DEPLOY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(flagcache, "_MEMORY", {})
+    lockedflags._locked_flags_once.cache_clear()
+    yield wheel
+    lockedflags._locked_flags_once.cache_clear()
+
+
+# ------------------------------------------------------------------ --version, --help, -v
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"sglang-deploy {version('sglang-deploy')}"
+
+
+@pytest.mark.parametrize("command", ["rollout", "status", "rebuild", "bench", "doctor",
+                                     "wheelhouse", "lock", "data-table"])
+def test_every_command_lists_its_exit_codes(command):
+    sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
+    text = sub.format_help()
+    assert "exit status:" in text
+    for code in ("0   success", "1   ", "2   usage or input error", "130 interrupted"):
+        assert code in text, (command, code)
+    if command == "rollout":
+        assert "3   ROLLBACK FAILED" in text
+
+
+def test_patch_lists_its_exit_codes():
+    patch = cli.build_parser()._subparsers._group_actions[0].choices["patch"]
+    assert "exit status:" in patch.format_help()
+
+
+@pytest.mark.parametrize("argv", [
+    ["rollout", "inv.py", "--limit", "g*", "--data", "k=v", "--json"],
+    ["status", "inv.py", "--limit", "g*", "--data", "k=v", "--json"],
+    ["bench", "inv.py", "--limit", "g*", "--data", "k=v", "--json"],
+    ["rebuild", "inv.py", "g1", "--data", "k=v", "--json"],
+])
+def test_host_commands_take_inventory_positional_limit_data_json(argv):
+    args = cli.build_parser().parse_args(argv)
+    assert args.inventory == "inv.py" and args.data == ["k=v"] and args.json is True
+
+
+def test_verbose_reaches_pyinfra_from_before_or_after_the_command(monkeypatch):
+    parser = cli.build_parser()
+    assert parser.parse_args(["-vv", "status", "i.py"]).verbose == 2
+    assert parser.parse_args(["status", "i.py", "-v"]).verbose == 1
+    assert parser.parse_args(["status", "i.py"]).verbose == 0
+    monkeypatch.setattr(runner, "pyinfra_bin", lambda: "pyinfra")
+    monkeypatch.setattr(runner, "VERBOSITY", 2)
+    assert runner.pyinfra_argv("i.py", "deploy.py")[:3] == ["pyinfra", "-y", "-vv"]
+    monkeypatch.setattr(runner, "VERBOSITY", 0)
+    assert "-v" not in " ".join(runner.pyinfra_argv("i.py", "deploy.py"))
+
+
+# ------------------------------------------------------------------ the top-level handler
+
+def _raise(exc):
+    def run(args):
+        raise exc
+    return run
+
+
+def test_typed_input_error_is_one_line_with_the_fix_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(status, "run", _raise(DataError(
+        key="sglang_port", what="`sglang_port` must be integer", found="str 'x'",
+        fix="set it to a number")))
+    assert cli.main(["status", "inv.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err
+    assert err.startswith("sglang-deploy status: invalid deploy data `sglang_port`")
+    assert "found: str 'x'" in err and "fix: set it to a number" in err
+
+
+def test_a_traceback_only_with_v(monkeypatch, capsys):
+    monkeypatch.setattr(status, "run", _raise(UsageError(what="x", found="y", fix="z")))
+    assert cli.main(["-v", "status", "inv.py"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exc, rc, words", [
+    (FileNotFoundError(2, "No such file or directory", "locks/x.txt"), 2,
+     "cannot use locks/x.txt: No such file or directory; fix: check the path"),
+    (PermissionError(13, "Permission denied", "/etc/shadow"), 2, "Permission denied; fix: run as"),
+    (ConnectionRefusedError(111, "Connection refused"), 1, "Connection refused"),
+])
+def test_os_errors_are_one_line(monkeypatch, capsys, exc, rc, words):
+    monkeypatch.setattr(status, "run", _raise(exc))
+    assert cli.main(["status", "inv.py"]) == rc
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and err.strip().count("\n") == 0
+
+
+def test_a_host_failure_keeps_its_exit_status(monkeypatch):
+    from sglang_deploy.core.errors import VerifyError
+
+    monkeypatch.setattr(status, "run", _raise(VerifyError(what="ready", found="no")))
+    assert cli.main(["status", "inv.py"]) == 1
+
+
+# ------------------------------------------------------------------ --limit (pyinfra's rules)
+
+@pytest.mark.parametrize("patterns, expected", [
+    (["a1"], ["a1"]),
+    (["gpu_b"], ["b1", "web-9"]),            # a group
+    (["a*"], ["a1", "a2"]),                   # a glob on host names
+    (["web-?", "a2"], ["a2", "web-9"]),       # several, inventory order
+    (["inv"], ["a1", "a2", "b1", "web-9"]),  # the group pyinfra names after the file
+])
+def test_limit_matches_names_groups_and_globs_as_pyinfra_does(inv, tmp_path, patterns, expected):
+    from pyinfra_cli.cli import _get_inventory_pattern_matches
+
+    inventory = hosts.load(inv, tmp_path)
+    got = [h.name for h in hosts.match(inventory, patterns)]
+    assert got == expected
+    assert sorted(h.name for h in _get_inventory_pattern_matches(inventory, patterns, "--limit")) \
+        == sorted(expected)
+
+
+def test_a_limit_that_matches_nothing_names_the_hosts_and_groups(inv, no_pyinfra, capsys):
+    assert cli.main(["status", inv, "--limit", "a1", "--limit", "gpu-c*"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing matches 'gpu-c*'" in err
+    assert "hosts: a1, a2, b1, web-9" in err and "groups: gpu_a, gpu_b, inv" in err
+
+
+@pytest.mark.parametrize("argv", [["status", "missing.py"], ["bench", "missing.py"],
+                                  ["rollout", "missing.py"], ["rebuild", "missing.py", "h"]])
+def test_a_missing_inventory_is_exit_2_not_an_empty_result(argv, tmp_path, monkeypatch,
+                                                          no_pyinfra, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no file missing.py" in err and "Traceback" not in err
+
+
+def test_rebuild_of_a_host_not_in_the_inventory_fails_before_running(inv, no_pyinfra, capsys):
+    assert cli.main(["rebuild", inv, "nosuchhost"]) == 2
+    err = capsys.readouterr().err
+    assert "HOST patterns" in err and "nothing matches 'nosuchhost'" in err
+    assert "rebuilt" not in err
+
+
+def test_rebuild_reports_the_hosts_own_error(inv, monkeypatch, capsys, locked_wheel):
+    out = ("    [a1] Connected\n"
+           "    [a1] GPU pre-flight failed: 7 of 8 GPUs\n"
+           "      found:    7 GPUs (0-6)\n"
+           "      fix:      pass /dev/nvidia7 through\n"
+           "--> pyinfra error: No hosts remaining!\n")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(runner, "run_pyinfra",
+                        lambda *a, **k: runner.Run(argv=[], rc=1, output=out, seconds=1.0))
+    assert cli.main(["rebuild", inv, "a1", "--json"]) == 1
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["ok"] is False and doc["hosts"][0]["host"] == "a1"
+    assert doc["hosts"][0]["error"].startswith("GPU pre-flight failed: 7 of 8 GPUs")
+    assert "fix:      pass /dev/nvidia7 through" in captured.err
+
+
+# ------------------------------------------------------------------ --data
+
+def test_data_items_parse_like_pyinfras_and_need_an_equals_sign():
+    assert hosts.parse_data(["a=1", "b=true", "c={\"x\": 2}", "d=text", "e=x=y"]) == \
+        {"a": 1, "b": True, "c": {"x": 2}, "d": "text", "e": "x=y"}
+    for bad in ("noequals", "=1"):
+        with pytest.raises(UsageError, match="KEY=VALUE"):
+            hosts.parse_data([bad])
+
+
+def test_rollout_data_noequals_is_one_line_exit_2(inv, no_pyinfra, capsys):
+    assert cli.main(["rollout", inv, "--data", "noequals"]) == 2
+    err = capsys.readouterr().err
+    assert "--data 'noequals'" in err and err.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("item, words", [
+    ("verify_timeout_s=abc", "`verify_timeout_s` must be integer or number"),
+    ("sglang_portt=1", "did you mean `sglang_port`?"),
+    ('sglang_env={"HF_TOKEN": "hf_x"}', "sglang_hf_token_env"),
+])
+def test_data_is_checked_like_the_inventorys_before_any_connection(inv, no_pyinfra, capsys,
+                                                                   monkeypatch, locked_wheel,
+                                                                   item, words):
+    monkeypatch.chdir(REPO)
+    assert cli.main(["status", inv, "--data", item]) == 2
+    err = capsys.readouterr().err
+    assert "invalid deploy data" in err and words in err and "[a1]" in err
+
+
+# ------------------------------------------------------------------ the controller flag check
+
+def _settings(**flags) -> data.Settings:
+    return data.resolve({"sglang_model_path": "/srv/models/m", "sglang_lock": "locks/testbed.txt",
+                         "sglang_flags": flags}, environ={})
+
+
+def test_a_flag_typo_fails_on_the_controller_naming_the_closest_locked_flag(locked_wheel):
+    with pytest.raises(DataError) as exc:
+        lockedflags.check(_settings(**{"tp-sizee": 8}), REPO)
+    err = exc.value
+    assert err.key == "sglang_flags" and f"locked SGLang {PINNED}" in err.what
+    assert f"--tp-sizee is not a flag of SGLang {PINNED}" in err.found
+    assert "did you mean --tp-size?" in err.fix
+    assert lockedflags.check(_settings(**{"tp-size": 8, "disable-cuda-graph": True}), REPO) == []
+
+
+def test_the_locked_flags_are_cached_by_the_wheels_sha256(locked_wheel, tmp_path, monkeypatch):
+    first = lockedflags.locked_flags(REPO / "locks" / "testbed.txt")
+    assert first.source == str(locked_wheel) and first.spec is not None
+    cached = list(lockedflags.spec_cache().iterdir())
+    assert len(cached) == 1 and cached[0].name.split(".")[0] in first_hashes()
+    # a new controller process without any wheel reads the cached flags
+    monkeypatch.setattr(flagcache, "_MEMORY", {})
+    monkeypatch.setenv("SGLANG_DEPLOY_WHEEL_CACHE", str(tmp_path / "no-wheels"))
+    again = lockedflags.locked_flags(REPO / "locks" / "testbed.txt")
+    assert again.spec == first.spec and "(cached)" in again.source
+
+
+def first_hashes() -> frozenset[str]:
+    from sglang_deploy.core.lockfile import sglang_pin
+
+    return sglang_pin((REPO / "locks" / "testbed.txt").read_text()).hashes
+
+
+def test_the_wheel_is_taken_from_the_wheelhouse_when_it_is_on_the_controller(
+        locked_wheel, tmp_path, monkeypatch):
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / locked_wheel.name).write_bytes(locked_wheel.read_bytes())
+    monkeypatch.setenv("SGLANG_DEPLOY_WHEEL_CACHE", str(tmp_path / "no-wheels"))
+    got = lockedflags.locked_flags(REPO / "locks" / "testbed.txt", str(house))
+    assert got.source == str(house / locked_wheel.name) and got.spec is not None
+
+
+def test_without_a_wheel_the_check_warns_and_leaves_it_to_the_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_DEPLOY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SGLANG_DEPLOY_WHEEL_CACHE", str(tmp_path / "wheels"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens
+    monkeypatch.setattr(flagcache, "_MEMORY", {})
+    monkeypatch.setattr(lockedflags, "_WARNED", set())
+    lockedflags._locked_flags_once.cache_clear()
+    warnings: list[str] = []
+    try:
+        assert lockedflags.check(_settings(**{"tp-sizee": 8}), REPO, warnings.append) == []
+    finally:
+        lockedflags._locked_flags_once.cache_clear()
+    assert len(warnings) == 1 and "not checked on the controller" in warnings[0]
+    assert "the host checks them after the install" in warnings[0]
+
+
+# ------------------------------------------------------------------ the failing host's error
+
+def test_host_error_prefers_the_hosts_typed_error_block():
+    out = ("    [h1] Connected\n"
+           "    [h2] verification failed: expected the server to answer\n"
+           "      found:    exit status 1\n"
+           "      fix:      read the journal\n"
+           "    [h1] invalid launch flags: expected flags of SGLang 0.5.12.post1\n"
+           "      found:    --tp-sizee is not a flag\n"
+           "--> pyinfra error: No hosts remaining!\n")
+    assert common.host_error(out, "h2") == ("verification failed: expected the server to answer\n"
+                                            "      found:    exit status 1\n"
+                                            "      fix:      read the journal")
+    assert common.host_error(out, "h1").endswith("--tp-sizee is not a flag")
+
+
+def test_host_error_gives_pyinfras_own_line_for_the_host():
+    out = ("    [h3] Could not connect (Unable to connect to port 22 on 10.0.0.3)\n"
+           "--> pyinfra error: Over 0% of hosts failed (33%)\n")
+    assert common.host_error(out, "h3") == \
+        "Could not connect (Unable to connect to port 22 on 10.0.0.3)"
+    out = ("    [h1] Starting operation: Runtime | Release\n"
+           "    [h1] OSError: No space left on device\n"
+           "    [h1] Error: executed 3 commands\n")
+    assert common.host_error(out, "h1") == ("OSError: No space left on device\n"
+                                            "Error: executed 3 commands")
+    assert common.host_error("x\n--> pyinfra error: boom\n", "h9").startswith("--> pyinfra error: boom")
+
+
+def test_status_row_of_a_silent_host_carries_its_real_error(tmp_path):
+    out = "    [d] Error: sudo: a password is required\n"
+    row = status.rows_from_plans(["d"], tmp_path, out)[0]
+    assert row["problem"] == "Error: sudo: a password is required"
+    assert "see the pyinfra output" not in row["problem"]
+
+
+# ------------------------------------------------------------------ tables
+
+def test_tables_are_plain_text_rows_when_not_a_terminal():
+    buf = io.StringIO()
+    t = common.table(("host", "state", "note"), out=buf)
+    t.add_row("h1", "ok", "x" * 300)  # never wrapped onto a second line
+    t.add_row("h2", "failed", "boom")
+    common.print_table(t, buf)
+    lines = buf.getvalue().splitlines()
+    assert "\x1b[" not in buf.getvalue() and all(ord(c) < 128 for c in buf.getvalue())
+    assert lines[0].split() == ["host", "state", "note"]
+    assert lines[1].split() == ["h1", "ok", "x" * 300] and lines[2].split() == ["h2", "failed", "boom"]
