@@ -15,6 +15,7 @@ hung). ``render_text`` prints it for a person.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,19 +33,15 @@ def explain(lines: Iterable[str], version: str | None = None) -> dict[str, Any]:
     """Analyse a whole log; see the module docstring for the result."""
     tracker = StartupTracker(version or DEFAULT_VERSION, expect_autotune=False,
                              cuda_graph=True, strict_order=False)
-    last_ts: float | None = None
-    first_ts: float | None = None
-    stamped = False
-    for raw in lines:
-        line = raw.rstrip("\n")
-        if not line.strip() or line.strip() in _CUT_MARKS:
-            continue
-        ts = parse_ts(strip_prefix(line.rsplit("\r", 1)[-1])[0])
+    text = [raw.rstrip("\n") for raw in lines]
+    text = [x for x in text if x.strip() and x.strip() not in _CUT_MARKS]
+    stamps = [parse_ts(strip_prefix(x.rsplit("\r", 1)[-1])[0]) for x in text]
+    # lines before the first timestamp count as printed at it
+    last_ts = next((t for t in stamps if t is not None), None)
+    stamped = last_ts is not None
+    for line, ts in zip(text, stamps, strict=True):
         if ts is not None:
-            stamped = True
             last_ts = ts
-            if first_ts is None:
-                first_ts = ts
         tracker.feed(line, last_ts if last_ts is not None else 0.0)
     d = tracker.diagnosis(offline=True)
     if d["failed"]:
@@ -65,11 +62,15 @@ def explain(lines: Iterable[str], version: str | None = None) -> dict[str, Any]:
         "cause": d["cause"],
         "summary": d["summary"],
         "fix": d["fix"],
-        "phases": _phases(tracker, stamped, last_ts),
+        "phases": _phases(tracker, stamped, None if outcome == "ready" else last_ts),
         "relevant_lines": _relevant(tracker, d, outcome),
-        "ranks": tracker.ranks,
+        "ranks": sorted(tracker.ranks, key=_natural),
         "version": version,
     }
+
+
+def _natural(rank: str) -> list:
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", rank)]
 
 
 def _phases(tracker: StartupTracker, stamped: bool, last_ts: float | None) -> list[dict]:

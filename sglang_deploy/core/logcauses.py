@@ -19,8 +19,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CAUSE_FIXES", "GENERIC_BY_PHASE", "SIGNATURES", "Signature", "call_phase", "frame_phase",
-           "match_signature"]
+__all__ = [
+    "CAUSE_FIXES",
+    "GENERIC_BY_PHASE",
+    "SIGNATURES",
+    "Hit",
+    "Signature",
+    "call_phase",
+    "diagnose",
+    "frame_phase",
+    "match_signature",
+]
 
 SPECIFIC, EVIDENCE, NCCL, WHERE, GENERIC, TEARDOWN = 30, 25, 22, 20, 10, 0
 
@@ -181,7 +190,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "the model could not be loaded", default_phase="loading"),
     Signature("model-load", _re(r"Ignore import error when loading sglang\.srt\.models\."),
               "the model's implementation failed to import (its architecture is then unknown)",
-              weight=EVIDENCE, fatal=False, default_phase="loading", origin="sglang"),
+              weight=EVIDENCE, fatal=False, default_phase="loading",
+              source="Ignore import error when loading ", origin="sglang"),
     # ---- crashes with no better name ---------------------------------------------------
     Signature("other", _re(r"Fatal Python error: |^Segmentation fault|\bBus error\b|"
                            r"illegal memory access was encountered|SIGSEGV|"
@@ -319,3 +329,79 @@ def frame_phase(msg: str) -> tuple[str | None, bool] | None:
     if m is None:
         return None
     return _PHASE_OF_FUNC.get(m.group(2)), m.group(1) == ""
+
+
+# ---------------------------------------------------------------------------------------
+# the diagnosis
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hit:
+    sig: Signature
+    index: int          # number of the piece in the log
+    ts: float
+    line: str           # redacted, as shown
+    msg: str            # without prefixes
+    after_ready: bool
+
+
+def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
+             exc_lines: list[tuple[int, str, bool]], *, bare_traceback: bool,
+             phase_reached: str | None) -> dict:
+    """The failure from what a tracker collected: ``hits`` (signature matches),
+    ``frames`` (``(index, phase, innermost_first, after_ready)`` of traceback frames that
+    mark a phase), ``exc_lines`` (exception lines), ``bare_traceback`` (a traceback with no
+    verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen).
+
+    The cause is the heaviest signature (earliest among equals); the phase: ``serving``
+    if the first fatal line came after ready, else the outermost frame that marks a phase,
+    else a line that proves one, else the phase reached, else the cause's usual phase."""
+    fatal_hits = [h for h in hits if h.sig.fatal]
+    failed = bool(fatal_hits) or bare_traceback
+    out: dict = {"failed": failed, "phase": None, "cause": None, "summary": None,
+                 "fix": None, "evidence": []}
+    if not failed:
+        return out
+    first_fatal = fatal_hits[0] if fatal_hits else None
+    after_ready = first_fatal.after_ready if first_fatal else False
+    cands = fatal_hits + [h for h in hits if not h.sig.fatal and h.after_ready == after_ready]
+    best = max(cands, key=lambda h: (h.sig.weight, -h.index)) if cands else None
+    phase = "serving" if after_ready else _frames_phase(frames)
+    if phase is None:
+        strong = [h for h in cands if h.sig.phase]
+        if strong:
+            phase = min(strong, key=lambda h: h.index).sig.phase
+    if phase is None:
+        phase = phase_reached
+    if phase is None and best is not None:
+        phase = best.sig.default_phase
+    exc = next((line for _i, line, ar in exc_lines if ar == after_ready), None)
+    if best is not None and best.sig.weight > GENERIC:
+        cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
+    else:
+        cause = GENERIC_BY_PHASE.get(phase or "")
+        if cause is None:
+            cause = "scheduler-exception" if any(
+                h.sig.cause == "scheduler-exception" for h in cands) else "other"
+        summary = next((s.summary for s in SIGNATURES if s.cause == cause and
+                        s.weight > GENERIC), None) or (best.sig.summary if best else
+                                                       "the server failed")
+        detail = exc or (best.msg.strip() if best else None)
+    evidence: list[str] = []
+    for h in (best, first_fatal):
+        if h is not None and h.line not in evidence:
+            evidence.append(h.line)
+    if exc and exc not in evidence:
+        evidence.append(exc)
+    out.update(phase=phase, cause=cause, fix=CAUSE_FIXES.get(cause), evidence=evidence,
+               summary=summary + (f": {detail[:240]}" if detail else ""))
+    return out
+
+
+def _frames_phase(frames: list[tuple[int, str, bool, bool]]) -> str | None:
+    before = [f for f in frames if not f[3]]
+    outer_first = [f for f in before if not f[2]]
+    if outer_first:
+        return outer_first[0][1]
+    return before[-1][1] if before else None

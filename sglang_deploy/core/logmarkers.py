@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["PHASES", "Marker", "MARKER_WORDS", "markers_for"]
+__all__ = ["MARKER_WORDS", "PHASES", "Marker", "markers_for"]
 
 PHASES = ("starting", "loading", "loaded", "kv_cache", "autotune", "autotuned", "capture",
           "captured", "http", "warmup", "ready")

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_deploy.core.logcauses import (
-    CAUSE_FIXES,
     GENERIC,
-    GENERIC_BY_PHASE,
     SIGNATURES,
+    Hit,
     Signature,
     call_phase,
+    diagnose,
     frame_phase,
     match_signature,
 )
@@ -115,16 +115,6 @@ class Event:
 _TB_SIG = Signature("other", re.compile(_TRACEBACK), "a rank raised an exception", weight=GENERIC - 5,
                     name="rank-traceback")
 _NCCL_WARN_RE = re.compile(r"\bNCCL WARN\b")
-
-
-@dataclass
-class Hit:
-    sig: Signature
-    index: int          # number of the piece in the log
-    ts: float
-    line: str           # redacted, as shown
-    msg: str            # without prefixes
-    after_ready: bool
 
 
 class StartupTracker:
@@ -333,12 +323,11 @@ class StartupTracker:
                 if marker.pattern.search(msg):
                     events += self._on_marker(marker, msg, ts, shown)
                     break
-        elif _CAPTURE_BAR_RE.match(msg):
-            if self._phase_idx < _IDX["capture"]:
-                events += self._enter("capture", ts, shown)
-        elif _AUTOTUNE_BAR_RE.match(msg):
-            if self._phase_idx < _IDX["autotune"]:
-                events += self._enter("autotune", ts, shown)
+        else:
+            bar = "capture" if _CAPTURE_BAR_RE.match(msg) else \
+                "autotune" if _AUTOTUNE_BAR_RE.match(msg) else None
+            if bar is not None and self._phase_idx < _IDX[bar]:
+                events += self._enter(bar, ts, shown)
         if ts_text is not None and self._entered_text.get(self.phase, "") is None:
             self._entered_text[self.phase] = ts_text
         return events
@@ -465,76 +454,15 @@ class StartupTracker:
 
     # ---- diagnosis --------------------------------------------------------------------
     def diagnosis(self, *, offline: bool = False) -> dict[str, Any]:
-        """What the lines so far say: ``failed`` (a fatal line came; offline also a
-        traceback before ready), the ``phase`` the failure belongs to (``serving`` after
-        ready; None when nothing tells), the ``cause`` id, a one-line ``summary``, the
-        ``fix`` and the ``evidence`` lines."""
-        fatal_hits = [h for h in self._hits if h.sig.fatal]
-        failed = bool(fatal_hits)
-        if offline and not failed and not self.ready_seen and (
-                self.tracebacks_unprefixed or self.frames_before_ready):
-            failed = True
-        out: dict[str, Any] = {"failed": failed, "phase": None, "cause": None,
-                               "summary": None, "fix": None, "evidence": []}
-        if not failed:
-            return out
-        first_fatal = fatal_hits[0] if fatal_hits else None
-        after_ready = first_fatal.after_ready if first_fatal else False
-        hits = fatal_hits + [h for h in self._hits if not h.sig.fatal
-                             and h.after_ready == after_ready]
-        best = max(hits, key=lambda h: (h.sig.weight, -h.index)) if hits else None
-        # the phase: after ready -> serving; else what the frames, then the lines say
-        phase = "serving" if after_ready else None
-        if phase is None:
-            phase = self._frame_phase()
-        if phase is None:
-            strong = [h for h in hits if h.sig.phase]
-            if strong:
-                phase = min(strong, key=lambda h: h.index).sig.phase
-        if phase is None and self.markers_seen:
-            phase = self.phase
-        if phase is None and best is not None:
-            phase = best.sig.default_phase
-        if best is not None and best.sig.weight > GENERIC:
-            cause, summary, ev = best.sig.cause, best.sig.summary, best
-        else:
-            cause = GENERIC_BY_PHASE.get(phase or "")
-            if cause is None:
-                cause = "scheduler-exception" if any(
-                    h.sig.cause == "scheduler-exception" for h in hits) else "other"
-            summary = next((s.summary for s in SIGNATURES if s.cause == cause and
-                            s.weight > GENERIC), None) or (best.sig.summary if best else
-                                                           "the server failed")
-            ev = best
-        exc = self._first_exception(after_ready)
-        detail = exc or (ev.msg.strip() if ev else None)
-        if ev is not None and ev.sig.weight > GENERIC:
-            detail = ev.msg.strip()
-        out.update(phase=phase, cause=cause, fix=CAUSE_FIXES.get(cause),
-                   summary=summary + (f": {detail[:240]}" if detail else ""))
-        evidence = []
-        for h in ([ev] if ev else []) + ([first_fatal] if first_fatal else []):
-            if h.line not in evidence:
-                evidence.append(h.line)
-        if exc and exc not in evidence:
-            evidence.append(exc)
-        out["evidence"] = evidence
-        return out
-
-    def _frame_phase(self) -> str | None:
-        frames = [f for f in self._frames if not f[3]]
-        if not frames:
-            return None
-        outer_first = [f for f in frames if not f[2]]
-        if outer_first:
-            return outer_first[0][1]
-        return frames[-1][1]
-
-    def _first_exception(self, after_ready: bool) -> str | None:
-        for _i, line, ar in self._exc_lines:
-            if ar == after_ready:
-                return line
-        return None
+        """What the lines so far say (logcauses.diagnose): ``failed``, the failure's
+        ``phase`` (``serving`` after ready), ``cause``, ``summary``, ``fix``, ``evidence``.
+        ``offline``: a traceback before ready counts as a failure too (live, only a rank's
+        traceback or a fatal line does: the process may still be printing)."""
+        bare = not self.ready_seen and bool(self.tracebacks_unprefixed
+                                            or self.frames_before_ready)
+        return diagnose(self._hits, self._frames, self._exc_lines,
+                        bare_traceback=offline and bare,
+                        phase_reached=self.phase if self.markers_seen else None)
 
     # ---- reporting --------------------------------------------------------------------
     def recent_lines(self, n: int = 30) -> list[str]:
