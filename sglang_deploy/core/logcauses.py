@@ -379,6 +379,8 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
     exc = next((line for _i, line, ar in exc_lines if ar == after_ready), None)
     if best is not None and best.sig.weight > GENERIC:
         cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
+        if detail.endswith("(most recent call last):") and exc:
+            detail = exc   # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
         if cause is None:
