@@ -49,7 +49,7 @@ def explain(lines: Iterable[str], version: str | None = None) -> dict[str, Any]:
     elif tracker.ready_seen:
         outcome, phase = "ready", "ready"
     else:
-        outcome, phase = "incomplete", (tracker.phase if tracker.markers_seen else None)
+        outcome, phase = "incomplete", tracker.phase_reached
         # a line that proves a later phase (a warmup request's answer, the KV cache
         # profile) counts as reached, even when its own marker was cut off
         for hit in tracker.hits:

@@ -108,7 +108,7 @@ CAUSE_FIXES = {
 }
 
 #: the cause of a failure that only says where it broke, by phase
-GENERIC_BY_PHASE = {"capture": "cuda-graph-capture", "captured": "cuda-graph-capture",
+GENERIC_BY_PHASE = {"capture": "cuda-graph-capture",
                     "autotune": "autotune-crash", "warmup": "warmup-failed",
                     "serving": "scheduler-exception"}
 
@@ -239,6 +239,10 @@ SIGNATURES: tuple[Signature, ...] = (
         r"DetokenizerManager hit an exception"),
         "a scheduler (model worker) raised an exception", weight=GENERIC,
         source="Scheduler hit an exception: ", origin="sglang"),
+    # a collector's record (`ERROR scheduler.run_scheduler_process: ...`) cut after the
+    # logger: run_scheduler_process logs at ERROR only that exception
+    Signature("scheduler-exception", _re(r"^scheduler\.run_sch\w*$"),
+              "a scheduler (model worker) raised an exception", weight=GENERIC),
     Signature("other", _re(r"^terminate called after throwing an instance of|^(?:Killed|"
                            r"已杀死)$"),
               "the process was aborted", weight=GENERIC - 5),
@@ -276,7 +280,7 @@ _NEEDLES = (
     "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
     "Initialization failed", "Response [", "hit an exception", "Exception in ",
-    "terminate called", "sigquit", "is dead", "died during",
+    "terminate called", "sigquit", "is dead", "died during", "scheduler.run_sch",
 )
 
 
@@ -408,6 +412,8 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
                         s.weight > GENERIC), None) or (best.sig.summary if best else
                                                        "the server failed")
         detail = exc or (best.msg.strip() if best else None)
+    if detail and detail.endswith("(most recent call last):"):
+        detail = None   # the header of a traceback whose end was cut off says nothing more
     evidence: list[str] = []
     for h in (best, first_fatal):
         if h is not None and h.line not in evidence:

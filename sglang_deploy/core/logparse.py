@@ -183,6 +183,17 @@ class StartupTracker:
         return list(self._hits)
 
     @property
+    def phase_reached(self) -> str | None:
+        """The phase the markers show (None if none was seen); a shard bar at 100% counts
+        as loaded even when `Load weight end` was cut off."""
+        if not self.markers_seen:
+            return None
+        prog = self._progress
+        if self.phase == "loading" and prog is not None and prog[0] == prog[1]:
+            return "loaded"
+        return self.phase
+
+    @property
     def shard_progress(self) -> tuple[int, int, int] | None:
         """``(done, total, pct)`` of the last tqdm shard update, or None."""
         return self._progress
@@ -250,10 +261,6 @@ class StartupTracker:
                                                           "pct": pct}))
                 if self._phase_idx < _IDX["loading"]:
                     events += self._enter("loading", ts, None)
-                if done == total and not self.strict_order and \
-                        self._phase_idx < _IDX["loaded"]:
-                    # offline: a complete shard bar is as good as `Load weight end`
-                    events += self._enter("loaded", ts, None)
             self._remember(redact(progress_pieces[-1]))
         for piece in pieces:
             if progress_pieces and piece in progress_pieces:
@@ -462,7 +469,7 @@ class StartupTracker:
                                             or self.frames_before_ready)
         return diagnose(self._hits, self._frames, self._exc_lines,
                         bare_traceback=offline and bare,
-                        phase_reached=self.phase if self.markers_seen else None)
+                        phase_reached=self.phase_reached)
 
     # ---- reporting --------------------------------------------------------------------
     def recent_lines(self, n: int = 30) -> list[str]:
