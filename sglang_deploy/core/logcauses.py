@@ -263,7 +263,8 @@ SIGNATURES: tuple[Signature, ...] = (
 _NEEDLES = (
     "of memory", "OfMemory", "enough memory", "MemoryAllocation", "ALLOC_FAILED",
     "allocate memory", "profiled value -", "max_total_num_tokens=-", "atchdog",
-    "Timeout(ms)", "NCCL error", "NCCL WARN", "nccl", "onnection", "onnect to", "Connect:",
+    "Timeout(ms)", "NCCL error", "NCCL WARN", "ncclComm", "ncclSystem", "ncclRemote",
+    "ncclUnhandled", "ncclInternal", "ncclInvalid", "onnection", "onnect to", "Connect:",
     "socketPollConnect", "socketStartConnect", "No route to host", "connect() timed out",
     "remote process exited", "connectFullMesh", "gloo", "Ninja build", "build stopped",
     "ninja exited", "'ninja'", "uilding extension", "nvcc", "DeepGEMM", "flashinfer.jit",
@@ -289,7 +290,7 @@ _NEEDLE_RE = re.compile("|".join(re.escape(n) for n in sorted(_NEEDLES, key=len,
 
 def match_signature(msg: str) -> Signature | None:
     """The first signature (in table order: specific ones first) matching one message."""
-    head = msg[:4096]    # a very long line (server_args=...) is no error message
+    head = msg[:2048]    # a very long line (server_args=...) is no error message
     if _NEEDLE_RE.search(head) is None and not head.startswith("http"):
         return None
     for sig in SIGNATURES:
