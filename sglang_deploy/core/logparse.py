@@ -38,7 +38,13 @@ from sglang_deploy.core.logcauses import (
     match_signature,
 )
 from sglang_deploy.core.logmarkers import MARKER_WORDS, PHASES, Marker, markers_for
-from sglang_deploy.core.logprefix import split_updates, strip_prefix
+from sglang_deploy.core.logprefix import (
+    PROGRESS_RE,
+    parse_progress,
+    redact,
+    split_updates,
+    strip_prefix,
+)
 
 __all__ = [
     "FATAL_SIGNATURES",
@@ -57,10 +63,6 @@ __all__ = [
 _IDX = {p: i for i, p in enumerate(PHASES)}
 FATAL_SIGNATURES = SIGNATURES
 
-# BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]" (+ "\n" <= 0.5.9)
-_PROGRESS_RE = re.compile(
-    r"(?P<desc>Loading [^:\r\n]*?shards|Multi-thread loading shards|Loading safetensors "
-    r"using [^:\r\n]*?):\s+(?P<pct>\d{1,3})%[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)")
 # tqdm bars of the later phases: "Capturing batches (bs=8 avail_mem=1.00 GB):  50%|..| 2/4"
 # (cuda_graph_runner) and FlashInfer's "[AutoTuner]: Tuning <op>: 50%|..| 2/4"
 _CAPTURE_BAR_RE = re.compile(r"^\s*Capturing batches \(")
@@ -71,29 +73,7 @@ _CHAINED = ("The above exception was the direct cause of the following exception
 # the last line of a traceback: "torch.OutOfMemoryError: CUDA out of memory", "KeyError: 'x'"
 _EXC_RE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
                      r"Warning)\b(?::|$)")
-_SECRET_RE = re.compile(
-    r"""((?:admin_)?api_key['"]?\s*[=:]\s*)(['"])(?:(?!\2).)*\2""")
-_SECRET_ARG_RE = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
 _RANK_PREFIX_RE = re.compile(r"(?:TP|DP|PP|EP|ATTN_CP|MOE_DP|gpu_id=|rank)\d+|gpu_id=\d+")
-
-
-def redact(text: str) -> str:
-    """Hide API keys in a log line (the ``server_args=ServerArgs(... api_key='...')`` line
-    that every version logs at INFO, and ``--api-key X`` in a printed command line)."""
-    if "api" not in text:
-        return text
-    text = _SECRET_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}<redacted>{m.group(2)}", text)
-    return _SECRET_ARG_RE.sub(lambda m: f"{m.group(1)}<redacted>", text)
-
-
-def parse_progress(text: str) -> tuple[int, int, int] | None:
-    """The LAST tqdm shard update in ``text`` -> ``(done, total, pct)``."""
-    last = None
-    for m in _PROGRESS_RE.finditer(text):
-        last = m
-    if last is None:
-        return None
-    return int(last.group("n")), int(last.group("total")), int(last.group("pct"))
 
 
 @dataclass(frozen=True)
@@ -249,7 +229,7 @@ class StartupTracker:
         self._last_ts = ts
         events: list[Event] = []
         pieces = split_updates(line)
-        progress_pieces = [p for p in pieces if "hards" in p and _PROGRESS_RE.search(p)] \
+        progress_pieces = [p for p in pieces if "hards" in p and PROGRESS_RE.search(p)] \
             if "hards" in line else []
         if progress_pieces:
             prog = parse_progress(progress_pieces[-1])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-__all__ = ["parse_ts", "split_updates", "strip_prefix"]
+__all__ = ["PROGRESS_RE", "parse_progress", "parse_ts", "redact", "split_updates", "strip_prefix"]
 
 _TS = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?"
 _RANKS = r"(?: [A-Z][A-Z_]*\d+)*"
@@ -134,3 +134,30 @@ def parse_ts(text: str | None) -> float | None:
             dt = dt.replace(year=2000)
         return dt.timestamp() + frac
     return None
+
+
+# BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]" (+ "\n" <= 0.5.9)
+PROGRESS_RE = re.compile(
+    r"(?P<desc>Loading [^:\r\n]*?shards|Multi-thread loading shards|Loading safetensors "
+    r"using [^:\r\n]*?):\s+(?P<pct>\d{1,3})%[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)")
+_SECRET_RE = re.compile(
+    r"""((?:admin_)?api_key['"]?\s*[=:]\s*)(['"])(?:(?!\2).)*\2""")
+_SECRET_ARG_RE = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
+
+def redact(text: str) -> str:
+    """Hide API keys in a log line (the ``server_args=ServerArgs(... api_key='...')`` line
+    that every version logs at INFO, and ``--api-key X`` in a printed command line)."""
+    if "api" not in text:
+        return text
+    text = _SECRET_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}<redacted>{m.group(2)}", text)
+    return _SECRET_ARG_RE.sub(lambda m: f"{m.group(1)}<redacted>", text)
+
+
+def parse_progress(text: str) -> tuple[int, int, int] | None:
+    """The LAST tqdm shard update in ``text`` -> ``(done, total, pct)``."""
+    last = None
+    for m in PROGRESS_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    return int(last.group("n")), int(last.group("total")), int(last.group("pct"))
