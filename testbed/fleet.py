@@ -47,7 +47,8 @@ GPU_SCENARIOS = (
 # denies read/write on the NVIDIA majors, as an LXC config without the
 # `lxc.cgroup*.devices.allow` lines does: opening the nodes really fails with EPERM.
 DEVICES_CGROUP = Path(os.environ.get("TESTBED_DEVICES_CGROUP", "/sys/fs/cgroup/devices"))
-SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start")
+SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", "capture-oom",
+                 "rank-fail", "nccl-watchdog", "warmup-502", "scheduler-exception")
 
 GPU_ENV_DEFAULT = """\
 GPU_COUNT=8
@@ -67,7 +68,7 @@ REPLAY_DIR=
 SIM_ENV_DEFAULT = "SCENARIO=healthy\nTIME_SCALE=0.02\nTOKENS_PER_S=400\nMAX_TOKENS_PER_S=1000\n"
 # Keys `python -m testbed sim-env` may set (read by testbed/sim/launch_server.py).
 SIM_ENV_KEYS = ("TIME_SCALE", "TOKENS_PER_S", "MAX_TOKENS_PER_S", "WARMUP_GATE", "HANG_AT_SHARD",
-                "GPU_MEMORY_MIB", "SLOW_WHEN", "SLOW_FACTOR")
+                "GPU_MEMORY_MIB", "SLOW_WHEN", "SLOW_FACTOR", "LOG_SEED")
 
 
 class TestbedError(RuntimeError):

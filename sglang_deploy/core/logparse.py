@@ -27,6 +27,25 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_deploy.core.logcauses import (
+    GENERIC,
+    SIGNATURES,
+    Hit,
+    Signature,
+    call_phase,
+    diagnose,
+    frame_phase,
+    match_signature,
+)
+from sglang_deploy.core.logmarkers import MARKER_WORDS, PHASES, Marker, markers_for
+from sglang_deploy.core.logprefix import (
+    PROGRESS_RE,
+    parse_progress,
+    redact,
+    split_updates,
+    strip_prefix,
+)
+
 __all__ = [
     "FATAL_SIGNATURES",
     "PHASES",
@@ -41,224 +60,20 @@ __all__ = [
     "strip_prefix",
 ]
 
-PHASES = ("starting", "loading", "loaded", "kv_cache", "autotune", "autotuned", "capture",
-          "captured", "http", "warmup", "ready")
 _IDX = {p: i for i, p in enumerate(PHASES)}
+FATAL_SIGNATURES = SIGNATURES
 
-# `[2026-03-01 12:00:00 TP0] `, `[2026-03-01 12:00:00.123 DP0 TP0 EP0] `, `[...] `
-# (configure_logger: "[%(asctime)s{maybe_ms}{prefix}] %(message)s", prefix " DP0 PP0 TP0 ...")
-_PREFIX_RE = re.compile(
-    r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?)"
-    r"(?P<rank>(?: [A-Z][A-Z_]*\d+)*)\] ?(?P<msg>.*)$", re.DOTALL)
-_EMBEDDED_PREFIX_RE = re.compile(
-    r"(?=\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?(?: [A-Z][A-Z_]*\d+)*\] )")
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]" (+ "\n" <= 0.5.9)
-_PROGRESS_RE = re.compile(
-    r"(?P<desc>Loading [^:\r\n]*?shards|Multi-thread loading shards|Loading safetensors "
-    r"using [^:\r\n]*?):\s+(?P<pct>\d{1,3})%[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)")
+# tqdm bars of the later phases: "Capturing batches (bs=8 avail_mem=1.00 GB):  50%|..| 2/4"
+# (cuda_graph_runner) and FlashInfer's "[AutoTuner]: Tuning <op>: 50%|..| 2/4"
+_CAPTURE_BAR_RE = re.compile(r"^\s*Capturing batches \(")
+_AUTOTUNE_BAR_RE = re.compile(r"^\s*\[AutoTuner\]: Tuning ")
 _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("The above exception was the direct cause of the following exception:",
             "During handling of the above exception, another exception occurred:")
-_SECRET_RE = re.compile(
-    r"""((?:admin_)?api_key['"]?\s*[=:]\s*)(['"])(?:(?!\2).)*\2""")
-_SECRET_ARG_RE = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
-
-
-def redact(text: str) -> str:
-    """Hide API keys in a log line (the ``server_args=ServerArgs(... api_key='...')`` line
-    that every version logs at INFO, and ``--api-key X`` in a printed command line)."""
-    text = _SECRET_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}<redacted>{m.group(2)}", text)
-    return _SECRET_ARG_RE.sub(lambda m: f"{m.group(1)}<redacted>", text)
-
-
-def strip_prefix(line: str) -> tuple[str | None, str | None, str]:
-    """``[2026-03-01 12:00:00 DP0 TP0] msg`` -> ``("2026-03-01 12:00:00", "DP0 TP0", "msg")``;
-    ``[2026-03-01 12:00:00] msg`` -> ``(ts, None, msg)``; anything else -> ``(None, None,
-    line)``."""
-    m = _PREFIX_RE.match(line)
-    if not m:
-        return None, None, line
-    rank = m.group("rank").strip() or None
-    return m.group("ts"), rank, m.group("msg")
-
-
-def split_updates(line: str) -> list[str]:
-    """Split one journal line into the pieces written separately: tqdm's ``\\r`` updates
-    (0.5.10+ end them with ``\\r`` only, so journald joins them) and log lines of other
-    processes glued onto an unterminated tqdm line. Empty pieces are dropped."""
-    line = _ANSI_RE.sub("", line)
-    out: list[str] = []
-    for seg in line.split("\r"):
-        for piece in _EMBEDDED_PREFIX_RE.split(seg):
-            if piece.strip():
-                out.append(piece.rstrip("\n"))
-    return out
-
-
-def parse_progress(text: str) -> tuple[int, int, int] | None:
-    """The LAST tqdm shard update in ``text`` -> ``(done, total, pct)``."""
-    last = None
-    for m in _PROGRESS_RE.finditer(text):
-        last = m
-    if last is None:
-        return None
-    return int(last.group("n")), int(last.group("total")), int(last.group("pct"))
-
-
-# --------------------------------------------------------------------------------------
-# markers
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Marker:
-    phase: str
-    pattern: re.Pattern[str]
-    #: literal text of the emitting code (what the tests grep in the wheel)
-    source: str
-    #: package the source belongs to: sglang | uvicorn | flashinfer | torch | nccl
-    origin: str = "sglang"
-    #: file (inside the wheel) that holds ``source``, for the tests
-    path: str = ""
-
-
-def _v(version: str) -> tuple[int, ...]:
-    nums = re.findall(r"\d+", version.split("+")[0])
-    base = tuple(int(x) for x in nums[:3])
-    post = 1 if "post" in version else 0
-    return base + (post,)
-
-
-_MR = "sglang/srt/model_executor/model_runner.py"
-_POOL = "sglang/srt/mem_cache/memory_pool.py"
-_SETUP = "sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py"
-_KV_RE = re.compile(r"\bKV Cache (?:is allocated|VA upper bound)\.")
-_CAP_BEGIN_RE = re.compile(
-    r"^Capture (?:[\w-]+ ){0,4}?(?:cuda|CUDA|cpu|CPU|npu|NPU|xpu|XPU) graph begin\b")
-_CAP_END_RE = re.compile(
-    r"^Capture (?:[\w-]+ ){0,4}?(?:cuda|CUDA|cpu|CPU|npu|NPU|xpu|XPU) graph end\b")
-
-
-def markers_for(version: str) -> list[Marker]:
-    """Phase markers for one sglang version. The patterns accept every spelling known
-    from 0.5.9 to 0.5.23; ``source``/``path`` name the emitting code of THIS version
-    (the tests check them against the wheels). Wording eras, read off the wheels:
-
-    * KV cache: ``KV Cache is allocated. #tokens:`` (<= 0.5.12), ``KV Cache is allocated.
-      dtype: ..`` (0.5.13 .. 0.5.16), ``{cache_name} is allocated. dtype:`` (0.5.17),
-      ``{cache_name} {'VA upper bound' | 'is allocated'}. dtype:`` (0.5.18+);
-    * autotune start: ``Running FlashInfer autotune...`` (<= 0.5.11), ``... with cache:
-      <path>`` (0.5.12+), in model_runner.py (<= 0.5.13), runner/base_runner.py (0.5.14),
-      runner/flashinfer_autotune.py (0.5.15+);
-    * decode graph capture: ``Capture cuda graph begin.`` (<= 0.5.13), ``Capture target
-      decode CUDA graph begin.`` from model_runner.py (0.5.14, 0.5.15) and from
-      model_runner_components/cuda_graph_setup.py (0.5.16+); piecewise/prefill/draft
-      captures use the same ``Capture ... graph begin|end`` shape.
-    """
-    v = _v(version)
-    ms: list[Marker] = [
-        Marker("loading", re.compile(r"^Load weight begin\b"), "Load weight begin. avail mem=",
-               path=_MR),
-        Marker("loaded", re.compile(r"^Load weight end\b"), "Load weight end. ", path=_MR),
-    ]
-    if v >= (0, 5, 18):
-        kv_src = "'is allocated'}. dtype: {self.dtype}, "
-    elif v >= (0, 5, 17):
-        kv_src = "{cache_name} is allocated. dtype: {self.dtype}, "
-    elif v >= (0, 5, 13):
-        kv_src = "KV Cache is allocated. dtype: {self.dtype}, #tokens: "
-    else:
-        kv_src = "KV Cache is allocated. #tokens: "
-    ms.append(Marker("kv_cache", _KV_RE, kv_src, path=_POOL))
-    if v >= (0, 5, 15):
-        at_path = "sglang/srt/model_executor/runner/flashinfer_autotune.py"
-    elif v >= (0, 5, 14):
-        at_path = "sglang/srt/model_executor/runner/base_runner.py"
-    else:
-        at_path = _MR
-    at_src = ("Running FlashInfer autotune with cache: %s" if v >= (0, 5, 12)
-              else "Running FlashInfer autotune...")
-    ms += [
-        Marker("autotune", re.compile(r"^Running FlashInfer autotune\b"), at_src, path=at_path),
-        Marker("autotuned", re.compile(r"^FlashInfer autotune completed\."),
-               "FlashInfer autotune completed.", path=at_path),
-    ]
-    if v >= (0, 5, 16):
-        cap = ("Capture {capture_name} {graph_backend[model_runner.device]} ", _SETUP)
-    elif v >= (0, 5, 14):
-        cap = ("Capture {capture_name} {graph_backend[self.device]} ", _MR)
-    else:
-        cap = ("Capture {graph_backend[self.device]} ", _MR)
-    ms += [
-        Marker("capture", _CAP_BEGIN_RE, cap[0] + "begin. ", path=cap[1]),
-        Marker("captured", _CAP_END_RE, cap[0] + "end. ", path=cap[1]),
-        Marker("http", re.compile(r"Uvicorn running on\b"),
-               "Uvicorn running on", origin="uvicorn", path="uvicorn/server.py"),
-        # warmup: _execute_server_warmup polls /model_info, then POSTs /generate
-        Marker("warmup", re.compile(r'"GET /(?:get_)?model_info HTTP/[\d.]+" 200'),
-               'url + "/model_info"', path="sglang/srt/entrypoints/http_server.py"),
-        Marker("ready", re.compile(r"The server is fired up and ready to roll!"),
-               "The server is fired up and ready to roll!",
-               path="sglang/srt/entrypoints/http_server.py"),
-    ]
-    return ms
-
-
-@dataclass(frozen=True)
-class Signature:
-    name: str
-    pattern: re.Pattern[str]
-    hint: str
-    fatal: bool = True
-    source: str = ""
-    origin: str = "sglang"
-
-
-FATAL_SIGNATURES: tuple[Signature, ...] = (
-    Signature("scheduler-exception", re.compile(r"Scheduler hit an exception:"),
-              "a scheduler (model worker) crashed; the traceback says why",
-              source="Scheduler hit an exception: "),
-    Signature("child-sigquit", re.compile(r"Received sigquit from a child process"),
-              "a child process (scheduler/detokenizer) failed; see the lines above",
-              source="Received sigquit from a child process. It usually means the child failed."),
-    Signature("scheduler-dead", re.compile(r"scheduler is dead|scheduler died during "
-                                           r"initialization"),
-              "a scheduler process died during startup; see its traceback",
-              source="scheduler died during initialization"),
-    Signature("init-failed", re.compile(r"Initialization failed\."),
-              "startup or the warmup request failed; see the error above",
-              source="Initialization failed. "),
-    Signature("not-enough-memory",
-              re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
-              "the KV cache does not fit: raise --mem-fraction-static (or lower "
-              "--context-length / --max-running-requests / --chunked-prefill-size)",
-              source="Not enough memory. Please try to increase --mem-fraction-static"),
-    Signature("cuda-graph-capture", re.compile(r"Capture cuda graph failed"),
-              "CUDA graph capture failed: lower --cuda-graph-max-bs / --mem-fraction-static "
-              "or set --disable-cuda-graph",
-              source="Capture cuda graph failed: "),
-    Signature("ninja-build",
-              re.compile(r"RuntimeError: Ninja build failed\.|^Ninja build failed\."),
-              "the FlashInfer JIT build failed (the compilation errors of the autotune TODO): "
-              "check nvcc/CUDA toolkit version and the Ninja output",
-              source='msg = "Ninja build failed."', origin="flashinfer"),
-    Signature("no-nvcc", re.compile(r"Could not find nvcc"),
-              "FlashInfer JIT needs nvcc: install the CUDA toolkit and put nvcc on PATH "
-              "(or set CUDA_HOME) for the service",
-              source="Could not find nvcc and default", origin="flashinfer"),
-    Signature("cuda-oom", re.compile(r"torch\.(?:cuda\.)?OutOfMemoryError"),
-              "a GPU ran out of memory: lower --mem-fraction-static or free the GPUs",
-              origin="torch"),
-    Signature("port-in-use",
-              re.compile(r"error while attempting to bind on address .*address already in use"),
-              "another process holds the server's port: find it with `ss -ltnp` on the host "
-              "and stop it, or set `sglang_port` to a free port",
-              origin="uvicorn"),
-    Signature("nccl-warn", re.compile(r"\bNCCL WARN\b"),
-              "NCCL reported a problem (P2P/transport): check NCCL_P2P_DISABLE / NCCL_P2P_LEVEL "
-              "and the GPU topology", fatal=False, origin="nccl"),
-)
+# the last line of a traceback: "torch.OutOfMemoryError: CUDA out of memory", "KeyError: 'x'"
+_EXC_RE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
+                     r"Warning)\b(?::|$)")
+_RANK_PREFIX_RE = re.compile(r"(?:TP|DP|PP|EP|ATTN_CP|MOE_DP|gpu_id=|rank)\d+|gpu_id=\d+")
 
 
 @dataclass(frozen=True)
@@ -276,22 +91,35 @@ class Event:
 # --------------------------------------------------------------------------------------
 
 
+
+_TB_SIG = Signature("other", re.compile(_TRACEBACK), "a rank raised an exception", weight=GENERIC - 5,
+                    name="rank-traceback")
+_NCCL_WARN_RE = re.compile(r"\bNCCL WARN\b")
+
+
 class StartupTracker:
-    """Incremental startup state of one server, fed journal lines in order."""
+    """Incremental startup state of one server, fed journal lines in order.
+
+    ``strict_order`` (live, the default): a startup out of order (ready without loading
+    the weights, without the expected autotune...) is a violation. Offline (explain-log) a
+    text may start in the middle of a startup: ``strict_order=False`` reports no violation.
+    """
 
     def __init__(self, version: str, expect_autotune: bool, cuda_graph: bool, *,
-                 ring: int = 200, max_block: int = 120, max_relevant: int = 80) -> None:
+                 ring: int = 200, max_block: int = 120, max_relevant: int = 80,
+                 strict_order: bool = True) -> None:
         self.version = version
         self.expect_autotune = expect_autotune
         self.cuda_graph = cuda_graph
+        self.strict_order = strict_order
         self._markers = markers_for(version)
         self._phase_idx = 0
         self._entered: dict[str, float] = {}
+        self._entered_text: dict[str, str | None] = {}
         self._first_ts: float | None = None
         self._last_ts: float | None = None
         self._progress: tuple[int, int, int] | None = None
         self._fatal: list[str] = []
-        self._fatal_hints: list[str] = []
         self._fatal_seen: set[str] = set()
         self._warnings_seen: set[str] = set()
         self._violations: list[str] = []
@@ -304,6 +132,16 @@ class StartupTracker:
         self._tb_blocks: list[list[str]] = []
         self._decode_capture_seen = False
         self._nonfatal_lines: list[str] = []
+        self._n = 0
+        self._hits: list[Hit] = []
+        self._frames: list[tuple[int, str, bool, bool]] = []  # (index, phase, inner-first, after ready)
+        self._exc_lines: list[tuple[int, str, bool]] = []
+        self._ranks: dict[str, None] = {}
+        self._ready_index: int | None = None
+        self.tracebacks_unprefixed = 0      # tracebacks with no rank prefix, before ready
+        self.frames_before_ready = 0        # traceback frame lines before ready
+        self._prev_frame = False
+        self.last_ts_text: str | None = None
 
     # ---- properties -------------------------------------------------------------------
     @property
@@ -313,6 +151,27 @@ class StartupTracker:
     @property
     def ready_seen(self) -> bool:
         return "ready" in self._seen
+
+    @property
+    def markers_seen(self) -> bool:
+        """Any phase marker (or shard progress) seen at all."""
+        return bool(self._seen - {"starting"}) or self._progress is not None
+
+    @property
+    def hits(self) -> list[Hit]:
+        """Every line that matched a cause signature (fatal or not), in order."""
+        return list(self._hits)
+
+    @property
+    def phase_reached(self) -> str | None:
+        """The phase the markers show (None if none was seen); a shard bar at 100% counts
+        as loaded even when `Load weight end` was cut off."""
+        if not self.markers_seen:
+            return None
+        prog = self._progress
+        if self.phase == "loading" and prog is not None and prog[0] == prog[1]:
+            return "loaded"
+        return self.phase
 
     @property
     def shard_progress(self) -> tuple[int, int, int] | None:
@@ -325,15 +184,26 @@ class StartupTracker:
 
     @property
     def fatal_hints(self) -> list[str]:
-        return list(self._fatal_hints)
+        """The fix of the failure's cause (one line), or nothing when no fatal line came."""
+        d = self.diagnosis()
+        return [d["fix"]] if d["failed"] and d["fix"] else []
 
     @property
     def violations(self) -> list[str]:
         return list(self._violations)
 
     @property
+    def ranks(self) -> list[str]:
+        return list(self._ranks)
+
+    @property
     def phase_entered(self) -> dict[str, float]:
         return dict(self._entered)
+
+    @property
+    def phase_entered_text(self) -> dict[str, str | None]:
+        """The log's own timestamp (as printed) of the line that entered each phase."""
+        return dict(self._entered_text)
 
     @property
     def phase_durations(self) -> dict[str, float]:
@@ -359,7 +229,8 @@ class StartupTracker:
         self._last_ts = ts
         events: list[Event] = []
         pieces = split_updates(line)
-        progress_pieces = [p for p in pieces if _PROGRESS_RE.search(p)]
+        progress_pieces = [p for p in pieces if "hards" in p and PROGRESS_RE.search(p)] \
+            if "hards" in line else []
         if progress_pieces:
             prog = parse_progress(progress_pieces[-1])
             if prog is not None and prog != self._progress:
@@ -382,9 +253,15 @@ class StartupTracker:
 
     def _feed_piece(self, raw: str, ts: float) -> list[Event]:
         events: list[Event] = []
-        ts_text, _rank, msg = strip_prefix(raw)
+        self._n += 1
+        ts_text, rank, msg = strip_prefix(raw)
+        if ts_text:
+            self.last_ts_text = ts_text
+        if rank is not None and rank not in self._ranks and len(self._ranks) < 512:
+            self._ranks[rank] = None
         shown = redact(raw)
         self._remember(shown)
+        sig = match_signature(msg)
         # traceback blocks: start at "Traceback (most recent call last):" (possibly inside
         # "Scheduler hit an exception: Traceback ..."), continue over unprefixed lines
         if _TRACEBACK in msg:
@@ -392,36 +269,73 @@ class StartupTracker:
                 c in "".join(self._tb_current[-3:]) for c in _CHAINED)
             if chained:
                 self._block_append(shown)
-            elif not chained:
+            else:
                 self._close_block()
                 self._tb_current = [shown]
+                if rank is not None and sig is None and _RANK_PREFIX_RE.search(rank):
+                    events += self._hit(_TB_SIG, msg, ts, shown)
+                elif not self.ready_seen:
+                    self.tracebacks_unprefixed += 1
         elif self._tb_current is not None:
             if ts_text is None:
                 self._block_append(shown)
             else:
                 self._close_block()
-        for sig in FATAL_SIGNATURES:
-            if sig.pattern.search(msg):
-                key = sig.name + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank )\s?\d+\b", "", msg)[:200]
-                if sig.fatal:
-                    self._fatal.append(shown)
-                    if sig.hint not in self._fatal_hints:
-                        self._fatal_hints.append(sig.hint)
-                    if key not in self._fatal_seen:
-                        self._fatal_seen.add(key)
-                        events.append(Event("fatal", f"{sig.name}: {sig.hint}", ts, self.phase,
-                                            shown, {"signature": sig.name}))
-                elif key not in self._warnings_seen:
-                    self._warnings_seen.add(key)
-                    events.append(Event("warning", f"{sig.name}: {sig.hint}", ts, self.phase,
-                                        shown, {"signature": sig.name}))
-                    self._nonfatal_lines.append(shown)
-                break
-        for marker in self._markers:
-            if marker.pattern.search(msg):
-                events += self._on_marker(marker, msg, ts, shown)
-                break
+        prev_frame, self._prev_frame = self._prev_frame, False
+        if 'File "' in msg:
+            fp = frame_phase(msg)
+            if fp is not None:
+                self._prev_frame = not fp[1]
+                if not self.ready_seen:
+                    self.frames_before_ready += 1
+                if fp[0] is not None and len(self._frames) < 4000:
+                    self._frames.append((self._n, fp[0], fp[1], self.ready_seen))
+        elif prev_frame and "(" in msg:
+            phase = call_phase(msg)
+            if phase is not None and len(self._frames) < 4000:
+                self._frames.append((self._n, phase, False, self.ready_seen))
+        elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
+            self._exc_lines.append((self._n, shown, self.ready_seen))
+        if sig is not None:
+            events += self._hit(sig, msg, ts, shown)
+        elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
+            key = "nccl-warn|" + msg[:120]
+            if key not in self._warnings_seen:
+                self._warnings_seen.add(key)
+                self._nonfatal_lines.append(shown)
+                events.append(Event("warning", "nccl-warn: NCCL printed a warning", ts,
+                                    self.phase, shown, {"signature": "nccl-warn"}))
+        if MARKER_WORDS.search(msg) is not None:
+            for marker in self._markers:
+                if marker.pattern.search(msg):
+                    events += self._on_marker(marker, msg, ts, shown)
+                    break
+        else:
+            bar = "capture" if _CAPTURE_BAR_RE.match(msg) else \
+                "autotune" if _AUTOTUNE_BAR_RE.match(msg) else None
+            if bar is not None and self._phase_idx < _IDX[bar]:
+                events += self._enter(bar, ts, shown)
+        if ts_text is not None and self._entered_text.get(self.phase, "") is None:
+            self._entered_text[self.phase] = ts_text
         return events
+
+    def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
+        if len(self._hits) < 500:
+            self._hits.append(Hit(sig, self._n, ts, shown, msg, self.ready_seen))
+        key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
+        if not sig.fatal:
+            if key in self._warnings_seen:
+                return []
+            self._warnings_seen.add(key)
+            self._nonfatal_lines.append(shown)
+            return [Event("warning", f"{sig.id}: {sig.summary}", ts, self.phase, shown,
+                          {"signature": sig.id, "cause": sig.cause})]
+        self._fatal.append(shown)
+        if key in self._fatal_seen:
+            return []
+        self._fatal_seen.add(key)
+        return [Event("fatal", f"{sig.id}: {sig.summary}", ts, self.phase, shown,
+                      {"signature": sig.id, "cause": sig.cause})]
 
     def _block_append(self, shown: str) -> None:
         """Append to the open traceback; past ``max_block`` lines drop from the middle
@@ -441,28 +355,32 @@ class StartupTracker:
         events: list[Event] = []
         phase = marker.phase
         idx = _IDX[phase]
+        if phase == "ready" and self._ready_index is None:
+            self._ready_index = self._n
         if phase == "capture" and not re.match(r"^Capture (?:piecewise|draft)", msg):
-            if not self._decode_capture_seen and not self.cuda_graph:
+            if not self._decode_capture_seen and not self.cuda_graph and self.strict_order:
                 self._decode_capture_seen = True
                 events.append(self._warning(
                     "capture-disabled",
                     "CUDA graph capture ran although the deploy expects it disabled "
                     "(--disable-cuda-graph)", ts, shown))
             self._decode_capture_seen = True
-        # a FlashInfer autotune that starts after graphs were captured or the server
-        # listens: out of order (graphs captured with untuned kernels)
-        if phase == "autotune" and self._phase_idx >= _IDX["captured"] and \
-                "autotune" not in self._seen:
-            events += self._violation(
-                "autotune-order",
-                f"FlashInfer autotune started after {self.phase}: out of order (the graphs "
-                "were captured before the kernels were tuned)", ts, shown)
-        if phase == "autotune" and not self.expect_autotune and "autotune" not in self._seen:
-            events.append(self._warning(
-                "autotune-unexpected",
-                "FlashInfer autotune ran although the deploy did not expect it", ts, shown))
+        if self.strict_order:
+            # a FlashInfer autotune that starts after graphs were captured or the server
+            # listens: out of order (graphs captured with untuned kernels)
+            if phase == "autotune" and self._phase_idx >= _IDX["captured"] and \
+                    "autotune" not in self._seen:
+                events += self._violation(
+                    "autotune-order",
+                    f"FlashInfer autotune started after {self.phase}: out of order (the "
+                    "graphs were captured before the kernels were tuned)", ts, shown)
+            if phase == "autotune" and not self.expect_autotune and "autotune" not in self._seen:
+                events.append(self._warning(
+                    "autotune-unexpected",
+                    "FlashInfer autotune ran although the deploy did not expect it", ts, shown))
         if idx > self._phase_idx:
-            events += self._check_skipped(phase, ts, shown)
+            if self.strict_order:
+                events += self._check_skipped(phase, ts, shown)
             events += self._enter(phase, ts, shown)
         self._seen.add(phase)
         return events
@@ -503,6 +421,10 @@ class StartupTracker:
         prev = self.phase
         self._phase_idx = _IDX[phase]
         self._entered.setdefault(phase, ts)
+        if shown is not None:
+            self._entered_text.setdefault(phase, strip_prefix(shown)[0])
+        else:
+            self._entered_text.setdefault(phase, self.last_ts_text)
         self._seen.add(phase)
         return [Event("phase", f"{prev} -> {phase}", ts, phase, shown, {"from": prev})]
 
@@ -516,6 +438,18 @@ class StartupTracker:
     def _warning(self, name: str, message: str, ts: float, shown: str) -> Event:
         self._warnings_seen.add(name)
         return Event("warning", message, ts, self.phase, shown, {"rule": name})
+
+    # ---- diagnosis --------------------------------------------------------------------
+    def diagnosis(self, *, offline: bool = False) -> dict[str, Any]:
+        """What the lines so far say (logcauses.diagnose): ``failed``, the failure's
+        ``phase`` (``serving`` after ready), ``cause``, ``summary``, ``fix``, ``evidence``.
+        ``offline``: a traceback before ready counts as a failure too (live, only a rank's
+        traceback or a fatal line does: the process may still be printing)."""
+        bare = not self.ready_seen and bool(self.tracebacks_unprefixed
+                                            or self.frames_before_ready)
+        return diagnose(self._hits, self._frames, self._exc_lines,
+                        bare_traceback=offline and bare,
+                        phase_reached=self.phase_reached)
 
     # ---- reporting --------------------------------------------------------------------
     def recent_lines(self, n: int = 30) -> list[str]:
@@ -561,7 +495,7 @@ class StartupTracker:
 
 
 def _dedup_key(line: str) -> str:
-    key = re.sub(r"^\[[^\]]*\] ?", "", line)
+    key = strip_prefix(line)[2]
     return re.sub(r"\bRank \d+\b", "Rank N", key)[:200]
 
 

@@ -52,6 +52,7 @@ class Verifier:
     last_phase: str | None = None
     last_http: dict = field(default_factory=dict)
     ready_at: float | None = None
+    http_failures: int = 0
 
     def __post_init__(self):
         self.tracker = StartupTracker(self.sglang_version, expect_autotune=self.expect_autotune,
@@ -59,14 +60,31 @@ class Verifier:
 
     # -- helpers -------------------------------------------------------------------------
     def _fail(self, message: str, service: dict, **details) -> Decision:
+        diag = self.tracker.diagnosis()
         details.update(
-            phase=self.tracker.phase,
+            phase=self.failure_phase(diag),
             exit=f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}",
             state=f"{service.get('ActiveState')}/{service.get('SubState')}",
             log=self.tracker.relevant_lines(),
-            hints=self.tracker.fatal_hints,
+            hints=[diag["fix"]] if diag["failed"] and diag["fix"] else [],
+            cause=diag["cause"] if diag["failed"] else None,
+            summary=diag["summary"] if diag["failed"] else None,
         )
         return Decision("fail", message, details)
+
+    def failure_phase(self, diag: dict | None = None) -> str:
+        """The phase a failure belongs to: what its lines say (``serving`` after the
+        ready line), else the phase the startup reached."""
+        diag = diag if diag is not None else self.tracker.diagnosis()
+        if diag["failed"] and diag["phase"]:
+            return diag["phase"]
+        return "serving" if self.tracker.ready_seen else self.tracker.phase
+
+    def _crash_text(self) -> str:
+        diag = self.tracker.diagnosis()
+        if not diag["failed"]:
+            return ""
+        return f": {diag['cause']}: {diag['summary']}"
 
     def observe(self, poll: dict) -> Decision:
         now = poll["now"]
@@ -92,15 +110,18 @@ class Verifier:
         if inv and self.invocation and inv != self.invocation:
             return self._fail(
                 f"the service restarted during startup (invocation {self.invocation[:8]} -> "
-                f"{inv[:8]}): it crashed in phase `{self.tracker.phase}`", service)
+                f"{inv[:8]}): it crashed in phase `{self.failure_phase()}`{self._crash_text()}",
+                service)
         active, sub = service.get("ActiveState"), service.get("SubState")
-        if active in CRASH_STATES or sub == "auto-restart" or (active == "activating" and sub == "auto-restart"):
+        if active in CRASH_STATES or sub == "auto-restart":
             return self._fail(
-                f"the server exited in phase `{self.tracker.phase}` "
-                f"(status {service.get('ExecMainCode')}/{service.get('ExecMainStatus')})", service)
+                f"the server exited in phase `{self.failure_phase()}` "
+                f"(status {service.get('ExecMainCode')}/{service.get('ExecMainStatus')})"
+                f"{self._crash_text()}", service)
         if self.tracker.fatal:
             # the process may still be dying: report now, the lines are conclusive
-            return self._fail(f"fatal error in phase `{self.tracker.phase}`", service)
+            return self._fail(f"fatal error in phase `{self.failure_phase()}`"
+                              f"{self._crash_text()}", service)
 
         elapsed = now - self.started_at
         key = PHASE_DEADLINE_KEY.get(self.tracker.phase, "warmup")
@@ -123,7 +144,9 @@ class Verifier:
             return Decision("wait", f"log says ready; /health answers {health.get('status') or health.get('error')}")
         models = poll.get("models") or {}
         if models.get("status") != 200:
-            return self._fail(f"/v1/models answers {models.get('status')}: {models.get('body', '')[:200]}", service)
+            return self._http_failed(
+                f"/v1/models answers {models.get('status')}: {models.get('body', '')[:200]}",
+                service)
         try:
             ids = [m.get("id") for m in json.loads(models["body"]).get("data", [])]
         except (ValueError, AttributeError):
@@ -133,7 +156,7 @@ class Verifier:
         if self.require_generate:
             gen = poll.get("generate") or {}
             if gen.get("status") != 200:
-                return self._fail(
+                return self._http_failed(
                     f"a one-token generation failed: {gen.get('status') or gen.get('error')} "
                     f"{gen.get('body', '')[:200]}", service)
         self.ready_at = now
@@ -142,6 +165,15 @@ class Verifier:
             "time_to_ready_s": round(now - self.started_at, 2),
             "invocation": self.invocation,
         })
+
+    def _http_failed(self, message: str, service: dict) -> Decision:
+        """An API check failed after the ready line. The poll read the journal BEFORE
+        asking the API: a crash the request caused is in the next poll's lines. Wait for
+        that one poll, then fail (with the crash's cause if the lines name one)."""
+        self.http_failures += 1
+        if self.http_failures < 2:
+            return Decision("wait", f"log says ready; {message} (checking the log once more)")
+        return self._fail(message, service)
 
     def wants_http(self) -> bool:
         return bool(self.tracker.ready_seen)

@@ -252,8 +252,9 @@ def test_p2p_unsupported_adapts_by_policy(testbed):
 SERVER_SCENARIOS = {
     # scenario: (phase reached, words in the message)
     "autotune-crash": ("autotune", ["Ninja build failed", "exit"]),
-    # OOM happens while the KV cache is being allocated: the last phase completed is `loaded`
-    "oom": ("loaded", ["Not enough memory", "mem-fraction-static"]),
+    # OOM happens while the KV cache is being allocated: the failure's own line (`Not
+    # enough memory`) puts it in phase `kv_cache` (the last marker seen is `loaded`)
+    "oom": ("kv_cache", ["Not enough memory", "mem-fraction-static"]),
     "load-hang": ("loading", ["stalled", "loading"]),
 }
 

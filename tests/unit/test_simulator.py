@@ -362,7 +362,9 @@ def test_autotune_crash_on_patched_host(patched_site, model_dir, tmp_path, runs)
     assert rc == -signal.SIGKILL
     i = out.index("Running FlashInfer autotune with cache: ")
     j = out.index("RuntimeError: Ninja build failed.", i)
-    k = out.index("TP0] Scheduler hit an exception: Traceback (most recent call last):", i)
+    # the ranks print in a seeded random order: the first traceback may be any rank's
+    k = re.search(r"TP\d\] Scheduler hit an exception: Traceback \(most recent call last\):",
+                  out[i:]).start() + i
     assert k < j < out.index("] Received sigquit from a child process. It usually means the child failed.")
     assert "FlashInfer autotune completed." not in out and "Uvicorn running" not in out
     exited = json.loads((r.ready_file.parent / "exit.json").read_text())  # for bench/: crash moment
@@ -456,9 +458,58 @@ def test_port_already_taken_fails_like_uvicorn_after_startup(site, model_dir, tm
         # 0.5.12.post1 loads everything first: the port is bound only by uvicorn at the end
         assert text.index("Load weight end") < text.index("INFO:     Application startup complete.")
         line = next(x for x in text.splitlines() if "address already in use" in x)
-        assert line == (f"ERROR:    [Errno 98] error while attempting to bind on address "
-                        f"('127.0.0.1', {holder.getsockname()[1]}): address already in use")
+        # uvicorn's line in sglang's format (set_uvicorn_logging_configs: "[%(asctime)s] ...")
+        assert re.fullmatch(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] " + re.escape(
+            f"ERROR:    [Errno 98] error while attempting to bind on address "
+            f"('127.0.0.1', {holder.getsockname()[1]}): address already in use"), line), line
         r.wait_for("INFO:     Waiting for application shutdown.")
         assert "The server is fired up" not in r.text
     finally:
         holder.close()
+
+
+# ----------------------------------------------------------------------------- (f) a real 8-rank voice
+def test_eight_ranks_interleave_in_a_seeded_order_with_real_noise(site, model_dir, tmp_path, runs):
+    r = start(runs, tmp_path, site, model_dir, flags=["--tp-size", "8"])
+    out = r.wait_for("The server is fired up and ready to roll!")
+    order = re.findall(r"TP(\d)\] Load weight begin", out)
+    assert sorted(order) == [str(i) for i in range(8)] and order != sorted(order)
+    assert "FutureWarning: The pynvml package is deprecated." in out
+    assert re.search(r"^\S+:\d+:\d+ \[3\] NCCL INFO Connected all trees$", out, re.MULTILINE)
+    assert re.search(r"NCCL WARN Could not find real path of mlx5_0", out)
+    assert len(re.findall(r"TP\d\] Memory pool end\. avail mem=", out)) == 8
+    assert re.search(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] INFO:     Uvicorn running on ", out)
+    assert re.search(r'\[[\d: -]+\] INFO:     127\.0\.0\.1:\d+ - "GET /model_info HTTP/1\.1" 200 OK',
+                     out)
+    # the same seed, the same order
+    r2 = start(runs, tmp_path, site, model_dir, flags=["--tp-size", "8"])
+    assert re.findall(r"TP(\d)\] Load weight begin",
+                      r2.wait_for("The server is fired up and ready to roll!")) == order
+
+
+def test_capture_and_autotuner_progress_bars(patched_site, model_dir, tmp_path, runs):
+    r = start(runs, tmp_path, patched_site, model_dir,
+              flags=["--tp-size", "2", "--moe-runner-backend", "flashinfer_cutlass"])
+    out = r.wait_for("The server is fired up and ready to roll!")
+    assert re.search(r"\r\[AutoTuner\]: Tuning trtllm::fused_moe::gemm1: 100%\|█+\| 14/14 \[", out)
+    assert re.search(r"\rCapturing batches \(bs=1 avail_mem=[\d.]+ GB\): 100%\|██████████\| "
+                     r"\d+/\d+ \[", out)
+    assert "TP0] Capture cuda graph bs [1, 2, 4, 8" in out
+
+
+@pytest.mark.parametrize("scenario, phase, cause", [
+    ("capture-oom", "capture", "cuda-oom"), ("rank-fail", "loading", "cuda-oom"),
+    ("warmup-502", "warmup", "warmup-failed"), ("nccl-watchdog", "serving", "nccl-watchdog"),
+    ("scheduler-exception", "serving", "scheduler-exception")])
+def test_failure_scenarios_read_as_real_failures(site, model_dir, tmp_path, runs, scenario,
+                                                  phase, cause):
+    from sglang_deploy.core.explain import explain
+
+    r = start(runs, tmp_path, site, model_dir, scenario=scenario, flags=["--tp-size", "8"])
+    if phase == "serving":
+        r.wait_for("The server is fired up and ready to roll!")
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            r.http("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+    assert r.exit_code() == -signal.SIGKILL
+    result = explain(r.text.splitlines())
+    assert (result["outcome"], result["phase"], result["cause"]) == ("failed", phase, cause)

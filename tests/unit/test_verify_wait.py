@@ -44,3 +44,43 @@ def test_api_is_asked_at_once_when_the_log_says_ready():
     assert decision.kind == "ready"
     assert "--http" not in host.commands[0] and "--http" in host.commands[1]
     assert sleeps == []  # the HTTP poll followed the ready line without a poll interval
+
+
+def test_a_crash_on_the_verifiers_generation_is_reported_in_phase_serving_with_its_cause():
+    """The poll reads the journal before asking the API: a generation that brings the server
+    down fails first, and the crash's lines come in the next poll (composed lines)."""
+    service = {"ActiveState": "active", "SubState": "running", "InvocationID": "inv1"}
+    models = {"status": 200, "body": json.dumps({"data": [{"id": "glm-5"}]})}
+    v = Verifier(sglang_version="0.5.12.post1", expect_autotune=True, cuda_graph=False,
+                 served_model_name="glm-5", overall_timeout_s=60, phase_timeouts={})
+    d = v.observe({"now": 100.0, "service": service,
+                   "journal": journal("healthy-0.5.12.post1.jsonl")})
+    assert d.kind == "wait" and v.wants_http()
+    d = v.observe({"now": 100.1, "service": service, "journal": [], "health": {"status": 200},
+                   "models": models, "generate": {"status": None, "error": "RemoteDisconnected"}})
+    assert d.kind == "wait"
+    crash = ["[2026-03-01 12:01:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+             '  File "/x/sglang/srt/managers/scheduler.py", line 1594, in event_loop_overlap',
+             "    batch_result = self.run_batch(batch)",
+             "IndexError: index 4096 is out of bounds for dimension 0 with size 4096",
+             "[2026-03-01 12:01:00] Received sigquit from a child process. It usually means the child failed."]
+    d = v.observe({"now": 100.6, "service": {**service, "ActiveState": "failed", "SubState": "failed"},
+                   "journal": [{"t": 100.5, "msg": x} for x in crash]})
+    assert d.kind == "fail"
+    assert d.details["phase"] == "serving" and d.details["cause"] == "scheduler-exception"
+    assert "phase `serving`" in d.message and "IndexError" in d.message
+    assert d.details["hints"] and "scheduler" in d.details["hints"][0]
+
+
+def test_an_api_failure_without_a_crash_still_fails_on_the_next_poll():
+    service = {"ActiveState": "active", "SubState": "running", "InvocationID": "inv1"}
+    v = Verifier(sglang_version="0.5.12.post1", expect_autotune=True, cuda_graph=False,
+                 served_model_name="glm-5", overall_timeout_s=60, phase_timeouts={})
+    v.observe({"now": 100.0, "service": service, "journal": journal("healthy-0.5.12.post1.jsonl")})
+    wrong = {"status": 503, "body": "Service Unavailable"}
+    poll = {"now": 100.1, "service": service, "journal": [], "health": {"status": 200},
+            "models": wrong}
+    assert v.observe(poll).kind == "wait"
+    d = v.observe({**poll, "now": 100.6})
+    assert d.kind == "fail" and "/v1/models answers 503" in d.message
+    assert d.details["phase"] == "serving" and d.details["cause"] is None

@@ -1,0 +1,434 @@
+"""Why an SGLang server failed: cause signatures, their fixes, and the phase a failure
+belongs to (pure). Used by the live tracker (logparse.StartupTracker) and the offline
+analysis (explain.explain) alike.
+
+Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
+not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
+no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
+scheduler-exception, oom-killer, port-in-use, model-load, other.
+
+Each signature has a weight: the cause of a failure is the heaviest signature seen
+(earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
+outweigh what only says where it broke (``Capture cuda graph failed``, the warmup error),
+which outweighs the generic ``Scheduler hit an exception``; the teardown that follows
+(``Received sigquit``, ``scheduler died``) weighs nothing: it names no cause.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "CAUSE_FIXES",
+    "GENERIC_BY_PHASE",
+    "SIGNATURES",
+    "Hit",
+    "Signature",
+    "call_phase",
+    "diagnose",
+    "frame_phase",
+    "match_signature",
+]
+
+SPECIFIC, EVIDENCE, NCCL, WHERE, GENERIC, TEARDOWN = 30, 25, 22, 20, 10, 0
+
+
+@dataclass(frozen=True)
+class Signature:
+    cause: str                 # the cause id (vocabulary above)
+    pattern: re.Pattern[str]
+    summary: str               # one line: what happened
+    weight: int = SPECIFIC
+    fatal: bool = True         # does the line alone mean the server failed?
+    phase: str | None = None   # the phase the line itself proves
+    default_phase: str | None = None  # the phase when nothing else tells
+    source: str = ""           # literal text of the emitting code (tests grep the wheels)
+    origin: str = "other"      # sglang | flashinfer | torch | nccl | uvicorn | kernel | other
+    name: str = ""             # the signal's own name where it is not a cause (teardown)
+
+    @property
+    def id(self) -> str:
+        return self.name or self.cause
+
+
+_OOM_FIX = ("lower --mem-fraction-static (and --cuda-graph-max-bs, --max-running-requests, "
+            "--chunked-prefill-size), check `nvidia-smi` for other processes on the GPUs, "
+            "or spread the model over more GPUs")
+#: the fix of each cause (one line)
+CAUSE_FIXES = {
+    "cuda-oom": _OOM_FIX,
+    "not-enough-memory": "the KV cache does not fit after the weights: raise "
+                         "--mem-fraction-static, or lower --context-length / "
+                         "--max-running-requests, or use more GPUs (--tp)",
+    "nccl-p2p": "NCCL could not set up GPU peer-to-peer transport: check the topology "
+                "(`nvidia-smi topo -m`), try NCCL_P2P_LEVEL=NVL or NCCL_P2P_DISABLE=1, and "
+                "rerun with NCCL_DEBUG=INFO to see the failing transport",
+    "nccl-peer-refused": "a peer rank did not answer: start (or check) the server on the "
+                         "other node(s), and that --dist-init-addr, --nnodes and --node-rank "
+                         "agree on every node and its port is reachable (firewall, "
+                         "NCCL_SOCKET_IFNAME on the right interface)",
+    "nccl-watchdog": "a collective operation hung until the NCCL watchdog killed it (a rank "
+                     "stopped or deadlocked): look for the first rank that failed, check "
+                     "GPU/NIC health (`nvidia-smi -q`, dmesg Xid), then restart; raise "
+                     "--dist-timeout only if the operation is legitimately slow",
+    "gloo-connection": "the gloo (CPU) process group lost a peer: a rank or node exited "
+                       "first (read its log), or the network between nodes dropped; check "
+                       "GLOO_SOCKET_IFNAME and the other node",
+    "jit-build": "a JIT kernel build (FlashInfer/DeepGEMM, ninja + nvcc) failed: check that "
+                 "the CUDA toolkit matches torch's CUDA version, that nvcc works for this GPU "
+                 "arch, and clear the JIT cache (~/.cache/flashinfer, ~/.cache/deep_gemm)",
+    "no-nvcc": "the JIT build needs nvcc: install the CUDA toolkit and put nvcc on PATH "
+               "(or set CUDA_HOME) for the service",
+    "autotune-crash": "the FlashInfer autotune (kernel warmup) crashed: rerun without it "
+                      "(drop the autotune patch / --disable-flashinfer-autotune) and report "
+                      "the traceback; check the kernel backend supports this GPU",
+    "unsupported-arch": "the kernels were not built for this GPU's architecture: use a "
+                        "wheel/image built for its compute capability (sm_XX), or another "
+                        "attention/MoE backend (--attention-backend triton)",
+    "cuda-graph-capture": "CUDA graph capture failed: lower --cuda-graph-max-bs (or "
+                          "--mem-fraction-static), or start with --disable-cuda-graph to get "
+                          "the underlying error",
+    "warmup-failed": "the server's own warmup request failed: a 403/502 usually comes from "
+                     "an HTTP proxy (set no_proxy=127.0.0.1,localhost for the service, or "
+                     "unset http_proxy); otherwise the error above says why",
+    "scheduler-exception": "a scheduler (model worker) raised an exception: the traceback "
+                           "above names it; report it with the request that triggered it, "
+                           "and restart the service",
+    "oom-killer": "the kernel's OOM killer ended the process (host RAM, not GPU memory): "
+                  "check `dmesg -T | grep -i oom`, give the host/container more RAM or "
+                  "lower CPU-side memory use (fewer --tp ranks per host, no --enable-"
+                  "torch-compile, smaller --max-running-requests)",
+    "port-in-use": "another process holds the server's port: find it with `ss -ltnp` on the "
+                   "host and stop it, or set `sglang_port` to a free port",
+    "model-load": "the model could not be loaded: check the model path and files, that "
+                  "this SGLang (and transformers) version supports the architecture, and "
+                  "the quantization/dtype flags",
+    "other": "read the first error above (the relevant lines); nothing known matched it",
+}
+
+#: the cause of a failure that only says where it broke, by phase
+GENERIC_BY_PHASE = {"capture": "cuda-graph-capture",
+                    "autotune": "autotune-crash", "warmup": "warmup-failed",
+                    "serving": "scheduler-exception"}
+
+
+def _re(p: str, flags: int = 0) -> re.Pattern[str]:
+    return re.compile(p, flags)
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    # ---- specific causes ---------------------------------------------------------------
+    Signature("cuda-oom", _re(
+        r"OutOfMemoryError|(?:CUDA|HIP|cuda|hip) out of memory|CUDA error: out of memory|"
+        r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|out of memory\. Tried to "
+        r"allocate|CUDA driver error: out of memory|Failed to allocate memory .* CUDA"),
+        "a GPU ran out of memory", origin="torch"),
+    Signature("not-enough-memory", _re(
+        r"profiled value -\d+|max_total_num_tokens=-\d+"),
+        "no memory is left for the KV cache (the profiled token count is negative)",
+        fatal=False, phase="kv_cache"),
+    Signature("not-enough-memory", _re(
+        r"Not enough memory\. Please try to increase --mem-fraction-static"),
+        "the KV cache does not fit in the memory left after the weights", phase="kv_cache",
+        source="Not enough memory. Please try to increase --mem-fraction-static",
+        origin="sglang"),
+    Signature("nccl-watchdog", _re(
+        r"Watchdog caught collective operation timeout|watchdog thread terminated with "
+        r"exception|ncclCommWatchdog|Some NCCL operations have failed or timed out|"
+        r"NCCL watchdog|Timeout\(ms\)=\d+\) ran for"),
+        "an NCCL collective timed out (the NCCL watchdog aborted it)",
+        default_phase="serving", origin="torch"),
+    Signature("nccl-peer-refused", _re(
+        r"socketPollConnect|socketStartConnect|[Cc]onnect(?:ion)? to \S+ (?:failed|refused|"
+        r"returned)|(?:NCCL|bootstrap|TCPStore|c10d|DistNetworkError|socket)[^\n]*"
+        r"(?:Connection refused|No route to host|Connection timed out|connect\(\) timed out)|"
+        r"ncclRemoteError|remote process exited or there was a network error"),
+        "a peer rank/node refused or never answered the connection", weight=EVIDENCE,
+        fatal=False, default_phase="starting", origin="nccl"),
+    Signature("gloo-connection", _re(
+        r"gloo[^\n]*(?:Connection cl|Connection reset|Connection refused|Timed out|"
+        r"closed by peer)|Gloo connectFullMesh failed"),
+        "the gloo (CPU) process group lost its connection to a peer", default_phase="starting",
+        origin="torch"),
+    Signature("jit-build", _re(
+        r"Ninja build failed|ninja: build stopped|ninja exited with status|CalledProcessError: Command '\['ninja'|"
+        r"Error building extension|nvcc fatal|DeepGEMM[^\n]*(?:failed|error)|"
+        r"flashinfer\.jit[^\n]*(?:[Ff]ailed|[Ee]rror)|JIT compil\w* failed|"
+        r"FAILED: [^\n]*\.(?:cuda\.)?o\b"),
+        "a JIT kernel build (ninja/nvcc) failed", source='msg = "Ninja build failed."',
+        origin="flashinfer"),
+    Signature("no-nvcc", _re(
+        r"Could not find nvcc|nvcc: (?:command )?not found|No such file or directory: "
+        r"'[^']*nvcc'|CUDA_HOME environment variable is not set"),
+        "the JIT build found no nvcc (CUDA toolkit)", weight=SPECIFIC + 2,
+        source="Could not find nvcc and default",
+        origin="flashinfer"),
+    Signature("unsupported-arch", _re(
+        r"no kernel image is available for execution|cudaErrorNoKernelImageForDevice|"
+        r"CUDA error: invalid device function|[Uu]nsupported (?:GPU |CUDA )?arch\w*|"
+        r"is not compatible with the current PyTorch installation|"
+        r"(?:not supported|unsupported) (?:on|for) (?:this GPU|sm_?\d+|SM ?\d+|compute "
+        r"capability)|requires (?:compute capability|sm_?\d+ or)"),
+        "the kernels do not support this GPU architecture"),
+    Signature("oom-killer", _re(
+        r"[Ee]xit code:? -9\b|killed by signal 9|signal=KILL|status=9/KILL|"
+        r"Out of memory: Killed process|invoked oom-killer|oom-kill:|oom_reaper"),
+        "the kernel killed the process (SIGKILL: the OOM killer)", origin="kernel"),
+    Signature("port-in-use", _re(r"error while attempting to bind on address .*address "
+                                 r"already in use"),
+              "the server's port is already taken", phase="http", origin="uvicorn"),
+    Signature("port-in-use", _re(r"[Aa]ddress already in use|EADDRINUSE|[Pp]ort \d+ is "
+                                 r"(?:already )?in use|is not available\. Please"),
+              "a port the server needs is already taken", default_phase="http"),
+    Signature("model-load", _re(
+        r"does not recognize this architecture|Model architectures? \[[^\]]*\] (?:are|is) not "
+        r"supported|Unrecognized model in|is not a local folder and is not a valid model "
+        r"identifier|Cannot find any model weights|SafetensorError|Error while deserializing "
+        r"header|size mismatch for|[Uu]nsupported (?:model|quantization method)|"
+        r"no file named [\w.]+ found in directory"),
+        "the model could not be loaded", default_phase="loading"),
+    Signature("model-load", _re(r"Ignore import error when loading sglang\.srt\.models\."),
+              "the model's implementation failed to import (its architecture is then unknown)",
+              weight=EVIDENCE, fatal=False, default_phase="loading",
+              source="Ignore import error when loading ", origin="sglang"),
+    # ---- crashes with no better name ---------------------------------------------------
+    Signature("other", _re(r"Fatal Python error: |^Segmentation fault|\bBus error\b|"
+                           r"illegal memory access was encountered|SIGSEGV|"
+                           r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):|"
+                           r"^Extension modules: "),
+              "a native crash (segfault/bus error/illegal memory access)", weight=NCCL),
+    Signature("other", _re(r"TCPStore[^\n]*(?:Connection reset by peer|shut down too early)|"
+                           r"Connection reset by peer[^\n]*TCPStore"),
+              "the rank-0 TCPStore went away (the master node's process exited)",
+              weight=NCCL, default_phase="serving", origin="torch"),
+    # ---- NCCL transport (after the refused peer: both often show) ----------------------
+    Signature("nccl-p2p", _re(
+        r"NCCL error: unhandled (?:system|cuda) error|ncclSystemError|ncclUnhandledCudaError|"
+        r"ncclInternalError|ncclInvalidUsage"),
+        "NCCL failed to set up its GPU-to-GPU transport (P2P/topology)", weight=NCCL,
+        default_phase="starting", origin="nccl"),
+    Signature("nccl-p2p", _re(
+        r"NCCL WARN [^\n]*(?:P2P|p2p|peer access|cudaIpc|Cuda failure|topology|NVLS)|"
+        r"peer access is not supported"),
+        "NCCL warned about GPU peer-to-peer transport (P2P/topology)", weight=NCCL,
+        fatal=False, default_phase="starting", origin="nccl"),
+    # ---- where it broke ------------------------------------------------------------------
+    Signature("cuda-graph-capture", _re(
+        r"Capture (?:cuda|CUDA) graph failed|operation not permitted when stream is capturing|"
+        r"cudaErrorStreamCapture\w+|CUDA graph capture failed"),
+        "CUDA graph capture failed", weight=WHERE, phase="capture",
+        source="Capture cuda graph failed: ", origin="sglang"),
+    Signature("autotune-crash", _re(r"FlashInfer autotune failed|\[AutoTuner\][^\n]*"
+                                    r"(?:[Ee]xception|[Ee]rror|failed)"),
+              "the FlashInfer autotune crashed", weight=WHERE, phase="autotune"),
+    Signature("warmup-failed", _re(r"Initialization failed\. warmup error"),
+              "the server's warmup request failed", weight=WHERE, phase="warmup",
+              source="Initialization failed. warmup error", origin="sglang"),
+    Signature("warmup-failed", _re(r"AssertionError: res=<Response \[[45]\d\d\]>"),
+              "the warmup request got an HTTP error", weight=WHERE, phase="warmup"),
+    Signature("warmup-failed", _re(
+        r"^https?://\S+ \"(?:GET|POST) \S*/(?:get_model_info|model_info|generate) HTTP/[\d.]+\" "
+        r"[45]\d\d"),
+        "the warmup request got an HTTP error (retried until the warmup gives up)",
+        weight=WHERE, fatal=False, phase="warmup"),
+    # ---- generic: something raised ---------------------------------------------------
+    Signature("scheduler-exception", _re(
+        r"Scheduler hit an exception|Exception in run_tp_server|Exception in ModelTpServer|"
+        r"TpModelWorkerClient hit an exception|DataParallelController hit an exception|"
+        r"DetokenizerManager hit an exception"),
+        "a scheduler (model worker) raised an exception", weight=GENERIC,
+        source="Scheduler hit an exception: ", origin="sglang"),
+    # a collector's record (`ERROR scheduler.run_scheduler_process: ...`) cut after the
+    # logger: run_scheduler_process logs at ERROR only that exception
+    Signature("scheduler-exception", _re(r"^scheduler\.run_sch\w*$"),
+              "a scheduler (model worker) raised an exception", weight=GENERIC),
+    Signature("other", _re(r"^terminate called after throwing an instance of|^(?:Killed|"
+                           r"已杀死)$"),
+              "the process was aborted", weight=GENERIC - 5),
+    # ---- teardown: a consequence, never the cause --------------------------------------
+    Signature("other", _re(r"Received sigquit from a child proces"),
+              "a child process failed and the server tore itself down (SIGQUIT)",
+              weight=TEARDOWN, name="sigquit-teardown",
+              source="Received sigquit from a child process. It usually means the child "
+                     "failed.", origin="sglang"),
+    Signature("other", _re(r"scheduler is dead|scheduler died during initialization|"
+                           r"Initialization failed\. Please see the error messages above"),
+              "a scheduler process died", weight=TEARDOWN, name="scheduler-died",
+              source="scheduler died during initialization", origin="sglang"),
+)
+
+#: a cheap pre-filter (one search for any of these literals): a message holding none of
+#: them matches no signature, so most lines cost one search, not one per signature
+_NEEDLES = (
+    "of memory", "OfMemory", "enough memory", "MemoryAllocation", "ALLOC_FAILED",
+    "allocate memory", "profiled value -", "max_total_num_tokens=-", "atchdog",
+    "Timeout(ms)", "NCCL error", "NCCL WARN", "ncclComm", "ncclSystem", "ncclRemote",
+    "ncclUnhandled", "ncclInternal", "ncclInvalid", "onnection", "onnect to", "Connect:",
+    "socketPollConnect", "socketStartConnect", "No route to host", "connect() timed out",
+    "remote process exited", "connectFullMesh", "gloo", "Ninja build", "build stopped",
+    "ninja exited", "'ninja'", "uilding extension", "nvcc", "DeepGEMM", "flashinfer.jit",
+    "JIT compil", "FAILED: ", "kernel image", "NoKernelImage", "invalid device function",
+    "nsupported", "not supported", "compatible with the current", "requires compute",
+    "requires sm",
+    "xit code", "signal 9", "signal=KILL", "9/KILL", "Killed", "oom-kill", "oom_reaper",
+    "已杀死",
+    "bind on address", "already in use", "EADDRINUSE", "is in use", "not available.",
+    "recognize this architecture", "Model architecture", "Unrecognized model",
+    "model identifier", "model weights", "SafetensorError", "deserializing header",
+    "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
+    "Segmentation fault", "Bus error", "illegal memory", "SIGSEGV", "most recent call first",
+    "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
+    "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
+    "Initialization failed", "Response [", "hit an exception", "Exception in ",
+    "terminate called", "sigquit", "is dead", "died during", "scheduler.run_sch",
+)
+
+
+_NEEDLE_RE = re.compile("|".join(re.escape(n) for n in sorted(_NEEDLES, key=len, reverse=True)))
+
+
+def match_signature(msg: str) -> Signature | None:
+    """The first signature (in table order: specific ones first) matching one message."""
+    head = msg[:2048]    # a very long line (server_args=...) is no error message
+    if _NEEDLE_RE.search(head) is None and not head.startswith("http"):
+        return None
+    for sig in SIGNATURES:
+        if sig.pattern.search(msg):
+            return sig
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# the phase a traceback frame belongs to
+# ---------------------------------------------------------------------------------------
+
+_FRAME_PHASES = {
+    "starting": ("init_torch_distributed", "initialize_model_parallel",
+                 "init_distributed_environment", "init_model_parallel_group",
+                 "ncclCommInitRank", "init_process_group", "prepare_server_args",
+                 "rendezvous", "_store_based_barrier"),
+    "loading": ("load_model", "load_weights", "weight_loader", "get_model",
+                "_initialize_model", "load_weights_and_postprocess", "_load_weights",
+                "download_weights_from_hf", "from_pretrained", "_prepare_weights",
+                "safetensors_weights_iterator"),
+    "kv_cache": ("init_memory_pool", "profile_max_num_token", "init_memory_pool_and_cache"),
+    "autotune": ("kernel_warmup", "_flashinfer_autotune", "flashinfer_autotune",
+                 "_run_flashinfer_autotune"),
+    "capture": ("init_cuda_graphs", "init_device_graphs", "capture", "capture_one_batch_size",
+                "init_piecewise_cuda_graphs", "_capture_graph", "capture_one_graph"),
+    "warmup": ("_execute_server_warmup", "_wait_and_warmup", "warmup_thread"),
+    "serving": ("event_loop_normal", "event_loop_overlap", "event_loop_pp",
+                "event_loop_normal_disagg_prefill", "event_loop_normal_disagg_decode",
+                "event_loop_overlap_disagg_prefill", "event_loop_overlap_disagg_decode",
+                "forward_thread_func", "forward_thread_func_", "process_batch_result",
+                "process_batch_result_decode", "process_batch_result_prefill", "run_batch",
+                "resolve_batch_result", "recv_requests", "process_input_requests",
+                "handle_generate_request"),
+}
+_PHASE_OF_FUNC = {f: p for p, fs in _FRAME_PHASES.items() for f in fs}
+# `File "x.py", line 3, in func` (traceback) or `File "x.py", line 3 in func` (faulthandler)
+FRAME_RE = re.compile(r'File "[^"]*", line \d+(,?) in (\w+)')
+
+
+_CALL_RE = re.compile(r"\b(\w+)\(")
+
+
+def call_phase(code: str) -> str | None:
+    """The phase of a call in a traceback's source line (``self.load_model()`` ->
+    loading): the frame above it is cut or generic, the call says where it went."""
+    for name in _CALL_RE.findall(code):
+        phase = _PHASE_OF_FUNC.get(name)
+        if phase is not None:
+            return phase
+    return None
+
+
+def frame_phase(msg: str) -> tuple[str | None, bool] | None:
+    """For a traceback frame line: ``(phase or None, innermost_first)``, the phase when
+    its function marks one; ``innermost_first`` is True for faulthandler dumps (most
+    recent call first). None for a line that is no frame."""
+    m = FRAME_RE.search(msg)
+    if m is None:
+        return None
+    return _PHASE_OF_FUNC.get(m.group(2)), m.group(1) == ""
+
+
+# ---------------------------------------------------------------------------------------
+# the diagnosis
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hit:
+    sig: Signature
+    index: int          # number of the piece in the log
+    ts: float
+    line: str           # redacted, as shown
+    msg: str            # without prefixes
+    after_ready: bool
+
+
+def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
+             exc_lines: list[tuple[int, str, bool]], *, bare_traceback: bool,
+             phase_reached: str | None) -> dict:
+    """The failure from what a tracker collected: ``hits`` (signature matches),
+    ``frames`` (``(index, phase, innermost_first, after_ready)`` of traceback frames that
+    mark a phase), ``exc_lines`` (exception lines), ``bare_traceback`` (a traceback with no
+    verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen).
+
+    The cause is the heaviest signature (earliest among equals); the phase: ``serving``
+    if the first fatal line came after ready, else the outermost frame that marks a phase,
+    else a line that proves one, else the phase reached, else the cause's usual phase."""
+    fatal_hits = [h for h in hits if h.sig.fatal]
+    failed = bool(fatal_hits) or bare_traceback
+    out: dict = {"failed": failed, "phase": None, "cause": None, "summary": None,
+                 "fix": None, "evidence": []}
+    if not failed:
+        return out
+    first_fatal = fatal_hits[0] if fatal_hits else None
+    after_ready = first_fatal.after_ready if first_fatal else False
+    cands = fatal_hits + [h for h in hits if not h.sig.fatal and h.after_ready == after_ready]
+    best = max(cands, key=lambda h: (h.sig.weight, -h.index)) if cands else None
+    phase = "serving" if after_ready else _frames_phase(frames)
+    if phase is None:
+        strong = [h for h in cands if h.sig.phase]
+        if strong:
+            phase = min(strong, key=lambda h: h.index).sig.phase
+    if phase is None:
+        phase = phase_reached
+    if phase is None and best is not None:
+        phase = best.sig.default_phase
+    exc = next((line for _i, line, ar in exc_lines if ar == after_ready), None)
+    if best is not None and best.sig.weight > GENERIC:
+        cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
+        if detail.endswith("(most recent call last):") and exc:
+            detail = exc   # `Initialization failed. warmup error: Traceback ...`: its end
+    else:
+        cause = GENERIC_BY_PHASE.get(phase or "")
+        if cause is None:
+            cause = "scheduler-exception" if any(
+                h.sig.cause == "scheduler-exception" for h in cands) else "other"
+        summary = next((s.summary for s in SIGNATURES if s.cause == cause and
+                        s.weight > GENERIC), None) or (best.sig.summary if best else
+                                                       "the server failed")
+        detail = exc or (best.msg.strip() if best else None)
+    if detail and detail.endswith("(most recent call last):"):
+        detail = None   # the header of a traceback whose end was cut off says nothing more
+    evidence: list[str] = []
+    for h in (best, first_fatal):
+        if h is not None and h.line not in evidence:
+            evidence.append(h.line)
+    if exc and exc not in evidence:
+        evidence.append(exc)
+    out.update(phase=phase, cause=cause, fix=CAUSE_FIXES.get(cause), evidence=evidence,
+               summary=summary + (f": {detail[:240]}" if detail else ""))
+    return out
+
+
+def _frames_phase(frames: list[tuple[int, str, bool, bool]]) -> str | None:
+    before = [f for f in frames if not f[3]]
+    outer_first = [f for f in before if not f[2]]
+    if outer_first:
+        return outer_first[0][1]
+    return before[-1][1] if before else None

@@ -1,0 +1,163 @@
+"""Line prefixes of SGLang server logs, as they reach us (pure, cheap per line).
+
+A line of an SGLang log can carry several prefixes, outermost first:
+
+* a journal export: ``Mar 01 12:00:00 host python[123]: `` (``journalctl`` short) or
+  ``2026-03-01T12:00:00+0000 host python[123]: `` (short-iso);
+* docker compose: ``sglang-1  | ``;
+* a log collector: ``ERROR 2026-03-01T12:00:00.123Z `` (cloud logging), a CI runner's
+  ``2025-10-09T04:13:06.6371779Z ``, Kibana's ``May 16, 2026 @ 20:46:57.892    ``;
+* Ray: ``(SGLangEngine pid=23901) `` (and its `` [repeated 2x across cluster]`` suffix);
+* torchrun: ``[rank0]:``;
+* Python logging wrappers: ``2025-03-07 23:50:27,532 - name - INFO - ``, vLLM-era
+  ``INFO 11-26 14:23:34 weight_utils.py:243] ``;
+* SGLang's own (configure_logger): ``[2026-03-01 12:00:00 TP0] ``, ``[2026-03-01
+  12:00:00.123 DP0 TP0 EP0] ``, ``[2026-03-01 12:00:00] ``, ``[23:17:01 TP7] `` (0.3),
+  ``[12-16 14:27:08] `` (diffusion), ``[gpu_id=0] `` (0.1/0.2).
+
+``strip_prefix`` peels them all and returns the timestamp, the rank and the message.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+__all__ = ["PROGRESS_RE", "parse_progress", "parse_ts", "redact", "split_updates", "strip_prefix"]
+
+_TS = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?"
+_RANKS = r"(?: [A-Z][A-Z_]*\d+)*"
+# SGLang's own prefix: full date, or time only (0.3), or month-day (diffusion)
+_SGL_RE = re.compile(
+    r"^\[(?P<ts>" + _TS + r"|\d{2}-\d{2} \d{2}:\d{2}:\d{2}|\d{2}:\d{2}:\d{2})"
+    r"(?P<rank>" + _RANKS + r")\] ?(?P<msg>.*)$", re.DOTALL)
+_GPU_ID_RE = re.compile(r"^\[(?P<rank>gpu_id=\d+)\] ?(?P<msg>.*)$", re.DOTALL)
+# outer wrappers, each optional; several may stack (peeled in a loop)
+_WRAPPER_RE = re.compile(
+    r"^(?:"
+    # journalctl short / short-iso / short-precise
+    r"(?P<syslog>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d+)?) \S+ [\w.@/-]+(?:\[\d+\])?: "
+    r"|(?P<jiso>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})) \S+ "
+    r"[\w.@/-]+\[\d+\]: "
+    # collectors: "ERROR 2026-03-01T12:00:00.123Z ", CI "2025-10-09T04:13:06.63Z "
+    r"|(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+)?"
+    r"(?P<iso>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s+"
+    r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?:[a-z_]\w*\.\w+: )?)?"
+    r"|(?P<kibana>[A-Z][a-z]{2} \d{1,2}, \d{4} @ \d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+"
+    # docker compose service prefix
+    r"|[\w.-]+-\d+\s+\| ?"
+    # Ray actor prefix
+    r"|\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\) "
+    # torchrun
+    r"|\[(?P<trank>rank\d+)\]: ?"
+    # python logging wrappers
+    r"|(?P<pylog>" + _TS + r") - (?:[\w.\-]+ - )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
+    r"|(?:DEBUG|INFO|WARNING|ERROR) (?P<vllm>\d{2}-\d{2} \d{2}:\d{2}:\d{2}) [\w.]+:\d+\] "
+    r")")
+_WRAPPER_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789([")
+_RAY_REPEAT_RE = re.compile(r" \[repeated \d+x across cluster\]$")
+_EMBEDDED_PREFIX_RE = re.compile(
+    r"(?=\[" + _TS + _RANKS + r"\] )|(?=\[gpu_id=\d+\] )"
+    r"|(?<=\])(?=" + _TS + r" - )")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def strip_prefix(line: str) -> tuple[str | None, str | None, str]:
+    """``[2026-03-01 12:00:00 DP0 TP0] msg`` -> ``("2026-03-01 12:00:00", "DP0 TP0", "msg")``;
+    wrappers (journal, collector, Ray, torchrun, logging) are peeled first; a line without
+    any prefix -> ``(None, None, line)``."""
+    ts = rank = None
+    msg = line
+    if msg[:1] != "[" or msg[1:2] == "r":
+        for _ in range(4):
+            if not msg or msg[0] not in _WRAPPER_START:
+                break
+            m = _WRAPPER_RE.match(msg)
+            if m is None or m.end() == 0:
+                break
+            ts = ts or m.group("syslog") or m.group("jiso") or m.group("iso") or \
+                m.group("kibana") or m.group("pylog") or m.group("vllm")
+            rank = rank or m.group("trank")
+            msg = msg[m.end():]
+        if msg.endswith("cluster]"):
+            msg = _RAY_REPEAT_RE.sub("", msg)
+    if msg[:1] == "[":
+        m = _SGL_RE.match(msg)
+        if m is not None:
+            return m.group("ts"), (m.group("rank").strip() or rank), m.group("msg")
+        m = _GPU_ID_RE.match(msg)
+        if m is not None:
+            return ts, m.group("rank"), m.group("msg")
+    return ts, rank, msg
+
+
+def split_updates(line: str) -> list[str]:
+    """Split one journal line into the pieces written separately: tqdm's ``\\r`` updates
+    (0.5.10+ end them with ``\\r`` only, so journald joins them) and log lines of other
+    processes glued onto an unterminated tqdm line. Empty pieces are dropped."""
+    if "\x1b" in line:
+        line = _ANSI_RE.sub("", line)
+    out: list[str] = []
+    for seg in line.split("\r") if "\r" in line else (line,):
+        if "[" in seg[1:] or " - " in seg:
+            pieces = _EMBEDDED_PREFIX_RE.split(seg)
+        else:
+            pieces = [seg]
+        for piece in pieces:
+            if piece.strip():
+                out.append(piece.rstrip("\n"))
+    return out
+
+
+_TS_FORMATS = (("%Y-%m-%d %H:%M:%S", 19), ("%Y-%m-%dT%H:%M:%S", 19), ("%m-%d %H:%M:%S", 14),
+               ("%H:%M:%S", 8), ("%b %d %H:%M:%S", 15), ("%b %d, %Y @ %H:%M:%S", 21))
+
+
+def parse_ts(text: str | None) -> float | None:
+    """Seconds (a POSIX time where the text has a date, else a time of day on a fixed
+    day) for a timestamp as the prefixes write it; None when unreadable."""
+    if not text:
+        return None
+    frac = 0.0
+    m = re.search(r"[.,](\d+)(?:Z|[+-]\d{2}:?\d{2})?$", text)
+    base = text
+    if m:
+        frac = float("0." + m.group(1))
+        base = text[:m.start()]
+    base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", base)
+    for fmt, _n in _TS_FORMATS:
+        try:
+            dt = datetime.strptime(base, fmt)
+        except ValueError:
+            continue
+        if dt.year == 1900:
+            dt = dt.replace(year=2000)
+        return dt.timestamp() + frac
+    return None
+
+
+# BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]" (+ "\n" <= 0.5.9)
+PROGRESS_RE = re.compile(
+    r"(?P<desc>Loading [^:\r\n]*?shards|Multi-thread loading shards|Loading safetensors "
+    r"using [^:\r\n]*?):\s+(?P<pct>\d{1,3})%[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)")
+_SECRET_RE = re.compile(
+    r"""((?:admin_)?api_key['"]?\s*[=:]\s*)(['"])(?:(?!\2).)*\2""")
+_SECRET_ARG_RE = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
+
+def redact(text: str) -> str:
+    """Hide API keys in a log line (the ``server_args=ServerArgs(... api_key='...')`` line
+    that every version logs at INFO, and ``--api-key X`` in a printed command line)."""
+    if "api" not in text:
+        return text
+    text = _SECRET_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}<redacted>{m.group(2)}", text)
+    return _SECRET_ARG_RE.sub(lambda m: f"{m.group(1)}<redacted>", text)
+
+
+def parse_progress(text: str) -> tuple[int, int, int] | None:
+    """The LAST tqdm shard update in ``text`` -> ``(done, total, pct)``."""
+    last = None
+    for m in PROGRESS_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    return int(last.group("n")), int(last.group("total")), int(last.group("pct"))

@@ -1,0 +1,123 @@
+"""The simulator's configuration (/etc/testbed/sim.env) and the model directory it serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+REAL_DURATIONS = {          # seconds on a real 8-GPU host, multiplied by TIME_SCALE
+    "dist_init": 6.0,
+    "per_shard": 4.0,
+    "kv_alloc": 3.0,
+    "autotune": 120.0,
+    "autotune_cached": 6.0,  # every rank finds its tactics in SGLANG_CACHE_DIR: no profiling
+    "autotune_fail": 40.0,
+    "graph": 60.0,
+    "http_start": 2.0,
+    "warmup": 3.0,
+    "drain_poll": 5.0,       # sigterm_watchdog polls every 5 s
+    "warmup_retry": 120.0,   # _execute_server_warmup tries /model_info 120 times, 1 s apart
+}
+
+# --------------------------------------------------------------------------------------
+# Configuration and the model directory
+# --------------------------------------------------------------------------------------
+def read_env_file(path: str) -> dict:
+    out = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            line = "" if line.lstrip().startswith("#") else re.sub(r"\s+#.*$", "", line).strip()
+            if "=" in line:
+                k, v = line.split("=", 1)
+                out[k.strip()] = v.strip().strip('"').strip("'")
+    except OSError:
+        pass
+    return out
+
+
+class Config:
+    def __init__(self):
+        env = read_env_file(os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env"))
+        gpu = read_env_file(os.environ.get("TESTBED_GPU_ENV", "/etc/testbed/gpu.env"))
+        self.scenario = env.get("SCENARIO", "healthy") or "healthy"
+        # SCENARIO_WHEN="--flag value": the scenario hits only a server launched with those
+        # arguments (a configuration that fails), any other launch is healthy.
+        when = env.get("SCENARIO_WHEN", "")
+        if when and f" {when} " not in " " + " ".join(sys.argv[1:]) + " ":
+            self.scenario = "healthy"
+        self.time_scale = float(env.get("TIME_SCALE", "0.05") or 0.05)
+        if self.scenario == "slow-start":
+            self.time_scale *= 5
+        self.path = os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env")
+        self._rates_checked = 0.0
+        self._rates_mtime = None
+        self._apply_rates(env)
+        cache = os.environ.get("SGLANG_CACHE_DIR") or os.path.expanduser("~/.cache/sglang")
+        self.ready_file = env.get("READY_FILE") or os.path.join(cache, "sglang-sim", "ready.json")
+        self.exit_file = env.get("EXIT_FILE") or os.path.join(os.path.dirname(self.ready_file), "exit.json")
+        self.warmup_gate = env.get("WARMUP_GATE", "")
+        self.hang_at = env.get("HANG_AT_SHARD", "")
+        # the order the ranks' lines interleave in (seeded: the same each start)
+        self.log_seed = int(env.get("LOG_SEED", "0") or 0)
+        self.gpu_mib = int(env.get("GPU_MEMORY_MIB") or gpu.get("GPU_MEMORY_MIB") or 97887)
+
+    def _apply_rates(self, env: dict) -> None:
+        self.tokens_per_s = float(env.get("TOKENS_PER_S", "5000") or 5000)
+        self.max_tokens_per_s = float(env.get("MAX_TOKENS_PER_S", "0") or 0)
+        # SLOW_WHEN="--flag value", SLOW_FACTOR=0.5: a configuration that is slower than
+        # the previous one (the benchmark gate's test); other launches keep the rates.
+        when = env.get("SLOW_WHEN", "")
+        if when and f" {when} " in " " + " ".join(sys.argv[1:]) + " ":
+            factor = float(env.get("SLOW_FACTOR", "0.5") or 0.5)
+            self.tokens_per_s *= factor
+            self.max_tokens_per_s *= factor
+
+    def refresh_rates(self) -> None:
+        """TOKENS_PER_S / MAX_TOKENS_PER_S follow sim.env while running (checked at most 2x/s)."""
+        now = time.monotonic()
+        if now - self._rates_checked < 0.5:
+            return
+        self._rates_checked = now
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return
+        if mtime != self._rates_mtime:
+            self._rates_mtime = mtime
+            self._apply_rates(read_env_file(self.path))
+
+    def sleep(self, what: str, factor: float = 1.0):
+        time.sleep(REAL_DURATIONS[what] * factor * self.time_scale)
+
+
+def read_model(model_path: str) -> dict:
+    p = Path(model_path)
+    info = {"arch": "LlamaForCausalLM", "shards": 1, "total_size": 0, "quant": "", "ctx": 4096,
+            "model_type": None}
+    try:
+        cfg = json.loads((p / "config.json").read_text())
+        info["arch"] = (cfg.get("architectures") or [info["arch"]])[0]
+        info["ctx"] = int(cfg.get("max_position_embeddings") or info["ctx"])
+        info["model_type"] = cfg.get("model_type")
+        q = cfg.get("quantization_config") or {}
+        if q:
+            s = f"quant={q.get('quant_method', 'quantized')}"
+            for field in ("bits", "quant_algo", "fmt"):
+                if field in q:
+                    s += f", {field}={q[field]}"
+            info["quant"] = s + ", "
+    except (OSError, ValueError):
+        pass
+    try:
+        idx = json.loads((p / "model.safetensors.index.json").read_text())
+        info["shards"] = max(1, len(set(idx.get("weight_map", {}).values())))
+        info["total_size"] = int((idx.get("metadata") or {}).get("total_size") or 0)
+    except (OSError, ValueError):
+        info["shards"] = max(1, len(list(p.glob("*.safetensors"))))
+    return info
+
+

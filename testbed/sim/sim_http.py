@@ -1,0 +1,275 @@
+"""The simulator's HTTP API (sglang's routes, uvicorn's access log, the API key check)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler
+
+if __package__:                     # imported as testbed.sim.* (the unit tests)
+    from .sim_log import M, log
+else:                               # run as /opt/sglang-sim/launch_server.py on a host
+    from sim_log import M, log  # type: ignore[no-redef]
+
+
+def _count_prompt(obj) -> int:
+    if isinstance(obj, str):
+        return max(1, len(obj.split()) + len(obj) // 16)
+    if isinstance(obj, list):
+        if obj and all(isinstance(x, int) for x in obj):
+            return len(obj)
+        return sum(_count_prompt(x) for x in obj) or 1
+    if isinstance(obj, dict):
+        return _count_prompt(obj.get("content", "")) + 4
+    return 1
+
+
+def make_handler(sim):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "uvicorn"
+        sys_version = ""
+
+        def log_message(self, fmt, *args):  # uvicorn-style access log instead
+            pass
+
+        def log_request(self, code="-", size="-"):
+            try:
+                code = int(code)
+            except (TypeError, ValueError):
+                code = 0
+            sim.access(f"{self.client_address[0]}:{self.client_address[1]}", self.command,
+                       self.path, code)
+
+        # -- plumbing
+        def _send(self, status: int, body=b"", ctype="application/json", headers=None):
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body).encode()
+            elif isinstance(body, str):
+                body = body.encode()
+            self.send_response(status)
+            if body or status != 200 or ctype != "application/json":
+                self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _json_body(self):
+            n = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            if not raw:
+                return {}
+            return json.loads(raw)
+
+        def _authorised(self, path: str) -> bool:
+            if not sim.api_key or self.command == "OPTIONS":
+                return True
+            if any(path.startswith(p) for p in sim.exempt):
+                return True
+            h = self.headers.get("Authorization") or ""
+            parts = h.split(" ", 1)
+            return len(parts) == 2 and parts[0].lower() == "bearer" and parts[1] == sim.api_key
+
+        def _route(self):
+            path = self.path.split("?", 1)[0]
+            if not self._authorised(path):
+                return self._send(401, {"error": "Unauthorized"})
+            fn = ROUTES.get((self.command if self.command != "HEAD" else "GET", path))
+            if fn is None:
+                if any(p == path for (_, p) in ROUTES):
+                    return self._send(405, {"detail": "Method Not Allowed"})
+                return self._send(404, {"detail": "Not Found"})
+            try:
+                fn(self)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            except ValueError as e:
+                self._send(400, {"object": "error", "message": str(e), "type": "BadRequest", "code": 400})
+
+        def do_GET(self):
+            self._route()
+
+        def do_POST(self):
+            self._route()
+
+        def do_HEAD(self):
+            self._route()
+
+        # -- endpoints
+        def health(self):
+            if sim.shutting_down:
+                log(M("health_shutdown"))
+                return self._send(503)
+            if sim.status != "up":
+                return self._send(503)
+            return self._send(200)
+
+        def ready(self):
+            return self._send(200 if sim.status == "up" and not sim.shutting_down else 503)
+
+        def models(self):
+            self._send(200, {"object": "list", "data": [{
+                "id": sim.served, "object": "model", "created": int(sim.started), "owned_by": "sglang",
+                "root": sim.served, "max_model_len": getattr(sim.args, "context_length", None) or sim.model["ctx"]}]})
+
+        def model_info(self):
+            self._send(200, {"model_path": sim.model_path,
+                             "tokenizer_path": getattr(sim.args, "tokenizer_path", None) or sim.model_path,
+                             "is_generation": True, "preferred_sampling_params": None,
+                             "weight_version": "default", "has_image_understanding": False,
+                             "has_audio_understanding": False, "model_type": sim.model["model_type"],
+                             "architectures": [sim.model["arch"]]})
+
+        def server_info(self):
+            info = {k: v for k, v in vars(sim.args).items()}
+            info.update({"version": sim.version, "status": sim.status,
+                         "internal_states": [{"max_total_num_tokens": getattr(sim, "kv_tokens", 0),
+                                              "last_gen_throughput": sim.cfg.tokens_per_s}]})
+            self._send(200, json.loads(json.dumps(info, default=str)))
+
+        def metrics(self):
+            if not getattr(sim.args, "enable_metrics", False):
+                return self._send(404, {"detail": "Not Found"})
+            lbl = f'{{model_name="{sim.served}",engine_type="unified",tp_rank="0",pp_rank="0"}}'
+            with sim.lock:
+                running = len(sim.inflight)
+                c = dict(sim.counters)
+            text = (
+                "# HELP sglang:num_running_reqs The number of running requests.\n"
+                "# TYPE sglang:num_running_reqs gauge\n"
+                f"sglang:num_running_reqs{lbl} {float(running)}\n"
+                "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+                "# TYPE sglang:num_queue_reqs gauge\n"
+                f"sglang:num_queue_reqs{lbl} 0.0\n"
+                "# HELP sglang:gen_throughput The generation throughput (token/s).\n"
+                "# TYPE sglang:gen_throughput gauge\n"
+                f"sglang:gen_throughput{lbl} {float(sim.cfg.tokens_per_s if running else 0)}\n"
+                "# HELP sglang:token_usage The token usage.\n"
+                "# TYPE sglang:token_usage gauge\n"
+                f"sglang:token_usage{lbl} 0.0\n"
+                "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.\n"
+                "# TYPE sglang:prompt_tokens_total counter\n"
+                f"sglang:prompt_tokens_total{lbl} {float(c['prompt'])}\n"
+                "# HELP sglang:generation_tokens_total Number of generation tokens processed.\n"
+                "# TYPE sglang:generation_tokens_total counter\n"
+                f"sglang:generation_tokens_total{lbl} {float(c['gen'])}\n"
+                "# HELP sglang:num_requests_total Number of requests processed.\n"
+                "# TYPE sglang:num_requests_total counter\n"
+                f"sglang:num_requests_total{lbl} {float(c['requests'])}\n")
+            self._send(200, text, ctype="text/plain; version=0.0.4; charset=utf-8")
+
+        def _sse_start(self):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
+        def _sse(self, obj):
+            data = obj if isinstance(obj, str) else json.dumps(obj)
+            self.wfile.write(f"data: {data}\n\n".encode())
+            self.wfile.flush()
+
+        def generate(self):
+            body = self._json_body()
+            sp = body.get("sampling_params") or {}
+            n = int(sp.get("max_new_tokens", 128) if sp.get("max_new_tokens") is not None else 128)
+            prompt = body.get("text", body.get("input_ids", ""))
+            ptoks = _count_prompt(prompt)
+            rid = body.get("rid") or uuid.uuid4().hex
+            sim.counters["prompt"] += ptoks
+            tic = time.time()
+
+            def meta(k, done):
+                return {"id": rid, "finish_reason": ({"type": "length", "length": k} if done else None),
+                        "prompt_tokens": ptoks, "weight_version": "default", "completion_tokens": k,
+                        "cached_tokens": 0, "e2e_latency": time.time() - tic}
+
+            if body.get("stream"):
+                self._sse_start()
+                acc = []
+
+                def on_tok(i, t):
+                    acc.append(t)
+                    self._sse({"text": "".join(acc), "output_ids": list(range(i + 1)),
+                               "meta_info": meta(i + 1, i + 1 == n)})
+                sim.generate_tokens(rid, n, on_tok)
+                self._sse("[DONE]")
+                return
+            toks = sim.generate_tokens(rid, n)
+            self._send(200, {"text": "".join(toks), "output_ids": list(range(len(toks))),
+                             "meta_info": meta(len(toks), True)})
+
+        def _openai(self, chat: bool):
+            body = self._json_body()
+            n = body.get("max_completion_tokens") or body.get("max_tokens") or 128
+            n = int(n)
+            ptoks = _count_prompt(body.get("messages") if chat else body.get("prompt", ""))
+            sim.counters["prompt"] += ptoks
+            rid = uuid.uuid4().hex
+            created = int(time.time())
+            model = body.get("model") or sim.served
+            obj = "chat.completion" if chat else "text_completion"
+            usage = {"prompt_tokens": ptoks, "total_tokens": ptoks + n, "completion_tokens": n,
+                     "prompt_tokens_details": None, "reasoning_tokens": 0}
+            if body.get("stream"):
+                self._sse_start()
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+                def chunk(delta_text, finish=None, first=False):
+                    if chat:
+                        delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
+                        if finish:
+                            delta = {}
+                        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                    else:
+                        choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": finish}
+                    return {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
+                            "model": model, "choices": [choice], "usage": None}
+
+                if chat:
+                    self._sse(chunk("", first=True))
+                sim.generate_tokens(rid, n, lambda i, t: self._sse(chunk(t)))
+                self._sse(chunk("", finish="length"))
+                if include_usage:
+                    self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
+                               "model": model, "choices": [], "usage": usage})
+                self._sse("[DONE]")
+                return
+            text = "".join(sim.generate_tokens(rid, n))
+            if chat:
+                choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                                  "tool_calls": None}, "logprobs": None,
+                          "finish_reason": "length", "matched_stop": None}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                          "matched_stop": None}
+            self._send(200, {"id": rid, "object": obj, "created": created, "model": model,
+                             "choices": [choice], "usage": usage})
+
+        def chat(self):
+            self._openai(True)
+
+        def completions(self):
+            self._openai(False)
+
+    ROUTES = {
+        ("GET", "/health"): Handler.health, ("GET", "/health_generate"): Handler.health,
+        ("GET", "/v1/models"): Handler.models,
+        ("GET", "/model_info"): Handler.model_info, ("GET", "/get_model_info"): Handler.model_info,
+        ("GET", "/server_info"): Handler.server_info, ("GET", "/get_server_info"): Handler.server_info,
+        ("GET", "/metrics"): Handler.metrics,
+        ("POST", "/generate"): Handler.generate, ("GET", "/generate"): Handler.generate,
+        ("POST", "/v1/chat/completions"): Handler.chat,
+        ("POST", "/v1/completions"): Handler.completions,
+    }
+    if sim.vt >= (0, 5, 20):
+        ROUTES[("GET", "/ready")] = Handler.ready
+    return Handler
+
+

@@ -1,0 +1,288 @@
+"""explain() and the parser on small logs COMPOSED for these tests (not real logs: the real
+ones are in tests/fixtures/logs/real, see test_explain_corpus.py). Each composed log uses
+the wording of the real emitters (sglang, torch, NCCL, FlashInfer, uvicorn) and one kind
+of prefix or one cause."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from sglang_deploy.commands.cli import main
+from sglang_deploy.core.explain import explain, render_text
+from sglang_deploy.core.logparse import StartupTracker
+from sglang_deploy.core.logprefix import parse_ts, split_updates, strip_prefix
+
+TS = "2026-03-01 12:00:00"
+
+
+# ---------------------------------------------------------------------------------------
+# prefixes (composed lines)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line, ts, rank, msg", [
+    (f"[{TS} TP3] Load weight begin. avail mem=94.1 GB", TS, "TP3", "Load weight begin. avail mem=94.1 GB"),
+    (f"[{TS}.123 DP1 TP1 EP1] Capture cuda graph begin.", TS + ".123", "DP1 TP1 EP1", "Capture cuda graph begin."),
+    ("[gpu_id=2] Memory pool end. avail mem=2.52 GB", None, "gpu_id=2", "Memory pool end. avail mem=2.52 GB"),
+    ("[23:17:01 TP7] Load weight end. type=X", "23:17:01", "TP7", "Load weight end. type=X"),
+    ("[12-16 14:27:08] Rank 0 scheduler is dead.", "12-16 14:27:08", None, "Rank 0 scheduler is dead."),
+    ("[rank0]:   File \"/x/cuda_graph_runner.py\", line 485, in capture", None, "rank0",
+     "  File \"/x/cuda_graph_runner.py\", line 485, in capture"),
+    ("[rank8]:[W516 12:46:57.4995 ProcessGroupNCCL.cpp:1826] x", None, "rank8",
+     "[W516 12:46:57.4995 ProcessGroupNCCL.cpp:1826] x"),
+    (f"ERROR 2026-03-01T12:00:00.123Z [{TS} TP0] Scheduler hit an exception: x", TS, "TP0",
+     "Scheduler hit an exception: x"),
+    ("2025-10-09T04:13:06.6371779Z [rank0]: Traceback (most recent call last):",
+     "2025-10-09T04:13:06.6371779Z", "rank0", "Traceback (most recent call last):"),
+    ("2025-11-05T01:56:54.281615Z  INFO model_runner.init_device_graphs: Capture cuda graph end. x",
+     "2025-11-05T01:56:54.281615Z", None, "Capture cuda graph end. x"),
+    ("2025-03-07 23:50:27,532 - sglang.srt.server - INFO - The server is fired up and ready to roll!",
+     "2025-03-07 23:50:27,532", None, "The server is fired up and ready to roll!"),
+    (f"(SGLangEngine pid=23901) [{TS} TP1] Load weight end. x [repeated 2x across cluster]",
+     TS, "TP1", "Load weight end. x"),
+    (f"sglang-1  | [{TS} TP0] KV Cache is allocated. #tokens: 5", TS, "TP0",
+     "KV Cache is allocated. #tokens: 5"),
+    (f"Mar 01 12:00:00 gpu1 python[4242]: [{TS} TP5] Load weight end. x", TS, "TP5",
+     "Load weight end. x"),
+    (f"2026-03-01T12:00:00+0000 gpu1 sglang-launch[4242]: [{TS}] Uvicorn x", TS, None, "Uvicorn x"),
+    ("May 16, 2026 @ 20:46:57.892    [rank9]:x", "May 16, 2026 @ 20:46:57.892", "rank9", "x"),
+    ("INFO 11-26 14:23:34 weight_utils.py:243] Using model weights format", "11-26 14:23:34",
+     None, "Using model weights format"),
+    ("[1/3] nvcc -c x.cu", None, None, "[1/3] nvcc -c x.cu"),
+])
+def test_every_prefix_kind(line, ts, rank, msg):
+    assert strip_prefix(line) == (ts, rank, msg)
+
+
+def test_timestamps_of_every_kind_parse():
+    for text in (TS, TS + ".5", "2025-03-07 23:50:27,532", "23:17:01", "12-16 14:27:08",
+                 "2025-10-09T04:13:06.6371779Z", "Mar 01 12:00:00", "May 16, 2026 @ 20:46:57.892"):
+        assert parse_ts(text) is not None, text
+    assert parse_ts(TS + ".5") - parse_ts(TS) == pytest.approx(0.5)
+
+
+def test_progress_bars_glued_with_and_without_cr():
+    bar = "Capturing batches (bs=8 avail_mem=10.19 GB):  50%|█████     | 3/6 [00:32<00:30]"
+    assert split_updates("\r" + bar + "\r" + bar + f"[{TS} TP0] Capture cuda graph end. x")[-1] \
+        == f"[{TS} TP0] Capture cuda graph end. x"
+    glued = "Capturing batches (avail_mem=12.55 GB):   0%|   | 0/23 [00:00<?, ?it/s]" \
+        "2025-03-27 21:33:31,890 - INFO - flashinfer.jit: Loading JIT ops: x"
+    assert split_updates(glued)[1].startswith("2025-03-27 21:33:31,890 - INFO")
+    assert split_updates(bar + "[gpu_id=0] Capture cuda graph end.")[-1] == \
+        "[gpu_id=0] Capture cuda graph end."
+
+
+# ---------------------------------------------------------------------------------------
+# ranks in any order; partial text
+# ---------------------------------------------------------------------------------------
+
+
+def _startup(ranks=8, prefix=lambda r: f"[{TS} TP{r}] ", seed=1):
+    per_rank = ["Load weight begin. avail mem=94.10 GB",
+                "Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=80 GB",
+                "KV Cache is allocated. #tokens: 812345, KV size: 51.20 GB",
+                "Memory pool end. avail mem=20.00 GB",
+                "Capture cuda graph begin. This can take up to several minutes. avail mem=19 GB",
+                "Capture cuda graph end. Time elapsed: 12.50 s. mem usage=0.80 GB."]
+    rng = random.Random(seed)
+    queues = [[prefix(r) + m for m in per_rank] for r in range(ranks)]
+    out = []
+    while any(queues):
+        q = rng.choice([q for q in queues if q])
+        out.append(q.pop(0))
+    return out + [f"[{TS}] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
+                  f'[{TS}] INFO:     127.0.0.1:41234 - "GET /model_info HTTP/1.1" 200 OK',
+                  f'[{TS}] INFO:     127.0.0.1:41236 - "POST /generate HTTP/1.1" 200 OK',
+                  f"[{TS}] The server is fired up and ready to roll!"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_eight_ranks_interleaved_in_any_order_are_ready(seed):
+    r = explain(_startup(seed=seed))
+    assert (r["outcome"], r["phase"], r["cause"]) == ("ready", "ready", None)
+    assert r["ranks"] == [f"TP{i}" for i in range(8)]
+    assert [p["name"] for p in r["phases"]] == ["loading", "loaded", "kv_cache", "capture",
+                                                "captured", "http", "warmup", "ready"]
+
+
+def test_gpu_id_prefix_raises_no_false_order_violation_live():
+    t = StartupTracker("0.5.12.post1", expect_autotune=False, cuda_graph=True)
+    events = []
+    for i, line in enumerate(_startup(ranks=4, prefix=lambda r: f"[gpu_id={r}] ")):
+        events += t.feed(line, float(i))
+    assert not [e for e in events if e.kind == "violation"], events
+    assert t.ready_seen
+
+
+def test_partial_text_no_violation_offline_strict_live():
+    tail = [x for x in _startup() if "Load weight" not in x]  # starts after the loading
+    assert explain(tail)["outcome"] == "ready"
+    live = StartupTracker("0.5.12.post1", expect_autotune=False, cuda_graph=True)
+    events = [e for i, x in enumerate(tail) for e in live.feed(x, float(i))]
+    assert [e.data["rule"] for e in events if e.kind == "violation"] == ["no-weights"]
+    offline = StartupTracker("0.5.12.post1", expect_autotune=True, cuda_graph=True,
+                             strict_order=False)
+    events = [e for i, x in enumerate(tail) for e in offline.feed(x, float(i))]
+    assert not [e for e in events if e.kind == "violation"]
+
+
+def test_a_segment_without_verdict_is_incomplete_with_the_phase_reached():
+    r = explain(_startup()[:20])
+    assert r["outcome"] == "incomplete" and r["cause"] is None
+    assert r["phase"] in ("loaded", "kv_cache", "capture")
+    assert explain(["just some text", "nothing known"])["phase"] is None
+
+
+# ---------------------------------------------------------------------------------------
+# causes (composed failures, the wording of the real emitters)
+# ---------------------------------------------------------------------------------------
+
+SCHED_TB = [
+    f"[{TS} TP3] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 3118, in run_scheduler_process',
+    "    scheduler = Scheduler(",
+    '  File "/opt/venv/lib/python3.11/site-packages/sglang/srt/model_executor/model_runner.py", line 495, in initialize',
+]
+TEARDOWN = [f"[{TS}] Received sigquit from a child process. It usually means the child failed."]
+
+
+def _until(word):
+    lines = _startup()
+    i = next(i for i, x in enumerate(lines) if word in x)
+    return lines[:i + 1]
+
+
+def _frame(func, call):
+    return [('  File "/opt/venv/lib/python3.11/site-packages/sglang/srt/model_executor/model_runner.py", '
+            f"line 100, in {func}"), f"    {call}"]
+
+
+CASES = {
+    "oom-capture": (_startup()[:20] + SCHED_TB + _frame("init_device_graphs", "self.graph_runner = CudaGraphRunner(self)")
+                    + _frame("capture", "self.capture_one_batch_size(bs, forward)")
+                    + [("Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                       "GPU 3 has a total capacity of 94.97 GiB of which 1.06 GiB is free.")] + TEARDOWN,
+                    "capture", "cuda-oom"),
+    "oom-loading-hip": (SCHED_TB + _frame("load_model", "self.model = get_model(")
+                        + ["torch.OutOfMemoryError: HIP out of memory. Tried to allocate 12.00 GiB."],
+                        "loading", "cuda-oom"),
+    "not-enough-memory": (_startup()[:12] + SCHED_TB + _frame("init_memory_pool", "raise RuntimeError(")
+                          + [("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+                             "Current value: mem_fraction_static=0.5")] + TEARDOWN,
+                          "kv_cache", "not-enough-memory"),
+    "nccl-p2p": (SCHED_TB + _frame("init_torch_distributed", "initialize_model_parallel(")
+                 + ["RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"]
+                 + TEARDOWN, "starting", "nccl-p2p"),
+    "nccl-peer-refused": (["gpu2:77:77 [3] NCCL INFO Bootstrap : Using eth0:10.0.0.12<0>",
+                           ("gpu2:77:77 [3] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
+                           "10.0.0.11<41237> failed : Software caused connection abort")]
+                          + SCHED_TB + _frame("init_torch_distributed", "initialize_model_parallel(")
+                          + [("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                             "NCCLUtils.hpp:317, remote process exited or there was a network error")] + TEARDOWN,
+                          "starting", "nccl-peer-refused"),
+    "nccl-watchdog-after-ready": (_startup() + [
+        ("[rank5]:[E301 12:10:00.000 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=9141, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+        "600020 milliseconds before timing out."),
+        "terminate called after throwing an instance of 'c10::DistBackendError'"],
+        "serving", "nccl-watchdog"),
+    "gloo": ([("[rank4]:[E421 02:05:38.764 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed with "
+              "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error")] + SCHED_TB
+             + _frame("init_torch_distributed", "initialize_model_parallel("), "starting", "gloo-connection"),
+    "jit-build": (_startup()[:16] + [f"[{TS} TP0] Running FlashInfer autotune with cache: /x/rank_tp0.json"]
+                  + SCHED_TB + _frame("kernel_warmup", "self._flashinfer_autotune()")
+                  + ["RuntimeError: Ninja build failed. Ninja output:", "ninja: build stopped: subcommand failed."],
+                  "autotune", "jit-build"),
+    "no-nvcc": (["RuntimeError: Could not find nvcc and default cuda_home='/usr/local/cuda' doesn't exist"],
+                None, "no-nvcc"),
+    "autotune-crash": (_startup()[:16] + SCHED_TB + _frame("kernel_warmup", "self._flashinfer_autotune()")
+                       + ["RuntimeError: Expected all tensors to be on the same device"] + TEARDOWN,
+                       "autotune", "autotune-crash"),
+    "unsupported-arch": (_until("Capture cuda graph begin") + [("CUDA Error: no kernel image is available for execution on the device "
+                                           "(209) /x/handler.cuh: line 170")], "capture", "unsupported-arch"),
+    "capture-generic": (_until("Capture cuda graph begin") + [f"[{TS} TP0] Traceback (most recent call last):"]
+                        + _frame("capture", "self.capture_one_batch_size(bs, forward)")
+                        + ["TypeError: cannot unpack non-iterable ForwardMetadata object"],
+                        "capture", "cuda-graph-capture"),
+    "warmup-502": (_startup()[:-1] + [
+        f"[{TS}] Initialization failed. warmup error: Traceback (most recent call last):",
+        '  File "/x/sglang/srt/entrypoints/http_server.py", line 1434, in _execute_server_warmup',
+        '    assert res.status_code == 200, f"{res=}, {res.text=}"',
+        "AssertionError: res=<Response [502]>, res.text=''", "Killed"], "warmup", "warmup-failed"),
+    "scheduler-after-ready": (_startup() + SCHED_TB[:1] + [
+        '  File "/x/sglang/srt/managers/scheduler.py", line 999, in event_loop_overlap',
+        "    batch_result = self.run_batch(batch)", "IndexError: index 7 is out of bounds"] + TEARDOWN,
+        "serving", "scheduler-exception"),
+    "oom-killer": ([f"[{TS} TP0] Load weight begin. avail mem=94.10 GB",
+                    f"[{TS}] Rank 0 scheduler is dead. Please check if there are relevant logs.",
+                    f"[{TS}] Exit code: -9"], "loading", "oom-killer"),
+    "port-in-use": (_startup()[:-3] + [("ERROR:    [Errno 98] error while attempting to bind on address "
+                                       "('127.0.0.1', 30000): address already in use")], "http", "port-in-use"),
+    "model-load": (["ValueError: Model architectures ['FooForCausalLM'] are not supported for now."],
+                   "loading", "model-load"),
+    "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
+                       "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_cause_and_phase_of_composed_failures(name):
+    lines, phase, cause = CASES[name]
+    r = explain(lines)
+    assert (r["outcome"], r["phase"], r["cause"]) == ("failed", phase, cause), r
+    assert r["fix"] and r["summary"] and r["relevant_lines"]
+
+
+def test_a_refused_peer_gets_no_p2p_hint():
+    r = explain(CASES["nccl-peer-refused"][0])
+    assert "other node" in r["fix"] and "dist-init-addr" in r["fix"]
+    assert "P2P" not in r["fix"]
+
+
+def test_the_teardown_is_not_the_cause_and_the_error_before_its_traceback_is_shown():
+    lines = [f"[{TS} TP0] Failed to initialize lk_moe: CUDA out of memory. Tried to allocate 24.00 MiB."] \
+        + SCHED_TB + TEARDOWN
+    r = explain(lines)
+    assert r["cause"] == "cuda-oom"
+    assert r["relevant_lines"][0] == lines[0]
+    assert any("Scheduler hit an exception" in x for x in r["relevant_lines"])
+
+
+def test_a_bare_traceback_under_a_rank_prefix_is_fatal_live():
+    t = StartupTracker("0.5.12.post1", expect_autotune=False, cuda_graph=True)
+    evs = t.feed(f"[{TS} TP2] Traceback (most recent call last):", 1.0)
+    assert [e.kind for e in evs] == ["fatal"]
+    # without a rank prefix (a library's own message) it is not fatal live
+    t2 = StartupTracker("0.5.12.post1", expect_autotune=False, cuda_graph=True)
+    assert not [e for e in t2.feed("Traceback (most recent call last):", 1.0) if e.kind == "fatal"]
+
+
+def test_failure_on_one_rank_only_names_its_phase_not_the_leaders():
+    lines = _startup(ranks=8)[:40] + [f"[{TS} TP5] Scheduler hit an exception: Traceback (most recent call last):"] \
+        + _frame("load_model", "self.model = get_model(") + [("safetensors_rust.SafetensorError: Error while "
+                                                              "deserializing header: MetadataIncompleteBuffer")]
+    r = explain(lines)
+    assert (r["phase"], r["cause"]) == ("loading", "model-load")
+    assert "TP5" in r["ranks"]
+
+
+def test_render_text_and_cli(tmp_path, capsys):
+    lines = CASES["oom-capture"][0]
+    text = render_text(explain(lines))
+    for word in ("phases seen:", "outcome:     failed", "phase:       capture", "cause:       cuda-oom",
+                 "fix:", "proof:", "Capture cuda graph failed"):
+        assert word in text
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["explain-log", str(log)]) == 1
+    assert "cuda-oom" in capsys.readouterr().out
+    assert main(["explain-log", str(log), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert {"outcome", "phase", "cause", "fix", "phases", "relevant_lines", "ranks"} <= set(data)
+    assert data["phases"][0] == {"name": "loading", "at": TS, "duration_s": 0.0}
+    log.write_text("\n".join(_startup()) + "\n")
+    assert main(["explain-log", str(log)]) == 0
+    assert main(["explain-log", str(tmp_path / "missing.log")]) == 3
