@@ -11,6 +11,7 @@ same check and refuses every host's connection while the data is wrong.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -19,15 +20,23 @@ from pathlib import Path
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data
+from sglang_deploy.core import jit
 from sglang_deploy.shell import deploylock
 from sglang_deploy.core import errors
 from sglang_deploy.shell import pyinfrafast
 from sglang_deploy.shell.plan import PLAN_ENV
 
 
+@functools.lru_cache(maxsize=8)
+def _lock_text(path: str) -> str:
+    """A lock's text, read once per run (every host of a fleet names the same lock)."""
+    return Path(path).read_text()
+
+
 def validate_inventory(inventory, cwd: str | None = None) -> None:
     """Resolve every host's data and check that its lock file (the release profile) exists on
-    the controller; raise the first ``DataError``, naming the host."""
+    the controller and pins the JIT's compiler (``jit.check_lock``); raise the first
+    ``DataError``, naming the host."""
     for each in inventory:
         try:
             settings = data.resolve(each.data.dict())
@@ -38,6 +47,7 @@ def validate_inventory(inventory, cwd: str | None = None) -> None:
                     found=f"no file {lock}",
                     fix="fix `sglang_lock` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
+            jit.check_lock(_lock_text(str(lock.resolve())), settings.sglang_lock, settings.sglang_env)
         except data.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"

@@ -17,6 +17,7 @@ from pyinfra.operations import files
 
 from sglang_deploy.core import flagcache
 from sglang_deploy.core import flags as flagmod
+from sglang_deploy.core import jit
 from sglang_deploy.core import modelfetch
 from sglang_deploy.core.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
 from sglang_deploy.shell.facts import ServerArgsSource
@@ -174,6 +175,7 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     yield _explain_failure(
         f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}",
         release_id, rel)
+    yield jit.lib64_links_command(rel + "/venv")
     yield f"printf '%s\\n' {shlex.quote(release_meta)} > {shlex.quote(rel + '/release.json')}"
     yield f"touch {shlex.quote(rel + '/.complete')}"
 

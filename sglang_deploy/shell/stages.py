@@ -22,11 +22,14 @@ from pyinfra.operations import python, server
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flagcache
 from sglang_deploy.core import flags as flagmod
+from sglang_deploy.core import jit
 from sglang_deploy.core import modelfetch
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.shell import plan
 from sglang_deploy.core import preflight
+from sglang_deploy.core import service
+from sglang_deploy.shell import jitcheck
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -72,6 +75,10 @@ class Context:
         return f"{self.release_dir}/venv/bin/python"
 
     @property
+    def venv_bin(self) -> str:
+        return f"{self.release_dir}/venv/bin"
+
+    @property
     def site(self) -> str:
         return f"{self.release_dir}/venv/lib/python{self.hoststate['python']}/site-packages"
 
@@ -111,7 +118,7 @@ def _read_lock(path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[st
 _CONTEXTS: dict[str, Context] = {}
 
 
-TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py")
+TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py", "jit_check.py")
 
 
 def managed_folders(s: datamod.Settings) -> list[tuple[str, str, str]]:
@@ -325,20 +332,9 @@ def flag_map_for_check(ctx: Context) -> dict:
 
 
 def service_environment(ctx: Context) -> list[tuple[str, str]]:
-    s = ctx.settings
-    env = {
-        "HOME": s.sglang_home,
-        "SGLANG_CACHE_DIR": s.sglang_cache_dir,
-        "FLASHINFER_WORKSPACE_BASE": s.sglang_cache_dir,
-        "XDG_CACHE_HOME": s.sglang_cache_dir,
-        "TRITON_CACHE_DIR": f"{s.sglang_cache_dir}/triton",
-        "TORCHINDUCTOR_CACHE_DIR": f"{s.sglang_cache_dir}/inductor",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **ctx.nccl_env,
-        **{k: str(v) for k, v in s.sglang_env.items()},
-    }
-    return sorted(env.items())
+    return service.service_environment(
+        ctx.settings, ctx.nccl_env, venv_bin=ctx.venv_bin,
+        cuda_home=jit.cuda_home_for(ctx.lock_text, ctx.site))
 
 
 def unit_for(ctx: Context) -> str:
@@ -405,6 +401,14 @@ def service_stage():
         # serving) run now, still before any operation executes; a failure stops here.
         full_p2p_check(ctx)
         unit_text = unit_for(ctx)
+    svc = ctx.hoststate["service"]
+    if svc.get("ActiveState") != "active" or restart_planned(ctx, unit_text, unit_file):
+        # the server will (re)start: its JIT compilers are checked first, in its environment
+        jitcheck.jit_toolchain_check(
+            name="JIT toolchain (nvcc, ninja, c++) in the service's environment",
+            python=ctx.venv_python, tool=f"{ctx.tools}/jit_check.py", site=ctx.site,
+            env=dict(service_environment(ctx)), venv_bin=ctx.venv_bin,
+            caps=jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out")))
     secrets = ops.secret_file(name=f"Secrets {SECRETS_FILE} (0600, root)", path=SECRETS_FILE,
                               content=render_secrets_env(s.secrets),
                               present_sha256=ctx.hoststate.get("secrets_sha256"))
@@ -413,7 +417,6 @@ def service_stage():
     link = ops.symlink(name=f"{s.sglang_root}/current -> release {ctx.release_id}",
                        path=f"{s.sglang_root}/current", target=ctx.release_dir,
                        present=ctx.hoststate["paths"].get(f"{s.sglang_root}/current"))
-    svc = ctx.hoststate["service"]
     ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
                         unit_file_state=svc.get("UnitFileState") or None)
     triggers = [unit, secrets] + [ctx.ops[k] for k in ("release", "patch", "model") if k in ctx.ops]
