@@ -110,7 +110,7 @@ def _exe(path: Path, text: str) -> None:
 @pytest.fixture
 def tree(tmp_path):
     """A release venv's site-packages with a pip CUDA tree whose nvcc answers like 13.0's."""
-    site = tmp_path / "site"
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
     home = site / "nvidia" / "cu13"
     _exe(home / "bin" / "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
     (home / "lib").mkdir()
@@ -124,16 +124,10 @@ def tree(tmp_path):
 
 def test_lib64_links_then_the_host_script_finds_everything(tree):
     site, home, bin_ = tree
-    venv = site.parent.parent.parent
-    site.rename(site.parent / "x")  # the venv layout: VENV/lib/python3.X/site-packages
-    real_site = venv / "venv" / "lib" / "python3.11" / "site-packages"
-    real_site.parent.mkdir(parents=True)
-    (site.parent / "x").rename(real_site)
-    home = real_site / "nvidia" / "cu13"
-    subprocess.run(["sh", "-c", jit.lib64_links_command(str(venv / "venv"))], check=True)
+    subprocess.run(["sh", "-c", jit.lib64_links_command(str(site.parents[2]))], check=True)
     assert os.readlink(home / "lib64" / "libcudart.so") == "../lib/libcudart.so.13"
     env = {"CUDA_HOME": str(home), "PATH": f"{bin_}:/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, jit_check.__file__, "--site", str(real_site),
+    out = subprocess.run([sys.executable, jit_check.__file__, "--site", str(site),
                           "--env-json", json.dumps(env)], capture_output=True, text=True, check=True)
     result = jit.parse_output(out.stdout)
     assert result["nvcc_version"] == "13.0" and result["torch_cuda"] == "13.0"
