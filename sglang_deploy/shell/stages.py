@@ -233,7 +233,7 @@ def preflight_stage():
                                     download=settings.sglang_model_download)
     if matrix:
         logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
-    plan.preflight(host.name, checks)
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
 
 
@@ -373,7 +373,7 @@ def full_p2p_check(ctx: Context) -> None:
         checks.append(no_probe_check(s))
     if matrix:
         logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
-    plan.preflight(host.name, checks)
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}")
     ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
     put_p2p_record(ctx)
