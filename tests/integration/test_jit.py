@@ -15,10 +15,15 @@ PYINFRA = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "pyi
 INVENTORY = Path(__file__).with_name("fault_inventory.py")
 
 
+# this test is about the JIT: the simulated peer copies' speed follows this shared machine's
+# load, so no P2P bandwidth minimum
+DATA = {"gpu_p2p_min_gbps": 0}
+
+
 def deploy(testbed, host: str, data: dict | None = None) -> subprocess.CompletedProcess:
     r = subprocess.run([PYINFRA, "-y", str(INVENTORY), "deploy.py", "--limit", host],
                        cwd=REPO, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "FAULT_HOST_DATA": json.dumps({host: data or {}})})
+                       env={**os.environ, "FAULT_HOST_DATA": json.dumps({host: {**DATA, **(data or {})}})})
     testbed.log.append(r)
     return r
 
