@@ -182,9 +182,12 @@ def diagnose(result: dict | None, caps: list[str], venv_bin: str,
     elif result.get("nvcc_rc") is None or result.get("nvcc_rc") != 0 or not result.get("nvcc_version"):
         how = ("does not run" if result.get("nvcc_rc") is None
                else f"exited {result.get('nvcc_rc')}" if result.get("nvcc_rc") else "printed no release")
+        source = result.get("cuda_home_from")
+        fix = (f"point {source} at a CUDA 13.x toolkit (or remove it from `sglang_env`); or "
+               if source in ("CUDA_HOME", "CUDA_PATH") else "") + toolkit_fix
         out.append(Problem(
-            "nvcc", f"{nvcc} (CUDA_HOME={home}, from {result.get('cuda_home_from')}) {how}: "
-                    f"{(result.get('nvcc_output') or '').strip()[-300:]}", toolkit_fix))
+            "nvcc", f"{nvcc} (CUDA home {home}, from {source}) {how}: "
+                    f"{(result.get('nvcc_output') or '').strip()[-300:]}", fix))
     else:
         version = result["nvcc_version"]
         if any(c.split(".")[0] == "12" for c in caps) and _version(version) < MIN_NVCC_SM12:
