@@ -28,8 +28,8 @@ from sglang_deploy.shell.plan import PLAN_ENV
 
 
 @functools.lru_cache(maxsize=8)
-def _lock_text(path: str) -> str:
-    """A lock's text, read once per run (every host of a fleet names the same lock)."""
+def _lock_text(path: str, mtime_ns: int, size: int) -> str:
+    """A lock's text, read once per file version (every host of a fleet names the same lock)."""
     return Path(path).read_text()
 
 
@@ -47,7 +47,9 @@ def validate_inventory(inventory, cwd: str | None = None) -> None:
                     found=f"no file {lock}",
                     fix="fix `sglang_lock` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
-            jit.check_lock(_lock_text(str(lock.resolve())), settings.sglang_lock, settings.sglang_env)
+            st = lock.stat()
+            jit.check_lock(_lock_text(str(lock.resolve()), st.st_mtime_ns, st.st_size),
+                           settings.sglang_lock, settings.sglang_env)
         except data.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"

@@ -153,3 +153,19 @@ def test_the_host_script_reports_cuda_home_pointing_nowhere(tree):
     result = jit_check.gather(str(site), {"CUDA_HOME": "/nowhere", "PATH": f"{bin_}:/usr/bin"})
     assert result["nvcc"] == "/nowhere/bin/nvcc" and result["nvcc_rc"] is None
     assert [p.name for p in jit.diagnose(result, ["12.0"], str(bin_))] == ["nvcc"]
+
+
+def test_the_controller_refuses_a_lock_without_the_jits_compiler_before_connecting(tmp_path):
+    from types import SimpleNamespace
+
+    from sglang_deploy.shell import hooks
+
+    (tmp_path / "nonvcc.txt").write_text(lock("torch==2.11.0", "nvidia-cuda-runtime==13.0.96"))
+    host = SimpleNamespace(name="h1", data=SimpleNamespace(dict=lambda: {
+        "sglang_model_path": "/srv/models/m", "sglang_lock": "nonvcc.txt"}))
+    with pytest.raises(DataError, match=r"\[h1\].*pins a CUDA compiler") as err:
+        hooks.validate_inventory([host], str(tmp_path))
+    assert err.value.key == "sglang_lock"
+    (tmp_path / "nonvcc.txt").write_text(lock("torch==2.11.0", "nvidia-cuda-runtime==13.0.96",
+                                              "nvidia-cuda-nvcc==13.0.88"))
+    hooks.validate_inventory([host], str(tmp_path))  # a new version of the file is read again
