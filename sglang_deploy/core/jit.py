@@ -78,6 +78,20 @@ def cuda_home_for(lock_text: str, site: str) -> str | None:
     return f"{site}/nvidia/cu{major}" if major and major >= 13 else None
 
 
+#: systemd's own PATH for services, after the release venv's bin
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def toolchain_environment(cache_dir: str, venv_bin: str, cuda_home: str | None) -> dict[str, str]:
+    """The unit's environment for the JIT: the release venv's bin first on PATH (the JIT runs
+    a bare ``ninja``, the lock's), CUDA_HOME when the release has its own toolkit
+    (:func:`cuda_home_for`; FlashInfer, SGLang's jit_kernel and DeepGEMM all read it), and
+    tvm-ffi's cache (SGLang's JIT modules) under the persistent cache. The P2P decision and
+    ``sglang_env`` override it."""
+    return {"PATH": f"{venv_bin}:{SYSTEM_PATH}", "TVM_FFI_CACHE_DIR": f"{cache_dir}/tvm-ffi",
+            **({"CUDA_HOME": cuda_home} if cuda_home else {})}
+
+
 def check_lock(lock_text: str, lock_name: str, env: dict) -> None:
     """Raise ``DataError`` when a lock with torch has no nvcc of torch's CUDA major and
     ``sglang_env`` names no ``CUDA_HOME`` of the host's own (then the host check decides)."""

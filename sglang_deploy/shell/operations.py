@@ -17,10 +17,10 @@ from pyinfra.operations import files
 
 from sglang_deploy.core import flagcache
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import jit
 from sglang_deploy.core import modelfetch
 from sglang_deploy.core.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
 from sglang_deploy.shell.facts import ServerArgsSource
+from sglang_deploy.core import jit
 
 
 def reported(function):

@@ -28,7 +28,6 @@ from sglang_deploy.shell import operations as ops
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.shell import plan
 from sglang_deploy.core import preflight
-from sglang_deploy.core import service
 from sglang_deploy.shell import jitcheck
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.shell.facts import (
@@ -332,9 +331,22 @@ def flag_map_for_check(ctx: Context) -> dict:
 
 
 def service_environment(ctx: Context) -> list[tuple[str, str]]:
-    return service.service_environment(
-        ctx.settings, ctx.nccl_env, venv_bin=ctx.venv_bin,
-        cuda_home=jit.cuda_home_for(ctx.lock_text, ctx.site))
+    s = ctx.settings
+    env = {
+        "HOME": s.sglang_home,
+        "SGLANG_CACHE_DIR": s.sglang_cache_dir,
+        "FLASHINFER_WORKSPACE_BASE": s.sglang_cache_dir,
+        "XDG_CACHE_HOME": s.sglang_cache_dir,
+        "TRITON_CACHE_DIR": f"{s.sglang_cache_dir}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{s.sglang_cache_dir}/inductor",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **jit.toolchain_environment(s.sglang_cache_dir, ctx.venv_bin,
+                                    jit.cuda_home_for(ctx.lock_text, ctx.site)),
+        **ctx.nccl_env,
+        **{k: str(v) for k, v in s.sglang_env.items()},
+    }
+    return sorted(env.items())
 
 
 def unit_for(ctx: Context) -> str:

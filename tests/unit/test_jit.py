@@ -169,3 +169,35 @@ def test_the_controller_refuses_a_lock_without_the_jits_compiler_before_connecti
     (tmp_path / "nonvcc.txt").write_text(lock("torch==2.11.0", "nvidia-cuda-runtime==13.0.96",
                                               "nvidia-cuda-nvcc==13.0.88"))
     hooks.validate_inventory([host], str(tmp_path))  # a new version of the file is read again
+
+
+BIN = "/opt/sglang/releases/r1/venv/bin"
+CU13 = "/opt/sglang/releases/r1/venv/lib/python3.11/site-packages/nvidia/cu13"
+
+
+@pytest.mark.parametrize("cache, cuda_home, want", [
+    # the release's own toolkit: CUDA_HOME, the venv's bin (its ninja) first on PATH
+    ("/var/cache/sglang", CU13, {"CUDA_HOME": CU13, "PATH": f"{BIN}:{jit.SYSTEM_PATH}",
+                                 "TVM_FFI_CACHE_DIR": "/var/cache/sglang/tvm-ffi"}),
+    # a lock without the pip compiler: no CUDA_HOME, FlashInfer's own lookup applies
+    ("/data/cache", None, {"PATH": f"{BIN}:{jit.SYSTEM_PATH}", "TVM_FFI_CACHE_DIR": "/data/cache/tvm-ffi"}),
+])
+def test_toolchain_environment(cache, cuda_home, want):
+    assert jit.toolchain_environment(cache, BIN, cuda_home) == want
+
+
+def test_the_operators_cuda_home_and_the_p2p_decision_win_in_the_unit():
+    from types import SimpleNamespace
+
+    from sglang_deploy.core import data as datamod
+    from sglang_deploy.shell import stages
+
+    settings = datamod.resolve({"sglang_model_path": "/srv/models/m",
+                                "sglang_env": {"CUDA_HOME": "/usr/local/cuda-13.0"}}, environ={})
+    ctx = SimpleNamespace(settings=settings, venv_bin=BIN, site=CU13.rsplit("/nvidia", 1)[0],
+                          lock_text=lock("nvidia-cuda-nvcc==13.0.88"), nccl_env={"NCCL_P2P_DISABLE": "1"})
+    env = dict(stages.service_environment(ctx))
+    assert env["CUDA_HOME"] == "/usr/local/cuda-13.0" and env["NCCL_P2P_DISABLE"] == "1"
+    assert env["PATH"].startswith(BIN + ":") and env["HOME"] == "/var/lib/sglang"
+    ctx.settings = datamod.resolve({"sglang_model_path": "/srv/models/m"}, environ={})
+    assert dict(stages.service_environment(ctx))["CUDA_HOME"] == CU13
