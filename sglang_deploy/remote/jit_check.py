@@ -62,7 +62,7 @@ def torch_cuda(site: str) -> tuple[bool, str | None]:
 def nvcc_version(nvcc: str, env: dict) -> tuple[int | None, str | None, str]:
     """(exit status or None if it could not run, "X.Y" or None, its output's tail)."""
     try:
-        proc = subprocess.run([nvcc, "--version"], env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.run([nvcc, "--version"], check=False, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, None, str(exc)

@@ -21,7 +21,7 @@ DATA = {"gpu_p2p_min_gbps": 0}
 
 
 def deploy(testbed, host: str, data: dict | None = None) -> subprocess.CompletedProcess:
-    r = subprocess.run([PYINFRA, "-y", str(INVENTORY), "deploy.py", "--limit", host],
+    r = subprocess.run([PYINFRA, "-y", str(INVENTORY), "deploy.py", "--limit", host], check=False,
                        cwd=REPO, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "FAULT_HOST_DATA": json.dumps({host: {**DATA, **(data or {})}})})
     testbed.log.append(r)
