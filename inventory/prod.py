@@ -3,10 +3,13 @@
     export SGLANG_API_KEY=...            # only if sglang_api_key_env is set below
     pyinfra inventory/prod.py deploy.py
 
-Hosts are LXC containers with the 8 GPUs passed through (see README "LXC host set-up").
-Group data comes from group_data/all.py (the seed's profile) and group_data/<group>.py;
-per-host values go in the tuple's dict. SSH host keys are checked against a known-hosts
-file kept with this inventory: a changed key stops the deploy.
+Hosts are LXC containers with the 8 GPUs passed through: docs/quickstart.md, step 2, says
+how to set one up (Proxmox or LXD), and step 5 (`sglang-deploy doctor inventory/prod.py`)
+checks it. Group data comes from group_data/all.py (the seed's profile) and
+group_data/<group>.py; per-host values go in the tuple's dict. SSH host keys are checked
+against the known-hosts file kept with this inventory (prod_known_hosts), made with
+`ssh-keyscan -t ed25519 HOST >> inventory/prod_known_hosts` and checked out of band
+(docs/quickstart.md, step 3): a changed key stops the deploy.
 """
 
 from pathlib import Path

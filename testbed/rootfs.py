@@ -28,6 +28,8 @@ ARCH = "amd64"
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
     "sudo", "iproute2", "ca-certificates", "procps", "curl", "less",
+    # the C++ compiler a GPU host needs for the JIT (nvcc's host compiler and the linker driver)
+    "g++",
 )
 FALLBACK_MIRROR = "http://deb.debian.org/debian"
 

@@ -1,8 +1,18 @@
-"""``sglang-deploy doctor``: the GPU pre-flight on the local machine (run it inside the LXC).
+"""``sglang-deploy doctor``: the deploy's GPU pre-flight, on this machine or on a host.
 
     sglang-deploy doctor [--json] [--collect DIR] [--from DIR] [--expected-count N]
                          [--expected-model M] [--min-driver V] [--p2p-policy require|adapt]
                          [--min-gbps X] [--mib N] [--no-p2p-test]
+    sglang-deploy doctor INVENTORY [--limit HOST]... [--json] [--data K=V]... [same options]
+
+The expectations are the deploy's: the defaults of the data keys ``gpu_expected_count``,
+``gpu_expected_model`` (the exact name), ``gpu_min_driver``, ``gpu_p2p_policy``,
+``gpu_p2p_min_gbps`` and ``gpu_p2p_test_mib``; each option overrides one.
+
+With INVENTORY, the deploy's own pre-flight stage runs on the inventory's hosts over SSH
+(``pyinfra INVENTORY preflight.py --dry`` from the deploy folder: each host's data, the same
+facts and checks as ``deploy.py``; nothing is changed, no deploy lock is taken), the
+options becoming ``--data`` overrides.
 
 Live mode runs nvidia-smi (table, the deploy's own query, ``topo -m``, ``topo -p2p r|w``),
 lists ``/dev/nvidia*``, tries to open each node and runs the CUDA probe, saving every raw
@@ -37,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from sglang_deploy.core import data as datamod
 from sglang_deploy.core import nvsmi, preflight
 from sglang_deploy.core.preflight import Check
 from sglang_deploy.remote import CUDA_PROBE
@@ -64,6 +75,26 @@ SMI_TIMEOUT_S = 60
 
 
 Expectations = preflight.Expectations
+
+#: option -> the data key whose default (and meaning) it takes
+OPTION_KEYS = {
+    "expected_count": "gpu_expected_count", "expected_model": "gpu_expected_model",
+    "min_driver": "gpu_min_driver", "p2p_policy": "gpu_p2p_policy",
+    "min_gbps": "gpu_p2p_min_gbps", "mib": "gpu_p2p_test_mib",
+}
+
+
+def default(option: str):
+    return datamod.KEYS[OPTION_KEYS[option]].default
+
+
+def deploy_expectations(**given) -> Expectations:
+    """The deploy's expectations: the data keys' defaults, overridden by the GIVEN options
+    that are not None (an empty model name accepts any GPU)."""
+    value = {o: default(o) if given.get(o) is None else given[o] for o in OPTION_KEYS}
+    return Expectations(count=value["expected_count"], model=value["expected_model"] or None,
+                        min_driver=value["min_driver"], p2p_policy=value["p2p_policy"],
+                        min_gbps=value["min_gbps"])
 
 
 @dataclass
@@ -180,7 +211,7 @@ def load_snapshot(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], str |
 
 def analyse_dir(folder: str | os.PathLike[str], exp: Expectations | None = None) -> dict[str, Any]:
     """Analyse a folder of raw outputs (see the module docstring); runs nothing."""
-    exp = exp or Expectations()
+    exp = exp or deploy_expectations()
     snapshot, probe_text = load_snapshot(folder)
     probe: dict[str, Any] | None = None
     bad_probe: list[Check] = []
@@ -221,7 +252,7 @@ def run_doctor(collect_dir: str | os.PathLike[str] | None = None,
                probe: ProbeOptions | None = None) -> dict[str, Any]:
     """Live pre-flight on this machine (outputs kept in ``collect_dir`` when given), or the
     analysis of an existing folder (``from_dir``). Returns the report dict."""
-    exp = expectations or Expectations()
+    exp = expectations or deploy_expectations()
     if from_dir is not None and collect_dir is not None:
         raise ValueError("--from and --collect exclude each other")
     if from_dir is not None:
@@ -281,21 +312,31 @@ def render(report: dict[str, Any], console: Any = None) -> None:
 
 
 def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("inventory", nargs="?", metavar="INVENTORY",
+                        help="run the deploy's pre-flight on this inventory's hosts (over SSH)")
+    parser.add_argument("--limit", action="append", default=[], metavar="HOST",
+                        help="with INVENTORY: only these hosts (repeatable)")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                        help="with INVENTORY: data overrides, as for the deploy")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--collect", metavar="DIR", help="keep the raw outputs in DIR")
     where.add_argument("--from", dest="from_dir", metavar="DIR",
                        help="analyse DIR (made by --collect) without running anything")
     parser.add_argument("--expected-count", type=int, default=None, metavar="N",
-                        help="number of GPUs the host must have")
+                        help=f"number of GPUs the host must have (default {default('expected_count')})")
     parser.add_argument("--expected-model", default=None, metavar="M",
-                        help="GPU name (or part of it) every GPU must have")
-    parser.add_argument("--min-driver", default=None, metavar="V", help="minimum driver, e.g. 580.95.05")
-    parser.add_argument("--p2p-policy", choices=("require", "adapt"), default="require",
-                        help="require: missing P2P fails; adapt: run with NCCL_P2P_DISABLE=1")
+                        help="the exact GPU name every GPU must report, '' for any "
+                             f"(default {default('expected_model')!r})")
+    parser.add_argument("--min-driver", default=None, metavar="V",
+                        help=f"minimum driver, e.g. 580.95.05 (default {default('min_driver')})")
+    parser.add_argument("--p2p-policy", choices=("require", "adapt"), default=None,
+                        help="require: missing P2P fails; adapt: run with NCCL_P2P_DISABLE=1 "
+                             f"(default {default('p2p_policy')})")
     parser.add_argument("--min-gbps", type=float, default=None, metavar="X",
-                        help="minimum GPU-to-GPU copy bandwidth (GB/s)")
-    parser.add_argument("--mib", type=float, default=64, metavar="N", help="probe copy size (MiB)")
+                        help=f"minimum GPU-to-GPU copy bandwidth, GB/s (default {default('min_gbps')})")
+    parser.add_argument("--mib", type=int, default=None, metavar="N",
+                        help=f"probe copy size, MiB (default {default('mib')})")
     parser.add_argument("--no-p2p-test", action="store_true", help="skip the pairwise copy test")
     return parser
 
@@ -305,7 +346,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from sglang_deploy.commands import common
 
     parser = common.add_command(
-        subparsers, "doctor", help="GPU pre-flight on this machine (or on a collected folder)",
+        subparsers, "doctor",
+        help="the deploy's GPU pre-flight on this machine, a collected folder or an inventory's hosts",
         description=__doc__.split("\n\n")[0],
         failed="a check failed (the result is fail)")
     _configure(parser)
@@ -313,15 +355,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    return {o: getattr(args, o) for o in OPTION_KEYS}
+
+
 def run(args: argparse.Namespace) -> int:
-    exp = Expectations(
-        count=args.expected_count,
-        model=args.expected_model,
-        min_driver=args.min_driver,
-        p2p_policy=args.p2p_policy,
-        min_gbps=args.min_gbps,
-    )
-    opts = ProbeOptions(mib=args.mib, p2p=not args.no_p2p_test)
+    if args.inventory is not None:
+        from sglang_deploy.commands import doctor_remote
+
+        return doctor_remote.run(args, _given(args))
+    if args.limit or args.data:
+        print("sglang-deploy doctor: --limit and --data need an INVENTORY", file=sys.stderr)
+        return 2
+    exp = deploy_expectations(**_given(args))
+    opts = ProbeOptions(mib=args.mib or default("mib"), p2p=not args.no_p2p_test)
     try:
         report = run_doctor(collect_dir=args.collect, from_dir=args.from_dir, expectations=exp,
                             probe=opts)

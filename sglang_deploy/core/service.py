@@ -20,7 +20,7 @@ SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
 HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
 #: scripts shipped to ROOT/tools (patch.py from sglang_deploy/core, the others from remote/)
-TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py")
+TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py", "jit_check.py")
 #: what, having changed in this run, restarts the server (besides the unit and the secrets)
 RESTART_TRIGGERS = ("release", "patch", "model")
 
@@ -98,8 +98,11 @@ class Layout:
     def patch_record(self, release_id: str) -> str:
         return f"{self.release_dir(release_id)}/autotune-patch.json"
 
+    def venv_bin(self, release_id: str) -> str:
+        return f"{self.release_dir(release_id)}/venv/bin"
+
     def venv_python(self, release_id: str) -> str:
-        return f"{self.release_dir(release_id)}/venv/bin/python"
+        return f"{self.venv_bin(release_id)}/python"
 
     def site(self, release_id: str, python_minor: str) -> str:
         return f"{self.release_dir(release_id)}/venv/lib/python{python_minor}/site-packages"
@@ -154,9 +157,11 @@ def launch_argv(settings, layout: Layout, release_id: str) -> list[str]:
     return [python, layout.tool("launch.py"), *command, *flagmod.render_flags(flag_map(settings))]
 
 
-def service_environment(settings, nccl_env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The unit's non-secret environment: the persistent caches, offline hub, NCCL's P2P
-    settings from the pre-flight, then the operator's ``sglang_env`` (which wins)."""
+def service_environment(settings, nccl_env: Mapping[str, str],
+                        toolchain: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """The unit's non-secret environment: the persistent caches, offline hub, the JIT
+    toolchain (``jit.toolchain_environment``), NCCL's P2P settings from the pre-flight, then
+    the operator's ``sglang_env`` (which wins)."""
     cache = settings.sglang_cache_dir
     env = {
         "HOME": settings.sglang_home,
@@ -167,6 +172,7 @@ def service_environment(settings, nccl_env: Mapping[str, str]) -> list[tuple[str
         "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        **(toolchain or {}),
         **nccl_env,
         **{k: str(v) for k, v in settings.sglang_env.items()},
     }

@@ -11,6 +11,7 @@ same check and refuses every host's connection while the data is wrong.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data
+from sglang_deploy.core import jit
 from sglang_deploy.shell import deploylock, lockedflags
 from sglang_deploy.core import errors
 from sglang_deploy.shell.plan import PLAN_ENV
@@ -30,10 +32,17 @@ def _pyinfra_warning(text: str) -> None:
     logger.warning(f"sglang-deploy: {text}")
 
 
+@functools.lru_cache(maxsize=8)
+def _lock_text(path: str, mtime_ns: int, size: int) -> str:
+    """A lock's text, read once per file version (every host of a fleet names the same lock)."""
+    return Path(path).read_text()
+
+
 def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning) -> None:
     """Resolve every host's data, check that its lock file (the release profile) exists on
-    the controller and that its launch flags are flags of the sglang version that lock pins
-    (``lockedflags``; WARN says when that cannot be checked here); raise the first
+    the controller, pins the JIT's compiler (``jit.check_lock``), and that its launch flags
+    are flags of the sglang version that lock pins (``lockedflags``; WARN says when that
+    cannot be checked here); raise the first
     ``DataError``, naming the host."""
     for each in inventory:
         try:
@@ -45,6 +54,9 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
                     found=f"no file {lock}",
                     fix="fix `sglang_lock` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
+            st = lock.stat()
+            jit.check_lock(_lock_text(str(lock.resolve()), st.st_mtime_ns, st.st_size),
+                           settings.sglang_lock, settings.sglang_env)
             lockedflags.check(settings, cwd or ".", warn)
         except data.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):

@@ -19,6 +19,7 @@ from sglang_deploy.core import flagcache, modelfetch
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
 from sglang_deploy.shell.facts import ServerArgsSource
+from sglang_deploy.core import jit
 
 
 def reported(function):
@@ -173,6 +174,7 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     yield _explain_failure(
         f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}",
         release_id, rel)
+    yield jit.lib64_links_command(rel + "/venv")
     yield f"printf '%s\\n' {shlex.quote(release_meta)} > {shlex.quote(rel + '/release.json')}"
     yield f"touch {shlex.quote(rel + '/.complete')}"
 

@@ -27,10 +27,16 @@ def _write(name: str, record: dict) -> None:
     (d / f"{name}.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def preflight(name: str, checks: list) -> None:
-    """Record a failing pre-flight (the deploy would stop there)."""
+def preflight(name: str, checks: list, nccl_env: dict | None = None,
+              matrix: str | None = None) -> None:
+    """Record the pre-flight: every check in ``<host>.preflight.json`` (what ``doctor
+    INVENTORY`` shows), and a failing one in ``<host>.json`` (the deploy would stop there)."""
+    if plan_dir() is None:
+        return
+    _write(f"{name}.preflight", {"host": name, "checks": [c.to_dict() for c in checks],
+                                 "nccl_env": nccl_env or {}, "p2p_matrix": matrix})
     failed = [c for c in checks if c.status == "fail"]
-    if plan_dir() is None or not failed:
+    if not failed:
         return
     _write(name, {"host": name, "preflight": "fail",
                   "failed": [{"name": c.name, "message": c.message, "fix": c.fix} for c in failed],

@@ -21,12 +21,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import flagcache, modelfetch, preflight, report, service
+from sglang_deploy.core import flagcache, jit, modelfetch, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving, wait_serving, wait_until_ready
+from sglang_deploy.shell import jitcheck
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell import plan
 from sglang_deploy.shell.facts import (
@@ -65,6 +66,13 @@ class Context:
     @property
     def site(self) -> str:
         return self.layout.site(self.release_id, self.hoststate["python"])
+
+    def environment(self) -> list[tuple[str, str]]:
+        """The service's environment, with the JIT toolchain of this release."""
+        toolchain = jit.toolchain_environment(
+            self.settings.sglang_cache_dir, self.layout.venv_bin(self.release_id),
+            jit.cuda_home_for(self.lock_text, self.site))
+        return service.service_environment(self.settings, self.nccl_env, toolchain)
 
     def verify_params(self) -> dict:
         return service.verify_params(self.settings, release_id=self.release_id,
@@ -189,7 +197,7 @@ def preflight_stage():
                                     download=settings.sglang_model_download)
     if matrix:
         logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
-    plan.preflight(host.name, checks)
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
 
 
@@ -269,7 +277,7 @@ def unit_for(ctx: Context) -> str:
         patch_state=service.unit_patch_state(ctx.patch_state),
         served_model_name=s.served_model_name,
         user=s.sglang_user, home=s.sglang_home, secrets_file=lay.secrets_file,
-        environment=tuple(service.service_environment(s, ctx.nccl_env)),
+        environment=tuple(ctx.environment()),
         argv=tuple(service.launch_argv(s, lay, ctx.release_id)),
         stop_timeout_s=s.sglang_stop_timeout_s, restart_sec=s.sglang_restart_sec,
         writable_paths=(s.sglang_cache_dir, s.sglang_home),
@@ -290,7 +298,7 @@ def full_p2p_check(ctx: Context) -> None:
     checks, matrix = run_probe(ctx, "p2p")
     if matrix:
         logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
-    plan.preflight(host.name, checks)
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
     put_p2p_record(ctx)
     ctx.p2p_skipped = False
@@ -325,6 +333,13 @@ def service_stage():
         full_p2p_check(ctx)
         unit_text = unit_for(ctx)
         reasons = restart_reasons(ctx, unit_text, secrets_text)
+    if hs["service"].get("ActiveState") != "active" or reasons:
+        # the server will (re)start: its JIT compilers are checked first, in its environment
+        jitcheck.jit_toolchain_check(
+            name="JIT toolchain (nvcc, ninja, c++) in the service's environment",
+            python=ctx.venv_python, tool=lay.tool("jit_check.py"), site=ctx.site,
+            env=dict(ctx.environment()), venv_bin=lay.venv_bin(ctx.release_id),
+            caps=jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out")))
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
                               path=lay.secrets_file, content=secrets_text,
                               present_sha256=hs.get("secrets_sha256"))

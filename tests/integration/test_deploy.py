@@ -160,6 +160,7 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
     out = both(r)
     assert r.returncode == 0, out[-4000:]
     assert sorted(changed(out)) == sorted([
+        "Service: launch flags, secrets, systemd unit, (re)start | JIT toolchain (nvcc, ninja, c++) in the service's environment",
         "Service: launch flags, secrets, systemd unit, (re)start | Unit /etc/systemd/system/sglang.service",
         "Service: launch flags, secrets, systemd unit, (re)start | systemd daemon-reload",
         "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit changed)",

@@ -178,7 +178,8 @@ def test_cli_json_and_exit_codes(capsys):
     rc = doctor.main(["--from", str(CASES / "lxc-driver-mismatch"), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["status"] == "fail"
-    rc = doctor.main(["--from", str(CASES / "p2p-gns-2x"), "--json", "--p2p-policy", "adapt"])
+    rc = doctor.main(["--from", str(CASES / "p2p-gns-2x"), "--json", "--p2p-policy", "adapt",
+                      "--expected-count", "2"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["nccl_env"] == {"NCCL_P2P_DISABLE": "1"}
 
 
@@ -288,3 +289,57 @@ def test_live_p2p_corrupt_cli(fake_host, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert rc == 1
     assert checks_of(report)["p2p-data"]["details"]["corrupt"] == [[0, 1], [1, 0]]
+
+
+# ------------------------------------------------------------- the deploy's expectations
+
+
+def test_doctor_expects_what_the_deploy_expects_by_default(capsys):
+    """No option: the data keys' defaults, so 7 GPUs of 8 fail as in a deploy."""
+    assert doctor.main(["--from", str(CASES / "healthy-8x"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["expectations"] == {
+        "count": 8, "model": NAME, "min_driver": "580.0", "p2p_policy": "require", "min_gbps": 10.0}
+    assert doctor.main(["--from", str(CASES / "gpu-missing-7x"), "--json"]) == 1
+    assert checks_of(json.loads(capsys.readouterr().out))["gpu-count"]["status"] == "fail"
+
+
+def test_a_slow_pair_fails_at_the_deploys_default_minimum(tmp_path, capsys):
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    for f in (CASES / "healthy-8x").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    probe = json.loads((folder / "cuda-probe.json").read_text().strip().splitlines()[-1])
+    probe["p2p"][0]["gbps"] = 6.5
+    (folder / "cuda-probe.json").write_text(json.dumps(probe) + "\n")
+    assert doctor.main(["--from", str(folder), "--json"]) == 1
+    bw = checks_of(json.loads(capsys.readouterr().out))["p2p-bandwidth"]
+    assert bw["status"] == "fail" and "6.5" in json.dumps(bw)
+    assert doctor.main(["--from", str(folder), "--json", "--min-gbps", "5"]) == 0
+
+
+def test_the_model_name_is_matched_exactly(capsys):
+    assert doctor.main(["--from", str(CASES / "healthy-8x"), "--json",
+                        "--expected-model", "RTX PRO 6000"]) == 1
+    assert checks_of(json.loads(capsys.readouterr().out))["gpu-model"]["status"] == "fail"
+    assert doctor.main(["--from", str(CASES / "healthy-8x"), "--json", "--expected-model", ""]) == 0
+
+
+def test_remote_mode_turns_options_into_data_and_reads_the_plan_records(tmp_path):
+    from sglang_deploy.commands import doctor_remote
+
+    given = {o: None for o in doctor_remote.DATA_KEYS}
+    assert doctor_remote.data_overrides({**given, "expected_count": 7, "expected_model": "X Y"},
+                                        ["a=1"]) == ["gpu_expected_count=7", 'gpu_expected_model="X Y"', "a=1"]
+    (tmp_path / "h1.preflight.json").write_text(json.dumps(
+        {"host": "h1", "checks": [{"name": "gpu-count", "status": "pass", "message": "8 GPUs"},
+                                  {"name": "p2p-bandwidth", "status": "fail", "message": "slow"}],
+         "nccl_env": {}, "p2p_matrix": "m"}))
+    report = doctor_remote.host_report("h1", tmp_path, "")
+    assert report["status"] == "fail" and report["p2p_matrix"] == "m"
+    missing = doctor_remote.host_report("h2", tmp_path, "[h2] Could not connect (timed out)\n")
+    assert missing["status"] == "fail" and "Could not connect" in missing["error"]
+
+
+def test_limit_without_inventory_is_a_usage_error(capsys):
+    assert doctor.main(["--limit", "h1"]) == 2
+    assert "need an INVENTORY" in capsys.readouterr().err

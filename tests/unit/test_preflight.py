@@ -110,8 +110,10 @@ def test_smi_model_mismatch_and_partial_names():
     c = by_name(preflight.check_smi(rows(name=ws), 8, NAME))["gpu-model"]
     assert_actionable(c)
     assert "GPU0: " + ws in c.found
-    # a part of the name accepts every edition
-    assert by_name(preflight.check_smi(rows(name=ws), 8, "rtx pro 6000 blackwell"))["gpu-model"].status == "pass"
+    # the exact name: a part of it is no match (the data key's meaning), white space aside
+    assert by_name(preflight.check_smi(rows(name=ws), 8, "RTX PRO 6000 Blackwell"))["gpu-model"].status == "fail"
+    assert by_name(preflight.check_smi(rows(name=ws), 8, ws.upper()))["gpu-model"].status == "fail"
+    assert by_name(preflight.check_smi(rows(name=ws), 8, ws.replace(" ", "  ")))["gpu-model"].status == "pass"
 
 
 def test_smi_driver_too_old():

@@ -98,9 +98,8 @@ def check_smi(
 
     Pass ``rows=None`` with ``error_text``/``exit_code`` when the call failed or its output
     did not parse: the failure is classified (:func:`nvsmi.classify_smi_error`) and the
-    count/model/driver checks are skipped. ``expected_model`` matches a GPU name
-    case-insensitively as a whole or as a part ("RTX PRO 6000 Blackwell" accepts every
-    edition, the full name only that one).
+    count/model/driver checks are skipped. ``expected_model`` is the exact name every GPU
+    must report (runs of white space aside): "RTX PRO 6000 Blackwell" accepts no edition.
     """
     checks: list[Check] = []
     names = ("gpu-count", "gpu-model", "driver-version")
@@ -166,8 +165,8 @@ def check_smi(
 
     gpu_names = [row.get("name") or "?" for row in rows]
     if expected_model:
-        want = " ".join(expected_model.split()).lower()
-        wrong = [(i, n) for i, n in zip(indices, gpu_names) if want not in " ".join(n.split()).lower()]
+        want = " ".join(expected_model.split())
+        wrong = [(i, n) for i, n in zip(indices, gpu_names) if " ".join(n.split()) != want]
         if wrong:
             found = "; ".join(f"GPU{i}: {n}" for i, n in wrong)
             checks.append(

@@ -1,0 +1,84 @@
+"""``sglang-deploy doctor INVENTORY [--limit HOST]``: the deploy's pre-flight on its hosts.
+
+One ``pyinfra INVENTORY preflight.py --dry`` run (the deploy's pre-flight stage alone, hosts
+in parallel) with a plan folder: each host's stage writes every check it made
+(``plan.preflight``: ``<host>.preflight.json``), judged by that host's data exactly as a
+deploy would. Nothing is installed or changed and no deploy lock is taken. A host without a
+record did not answer or has invalid data: its pyinfra lines are shown instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sglang_deploy.shell import runner
+from sglang_deploy.shell.plan import PLAN_ENV
+
+#: option -> the data key it overrides on the hosts
+DATA_KEYS = {"expected_count": "gpu_expected_count", "expected_model": "gpu_expected_model",
+             "min_driver": "gpu_min_driver", "p2p_policy": "gpu_p2p_policy",
+             "min_gbps": "gpu_p2p_min_gbps", "mib": "gpu_p2p_test_mib"}
+
+
+def data_overrides(given: dict[str, Any], data: list[str]) -> list[str]:
+    """``--data`` items: the options given (not None) as their data keys, then DATA."""
+    out = []
+    for option, value in given.items():
+        if value is not None:
+            out.append(f"{DATA_KEYS[option]}={json.dumps(value) if isinstance(value, str) else value}")
+    return out + list(data)
+
+
+def status_of(checks: list[dict]) -> str:
+    statuses = {c.get("status") for c in checks}
+    return next((s for s in ("fail", "warn", "pass") if s in statuses), "skipped")
+
+
+def host_report(name: str, plans: Path, output: str) -> dict[str, Any]:
+    """One host's report from its plan record, or a failure quoting its pyinfra lines."""
+    path = plans / f"{name}.preflight.json"
+    if not path.exists():
+        lines = [ln.strip() for ln in output.splitlines() if f"[{name}]" in ln or "error" in ln.lower()]
+        return {"host": name, "mode": "remote", "source": name, "status": "fail", "checks": [],
+                "error": "\n".join(lines[-8:]) or output.strip()[-1500:] or "pyinfra printed nothing"}
+    record = json.loads(path.read_text())
+    return {"host": name, "mode": "remote", "source": name, "status": status_of(record["checks"]),
+            "checks": record["checks"], "nccl_env": record.get("nccl_env") or {},
+            "p2p_matrix": record.get("p2p_matrix")}
+
+
+def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -> list[dict]:
+    hosts = [name for name, _ in runner.inventory_hosts(inventory, cwd)]
+    unknown = [h for h in limit if h not in hosts]
+    if unknown:
+        raise ValueError(f"--limit {', '.join(unknown)}: not in {inventory} "
+                         f"(its hosts: {', '.join(hosts) or 'none'})")
+    hosts = [h for h in hosts if h in limit] if limit else hosts
+    with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
+        run = runner.run_pyinfra(inventory, "preflight.py", limit=hosts, data=data, dry=True,
+                                 cwd=cwd, env={PLAN_ENV: tmp})
+        return [host_report(h, Path(tmp), run.output) for h in hosts]
+
+
+def run(args, given: dict[str, Any]) -> int:
+    from sglang_deploy.commands.doctor import render
+
+    try:
+        reports = collect(args.inventory, args.limit, data_overrides(given, args.data))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"sglang-deploy doctor: {exc}", file=sys.stderr)
+        return 2
+    overall = status_of([{"status": r["status"]} for r in reports])
+    if args.json:
+        print(json.dumps({"status": overall, "hosts": reports}))
+    else:
+        for report in reports:
+            if report.get("error"):
+                print(f"{report['host']}: no pre-flight result\n{report['error']}")
+            else:
+                render(report)
+    return 0 if overall in ("pass", "warn") else 1
