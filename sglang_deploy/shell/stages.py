@@ -25,7 +25,7 @@ from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import modelfetch
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.core import patch as patchmod
-from sglang_deploy.shell import plan
+from sglang_deploy.shell import p2pview, plan
 from sglang_deploy.core import preflight
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.shell.facts import (
@@ -211,7 +211,7 @@ def preflight_stage():
         min_driver=settings.gpu_min_driver, p2p_policy=settings.gpu_p2p_policy,
         min_gbps=settings.gpu_p2p_min_gbps,
     )
-    checks, ctx.nccl_env, matrix = preflight.evaluate(snapshot, probe, expect)
+    checks, ctx.nccl_env, _ = preflight.evaluate(snapshot, probe, expect)
     ctx.gpu_snapshot, ctx.expect, ctx.p2p_skipped = snapshot, expect, not full_p2p
     if full_p2p:
         ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, settings.gpu_p2p_policy)
@@ -224,8 +224,7 @@ def preflight_stage():
         checks.append(no_probe_check(settings))
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
-    if matrix:
-        logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
+    p2pview.show(checks, record=full_p2p, policy=settings.gpu_p2p_policy)
     plan.preflight(host.name, checks)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
 
@@ -372,11 +371,10 @@ def full_p2p_check(ctx: Context) -> None:
     s = ctx.settings
     probe = host.get_fact(CudaProbe, python=s.sglang_system_python, p2p=True,
                           mib=s.gpu_p2p_test_mib)
-    checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
+    checks, ctx.nccl_env, _ = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
     if probe is None:
         checks.append(no_probe_check(s))
-    if matrix:
-        logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
+    p2pview.show(checks, record=True, policy=s.gpu_p2p_policy)
     plan.preflight(host.name, checks)
     ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}")
     ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
