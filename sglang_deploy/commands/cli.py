@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "sglang_deploy.shell.hostshell",
     "sglang_deploy.commands.rebuild",
     "sglang_deploy.commands.bench",
+    "sglang_deploy.commands.htmlreport",
 )
 
 

@@ -51,7 +51,7 @@ def show(checks: list, record: bool, policy: str | None = None) -> None:
     if record and check.details.get("cells"):
         report.write_p2p(host.name, {
             "host": host.name,
-            "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "epoch_s": round(time.time(), 3),
             "gpus": check.details["gpus"], "min_gbps": check.details.get("min_gbps"),
             "policy": policy, "cells": check.details["cells"],
