@@ -17,7 +17,7 @@ import atexit
 import re
 import sys
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 STYLES = {"waiting": "dim", "untouched": "dim", "deploying": "cyan", "verifying": "blue",
           "draining": "magenta", "rolling back": "yellow", "done": "green", "converged": "green",
