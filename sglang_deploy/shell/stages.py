@@ -25,6 +25,7 @@ from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import modelfetch
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.core import patch as patchmod
+from sglang_deploy.core import progress as progressmod
 from sglang_deploy.shell import p2pview, plan
 from sglang_deploy.core import preflight
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
@@ -111,7 +112,7 @@ def _read_lock(path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[st
 _CONTEXTS: dict[str, Context] = {}
 
 
-TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py")
+TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py", "progress_watch.py")
 
 
 def managed_folders(s: datamod.Settings) -> list[tuple[str, str, str]]:
@@ -264,7 +265,7 @@ def runtime_stage():
         release_id=ctx.release_id, python=s.sglang_system_python,
         lock_path=f"{ctx.release_dir}/requirements.lock", complete=bool(rel.get("complete")),
         wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url,
-        uv_cache=f"{s.sglang_root}/uv-cache",
+        uv_cache=f"{s.sglang_root}/uv-cache", packages=progressmod.lock_packages(ctx.lock_text),
         meta={"sglang_version": ctx.sglang_version, "lock": s.sglang_lock, "python": hs["python"]},
     )
     ctx.ops["release"] = release
