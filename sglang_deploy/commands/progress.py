@@ -26,6 +26,8 @@ STYLES = {"waiting": "dim", "untouched": "dim", "deploying": "cyan", "verifying"
 _STAGES = (("--> Starting operation: Verify:", "verifying"),
            ("--> Starting operation: Rollback:", "rolling back"))
 _HOST_LINE = re.compile(r"^\s*\[([^\]]+)\]\s+(.*\S)")
+#: pyinfra's own per-host words that say nothing about where the host is
+_QUIET = {"Success", "No changes", "Connected", "Skipped", "Disconnected"}
 
 
 def line_event(line: str) -> tuple[str | None, str | None, str | None]:
@@ -34,7 +36,7 @@ def line_event(line: str) -> tuple[str | None, str | None, str | None]:
         if line.startswith(prefix):
             return state, None, None
     m = _HOST_LINE.match(line)
-    if m:
+    if m and m.group(2) not in _QUIET and not m.group(2).startswith("Ready: "):
         return None, m.group(1), m.group(2)
     return None, None, None
 
@@ -115,6 +117,7 @@ class HostProgress:
 
     def table(self):
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(box=None, show_header=False, pad_edge=False)
         table.add_column(no_wrap=True)
@@ -122,8 +125,8 @@ class HostProgress:
         table.add_column(justify="right", no_wrap=True)
         table.add_column(overflow="ellipsis", no_wrap=True)
         now = self.clock()
-        for h in self.hosts:
+        for h in self.hosts:  # Text, not markup: printing above the table may turn markup off
             state = self.state[h]
-            table.add_row(h, f"[{STYLES.get(state, '')}]{state}[/]" if STYLES.get(state) else state,
-                          f"{now - self.since[h]:.0f}s", self.detail.get(h, ""))
+            table.add_row(Text(h), Text(state, style=STYLES.get(state, "")),
+                          Text(f"{now - self.since[h]:.0f}s"), Text(self.detail.get(h, "")))
         return table

@@ -11,8 +11,8 @@ through). Every S seconds (and once at the end) one line goes to stdout:
 
 measured, not estimated: ``packages`` counts the ``*.dist-info`` folders in the venv's
 site-packages, ``venv_bytes`` the venv's bytes, ``cache_bytes`` the bytes of what CMD added
-to the uv cache (wheels downloaded or read from a wheelhouse and unpacked there; files that
-are hard-linked into the venv count once, in the venv). The exit status is CMD's (128+N for
+to the uv cache (wheels downloaded or read from a wheelhouse and unpacked there, before uv
+links them into the venv). The exit status is CMD's (128+N for
 signal N). If stdout goes away (the SSH connection closed), CMD is stopped: an install
 nobody watches is not left running behind a deploy that ended.
 
@@ -35,8 +35,8 @@ MARK = "@@progress "
 
 
 def folder_bytes(paths, seen=None, skip=()) -> int:
-    """Bytes of the regular files under PATHS, each inode counted once (SEEN is shared across
-    calls that must not count a hard link twice); folders named in SKIP are not entered."""
+    """Bytes of the regular files under PATHS, each inode counted once (a hard link is one
+    file); folders named in SKIP are not entered."""
     seen = set() if seen is None else seen
     total = 0
     for top in paths:
@@ -83,9 +83,12 @@ class Reporter(threading.Thread):
             return False
 
     def run(self) -> None:
-        while not self.done.wait(self.every):
+        # on a fixed schedule (start + k * EVERY), so measuring does not stretch the period
+        tick = 1
+        while not self.done.wait(max(self.started + tick * self.every - time.monotonic(), 0)):
             if not self.report():
                 return
+            tick = int((time.monotonic() - self.started) // self.every) + 1
 
     def finish(self) -> None:
         self.done.set()
@@ -98,8 +101,7 @@ def venv_measure(venv: str | None, cache: str | None, packages_total: int | None
     before = set(os.listdir(archive)) if archive and os.path.isdir(archive) else set()
 
     def measure() -> dict:
-        seen: set = set()
-        venv_bytes = folder_bytes([venv], seen) if venv and os.path.isdir(venv) else 0
+        venv_bytes = folder_bytes([venv]) if venv and os.path.isdir(venv) else 0
         packages = 0
         lib = os.path.join(venv or "", "lib")
         if venv and os.path.isdir(lib):
@@ -111,7 +113,7 @@ def venv_measure(venv: str | None, cache: str | None, packages_total: int | None
         if archive and os.path.isdir(archive):
             new = [os.path.join(archive, n) for n in os.listdir(archive) if n not in before]
         return {"packages": packages, "packages_total": packages_total, "venv_bytes": venv_bytes,
-                "cache_bytes": folder_bytes(new, seen)}
+                "cache_bytes": folder_bytes(new)}
 
     return measure
 

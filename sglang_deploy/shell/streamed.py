@@ -23,6 +23,8 @@ from sglang_deploy.core import progress
 
 
 def _tapped(lines, on_line: Callable[[str], None]):
+    """LINES, calling ON_LINE first with each. It runs in pyinfra's reader greenlet, where the
+    ``host`` context is not set: ON_LINE must take what it needs beforehand."""
     for line in lines:
         text = line.decode() if isinstance(line, bytes) else line
         on_line(text.rstrip("\n"))
@@ -66,6 +68,7 @@ def run_logged(command: str, timeout: float | None = None) -> tuple[bool, Comman
     from sglang_deploy.shell.p2pview import colour_terminal
 
     colour = colour_terminal()
+    prefix = host.print_prefix  # on_line runs outside the host's context (see _tapped)
     last: list[dict] = []
 
     def on_line(line: str) -> None:
@@ -74,7 +77,7 @@ def run_logged(command: str, timeout: float | None = None) -> tuple[bool, Comman
             return
         text = progress.describe(sample, last[-1] if last else None)
         last[:] = [sample]
-        logger.info(f"{host.print_prefix}{bar_text(sample, text) if colour else text}")
+        logger.info(f"{prefix}{bar_text(sample, text) if colour else text}")
 
     return run_streamed(command, on_line, timeout=timeout)
 

@@ -36,6 +36,7 @@ def test_watcher_measures_what_the_command_wrote(tmp_path):
         open(new + "/big.so", "wb").write(b"z" * 5000)
         open(new + "/only-in-cache", "wb").write(b"w" * 500)
         os.link(new + "/big.so", site + "/big.so")  # uv hard-links from its cache
+        os.link(new + "/big.so", new + "/big-again.so")  # one file, two names: counted once
         print("child says hi")
     """)
     r = subprocess.run([sys.executable, WATCH, "--every", "3600", "--venv", str(venv),
@@ -45,7 +46,7 @@ def test_watcher_measures_what_the_command_wrote(tmp_path):
     assert "child says hi" in r.stdout  # the command's own output passes through
     (last,) = samples(r.stdout)  # one at the end (no period passed)
     assert (last["kind"], last["packages"], last["packages_total"]) == ("venv", 3, 4)
-    assert last["venv_bytes"] == 1000 + 5000 and last["cache_bytes"] == 500
+    assert last["venv_bytes"] == 1000 + 5000 and last["cache_bytes"] == 5000 + 500
 
 
 @pytest.mark.parametrize("code,rc", [("raise SystemExit(3)", 3),

@@ -18,6 +18,8 @@ from sglang_deploy.commands.progress import HostProgress, line_event
     ("    [tb1]      verify: phase loading, elapsed 3s", (None, "tb1", "verify: phase loading, elapsed 3s")),
     ("    [tb2] release venv: 12/180 packages, 1.2 GB, 35 s", (None, "tb2", "release venv: 12/180 packages, 1.2 GB, 35 s")),
     ("--> Results:", (None, None, None)),
+    ("    [tb1] Success", (None, None, None)),
+    ("    [tb1] Ready: deploy.py", (None, None, None)),
 ])
 def test_line_event(line, event):
     assert line_event(line) == event
@@ -49,7 +51,7 @@ def test_live_table_shows_state_time_and_detail():
     p.feed("    [gpu-1] release venv: 40/180 packages, 2.1 GB installed, 35 s")
     now[0] = 112.0
     console = Console(file=io.StringIO(), width=100, record=True)
-    console.print(p.table())
+    console.print(p.table(), markup=False)  # as when text is printed above the live table
     lines = [line.split() for line in console.export_text().splitlines() if line.strip()]
     assert lines[0][:3] == ["gpu-1", "deploying", "12s"] and "40/180" in lines[0]
     assert lines[1] == ["gpu-2", "waiting", "12s"]
