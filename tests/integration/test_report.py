@@ -49,7 +49,7 @@ def test_report_of_a_deployed_host(testbed, tmp_path):
     assert host["verification"]["action"] == "started"
 
     html = page.read_text()
-    embedded = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S)
+    embedded = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.DOTALL)
     assert json.loads(embedded.group(1)) == doc  # the page is drawn from the --json document
     assert html.count(f'data-host="{HOST}" data-src=') == 56
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # nothing from the network
