@@ -34,14 +34,19 @@ def _tapped(lines, on_line: Callable[[str], None]):
 def run_streamed(command: str, on_line: Callable[[str], None],
                  timeout: float | None = None) -> tuple[bool, CommandOutput]:
     """Run COMMAND (shell text) on the current host, ON_LINE called with each stdout line as
-    it arrives. Connectors without an SSH client (local, tests) deliver the lines at the end."""
+    it arrives; the command line is shown as pyinfra shows its own (``-vv``). Connectors
+    without an SSH client (local, tests) deliver the lines at the end."""
     client = getattr(host.connector, "client", None)
+    print_input = host.state.print_input
     if client is None or not hasattr(client, "exec_command"):
-        ok, output = host.run_shell_command(StringCommand(command), print_output=False)
+        ok, output = host.run_shell_command(StringCommand(command), print_output=False,
+                                            print_input=print_input)
         for line in output.stdout_lines:
             on_line(line)
         return ok, output
     unix = make_unix_command_for_host(host.state, host, StringCommand(command))
+    if print_input:
+        click.echo(f"{host.print_prefix}>>> {unix}", err=True)
     stdin, stdout, stderr = client.exec_command(unix.get_raw_value())
     stdin.close()
     output = read_output_buffers(_tapped(stdout, on_line), stderr, timeout=timeout,
