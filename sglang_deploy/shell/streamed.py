@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 
+import click
 from pyinfra import host, logger
 from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import NestedOperationError
