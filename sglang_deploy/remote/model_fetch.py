@@ -79,10 +79,21 @@ def _repo_sizes(api, repo: str, revision: str) -> dict[str, int] | None:
 def download_measure(dest: str, sizes: dict[str, int] | None):
     """What is in DEST now: bytes (finished files and huggingface_hub's .incomplete ones) and
     the repo's files that are there at full size, against the repo's totals."""
-    start = folder_bytes([dest])
+    def arrived() -> int:  # the model's files, and the parts huggingface_hub is writing
+        partial = 0
+        for folder, _, files in os.walk(os.path.join(dest, ".cache", "huggingface", "download")):
+            for name in files:
+                if name.endswith(".incomplete"):
+                    try:
+                        partial += os.path.getsize(os.path.join(folder, name))
+                    except OSError:
+                        pass
+        return folder_bytes([dest], skip=(".cache",)) + partial
+
+    start = arrived()
 
     def measure() -> dict:
-        done = folder_bytes([dest])
+        done = arrived()
         files_done = 0
         for name, size in (sizes or {}).items():
             try:

@@ -70,6 +70,7 @@ def test_model_download_measure(tmp_path):
     inc = tmp_path / ".cache" / "huggingface" / "download"
     inc.mkdir(parents=True)
     (inc / "model.safetensors.abc.incomplete").write_bytes(b"m" * 40)
+    (inc / "model.safetensors.metadata").write_bytes(b"x" * 7)  # huggingface_hub's own: not counted
     got = measure()
     assert got == {"done_bytes": 42, "start_bytes": 2, "total_bytes": 102, "files_done": 1,
                    "files_total": 2}
