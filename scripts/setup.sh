@@ -4,7 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 UV_VERSION=0.13.9
 need=()
-for pkg_cmd in systemd-container:systemd-nspawn debootstrap:debootstrap openssh-client:ssh iproute2:ip gcc:gcc; do
+# chromium + chromium-driver: the HTML report's test loads the page in a real headless browser
+for pkg_cmd in systemd-container:systemd-nspawn debootstrap:debootstrap openssh-client:ssh iproute2:ip gcc:gcc \
+               chromium:chromium chromium-driver:chromedriver; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
 done
 if ((${#need[@]})); then

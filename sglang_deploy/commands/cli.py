@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "sglang_deploy.commands.rebuild",
     "sglang_deploy.commands.bench",
     "sglang_deploy.commands.explain",
+    "sglang_deploy.commands.htmlreport",
 )
 
 

@@ -303,7 +303,9 @@ def render(report: dict[str, Any], console: Any = None) -> None:
                                   soft_wrap=True)
     if report.get("p2p_matrix"):
         console.print("P2P matrix:", markup=False)
-        console.print(report["p2p_matrix"], markup=False, highlight=False)
+        d = next((c.get("details") or {} for c in report["checks"] if c["name"] == "p2p-matrix"), {})
+        console.print(preflight.rich_matrix(d["cells"], d["gpus"], d.get("min_gbps")) if d.get("cells")
+                      else report["p2p_matrix"], markup=False, highlight=False)
     if report.get("nccl_env"):
         console.print("NCCL environment for this host: "
                       + " ".join(f"{k}={v}" for k, v in report["nccl_env"].items()), markup=False)

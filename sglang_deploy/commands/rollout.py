@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sglang_deploy.commands import common
+from sglang_deploy.commands.progress import HostProgress
 from sglang_deploy.core.errors import RolloutError, UsageError
 from sglang_deploy.shell import hosts as hostsel
 from sglang_deploy.shell import runner
@@ -115,9 +116,10 @@ class Rollout:
     cwd: str = "."
     out: object = sys.stdout
     json_out: object | None = None  # --json: the report goes here, all else to `out`
+    progress: HostProgress = field(default_factory=HostProgress)  # one live line per host
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        self.progress.print(text, self.out)
 
     def run(self, dry: bool = False, report: str | None = None) -> int:
         chosen = hostsel.select(self.inventory, self.limit, self.data, cwd=self.cwd)
@@ -135,6 +137,7 @@ class Rollout:
 
         results = {h: HostResult(h) for h in order}
         t_start = time.monotonic()
+        self.progress.start(order)
         self.say("checking that every host answers (SSH, host keys, data) before touching any...")
         check = runner.run_pyinfra(self.inventory, ["exec", "--", "true"], limit=order,
                                    data=self.data, cwd=self.cwd)
@@ -171,9 +174,11 @@ class Rollout:
         reports = run_dir / f"batch{index}-reports"
         self.say(f"[{index}] deploying {', '.join(group)} ...")
         gated = ["verify_promote_known_good=false"] if self.min_throughput_ratio is not None else []
+        self.progress.update(group, "deploying")
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=group,
                                  data=[*self.data, "verify_converged=true", *gated], cwd=self.cwd,
-                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)})
+                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)},
+                                 on_line=self.progress.feed)
         log = run_dir / f"batch{index}-deploy.log"
         log.write_text(run.output)
         summaries = report_from_reports(group, reports)
@@ -193,6 +198,7 @@ class Rollout:
                              else "batch failed elsewhere")
         for name in group:
             r = results[name]
+            self.progress.update(name, r.status)
             self.say(f"    {name}: {r.status} in {r.seconds:.1f}s"
                      + (f" (ready {r.restart_to_ready_s}s after restart)" if r.restart_to_ready_s else "")
                      + (f"\n{_indent(r.message)}" if r.status == "failed" else ""))
@@ -246,8 +252,10 @@ class Rollout:
         failed = [h for h in group if results[h].status == "failed"]
         self.say(f"HALT: rolling back {', '.join(failed)} to the last known-good configuration ...")
         reports = run_dir / "rollback-reports"
+        self.progress.update(failed, "rolling back")
         run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, cwd=self.cwd,
-                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)})
+                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)},
+                                 on_line=self.progress.feed)
         (run_dir / "rollback.log").write_text(run.output)
         summaries = report_from_reports(failed, reports)
         for name in failed:
@@ -268,6 +276,7 @@ class Rollout:
             else:
                 r.status = "rollback-failed"
                 r.message += "\nROLLBACK FAILED: " + common.host_error(run.output, name)
+            self.progress.update(name, r.status)
             self.say(f"    {name}: {r.status}")
 
     def dry_run(self, order: list[str], run_dir: Path) -> int:
@@ -311,6 +320,8 @@ class Rollout:
     def finish(self, results: dict, run_dir: Path, report: str | None, t_start: float,
                verdict: str | None = None) -> int:
         rows = list(results.values())
+        self.progress.update([r.host for r in rows if r.status == "untouched"], "untouched")
+        self.progress.stop()
         ok, text = outcome(rows)
         if verdict:
             ok, text = False, verdict

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 REPORT_DIR = Path(os.environ.get("SGLANG_DEPLOY_REPORTS", ".sglang-deploy/reports"))
+#: the last data-verified P2P matrix of each host (``sglang-deploy report`` draws it)
+P2P_DIR = Path(".sglang-deploy/p2p")
 
 
 def host_summary(name: str, params: dict, decision) -> dict:
@@ -49,3 +51,13 @@ def emit(summary: dict) -> None:
     logger.info(format_summary(summary))
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     (REPORT_DIR / f"{summary['host']}.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def write_p2p(host: str, record: dict, folder: Path | None = None) -> Path:
+    folder = folder or P2P_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{host}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path

@@ -20,7 +20,8 @@ SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
 HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
 #: scripts shipped to ROOT/tools (patch.py from sglang_deploy/core, the others from remote/)
-TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py", "jit_check.py")
+TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py", "jit_check.py",
+         "progress_watch.py")
 #: what, having changed in this run, restarts the server (besides the unit and the secrets)
 RESTART_TRIGGERS = ("release", "patch", "model")
 

@@ -8,7 +8,9 @@ Run on the host with the RELEASE venv's python (huggingface_hub comes with sglan
 
 The token is read from FILE (one line, the token itself), never from argv or the environment,
 so it shows in no process listing. Files are written with umask 022 (the service user reads
-them). The last stdout line is a JSON object:
+them). Every 5 s (``--every``) a progress line shows what has arrived (progress_watch.py's
+``@@progress`` format: done_bytes, total_bytes from the repo's file list, files_done,
+files_total). The last stdout line is a JSON object:
 
   {"ok": true|false, "commit": SHA|null, "files": N,
    "error": null|{"type": "...", "status": 401|null, "code": "...", "message": "..."},
@@ -28,6 +30,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+from progress_watch import Reporter, folder_bytes
 
 
 def _read_token(path: str | None) -> str | None:
@@ -62,8 +66,50 @@ def describe(exc: BaseException, token: str | None) -> dict:
             "message": _redact(message, token)}
 
 
+def _repo_sizes(api, repo: str, revision: str) -> dict[str, int] | None:
+    """{path: size} of the repo's files (None when the endpoint does not say: the progress
+    then shows bytes without a total)."""
+    try:
+        return {f.path: int(f.size) for f in api.list_repo_tree(repo, revision=revision, recursive=True)
+                if getattr(f, "size", None) is not None}
+    except Exception:  # noqa: BLE001 - progress is optional; the download reports real errors
+        return None
+
+
+def download_measure(dest: str, sizes: dict[str, int] | None):
+    """What is in DEST now: bytes (finished files and huggingface_hub's .incomplete ones) and
+    the repo's files that are there at full size, against the repo's totals."""
+    def arrived() -> int:  # the model's files, and the parts huggingface_hub is writing
+        partial = 0
+        for folder, _, files in os.walk(os.path.join(dest, ".cache", "huggingface", "download")):
+            for name in files:
+                if name.endswith(".incomplete"):
+                    try:
+                        partial += os.path.getsize(os.path.join(folder, name))
+                    except OSError:
+                        pass
+        return folder_bytes([dest], skip=(".cache",)) + partial
+
+    start = arrived()
+
+    def measure() -> dict:
+        done = arrived()
+        files_done = 0
+        for name, size in (sizes or {}).items():
+            try:
+                files_done += os.path.getsize(os.path.join(dest, name)) == size
+            except OSError:
+                pass
+        return {"done_bytes": done, "start_bytes": start,
+                "total_bytes": sum(sizes.values()) if sizes else None,
+                "files_done": files_done if sizes else None,
+                "files_total": len(sizes) if sizes else None}
+
+    return measure
+
+
 def fetch(repo: str, revision: str, dest: str, endpoint: str | None, token: str | None,
-          workers: int = 8) -> dict:
+          workers: int = 8, every: float = 5.0) -> dict:
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ.pop("HF_TOKEN", None)  # only the token given here counts
@@ -75,11 +121,17 @@ def fetch(repo: str, revision: str, dest: str, endpoint: str | None, token: str 
     # its real cause (snapshot_download would fall back to a partial local folder).
     info = api.model_info(repo, revision=revision)
     commit = info.sha
-    path = snapshot_download(
-        repo_id=repo, revision=commit or revision, local_dir=dest, endpoint=endpoint,
-        token=token if token else False, max_workers=workers,
-        cache_dir=os.path.join(dest, ".cache", "huggingface", "hub"),
-    )
+    reporter = Reporter(download_measure(dest, _repo_sizes(api, repo, commit or revision)),
+                        every, "model")
+    reporter.start()
+    try:
+        path = snapshot_download(
+            repo_id=repo, revision=commit or revision, local_dir=dest, endpoint=endpoint,
+            token=token if token else False, max_workers=workers,
+            cache_dir=os.path.join(dest, ".cache", "huggingface", "hub"),
+        )
+    finally:
+        reporter.finish()
     count = 0
     for folder, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != ".cache"]  # huggingface_hub's own metadata
@@ -95,6 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--endpoint")
     parser.add_argument("--token-file")
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--every", type=float, default=5.0, help="seconds between progress lines")
     args = parser.parse_args(argv)
     os.umask(0o022)
     result: dict = {"ok": True, "commit": None, "files": 0, "error": None}
@@ -102,7 +155,7 @@ def main(argv=None) -> int:
     try:
         token = _read_token(args.token_file)
         result.update(fetch(args.repo, args.revision, args.dest, args.endpoint, token,
-                            args.workers))
+                            args.workers, args.every))
     except Exception as exc:  # noqa: BLE001 - every failure is reported, typed, to the caller
         result["ok"] = False
         result["error"] = describe(exc, token)

@@ -18,6 +18,7 @@ from pyinfra.operations import files
 from sglang_deploy.core import flagcache, modelfetch
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
+from sglang_deploy.shell import streamed
 from sglang_deploy.shell.facts import ServerArgsSource
 from sglang_deploy.core import jit
 
@@ -131,7 +132,8 @@ def _explain_failure(cmd: str, release_id: str, rel: str) -> str:
 @operation()
 def release_venv(root: str, release_id: str, python: str, lock_path: str, complete: bool,
                  wheelhouse: str | None = None, index_url: str | None = None,
-                 uv_cache: str | None = None, meta: dict | None = None):
+                 uv_cache: str | None = None, meta: dict | None = None,
+                 packages: int | None = None):
     """
     Install one release venv, exactly the lock (``uv pip sync --require-hashes``).
 
@@ -147,6 +149,7 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     + index_url: package index otherwise
     + uv_cache: uv's cache folder on the host
     + meta: extra fields written into ``release.json``
+    + packages: how many packages the lock pins (for the progress lines)
 
     **Example:**
 
@@ -171,9 +174,13 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     yield f"rm -rf {shlex.quote(rel + '/venv')} {shlex.quote(rel + '/.complete')}"
     yield _explain_failure(f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}",
                            release_id, rel)
-    yield _explain_failure(
-        f"{env}{_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}",
+    # the watcher prints what is installed every 5 s: shown live under the host
+    watch = _sh(python, f"{root}/tools/progress_watch.py", "--venv", rel + "/venv",
+                *(["--packages", str(packages)] if packages else []), "--")
+    sync = _explain_failure(
+        f"{env}{watch} {_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}",
         release_id, rel)
+    yield FunctionCommand(streamed.run_with_progress, (sync, f"installing release {release_id}"), {})
     yield jit.lib64_links_command(rel + "/venv")
     yield f"printf '%s\\n' {shlex.quote(release_meta)} > {shlex.quote(rel + '/release.json')}"
     yield f"touch {shlex.quote(rel + '/.complete')}"
@@ -471,8 +478,7 @@ def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
 
 def _fetch_on_host(spec: "modelfetch.FetchSpec", group: str | None):
     # the command names the token FILE only, so it may be shown (-vv); its output is not
-    ok, output = host.run_shell_command(modelfetch.fetch_command(spec), print_output=False,
-                                        print_input=host.state.print_input)
+    ok, output = streamed.run_logged(modelfetch.fetch_command(spec))  # progress shown live
     result, rc = modelfetch.parse_output(output.stdout)
     error = modelfetch.diagnose(spec, result, rc if ok else None, output.stderr)
     if error is not None:

@@ -23,13 +23,13 @@ from pyinfra.operations import python, server
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flagcache, jit, modelfetch, preflight, report, service
 from sglang_deploy.core import patch as patchmod
+from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving, wait_serving, wait_until_ready
-from sglang_deploy.shell import jitcheck
+from sglang_deploy.shell import jitcheck, p2pview, plan
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell import plan
 from sglang_deploy.shell.facts import (
     REMOTE,
     CudaProbe,
@@ -195,8 +195,7 @@ def preflight_stage():
         checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified)
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
-    if matrix:
-        logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
+    p2pview.show(checks, record=kind == "p2p", policy=settings.gpu_p2p_policy)
     plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
 
@@ -235,6 +234,7 @@ def runtime_stage():
         release_id=ctx.release_id, python=s.sglang_system_python, lock_path=lock_path,
         complete=bool(rel.get("complete")), wheelhouse=s.sglang_wheelhouse,
         index_url=s.sglang_index_url, uv_cache=lay.uv_cache,
+        packages=progressmod.lock_packages(ctx.lock_text),
         meta={"sglang_version": ctx.sglang_version, "lock": s.sglang_lock, "python": hs["python"]},
     )
     known_good = ((hs.get("known_good") or {}).get("record") or {}).get("release")
@@ -296,8 +296,7 @@ def restart_reasons(ctx: Context, unit_text: str, secrets_text: str) -> list[str
 def full_p2p_check(ctx: Context) -> None:
     """The data-verified peer copies, then the pre-flight verdict again (raises if it fails)."""
     checks, matrix = run_probe(ctx, "p2p")
-    if matrix:
-        logger.info(f"{host.print_prefix}P2P matrix:\n{matrix}")
+    p2pview.show(checks, record=True, policy=ctx.settings.gpu_p2p_policy)
     plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
     put_p2p_record(ctx)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_deploy.core import progress
 from testbed.hfmirror import Mirror, Repo
 from testbed.sim.model import make_model_dir
 
@@ -109,6 +110,10 @@ def test_empty_model_path_downloads_then_serves_without_leaking_the_token(testbe
     testbed.log.append(out)
     assert proc.returncode == 0, out[-5000:]
     assert f"READY {HOST}" in out
+    # the download's progress, measured on the host against the repo's file list: complete
+    total = sum(size for size, _, _ in mirror.repo.files.values())
+    shown = re.findall(rf"\[{HOST}\] model download: .* of (.*?) \(([\d.]+)%\)", out)
+    assert shown and shown[-1] == (progress.size(total), "100.0"), shown
     assert TOKEN not in out, "the token must not appear in pyinfra's -vvv output"
     # -vvv shows the download's command line: it names the token FILE, never the token
     fetch_lines = [ln for ln in out.splitlines() if "model_fetch.py --repo" in ln]

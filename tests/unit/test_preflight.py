@@ -362,8 +362,8 @@ def test_p2p_all_good():
     assert [c[n].status for n in ("topology", "p2p-support", "p2p-data", "p2p-bandwidth")] == ["pass"] * 4
     assert "NODE x12" in c["topology"].message
     matrix = c["p2p-matrix"].details["matrix"]
-    assert matrix.splitlines()[1].startswith("GPU0    X")
-    assert "OK ok 40.0" in matrix
+    assert matrix.splitlines()[1].split()[:4] == ["GPU0", "X", "40.0", "ok"]
+    assert max(len(line) for line in matrix.splitlines()) <= 80
 
 
 def test_p2p_gns_real_sample_require_fails_adapt_warns():
@@ -459,12 +459,68 @@ def test_render_matrix_cells():
         [{"src": 0, "dst": 1, "can_access": False, "verified": True, "gbps": 12.345, "error": None},
          {"src": 1, "dst": 0, "can_access": False, "verified": None, "gbps": None, "error": "x"}])
     lines = text.splitlines()
-    assert lines[0].split() == ["src\\dst", "GPU0", "GPU1"]
-    assert lines[1].split() == ["GPU0", "X", "GNS", "ok", "12.3"]
-    assert lines[2].split() == ["GPU1", "GNS", "ERR", "-", "X"]
+    assert lines[0].split() == ["GPU0", "GPU1"]
+    assert lines[1].split() == ["GPU0", "X", "12.3", "hst"]
+    assert lines[2].split() == ["GPU1", "-", "ERR", "X"]
     assert preflight.render_p2p_matrix(2, None, [{"src": 0, "dst": 1, "can_access": True,
                                                   "verified": False, "gbps": 1, "error": None}]
-                                       ).splitlines()[1].split()[2:] == ["peer", "BAD", "1.0"]
+                                       ).splitlines()[1].split()[2:] == ["1.0", "BAD"]
+
+
+def _entry(src, dst, **kw):
+    return {"src": src, "dst": dst, "can_access": True, "verified": True, "gbps": 40.0,
+            "error": None, **kw}
+
+
+@pytest.mark.parametrize("entry,code,verdict", [
+    (_entry(0, 1), None, "ok"),
+    (_entry(0, 1), "OK", "ok"),
+    (_entry(0, 1, gbps=6.5), None, "low"),
+    (_entry(0, 1, verified=False), None, "BAD"),
+    (_entry(0, 1, verified=False, can_access=False), None, "BAD"),
+    (_entry(0, 1, verified=None, gbps=None, error="cuMemcpyPeer"), None, "ERR"),
+    (_entry(0, 1, can_access=False), None, "hst"),
+    (_entry(0, 1, can_access=False, gbps=3.0), None, "hst"),
+    (_entry(0, 1), "CNS", "CNS"),  # nvidia-smi disputes a good copy: shown
+    (None, "OK", "OK"),  # the claim only, no copy
+    (None, None, "--"),
+])
+def test_p2p_cell_verdicts(entry, code, verdict):
+    cells = preflight.p2p_cells(2, {(0, 1): code} if code else None, [entry] if entry else [], 10)
+    assert (cells[1]["src"], cells[1]["dst"], cells[1]["verdict"]) == (0, 1, verdict)
+    assert cells[0]["verdict"] == cells[3]["verdict"] == "self" and cells[2]["verdict"] == "--"
+
+
+def test_p2p_cells_heat_and_figures():
+    probe = [_entry(0, 1, gbps=50.0), _entry(1, 0, gbps=25.0)]
+    cells = preflight.p2p_cells(2, None, probe, 10)
+    assert [(c["gbps"], c["heat"]) for c in cells] == [(None, None), (50.0, 1.0), (25.0, 0.5),
+                                                       (None, None)]
+
+
+@pytest.mark.parametrize("n,cell_text", [(8, "45.0 ok"), (16, "45")])
+def test_p2p_matrix_fits_80_columns(n, cell_text):
+    probe = [_entry(i, j, gbps=45.0) for i in range(n) for j in range(n) if i != j]
+    text = preflight.render_p2p_matrix(n, None, probe, 10)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert len(lines) == n + 1 + 4  # header, rows, legend
+    assert lines[n].startswith(f"GPU{n - 1}") and cell_text in lines[n]
+
+
+def test_rich_matrix_colours_by_verdict():
+    from rich.console import Console
+
+    probe = [_entry(0, 1, verified=False), _entry(1, 0)]
+    cells = preflight.p2p_cells(2, None, probe, 10)
+    text = preflight.rich_matrix(cells, 2, 10)
+    assert [line.rstrip() for line in text.plain.splitlines()] == \
+        preflight.render_p2p_matrix(2, None, probe, 10).splitlines()
+    styles = {text.plain[s.start:s.end]: str(s.style) for s in text.spans}
+    assert "red" in styles["40.0 BAD"] and "green" in styles["40.0 ok "]
+    out = Console(force_terminal=True, color_system="256", width=80, record=True)
+    out.print(text)
+    assert "\x1b[" in out.export_text(styles=True)
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -489,7 +545,7 @@ def test_evaluate_healthy():
     facts: dict = {}
     checks, env, matrix = preflight.evaluate(snapshot(), probe_ok(p2p=pairs()), EXPECT, facts)
     assert preflight.summarise(checks) == "pass", [c for c in checks if c.status != "pass"]
-    assert env == {} and matrix and matrix.count("\n") == 9
+    assert env == {} and matrix and matrix.count("\n") == 12  # header, 8 rows, 4 legend lines
     assert len(facts["gpus"]) == 8 and facts["topology"]["links"] == {"NODE": 12, "SYS": 16}
     assert facts["cuda_probe"]["device_count"] == 8
     assert by_name(checks)["dev-cgroup"].status == "skipped"  # no open test in the snapshot

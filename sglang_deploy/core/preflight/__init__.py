@@ -26,7 +26,15 @@ from sglang_deploy.core.preflight.checks import (
     uvm_fix,
 )
 from sglang_deploy.core.preflight.cuda import check_cuda_probe, diagnose_cuda_error
-from sglang_deploy.core.preflight.p2p import check_p2p, p2p_record, render_p2p_matrix, use_p2p_record
+from sglang_deploy.core.preflight.p2p import (
+    check_p2p,
+    p2p_cells,
+    p2p_record,
+    plain_matrix,
+    render_p2p_matrix,
+    rich_matrix,
+    use_p2p_record,
+)
 from sglang_deploy.core.preflight.probeplan import probe_plan, use_verified_server
 from sglang_deploy.core.preflight.smi import (
     SMI_DIAGNOSES,
@@ -47,6 +55,6 @@ __all__ = [
     "Expectations", "Status", "cgroup_fix", "check_cuda_probe", "check_device_nodes",
     "check_model", "check_open_results", "check_p2p", "check_smi", "classify_open",
     "diagnose_cuda_error", "evaluate", "gpu_nodes_fix", "p2p_record", "parse_dev_listing",
-    "parse_open_results", "probe_plan", "raise_for", "render_p2p_matrix", "required_node",
+    "parse_open_results", "probe_plan", "raise_for", "render_p2p_matrix", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
     "summarise", "use_p2p_record", "use_verified_server", "uvm_fix", "uvm_major_of",
 ]

@@ -22,42 +22,166 @@ P2P_FIX = (
 )
 
 
+#: verdict of one GPU pair in the matrix (3 characters at most, so 8 GPUs fit 80 columns)
+VERDICTS = {
+    "ok": "bytes verified after the copy",
+    "low": "verified, below the minimum bandwidth",
+    "BAD": "data differs after the copy (corruption)",
+    "ERR": "the copy failed",
+    "hst": "no peer access: copied through host memory",
+    "--": "not tested",
+}
+
+
+def p2p_cells(
+    n: int,
+    p2p_read: Mapping[tuple[int, int], str] | None = None,
+    probe_p2p: Sequence[Mapping[str, Any]] | None = None,
+    min_gbps: float | None = None,
+) -> list[dict[str, Any]]:
+    """One cell per ordered GPU pair, row-major (source row, destination column), diagonal
+    included (verdict ``self``). ``verdict``: a key of :data:`VERDICTS`, or the
+    ``nvidia-smi topo -p2p r`` code when that is all there is or when it contradicts a good
+    copy (``CNS``, ``GNS``...). ``heat``: GB/s over the best measured pair (0..1)."""
+    by_pair = {(int(e["src"]), int(e["dst"])): e for e in probe_p2p or []}
+    measured = [float(e["gbps"]) for e in by_pair.values() if e.get("gbps") is not None]
+    best = max(measured) if measured else None
+    cells: list[dict[str, Any]] = []
+    for i in range(n):
+        for j in range(n):
+            entry = by_pair.get((i, j))
+            code = (p2p_read or {}).get((i, j))
+            gbps = float(entry["gbps"]) if entry is not None and entry.get("gbps") is not None else None
+            if i == j:
+                verdict = "self"
+            elif entry is None:
+                verdict = code or "--"
+            elif entry.get("verified") is False:
+                verdict = "BAD"
+            elif entry.get("error") and entry.get("verified") is not True:
+                verdict = "ERR"
+            elif entry.get("can_access") is False:
+                verdict = "hst"
+            elif code not in (None, "OK"):
+                verdict = code
+            elif gbps is not None and min_gbps is not None and gbps < min_gbps:
+                verdict = "low"
+            elif entry.get("verified") is True:
+                verdict = "ok"
+            else:
+                verdict = "--"
+            cells.append({"src": i, "dst": j, "verdict": verdict, "code": code,
+                          "gbps": None if gbps is None else round(gbps, 2),
+                          "heat": None if gbps is None or not best else round(gbps / best, 3),
+                          "error": (entry or {}).get("error")})
+    return cells
+
+
+def _gbps_text(gbps: float | None, compact: bool) -> str:
+    if gbps is None:
+        return "-"
+    return f"{gbps:.0f}" if compact or gbps >= 99.95 else f"{gbps:.1f}"
+
+
+def cell_style(cell: Mapping[str, Any]) -> str:
+    """rich style of a cell: green by bandwidth when good, yellow when slow or disputed,
+    red when broken, magenta through host, dim when untested."""
+    verdict, heat = cell["verdict"], cell.get("heat")
+    if verdict == "self":
+        return "dim"
+    if verdict == "ok":
+        if heat is None:
+            return "black on green3"
+        return ("black on green1" if heat >= 0.9 else "black on green3" if heat >= 0.75
+                else "white on green4" if heat >= 0.5 else "white on dark_green")
+    if verdict in ("BAD", "ERR"):
+        return "bold white on red3"
+    if verdict == "hst":
+        return "black on magenta"
+    if verdict in ("--", "OK"):
+        return "dim"
+    return "black on yellow3"
+
+
+def matrix_lines(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | None = None,
+                 width: int = 80) -> list[list[tuple[str, str]]]:
+    """The matrix as lines of (text, rich style) segments, at most WIDTH columns when it can:
+    ``GB/s verdict`` per cell (9 columns each: 8 GPUs in 77), else a compact form (4 columns:
+    whole GB/s when ok, the verdict otherwise)."""
+    compact = 5 + 9 * n > width
+    grid = {(c["src"], c["dst"]): c for c in cells}
+    lines: list[list[tuple[str, str]]] = [
+        [("     ", "")]
+        + [((f" {j:>3}" if compact else f"{'GPU' + str(j):^9}"), "bold") for j in range(n)]]
+    if not compact:  # "src\dst" takes 7 columns: the first header shifts left by 2
+        lines[0][1] = (lines[0][1][0][2:], "bold")
+    for i in range(n):
+        row: list[tuple[str, str]] = [(f"GPU{i}".ljust(5), "bold")]
+        for j in range(n):
+            c = grid.get((i, j)) or {"verdict": "--", "gbps": None}
+            if c["verdict"] == "self":
+                text = "  X" if compact else "    X   "
+            elif compact:
+                text = f"{(_gbps_text(c['gbps'], True) if c['verdict'] == 'ok' else c['verdict'])[:3]:>3}"
+            else:
+                text = f"{_gbps_text(c['gbps'], False):>4} {c['verdict'][:3]:<3}"
+            row += [(" ", ""), (text, cell_style(c))]
+        lines.append(row)
+    low = f"below {min_gbps:g} GB/s" if min_gbps is not None else "below the minimum"
+    if compact:
+        lines.append([("rows: source GPU, columns: destination; cell: GB/s if ok, else verdict",
+                       "")])
+    else:
+        lines.append([("rows: source GPU, columns: destination; cell: GB/s of the verified "
+                       "copy, verdict", "")])
+    legend = [("ok", "verified"), ("low", low), ("BAD", "corrupted"), ("ERR", "copy failed"),
+              ("hst", "via host memory (no peer access)"), ("--", "not tested"),
+              ("CNS..", "nvidia-smi topo -p2p r code")]
+    line: list[tuple[str, str]] = [("verdict:", "")]
+    used = len("verdict:")
+    for key, meaning in legend:
+        piece = f" {key} {meaning},"
+        if used + len(piece) > width:
+            lines.append(line)
+            line, used = [("        ", "")], 8
+        sample = {"verdict": key if key != "CNS.." else "CNS", "heat": 1.0}
+        line += [(" ", ""), (key, cell_style(sample)), (f" {meaning},", "")]
+        used += len(piece)
+    line[-1] = (line[-1][0].rstrip(","), "")
+    lines.append(line)
+    return lines
+
+
 def render_p2p_matrix(
     n: int,
     p2p_read: Mapping[tuple[int, int], str] | None = None,
     probe_p2p: Sequence[Mapping[str, Any]] | None = None,
+    min_gbps: float | None = None,
+    width: int = 80,
 ) -> str:
-    """Text matrix, one cell per ordered pair: ``<topo code|peer|host> <ok|BAD|ERR|-> <GB/s|->``."""
-    by_pair = {(int(e["src"]), int(e["dst"])): e for e in probe_p2p or []}
-    cells: dict[tuple[int, int], str] = {}
-    for i in range(n):
-        for j in range(n):
-            if i == j:
-                cells[(i, j)] = "X"
-                continue
-            entry = by_pair.get((i, j))
-            code = (p2p_read or {}).get((i, j))
-            if code is None and entry is not None and entry.get("can_access") is not None:
-                code = "peer" if entry.get("can_access") else "host"
-            verified = "-"
-            gbps = "-"
-            if entry is not None:
-                if entry.get("verified") is True:
-                    verified = "ok"
-                elif entry.get("verified") is False:
-                    verified = "BAD"
-                elif entry.get("error"):
-                    verified = "ERR"
-                if entry.get("gbps") is not None:
-                    gbps = f"{float(entry['gbps']):.1f}"
-            cells[(i, j)] = f"{code or '?'} {verified} {gbps}"
-    width = max([len(c) for c in cells.values()] + [6]) + 2
-    lines = ["src\\dst".ljust(8) + "".join(f"GPU{j}".ljust(width) for j in range(n))]
-    for i in range(n):
-        lines.append(f"GPU{i}".ljust(8) + "".join(cells[(i, j)].ljust(width) for j in range(n)))
-    lines.append("cell: nvidia-smi topo -p2p r code (or peer/host from CUDA), data check "
-                 "(ok/BAD/ERR), GB/s")
-    return "\n".join(line.rstrip() for line in lines)
+    """Plain-text matrix (see :func:`matrix_lines`), one row per source GPU."""
+    cells = p2p_cells(n, p2p_read, probe_p2p, min_gbps)
+    return plain_matrix(cells, n, min_gbps, width)
+
+
+def plain_matrix(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | None = None,
+                 width: int = 80) -> str:
+    return "\n".join("".join(t for t, _ in line).rstrip()
+                     for line in matrix_lines(cells, n, min_gbps, width))
+
+
+def rich_matrix(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | None = None,
+                width: int = 80):
+    """The same matrix as a rich ``Text`` with the heatmap colours."""
+    from rich.text import Text
+
+    text = Text()
+    for k, line in enumerate(matrix_lines(cells, n, min_gbps, width)):
+        if k:
+            text.append("\n")
+        for segment, style in line:
+            text.append(segment, style=style or None)
+    return text
 
 
 def _pairs_text(pairs: Iterable[tuple[int, int]], extra: Mapping[tuple[int, int], str] | None = None) -> str:
@@ -223,9 +347,11 @@ def check_p2p(
                 f" (>= {min_gbps:g})" if min_gbps is not None else ""), details=stats))
 
     if probe_p2p or p2p_read is not None:
+        cells = p2p_cells(n, p2p_read, probe_p2p, min_gbps)
         checks.append(Check("p2p-matrix", "pass", f"{n}x{n} pair matrix in details",
-                            details={"matrix": render_p2p_matrix(n, p2p_read, probe_p2p),
-                                     "gpus": n, "expected_count": expected_count}))
+                            details={"matrix": plain_matrix(cells, n, min_gbps), "cells": cells,
+                                     "min_gbps": min_gbps, "gpus": n,
+                                     "expected_count": expected_count}))
     return checks, env
 
 
