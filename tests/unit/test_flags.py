@@ -275,7 +275,7 @@ def test_wrong_type_and_list_for_scalar():
 @pytest.mark.parametrize("flag, owner", [("host", "sglang_host"), ("port", "sglang_port"),
                                          ("api-key", "sglang_api_key_env"),
                                          ("admin-api-key", "command line"),
-                                         ("config", "--config")])
+                                         ("config", "sglang_flags")])
 def test_forbidden_flags(flag, owner):
     (p,) = F.validate_flags({flag: "x"}, spec(PINNED), PINNED)
     assert p.level == "error" and owner in p.fix
