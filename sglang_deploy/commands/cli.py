@@ -14,7 +14,8 @@ COMMAND_MODULES = (
     "sglang_deploy.commands.wheelhouse",
     "sglang_deploy.commands.rollout",
     "sglang_deploy.commands.status",
-    "sglang_deploy.shell.hostshell",
+    "sglang_deploy.commands.logs",
+    "sglang_deploy.commands.cache",
     "sglang_deploy.commands.rebuild",
     "sglang_deploy.commands.bench",
 )
