@@ -46,6 +46,9 @@ __all__ = [
 
 def host_data(inventory: str, name: str, cwd: str = ".") -> dict:
     """The merged inventory data of host NAME, read as pyinfra reads it (no connection)."""
+    if inventory.endswith(".py") and not Path(cwd, inventory).is_file():
+        raise HostShellError(what=f"an inventory file {inventory}", found="no such file",
+                             fix="pass the deploy's inventory with -i/--inventory (logs) or as INVENTORY")
     hosts = dict(runner.inventory_hosts(inventory, cwd))
     if name not in hosts:
         raise HostShellError(what=f"a host of {inventory}", found=f"no host named {name}",
@@ -108,12 +111,14 @@ def _check_host_keys(cxn, t: SshTarget, extra: list[str] = ()) -> None:
     files = _known_hosts_files(t, cxn.ssh_config) + list(extra)
     present = [f for f in files if Path(f).is_file()]
     if t.host_key_policy == "strict" and not present:
+        scan = (f"check the host's fingerprint and record it: `ssh-keyscan -p {cxn.port} {cxn.host} "
+                f">> {files[0]}`")
         raise HostShellError(
             what=f"the SSH host keys of {cxn.original_host} in {' or '.join(files)}",
             found="no such file",
-            fix=("set ssh_known_hosts_file in the inventory to the deploy's known-hosts file, or "
-                 f"check the host's fingerprint and run `ssh-keyscan -p {cxn.port} {cxn.host} "
-                 f">> {files[0]}`"))
+            fix=(f"{scan}, or run the deploy once with ssh_strict_host_key_checking=accept-new"
+                 if t.known_hosts else
+                 f"set ssh_known_hosts_file in the inventory to the deploy's known-hosts file, or {scan}"))
     for f in present:
         cxn.client.load_host_keys(f)
     cxn.client.set_missing_host_key_policy(_policy(t.host_key_policy, files[0]))
@@ -130,6 +135,9 @@ def connection(t: SshTarget):
     """An unopened fabric Connection for T, host keys checked (see ``connect``)."""
     from fabric import Config, Connection
 
+    if t.ssh_config_file and not Path(t.ssh_config_file).is_file():
+        raise HostShellError(what=f"the SSH config file {t.ssh_config_file} (ssh_config_file of {t.name})",
+                             found="no such file", fix="correct ssh_config_file in the inventory")
     config = Config(runtime_ssh_path=t.ssh_config_file) if t.ssh_config_file else Config()
     if config.timeouts.connect is None:
         config.timeouts.connect = CONNECT_TIMEOUT_S

@@ -253,3 +253,13 @@ def test_connection_errors_are_one_actionable_line(tmp_path, exc_factory, words)
     assert "\n" not in msg and msg.startswith("cannot reach the host: expected")
     for w in words:
         assert w in msg, msg
+
+
+def test_a_missing_inventory_or_ssh_config_file_is_a_one_line_error(tmp_path):
+    with pytest.raises(HostShellError) as e:
+        hostshell.host_data("absent.py", "gpu-1", cwd=str(tmp_path))
+    assert "absent.py" in e.value.message and "\n" not in e.value.message
+    t = SshTarget(name="gpu-1", hostname="10.0.0.5", ssh_config_file=str(tmp_path / "no_config"))
+    with pytest.raises(HostShellError) as e:
+        hostshell.connection(t)
+    assert "no_config" in e.value.message and "\n" not in e.value.message
