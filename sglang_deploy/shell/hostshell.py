@@ -32,6 +32,11 @@ from sglang_deploy.core.sshtarget import (
 )
 from sglang_deploy.shell import runner
 
+#: seconds between keepalive messages, unless ~/.ssh/config sets ServerAliveInterval
+KEEPALIVE_S = 30
+#: seconds a short command (run) may take
+RUN_TIMEOUT_S = 120
+
 __all__ = [
     "HostShellError",
     "connect",
@@ -204,6 +209,8 @@ def connect(t: SshTarget):
         cxn = connection(t)
         try:
             cxn.open()
+            # a silent peer (host gone, network cut) shows up as an error, not an endless wait
+            cxn.transport.set_keepalive(int(cxn.ssh_config.get("serveraliveinterval", KEEPALIVE_S)))
             return cxn
         except (UnknownHostKey, paramiko.BadHostKeyException, paramiko.AuthenticationException,
                 socket.gaierror) as exc:
@@ -217,8 +224,12 @@ def connect(t: SshTarget):
             time.sleep(random.uniform(0.1, 0.5))
 
 
-def stream(cxn, command: str, out: BinaryIO, err: BinaryIO | None = None) -> tuple[int, bytes]:
+def stream(cxn, command: str, out: BinaryIO, err: BinaryIO | None = None,
+           timeout: float | None = None) -> tuple[int, bytes]:
     """Run COMMAND (no pty), copy its stdout to OUT as it comes; (exit status, stderr tail).
+
+    TIMEOUT: seconds the command may take in all (None: as long as it runs, e.g. a follower);
+    past it, HostShellError with the last output seen.
 
     Stderr is drained in the same loop (so neither stream can stall the channel's window)
     and copied to ERR when given. One thread only: reading the inventory imports pyinfra's
@@ -238,13 +249,23 @@ def stream(cxn, command: str, out: BinaryIO, err: BinaryIO | None = None) -> tup
                 err.write(chunk)
                 err.flush()
 
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = b""
     try:
         chan.exec_command(command)
         while True:
-            select.select([chan], [], [])  # the channel's pipe: stdout, stderr or EOF ready
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                raise HostShellError(
+                    what=f"`{command[:80]}` on {cxn.host} to finish within {timeout:.0f} s",
+                    found=f"still running; last output: {last[-200:].decode('utf-8', 'replace')!r}",
+                    fix="check the host's load and its journal")
+            # the channel's pipe is ready on stdout, stderr or EOF
+            select.select([chan], [], [], wait)
             take_stderr()
             if chan.recv_ready():
-                out.write(chan.recv(65536))
+                last = chan.recv(65536)
+                out.write(last)
                 out.flush()
             elif chan.eof_received or chan.closed:
                 break
@@ -258,10 +279,10 @@ def stream(cxn, command: str, out: BinaryIO, err: BinaryIO | None = None) -> tup
         chan.close()
 
 
-def run(cxn, command: str) -> tuple[int, str, str]:
+def run(cxn, command: str, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str, str]:
     """Run COMMAND on the open connection CXN: (exit status, stdout, stderr tail)."""
     out = io.BytesIO()
-    status, err = stream(cxn, command, out)
+    status, err = stream(cxn, command, out, timeout=timeout)
     return status, out.getvalue().decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 

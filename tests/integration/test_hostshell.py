@@ -187,3 +187,25 @@ def test_cache_save_streams_the_cache_folder(testbed, host, tmp_path):
         names = tf.getnames()
     assert any(n.endswith("rank_tp0_pp0_dp0.json") for n in names), names
     assert not (tmp_path / "cache.tar.gz.part").exists()
+
+
+def test_logs_goes_through_a_proxyjump_of_the_ssh_config(testbed, host, tmp_path):
+    """The jump host is the host itself: the target's session then arrives from its own address."""
+    address, key = testbed.address(host), testbed.state["key"]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {host}-jump\n  HostName {address}\n  User root\n  IdentityFile {key}\n"
+                      f"Host {host}-via-jump\n  HostName {address}\n  User root\n  IdentityFile {key}\n"
+                      f"  ProxyJump {host}-jump\n")
+    inv = inventory(tmp_path, testbed, host, ssh_hostname=f"{host}-via-jump", ssh_config_file=str(config),
+                    ssh_known_hosts_file=testbed.state["known_hosts"], ssh_allow_agent=False,
+                    ssh_look_for_keys=False)
+
+    def logins_from_itself() -> int:
+        return testbed.ssh(host, "journalctl -u ssh --no-pager -o cat", check=True).stdout.count(
+            f"Accepted publickey for root from {address} ")
+
+    before = logins_from_itself()
+    r = tool("logs", host, "-i", str(inv), "-n", "1")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 1
+    assert logins_from_itself() == before + 1
