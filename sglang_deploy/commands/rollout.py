@@ -233,20 +233,17 @@ class Rollout:
         """The gate passed: the verified candidate becomes the host's known-good."""
         from sglang_deploy.shell import hostshell
 
-        data = hostshell.host_data(self.inventory, name, self.cwd)
+        target, data = hostshell.target(self.inventory, name, self.cwd)
         root = hostshell.setting(data, "sglang_root")
-        client = hostshell.connect(name, data)
-        try:
-            q = shlex.quote
-            _, out, err = client.exec_command(
-                f"test -d {q(root + '/known-good.candidate')} && rm -rf {q(root + '/known-good')} "
-                f"&& mv {q(root + '/known-good.candidate')} {q(root + '/known-good')}")
-            if out.channel.recv_exit_status() != 0:
-                raise RolloutError(what=f"the verified configuration of {name} promoted to known-good",
-                                   found=err.read().decode()[-300:] or "no candidate on the host",
-                                   fix="re-run the rollout; check the host's sglang_root")
-        finally:
-            client.close()
+        q = shlex.quote
+        with hostshell.connect(target) as cxn:
+            status, _, err = hostshell.run(
+                cxn, f"test -d {q(root + '/known-good.candidate')} && rm -rf {q(root + '/known-good')} "
+                     f"&& mv {q(root + '/known-good.candidate')} {q(root + '/known-good')}")
+        if status != 0:
+            raise RolloutError(what=f"the verified configuration of {name} promoted to known-good",
+                               found=err[-300:] or "no candidate on the host",
+                               fix="re-run the rollout; check the host's sglang_root")
 
     def rollback(self, group: list[str], results: dict, run_dir: Path) -> None:
         failed = [h for h in group if results[h].status == "failed"]

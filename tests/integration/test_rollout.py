@@ -355,23 +355,3 @@ def test_wipe_and_rebuild_restores_identical_state_and_caches(testbed, tmp_path)
     assert owner == "sglang"
     testbed.log.append(f"DR rebuild autotune phase: without cache {cold.get('autotune')}s, "
                        f"with restored cache {warm.get('autotune')}s")
-
-
-def test_logs_shows_and_follows_the_service_journal(testbed):
-    r = tool(testbed, "logs", TB3, "-i", str(testbed.inventory), "-n", "400")
-    assert r.returncode == 0, r.stderr
-    assert "The server is fired up and ready to roll!" in r.stdout
-    proc = subprocess.Popen([str(BIN / "sglang-deploy"), "logs", TB3, "-i", str(testbed.inventory),
-                             "-n", "0", "--follow"], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        seen: list[str] = []
-        reader = threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")), daemon=True)
-        reader.start()
-        testbed.wait_for("the follower to connect", lambda: testbed.ssh(
-            TB3, "pgrep -f 'journalctl -u sglang.service' >/dev/null && echo yes").stdout.strip() == "yes")
-        testbed.ssh(TB3, "systemctl restart sglang", check=True)
-        testbed.wait_for("the restart's startup lines in the followed journal",
-                         lambda: any("ready to roll" in line for line in seen), timeout=120)
-    finally:
-        proc.terminate()
-        proc.wait(10)

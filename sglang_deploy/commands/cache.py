@@ -1,0 +1,53 @@
+"""`sglang-deploy cache save INVENTORY HOST FILE`: archive a healthy host's caches.
+
+The service's cache folder (``sglang_cache_dir``: autotune tactics, JIT kernels) streamed as
+a gzip'd tar over one SSH session (``shell.hostshell``) into FILE, written whole or not at
+all. `rebuild --cache FILE` puts it back on a blank host. Read-only on the host.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.core.sshtarget import cache_archive_command
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("cache", help="save a host's autotune/JIT cache (restore: rebuild --cache)")
+    csub = c.add_subparsers(dest="cache_command", required=True)
+    save = csub.add_parser("save", help="archive the service's cache folder of HOST into FILE")
+    save.add_argument("inventory")
+    save.add_argument("host")
+    save.add_argument("file")
+
+
+def failure_message(host: str, cache: str, status: int, stderr: bytes) -> str:
+    detail = stderr.decode("utf-8", "replace").strip().splitlines()
+    return (f"error: `tar` of {cache} on {host} failed (status {status})"
+            + (f": {detail[-1]}" if detail else ""))
+
+
+def run(args) -> int:
+    from sglang_deploy.shell import hostshell
+
+    target = Path(args.file)
+    tmp = target.with_name(target.name + ".part")
+    try:
+        ssh, data = hostshell.target(args.inventory, args.host)
+        cache = hostshell.setting(data, "sglang_cache_dir")
+        with hostshell.connect(ssh) as cxn, open(tmp, "wb") as fh:
+            status, err = hostshell.stream(cxn, cache_archive_command(cache), fh)
+    except SglangDeployError as exc:
+        tmp.unlink(missing_ok=True)
+        print(exc.message, file=sys.stderr)
+        return 2
+    if status != 0:
+        tmp.unlink(missing_ok=True)
+        print(failure_message(args.host, cache, status, err), file=sys.stderr)
+        return 1
+    tmp.rename(target)
+    print(f"saved {cache} of {args.host} to {target} ({target.stat().st_size} bytes); restore it on a "
+          f"blank host with: sglang-deploy rebuild {args.inventory} HOST --cache {target}")
+    return 0
