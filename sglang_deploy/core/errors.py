@@ -30,6 +30,7 @@ __all__ = [
     "ModelError",
     "RollbackError",
     "RolloutError",
+    "RouterError",
 ]
 
 
@@ -148,3 +149,7 @@ class RollbackError(SglangDeployError):
 
 class RolloutError(SglangDeployError):
     title = "rollout stopped"
+
+
+class RouterError(SglangDeployError):
+    title = "router (SMG) failed"

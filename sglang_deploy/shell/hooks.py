@@ -28,15 +28,18 @@ from sglang_deploy.shell.plan import PLAN_ENV
 def validate_inventory(inventory, cwd: str | None = None) -> None:
     """Resolve every host's data and check that its lock file (the release profile) exists on
     the controller; raise the first ``DataError``, naming the host."""
+    from sglang_deploy.shell import routing
+
     for each in inventory:
         try:
-            settings = data.resolve(each.data.dict())
-            lock = Path(cwd or ".") / settings.sglang_lock
+            settings = routing.settings(each, inventory)
+            key = "router_lock" if routing.is_router(each) else "sglang_lock"
+            lock = Path(cwd or ".") / getattr(settings, key)
             if not lock.is_file():
                 raise data.DataError(
-                    key="sglang_lock", what="the lock file named by `sglang_lock` exists",
+                    key=key, what=f"the lock file named by `{key}` exists",
                     found=f"no file {lock}",
-                    fix="fix `sglang_lock` (see locks/*.txt) or make the lock with "
+                    fix=f"fix `{key}` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
         except data.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):

@@ -26,6 +26,7 @@ from sglang_deploy.core import modelfetch
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.shell import plan
+from sglang_deploy.shell import routing
 from sglang_deploy.core import preflight
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.shell.facts import (
@@ -179,7 +180,7 @@ def put_p2p_record(ctx: Context) -> None:
 
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
-    settings = datamod.resolve(host.data.dict())
+    settings = routing.settings(host, state.inventory)
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state and GPU snapshot, run at once
     snap = host.get_fact(HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
@@ -582,7 +583,7 @@ def rollback_stage():
 
     from sglang_deploy.core.errors import RollbackError
 
-    s = datamod.resolve(host.data.dict())
+    s = routing.settings(host, state.inventory)
     hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
                        secrets=SECRETS_FILE, python=s.sglang_system_python)
     kg = hs.get("known_good")
