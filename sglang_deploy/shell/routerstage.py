@@ -14,11 +14,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import shlex
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger, state
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import router as routermod
@@ -80,8 +81,24 @@ def unit_path(s) -> str:
     return f"/etc/systemd/system/{s.router_service}.service"
 
 
+@operation()
+def servers_done(what: str):
+    """
+    A join point of every host: pyinfra orders the operations of different hosts only by
+    each host's own sequence, so the router's operations (after this one on the router
+    hosts) would otherwise run beside the servers' (before it on the serving hosts). Changes
+    nothing.
+
+    + what: the message shown
+    """
+    host.noop(what)
+    yield from ()
+
+
 @deploy("Router: SMG release, key, unit, (re)start, verify")
 def router_stage():
+    if routing.has_routers(state.inventory):
+        servers_done(name="Router: after every server's verification", what="servers done")
     if not routing.is_router(host):
         return
     s = routing.settings(host, state.inventory)
@@ -153,18 +170,24 @@ def router_stage():
              "model": s.served_model_name, "timeout_s": s.router_verify_timeout_s,
              "host": "127.0.0.1" if s.router_host in routermod.WILDCARD else s.router_host,
              "poll_s": s.verify_poll_s}
-    if started.will_change or restarted is not None or s.verify_converged:
+    # verified when (re)started, when asked (verify_converged), and when the running router
+    # is not the one that last passed (a failed or interrupted deploy left it unverified)
+    verified = (hs.get("last_verified") or {}).get("invocation")
+    unverified = not svc.get("InvocationID") or verified != svc.get("InvocationID")
+    if started.will_change or restarted is not None or s.verify_converged or unverified:
         python.call(name="Verify the router: workers healthy, model listed, a generation "
                          "routed to each worker",
-                    function=ops.reported(lambda: verify(s.sglang_system_python, check)))
+                    function=ops.reported(lambda: verify(s, check)))
     else:
         host.noop("the router was not (re)started: nothing to verify")
 
 
-def verify(python_bin: str, check: dict) -> dict:
-    """Run remote/router_check.py on the router host (raises RouterError)."""
+def verify(s, check: dict) -> dict:
+    """Run remote/router_check.py on the router host (raises RouterError); a pass is recorded
+    with the unit's invocation (ROUTER_ROOT/last-verified.json)."""
     ok, output = host.run_shell_command(
-        stdin_script("router_check.py", [json.dumps(check, sort_keys=True)], python=python_bin),
+        stdin_script("router_check.py", [json.dumps(check, sort_keys=True)],
+                     python=s.sglang_system_python),
         print_output=False)
     lines = output.stdout.strip().splitlines() if ok else []
     if not lines:
@@ -183,6 +206,13 @@ def verify(python_bin: str, check: dict) -> dict:
             fix=f"read `journalctl -u smg` on {host.name}; check that every serving host "
                 "is verified and reachable from the router at its URL (sglang_host / "
                 "router_worker_address, firewall) with the router's key")
+    q = shlex.quote
+    record = f"{s.router_root}/last-verified.json"
+    host.run_shell_command(
+        f"inv=$(systemctl show -p InvocationID --value {q(s.router_service + '.service')}); "
+        f"printf '{{\"invocation\": \"%s\", \"seen\": %s}}\\n' \"$inv\" "
+        f"{q(json.dumps(result['seen'], sort_keys=True))} > {q(record + '.tmp')} && "
+        f"mv -f {q(record + '.tmp')} {q(record)}", print_output=False)
     logger.info(f"{host.print_prefix}router: routed to "
                 + ", ".join(f"{u} x{n}" for u, n in sorted(result["seen"].items())))
     return result
