@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglang_deploy.shell import runner
-from sglang_deploy.core.errors import RolloutError, SglangDeployError
+from sglang_deploy.shell import routerctl, routing, runner
+from sglang_deploy.core.errors import RolloutError, RouterError, SglangDeployError
 
 RUNS_DIR = Path(".sglang-deploy/rollouts")
 
@@ -73,6 +73,7 @@ class HostResult:
     message: str = ""
     rollback_seconds: float | None = None
     log: str | None = None
+    router: str | None = None  # with a router: out (drained) | back (routed to again) | left out
 
 
 def outcome(results: list[HostResult]) -> tuple[bool, str]:
@@ -108,6 +109,7 @@ class Rollout:
     limit: list[str] | None = None
     data: list[str] = field(default_factory=list)
     min_throughput_ratio: float | None = None
+    drain: bool = True
     cwd: str = "."
     out: object = sys.stdout
 
@@ -115,7 +117,7 @@ class Rollout:
         print(text, file=self.out, flush=True)
 
     def run(self, dry: bool = False, report: str | None = None) -> int:
-        hosts = [name for name, _ in runner.inventory_hosts(self.inventory, self.cwd)]
+        hosts = [name for name, _ in routing.fleet(self.inventory, self.cwd).workers]
         order = plan_order(hosts, self.canary, self.limit)
         groups = batches(order, self.batch, self.canary)
         self.say(f"rollout order ({len(order)} hosts, batch {self.batch}"
@@ -147,16 +149,72 @@ class Rollout:
                                verdict="rollout not started: a host is unreachable or its data "
                                        "is invalid (see above); no host was touched")
 
+        fronts = routerctl.routers(self.inventory, self.cwd, self.data) if self.drain else []
+        try:
+            for r in fronts:  # a router that cannot be reached stops here: no host touched yet
+                self.say(f"router {r.host} ({r.url}): " + ", ".join(
+                    f"{w['host'] or w['url']} {w['state']}" for w in r.states()))
+        except RouterError as exc:
+            self.say(f"STOPPED before touching any host:\n{exc.message}")
+            for r in results.values():
+                r.message = "not touched: the router could not be reached"
+            return self.finish(results, run_dir, report, t_start,
+                               verdict="rollout not started: the router could not be reached "
+                                       "(see above); no host was touched")
+
         for i, group in enumerate(groups, 1):
             if self.min_throughput_ratio is not None:
                 self.baseline(group)
+            if not self.take_out(fronts, group, results):
+                self.put_back(fronts, group, results)  # drained, not restarted: still serving
+                break
             ok = self.deploy_batch(i, group, results, run_dir)
             if ok and self.min_throughput_ratio is not None:
                 ok = self.gate_batch(group, results)
+            if ok:
+                ok = self.put_back(fronts, group, results)
             if not ok:
                 self.rollback(group, results, run_dir)
+                self.put_back(fronts, [h for h in group if verified_after_rollback(results[h])],
+                              results)
                 break
         return self.finish(results, run_dir, report, t_start)
+
+    def take_out(self, fronts: list, group: list[str], results: dict) -> bool:
+        """Drain GROUP out of every router, waiting for their requests in flight (at most the
+        batch is out at once). False (and a failed host, untouched) when a drain fails."""
+        for r in fronts:
+            for name in group:
+                try:
+                    r.drain(name, say=self.say)
+                    results[name].router = "out"
+                except RouterError as exc:
+                    results[name].status = "failed"
+                    results[name].router = "out"
+                    results[name].message = f"not restarted: drain failed: {exc.found}"
+                    self.say(f"    {name}: drain failed, not restarted:\n{_indent(exc.message)}")
+                    return False
+        return True
+
+    def put_back(self, fronts: list, names: list[str], results: dict) -> bool:
+        """Add verified hosts back and confirm each router routes to them again."""
+        ok = True
+        for r in fronts:
+            for name in names:
+                try:
+                    r.put_back(name, say=self.say)
+                    results[name].router = "back"
+                except RouterError as exc:
+                    ok = False
+                    results[name].router = "left out"
+                    if results[name].status in ("done", "converged"):
+                        results[name].status = "failed"
+                    results[name].message += f"\nnot routed to again: {exc.found}"
+                    self.say(f"    {name}: not routed to again:\n{_indent(exc.message)}")
+        for name in set(results) - set(names):
+            if results[name].router == "out":
+                results[name].router = "left out"
+        return ok
 
     def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
         reports = run_dir / f"batch{index}-reports"
@@ -311,6 +369,13 @@ class Rollout:
         return 0 if ok else 1
 
 
+def verified_after_rollback(r: HostResult) -> bool:
+    """Serving a verified configuration after the rollback: put back into the router. A host
+    that never passed verification, or whose rollback failed, stays out."""
+    return (r.status in ("done", "converged", "rolled-back")
+            or (r.status == "failed" and "still on its known-good release" in r.message))
+
+
 def unreachable(output: str) -> list[str]:
     """Hosts pyinfra could not connect to, from its output (``[host] Could not connect``)."""
     import re
@@ -352,6 +417,8 @@ def add_parser(sub) -> None:
                    help="override host data, as pyinfra --data (repeatable)")
     p.add_argument("--dry", action="store_true", help="print the order and each host's changes; touch nothing")
     p.add_argument("--report", help="also write the JSON report here")
+    p.add_argument("--no-drain", action="store_true",
+                   help="do not take hosts out of the router before their restart (the baseline)")
     p.add_argument("--min-throughput-ratio", type=float,
                    help="after each host, run the benchmark; a drop below this ratio of the "
                         "previous configuration's throughput fails the host (and rolls it back)")
@@ -361,7 +428,8 @@ def run(args) -> int:
     try:
         return Rollout(inventory=args.inventory, batch=args.batch, canary=args.canary,
                        limit=args.limit, data=args.data,
-                       min_throughput_ratio=args.min_throughput_ratio).run(dry=args.dry,
+                       min_throughput_ratio=args.min_throughput_ratio,
+                       drain=not args.no_drain).run(dry=args.dry,
                                                                           report=args.report)
     except SglangDeployError as exc:
         print(exc.message, file=sys.stderr)
