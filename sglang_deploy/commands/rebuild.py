@@ -5,14 +5,17 @@ deploy defines: the release from the committed lock (offline from `sglang_wheelh
 the data names one), the same patch state, unit and flags, verified serving. With
 ``--cache`` the archive from ``sglang-deploy cache save`` seeds the empty cache folder first,
 so the rebuilt host does not pay for autotune and JIT again. It is the plain deploy, limited
-to HOST, with ``sglang_cache_seed`` set: nothing here differs from a first install.
+to HOST, with ``sglang_cache_seed`` set: nothing here differs from a first install. With a
+``routers`` group, the host is put (back) into the router only once the deploy verified it,
+and the router must then route a generation to it.
 """
 
 from __future__ import annotations
 
 import sys
 
-from sglang_deploy.shell import runner
+from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.shell import routerctl, runner
 
 
 def add_parser(sub) -> None:
@@ -29,4 +32,19 @@ def run(args) -> int:
                                 on_line=print)
     verdict = "rebuilt and verified" if result.ok else "rebuild FAILED (see above)"
     print(f"{args.host}: {verdict} in {result.seconds:.1f}s", file=sys.stderr)
+    if result.ok:
+        return put_back(args.inventory, args.host, args.data)
     return result.rc
+
+
+def put_back(inventory: str, host: str, data: list[str]) -> int:
+    """Only a verified host goes (back) into the router(s): add it and confirm the router
+    routes a generation to it."""
+    try:
+        for r in routerctl.routers(inventory, data=data):
+            if host in r.workers:
+                r.put_back(host, say=lambda text: print(text, file=sys.stderr))
+    except SglangDeployError as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    return 0

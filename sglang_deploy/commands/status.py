@@ -7,7 +7,12 @@ of ``/health`` and ``/v1/models``, the time of the last successful verification,
 drift: the operations a deploy would run now (an empty list means the host is exactly what
 the deploy would make it). A host without a record did not answer or has invalid data.
 
-Exit status: 0 when every host is reachable, in sync and healthy; 1 otherwise.
+With a ``routers`` group, the router too (``router`` in ``--json``: its ``url`` and its
+``workers``, each with ``host``, ``url`` and ``state`` as the router reports it).
+``--json`` prints ``{"hosts": [...], "router": {...} or null}``.
+
+Exit status: 0 when every host is reachable, in sync and healthy (and, with a router, every
+serving host is ready in it); 1 otherwise.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sglang_deploy.shell import runner
-from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.shell import routerctl, routing, runner
+from sglang_deploy.core.errors import RouterError, SglangDeployError
 
 
 def rows_from_plans(hosts: list[str], plans: Path, output: str) -> list[dict]:
@@ -78,9 +83,36 @@ def render(rows: list[dict], out=None) -> None:
     console.print(table)
 
 
+def router_status(inventory: str, cwd: str = ".", data: list[str] | None = None) -> dict | None:
+    """The front door: the (first) router's ``url`` and its ``workers`` (host, url, state as
+    the router reports it, ``absent`` when it does not list the host); ``error`` when the
+    router does not answer. None without a ``routers`` group."""
+    fronts = routerctl.routers(inventory, cwd, data)
+    if not fronts:
+        return None
+    r = fronts[0]
+    doc = {"host": r.host, "url": r.url, "error": None}
+    try:
+        doc["workers"] = r.states()
+    except RouterError as exc:
+        doc["error"] = exc.found or exc.what
+        doc["workers"] = [{"host": h, "url": u, "state": "unknown"} for h, u in r.workers.items()]
+    return doc
+
+
+def render_router(router: dict | None, out=None) -> None:
+    if router is None:
+        return
+    print(f"router {router['host']}: {router['url']}"
+          + (f"  NOT ANSWERING: {router['error']}" if router["error"] else ""), file=out or sys.stdout)
+    for w in router["workers"]:
+        print(f"  {w['host'] or '(not in the inventory)':<16} {w['url']:<32} {w['state']}",
+              file=out or sys.stdout)
+
+
 def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
             data: list[str] | None = None) -> tuple[list[dict], str]:
-    hosts = [name for name, _ in runner.inventory_hosts(inventory, cwd)]
+    hosts = [name for name, _ in routing.fleet(inventory, cwd).workers]
     if limit:
         hosts = [h for h in hosts if h in limit]
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
@@ -101,12 +133,16 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     try:
         rows, _ = collect(args.inventory, limit=args.limit, data=args.data)
+        router = router_status(args.inventory, data=args.data)
     except SglangDeployError as exc:
         print(exc.message, file=sys.stderr)
         return 2
     if args.json:
-        json.dump(rows, sys.stdout, indent=2, sort_keys=True)
+        json.dump({"hosts": rows, "router": router}, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
         render(rows)
-    return 0 if all(r.get("in_sync") and r.get("healthy") for r in rows) else 1
+        render_router(router)
+    routed = router is None or (not router["error"] and all(
+        w["state"] == "ready" for w in router["workers"] if w["host"]))
+    return 0 if routed and all(r.get("in_sync") and r.get("healthy") for r in rows) else 1
