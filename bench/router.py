@@ -16,8 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.common import PY, ROOT, Figure, log, not_measured
 from bench import router_load
+from bench.common import PY, ROOT, Figure, log, not_measured
 
 NAME = "Failed requests through the router during a 3-host rollout"
 
@@ -51,6 +51,15 @@ def figures(doc: dict) -> list[Figure]:
             notes=f"{rate}; {s['during']['requests']} requests during the rollout"
                   + (f", {off['summary']['during']['requests']} during the --no-drain one; its "
                      f"errors: {'; '.join(off['summary']['errors'][:3]) or 'none'}" if off else "")))
+        out.append(Figure(
+            key="router_retries", unit="requests", samples=[s.get("router_retries")],
+            name="Requests the router sent to a stopped server and retried elsewhere",
+            baseline_name="same rollout with --no-drain",
+            baseline_samples=[off["summary"].get("router_retries")] if off else [],
+            goal="0", goal_kind="value_max", goal_value=1,
+            notes="SMG's smg_router_upstream_send_retries_total over the run: without drain "
+                  "the clients did not see these (SMG retried them on another worker), but "
+                  "each is a generation that may run twice and the retry's delay"))
         out.append(Figure(
             key="router_p99", name="Latency p99 through the router, during the rollout vs before",
             unit="s", samples=[s["during"]["p99_s"]], baseline_name="before the rollout",

@@ -111,7 +111,7 @@ class Load:
             # steady rate: the i-th request leaves at t0 + i / rate
             self._stop.wait(max(0.0, t0 + i / self.rate - time.monotonic()))
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self._thread.start()
         return self
 
@@ -133,6 +133,15 @@ def run_through(url: str, key: str | None, model: str, action, before_s: float =
     finally:
         result = load.stop()
     return result, value
+
+
+def metric_sum(text: str, name: str) -> float:
+    """Sum of every sample of the Prometheus metric NAME (all label sets) in TEXT."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def as_dict(result: LoadResult) -> dict:

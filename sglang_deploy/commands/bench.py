@@ -460,7 +460,9 @@ def run(args) -> int:
                                                       and math.isfinite(args.min_throughput_ratio)):
         print("error: --min-throughput-ratio must be a positive number", file=sys.stderr)
         return 2
-    names = [h for h, _ in runner.inventory_hosts(args.inventory)]
+    from sglang_deploy.shell import routing
+
+    names = [h for h, _ in routing.fleet(args.inventory).workers]  # serving hosts only
     wanted = [x for item in args.limit for x in item.split(",") if x]
     unknown = [h for h in wanted if h not in names]
     if unknown:

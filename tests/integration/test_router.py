@@ -5,7 +5,7 @@ the whole inventory is deployed (servers, then the router). The load test sends 
 OpenAI-API requests through the router at a steady rate (bench/router_load.py) while a
 rollout restarts every host: 0 failed requests with drain, also when a host fails and is
 rolled back; the same rollout with `--no-drain` is the baseline that shows what drain
-prevents. Tests run in file order and build on each other. Figures go to
+prevents (requests the router sent to a stopped server and had to retry). Tests run in file order and build on each other. Figures go to
 $ROUTER_LOAD_RESULTS (a JSON file) when set, for bench/run_all.py.
 """
 
@@ -103,10 +103,19 @@ def rollout(testbed, *args: str, data=()) -> tuple[subprocess.CompletedProcess, 
     return r, doc
 
 
+def upstream_errors(testbed) -> float:
+    """SMG's count of requests it sent to a worker that failed (a stopped server: connection
+    refused) and retried on another: its Prometheus metrics, read on the router host."""
+    out = testbed.ssh(router_host(testbed), "curl -sf 127.0.0.1:29000/metrics", check=True).stdout
+    return router_load.metric_sum(out, "smg_router_upstream_send_retries_total")
+
+
 def under_load(testbed, name: str, *args: str, data=()):
     url, key, _ = router_of(testbed)
+    errors_before = upstream_errors(testbed)
     result, (r, doc) = router_load.run_through(url, key, "glm-5", lambda: rollout(testbed, *args, data=data))
     summary = result.summary()
+    summary["router_retries"] = upstream_errors(testbed) - errors_before
     RESULTS[name] = {"summary": summary, "rollout_rc": r.returncode,
                      "hosts": {h["host"]: {k: h.get(k) for k in ("status", "router", "seconds")}
                                for h in doc.get("hosts", [])}}
@@ -150,6 +159,7 @@ def test_rollout_with_drain_under_load_fails_no_request(routed):
     assert [h["router"] for h in doc["hosts"]] == ["back"] * 3
     assert s["before"]["requests"] > 0 and s["during"]["requests"] > 0
     assert s["before"]["failed"] == 0 and s["during"]["failed"] == 0, s
+    assert s["router_retries"] == 0, s  # no request was ever sent to a stopping server
 
 
 def test_a_host_that_fails_is_rolled_back_and_put_back_under_load_without_a_failed_request(routed):
@@ -164,17 +174,23 @@ def test_a_host_that_fails_is_rolled_back_and_put_back_under_load_without_a_fail
     hosts = {h["host"]: h for h in doc["hosts"]}
     assert hosts[bad]["status"] == "rolled-back" and hosts[bad]["router"] == "back", hosts[bad]
     assert s["during"]["requests"] > 0 and s["during"]["failed"] == 0, s
+    assert s["router_retries"] == 0, s
     # converge the fleet back for the next test
     r, _ = rollout(routed, data=["sglang_flags=" + json.dumps(SEED_FLAGS)])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
 
-def test_without_drain_the_same_rollout_fails_requests(routed):
+def test_without_drain_the_router_sends_requests_to_stopped_servers(routed):
+    """The baseline. Measured: without drain the clients still saw no failure at this load:
+    SGLang (and the simulator) finishes its requests in flight on SIGTERM, and SMG retries a
+    request whose server refused the connection on another worker. What the drain prevents
+    is that: requests sent to a stopped server, each retried (a generation may run twice),
+    and the retries' delay. With retries exhausted, or a stream already started, they fail."""
     r, doc, s = under_load(routed, "no-drain", "--no-drain",
                            data=[f'sglang_env={{"ROLL": "{uuid.uuid4().hex[:6]}"}}'])
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert all(h["router"] is None for h in doc["hosts"])
-    assert s["during"]["failed"] > 0, s  # the baseline: what the drain prevents
+    assert s["router_retries"] > 0, s
 
 
 def test_an_unreachable_router_stops_the_rollout_before_any_host(routed):
