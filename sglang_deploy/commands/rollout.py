@@ -14,6 +14,13 @@ not stop the run. The rollout owns the loop:
 5. a report (per host: done / converged / rolled back / rollback FAILED / untouched, with
    times) is printed and written to ``.sglang-deploy/rollouts/<time>/rollout.json``.
 
+With a ``routers`` group (``shell/routerctl.py``): a router that does not answer stops the
+rollout before any host; each batch is drained out of the router (no new requests, then
+its requests in flight finished, deadline ``rollout_drain_timeout_s``) before its deploy,
+and put back once verified, the router then routing a generation to it; a host rolled back
+is put back once its rollback verified it; a host never verified stays out. ``--no-drain``
+skips all of it.
+
 The pure parts are ``plan_order``, ``batches`` and ``outcome``.
 """
 
