@@ -106,6 +106,8 @@ def _fmt(x, unit="s"):
         return "-"
     if unit == "MiB":
         return f"{x:.0f} MiB"
+    if unit == "requests":
+        return f"{x:.0f}"
     return f"{x:.3f} s" if abs(x) < 10 else f"{x:.1f} s"
 
 
