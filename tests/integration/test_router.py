@@ -181,11 +181,10 @@ def test_a_host_that_fails_is_rolled_back_and_put_back_under_load_without_a_fail
 
 
 def test_without_drain_the_router_sends_requests_to_stopped_servers(routed):
-    """The baseline. Measured: without drain the clients still saw no failure at this load:
-    SGLang (and the simulator) finishes its requests in flight on SIGTERM, and SMG retries a
-    request whose server refused the connection on another worker. What the drain prevents
-    is that: requests sent to a stopped server, each retried (a generation may run twice),
-    and the retries' delay. With retries exhausted, or a stream already started, they fail."""
+    """The baseline: without drain the router keeps sending requests to a server that is
+    stopping or stopped, and has to retry them on another worker (a generation may run
+    twice; with retries exhausted, or a stream already started, they fail). What the
+    clients saw is recorded, not asserted (bench/performance-notes.md, router)."""
     r, doc, s = under_load(routed, "no-drain", "--no-drain",
                            data=[f'sglang_env={{"ROLL": "{uuid.uuid4().hex[:6]}"}}'])
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
