@@ -144,17 +144,20 @@ class Router:
         url = self.workers[name]
         t0 = time.monotonic()
         deadline = t0 + self.verify_timeout_s
-        if routermod.find_worker(self.listed(), url) is None:
-            got = self.call("POST", "/workers", {"url": url, "api_key": self.key})
-            if got.status not in (200, 201, 202):
-                raise RouterError(what=f"the router to take {name} ({url}) back",
-                                  found=f"POST /workers: {got.status} {got.text[:300]}",
-                                  fix="check the router's journal (`journalctl -u smg`)")
         tries, last = 0, ""
         while time.monotonic() < deadline:
             entry = routermod.find_worker(self.listed(), url)
-            if entry is None or entry.status != "ready":
-                last = f"router lists it as {entry.status if entry else 'absent'}"
+            if entry is None:
+                # absent (or removed since by a drain still pending on it): add it (again)
+                got = self.call("POST", "/workers", {"url": url, "api_key": self.key})
+                last = f"POST /workers: {got.status} {got.text[:200]}"
+                if got.status not in (200, 201, 202, 409):
+                    raise RouterError(what=f"the router to take {name} ({url}) back",
+                                      found=last, fix="check the router's journal (`journalctl -u smg`)")
+                time.sleep(self.poll_s)
+                continue
+            if entry.status != "ready":
+                last = f"router lists it as {entry.status}"
                 time.sleep(self.poll_s)
                 continue
             tries += 1
