@@ -4,23 +4,32 @@
     pyinfra inventory/prod.py deploy.py --dry      # show what would change
 
 The operator's checklist, in order. Every stage reads the host first and changes only what
-differs; a second run changes nothing and restarts nothing.
+differs; a second run changes nothing and restarts nothing. Hosts of the inventory group
+`routers` run only stage 5; every other host serves and runs stages 1-4.
 """
 
-from sglang_deploy.shell import stages
+from pyinfra import host
 
-# 1. Pre-flight, before anything is installed: nvidia-smi, device nodes, a CUDA driver-API
-#    probe, P2P verified by real peer copies (policy gpu_p2p_policy), the model's shards.
-stages.preflight_stage()
+from sglang_deploy.shell import routerstage, routing, stages
 
-# 2. Runtime: service user and folders, persistent caches, uv, the release venv installed
-#    exactly from the lock, and the version-aware FlashInfer autotune patch.
-stages.runtime_stage()
+if not routing.is_router(host):
+    # 1. Pre-flight, before anything is installed: nvidia-smi, device nodes, a CUDA driver-API
+    #    probe, P2P verified by real peer copies (policy gpu_p2p_policy), the model's shards.
+    stages.preflight_stage()
 
-# 3. Service: launch flags checked against the installed sglang, secrets in a root-only
-#    file, the systemd unit; restart only when something that affects the server changed.
-stages.service_stage()
+    # 2. Runtime: service user and folders, persistent caches, uv, the release venv installed
+    #    exactly from the lock, and the version-aware FlashInfer autotune patch.
+    stages.runtime_stage()
 
-# 4. Verify: follow the journal and systemd until the model really serves (autotune seen,
-#    /health 200, /v1/models, a one-token generation), or fail fast saying why.
-stages.verify_stage()
+    # 3. Service: launch flags checked against the installed sglang, secrets in a root-only
+    #    file, the systemd unit; restart only when something that affects the server changed.
+    stages.service_stage()
+
+    # 4. Verify: follow the journal and systemd until the model really serves (autotune seen,
+    #    /health 200, /v1/models, a one-token generation), or fail fast saying why.
+    stages.verify_stage()
+
+# 5. Router (group `routers` only), after every server is verified: SMG from its lock, its key
+#    in a root-only file, the unit listing the serving hosts; verified by a generation routed
+#    through it to each of them.
+routerstage.router_stage()

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import ROOT, log, plural
 
-SUITES = ("noop", "latency", "rollout", "dr", "scale", "versions")
+SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions")
 
 
 def git_commit() -> str:
@@ -106,6 +106,8 @@ def _fmt(x, unit="s"):
         return "-"
     if unit == "MiB":
         return f"{x:.0f} MiB"
+    if unit == "requests":
+        return f"{x:.0f}"
     return f"{x:.3f} s" if abs(x) < 10 else f"{x:.1f} s"
 
 

@@ -51,6 +51,20 @@ def _state_path() -> Path:
     return Path(__file__).resolve().parent.parent / ".testbed" / "state.json"
 
 
+# With a router host (`python -m testbed up --router`): every host gets the router keys (the
+# serving hosts then bind their testbed address and use the router's key), and the key is
+# the testbed's own, kept root-only in its state folder (router-key); production exports it.
+ROUTER_KEY_ENV = "TESTBED_ROUTER_KEY"
+ROUTER_DATA = {
+    "router_host": "0.0.0.0",
+    "router_port": 30000,
+    "router_api_key_env": ROUTER_KEY_ENV,
+    # a rollout's drain waits for the load test's requests: seconds here
+    "rollout_drain_timeout_s": 60,
+    "router_verify_timeout_s": 120,
+}
+
+
 def _load_hosts():
     path = _state_path()
     try:
@@ -62,9 +76,12 @@ def _load_hosts():
         except ImportError:  # pragma: no cover
             raise RuntimeError(msg) from None
         raise InventoryError(msg) from None
-    hosts = []
+    routed = any(h.get("role") == "router" for h in state["hosts"])
+    if routed and not os.environ.get(ROUTER_KEY_ENV):
+        os.environ[ROUTER_KEY_ENV] = (Path(state["state_dir"]) / "router-key").read_text().strip()
+    hosts, routers = [], []
     for h in sorted(state["hosts"], key=lambda h: h["index"]):
-        hosts.append((h["name"], {
+        (routers if h.get("role") == "router" else hosts).append((h["name"], {
             "ssh_hostname": h["address"],
             "ssh_user": "root",
             "ssh_key": state["key"],
@@ -72,8 +89,11 @@ def _load_hosts():
             "ssh_strict_host_key_checking": "yes",
             "ssh_connect_retries": 3,
             **TESTBED_DATA,
+            **(ROUTER_DATA if routed else {}),
         }))
-    return hosts
+    return hosts, routers
 
 
-testbed = _load_hosts()
+testbed, _routers = _load_hosts()
+if _routers:
+    routers = _routers

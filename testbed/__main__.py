@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--hosts", type=int, default=int(os.environ.get("TESTBED_HOSTS", "3")))
     a.add_argument("--prefix", default=fleet.DEFAULT_PREFIX)
     a.add_argument("--no-wheels", action="store_true", help="do not fill the wheelhouse")
+    a.add_argument("--router", action="store_true",
+                   help="also boot the router host (<prefix>router, inventory group `routers`)")
     sub.add_parser("down", help="stop and remove every host (keeps the rootfs cache and the key)")
     a = sub.add_parser("status", help="per host: address, nspawn alive, ssh reachable, scenarios")
     a.add_argument("--json", action="store_true")
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             if args.hosts < 1:
                 p.error("--hosts must be >= 1")
-            state = fleet.up(args.hosts, prefix=args.prefix, wheels=not args.no_wheels)
+            state = fleet.up(args.hosts, prefix=args.prefix, wheels=not args.no_wheels,
+                             router=args.router)
             for h in state["hosts"]:
                 print(f"{h['name']}\t{h['address']}\tpid {h['pid']}")
             print(f"up: {time.monotonic() - t0:.1f}s")

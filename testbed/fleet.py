@@ -138,11 +138,16 @@ def new_state(prefix: str) -> dict:
     }
 
 
+#: the router container (`up --router`): index 0, address SUBNET.10, inventory group `routers`
+ROUTER_INDEX = 0
+
+
 def host_record(state: dict, index: int) -> dict:
-    name = f"{state['prefix']}{index}"
+    name = f"{state['prefix']}router" if index == ROUTER_INDEX else f"{state['prefix']}{index}"
     d = Path(state["state_dir"]) / name
     return {
         "name": name,
+        "role": "router" if index == ROUTER_INDEX else "server",
         "index": index,
         "address": f"{SUBNET}.{HOST_OFFSET + index}",
         "netns": name,
@@ -357,20 +362,37 @@ def uv_version() -> str:
         raise TestbedError("uv not found on the controller: install it or set TESTBED_UV_VERSION") from None
 
 
-def ensure_wheelhouse(state: dict) -> list[str]:
-    """Every wheel of locks/testbed.txt and the uv wheel, filled by the tool's own
-    `sglang-deploy wheelhouse` code (the hosts install offline from it)."""
+def ensure_wheelhouse(state: dict, locks: tuple[str, ...] = ("testbed.txt",)) -> list[str]:
+    """Every wheel of locks/testbed.txt (and locks/router.txt with a router: the real smg
+    wheel) and the uv wheel, filled by the tool's own `sglang-deploy wheelhouse` code (the
+    hosts install offline from it)."""
     from sglang_deploy.commands import wheelhouse
 
     wh = Path(state["wheelhouse"])
-    try:
-        result = wheelhouse.fill(REPO / "locks" / "testbed.txt", wh, uv_version=uv_version())
-    except Exception as e:
-        raise TestbedError(
-            f"could not fill the wheelhouse {wh} from locks/testbed.txt ({e}); fetch the wheels "
-            f"by hand with `sglang-deploy wheelhouse locks/testbed.txt {wh}` or run `up --no-wheels`"
-        ) from e
-    return result["fetched"]
+    fetched = []
+    for lock in locks:
+        try:
+            result = wheelhouse.fill(REPO / "locks" / lock, wh, uv_version=uv_version())
+        except Exception as e:
+            raise TestbedError(
+                f"could not fill the wheelhouse {wh} from locks/{lock} ({e}); fetch the wheels "
+                f"by hand with `sglang-deploy wheelhouse locks/{lock} {wh}` or run `up --no-wheels`"
+            ) from e
+        fetched += result["fetched"]
+    return fetched
+
+
+def router_key_file(state: dict) -> Path:
+    """The testbed router's API key (root-only), read by inventory/testbed.py."""
+    return Path(state["state_dir"]) / "router-key"
+
+
+def ensure_router_key(state: dict) -> None:
+    path = router_key_file(state)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(24) + "\n")
 
 
 #: /usr/bin/nvidia-smi: a launcher importing the Python stand-in as a module (byte-compiled
@@ -627,7 +649,8 @@ def teardown_host(state: dict, h: dict) -> None:
 
 # --------------------------------------------------------------------------- commands
 
-def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True) -> dict:
+def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
+       router: bool = False) -> dict:
     t0 = time.monotonic()
     with locked():
         state = load_state() or new_state(prefix)
@@ -640,8 +663,12 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True) -> dict:
         else:
             state["base"] = str(base)
         ensure_key(state)
+        router = router or any(h.get("role") == "router" for h in state["hosts"])
+        if router:
+            ensure_router_key(state)
         if wheels:
-            added = ensure_wheelhouse(state)
+            added = ensure_wheelhouse(state, ("testbed.txt", "router.txt") if router
+                                      else ("testbed.txt",))
             if added:
                 log(f"wheelhouse {state['wheelhouse']}: added {', '.join(added)}")
         else:
@@ -650,7 +677,7 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True) -> dict:
 
         by_index = {h["index"]: h for h in state["hosts"]}
         todo = []
-        for i in range(1, n_hosts + 1):
+        for i in ([ROUTER_INDEX] if router else []) + list(range(1, n_hosts + 1)):
             h = by_index.get(i)
             if h and host_alive(h):
                 continue

@@ -466,7 +466,12 @@ def run(args) -> int:
     if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
         raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
                          fix="e.g. --min-throughput-ratio 0.95")
-    hosts = select(args.inventory, args.limit, args.data).hosts
+    from sglang_deploy.shell import routing
+
+    chosen = select(args.inventory, args.limit, args.data).hosts
+    serving = {h for h, _ in routing.fleet(args.inventory).workers}  # not the routers
+    hosts = [h for h in chosen if h in serving]
+
     def progress(line: str) -> None:  # pyinfra's output: never on stdout
         print(line, file=sys.stderr)
 

@@ -11,10 +11,10 @@ from pyinfra import host, state
 from pyinfra.operations import python
 
 from sglang_deploy.commands import bench
-from sglang_deploy.core import data
 from sglang_deploy.core.service import SECRETS_FILE
+from sglang_deploy.shell import routing
 
-settings = data.resolve(host.data.dict())
+settings = routing.settings(host, state.inventory)
 python.call(
     name="Benchmark: python -m sglang.bench_serving per concurrency level, record the figures",
     function=bench.bench_host,

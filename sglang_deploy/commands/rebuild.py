@@ -5,7 +5,9 @@ deploy defines: the release from the committed lock (offline from `sglang_wheelh
 the data names one), the same patch state, unit and flags, verified serving. With
 ``--cache`` the archive from ``sglang-deploy cache save`` seeds the empty cache folder first,
 so the rebuilt host does not pay for autotune and JIT again. It is the plain deploy, limited
-to HOST, with ``sglang_cache_seed`` set: nothing here differs from a first install.
+to HOST, with ``sglang_cache_seed`` set: nothing here differs from a first install. With a
+``routers`` group, the host is put (back) into the router only once the deploy verified it,
+and the router must then route a generation to it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import hosts, runner
+from sglang_deploy.shell import hosts, routerctl, runner
 
 
 def add_parser(sub) -> None:
@@ -49,4 +51,16 @@ def run(args) -> int:
     for row in rows:
         verdict = "rebuilt and verified" if row["ok"] else "rebuild FAILED:\n" + row["error"]
         print(f"{row['host']}: {verdict} ({result.seconds:.1f}s)", file=sys.stderr)
-    return common.EXIT_OK if result.ok else common.EXIT_FAILED
+    if not result.ok:
+        return common.EXIT_FAILED
+    for name in chosen.hosts:
+        put_back(args.inventory, name, args.data)
+    return common.EXIT_OK
+
+
+def put_back(inventory: str, host: str, data: list[str]) -> None:
+    """Only a verified host goes (back) into the router(s): add it and confirm the router
+    routes a generation to it (a typed error otherwise)."""
+    for r in routerctl.routers(inventory, data=data):
+        if host in r.workers:
+            r.put_back(host, say=lambda text: print(text, file=sys.stderr))

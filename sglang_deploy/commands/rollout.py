@@ -14,6 +14,13 @@ not stop the run. The rollout owns the loop:
 5. a report (per host: done / converged / rolled back / rollback FAILED / untouched, with
    times) is printed and written to ``.sglang-deploy/rollouts/<time>/rollout.json``.
 
+With a ``routers`` group (``shell/routerctl.py``): a router that does not answer stops the
+rollout before any host; each batch is drained out of the router (no new requests, then
+its requests in flight finished, deadline ``rollout_drain_timeout_s``) before its deploy,
+and put back once verified, the router then routing a generation to it; a host rolled back
+is put back once its rollback verified it; a host never verified stays out. ``--no-drain``
+skips all of it.
+
 The pure parts are ``plan_order``, ``batches`` and ``outcome``.
 """
 
@@ -31,9 +38,9 @@ from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.commands.progress import HostProgress
-from sglang_deploy.core.errors import RolloutError, UsageError
+from sglang_deploy.core.errors import RolloutError, RouterError, UsageError
 from sglang_deploy.shell import hosts as hostsel
-from sglang_deploy.shell import runner
+from sglang_deploy.shell import routerctl, routing, runner
 
 RUNS_DIR = Path(".sglang-deploy/rollouts")
 
@@ -78,6 +85,7 @@ class HostResult:
     message: str = ""
     rollback_seconds: float | None = None
     log: str | None = None
+    router: str | None = None  # with a router: out (drained) | back (routed to again) | left out
 
 
 def outcome(results: list[HostResult]) -> tuple[bool, str]:
@@ -113,6 +121,7 @@ class Rollout:
     limit: list[str] | None = None
     data: list[str] = field(default_factory=list)
     min_throughput_ratio: float | None = None
+    drain: bool = True
     cwd: str = "."
     out: object = sys.stdout
     json_out: object | None = None  # --json: the report goes here, all else to `out`
@@ -123,7 +132,9 @@ class Rollout:
 
     def run(self, dry: bool = False, report: str | None = None) -> int:
         chosen = hostsel.select(self.inventory, self.limit, self.data, cwd=self.cwd)
-        order = plan_order(chosen.all_hosts, self.canary, chosen.hosts if self.limit else None)
+        serving = {name for name, _ in routing.fleet(self.inventory, self.cwd).workers}
+        order = plan_order([h for h in chosen.all_hosts if h in serving], self.canary,
+                           [h for h in chosen.hosts if h in serving] if self.limit else None)
         groups = batches(order, self.batch, self.canary)
         self.say(f"rollout order ({len(order)} hosts, batch {self.batch}"
                  + (f", canary {self.canary}" if self.canary else "") + "):")
@@ -159,16 +170,72 @@ class Rollout:
                                verdict="rollout not started: a host is unreachable or its data "
                                        "is invalid (see above); no host was touched")
 
+        fronts = routerctl.routers(self.inventory, self.cwd, self.data) if self.drain else []
+        try:
+            for r in fronts:  # a router that cannot be reached stops here: no host touched yet
+                self.say(f"router {r.host} ({r.url}): " + ", ".join(
+                    f"{w['host'] or w['url']} {w['state']}" for w in r.states()))
+        except RouterError as exc:
+            self.say(f"STOPPED before touching any host:\n{exc.message}")
+            for r in results.values():
+                r.message = "not touched: the router could not be reached"
+            return self.finish(results, run_dir, report, t_start,
+                               verdict="rollout not started: the router could not be reached "
+                                       "(see above); no host was touched")
+
         for i, group in enumerate(groups, 1):
             if self.min_throughput_ratio is not None:
                 self.baseline(group)
+            if not self.take_out(fronts, group, results):
+                self.put_back(fronts, group, results)  # drained, not restarted: still serving
+                break
             ok = self.deploy_batch(i, group, results, run_dir)
             if ok and self.min_throughput_ratio is not None:
                 ok = self.gate_batch(group, results)
+            if ok:
+                ok = self.put_back(fronts, group, results)
             if not ok:
                 self.rollback(group, results, run_dir)
+                self.put_back(fronts, [h for h in group if verified_after_rollback(results[h])],
+                              results)
                 break
         return self.finish(results, run_dir, report, t_start)
+
+    def take_out(self, fronts: list, group: list[str], results: dict) -> bool:
+        """Drain GROUP out of every router, waiting for their requests in flight (at most the
+        batch is out at once). False (and a failed host, untouched) when a drain fails."""
+        for r in fronts:
+            for name in group:
+                try:
+                    r.drain(name, say=self.say)
+                    results[name].router = "out"
+                except RouterError as exc:
+                    results[name].status = "failed"
+                    results[name].router = "out"
+                    results[name].message = f"not restarted: drain failed: {exc.found}"
+                    self.say(f"    {name}: drain failed, not restarted:\n{_indent(exc.message)}")
+                    return False
+        return True
+
+    def put_back(self, fronts: list, names: list[str], results: dict) -> bool:
+        """Add verified hosts back and confirm each router routes to them again."""
+        ok = True
+        for r in fronts:
+            for name in names:
+                try:
+                    r.put_back(name, say=self.say)
+                    results[name].router = "back"
+                except RouterError as exc:
+                    ok = False
+                    results[name].router = "left out"
+                    if results[name].status in ("done", "converged"):
+                        results[name].status = "failed"
+                    results[name].message += f"\nnot routed to again: {exc.found}"
+                    self.say(f"    {name}: not routed to again:\n{_indent(exc.message)}")
+        for name in set(results) - set(names):
+            if results[name].router == "out":
+                results[name].router = "left out"
+        return ok
 
     def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
         reports = run_dir / f"batch{index}-reports"
@@ -348,6 +415,13 @@ class Rollout:
         return common.EXIT_OK if ok else common.EXIT_FAILED
 
 
+def verified_after_rollback(r: HostResult) -> bool:
+    """Serving a verified configuration after the rollback: put back into the router. A host
+    that never passed verification, or whose rollback failed, stays out."""
+    return (r.status in ("done", "converged", "rolled-back")
+            or (r.status == "failed" and "still on its known-good release" in r.message))
+
+
 def unreachable(output: str) -> list[str]:
     """Hosts pyinfra could not connect to, from its output (``[host] Could not connect``)."""
     import re
@@ -375,6 +449,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dry", action="store_true", help="print the order and each host's changes; touch nothing")
     p.add_argument("--report", help="also write the JSON report here")
     common.add_json(p, "the report")
+    p.add_argument("--no-drain", action="store_true",
+                   help="do not take hosts out of the router before their restart (the baseline)")
     p.add_argument("--min-throughput-ratio", type=float,
                    help="after each host, run the benchmark; a drop below this ratio of the "
                         "previous configuration's throughput fails the host (and rolls it back)")
@@ -387,7 +463,7 @@ def run(args) -> int:
                          fix="e.g. --min-throughput-ratio 0.95")
     return Rollout(inventory=args.inventory, batch=args.batch, canary=args.canary,
                    limit=args.limit, data=args.data,
-                   min_throughput_ratio=args.min_throughput_ratio,
+                   min_throughput_ratio=args.min_throughput_ratio, drain=not args.no_drain,
                    out=sys.stderr if args.json else sys.stdout,
                    json_out=sys.stdout if args.json else None).run(dry=args.dry,
                                                                    report=args.report)

@@ -7,8 +7,13 @@ of ``/health`` and ``/v1/models``, the time of the last successful verification,
 drift: the operations a deploy would run now (an empty list means the host is exactly what
 the deploy would make it). A host without a record did not answer or has invalid data.
 
-Exit status: 0 when every host is reachable, in sync and healthy; 1 otherwise; 2 for a
-missing inventory, a --limit that matches nothing or bad --data (nothing contacted).
+With a ``routers`` group, the router too (``router`` in ``--json``: its ``url`` and its
+``workers``, each with ``host``, ``url`` and ``state`` as the router reports it).
+``--json`` prints ``{"hosts": [...], "router": {...} or null}``.
+
+Exit status: 0 when every host is reachable, in sync and healthy (and, with a router, every
+serving host is ready in it); 1 otherwise; 2 for a missing inventory, a --limit that matches
+nothing or bad --data (nothing contacted).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import tempfile
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.shell import runner
+from sglang_deploy.core.errors import RouterError
+from sglang_deploy.shell import routerctl, routing, runner
 from sglang_deploy.shell.hosts import select
 
 
@@ -77,11 +83,40 @@ def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
+def router_status(inventory: str, cwd: str = ".", data: list[str] | None = None) -> dict | None:
+    """The front door: the (first) router's ``url`` and its ``workers`` (host, url, state as
+    the router reports it, ``absent`` when it does not list the host); ``error`` when the
+    router does not answer. None without a ``routers`` group."""
+    fronts = routerctl.routers(inventory, cwd, data)
+    if not fronts:
+        return None
+    r = fronts[0]
+    doc = {"host": r.host, "url": r.url, "error": None}
+    try:
+        doc["workers"] = r.states()
+    except RouterError as exc:
+        doc["error"] = exc.found or exc.what
+        doc["workers"] = [{"host": h, "url": u, "state": "unknown"} for h, u in r.workers.items()]
+    return doc
+
+
+def render_router(router: dict | None, out=None) -> None:
+    if router is None:
+        return
+    print(f"router {router['host']}: {router['url']}"
+          + (f"  NOT ANSWERING: {router['error']}" if router["error"] else ""), file=out or sys.stdout)
+    for w in router["workers"]:
+        print(f"  {w['host'] or '(not in the inventory)':<16} {w['url']:<32} {w['state']}",
+              file=out or sys.stdout)
+
+
 def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
             data: list[str] | None = None) -> tuple[list[dict], str]:
     """Rows of the hosts INVENTORY and LIMIT select (checked before any connection: a missing
     inventory, a limit that matches nothing or bad data raise, exit status 2)."""
-    hosts = select(inventory, limit, data, cwd=cwd).hosts
+    chosen = select(inventory, limit, data, cwd=cwd).hosts
+    serving = {name for name, _ in routing.fleet(inventory, cwd).workers}  # not routers
+    hosts = [h for h in chosen if h in serving]
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
         run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
                                  cwd=cwd, env={"SGLANG_DEPLOY_PLAN_DIR": tmp})
@@ -100,10 +135,14 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     rows, _ = collect(args.inventory, limit=args.limit, data=args.data)
+    router = router_status(args.inventory, data=args.data)
     if args.json:
-        json.dump(rows, sys.stdout, indent=2, sort_keys=True)
+        json.dump({"hosts": rows, "router": router}, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
         render(rows)
-    ok = all(r.get("in_sync") and r.get("healthy") for r in rows)
+        render_router(router)
+    routed = router is None or (not router["error"] and all(
+        w["state"] == "ready" for w in router["workers"] if w["host"]))
+    ok = routed and all(r.get("in_sync") and r.get("healthy") for r in rows)
     return common.EXIT_OK if ok else common.EXIT_FAILED

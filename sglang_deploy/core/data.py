@@ -137,6 +137,35 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("verify_converged", bool, False,
        "Also check a server that was not restarted (health, models, a generation); "
        "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),
+    # --- router -----------------------------------------------------------------------------
+    _k("router_host", str, "127.0.0.1",
+       "Address the router (SMG, on the hosts of the inventory group `routers`) binds. A "
+       "non-loopback address needs `router_api_key_env`."),
+    _k("router_port", int, 30000, "Port the router listens on.", minimum=1),
+    _k("router_api_key_env", (str, NONE), None,
+       "Name of the CONTROLLER environment variable holding the router's API key. Clients "
+       "send it; the router passes it through to the serving hosts, which therefore use the "
+       "same key (their `sglang_api_key_env` follows it when a `routers` group exists)."),
+    _k("router_policy", str, "round_robin",
+       "Load-balancing policy of the router (`--policy`).",
+       choices=("round_robin", "random", "power_of_two", "cache_aware", "least_load")),
+    _k("router_lock", str, "locks/router.txt",
+       "Lock file (on the controller) of the router's release venv (`smg` and its dependencies)."),
+    _k("router_root", str, "/opt/smg", "Router releases (`releases/<id>/venv`), `current`, tools."),
+    _k("router_service", str, "smg", "systemd unit name of the router (without `.service`)."),
+    _k("router_user", str, "smg", "Unprivileged user the router runs as."),
+    _k("router_prometheus_port", int, 29000,
+       "Port of the router's Prometheus metrics, bound to 127.0.0.1.", minimum=1),
+    _k("router_worker_address", (str, NONE), None,
+       "Per serving host: the address the router reaches it at; null: its `ssh_hostname`, "
+       "else its inventory name. Behind a router, a server whose `sglang_host` is loopback "
+       "binds this address instead."),
+    _k("router_verify_timeout_s", (int, float), 300,
+       "Deadline for the router to list every worker healthy and route a generation to each.",
+       minimum=1),
+    _k("rollout_drain_timeout_s", (int, float), 300,
+       "`sglang-deploy rollout`: deadline for a host taken out of the router to finish the "
+       "requests in flight on it before its restart.", minimum=1),
     # --- bench ------------------------------------------------------------------------------
     _k("bench_concurrency", list, [256, 512, 1024],
        "`sglang-deploy bench`: concurrency levels (`--max-concurrency` of "
@@ -173,6 +202,7 @@ class Settings:
 
     values: dict[str, Any]
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    router_key: str | None = field(default=None, repr=False)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -187,6 +217,8 @@ class Settings:
     @property
     def api_key(self) -> str | None:
         return self.secrets.get("SGLANG_API_KEY")
+
+
 
 
 def _type_name(types: tuple) -> str:
@@ -327,7 +359,8 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
 
     secrets: dict[str, str] = {}
     for key_name, env_name in (("sglang_api_key_env", "SGLANG_API_KEY"),
-                               ("sglang_hf_token_env", "HF_TOKEN")):
+                               ("sglang_hf_token_env", "HF_TOKEN"),
+                               ("router_api_key_env", "ROUTER_API_KEY")):
         var = values[key_name]
         if var is None:
             continue
@@ -349,6 +382,17 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
                         found="no API key (`sglang_api_key_env` is not set)",
                         fix="set `sglang_api_key_env`, bind 127.0.0.1, or set "
                             "`sglang_allow_public_without_key: true` deliberately")
+    from sglang_deploy.core import router as routermod
+
+    # the router's key is the router's secret, not the server's (its secrets file)
+    router_key = secrets.pop("ROUTER_API_KEY", None)
+    routermod.check_router_data(values, router_key is not None)
+    for name in ("router_root",):
+        _check_path(name, values[name])
+    for name in ("router_user", "router_service"):
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", values[name]):
+            raise DataError(key=name, what=f"`{name}` must be a plain lower-case name",
+                            found=repr(values[name]), fix=f"set `{name}` to e.g. `smg`")
     endpoint = values["sglang_hf_endpoint"]
     if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
         raise DataError(key="sglang_hf_endpoint", what="an http(s) URL without query",
@@ -357,7 +401,7 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
         raise DataError(key="sglang_model_repo", what="downloading needs a repo id",
                         found="sglang_model_download is true but sglang_model_repo is not set",
                         fix="set `sglang_model_repo` (e.g. org/model) or turn the download off")
-    return Settings(values=values, secrets=secrets)
+    return Settings(values=values, secrets=secrets, router_key=router_key)
 
 
 def markdown_table() -> str:

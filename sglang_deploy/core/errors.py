@@ -32,6 +32,7 @@ __all__ = [
     "RolloutError",
     "UsageError",
     "one_line",
+    "RouterError",
 ]
 
 
@@ -180,3 +181,7 @@ def one_line(exc: SglangDeployError) -> str:
     if exc.fix:
         parts.append("fix: " + _flat(exc.fix))
     return "; ".join(parts)
+
+
+class RouterError(SglangDeployError):
+    title = "router (SMG) failed"

@@ -39,25 +39,29 @@ def _lock_text(path: str, mtime_ns: int, size: int) -> str:
 
 
 def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning) -> None:
-    """Resolve every host's data, check that its lock file (the release profile) exists on
-    the controller, pins the JIT's compiler (``jit.check_lock``), and that its launch flags
-    are flags of the sglang version that lock pins (``lockedflags``; WARN says when that
-    cannot be checked here); raise the first
-    ``DataError``, naming the host."""
+    """Resolve every host's data (a routed fleet's workers as ``routing.settings`` gives
+    them), check that its lock file exists on the controller and, for a server, that the lock
+    pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
+    sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
+    here); raise the first ``DataError``, naming the host."""
+    from sglang_deploy.shell import routing
+
     for each in inventory:
         try:
-            settings = data.resolve(each.data.dict())
-            lock = Path(cwd or ".") / settings.sglang_lock
+            settings = routing.settings(each, inventory)
+            key = "router_lock" if routing.is_router(each) else "sglang_lock"
+            lock = Path(cwd or ".") / getattr(settings, key)
             if not lock.is_file():
                 raise data.DataError(
-                    key="sglang_lock", what="the lock file named by `sglang_lock` exists",
+                    key=key, what=f"the lock file named by `{key}` exists",
                     found=f"no file {lock}",
-                    fix="fix `sglang_lock` (see locks/*.txt) or make the lock with "
+                    fix=f"fix `{key}` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
-            st = lock.stat()
-            jit.check_lock(_lock_text(str(lock.resolve()), st.st_mtime_ns, st.st_size),
-                           settings.sglang_lock, settings.sglang_env)
-            lockedflags.check(settings, cwd or ".", warn)
+            if not routing.is_router(each):  # a server's lock and flags, not the router's
+                st = lock.stat()
+                jit.check_lock(_lock_text(str(lock.resolve()), st.st_mtime_ns, st.st_size),
+                               settings.sglang_lock, settings.sglang_env)
+                lockedflags.check(settings, cwd or ".", warn)
         except data.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"

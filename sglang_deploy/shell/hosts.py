@@ -120,7 +120,7 @@ def select(inventory: str, limit: Sequence[str] | None = (), data: Sequence[str]
         raise UsageError(what=f"hosts in {inventory}", found="the inventory has no host",
                          fix="add hosts to the inventory")
     if validate:
-        hooks.validate_inventory(list(inv), str(Path(cwd).resolve()), warn)
+        hooks.validate_inventory(inv, str(Path(cwd).resolve()), warn)
     return Selection(inventory=inventory, hosts=[h.name for h in hosts],
                      all_hosts=[h.name for h in inv], groups=groups_of(inv),
                      data=list(data or ()), host_data={h.name: h.data.dict() for h in hosts})

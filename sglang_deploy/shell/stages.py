@@ -24,6 +24,7 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flagcache, jit, modelfetch, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
+from sglang_deploy.shell import routing
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
@@ -159,7 +160,7 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
 
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
-    settings = datamod.resolve(host.data.dict())
+    settings = routing.settings(host, state.inventory)
     layout = Layout.of(settings)
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state and GPU snapshot, run at once
@@ -468,7 +469,7 @@ def rollback_stage():
     """Restore the unit, secrets and release that last passed verification on this host,
     restart, and verify by that configuration's own standards. A host that already runs its
     known-good configuration and serves is only checked, never restarted."""
-    s = datamod.resolve(host.data.dict())
+    s = routing.settings(host, state.inventory)
     lay = Layout.of(s)
     hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
                        secrets=lay.secrets_file, python=s.sglang_system_python)

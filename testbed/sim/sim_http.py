@@ -131,6 +131,18 @@ def make_handler(sim):
                                               "last_gen_throughput": sim.cfg.tokens_per_s}]})
             self._send(200, json.loads(json.dumps(info, default=str)))
 
+        def loads(self):
+            """/v1/loads (0.5.12: entrypoints/v1_loads.py): per-rank and aggregate requests; a
+            stopping server still reports the requests it drains."""
+            with sim.lock:
+                running = len(sim.inflight)
+            load = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
+                    "num_used_tokens": 0, "num_total_tokens": getattr(sim, "kv_tokens", 0)}
+            self._send(200, {"timestamp": time.time(), "version": sim.version, "dp_rank_count": 1,
+                             "loads": [load], "aggregate": {"total_running_reqs": running,
+                                                            "total_waiting_reqs": 0,
+                                                            "total_reqs": running}})
+
         def metrics(self):
             if not getattr(sim.args, "enable_metrics", False):
                 return self._send(404, {"detail": "Not Found"})
@@ -263,7 +275,7 @@ def make_handler(sim):
         ("GET", "/v1/models"): Handler.models,
         ("GET", "/model_info"): Handler.model_info, ("GET", "/get_model_info"): Handler.model_info,
         ("GET", "/server_info"): Handler.server_info, ("GET", "/get_server_info"): Handler.server_info,
-        ("GET", "/metrics"): Handler.metrics,
+        ("GET", "/metrics"): Handler.metrics, ("GET", "/v1/loads"): Handler.loads,
         ("POST", "/generate"): Handler.generate, ("GET", "/generate"): Handler.generate,
         ("POST", "/v1/chat/completions"): Handler.chat,
         ("POST", "/v1/completions"): Handler.completions,

@@ -234,7 +234,7 @@ def test_status_reports_every_host_and_the_drift_of_a_manual_change(testbed, tmp
     for d in [*BASE, flags(**{"mem-fraction-static": 0.85})]:
         argv += ["--data", d]  # drift against the configuration the rollout deployed
     r = tool(testbed, *argv)
-    rows = {row["host"]: row for row in json.loads(r.stdout)}
+    rows = {row["host"]: row for row in json.loads(r.stdout)["hosts"]}
     assert r.returncode == 1, r.stderr[-2000:]  # not everything in sync
     for name in (TB1, TB2, TB3):
         row = rows[name]

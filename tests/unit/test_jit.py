@@ -161,14 +161,19 @@ def test_the_controller_refuses_a_lock_without_the_jits_compiler_before_connecti
     from sglang_deploy.shell import hooks
 
     (tmp_path / "nonvcc.txt").write_text(lock("torch==2.11.0", "nvidia-cuda-runtime==13.0.96"))
-    host = SimpleNamespace(name="h1", data=SimpleNamespace(dict=lambda: {
+    host = SimpleNamespace(name="h1", groups=(), data=SimpleNamespace(dict=lambda: {
         "sglang_model_path": "/srv/models/m", "sglang_lock": "nonvcc.txt"}))
+
+    class Inventory(list):  # what validate_inventory reads of pyinfra's: hosts and groups
+        groups: dict = {}
+
+    inventory = Inventory([host])
     with pytest.raises(DataError, match=r"\[h1\].*pins a CUDA compiler") as err:
-        hooks.validate_inventory([host], str(tmp_path))
+        hooks.validate_inventory(inventory, str(tmp_path))
     assert err.value.key == "sglang_lock"
     (tmp_path / "nonvcc.txt").write_text(lock("torch==2.11.0", "nvidia-cuda-runtime==13.0.96",
                                               "nvidia-cuda-nvcc==13.0.88"))
-    hooks.validate_inventory([host], str(tmp_path))  # a new version of the file is read again
+    hooks.validate_inventory(inventory, str(tmp_path))  # a new version of the file is read again
 
 
 BIN = "/opt/sglang/releases/r1/venv/bin"

@@ -1,0 +1,77 @@
+"""Requests through the router during a 3-host rollout: drain on, a failed host, drain off.
+
+Runs tests/integration/test_router.py (the router host, the deploy, the load test of
+bench/router_load.py through three rollouts) on this TESTBED_DIR's testbed, which it leaves
+up like the other suites, and turns the load figures it writes ($ROUTER_LOAD_RESULTS) into
+Figures: failed requests with drain (baseline: the same rollout with --no-drain), failed
+requests when a host fails and is rolled back, and the latency p50/p99 during the rollout
+against before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench import router_load
+from bench.common import PY, ROOT, Figure, log, not_measured
+
+NAME = "Failed requests through the router during a 3-host rollout"
+
+
+def run(cfg) -> list[Figure]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "router-load.json"
+        r = subprocess.run([PY, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                            "tests/integration/test_router.py"], cwd=ROOT, capture_output=True,
+                           text=True, env={**os.environ, "TESTBED_KEEP": "1",
+                                           "ROUTER_LOAD_RESULTS": str(out)})
+        log(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:])
+        if not out.exists():
+            return [not_measured("router_failed", NAME, "requests",
+                                 f"the router load test did not finish: {r.stdout[-300:]}", "0")]
+        return figures(json.loads(out.read_text()))
+
+
+def figures(doc: dict) -> list[Figure]:
+    """Figures of the load test's results (keys: drain, failed-host-rolled-back, no-drain)."""
+    rate = f"{router_load.RATE:g} req/s, {router_load.MAX_TOKENS} tokens each, every other streamed"
+    out = []
+    drain, off = doc.get("drain"), doc.get("no-drain")
+    if drain:
+        s = drain["summary"]
+        out.append(Figure(
+            key="router_failed", name=NAME, unit="requests", samples=[s["during"]["failed"]],
+            baseline_name="same rollout with --no-drain",
+            baseline_samples=[off["summary"]["during"]["failed"]] if off else [],
+            goal="0 failed", goal_kind="value_max", goal_value=1,
+            notes=f"{rate}; {s['during']['requests']} requests during the rollout"
+                  + (f", {off['summary']['during']['requests']} during the --no-drain one; its "
+                     f"errors: {'; '.join(off['summary']['errors'][:3]) or 'none'}" if off else "")))
+        out.append(Figure(
+            key="router_retries", unit="requests", samples=[s.get("router_retries")],
+            name="Requests the router sent to a stopped server and retried elsewhere",
+            baseline_name="same rollout with --no-drain",
+            baseline_samples=[off["summary"].get("router_retries")] if off else [],
+            goal="0", goal_kind="value_max", goal_value=1,
+            notes="SMG's smg_router_upstream_send_retries_total over the run: without drain "
+                  "the clients did not see these (SMG retried them on another worker), but "
+                  "each is a generation that may run twice and the retry's delay"))
+        out.append(Figure(
+            key="router_p99", name="Latency p99 through the router, during the rollout vs before",
+            unit="s", samples=[s["during"]["p99_s"]], baseline_name="before the rollout",
+            baseline_samples=[s["before"]["p99_s"]],
+            notes=f"p50 during {s['during']['p50_s']} s, before {s['before']['p50_s']} s; "
+                  "the simulated server's token rate sets the request time"))
+    failed = doc.get("failed-host-rolled-back")
+    if failed:
+        s = failed["summary"]
+        out.append(Figure(
+            key="router_failed_rollback", unit="requests", samples=[s["during"]["failed"]],
+            name="Failed requests when a host fails its verification and is rolled back",
+            goal="0 failed", goal_kind="value_max", goal_value=1,
+            notes=f"{rate}; {s['during']['requests']} requests during the rollout"))
+    return out

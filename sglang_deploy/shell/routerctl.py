@@ -1,0 +1,207 @@
+"""The controller's side of the router: its HTTP API (SMG), drain and put back.
+
+Used by ``rollout`` (drain each host before its restart), ``status`` (the router object) and
+``rebuild`` (put a rebuilt host back once verified). The router is reached at its address
+(``router_host``; for a wildcard bind, the router host's inventory address) with the key of
+``router_api_key_env``. Decisions come from ``core.router``; every wait has a deadline and
+reports its last observation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from sglang_deploy.core import data as datamod
+from sglang_deploy.core import router as routermod
+from sglang_deploy.core.errors import RouterError
+from sglang_deploy.shell import routing
+
+
+@dataclass
+class Answer:
+    status: int | None
+    headers: dict
+    text: str
+
+    def json(self):
+        try:
+            return json.loads(self.text)
+        except ValueError:
+            return None
+
+
+def http(method: str, url: str, key: str | None, body: dict | None = None,
+         timeout: float = 10.0) -> Answer:
+    payload = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=payload, method=method)
+    if payload is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Answer(resp.status, dict(resp.headers), resp.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as exc:
+        return Answer(exc.code, dict(exc.headers or {}), exc.read(4096).decode("utf-8", "replace"))
+    except (OSError, ValueError) as exc:
+        return Answer(None, {}, f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class Router:
+    """One router of the inventory, and the serving hosts it fronts."""
+
+    host: str
+    url: str
+    key: str | None
+    model: str
+    workers: dict[str, str]          # host name -> worker URL
+    drain_timeout_s: float
+    verify_timeout_s: float
+    poll_s: float = 0.2
+
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> Answer:
+        if routermod.is_loopback(self.url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")):
+            raise RouterError(what=f"the router on {self.host} reachable from the controller",
+                              found=f"it binds loopback ({self.url} would be this machine)",
+                              fix="bind it to an address (`router_host`, with `router_api_key_env`)")
+        return http(method, self.url + path, self.key, body, timeout)
+
+    def listed(self) -> list[routermod.Worker]:
+        """``GET /workers`` (raises RouterError when the router does not answer it)."""
+        got = self.call("GET", "/workers")
+        if got.status != 200 or not isinstance(got.json(), dict):
+            raise RouterError(what=f"the router {self.url} (on {self.host}) to answer GET /workers",
+                              found=f"{got.status}: {got.text[:300]}",
+                              fix=f"check `systemctl status smg` on {self.host}, that the "
+                                  "controller reaches router_host:router_port and that "
+                                  "router_api_key_env names the router's key")
+        return routermod.parse_workers(got.json())
+
+    def states(self) -> list[dict]:
+        return routermod.worker_states(list(self.workers.items()), self.listed())
+
+    def drain(self, name: str, say=lambda text: None) -> routermod.DrainWatch:
+        """Take NAME out of the router and wait until it is idle (raises RouterError with the
+        last observation at the deadline)."""
+        url = self.workers[name]
+        entry = routermod.find_worker(self.listed(), url)
+        watch = routermod.DrainWatch(url=url, worker_id=entry.id if entry else None)
+        if entry is None:
+            watch.removed = True
+            say(f"    {name}: not in the router ({url}); waiting for its own requests only")
+        else:
+            watch.router_load = entry.load
+            got = self.call("DELETE", f"/workers/{entry.id}")
+            if got.status not in (200, 202):
+                raise RouterError(what=f"the router to start draining {name} ({url})",
+                                  found=f"DELETE /workers/{entry.id}: {got.status} {got.text[:300]}",
+                                  fix="check the router's journal (`journalctl -u smg`)")
+            say(f"    {name}: draining in the router ({entry.load} in flight)")
+        t0 = time.monotonic()
+        while True:
+            if not watch.removed:
+                got = self.call("GET", f"/workers/{watch.worker_id}")
+                if got.status == 404:
+                    watch.removed = True
+                elif got.status == 200 and isinstance(got.json(), dict):
+                    watch.router_load = int(got.json().get("load") or 0)
+            if watch.removed:
+                watch.worker_reqs = self.server_requests(url)
+            verdict = routermod.drain_step(watch, time.monotonic() - t0, self.drain_timeout_s)
+            if verdict == "done":
+                say(f"    {name}: drained in {time.monotonic() - t0:.1f}s ({watch.last()})")
+                return watch
+            if verdict == "timeout":
+                raise RouterError(
+                    what=f"{name}'s requests in flight to finish within "
+                         f"rollout_drain_timeout_s={self.drain_timeout_s:g}s",
+                    found=f"last: {watch.last()}",
+                    fix="raise `rollout_drain_timeout_s` above the longest request, or find "
+                        "what keeps the server busy; the host was not restarted")
+            time.sleep(self.poll_s)
+
+    def server_requests(self, url: str) -> int | None:
+        """The server's own running + waiting requests (SGLang ``/v1/loads``), None if it
+        cannot say (no such route, not answering)."""
+        got = http("GET", url + "/v1/loads?include=core", self.key, timeout=5.0)
+        doc = got.json() if got.status == 200 else None
+        if not isinstance(doc, dict):
+            return None
+        total = (doc.get("aggregate") or {}).get("total_reqs")
+        if total is None:
+            total = sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0))
+                        for x in doc.get("loads") or [])
+        return int(total)
+
+    def put_back(self, name: str, say=lambda text: None) -> int:
+        """Add NAME back and confirm the router routes a generation to it; returns the number
+        of generations it took (raises RouterError at the deadline)."""
+        url = self.workers[name]
+        t0 = time.monotonic()
+        deadline = t0 + self.verify_timeout_s
+        tries, last = 0, ""
+        while time.monotonic() < deadline:
+            entry = routermod.find_worker(self.listed(), url)
+            if entry is None:
+                # absent (or removed since by a drain still pending on it): add it (again)
+                got = self.call("POST", "/workers", {"url": url, "api_key": self.key})
+                last = f"POST /workers: {got.status} {got.text[:200]}"
+                if got.status not in (200, 201, 202, 409):
+                    raise RouterError(what=f"the router to take {name} ({url}) back",
+                                      found=last, fix="check the router's journal (`journalctl -u smg`)")
+                time.sleep(self.poll_s)
+                continue
+            if entry.status != "ready":
+                last = f"router lists it as {entry.status}"
+                time.sleep(self.poll_s)
+                continue
+            tries += 1
+            got = self.call("POST", "/v1/completions",
+                            {"model": self.model, "prompt": f"put back {name} {tries}", "max_tokens": 1},
+                            timeout=60.0)
+            routed = routermod.routed_url(got.headers)
+            last = f"generation {tries}: {got.status}, routed to {routed}"
+            if got.status == 200 and routed == url:
+                say(f"    {name}: back in the router, routed to it after {tries} generation(s) "
+                    f"({time.monotonic() - t0:.1f}s)")
+                return tries
+            if tries >= 16 * max(1, len(self.workers)):
+                break
+        raise RouterError(what=f"the router to route a generation to {name} ({url}) again",
+                          found=f"last: {last}",
+                          fix=f"check `sglang-deploy status` and the router's journal; {name} "
+                              "was verified before it was put back")
+
+
+def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> list[Router]:
+    """The routers of INVENTORY (none when it has no ``routers`` group)."""
+    overrides = dict(d.split("=", 1) for d in (data or []))
+    fl = routing.fleet(inventory, cwd, data=_typed(overrides))
+    out = []
+    for name, raw in fl.routers:
+        s = datamod.resolve(raw)
+        address = routermod.router_address(s.router_host, raw, name)
+        workers = {w: routermod.http_url(routermod.worker_address(wraw, w),
+                                         wraw.get("sglang_port", 30000))
+                   for w, wraw in fl.workers}
+        out.append(Router(host=name, url=routermod.http_url(address, s.router_port),
+                          key=s.router_key, model=s.served_model_name, workers=workers,
+                          drain_timeout_s=float(s.rollout_drain_timeout_s),
+                          verify_timeout_s=float(s.router_verify_timeout_s)))
+    return out
+
+
+def _typed(overrides: dict) -> dict:
+    """``--data`` values as pyinfra parses them (JSON where it parses, else the string)."""
+    out = {}
+    for k, v in overrides.items():
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out

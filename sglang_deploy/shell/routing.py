@@ -1,0 +1,61 @@
+"""Which hosts of an inventory are routers and which are its workers (pyinfra inventory).
+
+The group ``routers`` (``core.router.ROUTER_GROUP``) holds the hosts that run the router;
+every other host serves. A serving host's data is read through ``core.router.routed_data``
+when the inventory has a router, so its bind address and key follow from the inventory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_deploy.core import data as datamod
+from sglang_deploy.core.router import ROUTER_GROUP, routed_data
+
+
+def is_router(host) -> bool:
+    return ROUTER_GROUP in (host.groups or ())
+
+
+def has_routers(inventory) -> bool:
+    return bool(inventory.groups.get(ROUTER_GROUP))
+
+
+def raw_data(host, inventory) -> dict:
+    """HOST's merged data, with the worker defaults of a routed fleet applied."""
+    routed = has_routers(inventory) and not is_router(host)
+    return routed_data(host.data.dict(), host.name, routed)
+
+
+def settings(host, inventory) -> datamod.Settings:
+    return datamod.resolve(raw_data(host, inventory))
+
+
+@dataclass
+class Fleet:
+    """The controller's view of an inventory: (name, data) of workers and routers, in
+    inventory order, data as the deploy uses it."""
+
+    workers: list[tuple[str, dict]]
+    routers: list[tuple[str, dict]]
+
+
+def fleet(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None) -> Fleet:
+    """Read INVENTORY the way pyinfra does (group data included), without connecting."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    cwd = str(Path(cwd).resolve())
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    ctx_state.set(State())
+    inv = make_inventory(str(Path(cwd, inventory)) if not os.path.isabs(inventory) else inventory,
+                         cwd=cwd, override_data=data or {})
+    workers, routers = [], []
+    for h in inv:
+        (routers if is_router(h) else workers).append((h.name, raw_data(h, inv)))
+    return Fleet(workers=workers, routers=routers)

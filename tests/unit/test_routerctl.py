@@ -1,0 +1,105 @@
+"""Drain and put back against a scripted router API (shell/routerctl.py, HTTP replaced)."""
+
+import json
+
+import pytest
+
+from sglang_deploy.core.errors import RouterError
+from sglang_deploy.shell import routerctl
+
+W1, W2 = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
+
+
+class FakeSMG:
+    """Just enough of SMG's worker API: DELETE drains for SETTLE polls, then forgets."""
+
+    def __init__(self, settle=2, server_reqs=(0,), routed=(W2, W1)):
+        self.workers = {"a": {"id": "a", "url": W1, "status": "ready", "load": 1},
+                        "b": {"id": "b", "url": W2, "status": "ready", "load": 0}}
+        self.settle, self.server_reqs, self.routed = settle, list(server_reqs), list(routed)
+        self.calls = []
+
+    def __call__(self, method, url, key, body=None, timeout=10.0):
+        path = url.split("30000", 1)[1] if url.startswith("http://10.0.0.9") else url
+        self.calls.append((method, path))
+        if url.startswith(W1) and path.endswith("/v1/loads?include=core"):
+            n = self.server_reqs.pop(0) if len(self.server_reqs) > 1 else self.server_reqs[0]
+            return routerctl.Answer(200, {}, json.dumps({"aggregate": {"total_reqs": n}}))
+        if method == "GET" and path == "/workers":
+            return routerctl.Answer(200, {}, json.dumps({"workers": list(self.workers.values())}))
+        if path.startswith("/workers/"):
+            wid = path.rsplit("/", 1)[1]
+            w = self.workers.get(wid)
+            if method == "DELETE":
+                w["status"] = "draining"
+                return routerctl.Answer(202, {}, "{}")
+            if w is None:
+                return routerctl.Answer(404, {}, "{}")
+            if w["status"] == "draining":
+                self.settle -= 1
+                if self.settle < 0:
+                    del self.workers[wid]
+                    return routerctl.Answer(404, {}, "{}")
+            return routerctl.Answer(200, {}, json.dumps(w))
+        if method == "POST" and path == "/workers":
+            self.workers["c"] = {"id": "c", "url": body["url"], "status": "ready", "load": 0}
+            return routerctl.Answer(202, {}, "{}")
+        if method == "POST" and path == "/v1/completions":
+            to = self.routed.pop(0) if len(self.routed) > 1 else self.routed[0]
+            return routerctl.Answer(200, {"x-smg-routed-worker-id": to}, "{}")
+        return routerctl.Answer(404, {}, path)
+
+
+def router(fake, monkeypatch, drain_timeout=5.0):
+    monkeypatch.setattr(routerctl, "http", fake)
+    return routerctl.Router(host="r", url="http://10.0.0.9:30000", key="k", model="m",
+                            workers={"gpu-1": W1, "gpu-2": W2}, drain_timeout_s=drain_timeout,
+                            verify_timeout_s=5.0, poll_s=0.0)
+
+
+def test_drain_waits_for_the_router_to_forget_the_worker_and_the_server_to_be_idle(monkeypatch):
+    fake = FakeSMG(settle=2, server_reqs=(2, 1, 0))
+    watch = router(fake, monkeypatch).drain("gpu-1")
+    assert watch.removed and watch.worker_reqs == 0
+    assert ("DELETE", "/workers/a") in fake.calls
+    assert sum(c == ("GET", f"{W1}/v1/loads?include=core") for c in fake.calls) == 3
+
+
+def test_drain_timeout_names_the_last_observation(monkeypatch):
+    fake = FakeSMG(settle=10**9)
+    with pytest.raises(RouterError) as exc:
+        router(fake, monkeypatch, drain_timeout=0.05).drain("gpu-1")
+    assert "rollout_drain_timeout_s" in exc.value.what and "draining" in exc.value.found
+
+
+def test_put_back_adds_the_worker_and_waits_for_a_generation_routed_to_it(monkeypatch):
+    fake = FakeSMG(routed=(W2, W2, W1))
+    del fake.workers["a"]
+    tries = router(fake, monkeypatch).put_back("gpu-1")
+    assert tries == 3
+    assert fake.calls.count(("POST", "/workers")) == 1
+
+
+def test_put_back_gives_up_at_its_bound_saying_where_requests_went(monkeypatch):
+    fake = FakeSMG(routed=(W2,))
+    with pytest.raises(RouterError) as exc:
+        router(fake, monkeypatch).put_back("gpu-1")
+    assert W2 in exc.value.found
+
+
+def test_a_router_that_does_not_answer_is_an_error(monkeypatch):
+    monkeypatch.setattr(routerctl, "http", lambda *a, **k: routerctl.Answer(None, {}, "ConnectionRefusedError"))
+    r = routerctl.Router(host="r", url="http://10.0.0.9:30000", key="k", model="m",
+                         workers={"gpu-1": W1}, drain_timeout_s=1, verify_timeout_s=1)
+    with pytest.raises(RouterError) as exc:
+        r.states()
+    assert "ConnectionRefused" in exc.value.found
+
+
+def test_a_loopback_router_is_never_called_from_the_controller(monkeypatch):
+    monkeypatch.setattr(routerctl, "http", lambda *a, **k: pytest.fail("called"))
+    r = routerctl.Router(host="r", url="http://127.0.0.1:30000", key="k", model="m",
+                         workers={"gpu-1": W1}, drain_timeout_s=1, verify_timeout_s=1)
+    with pytest.raises(RouterError) as exc:
+        r.states()
+    assert "loopback" in exc.value.found
