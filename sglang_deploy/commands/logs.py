@@ -1,19 +1,21 @@
-"""`sglang-deploy logs HOST [-i INVENTORY] [--follow] [-n LINES]`: the service's journal.
+"""`sglang-deploy logs INVENTORY HOST [--follow] [-n LINES] [--explain [--json]]`: the
+service's journal.
 
 One SSH session to HOST (``shell.hostshell``: the deploy's own SSH settings from the
 inventory, plus ~/.ssh/config and the agent), running ``journalctl -u UNIT``. With
-``--follow`` the journal streams until Ctrl-C, across restarts of the service. Read-only.
+``--follow`` the journal streams until Ctrl-C, across restarts of the service. With
+``--explain`` the journal since the service's last start is analysed as `explain-log` does
+(``core.explain``: phases, outcome, the cause and its fix). Read-only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.commands import common
 from sglang_deploy.core.sshtarget import journal_command
-
-DEFAULT_INVENTORY = "inventory/prod.py"
 
 
 def line_count(text: str) -> int:
@@ -28,25 +30,39 @@ def line_count(text: str) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("logs", help="the service's journal on one host (--follow to stream)")
-    p.add_argument("host")
-    p.add_argument("--inventory", "-i", default=DEFAULT_INVENTORY)
+    p = common.add_command(
+        sub, "logs", help="the service's journal on one host (--follow to stream, --explain "
+                          "to analyse the last start)",
+        description=__doc__.split("\n\n")[0],
+        failed="journalctl failed on the host; with --explain: the last start failed",
+        codes=((4, "with --explain: the log ends with no verdict (still starting, or hung)"),))
+    common.add_inventory(p)
+    p.add_argument("host", metavar="HOST")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep streaming new lines (across restarts) until Ctrl-C")
     p.add_argument("--lines", "-n", type=line_count, default=100,
                    help="how many of the last lines to show first (default 100)")
+    p.add_argument("--explain", action="store_true",
+                   help="analyse the journal since the last start (as explain-log does)")
+    common.add_json(p, "the --explain analysis")
 
 
 def run(args) -> int:
     from sglang_deploy.shell import hostshell
 
-    try:
-        target, data = hostshell.target(args.inventory, args.host)
-        unit = f"{hostshell.setting(data, 'sglang_service')}.service"
-        with hostshell.connect(target) as cxn:
-            status, _ = hostshell.stream(cxn, journal_command(unit, args.lines, args.follow),
-                                         sys.stdout.buffer, sys.stderr.buffer)
-    except SglangDeployError as exc:
-        print(exc.message, file=sys.stderr)
-        return 2
+    if args.explain:
+        from sglang_deploy.core.explain import explain, render_text
+
+        if args.follow:
+            raise hostshell.HostShellError(what="--explain or --follow", found="both",
+                                           fix="analyse the last start (--explain) or stream "
+                                               "the journal (--follow), one at a time")
+        result = explain(hostshell.journal_since_last_start(args.inventory, args.host).splitlines())
+        print(json.dumps(result, indent=2) if args.json else render_text(result))
+        return {"ready": common.EXIT_OK, "failed": common.EXIT_FAILED}.get(result["outcome"], 4)
+    target, data = hostshell.target(args.inventory, args.host)
+    unit = f"{hostshell.setting(data, 'sglang_service')}.service"
+    with hostshell.connect(target) as cxn:
+        status, _ = hostshell.stream(cxn, journal_command(unit, args.lines, args.follow),
+                                     sys.stdout.buffer, sys.stderr.buffer)
     return status

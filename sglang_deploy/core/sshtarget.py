@@ -25,6 +25,7 @@ class HostShellError(SglangDeployError):
     """A live session to one host (logs, cache save) failed. Printed as ONE line."""
 
     title = "cannot reach the host"
+    exit_status = 2
 
     def lines(self) -> list[str]:
         text = f"{self.title}: expected {self.what}"

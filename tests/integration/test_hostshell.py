@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import json
 import signal
 import subprocess
 import sys
@@ -53,7 +54,7 @@ def journalctl_pids(testbed, host: str) -> str:
 
 
 def test_logs_shows_the_service_journal(testbed, host):
-    r = tool("logs", host, "-i", str(testbed.inventory), "-n", "400")
+    r = tool("logs", str(testbed.inventory), host, "-n", "400")
     assert r.returncode == 0, r.stderr
     assert READY in r.stdout
     assert all(line.split()[1] == host for line in r.stdout.splitlines() if line.strip())
@@ -62,7 +63,7 @@ def test_logs_shows_the_service_journal(testbed, host):
 def test_logs_follow_streams_a_restarts_startup_lines(testbed, host):
     # -n 1: journalctl prints the journal's last line once it has opened the journal and
     # reached its end; from that line on, every new entry of the unit is streamed
-    proc = subprocess.Popen([str(BIN / "sglang-deploy"), "logs", host, "-i", str(testbed.inventory),
+    proc = subprocess.Popen([str(BIN / "sglang-deploy"), "logs", str(testbed.inventory), host,
                              "-n", "1", "--follow"], cwd=REPO, stdout=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
     seen: list[str] = []
@@ -103,6 +104,12 @@ def test_journal_since_last_start_holds_only_the_last_run(testbed, host):
     assert "systemd[1]: Starting sglang.service" in lines[0] or "systemd[1]: Started sglang.service" in lines[0]
     assert any(READY in line and f"python[{after}]" in line for line in lines)
     assert not any(f"python[{before}]" in line for line in lines)
+    # the same journal, analysed: `logs --explain` (explain-log's analysis of the last start)
+    r = tool("logs", str(testbed.inventory), host, "--explain", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert (result["outcome"], result["phase"], result["cause"]) == ("ready", "ready", None)
+    assert [p["name"] for p in result["phases"]][-1] == "ready"
 
 
 @pytest.mark.parametrize("case, words", [
@@ -121,7 +128,7 @@ def test_host_key_problems_are_one_actionable_line(testbed, host, tmp_path, case
         known.write_text(f"{testbed.address(host)} {other[0]} {other[1]}\n")
     inv = inventory(tmp_path, testbed, host, ssh_known_hosts_file=str(known),
                     ssh_key=testbed.state["key"], ssh_user="root")
-    r = tool("logs", host, "-i", str(inv), "-n", "1")
+    r = tool("logs", str(inv), host, "-n", "1")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     for w in words:
@@ -161,10 +168,10 @@ def test_logs_uses_ssh_config_and_the_agent(testbed, host, tmp_path, agent):
     config.write_text(f"Host {host}-alias\n  HostName {testbed.address(host)}\n  User root\n")
     inv = inventory(tmp_path, testbed, host, ssh_hostname=f"{host}-alias", ssh_config_file=str(config),
                     ssh_known_hosts_file=testbed.state["known_hosts"], ssh_look_for_keys=False)
-    r = tool("logs", host, "-i", str(inv), "-n", "5", env=agent)
+    r = tool("logs", str(inv), host, "-n", "5", env=agent)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == 5
-    r = tool("logs", host, "-i", str(inv), "-n", "5", env={"SSH_AUTH_SOCK": str(tmp_path / "none")})
+    r = tool("logs", str(inv), host, "-n", "5", env={"SSH_AUTH_SOCK": str(tmp_path / "none")})
     assert r.returncode == 2 and "authentication as root" in r.stderr, r.stderr
 
 
@@ -176,10 +183,10 @@ def test_logs_unlocks_a_key_with_the_inventorys_passphrase(testbed, host, tmp_pa
                    timeout=30, capture_output=True)
     base = {"ssh_user": "root", "ssh_key": str(key), "ssh_known_hosts_file": testbed.state["known_hosts"],
                 "ssh_allow_agent": False, "ssh_look_for_keys": False}
-    r = tool("logs", host, "-i", str(inventory(tmp_path, testbed, host, **base)), "-n", "1")
+    r = tool("logs", str(inventory(tmp_path, testbed, host, **base)), host, "-n", "1")
     assert r.returncode == 2 and "ssh_key_password" in r.stderr, r.stderr
-    r = tool("logs", host, "-i", str(inventory(tmp_path, testbed, host, ssh_key_password="pass phrase",
-                                               **base)), "-n", "1")
+    r = tool("logs", str(inventory(tmp_path, testbed, host, ssh_key_password="pass phrase",
+                                               **base)), host, "-n", "1")
     assert r.returncode == 0, r.stderr
     assert "pass phrase" not in r.stdout + r.stderr
 
@@ -212,7 +219,7 @@ def test_logs_goes_through_a_proxyjump_of_the_ssh_config(testbed, host, tmp_path
             f"Accepted publickey for root from {address} ")
 
     before = logins_from_itself()
-    r = tool("logs", host, "-i", str(inv), "-n", "1")
+    r = tool("logs", str(inv), host, "-n", "1")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == 1
     assert logins_from_itself() == before + 1

@@ -133,17 +133,26 @@ def test_cache_archive_command_archives_the_folders_contents(tmp_path):
 
 # --------------------------------------------------------------------------- the CLI
 def test_logs_arguments():
-    args = cli.build_parser().parse_args(["logs", "gpu-1"])
-    assert (args.host, args.inventory, args.follow, args.lines) == ("gpu-1", "inventory/prod.py", False, 100)
-    args = cli.build_parser().parse_args(["logs", "gpu-1", "-i", "inv.py", "--follow", "-n", "0"])
+    args = cli.build_parser().parse_args(["logs", "inv.py", "gpu-1"])
+    assert (args.host, args.inventory, args.follow, args.lines, args.explain) == \
+        ("gpu-1", "inv.py", False, 100, False)
+    args = cli.build_parser().parse_args(["logs", "inv.py", "gpu-1", "--follow", "-n", "0"])
     assert (args.inventory, args.follow, args.lines) == ("inv.py", True, 0)
+    args = cli.build_parser().parse_args(["logs", "inv.py", "gpu-1", "--explain", "--json"])
+    assert (args.explain, args.json) == (True, True)
     assert args._module.__name__ == "sglang_deploy.commands.logs"
+
+
+def test_logs_explain_and_follow_are_one_at_a_time(capsys):
+    assert cli.main(["logs", "inv.py", "gpu-1", "--explain", "--follow"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--explain or --follow" in err
 
 
 @pytest.mark.parametrize("value", ["-1", "ten"])
 def test_logs_rejects_a_bad_line_count(value, capsys):
     with pytest.raises(SystemExit) as e:
-        cli.build_parser().parse_args(["logs", "gpu-1", "-n", value])
+        cli.build_parser().parse_args(["logs", "inv.py", "gpu-1", "-n", value])
     assert e.value.code == 2
     assert "lines" in capsys.readouterr().err
 
