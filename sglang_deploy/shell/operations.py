@@ -1,26 +1,22 @@
-"""pyinfra operations of sglang-deploy: each reads what it needs first and yields nothing when
-the host already matches (``host.noop``). Decisions come from the pure modules."""
+"""pyinfra operations of sglang-deploy (files, folders, secrets, the service, the pre-flight
+gate, the rollback's restore; a release's own are in ``releaseops``): each reads what it needs
+first and yields nothing when the host already matches (``host.noop``). Decisions come from the
+pure modules."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import posixpath
 import shlex
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import operation
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.operations import files
 
-from sglang_deploy.core import flagcache, modelfetch
-from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core.errors import FlagError, PatchError, PreflightError, RuntimeSetupError
-from sglang_deploy.shell import streamed
-from sglang_deploy.shell.facts import ServerArgsSource
-from sglang_deploy.core import jit
+from sglang_deploy.core.errors import PreflightError
 
 
 def reported(function):
@@ -84,184 +80,6 @@ def preflight_gate(checks: list, title: str = "pre-flight") -> None:
     warns = sum(c.status == "warn" for c in checks)
     logger.info(f"{host.print_prefix}{title}: {len(checks)} checks passed"
                 + (f" ({warns} warnings)" if warns else ""))
-
-
-@operation()
-def tool_venv(root: str, python: str, uv_version: str, present_version: str | None,
-              wheelhouse: str | None = None, index_url: str | None = None):
-    """
-    Bring uv onto the host, in a small tool venv made with the system python.
-
-    + root: sglang root folder (the venv goes to ``ROOT/tools/venv``)
-    + python: system python used to make the venv
-    + uv_version: exact uv version wanted
-    + present_version: the uv version found on the host (from ``SglangHostState``)
-    + wheelhouse: install offline from this folder on the host
-    + index_url: package index to use otherwise
-
-    **Example:**
-
-    .. code:: python
-
-        tool_venv(root="/opt/sglang", python="/usr/bin/python3", uv_version="0.13.9",
-                  present_version=None, wheelhouse="/srv/wheelhouse")
-    """
-    if present_version == uv_version:
-        host.noop(f"uv {uv_version} is present")
-        return
-    venv = f"{root}/tools/venv"
-    source = (["--no-index", "--find-links", wheelhouse] if wheelhouse
-              else (["--index-url", index_url] if index_url else []))
-    yield f"rm -rf {shlex.quote(venv)} && {_sh(python, '-m', 'venv', venv)}"
-    yield _sh(f"{venv}/bin/pip", "install", "--disable-pip-version-check", "--no-input", "-q",
-              *source, f"uv=={uv_version}")
-
-
-def _explain_failure(cmd: str, release_id: str, rel: str) -> str:
-    """CMD, and if it fails: a message naming the release, the free space and the fix, on
-    stderr (pyinfra shows it under the failed command), then CMD's exit status."""
-    msg = (f"sglang-deploy: installing release {release_id} failed (exit $rc; free space in "
-           f"{rel}: $(df -h --output=avail {shlex.quote(rel)} 2>/dev/null | tail -n 1 | tr -d ' ')). "
-           "The half-made release has no .complete marker: it is never used, the service keeps "
-           "its current release, and the next run installs it again. Fix: read the error above "
-           "(No space left on device: free disk space; a missing or mismatched wheel: fill the "
-           "wheelhouse or check the index and the lock), then re-run the deploy.")
-    return f'{cmd} || {{ rc=$?; echo "{msg}" >&2; exit $rc; }}'
-
-
-@operation()
-def release_venv(root: str, release_id: str, python: str, lock_path: str, complete: bool,
-                 wheelhouse: str | None = None, index_url: str | None = None,
-                 uv_cache: str | None = None, meta: dict | None = None,
-                 packages: int | None = None):
-    """
-    Install one release venv, exactly the lock (``uv pip sync --require-hashes``).
-
-    A release lives in ``ROOT/releases/ID/venv`` and counts only once ``.complete`` exists,
-    so an install that was interrupted is thrown away and redone by the next run.
-
-    + root: sglang root folder
-    + release_id: the release id (hash of the lock file)
-    + python: the system python the venv is made from
-    + lock_path: path of the lock file ON THE HOST (uploaded before)
-    + complete: whether the host already has this release complete (from ``SglangHostState``)
-    + wheelhouse: install offline from this folder on the host (no index)
-    + index_url: package index otherwise
-    + uv_cache: uv's cache folder on the host
-    + meta: extra fields written into ``release.json``
-    + packages: how many packages the lock pins (for the progress lines)
-
-    **Example:**
-
-    .. code:: python
-
-        release_venv(root="/opt/sglang", release_id="3f2a...", python="/usr/bin/python3",
-                     lock_path="/opt/sglang/releases/3f2a.../requirements.lock", complete=False)
-    """
-    if complete:
-        host.noop(f"release {release_id} is installed")
-        return
-    rel = f"{root}/releases/{release_id}"
-    uv = f"{root}/tools/venv/bin/uv"
-    source = (["--offline", "--no-index", "--find-links", wheelhouse] if wheelhouse
-              else (["--index-url", index_url] if index_url else []))
-    env = f"UV_CACHE_DIR={shlex.quote(uv_cache)} " if uv_cache else ""
-    import datetime
-
-    installed = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    release_meta = json.dumps({"id": release_id, "installed_at": installed, **(meta or {})},
-                              sort_keys=True)
-    yield f"rm -rf {shlex.quote(rel + '/venv')} {shlex.quote(rel + '/.complete')}"
-    yield _explain_failure(f"{env}{_sh(uv, 'venv', '-q', '--python', python, rel + '/venv')}",
-                           release_id, rel)
-    # the watcher prints what is installed every 5 s: shown live under the host
-    watch = _sh(python, f"{root}/tools/progress_watch.py", "--venv", rel + "/venv",
-                *(["--packages", str(packages)] if packages else []), "--")
-    sync = _explain_failure(
-        f"{env}{watch} {_sh(uv, 'pip', 'sync', '-q', '--require-hashes', '--python', rel + '/venv/bin/python', *source, lock_path)}",
-        release_id, rel)
-    yield FunctionCommand(streamed.run_with_progress, (sync, f"installing release {release_id}"), {})
-    yield jit.lib64_links_command(rel + "/venv")
-    yield f"printf '%s\\n' {shlex.quote(release_meta)} > {shlex.quote(rel + '/release.json')}"
-    yield f"touch {shlex.quote(rel + '/.complete')}"
-
-
-@operation()
-def autotune_patch(python: str, site: str, tool: str, record: str, status: dict | None):
-    """
-    Apply the FlashInfer autotune patch to a release venv, version-aware (``patch.py``).
-
-    + python: the release venv's python
-    + site: its site-packages folder
-    + tool: path of the shipped ``patch.py`` on the host
-    + record: where the patch state record is written (JSON)
-    + status: ``patch.py status --json`` of the venv, or None when the venv is new
-
-    **Example:**
-
-    .. code:: python
-
-        autotune_patch(python=".../venv/bin/python", site=".../site-packages",
-                       tool="/opt/sglang/tools/patch.py", record=".../autotune-patch.json",
-                       status=None)
-    """
-    state = (status or {}).get("state")
-    if state in ("already-applied", "enabled-upstream"):
-        host.noop(f"autotune patch: {state} ({status.get('file')})")
-        return
-    if status is not None and state not in (None, "needed"):
-        raise PatchError(what="a known autotune allow-list in the installed sglang",
-                         found=f"{state}: {status.get('error') or status.get('message')}",
-                         fix="pin an sglang version the patcher knows (0.5.7 .. 0.5.23) or set "
-                             "sglang_autotune_patch: false")
-    yield _sh(python, tool, "apply", site, "--json", "--record", record)
-
-
-def server_args_flag_spec(site: str, cache_dir: str) -> flagmod.FlagSpec | None:
-    """The flags ``server_args.py`` of the release at SITE declares: fetched and parsed only
-    when the controller's cache (``flagcache``, by sha256) does not hold them; None if the
-    file is missing."""
-    src = host.get_fact(ServerArgsSource, site=site)
-    if src is None:
-        return None
-    return flagcache.spec_for(cache_dir, src["text"], src["sha256"])
-
-
-def _check_flags_on_host(site: str, settings_flags: dict, version: str, cache_dir: str):
-    spec = server_args_flag_spec(site, cache_dir)
-    if spec is None:
-        raise FlagError(what="sglang/srt/server_args.py in the release venv",
-                        found=f"missing under {site}", fix="re-run the deploy to reinstall")
-    flagmod.check_flags(settings_flags, spec, version, forbidden={})
-    logger.info(f"{host.print_prefix}launch flags checked against sglang {version}")
-
-
-@operation()
-def launch_flags_check(site: str, flag_map: dict, version: str, spec: flagmod.FlagSpec | None,
-                       cache_dir: str):
-    """
-    Check every launch flag against the flags the installed sglang defines (read statically
-    from its ``server_args.py``), before the unit changes.
-
-    + site: site-packages of the release venv on the host
-    + flag_map: the full flag mapping that will be rendered
-    + version: the sglang version of the release
-    + spec: the flags of the installed release's ``server_args.py`` if it exists already,
-      else None (then the check runs on the host right after the install)
-    + cache_dir: the controller's cache of parsed ``server_args.py`` files (``flagcache``)
-
-    **Example:**
-
-    .. code:: python
-
-        launch_flags_check(site=site, flag_map=flags, version="0.5.12.post1", spec=None,
-                           cache_dir=".sglang-deploy/cache/flagspec")
-    """
-    if spec is not None:
-        flagmod.check_flags(flag_map, spec, version, forbidden={})
-        host.noop(f"{len(flag_map)} launch flags are defined by sglang {version}")
-        return
-    yield FunctionCommand(reported(_check_flags_on_host), (site, flag_map, version, cache_dir), {})
 
 
 @operation()
@@ -394,138 +212,6 @@ def known_good_restored(layout, release: str, restore: tuple[str, ...]):
     }
     yield from (steps[name] for name in restore)
     yield "systemctl daemon-reload"
-
-
-@operation()
-def cache_seeded(seed: str, cache_dir: str, user: str, present_files: int):
-    """
-    Unpack a cache archive (``sglang-deploy cache save``) into the service's cache folder
-    when that folder is empty (a new or rebuilt host). Never overwrites a live cache.
-
-    + seed: path of the ``.tar.gz`` ON THE CONTROLLER (relative to the deploy folder)
-    + cache_dir: the service's cache folder on the host (``sglang_cache_dir``)
-    + user: the service user, owner of everything unpacked
-    + present_files: number of files in the cache folder now (``SglangHostState``)
-
-    **Example:**
-
-    .. code:: python
-
-        cache_seeded(seed="backups/gpu-node-1-cache.tar.gz", cache_dir="/var/cache/sglang",
-                     user="sglang", present_files=0)
-    """
-    if present_files:
-        host.noop(f"{cache_dir} already holds {present_files} files: not seeded")
-        return
-    from pathlib import Path
-
-    from pyinfra import state
-
-    path = Path(state.cwd or ".") / seed
-    if not path.is_file():
-        raise RuntimeSetupError(what="the cache archive `sglang_cache_seed` on the controller",
-                                found=f"no file {path}",
-                                fix="make one with `sglang-deploy cache save INVENTORY HOST FILE` "
-                                    "or unset sglang_cache_seed")
-    tmp = "/root/.sglang-cache-seed.tar.gz"
-    yield FileUploadCommand(str(path), tmp, remote_temp_filename=None)
-    q = shlex.quote
-    yield (f"install -d -m 750 {q(cache_dir)} && tar -C {q(cache_dir)} -xzf {q(tmp)} "
-           f"--no-same-owner && chown -R {q(user)}:{q(user)} {q(cache_dir)} && rm -f {q(tmp)}")
-
-
-def releases_to_prune(releases: dict, keep: int, protected: set[str]) -> list[str]:
-    """Pure: the release ids to delete so that at most KEEP remain, oldest first, never a
-    PROTECTED one (current, known-good, the one being deployed) nor an unknown-age one."""
-    dated = sorted((meta.get("installed_at") or "", rid) for rid, meta in releases.items()
-                   if meta.get("installed_at"))
-    excess = len(releases) - keep
-    out = []
-    for _, rid in dated:
-        if excess <= 0:
-            break
-        if rid in protected:
-            continue
-        out.append(rid)
-        excess -= 1
-    return out
-
-
-@operation()
-def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
-    """
-    Delete old release venvs beyond ``keep`` (oldest first); the current, the known-good
-    and the release being deployed are never deleted, so a rollback always has its venv.
-
-    + root: sglang root folder
-    + releases: ``releases`` of ``SglangHostState`` (with ``installed_at``)
-    + keep: how many releases to keep (``sglang_keep_releases``)
-    + protected: release ids that must stay
-
-    **Example:**
-
-    .. code:: python
-
-        releases_pruned(root="/opt/sglang", releases=hs["releases"], keep=3,
-                        protected={"3f2a...", "9be1..."})
-    """
-    doomed = releases_to_prune(releases, keep, protected)
-    if not doomed:
-        host.noop(f"{len(releases)} release(s) kept (at most {keep})")
-        return
-    yield "rm -rf " + " ".join(shlex.quote(f"{root}/releases/{rid}") for rid in doomed)
-
-
-def _fetch_on_host(spec: "modelfetch.FetchSpec", group: str | None):
-    # the command names the token FILE only, so it may be shown (-vv); its output is not
-    ok, output = streamed.run_logged(modelfetch.fetch_command(spec))  # progress shown live
-    result, rc = modelfetch.parse_output(output.stdout)
-    error = modelfetch.diagnose(spec, result, rc if ok else None, output.stderr)
-    if error is not None:
-        raise error
-    if group:  # the service user reads the model through its group
-        host.run_shell_command(f"chgrp -R {shlex.quote(group)} {shlex.quote(spec.path)} && "
-                               f"chmod -R g+rX {shlex.quote(spec.path)}")
-    logger.info(f"{host.print_prefix}model {spec.repo}@{(result or {}).get('commit') or spec.revision}"
-                f": {(result or {}).get('files')} files in {spec.path}")
-
-
-@operation()
-def model_download(spec: "modelfetch.FetchSpec", complete: bool, token: str | None = None,
-                   group: str | None = None):
-    """
-    Download the model with huggingface_hub (``remote/model_fetch.py`` run by the release
-    venv's python) when the folder is incomplete, then check every shard against the index.
-
-    The token goes into a root-only file (``spec.token_file``, removed after the download),
-    never into argv, the environment of another process, or pyinfra's output.
-
-    + spec: ``modelfetch.FetchSpec`` (repo, revision, path, python, tool, token file, endpoint,
-      deadline)
-    + complete: whether the folder already holds every shard at full size (pre-flight fact)
-    + token: the Hugging Face token (from the controller's environment), None: anonymous
-    + group: group given read access to the downloaded files (the service user's)
-
-    **Example:**
-
-    .. code:: python
-
-        model_download(spec=FetchSpec(repo="org/model", revision="main", path="/srv/models/m",
-                                      python=".../venv/bin/python",
-                                      tool="/opt/sglang/tools/model_fetch.py",
-                                      token_file="/etc/sglang/.hf-token"),
-                       complete=False, token=settings.secrets.get("HF_TOKEN"), group="sglang")
-    """
-    if complete:
-        host.noop(f"model folder {spec.path} is complete")
-        return
-    if token and spec.token_file:
-        tmp = shlex.quote(spec.token_file)
-        yield f"umask 077 && : > {tmp} && chmod 600 {tmp}"
-        yield FileUploadCommand(StringIO(token + "\n"), spec.token_file, remote_temp_filename=None)
-    elif spec.token_file:
-        spec = modelfetch.FetchSpec(**{**spec.__dict__, "token_file": None})
-    yield FunctionCommand(reported(_fetch_on_host), (spec, group), {})
 
 
 def _mode(mode) -> str:

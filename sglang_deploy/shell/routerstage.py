@@ -26,7 +26,7 @@ from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import DataError, RouterError
 from sglang_deploy.core.unit import render_secrets_env
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell import routing
+from sglang_deploy.shell import releaseops, routing
 from sglang_deploy.shell.facts import REMOTE, SglangHostState, stdin_script
 
 SECRETS_DIR = "/etc/smg"
@@ -120,20 +120,20 @@ def router_stage():
                     dirs=managed_folders(s), present=present)
     ops.files_content(name=f"Router launcher {tool}", mode="755", present=present,
                       sources=[(str(REMOTE / LAUNCHER), tool)])
-    ops.tool_venv(name=f"uv {s.sglang_uv_version} in the router's tool venv", root=root,
+    releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the router's tool venv", root=root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
                   index_url=s.sglang_index_url)
     ops.file_content(name=f"Lock of router release {release_id}", src=StringIO(lock_text),
                      dest=f"{rel}/requirements.lock", mode="644",
                      present=present.get(f"{rel}/requirements.lock"))
-    release = ops.release_venv(
+    release = releaseops.release_venv(
         name=f"Router release {release_id} (smg {version})", root=root, release_id=release_id,
         python=s.sglang_system_python, lock_path=f"{rel}/requirements.lock",
         complete=bool((hs["releases"].get(release_id) or {}).get("complete")),
         wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url,
         uv_cache=f"{root}/uv-cache", meta={"smg_version": version, "lock": s.router_lock})
-    ops.releases_pruned(name="Old router releases (keep 3)", root=root,
+    releaseops.releases_pruned(name="Old router releases (keep 3)", root=root,
                         releases={**hs["releases"], release_id: {"installed_at": "now"}}, keep=3,
                         protected={r for r in (release_id, hs.get("current")) if r})
     secrets = ops.secret_file(

@@ -24,12 +24,11 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flagcache, jit, modelfetch, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
-from sglang_deploy.shell import routing
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving, wait_serving, wait_until_ready
-from sglang_deploy.shell import jitcheck, p2pview, plan
+from sglang_deploy.shell import jitcheck, p2pview, plan, releaseops, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -214,12 +213,12 @@ def runtime_stage():
     ops.directories(name="Folders (root, releases, tools, cache, home, secrets, uv cache)",
                     dirs=lay.folders(), present=paths)
     if s.sglang_cache_seed:
-        ops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
+        releaseops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
                          cache_dir=s.sglang_cache_dir, user=s.sglang_user,
                          present_files=hs.get("cache_files") or 0)
     ops.files_content(name=f"Tools ({', '.join(service.TOOLS)})", mode="755", present=paths,
                       sources=[(str(tool_source(t)), lay.tool(t)) for t in service.TOOLS])
-    ops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
+    releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
                   index_url=s.sglang_index_url)
@@ -230,7 +229,7 @@ def runtime_stage():
     ctx.ops["lock"] = ops.file_content(
         name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text), dest=lock_path,
         mode="644", present=paths.get(lock_path))
-    ctx.ops["release"] = ops.release_venv(
+    ctx.ops["release"] = releaseops.release_venv(
         name=f"Release {ctx.release_id} (sglang {ctx.sglang_version})", root=s.sglang_root,
         release_id=ctx.release_id, python=s.sglang_system_python, lock_path=lock_path,
         complete=bool(rel.get("complete")), wheelhouse=s.sglang_wheelhouse,
@@ -239,7 +238,7 @@ def runtime_stage():
         meta={"sglang_version": ctx.sglang_version, "lock": s.sglang_lock, "python": hs["python"]},
     )
     known_good = ((hs.get("known_good") or {}).get("record") or {}).get("release")
-    ops.releases_pruned(name=f"Old releases (keep {s.sglang_keep_releases})", root=s.sglang_root,
+    releaseops.releases_pruned(name=f"Old releases (keep {s.sglang_keep_releases})", root=s.sglang_root,
                         releases={**hs["releases"], ctx.release_id: {"installed_at": "now"}},
                         keep=s.sglang_keep_releases,
                         protected={r for r in (ctx.release_id, hs.get("current"), known_good) if r})
@@ -254,13 +253,13 @@ def runtime_stage():
         ctx.patch_state = (status or {}).get("state") or "applied"
         if ctx.patch_state == "needed":
             ctx.patch_state = "applied"
-        ctx.ops["patch"] = ops.autotune_patch(
+        ctx.ops["patch"] = releaseops.autotune_patch(
             name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
             tool=lay.tool("patch.py"), record=lay.patch_record(ctx.release_id), status=status)
     else:
         ctx.patch_state = "disabled"
     if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
-        ctx.ops["model"] = ops.model_download(
+        ctx.ops["model"] = releaseops.model_download(
             name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
             spec=modelfetch.FetchSpec(
                 repo=s.sglang_model_repo, revision=s.sglang_model_revision, path=s.sglang_model_path,
@@ -319,8 +318,8 @@ def service_stage():
     spec = None
     if rel.get("complete"):  # by the sha256 the host reported; fetched only on a cache miss
         spec = flagcache.load(cache_dir, rel.get("server_args_sha256")) \
-            or ops.server_args_flag_spec(ctx.site, cache_dir)
-    ctx.ops["flags"] = ops.launch_flags_check(
+            or releaseops.server_args_flag_spec(ctx.site, cache_dir)
+    ctx.ops["flags"] = releaseops.launch_flags_check(
         name="Launch flags known to the installed sglang", site=ctx.site,
         flag_map=service.flag_map(s, with_api_key=True), version=ctx.sglang_version, spec=spec,
         cache_dir=cache_dir)

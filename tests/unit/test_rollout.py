@@ -94,7 +94,7 @@ def test_error_excerpt_finds_the_verify_error_before_pyinfras_last_words():
 
 
 def test_release_pruning_keeps_the_newest_and_never_a_protected_one():
-    from sglang_deploy.shell.operations import releases_to_prune
+    from sglang_deploy.shell.releaseops import releases_to_prune
 
     rel = {"a": {"installed_at": "2026-01-01"}, "b": {"installed_at": "2026-02-01"},
            "c": {"installed_at": "2026-03-01"}, "d": {"installed_at": "2026-04-01"},
