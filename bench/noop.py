@@ -55,7 +55,8 @@ def run(cfg) -> list[Figure]:
         Figure(key=f"noop_{n}", name=f"No-op converge, {n} hosts in parallel", unit="s", samples=dn,
                baseline_name=f"pyinfra `true`, {n} hosts", baseline_samples=bn,
                goal="<= 2x baseline", goal_kind="ratio_max", goal_value=2.0, notes=cpu_note),
+        # no goal: on a real fleet every host has its own cores (issue 14 retired the 1.5x goal);
+        # the figures that matter are in the versions suite
         Figure(key="noop_scaling", name=f"No-op converge, {n} hosts vs 1 host", unit="s", samples=dn,
-               baseline_name="no-op converge, 1 host (same runs)", baseline_samples=d1,
-               goal="<= 1.5x", goal_kind="ratio_max", goal_value=1.5),
+               baseline_name="no-op converge, 1 host (same runs)", baseline_samples=d1),
     ]
