@@ -8,9 +8,7 @@ when the inventory has a router, so its bind address and key follow from the inv
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core.router import ROUTER_GROUP, routed_data
@@ -45,16 +43,9 @@ class Fleet:
 
 def fleet(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None) -> Fleet:
     """Read INVENTORY the way pyinfra does (group data included), without connecting."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from sglang_deploy.shell.hosts import load
 
-    cwd = str(Path(cwd).resolve())
-    if cwd not in sys.path:
-        sys.path.append(cwd)
-    ctx_state.set(State())
-    inv = make_inventory(str(Path(cwd, inventory)) if not os.path.isabs(inventory) else inventory,
-                         cwd=cwd, override_data=data or {})
+    inv = load(inventory, cwd, data)
     workers, routers = [], []
     for h in inv:
         (routers if is_router(h) else workers).append((h.name, raw_data(h, inv)))

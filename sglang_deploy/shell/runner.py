@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-
 #: pyinfra's own verbosity (``-v``, ``-vv``) for every pyinfra run a command drives; the CLI's
 #: ``-v`` sets it
 VERBOSITY = 0
@@ -96,14 +95,6 @@ def run_pyinfra(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequ
 def inventory_hosts(inventory: str, cwd: str | os.PathLike = ".",
                     data: dict | None = None) -> list[tuple[str, dict]]:
     """(name, merged data) of every host of INVENTORY, in inventory order, no connection."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from sglang_deploy.shell.hosts import load
 
-    cwd = str(Path(cwd).resolve())
-    if cwd not in sys.path:
-        sys.path.append(cwd)
-    ctx_state.set(State())
-    inv = make_inventory(str(Path(cwd, inventory)) if not os.path.isabs(inventory) else inventory,
-                         cwd=cwd, override_data=data or {})
-    return [(h.name, h.data.dict()) for h in inv]
+    return [(h.name, h.data.dict()) for h in load(inventory, cwd, data)]
