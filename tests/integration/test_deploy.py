@@ -215,6 +215,12 @@ def test_p2p_unsupported_adapts_by_policy(testbed):
 
 
 # ---------------------------------------------------------------------------------- tb3
+# tb3's cases are about the server, not P2P: each deploy beside a server that was never
+# verified measures P2P again, and the simulated peer copies are host memcpy whose speed
+# follows the machine's load (as in the fault, bench and download modules).
+TB3_DATA = ["gpu_p2p_min_gbps=0.05", "gpu_p2p_test_mib=8"]
+TB3_ARGS = [arg for d in TB3_DATA for arg in ("--data", d)]
+
 SERVER_SCENARIOS = {
     # scenario: (phase reached, words in the message)
     "autotune-crash": ("autotune", ["Ninja build failed", "exit"]),
@@ -228,7 +234,7 @@ SERVER_SCENARIOS = {
 def test_server_scenario_fails_the_verifier_with_phase_and_log_lines(testbed, failed_host, scenario):
     phase, words = SERVER_SCENARIOS[scenario]
     # the service stopped, SCENARIO set, deployed (the scenario goes back to healthy after)
-    r = failed_host(TB3, scenario, data=['verify_phase_timeouts={"loading": 8}'])
+    r = failed_host(TB3, scenario, data=['verify_phase_timeouts={"loading": 8}', *TB3_DATA])
     out = both(r)
     assert r.returncode != 0, out[-3000:]
     assert f"phase reached: {phase}" in out or f"phase `{phase}`" in out, out[-3000:]
@@ -239,7 +245,7 @@ def test_server_scenario_fails_the_verifier_with_phase_and_log_lines(testbed, fa
 
 def test_a_reverted_patch_is_noticed_and_reapplied(testbed, deployed_host):
     if not testbed.host_state(TB3).get("current"):  # a release to revert the patch in
-        deployed_host(TB3)
+        deployed_host(TB3, data=TB3_DATA)
     # Revert the patch behind the deploy's back (as a reinstall would): the next deploy
     # must notice it, re-patch, restart and see autotune again.
     testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
@@ -247,7 +253,7 @@ def test_a_reverted_patch_is_noticed_and_reapplied(testbed, deployed_host):
     testbed.ssh(TB3, f"sed -i 's/^\\( *\\)\"flashinfer_cutlass\",  # sglang-deploy: autotune patch$/\\1# \"flashinfer_cutlass\",/' "
                 f"{rel}/venv/lib/python3.11/site-packages/sglang/srt/model_executor/model_runner.py", check=True)
     # a normal deploy notices the revert and re-patches: that is the design
-    r = deploy(testbed, TB3)
+    r = deploy(testbed, TB3, *TB3_ARGS)
     out = both(r)
     assert r.returncode == 0, out[-4000:]
     assert "FlashInfer autotune patch" in " ".join(changed(out))
@@ -258,7 +264,7 @@ def test_slow_start_within_the_deadlines_succeeds(testbed):
     testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
     testbed.scenario(TB3, "slow-start")
     try:
-        r = deploy(testbed, TB3)
+        r = deploy(testbed, TB3, *TB3_ARGS)
     finally:
         testbed.scenario(TB3, "healthy")
     out = both(r)
