@@ -17,7 +17,10 @@ from pathlib import Path
 from .helpers import BIN, REPO, SEED_FLAGS, TB1, TB2, TB3, record, rollout_error_lines
 
 ALL = (TB1, TB2, TB3)
-BASE = ["sglang_host=0.0.0.0", "sglang_allow_public_without_key=true"]
+BASE = ["sglang_host=0.0.0.0", "sglang_allow_public_without_key=true",
+        # rollouts are tested here, not P2P: the simulated peer copies are host memcpy whose
+        # speed follows the machine's load (as in the fault, bench and download modules)
+        "gpu_p2p_min_gbps=0.05", "gpu_p2p_test_mib=8"]
 
 
 def rollout_record(case, category, fault, r, **kw):
