@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Render docs/faults.md from the records the fault suite wrote.
 
-    python scripts/faults_table.py [--records DIR] [--out FILE]
+    python scripts/faults_table.py [--records DIR] [--out FILE] [--prefix P]
 
-tests/integration/test_faults.py and test_security.py write one JSON record per case into
-`.sglang-deploy/faults/` (what they OBSERVED: exit code, the error's first lines, other hosts
-untouched, previous release still serving, re-run converged). This script only formats them.
+A step of its own, run by hand after the integration tests: tests/integration/test_faults.py,
+test_rollout.py and test_security.py write one JSON record per case into the records folder
+(`$SGLANG_DEPLOY_FAULT_RECORDS`, default `.sglang-deploy/faults/`: what they OBSERVED: exit
+code, the error's first lines, other hosts untouched, previous release still serving, re-run
+converged). No test reads the records or needs this table. This script only formats them;
+a record naming a `rerun_record` takes its "converged" value from that record (the bad-input
+cases share one re-run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -118,18 +123,32 @@ def render(records: list[dict], extra: dict | None = None, prefix: str = "tb") -
 
 
 def load(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    """The records of FOLDER, each joined with the re-run record it names; join-only records
+    (a re-run shared by several cases) are not rows of their own."""
+    named = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    out = []
+    for rec in named.values():
+        if rec.get("join_only"):
+            continue
+        rerun = named.get(rec.get("rerun_record") or "")
+        if rerun is not None and rec.get("rerun_converged") is None:
+            rec = {**rec, "rerun_converged": rerun.get("rerun_converged")}
+        out.append(rec)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=Path, default=REPO / ".sglang-deploy" / "faults")
+    ap.add_argument("--records", type=Path,
+                    default=Path(os.environ.get("SGLANG_DEPLOY_FAULT_RECORDS")
+                                 or REPO / ".sglang-deploy" / "faults"))
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "faults.md")
     ap.add_argument("--prefix", default="tb", help="testbed host prefix used in the run")
     args = ap.parse_args(argv)
     records = load(args.records)
     if not records:
-        print(f"no records in {args.records}: run tests/integration/test_faults.py first",
+        print(f"no records in {args.records}: run tests/integration/test_faults.py (and "
+              "test_rollout.py, test_security.py) first",
               file=sys.stderr)
         return 1
     args.out.write_text(render(records, prefix=args.prefix))

@@ -1,8 +1,32 @@
-"""Integration tests: one real testbed (systemd-nspawn hosts) per session.
+"""Integration tests: one real testbed (systemd-nspawn hosts) per session, and fixtures that
+put hosts into the state a test needs.
 
-The `testbed` fixture runs `python -m testbed up --hosts $TESTBED_HOSTS` (default 3) once,
-yields a small API object and runs `python -m testbed down` at the end (unless
-TESTBED_KEEP=1). If the testbed cannot start, the tests FAIL: they are never skipped.
+Every test sets up what it needs through these fixtures, so it passes when selected alone
+(`-k`) and whatever ran before it: a fixture READS the host's real state first and acts only
+when it differs (cheap when an earlier test left the host right). Shared constants and
+helpers (host names TB1..TB3, SEED_FLAGS, pyinfra_deploy, the fault records) are in
+tests/integration/helpers.py; test modules never import each other.
+
+- `testbed` (session): `python -m testbed up --hosts $TESTBED_HOSTS` (default 3) once, then
+  `down` at the end (unless TESTBED_KEEP=1). Yields helpers.Testbed: hosts, address, ssh,
+  host_state, scenario, sim_env, wipe, status, wait_for. If the testbed cannot start, the
+  tests FAIL: they are never skipped.
+- `healthy_testbed` (autouse): after each test, every GPU/server scenario and sim.env key the
+  test set through `testbed.scenario` / `testbed.sim_env` goes back to healthy / its default.
+- `deployed_host(*hosts, data=(), env=None, inventory=None)`: the hosts converged on that
+  configuration (`--data` KEY=VALUE strings, environment for secrets, inventory) and serving
+  the invocation a deploy verified. Skips the deploy when the host's state (invocation,
+  verified invocation, unit, secrets, release, health, scenarios) is the one this session's
+  last deploy of the same configuration left; otherwise runs the real deploy (a no-op on a
+  converged host) and asserts it passed.
+- `serving_host(*hosts, data=(), env=None, inventory=None)`: the hosts serve a verified
+  server, whatever configuration it runs; deploys DATA only when one does not.
+- `fresh_host(*hosts)`: blank hosts, as after `python -m testbed wipe` (no /opt/sglang,
+  /etc/sglang or sglang unit); wipes only a host that is not blank.
+- `failed_host(host, scenario, data=(), inventory=None, env=None)`: HOST's latest deploy
+  failed in the server SCENARIO (set, the service stopped, deployed; the scenario stays
+  until the test ends). Returns that deploy's CompletedProcess.
+
 Every test in tests/integration is marked `integration`.
 """
 
@@ -10,99 +34,27 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from .helpers import (
+    INVENTORY,
+    SIM_ENV_DEFAULTS,
+    Testbed,
+    both,
+    data_args,
+    pyinfra_deploy,
+    run_testbed,
+    state_path,
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).resolve().parent
+    here = os.path.dirname(os.path.abspath(__file__))
     for item in items:
-        if here in Path(str(item.fspath)).resolve().parents:
+        if os.path.abspath(str(item.fspath)).startswith(here + os.sep):
             item.add_marker(pytest.mark.integration)
-
-
-def run_testbed(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    """`python -m testbed ARGS` from the repo root (same env: TESTBED_DIR etc. pass through)."""
-    r = subprocess.run([sys.executable, "-m", "testbed", *args], check=False, cwd=REPO,
-                       capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"python -m testbed {' '.join(args)} failed (rc={r.returncode}):\n"
-                             f"{r.stdout}\n{r.stderr}")
-    return r
-
-
-def state_path() -> Path:
-    env = os.environ.get("TESTBED_DIR")
-    return (Path(env).expanduser().resolve() if env else REPO / ".testbed") / "state.json"
-
-
-@dataclass
-class Testbed:
-    """What tests get: the hosts of the running testbed and a few helpers."""
-
-    state: dict
-    inventory: Path = REPO / "inventory" / "testbed.py"
-    log: list = field(default_factory=list)
-
-    @property
-    def hosts(self) -> list[str]:
-        return [h["name"] for h in self.state["hosts"]]
-
-    def host(self, name: str) -> dict:
-        return next(h for h in self.state["hosts"] if h["name"] == name)
-
-    def address(self, name: str) -> str:
-        return self.host(name)["address"]
-
-    def reload(self) -> dict:
-        self.state = json.loads(state_path().read_text())
-        return self.state
-
-    def ssh_argv(self, host: str, cmd: str, known_hosts: str | None = None) -> list[str]:
-        return [
-            "ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={known_hosts or self.state['known_hosts']}",
-            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes",
-            "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
-            "-i", self.state["key"], f"root@{self.address(host)}", cmd,
-        ]
-
-    def ssh(self, host: str, cmd: str, check: bool = False, timeout: float = 120,
-            known_hosts: str | None = None) -> subprocess.CompletedProcess:
-        """Run CMD (a shell string) on HOST as root, strict host key checking."""
-        r = subprocess.run(self.ssh_argv(host, cmd, known_hosts), check=False, capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
-        if check and r.returncode != 0:
-            raise AssertionError(f"{host}: `{cmd}` rc={r.returncode}\n{r.stdout}\n{r.stderr}")
-        return r
-
-    def scenario(self, host: str, name: str, when: str = "") -> None:
-        run_testbed("scenario", host, name, *(["--when", when] if when else []), timeout=120)
-
-    def wipe(self, host: str) -> None:
-        run_testbed("wipe", host, timeout=300)
-        self.reload()
-
-    def status(self) -> dict:
-        return json.loads(run_testbed("status", "--json", timeout=120).stdout)
-
-    def wait_for(self, what: str, predicate, timeout: float = 30.0, interval: float = 0.2):
-        """Poll PREDICATE until truthy (returned) or fail with its last value."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = predicate()
-            if last:
-                return last
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="session")
@@ -122,3 +74,110 @@ def testbed():
     finally:
         if os.environ.get("TESTBED_KEEP") != "1":
             run_testbed("down", timeout=300, check=False)
+
+
+@pytest.fixture(autouse=True)
+def healthy_testbed(request):
+    """After the test: scenarios and sim.env keys it set go back to healthy / default."""
+    yield
+    if "testbed" not in request.fixturenames:
+        return
+    tb: Testbed = request.getfixturevalue("testbed")
+    for host in sorted(tb.touched_scenarios):
+        run_testbed("scenario", host, "healthy", timeout=120)
+    tb.touched_scenarios.clear()
+    for host, keys in sorted(tb.touched_sim_env.items()):
+        run_testbed("sim-env", host, *(f"{k}={SIM_ENV_DEFAULTS.get(k, '')}" for k in sorted(keys)),
+                    timeout=120)
+    tb.touched_sim_env.clear()
+
+
+# host -> (configuration key, the host's state right after that configuration's deploy)
+_converged: dict[str, tuple[tuple, dict]] = {}
+_STATE_KEYS = ("invocation", "unit", "secrets", "current", "health", "gpu", "sim")
+
+
+def _serving_verified(s: dict) -> bool:
+    return (s.get("health") == "200" and bool(s.get("invocation"))
+            and s.get("invocation") == s.get("verified")
+            and s.get("gpu") == "healthy" and s.get("sim") == "healthy")
+
+
+def _config_key(data, env, inventory) -> tuple:
+    return (str(inventory or INVENTORY), tuple(data), tuple(sorted((env or {}).items())))
+
+
+def _deploy_and_note(testbed: Testbed, hosts, data, env, inventory) -> None:
+    r = pyinfra_deploy(hosts, *data_args(*data), inventory=inventory or INVENTORY, env=env)
+    testbed.log.append(r)
+    assert r.returncode == 0, (f"setting up {', '.join(hosts)} (deploy {list(data)}) failed:\n"
+                               + both(r)[-4000:])
+    key = _config_key(data, env, inventory)
+    for h in hosts:
+        s = testbed.host_state(h)
+        assert _serving_verified(s), (h, s)
+        _converged[h] = (key, {k: s.get(k) for k in _STATE_KEYS})
+
+
+@pytest.fixture
+def deployed_host(testbed):
+    """deployed_host(*hosts, data=(), env=None, inventory=None): hosts converged on that
+    configuration and serving the invocation a deploy verified (see the module docstring)."""
+
+    def ensure(*hosts: str, data=(), env: dict | None = None, inventory=None) -> None:
+        key = _config_key(data, env, inventory)
+        todo = []
+        for h in hosts:
+            s = testbed.host_state(h)
+            seen = _converged.get(h)
+            if not (_serving_verified(s) and seen and seen[0] == key
+                    and seen[1] == {k: s.get(k) for k in _STATE_KEYS}):
+                todo.append(h)
+        if todo:
+            _deploy_and_note(testbed, todo, data, env, inventory)
+
+    return ensure
+
+
+@pytest.fixture
+def serving_host(testbed):
+    """serving_host(*hosts, data=(), env=None, inventory=None): hosts serving a verified
+    server (any configuration); DATA is deployed to those that do not."""
+
+    def ensure(*hosts: str, data=(), env: dict | None = None, inventory=None) -> None:
+        todo = [h for h in hosts if not _serving_verified(testbed.host_state(h))]
+        if todo:
+            _deploy_and_note(testbed, todo, data, env, inventory)
+
+    return ensure
+
+
+@pytest.fixture
+def fresh_host(testbed):
+    """fresh_host(*hosts): blank hosts (as after `python -m testbed wipe`)."""
+
+    def ensure(*hosts: str) -> None:
+        for h in hosts:
+            if testbed.host_state(h).get("blank") != "yes":
+                testbed.wipe(h)
+                _converged.pop(h, None)
+            assert testbed.host_state(h).get("blank") == "yes", h
+
+    return ensure
+
+
+@pytest.fixture
+def failed_host(testbed):
+    """failed_host(host, scenario, data=(), inventory=None, env=None): HOST's latest deploy
+    failed in server SCENARIO; returns that deploy's CompletedProcess."""
+
+    def make(host: str, scenario: str, data=(), inventory=None, env: dict | None = None):
+        testbed.ssh(host, "systemctl stop sglang.service 2>/dev/null; true")
+        testbed.scenario(host, scenario)
+        r = pyinfra_deploy([host], *data_args(*data), inventory=inventory or INVENTORY, env=env)
+        testbed.log.append(r)
+        assert r.returncode != 0, f"{host}: the deploy passed in scenario {scenario}:\n" + both(r)[-3000:]
+        _converged.pop(host, None)
+        return r
+
+    return make

@@ -5,7 +5,8 @@ The host is deployed with the real deploy.py (API key on); then the real
 Throughput figures here are SIMULATED: the simulator paces tokens at TOKENS_PER_S per
 request and MAX_TOKENS_PER_S per server (/etc/testbed/sim.env), which is what the gate is
 tested with. A configuration change (`sglang_restart_sec`, which only changes the unit file)
-makes a new identity each time. Tests run in file order and build on each other.
+makes a new identity each time. Each test builds the bench history it needs with the
+fixtures below, from whatever state the host is in (cheap when it is already there).
 """
 
 from __future__ import annotations
@@ -13,41 +14,25 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
-PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
-HOST = f"{PREFIX}1"
+from .helpers import BIN, REPO, TB1
+
+HOST = TB1
 KEY_VAR = "SGLANG_DEPLOY_TEST_BENCH_KEY"
 SECRET = "bench-s3cret-key"
 ENV = {KEY_VAR: SECRET}
-
-
-def sim_env(*settings: str, check: bool = True) -> None:
-    """`python -m testbed sim-env HOST KEY=VALUE...`: the simulator's rates, live."""
-    r = subprocess.run([sys.executable, "-m", "testbed", "sim-env", HOST, *settings], cwd=REPO,
-                       capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 0 or not check, r.stdout + r.stderr
-
-
-@pytest.fixture(scope="module", autouse=True)
-def blank_host(testbed):
-    testbed.wipe(HOST)
-    yield
-    sim_env("TOKENS_PER_S=400", "MAX_TOKENS_PER_S=1000", check=False)
+# the base configuration of this module's deploys
+BENCH_DATA = (f"sglang_api_key_env={KEY_VAR}",
+              # this test is about the benchmark: the simulated P2P copies are host memcpy and
+              # slow down with the machine's load, which must not stop the deploy here
+              "gpu_p2p_min_gbps=0.5")
 
 
 def deploy(testbed, *data: str) -> subprocess.CompletedProcess:
-    args = [str(BIN / "pyinfra"), "-y", str(testbed.inventory), "deploy.py", "--limit", HOST,
-            "--data", f"sglang_api_key_env={KEY_VAR}",
-            # this test is about the benchmark: the simulated P2P copies are host memcpy and
-            # slow down with the machine's load, which must not stop the deploy here
-            "--data", "gpu_p2p_min_gbps=0.5"]
-    for d in data:
+    args = [str(BIN / "pyinfra"), "-y", str(testbed.inventory), "deploy.py", "--limit", HOST]
+    for d in (*BENCH_DATA, *data):
         args += ["--data", d]
     r = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900,
                        env={**os.environ, **ENV}, check=False)
@@ -66,7 +51,55 @@ def host_records(testbed) -> list[dict]:
     return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
 
 
-def test_first_bench_records_figures(testbed):
+def current_identity(testbed) -> tuple[str, str]:
+    """(release, unit sha256) of what HOST runs: what its next bench record is filed under."""
+    r = testbed.ssh(HOST, "basename $(readlink /opt/sglang/current); "
+                          "sha256sum /etc/systemd/system/sglang.service | cut -d' ' -f1", check=True)
+    release, sha = r.stdout.split()
+    return release, sha
+
+
+def latest_is_current(testbed) -> bool:
+    """HOST's most recent bench record is of the configuration it runs now."""
+    recs = host_records(testbed) if testbed.ssh(HOST, "ls /opt/sglang/bench/*.json").returncode == 0 else []
+    if not recs:
+        return False
+    latest = max(recs, key=lambda rec: rec["time"])
+    return (latest["release"], latest["unit_sha256"]) == current_identity(testbed)
+
+
+def bench_ok() -> None:
+    r = bench_cli("--json")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+@pytest.fixture
+def benched_base(testbed, deployed_host):
+    """HOST runs the base bench configuration and its latest bench record is of it (at the
+    simulator's default rates)."""
+    deployed_host(HOST, data=BENCH_DATA, env=ENV)
+    if not latest_is_current(testbed):
+        bench_ok()
+
+
+@pytest.fixture
+def benched_twice(testbed, fresh_host):
+    """HOST's bench history is exactly: the base configuration, then `sglang_restart_sec=31`
+    (the one it runs, the latest record), both at the simulator's default rates."""
+    recs = host_records(testbed) if testbed.ssh(HOST, "ls /opt/sglang/bench/*.json").returncode == 0 else []
+    unit = testbed.ssh(HOST, "cat /etc/systemd/system/sglang.service").stdout
+    if len(recs) == 2 and "RestartSec=31" in unit and latest_is_current(testbed) \
+            and len({rec["release"] for rec in recs}) == 1:
+        return
+    fresh_host(HOST)
+    deploy(testbed)
+    bench_ok()
+    deploy(testbed, "sglang_restart_sec=31")
+    bench_ok()
+
+
+def test_first_bench_records_figures(testbed, fresh_host):
+    fresh_host(HOST)  # no bench record yet
     deploy(testbed)
     r = bench_cli("--json")
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
@@ -90,7 +123,7 @@ def test_first_bench_records_figures(testbed):
     assert SECRET not in testbed.ssh(HOST, "ps -eo args", check=True).stdout
 
 
-def test_same_speed_new_configuration_passes(testbed):
+def test_same_speed_new_configuration_passes(testbed, benched_base):
     from sglang_deploy.commands import bench
 
     deploy(testbed, "sglang_restart_sec=31")
@@ -106,8 +139,8 @@ def test_same_speed_new_configuration_passes(testbed):
     assert "throughput holds" in outcome.message
 
 
-def test_gate_rejects_a_slower_configuration(testbed):
-    sim_env("TOKENS_PER_S=180", "MAX_TOKENS_PER_S=450")
+def test_gate_rejects_a_slower_configuration(testbed, benched_twice):
+    testbed.sim_env(HOST, "TOKENS_PER_S=180", "MAX_TOKENS_PER_S=450")
     deploy(testbed, "sglang_restart_sec=32")
     r = bench_cli("--min-throughput-ratio", "0.95")
     out = r.stdout + r.stderr

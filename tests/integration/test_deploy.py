@@ -3,61 +3,36 @@
 tb1: fresh deploy, idempotent re-run (same systemd invocation), one flag change = one restart,
      secrets handling. tb2: every GPU scenario stops the deploy in pre-flight, before anything
      is installed. tb3: every server scenario fails the verifier with phase and log lines.
-Tests in this module run in file order and build on each other's host state.
+Each test states the host it needs through conftest's fixtures (fresh_host, deployed_host).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-PYINFRA = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "pyinfra")
-SEED_FLAGS = {
-    "tp-size": 8, "quantization": "modelopt_fp4", "moe-runner-backend": "flashinfer_cutlass",
-    "enable-flashinfer-allreduce-fusion": True, "disable-cuda-graph": True,
-    "trust-remote-code": True,
-}
-PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
-TB1, TB2, TB3 = (f"{PREFIX}{i}" for i in (1, 2, 3))
-SECRET = "s3cr'et \"$HOME\" ;|&`x`"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def blank_hosts(testbed):
-    """This module starts from blank hosts (as after `testbed wipe`), whatever ran before."""
-    for name in (TB1, TB2, TB3):
-        testbed.wipe(name)
+from .helpers import (
+    GPU_SCENARIOS,
+    PYINFRA,
+    REPO,
+    SECRET,
+    SEED_FLAGS,
+    TB1,
+    TB2,
+    TB3,
+    both,
+    changed,
+    pyinfra_deploy,
+)
 
 
 def deploy(testbed, host: str, *args: str, env: dict | None = None, timeout: float = 600):
-    r = subprocess.run(
-        [PYINFRA, "-y", str(testbed.inventory), "deploy.py", "--limit", host, *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    r = pyinfra_deploy([host], *args, inventory=testbed.inventory, env=env, timeout=timeout)
     testbed.log.append(r)
     return r
-
-
-def results(out: str) -> dict[str, tuple[int, int, int]]:
-    """pyinfra's results table: operation name -> (success, error, no change)."""
-    rows = {}
-    for line in out.splitlines():
-        m = re.match(r"\s{4}(.+?)\s{2,}(\d+)\s+([\d-]+)\s+([\d-]+)\s+([\d-]+)\s*$", line)
-        if m:
-            rows[m.group(1).strip()] = tuple(0 if x == "-" else int(x) for x in m.group(3, 4, 5))
-    return rows
-
-
-def changed(out: str) -> list[str]:
-    return [name for name, (ok, _, _) in results(out).items()
-            if ok and name != "Grand total"]
 
 
 def invocation(testbed, host: str) -> str:
@@ -65,12 +40,9 @@ def invocation(testbed, host: str) -> str:
     return r.stdout.strip()
 
 
-def both(r) -> str:
-    return r.stdout + r.stderr
-
-
 # ---------------------------------------------------------------------------------- tb1
-def test_fresh_host_ends_verified_and_serving(testbed):
+def test_fresh_host_ends_verified_and_serving(testbed, fresh_host):
+    fresh_host(TB1)
     r = deploy(testbed, TB1)
     out = both(r)
     assert r.returncode == 0, out[-4000:]
@@ -86,7 +58,8 @@ def test_fresh_host_ends_verified_and_serving(testbed):
         "The server is fired up and ready to roll!")
 
 
-def test_second_run_changes_nothing_and_restarts_nothing(testbed):
+def test_second_run_changes_nothing_and_restarts_nothing(testbed, deployed_host):
+    deployed_host(TB1)
     before = invocation(testbed, TB1)
     r = deploy(testbed, TB1)
     assert r.returncode == 0, both(r)[-4000:]
@@ -94,13 +67,14 @@ def test_second_run_changes_nothing_and_restarts_nothing(testbed):
     assert invocation(testbed, TB1) == before
 
 
-def test_dry_run_on_converged_host_shows_no_change(testbed):
+def test_dry_run_on_converged_host_shows_no_change(testbed, deployed_host):
+    deployed_host(TB1)
     r = subprocess.run([PYINFRA, str(testbed.inventory), "deploy.py", "--limit", TB1, "--dry"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                       check=False, cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     out = both(r)
     assert r.returncode == 0, out[-3000:]
     table = out[out.index("--> Detected changes:"):]
-    rows = re.findall(r"^\s{4}(.+?\|.+?)\s{2,}(\S+)\s+(\S+)\s*$", table, re.M)
+    rows = re.findall(r"^\s{4}(.+?\|.+?)\s{2,}(\S+)\s+(\S+)\s*$", table, re.MULTILINE)
     # the table was read: every operation of the stages is a row (13 on a converged host)
     names = [name for name, _, _ in rows]
     assert len(rows) >= 13, rows
@@ -115,11 +89,12 @@ def _facts(r) -> list[tuple[str, str]]:
     return re.findall(r"Loaded fact sglang_deploy\.shell\.facts\.(\w+) \(([^)]*)\)", both(r))
 
 
-def test_the_cuda_probe_runs_only_beside_a_server_no_deploy_verified(testbed):
+def test_the_cuda_probe_runs_only_beside_a_server_no_deploy_verified(testbed, deployed_host):
     """While the service serves the invocation a deploy verified, a no-op deploy sends only
     the pre-flight snapshot: no CUDA probe beside the server. A server restarted behind the
     deploy's back (a new invocation, not verified) is probed (init and devices, no peer copies)
     and verified as it is, without a restart; after that the probe is skipped again."""
+    deployed_host(TB1)
     r = deploy(testbed, TB1, "-vv")
     assert r.returncode == 0, both(r)[-4000:]
     assert [name for name, _ in _facts(r)] == ["HostSnapshot"]
@@ -153,7 +128,8 @@ def test_bad_input_fails_before_connecting_naming_the_key(testbed):
         assert "Connected" not in out, "validation must happen before any connection"
 
 
-def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed):
+def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed, deployed_host):
+    deployed_host(TB1)
     before = invocation(testbed, TB1)
     flags = {**SEED_FLAGS, "enable-metrics": True}
     r = deploy(testbed, TB1, "--data", f"sglang_flags={json.dumps(flags)}")
@@ -173,7 +149,8 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
     assert metrics.stdout.strip() == "200"
 
 
-def test_a_flag_unknown_to_the_installed_sglang_never_reaches_a_restart(testbed):
+def test_a_flag_unknown_to_the_installed_sglang_never_reaches_a_restart(testbed, deployed_host):
+    deployed_host(TB1)
     before = invocation(testbed, TB1)
     unit_before = testbed.ssh(TB1, "sha256sum /etc/systemd/system/sglang.service").stdout
     flags = {**SEED_FLAGS, "cuda-graph-max-bsz": 8}
@@ -206,22 +183,11 @@ def test_secrets_stay_out_of_argv_unit_journal_and_output(testbed):
 
 
 # ---------------------------------------------------------------------------------- tb2
-GPU_SCENARIOS = {
-    "uvm-missing": ["/dev/nvidia-uvm", "nvidia-modprobe -u -c=0"],
-    "driver-mismatch": ["Driver/library version mismatch"],
-    "gpu-missing": ["7", "8"],
-    "p2p-unsupported": ["P2P"],
-    "p2p-corrupt": ["corrupt"],
-    "p2p-slow": ["GB/s"],
-    # opening the nodes really fails with EPERM (the container's devices cgroup denies them):
-    # the cause, and the allow lines with the real majors (510: the testbed's nvidia-uvm)
-    "cgroup-denied": ["device cgroup denies", "EPERM", "lxc.cgroup2.devices.allow: c 195:* rwm",
-                      "lxc.cgroup2.devices.allow: c 510:* rwm"],
-}
 
 
 @pytest.mark.parametrize("scenario", sorted(GPU_SCENARIOS))
-def test_gpu_scenario_stops_in_preflight_before_anything_is_installed(testbed, scenario):
+def test_gpu_scenario_stops_in_preflight_before_anything_is_installed(testbed, fresh_host, scenario):
+    fresh_host(TB2)
     testbed.scenario(TB2, scenario)
     try:
         r = deploy(testbed, TB2)
@@ -250,6 +216,12 @@ def test_p2p_unsupported_adapts_by_policy(testbed):
 
 
 # ---------------------------------------------------------------------------------- tb3
+# tb3's cases are about the server, not P2P: each deploy beside a server that was never
+# verified measures P2P again, and the simulated peer copies are host memcpy whose speed
+# follows the machine's load (as in the fault, bench and download modules).
+TB3_DATA = ["gpu_p2p_min_gbps=0.05", "gpu_p2p_test_mib=8"]
+TB3_ARGS = [arg for d in TB3_DATA for arg in ("--data", d)]
+
 SERVER_SCENARIOS = {
     # scenario: (phase reached, words in the message)
     "autotune-crash": ("autotune", ["Ninja build failed", "exit"]),
@@ -261,14 +233,10 @@ SERVER_SCENARIOS = {
 
 
 @pytest.mark.parametrize("scenario", sorted(SERVER_SCENARIOS))
-def test_server_scenario_fails_the_verifier_with_phase_and_log_lines(testbed, scenario):
+def test_server_scenario_fails_the_verifier_with_phase_and_log_lines(testbed, failed_host, scenario):
     phase, words = SERVER_SCENARIOS[scenario]
-    testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
-    testbed.scenario(TB3, scenario)
-    try:
-        r = deploy(testbed, TB3, "--data", 'verify_phase_timeouts={"loading": 8}')
-    finally:
-        testbed.scenario(TB3, "healthy")
+    # the service stopped, SCENARIO set, deployed (the scenario goes back to healthy after)
+    r = failed_host(TB3, scenario, data=['verify_phase_timeouts={"loading": 8}', *TB3_DATA])
     out = both(r)
     assert r.returncode != 0, out[-3000:]
     assert f"phase reached: {phase}" in out or f"phase `{phase}`" in out, out[-3000:]
@@ -277,7 +245,9 @@ def test_server_scenario_fails_the_verifier_with_phase_and_log_lines(testbed, sc
     assert f"READY {TB3}" not in out
 
 
-def test_a_reverted_patch_is_noticed_and_reapplied(testbed):
+def test_a_reverted_patch_is_noticed_and_reapplied(testbed, deployed_host):
+    if not testbed.host_state(TB3).get("current"):  # a release to revert the patch in
+        deployed_host(TB3, data=TB3_DATA)
     # Revert the patch behind the deploy's back (as a reinstall would): the next deploy
     # must notice it, re-patch, restart and see autotune again.
     testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
@@ -285,7 +255,7 @@ def test_a_reverted_patch_is_noticed_and_reapplied(testbed):
     testbed.ssh(TB3, f"sed -i 's/^\\( *\\)\"flashinfer_cutlass\",  # sglang-deploy: autotune patch$/\\1# \"flashinfer_cutlass\",/' "
                 f"{rel}/venv/lib/python3.11/site-packages/sglang/srt/model_executor/model_runner.py", check=True)
     # a normal deploy notices the revert and re-patches: that is the design
-    r = deploy(testbed, TB3)
+    r = deploy(testbed, TB3, *TB3_ARGS)
     out = both(r)
     assert r.returncode == 0, out[-4000:]
     assert "FlashInfer autotune patch" in " ".join(changed(out))
@@ -296,7 +266,7 @@ def test_slow_start_within_the_deadlines_succeeds(testbed):
     testbed.ssh(TB3, "systemctl stop sglang.service 2>/dev/null; true")
     testbed.scenario(TB3, "slow-start")
     try:
-        r = deploy(testbed, TB3)
+        r = deploy(testbed, TB3, *TB3_ARGS)
     finally:
         testbed.scenario(TB3, "healthy")
     out = both(r)

@@ -1,16 +1,18 @@
 """Fault matrix (issue 5): what the user sees when things go wrong, and that nothing is lost.
 
 Every case injects one fault on the testbed, runs the real deploy (pyinfra + deploy.py over
-SSH), removes the fault and runs the deploy again. It RECORDS what it observed (exit code,
-the error's first lines, other hosts untouched, previous release still serving, re-run
-converged) into `.sglang-deploy/faults/<case>.json` before asserting, and
-`scripts/faults_table.py` renders docs/faults.md from those records.
+SSH), removes the fault and runs the deploy again, then asserts the contract. What it
+observed (exit code, the error's first lines, other hosts untouched, previous release still
+serving, re-run converged) is also written to the fault records (helpers.RECORDS,
+`.sglang-deploy/faults/`); `python scripts/faults_table.py` renders docs/faults.md from them
+as a step of its own: no test reads a record or needs the table.
 
-Hosts (TESTBED_PREFIX, default tb): SERVING (1) is deployed first and serves; faults hit a
-re-deploy of it with NEW data (other launch flags, or a new release: a lock that differs by a
-comment line). UNTOUCHED (2) is in the same runs with its own, converged data: its systemd
-invocation, unit and release must not change. SPARE (3): a host that is not serving (port
-taken) and the changed SSH host key. Tests run in file order and build on the hosts' state.
+Hosts (TESTBED_PREFIX, default tb): SERVING (1) serves a verified server; faults hit a
+re-deploy of it with NEW data (the other launch flag set than the one it runs, or a new
+release: a lock that differs by a comment line). UNTOUCHED (2) is in the same runs, converged
+on its own data: its systemd invocation, unit and release must not change. SPARE (3): a host
+that is not serving (port taken) and the changed SSH host key. The `fleet` fixture puts
+SERVING and UNTOUCHED in that state before each case, from whatever state they are in.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import socket
 import subprocess
 import time
@@ -26,116 +27,46 @@ from pathlib import Path
 
 import pytest
 
-from .test_deploy import GPU_SCENARIOS, SEED_FLAGS
+from .helpers import (
+    FAULT_INVENTORY,
+    GPU_SCENARIOS,
+    REPO,
+    SEED_FLAGS,
+    TB1,
+    TB2,
+    TB3,
+    both,
+    fault_deploy,
+    fault_env,
+    keep_output,
+    record,
+    view,
+    write_record,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-PYINFRA = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "pyinfra")
-INVENTORY = Path(__file__).with_name("fault_inventory.py")
 WATCH = Path(__file__).with_name("fault_watch.py")
-FAULTS = REPO / ".sglang-deploy" / "faults"
-PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
-SERVING, UNTOUCHED, SPARE = (f"{PREFIX}{i}" for i in (1, 2, 3))
-# Simulated peer copies are paced host memcpy: their speed follows the machine's load, and
-# P2P speed is not what these cases test (p2p-slow sets its own floor).
-# Small verified copies keep pre-flight short on a loaded machine (the P2P scenarios are
-# still detected: unsupported and corrupt pairs do not depend on the size).
-HOST_DEFAULTS = {"gpu_p2p_min_gbps": 0.05, "gpu_p2p_test_mib": 8}
+LOCKS = REPO / ".sglang-deploy" / "fault-locks"
+SERVING, UNTOUCHED, SPARE = TB1, TB2, TB3
 BOTH = (SERVING, UNTOUCHED)
 UV_SYNC = "^/opt/sglang/tools/venv/bin/uv pip sync"
 FLAG_SETS = [SEED_FLAGS, {**SEED_FLAGS, "enable-metrics": True}]
-
-
-# ------------------------------------------------------------------------------- helpers
-def deploy(data: dict[str, dict] | None = None, *args: str, hosts=(SERVING, UNTOUCHED),
-           env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """The real deploy; DATA: per-host data on top of the testbed inventory's."""
-    per_host = {h: {**HOST_DEFAULTS, **(data or {}).get(h, {})} for h in (SERVING, UNTOUCHED, SPARE)}
-    argv = [PYINFRA, "-y", str(INVENTORY), "deploy.py"]
-    for h in hosts or ():
-        argv += ["--limit", h]
-    r = subprocess.run([*argv, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                       check=False,
-                       stdin=subprocess.DEVNULL,
-                       env={**os.environ, "FAULT_HOST_DATA": json.dumps(per_host), **(env or {})})
-    return r
-
-
-def both(r) -> str:
-    return r.stdout + r.stderr
-
-
-def view(testbed, host: str) -> dict:
-    """What must not change on a host that is not the target (or that must keep serving)."""
-    r = testbed.ssh(host, (
-        "printf 'invocation=%s\\nunit=%s\\ncurrent=%s\\nhealth=%s\\n' "
-        "\"$(systemctl show -p InvocationID --value sglang.service)\" "
-        "\"$(sha256sum /etc/systemd/system/sglang.service 2>/dev/null | cut -c1-16)\" "
-        "\"$(readlink /opt/sglang/current)\" "
-        "\"$(curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health)\""))
-    return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
-
-
-def error_lines(out: str) -> list[str]:
-    """The error as the user sees it: our own message if any, else pyinfra's final error;
-    its headline plus its `found:` and `fix:` lines."""
-    lines = out.splitlines()
-    typed = re.compile(r"(verification failed|GPU pre-flight failed|invalid deploy data|invalid "
-                       r"launch flags|cannot patch SGLang|runtime setup failed|host is being "
-                       r"deployed by someone else|sglang-deploy error): ")
-    for marker in ("sglang-deploy: ", typed, "--> pyinfra error"):
-        for i, line in enumerate(lines):
-            if (marker.search(line) if isinstance(marker, re.Pattern) else marker in line):
-                cause = [x for x in lines[max(i - 6, 0):i]
-                         if re.search(r"error[:(]|No space|Killed|os error", x)][-2:]
-                block = [*cause, line]
-                for key in ("  found:", "  fix:"):
-                    block += [x for x in lines[i + 1:i + 80] if x.startswith(key)][:1]
-                return [re.sub(r" in /\S+ line \d+|^sglang_deploy\.core\.errors\.\w+: ", "", x.strip())[:500]
-                        for x in block]
-    return [x.strip()[:500] for x in lines if re.search(r"error|fail", x, re.IGNORECASE)][-3:]
-
-
-def record(case: str, category: str, fault: str, r, *, others_untouched=None, serving=None,
-           converged=None, notes: str = "", expect_ok: bool = False) -> dict:
-    rec = {
-        "case": case, "category": category, "fault": fault, "exit_code": r.returncode,
-        "expected_exit": "0" if expect_ok else "non-zero",
-        "error": [] if r.returncode == 0 else error_lines(both(r)),
-        "warnings": [x.strip()[:300] for x in both(r).splitlines()
-                     if "took over a stale deploy lock" in x],
-        "other_hosts_untouched": others_untouched, "previous_release_serving": serving,
-        "rerun_converged": converged, "notes": notes, "recorded_at": time.time(),
-    }
-    FAULTS.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{category}-{case}".lower()).strip("-")
-    (FAULTS / f"{slug}.json").write_text(json.dumps(rec, indent=2) + "\n")
-    return rec
-
-
-def keep_output(case: str, category: str, r) -> None:
-    """The faulty run's whole output, for reading (not rendered)."""
-    out = FAULTS / "output"
-    out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{category}-{case}".lower()).strip("-")
-    (out / f"{slug}.log").write_text(both(r))
+deploy = fault_deploy
 
 
 def new_release(tag: str) -> tuple[str, str]:
     """A lock that differs from the testbed's by a comment line: a new release id."""
     text = (REPO / "locks" / "testbed.txt").read_text() + f"# fault case: {tag} {time.time()}\n"
-    path = FAULTS / "locks" / f"{tag}.txt"
+    path = LOCKS / f"{tag}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return str(path), hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-_flip = {"i": 0}
-
-
-def next_flags() -> dict:
-    """The other flag set than the one SERVING runs now (a change = a restart)."""
-    _flip["i"] += 1
-    return {"sglang_flags": FLAG_SETS[_flip["i"] % 2]}
+def next_flags(testbed) -> dict:
+    """The other flag set than the one SERVING runs now, read from its unit (a change = a
+    restart)."""
+    unit = testbed.ssh(SERVING, "cat /etc/systemd/system/sglang.service", check=True).stdout
+    return {"sglang_flags": FLAG_SETS[0 if "--enable-metrics" in unit else 1]}
 
 
 def push(testbed, host: str, path: str, text: str) -> None:
@@ -216,16 +147,12 @@ def run_case(testbed, case: str, category: str, fault: str, *, inject, clear, da
 
 
 # ------------------------------------------------------------------------------- fleet
-@pytest.fixture(scope="module", autouse=True)
-def fleet(testbed):
-    """SERVING and UNTOUCHED converged and serving on the default data (from any state)."""
-    for h in (SERVING, UNTOUCHED, SPARE):
-        testbed.scenario(h, "healthy")
-    r = deploy()
-    assert r.returncode == 0, both(r)[-4000:]
-    for h in (SERVING, UNTOUCHED):
-        assert view(testbed, h).get("health") == "200"
-    _flip["i"] = 0
+@pytest.fixture
+def fleet(testbed, deployed_host, serving_host):
+    """UNTOUCHED converged on the fault suite's default data; SERVING serving a verified
+    server (any of the configurations the cases leave; the default data if it does not)."""
+    deployed_host(UNTOUCHED, inventory=FAULT_INVENTORY, env=fault_env())
+    serving_host(SERVING, inventory=FAULT_INVENTORY, env=fault_env())
 
 
 # ------------------------------------------------------------------------------- input
@@ -245,7 +172,9 @@ INPUT_CASES = {
     "public bind without an API key": (["--data", "sglang_host=0.0.0.0"], {},
                                        ["sglang_allow_public_without_key"]),
 }
-_input_records: list[dict] = []
+# The bad-input records' "converged" column is the run of
+# test_after_bad_input_a_rerun_converges_without_change (scripts/faults_table.py joins them).
+INPUT_RERUN = "input-rerun-after-bad-input"
 
 
 @pytest.mark.parametrize("case", list(INPUT_CASES))
@@ -255,11 +184,11 @@ def test_bad_input_stops_before_any_host_is_contacted(testbed, case):
     r = deploy(None, *args, hosts=(), env=env)  # the whole inventory
     out = both(r)
     after = {h: view(testbed, h) for h in (SERVING, UNTOUCHED)}
-    rec = record(case, "Input", " ".join(args), r, others_untouched=after == before,
+    record(case, "Input", " ".join(args), r, others_untouched=after == before,
                  serving=after[SERVING] == before[SERVING],
                  notes="no host contacted (`Connected` absent); re-run: one run without the bad "
-                       "value after all input cases")
-    _input_records.append(rec)
+                       "value (test_after_bad_input_a_rerun_converges_without_change)",
+                 rerun_record=INPUT_RERUN)
     assert r.returncode != 0, out[-2000:]
     assert "Connected" not in out, "validation must happen before any connection"
     for w in words:
@@ -268,21 +197,20 @@ def test_bad_input_stops_before_any_host_is_contacted(testbed, case):
     assert after == before
 
 
-def test_after_bad_input_a_rerun_converges_without_change(testbed):
+def test_after_bad_input_a_rerun_converges_without_change(testbed, deployed_host):
+    deployed_host(SERVING, UNTOUCHED, inventory=FAULT_INVENTORY, env=fault_env())
     before = view(testbed, SERVING)
     r = deploy()
     ok = r.returncode == 0 and view(testbed, SERVING) == before
-    for rec in _input_records:
-        rec["rerun_converged"] = ok
-        slug = re.sub(r"[^a-z0-9]+", "-", f"Input-{rec['case']}".lower()).strip("-")
-        (FAULTS / f"{slug}.json").write_text(json.dumps(rec, indent=2) + "\n")
+    write_record(INPUT_RERUN, {"case": "re-run after bad input", "category": "Input",
+                               "rerun_converged": ok, "join_only": True, "recorded_at": time.time()})
     assert ok, both(r)[-3000:]
 
 
 # ------------------------------------------------------------------------------- GPU
 @pytest.mark.parametrize("scenario", sorted(GPU_SCENARIOS))
-def test_gpu_fault_stops_the_redeploy_and_the_host_keeps_serving(testbed, scenario):
-    data = next_flags()
+def test_gpu_fault_stops_the_redeploy_and_the_host_keeps_serving(testbed, fleet, scenario):
+    data = next_flags(testbed)
     if scenario == "p2p-slow":  # 2 GB/s simulated: below a 3 GB/s floor whatever the load
         data = {**data, "gpu_p2p_min_gbps": 3.0}
     run_case(testbed, scenario, "GPU", f"testbed scenario `{scenario}` during a re-deploy "
@@ -293,18 +221,18 @@ def test_gpu_fault_stops_the_redeploy_and_the_host_keeps_serving(testbed, scenar
 
 
 # ------------------------------------------------------------------------------- server
-def test_model_directory_missing_a_shard(testbed):
+def test_model_directory_missing_a_shard(testbed, fleet):
     shard = "/srv/models/GLM-5-NVFP4/model-00002-of-00005.safetensors"
     run_case(testbed, "model directory missing a shard", "Server",
              "one shard moved out of the model folder during a re-deploy with other flags",
              inject=lambda: testbed.ssh(SERVING, f"mv {shard} /root/", check=True),
              clear=lambda: testbed.ssh(SERVING, f"mv /root/{shard.rsplit('/', 1)[1]} {shard}",
                                        check=True),
-             data=next_flags(), words=["model-00002-of-00005.safetensors", "missing", "fix"])
+             data=next_flags(testbed), words=["model-00002-of-00005.safetensors", "missing", "fix"])
 
 
-def test_flag_unknown_to_the_installed_version(testbed):
-    good = next_flags()
+def test_flag_unknown_to_the_installed_version(testbed, fleet):
+    good = next_flags(testbed)
     bad = {"sglang_flags": {**good["sglang_flags"], "cuda-graph-max-bsz": 8}}
     run_case(testbed, "flag unknown to the installed version", "Server",
              "`cuda-graph-max-bsz` (a typo of --cuda-graph-max-bs) added to the flags",
@@ -326,9 +254,9 @@ SERVER_FAULTS = {
 
 
 @pytest.mark.parametrize("case", list(SERVER_FAULTS))
-def test_server_fault_in_the_new_start(testbed, case):
+def test_server_fault_in_the_new_start(testbed, fleet, case):
     scenario, extra, words, ok = SERVER_FAULTS[case]
-    data = next_flags()
+    data = next_flags(testbed)
     run_case(testbed, case, "Server", f"testbed scenario `{scenario}` in the server started by a "
              "re-deploy with other flags", inject=lambda: testbed.scenario(SERVING, scenario),
              clear=lambda: testbed.scenario(SERVING, "healthy"), data={**data, **extra},
@@ -338,7 +266,7 @@ def test_server_fault_in_the_new_start(testbed, case):
              "server and verifies it")
 
 
-def test_port_already_taken_by_another_process(testbed):
+def test_port_already_taken_by_another_process(testbed, fleet):
     squat = ("systemd-run --unit=fault-squatter --collect python3 -m http.server 30000 "
              "--bind 127.0.0.1 --directory /var/empty")
 
@@ -359,7 +287,7 @@ def test_port_already_taken_by_another_process(testbed):
 
 
 # ------------------------------------------------------------------------------- host/network
-def test_ssh_connection_dropped_during_the_venv_install(testbed):
+def test_ssh_connection_dropped_during_the_venv_install(testbed, fleet):
     lock, _ = new_release("ssh-drop")
     report = {}
 
@@ -374,7 +302,7 @@ def test_ssh_connection_dropped_during_the_venv_install(testbed):
     assert seen["found"] and seen["killed_sshd"], seen
 
 
-def test_install_process_killed_half_way(testbed):
+def test_install_process_killed_half_way(testbed, fleet):
     lock, rel = new_release("install-killed")
     report = {}
 
@@ -390,7 +318,7 @@ def test_install_process_killed_half_way(testbed):
     assert testbed.ssh(SERVING, f"test -e /opt/sglang/releases/{rel}/.complete").returncode == 0
 
 
-def test_disk_full_while_installing(testbed):
+def test_disk_full_while_installing(testbed, fleet):
     lock, rel = new_release("disk-full")
     where = f"/opt/sglang/releases/{rel}"
     run_case(testbed, "disk full while installing", "Host and network",
@@ -402,30 +330,30 @@ def test_disk_full_while_installing(testbed):
              words=["No space left on device", f"installing release {rel} failed", "free disk space"])
 
 
-def test_stale_deploy_lock_is_taken_over_with_a_warning(testbed):
+def test_stale_deploy_lock_is_taken_over_with_a_warning(testbed, fleet):
     owner = {"controller": socket.gethostname(), "pid": dead_pid(), "user": "root",
              "started": "2026-01-01T00:00:00Z", "command": "pyinfra deploy (killed earlier run)"}
     run_case(testbed, "stale deploy lock left by an earlier run", "Host and network",
              "a lock holder on the host whose controller process (same machine) is dead",
              inject=lambda: hold_lock(testbed, SERVING, owner, "fault-stale-lock"),
              clear=lambda: testbed.ssh(SERVING, "systemctl stop fault-stale-lock 2>/dev/null; true"),
-             hosts=BOTH, data=next_flags(), words=["took over a stale deploy lock", str(owner["pid"])],
+             hosts=BOTH, data=next_flags(testbed), words=["took over a stale deploy lock", str(owner["pid"])],
              expect_ok=True, keeps_serving=False,
              notes="the deploy goes on (exit 0) with a warning; the host then serves the NEW flags")
 
 
-def test_live_deploy_lock_stops_the_deploy_naming_the_owner(testbed):
+def test_live_deploy_lock_stops_the_deploy_naming_the_owner(testbed, fleet):
     owner = {"controller": socket.gethostname(), "pid": os.getpid(), "user": "root",
              "started": "2026-01-01T00:00:00Z", "command": "pyinfra deploy (another shell)"}
     run_case(testbed, "deploy lock held by a live deploy", "Host and network",
              "a lock holder on the host whose controller process is alive",
              inject=lambda: hold_lock(testbed, SERVING, owner, "fault-live-lock"),
              clear=lambda: testbed.ssh(SERVING, "systemctl stop fault-live-lock"),
-             hosts=BOTH, data=next_flags(), words=["being deployed by someone else", f"pid {os.getpid()}",
+             hosts=BOTH, data=next_flags(testbed), words=["being deployed by someone else", f"pid {os.getpid()}",
                                        "kill "])
 
 
-def test_changed_ssh_host_key_stops_the_deploy(testbed, tmp_path):
+def test_changed_ssh_host_key_stops_the_deploy(testbed, fleet, tmp_path):
     known = Path(testbed.state["known_hosts"])
     key = tmp_path / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -433,8 +361,7 @@ def test_changed_ssh_host_key_stops_the_deploy(testbed, tmp_path):
     addr = testbed.address(SPARE)
     lines = [" ".join([p[0], *fake]) if p and p[0] == addr else " ".join(p)
              for p in (x.split() for x in known.read_text().splitlines())]
-    changed = FAULTS / "known_hosts.changed"
-    FAULTS.mkdir(parents=True, exist_ok=True)
+    changed = tmp_path / "known_hosts.changed"
     changed.write_text("\n".join(lines) + "\n")
     before = view(testbed, SPARE)
     r = deploy({SPARE: {"ssh_known_hosts_file": str(changed)}}, hosts=(SPARE, UNTOUCHED))

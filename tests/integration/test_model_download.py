@@ -2,9 +2,10 @@
 huggingface_hub (in the release venv) from a stand-in Hugging Face endpoint that the
 controller serves on the testbed bridge (testbed/hfmirror.py), then serves the model.
 
-One host (the first of the testbed), blanked first. Tests run in file order and build on
-each other: a refused token fails with cause and fix; the right token downloads and the
-server becomes READY; a second run changes nothing. The token must never show in pyinfra's
+One host (the first of the testbed): a refused token fails with cause and fix (on a blank
+host); the right token downloads into an empty model folder and the server becomes READY;
+a second run on the host deployed that way changes nothing. Each test sets up its host with
+conftest's fixtures. The token must never show in pyinfra's
 output (-vvv), in any process's argv on the host, nor in any world-readable file there.
 """
 
@@ -14,7 +15,6 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +22,9 @@ from sglang_deploy.core import progress
 from testbed.hfmirror import Mirror, Repo
 from testbed.sim.model import make_model_dir
 
-REPO = Path(__file__).resolve().parents[2]
-PYINFRA = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "pyinfra")
-PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
-HOST = f"{PREFIX}1"
+from .helpers import PYINFRA, REPO, TB1
+
+HOST = TB1
 HF_REPO = "zai-org/GLM-5-NVFP4"
 TOKEN = "hf_TbDownloadT0ken9e1d"
 MODEL_PATH = "/srv/models/downloaded/GLM-5-NVFP4"
@@ -33,20 +32,23 @@ MODEL_PATH = "/srv/models/downloaded/GLM-5-NVFP4"
 
 @pytest.fixture(scope="module")
 def mirror(testbed, tmp_path_factory):
-    testbed.wipe(HOST)
     src = make_model_dir(tmp_path_factory.mktemp("hf") / "GLM-5-NVFP4", n_shards=4,
                          shard_bytes=256 * 1024)
     with Mirror(Repo(HF_REPO, src, TOKEN), host=testbed.state["gateway"], port=0) as m:
         yield m
 
 
-def data_args(mirror: Mirror) -> list[str]:
-    return ["--data", f"sglang_model_path={MODEL_PATH}", "--data", "sglang_model_download=true",
-            "--data", f"sglang_model_repo={HF_REPO}", "--data", f"sglang_hf_endpoint={mirror.url}",
-            "--data", "sglang_hf_token_env=TB_HF_TOKEN",
+def download_data(mirror: Mirror) -> list[str]:
+    return [f"sglang_model_path={MODEL_PATH}", "sglang_model_download=true",
+            f"sglang_model_repo={HF_REPO}", f"sglang_hf_endpoint={mirror.url}",
+            "sglang_hf_token_env=TB_HF_TOKEN",
             # this module tests the download, not P2P: the simulated peer copies are host
             # memcpy whose speed follows the machine's load, so their floor is not tested here
-            "--data", "gpu_p2p_min_gbps=0.1", "--data", "gpu_p2p_test_mib=8"]
+            "gpu_p2p_min_gbps=0.1", "gpu_p2p_test_mib=8"]
+
+
+def data_args(mirror: Mirror) -> list[str]:
+    return [arg for d in download_data(mirror) for arg in ("--data", d)]
 
 
 def deploy_cmd(testbed, mirror, *extra: str) -> list[str]:
@@ -56,7 +58,7 @@ def deploy_cmd(testbed, mirror, *extra: str) -> list[str]:
 
 def run_deploy(testbed, mirror, token: str, *extra: str) -> subprocess.CompletedProcess:
     r = subprocess.run(deploy_cmd(testbed, mirror, *extra), cwd=REPO, capture_output=True,
-                       text=True, timeout=900, stdin=subprocess.DEVNULL,
+                       text=True, timeout=900, check=False, stdin=subprocess.DEVNULL,
                        env={**os.environ, "TB_HF_TOKEN": token})
     testbed.log.append(r)
     return r
@@ -71,7 +73,8 @@ def changed(out: str) -> list[str]:
     return rows
 
 
-def test_a_refused_token_fails_naming_cause_and_fix(testbed, mirror):
+def test_a_refused_token_fails_naming_cause_and_fix(testbed, fresh_host, mirror):
+    fresh_host(HOST)  # no model, no token file, the service never started
     wrong = "hf_WrongT0kenAbc123"
     r = run_deploy(testbed, mirror, wrong)
     out = r.stdout + r.stderr
@@ -91,6 +94,8 @@ def test_a_refused_token_fails_naming_cause_and_fix(testbed, mirror):
 
 
 def test_empty_model_path_downloads_then_serves_without_leaking_the_token(testbed, mirror):
+    # the model folder is empty: nothing of the model is on the host yet
+    testbed.ssh(HOST, f"rm -rf {MODEL_PATH}", check=True)
     mirror.requests.clear()
     proc = subprocess.Popen(deploy_cmd(testbed, mirror, "-vvv"), cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -143,7 +148,8 @@ def test_empty_model_path_downloads_then_serves_without_leaking_the_token(testbe
     assert mode == "600 root"
 
 
-def test_second_run_downloads_nothing_and_changes_nothing(testbed, mirror):
+def test_second_run_downloads_nothing_and_changes_nothing(testbed, deployed_host, mirror):
+    deployed_host(HOST, data=download_data(mirror), env={"TB_HF_TOKEN": TOKEN})
     before = testbed.ssh(HOST, "systemctl show -p InvocationID --value sglang.service",
                          check=True).stdout.strip()
     mirror.requests.clear()

@@ -1,48 +1,32 @@
 """`sglang-deploy rollout`, `rollback.py`, `status`, `rebuild`/`cache save` on 3 testbed hosts.
 
-The hosts start blank. Every rollout here binds the API on all addresses (no key: the
-testbed is a closed bridge) so that a poller on the controller can watch every host's
-/health from outside while a rollout runs. Tests run in file order and build on each other.
+Every rollout here binds the API on all addresses (no key: the testbed is a closed bridge)
+so that a poller on the controller can watch every host's /health from outside while a
+rollout runs. Each test puts the hosts in the state it needs with conftest's fixtures
+(fresh_host, deployed_host with the configuration of the rollouts before it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import urllib.request
 from pathlib import Path
 
-import pytest
+from .helpers import BIN, REPO, SEED_FLAGS, TB1, TB2, TB3, record, rollout_error_lines
 
-from .test_faults import FAULTS
-from .test_faults import record as fault_record
+ALL = (TB1, TB2, TB3)
+BASE = ["sglang_host=0.0.0.0", "sglang_allow_public_without_key=true",
+        # rollouts are tested here, not P2P: the simulated peer copies are host memcpy whose
+        # speed follows the machine's load (as in the fault, bench and download modules)
+        "gpu_p2p_min_gbps=0.05", "gpu_p2p_test_mib=8"]
 
 
-def record(case, category, fault, r, **kw):
+def rollout_record(case, category, fault, r, **kw):
     """A fault-matrix row (docs/faults.md) whose 'what the user sees' is the rollout's own
     verdict lines (STOPPED / HALT / per-host failure / FAILED) rather than pyinfra's."""
-    rec = fault_record(case, category, fault, r, **kw)
-    keys = ("STOPPED", "HALT", "FAILED:", "      VerifyError", "    tb", f"    {PREFIX}")
-    seen = [line.strip() for line in (r.stdout + r.stderr).splitlines()
-            if line.startswith(keys) and ("fail" in line.lower() or "STOPPED" in line
-                                          or "HALT" in line or "rolled" in line)]
-    rec["error"] = seen[:4] or rec["error"]
-    slug = next(p for p in FAULTS.glob("*.json") if json.loads(p.read_text()).get("case") == case)
-    slug.write_text(json.dumps(rec, indent=2) + "\n")
-    return rec
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
-PREFIX = os.environ.get("TESTBED_PREFIX", "tb")
-TB1, TB2, TB3 = (f"{PREFIX}{i}" for i in (1, 2, 3))
-SEED_FLAGS = {
-    "tp-size": 8, "quantization": "modelopt_fp4", "moe-runner-backend": "flashinfer_cutlass",
-    "enable-flashinfer-allreduce-fusion": True, "disable-cuda-graph": True,
-    "trust-remote-code": True,
-}
-BASE = ["sglang_host=0.0.0.0", "sglang_allow_public_without_key=true"]
+    return record(case, category, fault, r, error=rollout_error_lines(r), **kw)
 
 
 def flags(**extra) -> str:
@@ -51,7 +35,7 @@ def flags(**extra) -> str:
 
 def tool(testbed, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     r = subprocess.run([str(BIN / "sglang-deploy"), *args], cwd=REPO, capture_output=True,
-                       text=True, timeout=timeout)
+                       text=True, timeout=timeout, check=False)
     testbed.log.append(r)
     return r
 
@@ -86,14 +70,13 @@ def health(address: str) -> int | None:
         return None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def blank_hosts(testbed):
-    for name in (TB1, TB2, TB3):
-        testbed.wipe(name)
-        testbed.scenario(name, "healthy")
+def config(mem: float | None = None) -> list[str]:
+    """The --data of the rollouts here (BASE, plus the flags with this mem fraction)."""
+    return [*BASE, *([flags(**{"mem-fraction-static": mem})] if mem is not None else [])]
 
 
-def test_first_rollout_installs_every_host_in_the_printed_order(testbed, tmp_path):
+def test_first_rollout_installs_every_host_in_the_printed_order(testbed, fresh_host, tmp_path):
+    fresh_host(*ALL)
     r, doc = rollout(testbed, "--canary", TB2, report=tmp_path / "r.json")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
@@ -104,7 +87,8 @@ def test_first_rollout_installs_every_host_in_the_printed_order(testbed, tmp_pat
         assert health(testbed.address(name)) == 200
 
 
-def test_converged_hosts_are_verified_and_not_restarted(testbed, tmp_path):
+def test_converged_hosts_are_verified_and_not_restarted(testbed, deployed_host, tmp_path):
+    deployed_host(*ALL, data=config())
     before = {h: invocation(testbed, h) for h in (TB1, TB2, TB3)}
     r, doc = rollout(testbed, report=tmp_path / "r.json")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
@@ -112,7 +96,8 @@ def test_converged_hosts_are_verified_and_not_restarted(testbed, tmp_path):
     assert {h: invocation(testbed, h) for h in (TB1, TB2, TB3)} == before
 
 
-def test_dry_prints_the_plan_and_touches_nothing(testbed, tmp_path):
+def test_dry_prints_the_plan_and_touches_nothing(testbed, deployed_host, tmp_path):
+    deployed_host(*ALL, data=config())
     before = {h: (invocation(testbed, h), unit_text(testbed, h)) for h in (TB1, TB2, TB3)}
     r, _ = rollout(testbed, "--dry", report=tmp_path / "r.json", data=[flags(**{"mem-fraction-static": 0.85})])
     out = r.stdout + r.stderr
@@ -123,8 +108,9 @@ def test_dry_prints_the_plan_and_touches_nothing(testbed, tmp_path):
     assert {h: (invocation(testbed, h), unit_text(testbed, h)) for h in (TB1, TB2, TB3)} == before
 
 
-def test_flag_change_rolls_one_host_at_a_time_keeping_the_others_serving(testbed, tmp_path):
+def test_flag_change_rolls_one_host_at_a_time_keeping_the_others_serving(testbed, deployed_host, tmp_path):
     """At most --batch (1) hosts are out of service at any moment, watched from outside."""
+    deployed_host(*ALL, data=config())  # every host runs other flags than the new ones
     addresses = {h: testbed.address(h) for h in (TB1, TB2, TB3)}
     samples: list[dict] = []
     stop = threading.Event()
@@ -157,7 +143,8 @@ def test_flag_change_rolls_one_host_at_a_time_keeping_the_others_serving(testbed
     assert {h for s in samples for h, v in s.items() if v != 200} == set(addresses)
 
 
-def test_failure_on_second_host_halts_rolls_it_back_and_leaves_the_third_untouched(testbed, tmp_path):
+def test_failure_on_second_host_halts_rolls_it_back_and_leaves_the_third_untouched(testbed, deployed_host, tmp_path):
+    deployed_host(*ALL, data=config(0.85))  # the configuration the new one replaces
     # the NEW configuration crashes in autotune on tb2; its previous one still works
     testbed.scenario(TB2, "autotune-crash", when="--mem-fraction-static 0.8")
     inv3 = invocation(testbed, TB3)
@@ -184,7 +171,7 @@ def test_failure_on_second_host_halts_rolls_it_back_and_leaves_the_third_untouch
     assert "--mem-fraction-static 0.85" in unit_text(testbed, TB2)
     # the fault removed (the scenario is back to healthy), the same rollout converges
     again, doc2 = rollout(testbed, report=tmp_path / "r2.json", data=[flags(**{"mem-fraction-static": 0.8})])
-    record("autotune crash in a rollout (2nd of 3 hosts)", "Server",
+    rollout_record("autotune crash in a rollout (2nd of 3 hosts)", "Server",
            "`autotune-crash` scenario for the new flags on the 2nd host of a 3-host "
            "`sglang-deploy rollout`", r, others_untouched=True, serving=True,
            converged=again.returncode == 0,
@@ -194,7 +181,8 @@ def test_failure_on_second_host_halts_rolls_it_back_and_leaves_the_third_untouch
     assert by_host(doc2)[TB1]["status"] == "converged"
 
 
-def test_unreachable_host_stops_the_rollout_before_any_host_is_touched(testbed, tmp_path):
+def test_unreachable_host_stops_the_rollout_before_any_host_is_touched(testbed, deployed_host, tmp_path):
+    deployed_host(*ALL, data=config(0.8))  # the re-run finds every host converged
     before = {h: invocation(testbed, h) for h in (TB1, TB2)}
     veth = f"v{TB3}"
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
@@ -208,7 +196,7 @@ def test_unreachable_host_stops_the_rollout_before_any_host_is_touched(testbed, 
     testbed.wait_for(f"{TB3} reachable again",
                      lambda: testbed.ssh(TB3, "true", timeout=15).returncode == 0, timeout=60)
     again, doc2 = rollout(testbed, report=tmp_path / "r2.json", data=[flags(**{"mem-fraction-static": 0.8})])
-    record("host unreachable at the start of a rollout", "Host and network",
+    rollout_record("host unreachable at the start of a rollout", "Host and network",
            f"{TB3}'s link down (`ip link set v{TB3} down`) when `sglang-deploy rollout` starts", r,
            others_untouched=untouched, serving=all(health(testbed.address(h)) == 200 for h in (TB1, TB2)),
            converged=again.returncode == 0,
@@ -252,19 +240,17 @@ def test_status_reports_every_host_and_the_drift_of_a_manual_change(testbed, tmp
 
 
 def test_throughput_gate_rejects_a_slower_configuration_and_rolls_it_back(testbed, tmp_path):
-    from .conftest import run_testbed
-
     r, _ = rollout(testbed, report=tmp_path / "r0.json", data=[flags(**{"mem-fraction-static": 0.85})])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]  # undo the hand edit of the status test
     # the new configuration (mem fraction 0.75) is 60% slower on tb1 (simulated decode rate)
-    run_testbed("sim-env", TB1, "SLOW_WHEN=--mem-fraction-static 0.75", "SLOW_FACTOR=0.4")
+    testbed.sim_env(TB1, "SLOW_WHEN=--mem-fraction-static 0.75", "SLOW_FACTOR=0.4")
     unit1 = unit_text(testbed, TB1)
     untouched = {h: invocation(testbed, h) for h in (TB2, TB3)}
     try:
         r, doc = rollout(testbed, "--min-throughput-ratio", "0.95", report=tmp_path / "r.json",
                          data=[flags(**{"mem-fraction-static": 0.75})])
     finally:
-        run_testbed("sim-env", TB1, "SLOW_WHEN=")
+        testbed.sim_env(TB1, "SLOW_WHEN=")
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
     hosts = by_host(doc)
@@ -278,7 +264,7 @@ def test_throughput_gate_rejects_a_slower_configuration_and_rolls_it_back(testbe
     # the slower build fixed (SLOW_WHEN cleared), the gated rollout of that host passes
     again, doc2 = rollout(testbed, "--min-throughput-ratio", "0.95", "--limit", TB1,
                           report=tmp_path / "r2.json", data=[flags(**{"mem-fraction-static": 0.75})])
-    record("throughput below the rollout gate", "Server",
+    rollout_record("throughput below the rollout gate", "Server",
            f"the new flags run 60% slower on {TB1} (simulated decode rate); rollout with "
            "`--min-throughput-ratio 0.95`", r, others_untouched=True, serving=True,
            converged=again.returncode == 0,

@@ -4,8 +4,9 @@ On the SPARE host (TESTBED_PREFIX 3): a deploy with an API key full of shell met
 at pyinfra's highest verbosity, while the host's process list is sampled during the whole
 startup. Then every place a secret could land is searched: pyinfra's output, argv on the
 host and on the controller, the unit, the tool's reports, and every world-readable file on
-the host. `systemd-analyze security` is run inside the host and its exposure recorded. Rows
-go to `.sglang-deploy/faults/` for docs/faults.md, like the fault suite's.
+the host. `systemd-analyze security` is run inside the host. What was observed also goes to
+the fault records (helpers.RECORDS) for `python scripts/faults_table.py`, like the fault
+suite's; no test reads them.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import pytest
 
 from sglang_deploy.core.unit import render_secrets_env
 
-from .test_deploy import SECRET
-from .test_faults import FAULTS, REPO, SPARE, both, deploy, record
+from .helpers import REPO, SECRET, TB3, both, fault_deploy, record, write_record
+
+SPARE = TB3
 
 EXPOSURE_BEFORE = 3.2  # the unit before this hardening (measured the same way, systemd 252)
 EXPOSURE_LIMIT = 2.0
 FAULT_TEXT = ("deploy at -vvv with an API key holding a quote, double quotes, `$HOME`, `;|&` "
-              "and a backtick command (test_deploy.SECRET)")
+              "and a backtick command (helpers.SECRET)")
 
 
 # Why each remaining `systemd-analyze security` item stays open (keyed by its setting).
@@ -86,7 +88,7 @@ def keyed(testbed):
     testbed.scenario(SPARE, "healthy")
     testbed.ssh(SPARE, "systemctl stop sglang.service 2>/dev/null; true")
     with Sampler(testbed, SPARE) as sampler:
-        r = deploy({SPARE: {"sglang_api_key_env": "FAULT_API_KEY"}}, "-vvv", hosts=(SPARE,),
+        r = fault_deploy({SPARE: {"sglang_api_key_env": "FAULT_API_KEY"}}, "-vvv", hosts=(SPARE,),
                    env={"FAULT_API_KEY": SECRET})
     assert r.returncode == 0, both(r)[-4000:]
     return r, sampler.samples
@@ -175,10 +177,9 @@ def test_service_is_unprivileged_and_hardened(testbed, keyed):
                         if x.startswith(("NoNewPrivs", "Seccomp", "CapEff")))
             + ".\n\nStill open (setting, exposure points, why):\n\n"
             + "\n".join(f"- {x}" for x in open_items) + "\n")
-    FAULTS.mkdir(parents=True, exist_ok=True)
-    (FAULTS / "zz-security-exposure.json").write_text(__import__("json").dumps(
-        {"case": "systemd-analyze security", "category": "Security", "exposure": exposure,
-         "table_only_text": text, "recorded_at": time.time()}, indent=2) + "\n")
+    write_record("zz-security-exposure",
+                 {"case": "systemd-analyze security", "category": "Security", "exposure": exposure,
+                  "table_only_text": text, "recorded_at": time.time()})
     assert exposure is not None and exposure <= EXPOSURE_LIMIT, sec[-3000:]
     assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status
     assert "CapEff:\t0000000000000000" in status
