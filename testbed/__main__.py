@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--no-wheels", action="store_true", help="do not fill the wheelhouse")
     a.add_argument("--router", action="store_true",
                    help="also boot the router host (<prefix>router, inventory group `routers`)")
-    sub.add_parser("down", help="stop and remove every host (keeps the rootfs cache and the key)")
+    a = sub.add_parser("down", help="stop and remove every host (keeps the rootfs cache and the key)")
+    a.add_argument("--router", action="store_true", help="remove only the router host (`up --router`)")
     a = sub.add_parser("status", help="per host: address, nspawn alive, ssh reachable, scenarios")
     a.add_argument("--json", action="store_true")
     a = sub.add_parser("wipe", help="replace HOST by a blank one (new overlay, new host key)")
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             for h in state["hosts"]:
                 print(f"{h['name']}\t{h['address']}\tpid {h['pid']}")
             print(f"up: {time.monotonic() - t0:.1f}s")
+        elif args.cmd == "down" and args.router:
+            print("router removed" if fleet.remove_router() else "no router host")
         elif args.cmd == "down":
             fleet.down()
             print(f"down: {time.monotonic() - t0:.1f}s")

@@ -751,6 +751,24 @@ def down() -> None:
     log(f"down: {len(hosts)} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
 
 
+def remove_router() -> bool:
+    """Stop and remove the router host (`up --router`), keeping the servers: the inventory then
+    has no `routers` group again. False when there was none."""
+    with locked():
+        state = load_state()
+        routers = [h for h in (state or {}).get("hosts", []) if h.get("role") == "router"]
+        if not routers:
+            return False
+        stop_hosts(routers)
+        for h in routers:
+            teardown_host(state, h)
+            _known_hosts_replace(state, h["address"], None)
+        state["hosts"] = [h for h in state["hosts"] if h.get("role") != "router"]
+        save_state(state)
+    log(f"down --router: {', '.join(h['name'] for h in routers)} removed")
+    return True
+
+
 def _read_env(path: Path) -> dict:
     out = {}
     with contextlib.suppress(OSError):

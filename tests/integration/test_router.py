@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bench import router_load
-from tests.integration.conftest import REPO, run_testbed
+from .helpers import REPO, run_testbed
 
 BIN = Path(sys.executable).parent
 PYINFRA = str(BIN / "pyinfra")
@@ -47,6 +47,9 @@ def routed(testbed):
     out = os.environ.get("ROUTER_LOAD_RESULTS")
     if out:
         Path(out).write_text(json.dumps(RESULTS, indent=2) + "\n")
+    # the other modules' inventory has no `routers` group: their fixtures redeploy the servers
+    run_testbed("down", "--router", timeout=300)
+    testbed.reload()
 
 
 def pyinfra(deploy: str, testbed, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
