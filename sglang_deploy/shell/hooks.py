@@ -23,6 +23,7 @@ from sglang_deploy.core import data
 from sglang_deploy.core import jit
 from sglang_deploy.shell import deploylock, lockedflags
 from sglang_deploy.core import errors
+from sglang_deploy.shell import pyinfrafast
 from sglang_deploy.shell.plan import PLAN_ENV
 
 
@@ -233,13 +234,15 @@ class TypedErrorsWithoutTraceback(logging.Filter):
 
 
 def install(state) -> None:
-    """Install every hook on ``state`` (before or after ``State.init``): data validation as
-    soon as the inventory exists, TCP_NODELAY and then the deploy lock after each connection,
+    """Install every hook on ``state`` (before or after ``State.init``): pyinfra's cheap
+    operation order and argument types (``pyinfrafast``), data validation as soon as the
+    inventory exists, TCP_NODELAY and then the deploy lock after each connection,
     clear messages for a changed host key and a lost connection, typed errors without
     tracebacks."""
     import gevent
     from pyinfra import logger
 
+    pyinfrafast.install()  # before any operation is added
     logger.addFilter(TypedErrorsWithoutTraceback())
 
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
