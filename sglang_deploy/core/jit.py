@@ -19,6 +19,7 @@ A full kernel build is not part of the check.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -61,9 +62,11 @@ def _pin(text: str, *names: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
 def lock_toolchain(lock_text: str) -> LockToolchain:
     """Read the torch, CUDA runtime and nvcc pins of a lock (CUDA 13 wheels have no suffix,
-    CUDA 12 ones end in ``-cu12``)."""
+    CUDA 12 ones end in ``-cu12``). Once per lock text: every host of a fleet names the same
+    lock."""
     return LockToolchain(
         torch=_pin(lock_text, "torch"),
         torch_cuda=_pin(lock_text, "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"),
@@ -73,8 +76,7 @@ def lock_toolchain(lock_text: str) -> LockToolchain:
 def cuda_home_for(lock_text: str, site: str) -> str | None:
     """CUDA_HOME of a release whose lock pins the CUDA 13+ pip compiler: the wheels' common
     tree ``SITE/nvidia/cuMAJOR`` (FlashInfer never looks there by itself). None otherwise."""
-    nvcc = _pin(lock_text, "nvidia-cuda-nvcc")
-    major = LockToolchain.major(nvcc)
+    major = LockToolchain.major(lock_toolchain(lock_text).nvcc)
     return f"{site}/nvidia/cu{major}" if major and major >= 13 else None
 
 

@@ -12,6 +12,7 @@ A deploy that ran the data-verified peer copies also writes the matrix's cells t
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import time
 
@@ -20,9 +21,10 @@ from pyinfra import host, logger
 from sglang_deploy.core import preflight, report
 
 
+@functools.lru_cache(maxsize=1)
 def colour_terminal() -> bool:
     """Whether pyinfra's output (stderr) is a terminal that takes colour (rich decides:
-    NO_COLOR, TERM=dumb and FORCE_COLOR are honoured)."""
+    NO_COLOR, TERM=dumb and FORCE_COLOR are honoured). Asked once per run, not per host."""
     from rich.console import Console
 
     console = Console(stderr=True)
