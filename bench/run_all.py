@@ -106,8 +106,10 @@ def _fmt(x, unit="s"):
         return "-"
     if unit == "MiB":
         return f"{x:.0f} MiB"
-    if unit == "requests":
+    if unit in ("requests", "commands"):
         return f"{x:.0f}"
+    if unit == "bytes":
+        return f"{x / 1000:.1f} KB"
     return f"{x:.3f} s" if abs(x) < 10 else f"{x:.1f} s"
 
 
