@@ -5,7 +5,7 @@
     <venv>/bin/python launch.py /path/to/entry.py [flags]
 
 systemd passes the API key in the environment (from the root-only EnvironmentFile). This
-launcher removes it from the environment, appends `--api-key KEY` to sys.argv inside the
+launcher removes it from the environment, appends `--api-key=KEY` to sys.argv inside the
 process and runs the entry point in-process, so `ps` and /proc/*/cmdline never show it and
 child processes never inherit it. sglang logs its whole config (`server_args=...`, key
 included) at startup: the main process's stdout and stderr are wrapped so that the key's
@@ -46,7 +46,7 @@ def main() -> None:
         sys.exit(2)
     key = os.environ.pop("SGLANG_API_KEY", None)
     if key:
-        rest = [*rest, "--api-key", key]
+        rest = [*rest, f"--api-key={key}"]  # one word: a key may start with "-"
         sys.stdout = _Redacting(sys.stdout, key)
         sys.stderr = _Redacting(sys.stderr, key)
     sys.argv = [target, *rest]
