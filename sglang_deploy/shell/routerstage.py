@@ -22,6 +22,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import deploy, operation
 from pyinfra.operations import python, server
 
+from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import DataError, RouterError
 from sglang_deploy.core.unit import render_secrets_env
@@ -32,6 +33,8 @@ from sglang_deploy.shell.facts import REMOTE, SglangHostState, stdin_script
 SECRETS_DIR = "/etc/smg"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
 LAUNCHER = "smg_launch.py"
+#: the router's tools: its launcher, and the watcher the release install reports through
+TOOLS = (LAUNCHER, "progress_watch.py")
 
 
 def router_lock(lock_file: str) -> tuple[str, str, str]:
@@ -104,9 +107,9 @@ def router_stage():
     s = routing.settings(host, state.inventory)
     release_id, version, lock_text = router_lock(s.router_lock)
     root, rel = s.router_root, f"{s.router_root}/releases/{release_id}"
-    tool = f"{root}/tools/{LAUNCHER}"
-    paths = (*(p for p, _, _ in managed_folders(s)), tool, f"{rel}/requirements.lock",
-             unit_path(s), f"{root}/current")
+    tools = [(str(REMOTE / name), f"{root}/tools/{name}") for name in TOOLS]
+    paths = (*(p for p, _, _ in managed_folders(s)), *(dest for _, dest in tools),
+             f"{rel}/requirements.lock", unit_path(s), f"{root}/current")
     hs = host.get_fact(SglangHostState, root=root, service=s.router_service, secrets=SECRETS_FILE,
                        python=s.sglang_system_python, paths=paths)
     if hs is None:
@@ -118,8 +121,8 @@ def router_stage():
                     home=home(s), shell="/usr/sbin/nologin", create_home=False)
     ops.directories(name="Router folders (root, releases, tools, home, secrets)",
                     dirs=managed_folders(s), present=present)
-    ops.files_content(name=f"Router launcher {tool}", mode="755", present=present,
-                      sources=[(str(REMOTE / LAUNCHER), tool)])
+    ops.files_content(name=f"Router tools ({', '.join(TOOLS)})", mode="755", present=present,
+                      sources=tools)
     releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the router's tool venv", root=root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
@@ -132,7 +135,8 @@ def router_stage():
         python=s.sglang_system_python, lock_path=f"{rel}/requirements.lock",
         complete=bool((hs["releases"].get(release_id) or {}).get("complete")),
         wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url,
-        uv_cache=f"{root}/uv-cache", meta={"smg_version": version, "lock": s.router_lock})
+        uv_cache=f"{root}/uv-cache", packages=progressmod.lock_packages(lock_text),
+        meta={"smg_version": version, "lock": s.router_lock})
     releaseops.releases_pruned(name="Old router releases (keep 3)", root=root,
                         releases={**hs["releases"], release_id: {"installed_at": "now"}}, keep=3,
                         protected={r for r in (release_id, hs.get("current")) if r})
@@ -142,7 +146,7 @@ def router_stage():
         present_sha256=hs.get("secrets_sha256"))
     urls = workers()
     argv = routermod.launch_argv(
-        python=f"{root}/current/venv/bin/python", launcher=tool, host=s.router_host,
+        python=f"{root}/current/venv/bin/python", launcher=f"{root}/tools/{LAUNCHER}", host=s.router_host,
         port=s.router_port, policy=s.router_policy, workers=urls,
         prometheus_port=s.router_prometheus_port)
     unit_text = routermod.render_unit(routermod.RouterUnitSpec(

@@ -38,18 +38,21 @@ RESULTS: dict = {}
 
 @pytest.fixture(scope="module")
 def routed(testbed):
-    """The 3 hosts and the router host, deployed and verified."""
-    run_testbed("up", "--hosts", "3", "--router", timeout=900)
-    testbed.reload()
-    r = pyinfra("deploy.py", testbed)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    yield testbed
-    out = os.environ.get("ROUTER_LOAD_RESULTS")
-    if out:
-        Path(out).write_text(json.dumps(RESULTS, indent=2) + "\n")
-    # the other modules' inventory has no `routers` group: their fixtures redeploy the servers
-    run_testbed("down", "--router", timeout=300)
-    testbed.reload()
+    """The 3 hosts and the router host, deployed and verified. The router host is removed when
+    the module ends, also after a failed set-up: the other modules' inventory has no `routers`
+    group (their fixtures redeploy the servers)."""
+    try:
+        run_testbed("up", "--hosts", "3", "--router", timeout=900)
+        testbed.reload()
+        r = pyinfra("deploy.py", testbed)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        yield testbed
+        out = os.environ.get("ROUTER_LOAD_RESULTS")
+        if out:
+            Path(out).write_text(json.dumps(RESULTS, indent=2) + "\n")
+    finally:
+        run_testbed("down", "--router", timeout=300)
+        testbed.reload()
 
 
 def pyinfra(deploy: str, testbed, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
