@@ -57,7 +57,9 @@ def figures(doc: dict) -> list[Figure]:
             baseline_name="same rollout with --no-drain",
             baseline_samples=[off["summary"].get("router_retries")] if off else [],
             goal="0", goal_kind="value_max", goal_value=1,
-            notes="SMG's smg_router_upstream_send_retries_total over the run: without drain "
+            notes="SMG's smg_worker_retries_total + smg_router_upstream_send_retries_total over "
+                  "the run (the --no-drain run with the slow-start scenario: each port closed "
+                  "for seconds, as a real load keeps it for minutes): without drain "
                   "the clients did not see these (SMG retried them on another worker), but "
                   "each is a generation that may run twice and the retry's delay"))
         out.append(Figure(

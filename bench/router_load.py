@@ -6,8 +6,8 @@ rollout that restarts every host runs ("during"). Each request is one completion
 MAX_TOKENS tokens. A request fails when the client raises (an HTTP error, a cut connection,
 an error event inside a stream) or a stream ends without its final chunk.
 
-Used by tests/integration/test_router.py (asserts 0 failed with drain, > 0 without) and by
-bench/run_all.py (figures for docs/performance.md).
+Used by tests/integration/test_router.py (asserts 0 failed and 0 retried requests with drain,
+retried requests without) and by bench/run_all.py (figures for docs/performance.md).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ checking) and adds the testbed's data (inventory/testbed.py TESTBED_DATA).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -76,12 +77,14 @@ def test_quickstart_commands_run_on_a_testbed_host(testbed, tmp_path):
     address, key = testbed.address(name), testbed.state["key"]
     work = checkout_copy(tmp_path / "checkout")
     (work / "inventory" / "quickstart_testbed.py").write_text(INVENTORY.format(address=address, key=key))
+    # the copy has no .testbed/ of its own: inventory/testbed.py finds this testbed's state
+    env = {**os.environ, "TESTBED_DIR": testbed.state["state_dir"]}
     for commands, expects in blocks(DOC.read_text()):
         output = ""
         for command in commands:
             command = substitute(command, address, key)
             r = subprocess.run(["bash", "-c", command], check=False, cwd=work, capture_output=True, text=True,
-                               timeout=900, stdin=subprocess.DEVNULL)
+                               timeout=900, stdin=subprocess.DEVNULL, env=env)
             testbed.log.append(r)
             output += r.stdout + r.stderr
             assert r.returncode == 0, f"`{command}` exited {r.returncode}:\n{output[-4000:]}"
