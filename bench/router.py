@@ -58,16 +58,25 @@ def figures(doc: dict) -> list[Figure]:
             baseline_samples=[off["summary"].get("router_retries")] if off else [],
             goal="0", goal_kind="value_max", goal_value=1,
             notes="SMG's smg_worker_retries_total + smg_router_upstream_send_retries_total over "
-                  "the run (the --no-drain run with the slow-start scenario: each port closed "
-                  "for seconds, as a real load keeps it for minutes): without drain "
-                  "the clients did not see these (SMG retried them on another worker), but "
-                  "each is a generation that may run twice and the retry's delay"))
+                  "the run: without drain the clients did not see these (SMG retried them on "
+                  "another worker), but each is a generation that may run twice and the "
+                  "retry's delay; how many there are depends on when the load meets the "
+                  "simulated port's second of being closed"))
         out.append(Figure(
             key="router_p99", name="Latency p99 through the router, during the rollout vs before",
             unit="s", samples=[s["during"]["p99_s"]], baseline_name="before the rollout",
             baseline_samples=[s["before"]["p99_s"]],
             notes=f"p50 during {s['during']['p50_s']} s, before {s['before']['p50_s']} s; "
                   "the simulated server's token rate sets the request time"))
+        if off:
+            out.append(Figure(
+                key="router_step", unit="s", name="Rollout step per host under load (drain)",
+                samples=[h["seconds"] for h in drain["hosts"].values() if h.get("seconds")],
+                baseline_name="same rollout with --no-drain",
+                baseline_samples=[h["seconds"] for h in off["hosts"].values() if h.get("seconds")],
+                notes="the rollout report's seconds per host: without drain the server, which "
+                      "keeps taking new requests during its SIGTERM drain, stops only once the "
+                      "router's health check (every 10 s) has taken it out"))
     failed = doc.get("failed-host-rolled-back")
     if failed:
         s = failed["summary"]

@@ -121,6 +121,9 @@ def locked():
 
 
 def new_state(prefix: str) -> dict:
+    if len(SUBNET.split(".")) != 3 or not all(p.isdigit() and int(p) < 256 for p in SUBNET.split(".")):
+        raise TestbedError(f"TESTBED_SUBNET must be the first three numbers of a /24 (such as "
+                           f"10.213.0); found {SUBNET!r}")
     d = state_dir()
     return {
         "version": STATE_VERSION,

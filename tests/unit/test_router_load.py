@@ -39,9 +39,13 @@ def test_figures_of_a_load_test():
             "during": {"requests": 700, "failed": 0, "p50_s": 1.8, "p99_s": 5.0},
             "errors": [], "router_retries": 0}
     off = {**summ, "router_retries": 21}
-    figs = {f.key: f for f in figures({"drain": {"summary": summ}, "no-drain": {"summary": off},
+    hosts = {"h1": {"status": "done", "seconds": 5.0}, "h2": {"status": "done", "seconds": 6.0}}
+    slow = {"h1": {"status": "done", "seconds": 30.0}, "h2": {"status": "done", "seconds": 20.0}}
+    figs = {f.key: f for f in figures({"drain": {"summary": summ, "hosts": hosts},
+                                       "no-drain": {"summary": off, "hosts": slow},
                                        "failed-host-rolled-back": {"summary": summ}})}
     assert figs["router_failed"].samples == [0] and figs["router_failed"].met is True
     assert figs["router_retries"].baseline_samples == [21]
     assert figs["router_p99"].samples == [5.0] and figs["router_p99"].baseline_samples == [1.6]
     assert figs["router_failed_rollback"].met is True
+    assert figs["router_step"].samples == [5.0, 6.0] and figs["router_step"].baseline_samples == [30.0, 20.0]
