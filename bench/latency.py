@@ -35,37 +35,48 @@ def _restart_data(tag: str) -> dict:
     return {"sglang_env": {"BENCH_RUN": f"{tag}-{time.time():.3f}"}}
 
 
+def ready_sample(host: str, tag: str = "ready", code=None) -> tuple[float, float, float]:
+    """One restart: (verified - ready seconds, the server's startup seconds, deploy seconds)."""
+    t = deploy([host], extra_data=_restart_data(tag), code=code)
+    rep = host_report(host) or {}
+    ready = read_json_on(host, f"{SIM_DIR}/ready.json") or {}
+    if not rep.get("verified_epoch_s") or not ready.get("ready_at") or ready["ready_at"] < t.started_wall:
+        raise RuntimeError(f"readiness ({tag}): no fresh ready moment (report {rep}, sim {ready})")
+    return rep["verified_epoch_s"] - ready["ready_at"], ready["ready_at"] - ready["started_at"], t.seconds
+
+
+def crash_sample(host: str, tag: str = "crash", code=None) -> float:
+    """One restart into a crash (the host's scenario set by the caller): seconds from the
+    server's exit to the verifier's failure line on the controller."""
+    t = deploy([host], extra_data=_restart_data(tag), check=False, code=code)
+    hit = t.first_line(lambda s: any(m in s for m in FAIL_MARKERS))
+    exited = read_json_on(host, f"{SIM_DIR}/exit.json") or {}
+    if t.ok or hit is None or not exited.get("exited_at") or exited["exited_at"] < t.started_wall:
+        raise RuntimeError(f"crash ({tag}): expected a verifier failure after a fresh crash "
+                           f"(rc {t.rc}, exit record {exited}):\n{t.tail()}")
+    return hit[1] - exited["exited_at"]
+
+
 def run(cfg) -> list[Figure]:
     host = ensure_hosts(1)[0]
     converge([host])
     lat, startup, sleep60, probe10 = [], [], [], []
     for i in range(cfg.runs):
-        t = deploy([host], extra_data=_restart_data("ready"))
-        rep = host_report(host) or {}
-        ready = read_json_on(host, f"{SIM_DIR}/ready.json") or {}
-        if not rep.get("verified_epoch_s") or not ready.get("ready_at") or ready["ready_at"] < t.started_wall:
-            raise RuntimeError(f"readiness run {i + 1}: no fresh ready moment (report {rep}, sim {ready})")
-        lat.append(rep["verified_epoch_s"] - ready["ready_at"])
-        s = ready["ready_at"] - ready["started_at"]
+        d, s, secs = ready_sample(host)
+        lat.append(d)
         startup.append(s)
         # baselines from the same run's startup time: a human's fixed `sleep 60` after the
         # restart, and a probe every 10 s from the process start (first tick after ready)
         sleep60.append(max(HUMAN_SLEEP_S - s, 0.0))
         probe10.append(math.ceil(s / PROBE_PERIOD_S) * PROBE_PERIOD_S - s)
         log(f"readiness run {i + 1}/{cfg.runs}: startup {s:.2f}s, detected {lat[-1]:.3f}s after ready "
-            f"(deploy {t.seconds:.1f}s)")
+            f"(deploy {secs:.1f}s)")
 
     crash = []
     testbed("scenario", host, "autotune-crash")
     try:
         for i in range(cfg.runs):
-            t = deploy([host], extra_data=_restart_data("crash"), check=False)
-            hit = t.first_line(lambda s: any(m in s for m in FAIL_MARKERS))
-            exited = read_json_on(host, f"{SIM_DIR}/exit.json") or {}
-            if t.ok or hit is None or not exited.get("exited_at") or exited["exited_at"] < t.started_wall:
-                raise RuntimeError(f"crash run {i + 1}: expected a verifier failure after a fresh crash "
-                                   f"(rc {t.rc}, exit record {exited}):\n{t.tail()}")
-            crash.append(hit[1] - exited["exited_at"])
+            crash.append(crash_sample(host))
             log(f"crash run {i + 1}/{cfg.runs}: failure reported {crash[-1]:.3f}s after the exit")
     finally:
         testbed("scenario", host, "healthy")
