@@ -246,16 +246,16 @@ def runtime_stage():
         status = None
         if rel.get("complete"):
             # the record of the last apply, when the file is still the bytes it describes;
-            # else the venv's python reads the file (``patch.py status``)
+            # else the venv's python reads the file (``patch_tool.py status``)
             status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
                 or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
-                                 tool=lay.tool("patch.py"))
+                                 tool=lay.tool("patch_tool.py"))
         ctx.patch_state = (status or {}).get("state") or "applied"
         if ctx.patch_state == "needed":
             ctx.patch_state = "applied"
         ctx.ops["patch"] = releaseops.autotune_patch(
             name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
-            tool=lay.tool("patch.py"), record=lay.patch_record(ctx.release_id), status=status)
+            tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
     else:
         ctx.patch_state = "disabled"
     if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
