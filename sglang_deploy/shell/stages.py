@@ -347,13 +347,7 @@ def service_stage():
     link = ops.symlink(name=f"{lay.current} -> release {ctx.release_id}", path=lay.current,
                        target=lay.release_dir(ctx.release_id), present=hs["paths"].get(lay.current))
     svc = hs["service"]
-    ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
-                        unit_file_state=svc.get("UnitFileState") or None)
-    if unit.will_change:
-        ops.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
-    started = ops.service_started(name=f"Start {s.sglang_service}", service=s.sglang_service,
-                                  active_state=svc.get("ActiveState") or None,
-                                  sub_state=svc.get("SubState") or None)
+    started = ops.enabled_and_started(s.sglang_service, unit, svc)
     triggers = {"unit": unit, "secrets": secrets, **{k: ctx.ops[k] for k in service.RESTART_TRIGGERS
                                                       if k in ctx.ops}}
     # Gated operations are added only when a trigger may fire, so that a converged host shows
