@@ -96,7 +96,6 @@ class Run:
         self.p = subprocess.Popen([sys.executable, str(SIM), *argv], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE)
         self.text = ""
-        self.stderr = ""  # stderr alone: the two pipes' relative order in text is not kept
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.pumps = [threading.Thread(target=self._pump, args=(stream,), daemon=True)
@@ -109,11 +108,8 @@ class Run:
             chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(1)
             if not chunk:
                 break
-            text = chunk.decode(errors="replace")
             with self.changed:
-                self.text += text
-                if stream is self.p.stderr:
-                    self.stderr += text
+                self.text += chunk.decode(errors="replace")
                 self.changed.notify_all()
 
     def wait_until(self, pred, timeout=20.0) -> bool:
@@ -298,9 +294,8 @@ def test_patched_host_runs_autotune_in_order(patched_site, model_dir, tmp_path, 
         assert i > pos, f"{needle!r} out of order"
         pos = i
     assert "rank_tp7_pp0_dp0.json" in out
-    # tqdm from 0.5.10: updates separated by "\r" only, one final newline (on stderr; the
-    # ranks' NCCL lines go to stdout, which may be read in between)
-    bar = r.stderr[r.stderr.index("\rLoading safetensors"):]
+    # tqdm from 0.5.10: updates separated by "\r" only, one final newline
+    bar = out[out.index("\rLoading safetensors"):]
     bar = bar[:bar.index("\n")]
     assert bar.count("\r") == 6 and "5/5" in bar
     # main process lines carry no TP suffix
