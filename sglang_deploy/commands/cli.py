@@ -12,7 +12,7 @@ from sglang_deploy.core.errors import SglangDeployError
 
 # Each module has add_parser(subparsers) and run(args) -> exit status.
 COMMAND_MODULES = (
-    "sglang_deploy.core.patch",
+    "sglang_deploy.remote.patch_tool",
     "sglang_deploy.commands.doctor",
     "sglang_deploy.commands.lock",
     "sglang_deploy.commands.wheelhouse",

@@ -19,9 +19,10 @@ from sglang_deploy.core.errors import RollbackError
 SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
 HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
-#: scripts shipped to ROOT/tools (patch.py from sglang_deploy/core, the others from remote/)
-TOOLS = ("patch.py", "launch.py", "hoststate.py", "model_fetch.py", "jit_check.py",
-         "progress_watch.py")
+#: scripts shipped to ROOT/tools (patch.py from sglang_deploy/core, the others from remote/;
+#: patch_tool.py imports the patch.py beside it)
+TOOLS = ("patch.py", "patch_tool.py", "launch.py", "hoststate.py", "model_fetch.py",
+         "jit_check.py", "progress_watch.py")
 #: what, having changed in this run, restarts the server (besides the unit and the secrets)
 RESTART_TRIGGERS = ("release", "patch", "model")
 

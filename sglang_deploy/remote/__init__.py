@@ -1,5 +1,6 @@
 """Scripts shipped to hosts and run there with the host's python3 (stdlib only; except
-``model_fetch.py``, which runs with the release venv's python for its huggingface_hub).
+``model_fetch.py``, which runs with the release venv's python for its huggingface_hub, and
+``patch_tool.py``, run by the release venv's python with ``core/patch.py`` shipped beside it).
 
 They are plain files: read them with :func:`script_path` and upload them; never import
 them on the controller for their side effects.

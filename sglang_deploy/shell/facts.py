@@ -138,7 +138,7 @@ class SglangHostState(FactBase):
 
 class PatchStatus(FactBase):
     """
-    ``patch.py status`` of a release venv's site-packages, run with that venv's python.
+    ``patch_tool.py status`` of a release venv's site-packages, run with that venv's python.
     Returns the JSON object (``state``, ``file``, ``version``...), or ``None`` when the venv
     does not exist yet.
     """

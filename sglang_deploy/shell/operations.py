@@ -180,6 +180,19 @@ def daemon_reload():
     yield "systemctl daemon-reload"
 
 
+def enabled_and_started(service: str, unit, svc: dict):
+    """What every unit the deploy keeps gets: enabled at boot, systemd reloaded when its unit
+    file (UNIT, the ``file_content`` operation) changes, started when not running. SVC is the
+    unit's ``systemctl show`` state from the host-state read. Returns the start operation."""
+    service_enabled(name=f"Enable {service}", service=service,
+                    unit_file_state=svc.get("UnitFileState") or None)
+    if unit.will_change:
+        daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
+    return service_started(name=f"Start {service}", service=service,
+                           active_state=svc.get("ActiveState") or None,
+                           sub_state=svc.get("SubState") or None)
+
+
 @operation()
 def known_good_restored(layout, release: str, restore: tuple[str, ...]):
     """

@@ -124,20 +124,20 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
 @operation()
 def autotune_patch(python: str, site: str, tool: str, record: str, status: dict | None):
     """
-    Apply the FlashInfer autotune patch to a release venv, version-aware (``patch.py``).
+    Apply the FlashInfer autotune patch to a release venv, version-aware (``patch_tool.py``).
 
     + python: the release venv's python
     + site: its site-packages folder
-    + tool: path of the shipped ``patch.py`` on the host
+    + tool: path of the shipped ``patch_tool.py`` on the host (``patch.py`` beside it)
     + record: where the patch state record is written (JSON)
-    + status: ``patch.py status --json`` of the venv, or None when the venv is new
+    + status: ``patch_tool.py status --json`` of the venv, or None when the venv is new
 
     **Example:**
 
     .. code:: python
 
         autotune_patch(python=".../venv/bin/python", site=".../site-packages",
-                       tool="/opt/sglang/tools/patch.py", record=".../autotune-patch.json",
+                       tool="/opt/sglang/tools/patch_tool.py", record=".../autotune-patch.json",
                        status=None)
     """
     state = (status or {}).get("state")

@@ -157,13 +157,7 @@ def router_stage():
     link = ops.symlink(name=f"{root}/current -> router release {release_id}",
                        path=f"{root}/current", target=rel, present=present.get(f"{root}/current"))
     svc = hs["service"]
-    ops.service_enabled(name=f"Enable {s.router_service}", service=s.router_service,
-                        unit_file_state=svc.get("UnitFileState") or None)
-    if unit.will_change:
-        ops.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
-    started = ops.service_started(name=f"Start {s.router_service}", service=s.router_service,
-                                  active_state=svc.get("ActiveState") or None,
-                                  sub_state=svc.get("SubState") or None)
+    started = ops.enabled_and_started(s.router_service, unit, svc)
     triggers = [unit, secrets, release, link]
     restarted = None
     if any(t.will_change for t in triggers) and not started.will_change:

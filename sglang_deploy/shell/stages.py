@@ -246,16 +246,16 @@ def runtime_stage():
         status = None
         if rel.get("complete"):
             # the record of the last apply, when the file is still the bytes it describes;
-            # else the venv's python reads the file (``patch.py status``)
+            # else the venv's python reads the file (``patch_tool.py status``)
             status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
                 or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
-                                 tool=lay.tool("patch.py"))
+                                 tool=lay.tool("patch_tool.py"))
         ctx.patch_state = (status or {}).get("state") or "applied"
         if ctx.patch_state == "needed":
             ctx.patch_state = "applied"
         ctx.ops["patch"] = releaseops.autotune_patch(
             name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
-            tool=lay.tool("patch.py"), record=lay.patch_record(ctx.release_id), status=status)
+            tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
     else:
         ctx.patch_state = "disabled"
     if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
@@ -347,13 +347,7 @@ def service_stage():
     link = ops.symlink(name=f"{lay.current} -> release {ctx.release_id}", path=lay.current,
                        target=lay.release_dir(ctx.release_id), present=hs["paths"].get(lay.current))
     svc = hs["service"]
-    ops.service_enabled(name=f"Enable {s.sglang_service}", service=s.sglang_service,
-                        unit_file_state=svc.get("UnitFileState") or None)
-    if unit.will_change:
-        ops.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
-    started = ops.service_started(name=f"Start {s.sglang_service}", service=s.sglang_service,
-                                  active_state=svc.get("ActiveState") or None,
-                                  sub_state=svc.get("SubState") or None)
+    started = ops.enabled_and_started(s.sglang_service, unit, svc)
     triggers = {"unit": unit, "secrets": secrets, **{k: ctx.ops[k] for k in service.RESTART_TRIGGERS
                                                       if k in ctx.ops}}
     # Gated operations are added only when a trigger may fire, so that a converged host shows

@@ -71,6 +71,8 @@ tqdm's layout, and FlashInfer's JIT failure (flashinfer/jit/cpp_ext.py run_ninja
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import random
@@ -83,58 +85,39 @@ from http import HTTPStatus
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-if __package__:                     # imported as testbed.sim.launch_server (the unit tests)
-    from . import sim_faults
-    from .sim_config import REAL_DURATIONS, Config, read_env_file, read_model
-    from .sim_http import make_handler
-    from .sim_log import (
-        MESSAGES,
-        PYNVML_WARNING,
-        M,
-        _write,
-        dynamo_warning,
-        interleave,
-        log,
-        messages_for,
-        nccl_lines,
-        tqdm_default,
-        tqdm_line,
-    )
-    from .sim_wheel import (
-        SIM_GPU_MAJOR,
-        autotune_decision,
-        build_parser,
-        find_sglang_dir,
-        flashinfer_version,
-        read_version,
-        version_tuple,
-    )
-else:                               # run as /opt/sglang-sim/launch_server.py on a host
-    import sim_faults  # type: ignore
-    from sim_config import REAL_DURATIONS, Config, read_env_file, read_model  # type: ignore
-    from sim_http import make_handler  # type: ignore
-    from sim_log import (  # type: ignore
-        MESSAGES,
-        PYNVML_WARNING,
-        M,
-        _write,
-        dynamo_warning,
-        interleave,
-        log,
-        messages_for,
-        nccl_lines,
-        tqdm_default,
-        tqdm_line,
-    )
-    from sim_wheel import (  # type: ignore
-        SIM_GPU_MAJOR,
-        autotune_decision,
-        build_parser,
-        find_sglang_dir,
-        flashinfer_version,
-        read_version,
-        version_tuple,
-    )
+if not __package__:  # run as /opt/sglang-sim/launch_server.py on a host (or by path, the tests):
+    # the files beside it become the package sglang_sim, so the one import block below
+    # serves both this and the unit tests' testbed.sim.launch_server
+    _spec = importlib.machinery.ModuleSpec("sglang_sim", None, is_package=True)
+    _spec.submodule_search_locations.append(os.path.dirname(os.path.abspath(__file__)))
+    sys.modules["sglang_sim"] = importlib.util.module_from_spec(_spec)
+    __package__ = "sglang_sim"
+
+from . import sim_faults
+from .sim_config import REAL_DURATIONS, Config, read_env_file, read_model
+from .sim_http import make_handler
+from .sim_log import (
+    MESSAGES,
+    PYNVML_WARNING,
+    M,
+    _write,
+    dynamo_warning,
+    interleave,
+    log,
+    messages_for,
+    nccl_lines,
+    tqdm_default,
+    tqdm_line,
+)
+from .sim_wheel import (
+    SIM_GPU_MAJOR,
+    autotune_decision,
+    build_parser,
+    find_sglang_dir,
+    flashinfer_version,
+    read_version,
+    version_tuple,
+)
 
 __all__ = ["MESSAGES", "REAL_DURATIONS", "Config", "Sim", "autotune_decision", "build_parser",
            "find_sglang_dir", "main", "messages_for", "read_env_file", "read_model",

@@ -26,12 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-if __package__:
-    from .sim_log import M, _write, log
-    from .sim_wheel import flashinfer_version
-else:
-    from sim_log import M, _write, log  # type: ignore[no-redef]
-    from sim_wheel import flashinfer_version  # type: ignore[no-redef]
+from .sim_log import M, _write, log
+from .sim_wheel import flashinfer_version
 
 AFTER_READY = ("nccl-watchdog", "scheduler-exception")
 SCHED = "sglang/srt/managers/scheduler.py"

@@ -7,10 +7,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler
 
-if __package__:                     # imported as testbed.sim.* (the unit tests)
-    from .sim_log import M, log
-else:                               # run as /opt/sglang-sim/launch_server.py on a host
-    from sim_log import M, log  # type: ignore[no-redef]
+from .sim_log import M, log
 
 
 def _count_prompt(obj) -> int:

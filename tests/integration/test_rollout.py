@@ -281,7 +281,7 @@ def host_state(testbed, host: str) -> dict:
     q = testbed.ssh
     freeze = q(host, "/opt/sglang/tools/venv/bin/uv pip freeze --python /opt/sglang/current/venv/bin/python",
                check=True).stdout
-    patch = json.loads(q(host, "/opt/sglang/current/venv/bin/python /opt/sglang/tools/patch.py status "
+    patch = json.loads(q(host, "/opt/sglang/current/venv/bin/python /opt/sglang/tools/patch_tool.py status "
                                "$(ls -d /opt/sglang/current/venv/lib/python3*/site-packages) --json",
                          check=True).stdout)
     patched = q(host, f"sha256sum {patch['file']}", check=True).stdout.split()[0]

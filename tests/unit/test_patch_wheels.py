@@ -1,4 +1,4 @@
-"""sglang_deploy.core.patch against the REAL sglang wheels from PyPI.
+"""sglang_deploy.core.patch and remote/patch_tool.py against the REAL sglang wheels from PyPI.
 
 Only the files the patch reads are extracted from each wheel into a temporary fake
 site-packages (nothing from sglang is kept or committed). Wheels come from the shared
@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -27,9 +26,11 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+from patchsources import ship_tools
 
-from sglang_deploy.core import patch as P
+from sglang_deploy.core import patch
 from sglang_deploy.core.errors import PatchError
+from sglang_deploy.remote import patch_tool as P
 from testbed import wheels
 from testbed.wheels import extract_member, fetch_sglang
 
@@ -51,7 +52,7 @@ SPREAD = ["0.5.5", "0.5.6", "0.5.7", "0.5.10", "0.5.12.post1", "0.5.13", "0.5.14
           "0.5.23"]
 
 RUNNER = "sglang/srt/model_executor/model_runner.py"
-MEMBERS = ["sglang/version.py", "sglang/_version.py"] + [f"sglang/{r}" for r in P.KNOWN_LOCATIONS]
+MEMBERS = ["sglang/version.py", "sglang/_version.py"] + [f"sglang/{r}" for r in patch.KNOWN_LOCATIONS]
 TODO = "# TODO: flashinfer_cutlass will cause some flashinfer compilation errors. To be fixed."
 
 
@@ -95,7 +96,7 @@ def fake_site(version: str, root: Path) -> Path:
 def backend_list(source: str, name: str) -> list[str]:
     tree = ast.parse(source)
     (func,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
-    (lst,) = [n for n in ast.walk(func) if P._is_backend_list(n)]
+    (lst,) = [n for n in ast.walk(func) if patch._is_backend_list(n)]
     return [e.value for e in lst.elts]
 
 
@@ -180,11 +181,9 @@ def test_every_05_release(version, tmp_path):
 
 
 def test_standalone_script_on_the_pinned_release(tmp_path):
-    """As on a host: patch.py alone, run by a python without site-packages."""
+    """As on a host: patch.py and patch_tool.py alone, run by a python without site-packages."""
     site = fake_site("0.5.12.post1", tmp_path)
-    script = tmp_path / "ship/patch.py"
-    script.parent.mkdir()
-    shutil.copy(P.__file__, script)
+    script = ship_tools(tmp_path / "ship")
     record = tmp_path / "rec.json"
     cmd = [sys.executable, "-I", "-S", str(script), "apply", str(site), "--json",
            "--record", str(record)]
