@@ -14,6 +14,8 @@ from __future__ import annotations
 import datetime
 import functools
 import io
+import os
+import sys
 import time
 
 from pyinfra import host, logger
@@ -24,7 +26,10 @@ from sglang_deploy.core import preflight, report
 @functools.lru_cache(maxsize=1)
 def colour_terminal() -> bool:
     """Whether pyinfra's output (stderr) is a terminal that takes colour (rich decides:
-    NO_COLOR, TERM=dumb and FORCE_COLOR are honoured). Asked once per run, not per host."""
+    NO_COLOR, TERM=dumb and FORCE_COLOR are honoured). Asked once per run, not per host;
+    without a terminal and without FORCE_COLOR the answer is no without importing rich."""
+    if not (sys.stderr.isatty() or os.environ.get("FORCE_COLOR")):
+        return False
     from rich.console import Console
 
     console = Console(stderr=True)
