@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed import fleet
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_INVENTORY = "bench/inventory.py"
@@ -116,9 +118,7 @@ def testbed(*args: str, check: bool = True, timeout: float = 600) -> subprocess.
 
 
 def state() -> dict:
-    env = os.environ.get("TESTBED_DIR")
-    path = (Path(env).expanduser().resolve() if env else ROOT / ".testbed") / "state.json"
-    return json.loads(path.read_text())
+    return json.loads(fleet.state_file().read_text())
 
 
 def ensure_hosts(n: int) -> list[str]:

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed import fleet
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
 PYINFRA = str(BIN / "pyinfra")
@@ -61,8 +63,8 @@ def run_testbed(*args: str, timeout: float = 600, check: bool = True) -> subproc
 
 
 def state_path() -> Path:
-    env = os.environ.get("TESTBED_DIR")
-    return (Path(env).expanduser().resolve() if env else REPO / ".testbed") / "state.json"
+    """The testbed's state file (TESTBED_DIR honoured), as the testbed itself finds it."""
+    return fleet.state_file()
 
 
 def data_args(*data: str) -> list[str]:
