@@ -4,7 +4,9 @@ side)."""
 
 from __future__ import annotations
 
+import ast
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,17 @@ def ship_tools(folder: Path) -> Path:
     shutil.copy(patch.__file__, folder / "patch.py")
     shutil.copy(patch_tool.__file__, folder / "patch_tool.py")
     return folder / "patch_tool.py"
+
+
+def assert_stdlib_only_imports(module) -> ast.Module:
+    """The module-level imports of MODULE's file name only the standard library (it is
+    shipped to hosts); returns the parsed file for further checks."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    assert names - {"__future__"} <= set(sys.stdlib_module_names), names
+    return tree

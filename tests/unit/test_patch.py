@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ast
-import sys
-from pathlib import Path
 
 import pytest
 from patchsources import (
@@ -19,6 +17,7 @@ from patchsources import (
     UPSTREAM_FN_SRC,
     UPSTREAM_SRC,
     PackagePatchError,
+    assert_stdlib_only_imports,
     changed_lines,
     code_of,
 )
@@ -189,14 +188,7 @@ def test_function_named_in_a_nested_scope_is_not_the_predicate():
 
 def test_module_imports_only_the_standard_library():
     """Shipped to the hosts beside patch_tool.py: stdlib only, the package's error guarded."""
-    tree = ast.parse(Path(P.__file__).read_text())
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.add(node.module.split(".")[0])
-    assert names - {"__future__"} <= set(sys.stdlib_module_names)
+    tree = assert_stdlib_only_imports(P)
     guarded = [n for n in tree.body if isinstance(n, ast.Try)]
     assert guarded and any(isinstance(h.type, ast.Name) and h.type.id == "ImportError"
                            for h in guarded[0].handlers)

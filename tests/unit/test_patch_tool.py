@@ -23,6 +23,7 @@ from patchsources import (
     UPSTREAM_FN_SRC,
     UPSTREAM_SRC,
     PackagePatchError,
+    assert_stdlib_only_imports,
     changed_lines,
     code_of,
     make_site,
@@ -231,14 +232,7 @@ def test_cli_requires_a_subcommand():
 def test_module_level_imports_are_stdlib_only():
     """Shipped to the hosts: stdlib only; ``patch`` comes from the package when imported
     from it, else from the script's own folder."""
-    tree = ast.parse(Path(P.__file__).read_text())
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.add(node.module.split(".")[0])
-    assert names - {"__future__"} <= set(sys.stdlib_module_names)
+    tree = assert_stdlib_only_imports(P)
     (branch,) = [n for n in tree.body if isinstance(n, ast.If)
                  and isinstance(n.test, ast.Name) and n.test.id == "__package__"]
     assert [a.name for n in branch.orelse if isinstance(n, ast.Import) for a in n.names] == ["patch"]
