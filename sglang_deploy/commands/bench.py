@@ -12,7 +12,7 @@ a new configuration), kept on the host (`<sglang_root>/bench/<identity>.json`) a
 below R x the previous figure fails the command (exit 1); the rollout calls
 `run_and_gate` and rolls back on such a failure.
 
-Pure core: `bench_argv`, `parse_summary`, `parse_result_line`, `level_figures`,
+Pure core: `bench_argv`, `parse_summary`, `level_figures`,
 `make_record`, `pick_previous`, `gate`, `table_rows`. Thin shell: `bench_host` (runs inside
 `pyinfra INVENTORY sglang_deploy/commands/bench_deploy.py`, through `runner.run_pyinfra`), `run`.
 """
@@ -139,25 +139,6 @@ def parse_summary(text: str) -> dict[str, Any]:
                 pass
         out[m.group("label").strip()] = value
     return out
-
-
-def parse_result_line(text: str) -> dict[str, Any] | None:
-    """The last JSON line of bench_serving's `--output-file`, without `server_info`.
-
-    `server_info` is the server's whole configuration, the API key included: never kept.
-    bench_serving writes `Infinity` for an unlimited request rate (Python's json reads it).
-    """
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return None
-    try:
-        obj = json.loads(lines[-1])
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
-        return None
-    obj.pop("server_info", None)
-    return obj
 
 
 @dataclass

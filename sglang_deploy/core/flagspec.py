@@ -98,9 +98,6 @@ class FlagSpec(Mapping[str, ArgInfo]):
     def __len__(self) -> int:
         return len(self._by_opt)
 
-    def canonical(self, flag: str) -> str:
-        return self._by_opt[flag].name
-
     def long_options(self) -> list[str]:
         return sorted(o for o in self._by_opt if o.startswith("--"))
 

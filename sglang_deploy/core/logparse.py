@@ -117,7 +117,6 @@ class StartupTracker:
         self._entered: dict[str, float] = {}
         self._entered_text: dict[str, str | None] = {}
         self._first_ts: float | None = None
-        self._last_ts: float | None = None
         self._progress: tuple[int, int, int] | None = None
         self._fatal: list[str] = []
         self._fatal_seen: set[str] = set()
@@ -215,10 +214,6 @@ class StartupTracker:
             out[a] = round(self._entered[b] - self._entered[a], 3)
         return out
 
-    def elapsed_in_phase(self, now: float) -> float:
-        return now - self._entered.get(self.phase, self._first_ts if self._first_ts is not None
-                                       else now)
-
     # ---- feeding ------------------------------------------------------------------------
     def feed(self, line: str | bytes, ts: float) -> list[Event]:
         if isinstance(line, (bytes, bytearray)):
@@ -226,7 +221,6 @@ class StartupTracker:
         if self._first_ts is None:
             self._first_ts = ts
             self._entered.setdefault("starting", ts)
-        self._last_ts = ts
         events: list[Event] = []
         pieces = split_updates(line)
         progress_pieces = [p for p in pieces if "hards" in p and PROGRESS_RE.search(p)] \

@@ -25,7 +25,7 @@ Nothing is guessed: the function is located with ``ast`` and the list inside it 
 line range; any other shape is refused (``unrecognised``). Versions <= 0.5.6.post2 have
 no MoE autotune allow-list (``no-autotune-list``).
 
-This module is the pure part: :func:`analyse` (-> :class:`PatchPlan`), :func:`apply_text`
+This module is the pure part: :func:`analyse` (-> :class:`PatchPlan`, with the new source)
 and :func:`status_from_record`, on text and dicts only (no file system). The host side
 (locate the package in a venv, read its version, atomic write, byte-compile, the JSON state
 record, the ``status|apply`` CLI) is ``sglang_deploy/remote/patch_tool.py``. Both files are
@@ -375,16 +375,6 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
     if again.state != ALREADY or not again.marker or again.line != n:  # pragma: no cover
         raise unrecognised(f"the patched text reads back as {again.state!r}", llines)
     return result
-
-
-def apply_text(source: str, relpath: str = "<source>", *,
-               version: str | None = None) -> tuple[str, str]:
-    """Return (new_source, state): state ``applied`` (changed now), ``already-applied`` or
-    ``enabled-upstream`` (source returned unchanged). Raises PatchError like analyse."""
-    p = analyse(source, relpath, version=version)
-    if p.state == NEEDED:
-        return p.new_source, APPLIED
-    return source, p.state
 
 
 def status_from_record(record: dict | None, file_sha256: str | None) -> dict | None:

@@ -106,20 +106,31 @@ def run_level(python: str, level: dict, env: dict, key: str | None, timeout: flo
         stdout = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         stderr = (exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or ""))
         stderr += f"\n[bench_run] timed out after {timeout:.0f} s"
-    result = None
     try:
         with open(out_file) as fh:
-            lines = [ln for ln in fh.read().splitlines() if ln.strip()]
-        if lines:
-            result = json.loads(lines[-1])
-            result.pop("server_info", None)
-    except (OSError, ValueError):
+            result = read_result(fh.read())
+    except OSError:
         result = None
     finally:
         if os.path.exists(out_file):
             os.unlink(out_file)
     return {"concurrency": level["concurrency"], "rc": rc, "seconds": round(time.monotonic() - t0, 2),
             "result": result, "stdout_tail": tail(stdout, key), "stderr_tail": tail(stderr, key)}
+
+
+def read_result(text: str) -> dict | None:
+    """The last JSON line of bench_serving's `--output-file`, without `server_info` (the
+    server's whole configuration, the API key included: never kept). bench_serving writes
+    `Infinity` for an unlimited request rate (Python's json reads it)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    try:
+        obj = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    obj.pop("server_info", None)
+    return obj
 
 
 def main(argv=None) -> int:

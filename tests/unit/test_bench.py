@@ -22,6 +22,7 @@ from sglang_deploy.commands import bench
 from sglang_deploy.commands import cli
 from sglang_deploy.core import data
 from sglang_deploy.commands.bench import BenchError
+from sglang_deploy.remote import bench_run
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
@@ -52,7 +53,7 @@ def test_summary_missing_is_empty():
 
 
 def test_result_line_drops_server_info_and_reads_infinity():
-    r = bench.parse_result_line(JSONL)
+    r = bench_run.read_result(JSONL)
     assert r["output_throughput"] == pytest.approx(988.34, abs=0.01)
     assert r["completed"] == 32 and r["max_concurrency"] == 4
     assert r["request_rate"] == float("inf")
@@ -63,9 +64,9 @@ def test_result_line_drops_server_info_and_reads_infinity():
 
 def test_result_line_takes_the_last_line_and_rejects_garbage():
     first = json.dumps({"output_throughput": 1.0})
-    assert bench.parse_result_line(first + "\n" + JSONL + "\n\n")["completed"] == 32
-    assert bench.parse_result_line("") is None
-    assert bench.parse_result_line("not json") is None
+    assert bench_run.read_result(first + "\n" + JSONL + "\n\n")["completed"] == 32
+    assert bench_run.read_result("") is None
+    assert bench_run.read_result("not json") is None
 
 
 def level(result=None, rc=0, stdout="", stderr="", c=4):
@@ -74,7 +75,7 @@ def level(result=None, rc=0, stdout="", stderr="", c=4):
 
 
 def test_level_from_the_output_file():
-    lv = bench.level_figures(level(bench.parse_result_line(JSONL)), expected_prompts=32)
+    lv = bench.level_figures(level(bench_run.read_result(JSONL)), expected_prompts=32)
     assert lv.concurrency == 4 and lv.output_tok_s == pytest.approx(988.34, abs=0.01)
     assert lv.completed == 32 and lv.total_output_tokens == 4096
 
@@ -95,7 +96,7 @@ def test_level_failure_says_why_with_the_output():
 
 
 def test_level_with_failed_requests_fails():
-    r = bench.parse_result_line(JSONL)
+    r = bench_run.read_result(JSONL)
     with pytest.raises(BenchError, match="32 of 40 succeeded"):
         bench.level_figures(level(r), expected_prompts=40)
 

@@ -27,6 +27,12 @@ from sglang_deploy.core import patch as P
 # ----------------------------------------------------------------------------- pure core
 
 
+def apply_text(source: str) -> tuple[str, str]:
+    """(new source, state) as the host tool writes it: ``applied`` when the plan changed it."""
+    plan = P.analyse(source, "<source>")
+    return (plan.new_source, "applied") if plan.state == P.NEEDED else (source, plan.state)
+
+
 def test_method_shape_with_trtllm_routed_above():
     plan = P.analyse(METHOD_SRC, "sglang/srt/model_executor/model_runner.py")
     assert plan.state == "needed"
@@ -34,7 +40,7 @@ def test_method_shape_with_trtllm_routed_above():
     assert plan.line == METHOD_LINE
     assert plan.old_line == ' ' * 12 + '# "flashinfer_cutlass",'
     assert plan.new_line == " " * 12 + MARKED
-    new, state = P.apply_text(METHOD_SRC)
+    new, state = apply_text(METHOD_SRC)
     assert state == "applied"
     assert changed_lines(METHOD_SRC, new) == [(METHOD_LINE, plan.old_line, plan.new_line)]
     # the trtllm_routed line and the TODO stay commented, the decoy list is untouched
@@ -56,7 +62,7 @@ def test_diff_is_one_line_unified_diff():
 
 
 def test_057_shape():
-    new, state = P.apply_text(METHOD_057_SRC)
+    new, state = apply_text(METHOD_057_SRC)
     assert state == "applied"
     assert changed_lines(METHOD_057_SRC, new) == [
         (8, ' ' * 12 + '# "flashinfer_cutlass",', " " * 12 + MARKED)
@@ -66,7 +72,7 @@ def test_057_shape():
 def test_module_function_shape_keeps_8_spaces():
     plan = P.analyse(MODULE_FN_SRC)
     assert plan.function == "should_run_flashinfer_autotune"
-    new, state = P.apply_text(MODULE_FN_SRC)
+    new, state = apply_text(MODULE_FN_SRC)
     assert state == "applied"
     assert changed_lines(MODULE_FN_SRC, new) == [
         (9, ' ' * 8 + '# "flashinfer_cutlass",', " " * 8 + MARKED)
@@ -74,10 +80,10 @@ def test_module_function_shape_keeps_8_spaces():
 
 
 def test_second_apply_is_already_applied_and_a_noop():
-    once, _ = P.apply_text(METHOD_SRC)
+    once, _ = apply_text(METHOD_SRC)
     plan = P.analyse(once)
     assert (plan.state, plan.marker, plan.line, plan.diff) == ("already-applied", True, METHOD_LINE, "")
-    twice, state = P.apply_text(once)
+    twice, state = apply_text(once)
     assert (twice, state) == (once, "already-applied")
 
 
@@ -87,7 +93,7 @@ def test_uncommented_by_hand_under_todo_is_already_applied_without_marker():
     plan = P.analyse(src)
     assert plan.state == "already-applied" and not plan.marker
     assert "by hand" in plan.message
-    assert P.apply_text(src) == (src, "already-applied")
+    assert apply_text(src) == (src, "already-applied")
 
 
 @pytest.mark.parametrize("src", [UPSTREAM_SRC, UPSTREAM_FN_SRC,
@@ -95,22 +101,22 @@ def test_uncommented_by_hand_under_todo_is_already_applied_without_marker():
 def test_enabled_upstream_untouched(src):
     plan = P.analyse(src)
     assert plan.state == "enabled-upstream" and not plan.marker and plan.diff == ""
-    assert P.apply_text(src) == (src, "enabled-upstream")
+    assert apply_text(src) == (src, "enabled-upstream")
 
 
 def test_crlf_line_endings_are_kept():
     src = METHOD_SRC.replace("\n", "\r\n")
-    new, state = P.apply_text(src)
+    new, state = apply_text(src)
     assert state == "applied"
     assert new.count("\r\n") == src.count("\r\n") and "\n" not in new.replace("\r\n", "")
     assert f"\r\n{' ' * 12}{MARKED}\r\n" in new
-    assert P.apply_text(new) == (new, "already-applied")
+    assert apply_text(new) == (new, "already-applied")
 
 
 def test_form_feed_and_unicode_separators_do_not_shift_lines():
     # str.splitlines() would split on \f and \u2028; Python's line numbers do not.
     src = "# \u2028 odd \x0c comment\n" + METHOD_SRC
-    new, state = P.apply_text(src)
+    new, state = apply_text(src)
     assert state == "applied"
     assert changed_lines(src.replace("\u2028", "U").replace("\x0c", "F"),
                          new.replace("\u2028", "U").replace("\x0c", "F"))[0][0] == METHOD_LINE + 1
@@ -178,7 +184,7 @@ def test_unrecognised_shapes_are_refused(name):
     assert ei.value.code == "unrecognised", str(ei.value)
     assert ei.value.fix and "0.5.7 .. 0.5.12.post1" in str(ei.value) or name == "syntax-error"
     with pytest.raises(PackagePatchError):
-        P.apply_text(src)
+        apply_text(src)
 
 
 def test_function_named_in_a_nested_scope_is_not_the_predicate():
