@@ -18,10 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_deploy.commands import bench
-from sglang_deploy.commands import cli
-from sglang_deploy.core import data
+from sglang_deploy.commands import bench, cli
 from sglang_deploy.commands.bench import BenchError
+from sglang_deploy.core import data
 from sglang_deploy.remote import bench_run
 
 ROOT = Path(__file__).resolve().parents[2]
