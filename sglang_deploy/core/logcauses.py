@@ -22,6 +22,7 @@ from dataclasses import dataclass
 __all__ = [
     "CAUSE_FIXES",
     "GENERIC_BY_PHASE",
+    "PHASE_FIXES",
     "SIGNATURES",
     "Hit",
     "Signature",
@@ -55,6 +56,19 @@ class Signature:
 _OOM_FIX = ("lower --mem-fraction-static (and --cuda-graph-max-bs, --max-running-requests, "
             "--chunked-prefill-size), check `nvidia-smi` for other processes on the GPUs, "
             "or spread the model over more GPUs")
+#: where the phase changes the fix: an out-of-memory while the weights load is not helped by
+#: a smaller KV cache (--mem-fraction-static reserves memory only after the weights are in)
+PHASE_FIXES = {
+    ("cuda-oom", "loading"): "the weights do not fit on the GPUs: spread the model over more "
+                             "GPUs (--tp), use a quantised checkpoint, or free the GPUs "
+                             "(`nvidia-smi` shows other processes); --mem-fraction-static "
+                             "only sizes the KV cache, which comes after the weights",
+    ("cuda-oom", "capture"): "lower --cuda-graph-max-bs (or --mem-fraction-static, which "
+                             "leaves more room for the graphs), or --disable-cuda-graph",
+    ("cuda-oom", "serving"): "lower --mem-fraction-static, --max-running-requests or "
+                             "--chunked-prefill-size (a batch needed more activation memory "
+                             "than was left), and check `nvidia-smi` for other processes",
+}
 #: the fix of each cause (one line)
 CAUSE_FIXES = {
     "cuda-oom": _OOM_FIX,
@@ -421,7 +435,8 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
             evidence.append(h.line)
     if exc and exc not in evidence:
         evidence.append(exc)
-    out.update(phase=phase, cause=cause, fix=CAUSE_FIXES.get(cause), evidence=evidence,
+    out.update(phase=phase, cause=cause, fix=PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause),
+               evidence=evidence,
                summary=summary + (f": {detail[:240]}" if detail else ""))
     return out
 

@@ -236,6 +236,27 @@ def test_cause_and_phase_of_composed_failures(name):
     assert r["fix"] and r["summary"] and r["relevant_lines"]
 
 
+@pytest.mark.parametrize("name, says, not_says", [
+    # weights that do not fit: a smaller KV cache cannot help, more GPUs can
+    ("oom-loading-hip", "--tp", "lower --mem-fraction-static"),
+    ("oom-capture", "--cuda-graph-max-bs", "quantised"),
+])
+def test_an_out_of_memory_gets_the_fix_of_its_phase(name, says, not_says):
+    r = explain(CASES[name][0])
+    assert says in r["fix"] and not_says not in r["fix"], r["fix"]
+
+
+def test_an_out_of_memory_after_ready_gets_the_serving_fix():
+    lines = ["[2026-01-02 10:00:00] The server is fired up and ready to roll!",
+             "[2026-01-02 10:05:00 TP3] Scheduler hit an exception: Traceback (most recent call last):",
+             ('  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/managers/scheduler.py", '
+             "line 1000, in event_loop_overlap"),
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB."]
+    r = explain(lines)
+    assert (r["outcome"], r["phase"], r["cause"]) == ("failed", "serving", "cuda-oom"), r
+    assert "--max-running-requests" in r["fix"] and "--tp" not in r["fix"]
+
+
 def test_a_refused_peer_gets_no_p2p_hint():
     r = explain(CASES["nccl-peer-refused"][0])
     assert "other node" in r["fix"] and "dist-init-addr" in r["fix"]
