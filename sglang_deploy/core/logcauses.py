@@ -5,7 +5,7 @@ analysis (explain.explain) alike.
 Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
 not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
 no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
-scheduler-exception, oom-killer, port-in-use, model-load, other.
+scheduler-exception, oom-killer, host-memory, port-in-use, model-load, other.
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -113,6 +113,11 @@ CAUSE_FIXES = {
                   "check `dmesg -T | grep -i oom`, give the host/container more RAM or "
                   "lower CPU-side memory use (fewer --tp ranks per host, no --enable-"
                   "torch-compile, smaller --max-running-requests)",
+    "host-memory": "the host or container ran out of RAM or of shared memory (/dev/shm): "
+                   "check `free -g` and `df -h /dev/shm`, remove stale /dev/shm/nccl-* "
+                   "files, give the container more memory and a larger /dev/shm (LXC: the "
+                   "size of its /dev/shm tmpfs; docker: --shm-size or --ipc=host); "
+                   "NCCL_SHM_DISABLE=1 avoids /dev/shm at some speed",
     "port-in-use": "another process holds the server's port: find it with `ss -ltnp` on the "
                    "host and stop it, or set `sglang_port` to a free port",
     "model-load": "the model could not be loaded: check the model path and files, that "
@@ -189,6 +194,15 @@ SIGNATURES: tuple[Signature, ...] = (
         r"[Ee]xit code:? -9\b|killed by signal 9|signal=KILL|status=9/KILL|"
         r"Out of memory: Killed process|invoked oom-killer|oom-kill:|oom_reaper"),
         "the kernel killed the process (SIGKILL: the OOM killer)", origin="kernel"),
+    Signature("host-memory", _re(
+        r"NCCL WARN [^\n]*(?:failed to extend /dev/shm|shared memory segment|"
+        r"posix_fallocate failed)|ncclShmOpen"),
+        "NCCL could not create its shared-memory segment (/dev/shm full or too small)",
+        fatal=False, default_phase="starting", origin="nccl"),
+    Signature("host-memory", _re(
+        r"\[Errno 12\] Cannot allocate memory|std::bad_alloc|^MemoryError\b|"
+        r"\bMemoryError: "),
+        "the host ran out of memory (ENOMEM: RAM, a container limit or /dev/shm)"),
     Signature("port-in-use", _re(r"error while attempting to bind on address .*address "
                                  r"already in use"),
               "the server's port is already taken", phase="http", origin="uvicorn"),
@@ -423,7 +437,7 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
         if cause is None:
             cause = "scheduler-exception" if any(
                 h.sig.cause == "scheduler-exception" for h in cands) else "other"
-        summary = next((s.summary for s in SIGNATURES if s.cause == cause and
+        summary = next((s.summary for s in SIGNATURES if s.cause == cause != "other" and
                         s.weight > GENERIC), None) or (best.sig.summary if best else
                                                        "the server failed")
         detail = exc or (best.msg.strip() if best else None)

@@ -173,6 +173,19 @@ CASES = {
                           + [("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
                              "Current value: mem_fraction_static=0.5")] + TEARDOWN,
                           "kv_cache", "not-enough-memory"),
+    # NCCL's own words when /dev/shm is full (NVIDIA/nccl#342, pytorch/ci-infra#490), then
+    # pynccl's generic error: the shared memory is the cause, not the P2P transport
+    "nccl-shm-full": ([("node1:2144:2556 [3] misc/shmutils.cc:88 NCCL WARN Error: failed to extend "
+                        "/dev/shm/nccl-WU88OE to 9637892 bytes, error: No space left on device (28)"),
+                       ("node1:2144:2556 [3] misc/shmutils.cc:132 NCCL WARN Error while creating shared "
+                        "memory segment /dev/shm/nccl-WU88OE (size 9637888), error: No space left on "
+                        "device (28)"),
+                       "node1:2144:2556 [3] NCCL INFO transport/shm.cc:551 -> 2"]
+                      + SCHED_TB + _frame("init_torch_distributed", "initialize_model_parallel(")
+                      + ["RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"]
+                      + TEARDOWN, "starting", "host-memory"),
+    "enomem": (SCHED_TB + _frame("load_model", "self.model = get_model(")
+               + ["OSError: [Errno 12] Cannot allocate memory"] + TEARDOWN, "loading", "host-memory"),
     "nccl-p2p": (SCHED_TB + _frame("init_torch_distributed", "initialize_model_parallel(")
                  + ["RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"]
                  + TEARDOWN, "starting", "nccl-p2p"),
@@ -255,6 +268,19 @@ def test_an_out_of_memory_after_ready_gets_the_serving_fix():
     r = explain(lines)
     assert (r["outcome"], r["phase"], r["cause"]) == ("failed", "serving", "cuda-oom"), r
     assert "--max-running-requests" in r["fix"] and "--tp" not in r["fix"]
+
+
+def test_a_full_dev_shm_gets_no_p2p_hint():
+    r = explain(CASES["nccl-shm-full"][0])
+    assert "/dev/shm" in r["fix"] and "NCCL_P2P" not in r["fix"]
+
+
+def test_an_unknown_error_is_not_called_a_native_crash():
+    r = explain(["Traceback (most recent call last):",
+                 '  File "/usr/lib/python3.10/multiprocessing/process.py", line 108, in run',
+                 "ValueError: think_end_token must encode to exactly one token"])
+    assert r["outcome"] == "failed" and r["cause"] == "other"
+    assert "native crash" not in r["summary"] and "think_end_token" in r["summary"]
 
 
 def test_a_refused_peer_gets_no_p2p_hint():
