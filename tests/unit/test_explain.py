@@ -108,6 +108,34 @@ def test_eight_ranks_interleaved_in_any_order_are_ready(seed):
                                                 "captured", "http", "warmup", "ready"]
 
 
+def _leader_only_startup(prefix):
+    """0.5.x layout: most phase lines come from rank 0 only; the other ranks show up only in
+    their KV Cache and 'Registering ... cuda graph addresses' lines."""
+    lead = prefix(0)
+    lines = [lead + "Load weight begin. avail mem=77.43 GB",
+             lead + "Load weight end. type=Grok1ForCausalLM, dtype=torch.bfloat16, avail mem=40 GB"]
+    lines += [prefix(r) + "KV Cache is allocated. #tokens: 903439, K size: 13.79 GB, V size: 13.79 GB"
+              for r in (3, 6, 1, 2, 4, 0, 5, 7)]
+    lines += [lead + "Memory pool end. avail mem=11.22 GB",
+              lead + "Capture cuda graph begin. This can take up to several minutes. avail mem=11 GB"]
+    lines += [prefix(r) + "Registering 2967 cuda graph addresses" for r in (3, 1, 7, 4, 5, 6, 0, 2)]
+    lines += [lead + "Capture cuda graph end. Time elapsed: 17.13 s. mem usage=0.89 GB.",
+              f"[{TS}] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)",
+              f'[{TS}] INFO:     127.0.0.1:60032 - "POST /generate HTTP/1.1" 200 OK',
+              f"[{TS}] The server is fired up and ready to roll!"]
+    return lines
+
+
+@pytest.mark.parametrize("prefix,names", [
+    (lambda r: f"[{TS} TP{r}] ", [f"TP{i}" for i in range(8)]),
+    (lambda r: f"[{TS} DP{r} TP{r} EP{r}] ", [f"DP{i} TP{i} EP{i}" for i in range(8)]),
+])
+def test_phase_lines_from_rank_0_only_still_count_every_rank_and_reach_ready(prefix, names):
+    r = explain(_leader_only_startup(prefix))
+    assert (r["outcome"], r["phase"], r["cause"]) == ("ready", "ready", None)
+    assert r["ranks"] == names
+
+
 def test_gpu_id_prefix_raises_no_false_order_violation_live():
     t = StartupTracker("0.5.12.post1", expect_autotune=False, cuda_graph=True)
     events = []
