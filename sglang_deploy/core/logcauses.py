@@ -191,9 +191,16 @@ SIGNATURES: tuple[Signature, ...] = (
         r"capability)|requires (?:compute capability|sm_?\d+ or)"),
         "the kernels do not support this GPU architecture"),
     Signature("oom-killer", _re(
-        r"[Ee]xit code:? -9\b|killed by signal 9|signal=KILL|status=9/KILL|"
-        r"Out of memory: Killed process|invoked oom-killer|oom-kill:|oom_reaper"),
-        "the kernel killed the process (SIGKILL: the OOM killer)", origin="kernel"),
+        r"Out of memory: Killed process|invoked oom-killer|oom-kill:|oom_reaper|"
+        r"killed by the OOM killer|Failed with result 'oom-kill'"),
+        "the kernel's OOM killer killed the process", origin="kernel"),
+    # a SIGKILL alone: most often the OOM killer, but weaker than any named cause, and
+    # nothing after SGLang's own teardown (it kills its process tree with SIGKILL, which
+    # systemd then reports as status=9/KILL)
+    Signature("oom-killer", _re(
+        r"[Ee]xit code:? -9\b|killed by signal 9|signal=KILL|status=9/KILL"),
+        "the process was killed (SIGKILL: most often the OOM killer)", weight=GENERIC + 1,
+        origin="kernel", name="sigkill"),
     Signature("host-memory", _re(
         r"NCCL WARN [^\n]*(?:failed to extend /dev/shm|shared memory segment|"
         r"posix_fallocate failed)|ncclShmOpen"),
@@ -398,16 +405,20 @@ class Hit:
 
 
 def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
-             exc_lines: list[tuple[int, str, bool]], *, bare_traceback: bool,
+             exc_lines: list[tuple[int, str, bool, str]], *, bare_traceback: bool,
              phase_reached: str | None) -> dict:
     """The failure from what a tracker collected: ``hits`` (signature matches),
     ``frames`` (``(index, phase, innermost_first, after_ready)`` of traceback frames that
-    mark a phase), ``exc_lines`` (exception lines), ``bare_traceback`` (a traceback with no
+    mark a phase), ``exc_lines`` (``(index, line, after_ready, text without its prefixes)``
+    of exception lines), ``bare_traceback`` (a traceback with no
     verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen).
 
     The cause is the heaviest signature (earliest among equals); the phase: ``serving``
     if the first fatal line came after ready, else the outermost frame that marks a phase,
     else a line that proves one, else the phase reached, else the cause's usual phase."""
+    teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), None)
+    if teardown is not None:
+        hits = [h for h in hits if not (h.sig.name == "sigkill" and h.index > teardown)]
     fatal_hits = [h for h in hits if h.sig.fatal]
     failed = bool(fatal_hits) or bare_traceback
     out: dict = {"failed": failed, "phase": None, "cause": None, "summary": None,
@@ -427,11 +438,12 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
         phase = phase_reached
     if phase is None and best is not None:
         phase = best.sig.default_phase
-    exc = next((line for _i, line, ar in exc_lines if ar == after_ready), None)
+    exc, exc_text = next(((line, text) for _i, line, ar, text in exc_lines
+                          if ar == after_ready), (None, None))
     if best is not None and best.sig.weight > GENERIC:
         cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
         if detail.endswith("(most recent call last):") and exc:
-            detail = exc   # `Initialization failed. warmup error: Traceback ...`: its end
+            detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
         if cause is None:
@@ -440,7 +452,7 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
         summary = next((s.summary for s in SIGNATURES if s.cause == cause != "other" and
                         s.weight > GENERIC), None) or (best.sig.summary if best else
                                                        "the server failed")
-        detail = exc or (best.msg.strip() if best else None)
+        detail = exc_text or (best.msg.strip() if best else None)
     if detail and detail.endswith("(most recent call last):"):
         detail = None   # the header of a traceback whose end was cut off says nothing more
     evidence: list[str] = []

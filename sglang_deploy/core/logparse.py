@@ -134,7 +134,7 @@ class StartupTracker:
         self._n = 0
         self._hits: list[Hit] = []
         self._frames: list[tuple[int, str, bool, bool]] = []  # (index, phase, inner-first, after ready)
-        self._exc_lines: list[tuple[int, str, bool]] = []
+        self._exc_lines: list[tuple[int, str, bool, str]] = []
         self._ranks: dict[str, None] = {}
         self._ready_index: int | None = None
         self.tracebacks_unprefixed = 0      # tracebacks with no rank prefix, before ready
@@ -289,7 +289,7 @@ class StartupTracker:
             if phase is not None and len(self._frames) < 4000:
                 self._frames.append((self._n, phase, False, self.ready_seen))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            self._exc_lines.append((self._n, shown, self.ready_seen))
+            self._exc_lines.append((self._n, shown, self.ready_seen, redact(msg).strip()))
         if sig is not None:
             events += self._hit(sig, msg, ts, shown)
         elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):

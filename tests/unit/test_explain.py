@@ -260,6 +260,18 @@ CASES = {
     "oom-killer": ([f"[{TS} TP0] Load weight begin. avail mem=94.10 GB",
                     f"[{TS}] Rank 0 scheduler is dead. Please check if there are relevant logs.",
                     f"[{TS}] Exit code: -9"], "loading", "oom-killer"),
+    # systemd's own words (src/core/unit.c) when the kernel OOM-kills a process of the unit
+    "oom-killer-systemd": ([f"[{TS} TP0] Load weight begin. avail mem=94.10 GB",
+                            "sglang.service: A process of this unit has been killed by the OOM killer.",
+                            "sglang.service: Main process exited, code=killed, status=9/KILL",
+                            "sglang.service: Failed with result 'oom-kill'."], "loading", "oom-killer"),
+    # SGLang tears itself down with SIGKILL after a child's failure: systemd then says
+    # status=9/KILL, which is no OOM kill
+    "exception-then-own-sigkill": (SCHED_TB + _frame("load_model", "self.model = get_model(")
+                                   + ["ValueError: unexpected key in the checkpoint's index"] + TEARDOWN
+                                   + ["sglang.service: Main process exited, code=killed, status=9/KILL",
+                                      "sglang.service: Failed with result 'signal'."],
+                                   "loading", "scheduler-exception"),
     "port-in-use": (_startup()[:-3] + [("ERROR:    [Errno 98] error while attempting to bind on address "
                                        "('127.0.0.1', 30000): address already in use")], "http", "port-in-use"),
     "model-load": (["ValueError: Model architectures ['FooForCausalLM'] are not supported for now."],
