@@ -65,6 +65,10 @@ PHASE_FIXES = {
                              "only sizes the KV cache, which comes after the weights",
     ("cuda-oom", "capture"): "lower --cuda-graph-max-bs (or --mem-fraction-static, which "
                              "leaves more room for the graphs), or --disable-cuda-graph",
+    ("scheduler-exception", "serving"): "a scheduler (model worker) raised an exception "
+                                        "while serving: the traceback names it; report it "
+                                        "with the request that triggered it, and restart "
+                                        "the service",
     ("cuda-oom", "serving"): "lower --mem-fraction-static, --max-running-requests or "
                              "--chunked-prefill-size (a batch needed more activation memory "
                              "than was left), and check `nvidia-smi` for other processes",
@@ -106,9 +110,11 @@ CAUSE_FIXES = {
     "warmup-failed": "the server's own warmup request failed: a 403/502 usually comes from "
                      "an HTTP proxy (set no_proxy=127.0.0.1,localhost for the service, or "
                      "unset http_proxy); otherwise the error above says why",
-    "scheduler-exception": "a scheduler (model worker) raised an exception: the traceback "
-                           "above names it; report it with the request that triggered it, "
-                           "and restart the service",
+    "scheduler-exception": "a scheduler (model worker) failed while starting: the exception "
+                           "at the end of its traceback names it, most often a flag, model or "
+                           "SGLang version that do not go together; check the launch flags "
+                           "for this model and version, or roll back to the known-good "
+                           "configuration",
     "oom-killer": "the kernel's OOM killer ended the process (host RAM, not GPU memory): "
                   "check `dmesg -T | grep -i oom`, give the host/container more RAM or "
                   "lower CPU-side memory use (fewer --tp ranks per host, no --enable-"

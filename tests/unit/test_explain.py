@@ -299,6 +299,13 @@ def test_an_out_of_memory_gets_the_fix_of_its_phase(name, says, not_says):
     assert says in r["fix"] and not_says not in r["fix"], r["fix"]
 
 
+def test_a_scheduler_exception_gets_the_fix_of_its_phase():
+    starting = explain(CASES["exception-then-own-sigkill"][0])["fix"]
+    serving = explain(CASES["scheduler-after-ready"][0])["fix"]
+    assert "known-good" in starting and "request that triggered it" not in starting
+    assert "request that triggered it" in serving
+
+
 def test_an_out_of_memory_after_ready_gets_the_serving_fix():
     lines = ["[2026-01-02 10:00:00] The server is fired up and ready to roll!",
              "[2026-01-02 10:05:00 TP3] Scheduler hit an exception: Traceback (most recent call last):",
