@@ -5,7 +5,8 @@ analysis (explain.explain) alike.
 Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
 not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
 no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
-scheduler-exception, oom-killer, host-memory, port-in-use, model-load, other.
+scheduler-exception, oom-killer, host-memory, port-in-use, model-load, illegal-memory-access,
+kv-pool-exhausted, other.
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -29,6 +30,7 @@ __all__ = [
     "call_phase",
     "diagnose",
     "frame_phase",
+    "line_phase",
     "match_signature",
 ]
 
@@ -123,6 +125,19 @@ CAUSE_FIXES = {
     "model-load": "the model could not be loaded: check the model path and files, that "
                   "this SGLang (and transformers) version supports the architecture, and "
                   "the quantization/dtype flags",
+    "illegal-memory-access": "a GPU kernel touched memory it does not own (a kernel bug, not a "
+                             "lack of memory; NCCL's watchdog only reports it): rerun with "
+                             "CUDA_LAUNCH_BLOCKING=1 to name the kernel, then run without the "
+                             "feature in play (speculative decoding, --disable-overlap-schedule, "
+                             "another --attention-backend, --disable-cuda-graph, no "
+                             "--enable-torch-compile), upgrade SGLang and report the traceback",
+    "kv-pool-exhausted": "the KV cache (or request-slot) pool ran out while serving and the "
+                         "scheduler could not retract (an SGLang scheduling bug more than a size "
+                         "problem: page size > 1, overlap schedule, speculative decoding, hybrid "
+                         "caches): upgrade SGLang; meanwhile lower --max-running-requests and "
+                         "--chunked-prefill-size or run without the feature involved (--page-size 1,"
+                         " --disable-overlap-schedule); do not lower --mem-fraction-static, which "
+                         "shrinks the pool",
     "other": "read the first error above (the relevant lines); nothing known matched it",
 }
 
@@ -148,10 +163,22 @@ SIGNATURES: tuple[Signature, ...] = (
         "no memory is left for the KV cache (the profiled token count is negative)",
         fatal=False, phase="kv_cache"),
     Signature("not-enough-memory", _re(
-        r"Not enough memory\. Please try to increase --mem-fraction-static"),
+        r"Not enough memory(?:\. Please try to increase --mem-fraction-static| to allocate KV "
+        r"cache\.)|leave no GPU memory for the KV cache"),
         "the KV cache does not fit in the memory left after the weights", phase="kv_cache",
         source="Not enough memory. Please try to increase --mem-fraction-static",
         origin="sglang"),
+    # before the watchdog: `watchdog thread terminated with exception: CUDA error: an illegal
+    # memory access` is the kernel's fault, which NCCL's watchdog only reports
+    Signature("illegal-memory-access", _re(
+        r"illegal memory access was encountered|cudaErrorIllegalAddress|CUDA error: misaligned "
+        r"address|Memory access fault by GPU"),
+        "a GPU kernel made an illegal memory access", default_phase="serving", origin="torch"),
+    Signature("kv-pool-exhausted", _re(
+        r"(?:Prefill|Decode) out of memory\. Try to lower your batch size|alloc_(?:req|token)_slots "
+        r"runs out of memory|Out of request slots|KVPoolOOMError"),
+        "the KV cache / request-slot pool ran out while serving", default_phase="serving",
+        source="out of memory. Try to lower your batch size.", origin="sglang"),
     Signature("nccl-watchdog", _re(
         r"Watchdog caught collective operation timeout|watchdog thread terminated with "
         r"exception|ncclCommWatchdog|Some NCCL operations have failed or timed out|"
@@ -222,10 +249,10 @@ SIGNATURES: tuple[Signature, ...] = (
               source="Ignore import error when loading ", origin="sglang"),
     # ---- crashes with no better name ---------------------------------------------------
     Signature("other", _re(r"Fatal Python error: |^Segmentation fault|\bBus error\b|"
-                           r"illegal memory access was encountered|SIGSEGV|"
+                           r"SIGSEGV|"
                            r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):|"
                            r"^Extension modules: "),
-              "a native crash (segfault/bus error/illegal memory access)", weight=NCCL),
+              "a native crash (segfault/bus error/abort)", weight=NCCL),
     Signature("other", _re(r"TCPStore[^\n]*(?:Connection reset by peer|shut down too early)|"
                            r"Connection reset by peer[^\n]*TCPStore"),
               "the rank-0 TCPStore went away (the master node's process exited)",
@@ -305,7 +332,9 @@ _NEEDLES = (
     "recognize this architecture", "Model architecture", "Unrecognized model",
     "model identifier", "model weights", "SafetensorError", "deserializing header",
     "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
-    "Segmentation fault", "Bus error", "illegal memory", "SIGSEGV", "most recent call first",
+    "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress", "misaligned address",
+    "Memory access fault", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
+    "no GPU memory", "SIGSEGV", "most recent call first",
     "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
     "Initialization failed", "Response [", "hit an exception", "Exception in ",
@@ -324,6 +353,16 @@ def match_signature(msg: str) -> Signature | None:
     for sig in SIGNATURES:
         if sig.pattern.search(msg):
             return sig
+    return None
+
+
+def line_phase(msg: str) -> str | None:
+    """The phase a line proves through any signature, not only the first that matches it:
+    ``Capture cuda graph failed: RuntimeError: CUDA error: an illegal memory access`` is
+    named by its cause but still proves the capture."""
+    for sig in SIGNATURES:
+        if sig.phase is not None and sig.pattern.search(msg):
+            return sig.phase
     return None
 
 
@@ -352,7 +391,10 @@ _FRAME_PHASES = {
                 "forward_thread_func", "forward_thread_func_", "process_batch_result",
                 "process_batch_result_decode", "process_batch_result_prefill", "run_batch",
                 "resolve_batch_result", "recv_requests", "process_input_requests",
-                "handle_generate_request"),
+                "handle_generate_request", "run_event_loop", "dispatch_event_loop",
+                "get_next_batch_to_run", "get_new_batch_prefill", "update_running_batch",
+                "get_model_worker_batch", "forward_batch_generation",
+                "forward_batch_speculative_generation", "resolve_last_batch_result"),
 }
 _PHASE_OF_FUNC = {f: p for p, fs in _FRAME_PHASES.items() for f in fs}
 # `File "x.py", line 3, in func` (traceback) or `File "x.py", line 3 in func` (faulthandler)
@@ -395,6 +437,7 @@ class Hit:
     line: str           # redacted, as shown
     msg: str            # without prefixes
     after_ready: bool
+    phase: str | None = None   # the phase the line proves (its own signature's or another's)
 
 
 def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
@@ -420,9 +463,10 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
     best = max(cands, key=lambda h: (h.sig.weight, -h.index)) if cands else None
     phase = "serving" if after_ready else _frames_phase(frames)
     if phase is None:
-        strong = [h for h in cands if h.sig.phase]
+        strong = [h for h in cands if h.phase or h.sig.phase]
         if strong:
-            phase = min(strong, key=lambda h: h.index).sig.phase
+            first = min(strong, key=lambda h: h.index)
+            phase = first.phase or first.sig.phase
     if phase is None:
         phase = phase_reached
     if phase is None and best is not None:

@@ -35,6 +35,7 @@ from sglang_deploy.core.logcauses import (
     call_phase,
     diagnose,
     frame_phase,
+    line_phase,
     match_signature,
 )
 from sglang_deploy.core.logmarkers import MARKER_WORDS, PHASES, Marker, markers_for
@@ -137,6 +138,7 @@ class StartupTracker:
         self._exc_lines: list[tuple[int, str, bool]] = []
         self._ranks: dict[str, None] = {}
         self._ready_index: int | None = None
+        self._decoding = False              # a `Decode batch` stats line was seen
         self.tracebacks_unprefixed = 0      # tracebacks with no rank prefix, before ready
         self.frames_before_ready = 0        # traceback frame lines before ready
         self._prev_frame = False
@@ -150,6 +152,13 @@ class StartupTracker:
     @property
     def ready_seen(self) -> bool:
         return "ready" in self._seen
+
+    @property
+    def _serving(self) -> bool:
+        """After ready, or (a text that starts mid-way) after a `Decode batch` stats line:
+        the scheduler logs one every --decode-log-interval (40) decode steps, which the
+        startup's own warmup request (8 new tokens) never reaches."""
+        return self.ready_seen or self._decoding
 
     @property
     def markers_seen(self) -> bool:
@@ -255,6 +264,8 @@ class StartupTracker:
             self._ranks[rank] = None
         shown = redact(raw)
         self._remember(shown)
+        if msg[:13] == "Decode batch." or msg[:13] == "Decode batch,":
+            self._decoding = True
         sig = match_signature(msg)
         # traceback blocks: start at "Traceback (most recent call last):" (possibly inside
         # "Scheduler hit an exception: Traceback ..."), continue over unprefixed lines
@@ -283,13 +294,13 @@ class StartupTracker:
                 if not self.ready_seen:
                     self.frames_before_ready += 1
                 if fp[0] is not None and len(self._frames) < 4000:
-                    self._frames.append((self._n, fp[0], fp[1], self.ready_seen))
+                    self._frames.append((self._n, fp[0], fp[1], self._serving))
         elif prev_frame and "(" in msg:
             phase = call_phase(msg)
             if phase is not None and len(self._frames) < 4000:
-                self._frames.append((self._n, phase, False, self.ready_seen))
+                self._frames.append((self._n, phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            self._exc_lines.append((self._n, shown, self.ready_seen))
+            self._exc_lines.append((self._n, shown, self._serving))
         if sig is not None:
             events += self._hit(sig, msg, ts, shown)
         elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
@@ -315,7 +326,8 @@ class StartupTracker:
 
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
         if len(self._hits) < 500:
-            self._hits.append(Hit(sig, self._n, ts, shown, msg, self.ready_seen))
+            self._hits.append(Hit(sig, self._n, ts, shown, msg, self._serving,
+                                  sig.phase or line_phase(msg)))
         key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
         if not sig.fatal:
             if key in self._warnings_seen:
