@@ -25,6 +25,7 @@ __all__ = [
     "GENERIC_BY_PHASE",
     "PHASE_FIXES",
     "SIGNATURES",
+    "WEAK_FRAME_PHASES",
     "Hit",
     "Signature",
     "call_phase",
@@ -397,6 +398,10 @@ _FRAME_PHASES = {
                 "forward_batch_speculative_generation", "resolve_last_batch_result"),
 }
 _PHASE_OF_FUNC = {f: p for p, fs in _FRAME_PHASES.items() for f in fs}
+#: frames that say little: the scheduler process's entry point is the outermost frame of
+#: every scheduler traceback, so it names a phase (its start) only when nothing else does
+#: (an error raised in it directly, e.g. `faulthandler.enable()` under ENOMEM)
+WEAK_FRAME_PHASES = {"run_scheduler_process": "starting"}
 # `File "x.py", line 3, in func` (traceback) or `File "x.py", line 3 in func` (faulthandler)
 FRAME_RE = re.compile(r'File "[^"]*", line \d+(,?) in (\w+)')
 
@@ -442,11 +447,12 @@ class Hit:
 
 def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
              exc_lines: list[tuple[int, str, bool]], *, bare_traceback: bool,
-             phase_reached: str | None) -> dict:
+             phase_reached: str | None, weak_phase: str | None = None) -> dict:
     """The failure from what a tracker collected: ``hits`` (signature matches),
     ``frames`` (``(index, phase, innermost_first, after_ready)`` of traceback frames that
     mark a phase), ``exc_lines`` (exception lines), ``bare_traceback`` (a traceback with no
-    verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen).
+    verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen),
+    ``weak_phase`` (of a frame that marks a phase only when nothing else does).
 
     The cause is the heaviest signature (earliest among equals); the phase: ``serving``
     if the first fatal line came after ready, else the outermost frame that marks a phase,
@@ -469,6 +475,8 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
             phase = first.phase or first.sig.phase
     if phase is None:
         phase = phase_reached
+    if phase is None and not after_ready:
+        phase = weak_phase
     if phase is None and best is not None:
         phase = best.sig.default_phase
     exc = next((line for _i, line, ar in exc_lines if ar == after_ready), None)

@@ -31,6 +31,7 @@ from sglang_deploy.core.logcauses import (
     GENERIC,
     SIGNATURES,
     Hit,
+    WEAK_FRAME_PHASES,
     Signature,
     call_phase,
     diagnose,
@@ -139,6 +140,8 @@ class StartupTracker:
         self._ranks: dict[str, None] = {}
         self._ready_index: int | None = None
         self._decoding = False              # a `Decode batch` stats line was seen
+        self._weak_phase: str | None = None  # of the first weak frame that raised
+        self._last_frame_weak: str | None = None
         self.tracebacks_unprefixed = 0      # tracebacks with no rank prefix, before ready
         self.frames_before_ready = 0        # traceback frame lines before ready
         self._prev_frame = False
@@ -293,6 +296,9 @@ class StartupTracker:
                 self._prev_frame = not fp[1]
                 if not self.ready_seen:
                     self.frames_before_ready += 1
+                # the innermost frame so far (an exception line right after its code
+                # line makes it the frame that raised)
+                self._last_frame_weak = WEAK_FRAME_PHASES.get(msg.rsplit(" ", 1)[-1])
                 if fp[0] is not None and len(self._frames) < 4000:
                     self._frames.append((self._n, fp[0], fp[1], self._serving))
         elif prev_frame and "(" in msg:
@@ -301,6 +307,9 @@ class StartupTracker:
                 self._frames.append((self._n, phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
             self._exc_lines.append((self._n, shown, self._serving))
+            if self._last_frame_weak and self._weak_phase is None and not self._serving:
+                self._weak_phase = self._last_frame_weak
+            self._last_frame_weak = None
         if sig is not None:
             events += self._hit(sig, msg, ts, shown)
         elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
@@ -455,7 +464,7 @@ class StartupTracker:
                                             or self.frames_before_ready)
         return diagnose(self._hits, self._frames, self._exc_lines,
                         bare_traceback=offline and bare,
-                        phase_reached=self.phase_reached)
+                        phase_reached=self.phase_reached, weak_phase=self._weak_phase)
 
     # ---- reporting --------------------------------------------------------------------
     def recent_lines(self, n: int = 30) -> list[str]:

@@ -319,6 +319,14 @@ CASES = {
         "IndexError: list index out of range",
         "Capturing batches (avail_mem=28.99 GB): 100%|##########| 23/23 [00:08<00:00,  2.81it/s"],
         "serving", "scheduler-exception"),
+    # raised by the scheduler process's entry point itself, before any Scheduler exists
+    "enomem-scheduler-entry": (["Process Process-1:", "Traceback (most recent call last):",
+                                '  File "/usr/lib/python3.10/multiprocessing/process.py", line 108, in run',
+                                "    self._target(*self._args, **self._kwargs)",
+                                ('  File "/x/sglang/srt/managers/scheduler.py", line 2238, in '
+                                 "run_scheduler_process"),
+                                "    faulthandler.enable()",
+                                "OSError: [Errno 12] Cannot allocate memory"], "starting", "host-memory"),
     "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
                        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
 }
@@ -354,6 +362,16 @@ def test_a_pool_exhausted_while_serving_is_not_told_to_shrink_the_pool():
     # the only mention of lowering the static fraction says not to
     assert r["fix"].count("lower --mem-fraction-static") == 1
     assert "do not lower --mem-fraction-static" in r["fix"]
+
+
+def test_a_traceback_cut_after_the_scheduler_entry_names_no_phase():
+    # the entry point is the outermost frame of every scheduler traceback: cut there, the
+    # failure could be in any phase
+    lines = [f"[{TS} TP0] Scheduler hit an exception: Traceback (most recent call last):",
+             '  File "/x/sglang/srt/managers/scheduler.py", line 1489, in run_scheduler_process',
+             "    scheduler = Scheduler(server_a", "[... cut ...]"]
+    r = explain(lines)
+    assert r["outcome"] == "failed" and r["phase"] is None
 
 
 def test_a_retraction_is_no_failure():
