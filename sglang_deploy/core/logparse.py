@@ -30,8 +30,8 @@ from typing import Any
 from sglang_deploy.core.logcauses import (
     GENERIC,
     SIGNATURES,
-    Hit,
     WEAK_FRAME_PHASES,
+    Hit,
     Signature,
     call_phase,
     diagnose,

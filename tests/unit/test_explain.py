@@ -283,8 +283,8 @@ CASES = {
                                  "illegal memory access was encountered")], "capture",
                                "illegal-memory-access"),
     "hip-memory-fault": ([f"[{TS} TP0] Decode batch. #running-req: 3, #token: 900, token usage: 0.01",
-                          "Memory access fault by GPU node-2 (Agent handle: 0x55d0) on address "
-                          "0x7f1c. Reason: Unknown."], "serving", "illegal-memory-access"),
+                          ("Memory access fault by GPU node-2 (Agent handle: 0x55d0) on address "
+                           "0x7f1c. Reason: Unknown.")], "serving", "illegal-memory-access"),
     # sglang's mem_cache allocators, raised from the scheduler loop
     "kv-pool-prefill": (SCHED_TB[:1] + [
         '  File "/x/sglang/srt/managers/scheduler.py", line 1702, in event_loop_overlap',
@@ -295,22 +295,22 @@ CASES = {
         "Try to allocate 2048 tokens.",
         "Available full tokens: 704 (full_available_size=704 + full_evictable_size_=0)"] + TEARDOWN,
         "serving", "kv-pool-exhausted"),
-    "kv-pool-req-slots": (["RuntimeError: alloc_req_slots runs out of memory. Please set a smaller "
-                           "number for `--max-running-requests`. self.req_to_token_pool."
-                           "available_size()=1, num_reqs=2,"], "serving", "kv-pool-exhausted"),
+    "kv-pool-req-slots": ([("RuntimeError: alloc_req_slots runs out of memory. Please set a smaller "
+                            "number for `--max-running-requests`. self.req_to_token_pool."
+                            "available_size()=1, num_reqs=2,")], "serving", "kv-pool-exhausted"),
     # the newer wordings of the KV cache that does not fit after the weights
-    "not-enough-memory-no-room": ([f"[{TS} TP0] Load weight end. type=X, avail mem=12.25 GB, "
-                                   "mem usage=125.65 GB.",
-                                   "ValueError: Loaded weights leave no GPU memory for the KV cache "
-                                   "under --mem-fraction-static=0.88."], "kv_cache",
+    "not-enough-memory-no-room": ([(f"[{TS} TP0] Load weight end. type=X, avail mem=12.25 GB, "
+                                    "mem usage=125.65 GB."),
+                                   ("ValueError: Loaded weights leave no GPU memory for the KV cache "
+                                    "under --mem-fraction-static=0.88.")], "kv_cache",
                                   "not-enough-memory"),
     "not-enough-memory-to-allocate": (["RuntimeError: Not enough memory to allocate KV cache."],
                                       "kv_cache", "not-enough-memory"),
     # a text that starts mid-way: its `Decode batch` lines say the server was serving
-    "oom-after-decode-batch": ([f"[{TS} TP0] Decode batch. #running-req: 60, #token: 90000, token "
-                                "usage: 0.95, cuda graph: True, gen throughput (token/s): 900.1",
-                                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                                "2.00 GiB."], "serving", "cuda-oom"),
+    "oom-after-decode-batch": ([(f"[{TS} TP0] Decode batch. #running-req: 60, #token: 90000, token "
+                                 "usage: 0.95, cuda graph: True, gen throughput (token/s): 900.1"),
+                                ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                 "2.00 GiB.")], "serving", "cuda-oom"),
     # a scheduler-loop frame marks serving even when later lines show another engine's capture
     "frame-get-model-worker-batch": ([
         f"[{TS} TP1] Scheduler hit an exception: Traceback (most recent call last):",
@@ -376,8 +376,8 @@ def test_a_traceback_cut_after_the_scheduler_entry_names_no_phase():
 
 def test_a_retraction_is_no_failure():
     # the scheduler retracts and goes on: a warning, not a crash
-    lines = [f"[{TS} TP13] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: "
-             "0.1474 -> 0.1845",
+    lines = [(f"[{TS} TP13] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: "
+              "0.1474 -> 0.1845"),
              f"[{TS} TP13] Decode batch. #running-req: 31, #token: 9000, token usage: 0.97"]
     assert explain(lines)["outcome"] == "incomplete"
 
