@@ -84,8 +84,10 @@ SIGNATURES: tuple[Signature, ...] = (
     # memory access` is the kernel's fault, which NCCL's watchdog only reports
     Signature("illegal-memory-access", _re(
         r"illegal memory access was encountered|cudaErrorIllegalAddress|CUDA error: misaligned "
-        r"address|Memory access fault by GPU"),
-        "a GPU kernel made an illegal memory access", default_phase="serving", origin="torch"),
+        r"address|Memory access fault by GPU|CUDA error: unspecified launch failure|illegal "
+        r"instruction was encountered"),
+        "a GPU kernel made an illegal memory access (or crashed)", default_phase="serving",
+        origin="torch"),
     Signature("kv-pool-exhausted", _re(
         r"(?:Prefill|Decode) out of memory\. Try to lower your batch size|alloc_(?:req|token)_slots "
         r"runs out of memory|Out of request slots|KVPoolOOMError"),
@@ -245,7 +247,7 @@ _NEEDLES = (
     "model identifier", "model weights", "SafetensorError", "deserializing header",
     "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
     "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress", "misaligned address",
-    "Memory access fault", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
+    "Memory access fault", "launch failure", "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
     "no GPU memory", "SIGSEGV", "most recent call first",
     "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",

@@ -278,6 +278,10 @@ CASES = {
          "access was encountered"),
         "terminate called after throwing an instance of 'c10::DistBackendError'"],
         "serving", "illegal-memory-access"),
+    "launch-failure-watchdog": (_startup() + [
+        ("[rank1]:[E616 14:15:35.071 ProcessGroupNCCL.cpp:1595] [PG ID 2 PG GUID 3 Rank 1] "
+         "Process group watchdog thread terminated with exception: CUDA error: unspecified "
+         "launch failure")], "serving", "illegal-memory-access"),
     # the cause names the line, the capture it also proves names the phase
     "illegal-access-capture": ([("Exception: Capture cuda graph failed: RuntimeError: CUDA error: an "
                                  "illegal memory access was encountered")], "capture",
