@@ -6,7 +6,7 @@ Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
 not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
 no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
 scheduler-exception, oom-killer, host-memory, port-in-use, model-load, illegal-memory-access,
-kv-pool-exhausted, other.
+kv-pool-exhausted, scheduler-hang, other.
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -93,6 +93,15 @@ SIGNATURES: tuple[Signature, ...] = (
         r"runs out of memory|Out of request slots|KVPoolOOMError"),
         "the KV cache / request-slot pool ran out while serving", default_phase="serving",
         source="out of memory. Try to lower your batch size.", origin="sglang"),
+    # SGLang's own watchdog (no progress for --watchdog-timeout seconds; its soft variant only
+    # warns) and the health check that got no answer: a hang, a symptom that any specific
+    # cause in the same text outweighs
+    Signature("scheduler-hang", _re(
+        r"[Ww]atchdog timeout \(self\.watchdog_timeout=[\d.]+(?:, self\.soft=False)?\)|Health "
+        r"check failed\. Server couldn't get a response from detokenizer"),
+        "a scheduler stopped making progress (SGLang's watchdog or health check)",
+        weight=SPECIFIC - 2, default_phase="serving", source="atchdog timeout",
+        origin="sglang"),
     Signature("nccl-watchdog", _re(
         r"Watchdog caught collective operation timeout|watchdog thread terminated with "
         r"exception|ncclCommWatchdog|Some NCCL operations have failed or timed out|"
@@ -247,7 +256,7 @@ _NEEDLES = (
     "model identifier", "model weights", "SafetensorError", "deserializing header",
     "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
     "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress", "misaligned address",
-    "Memory access fault", "launch failure", "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
+    "Memory access fault", "launch failure", "atchdog timeout (", "Health check failed", "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
     "no GPU memory", "SIGSEGV", "most recent call first",
     "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",

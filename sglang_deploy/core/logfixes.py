@@ -88,6 +88,12 @@ CAUSE_FIXES = {
                          "--chunked-prefill-size or run without the feature involved (--page-size 1,"
                          " --disable-overlap-schedule); do not lower --mem-fraction-static, which "
                          "shrinks the pool",
+    "scheduler-hang": "a scheduler made no progress for --watchdog-timeout seconds (or did not "
+                      "answer the health check): a hung kernel or collective, a deadlock or a "
+                      "step that never ends; read the py-spy dump (install py-spy in the image) "
+                      "and the other ranks' and nodes' logs for where it stuck, check GPU health "
+                      "(`nvidia-smi`, dmesg Xid), restart; raise --watchdog-timeout only if steps "
+                      "are legitimately that slow",
     "other": "read the first error above (the relevant lines); nothing known matched it",
 }
 

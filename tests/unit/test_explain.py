@@ -331,6 +331,23 @@ CASES = {
                                  "run_scheduler_process"),
                                 "    faulthandler.enable()",
                                 "OSError: [Errno 12] Cannot allocate memory"], "starting", "host-memory"),
+    # SGLang's own watchdog (0.5.12 wording, and the older one), the unanswered health check
+    "scheduler-watchdog": ([f"[{TS} TP3] Decode batch. #running-req: 109, #token: 90000, token usage: 0.40",
+                            f"[{TS} TP3] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)"]
+                           + TEARDOWN, "serving", "scheduler-hang"),
+    "scheduler-watchdog-old": ([f"[{TS} TP0] Watchdog timeout (self.watchdog_timeout=300)"],
+                               "serving", "scheduler-hang"),
+    "health-check-failed": (_startup() + [
+        (f"[{TS}] Health check failed. Server couldn't get a response from detokenizer for last "
+         "20 seconds. tic start time: 05:49:14. last_heartbeat time: 05:42:53")],
+        "serving", "scheduler-hang"),
+    # the collective that hung names the cause better than the watchdog that saw no progress
+    "hang-with-nccl-timeout": ([(f"[{TS} TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, "
+                                 "self.soft=False)"),
+                                ("[rank0]:[E301 12:10:00.000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog "
+                                 "caught collective operation timeout: WorkNCCL(SeqNum=9141, OpType=ALLREDUCE, "
+                                 "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600020 milliseconds before "
+                                 "timing out.")], "serving", "nccl-watchdog"),
     "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
                        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
 }
@@ -376,6 +393,11 @@ def test_a_traceback_cut_after_the_scheduler_entry_names_no_phase():
              "    scheduler = Scheduler(server_a", "[... cut ...]"]
     r = explain(lines)
     assert r["outcome"] == "failed" and r["phase"] is None
+
+
+def test_a_soft_watchdog_only_warns():
+    lines = [f"[{TS} TP0] Scheduler watchdog timeout (self.watchdog_timeout=30.0, self.soft=True)"]
+    assert explain(lines)["outcome"] == "incomplete"
 
 
 def test_a_retraction_is_no_failure():
