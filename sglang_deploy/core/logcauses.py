@@ -5,7 +5,8 @@ analysis (explain.explain) alike.
 Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
 not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
 no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
-scheduler-exception, oom-killer, host-memory, port-in-use, model-load, other.
+scheduler-exception, oom-killer, host-memory, port-in-use, model-load, illegal-memory-access,
+kv-pool-exhausted, scheduler-hang, other.
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -19,16 +20,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sglang_deploy.core.logfixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
+
 __all__ = [
     "CAUSE_FIXES",
     "GENERIC_BY_PHASE",
     "PHASE_FIXES",
     "SIGNATURES",
+    "WEAK_FRAME_PHASES",
     "Hit",
     "Signature",
     "call_phase",
     "diagnose",
     "frame_phase",
+    "line_phase",
     "match_signature",
 ]
 
@@ -53,90 +58,6 @@ class Signature:
         return self.name or self.cause
 
 
-_OOM_FIX = ("lower --mem-fraction-static (and --cuda-graph-max-bs, --max-running-requests, "
-            "--chunked-prefill-size), check `nvidia-smi` for other processes on the GPUs, "
-            "or spread the model over more GPUs")
-#: where the phase changes the fix: an out-of-memory while the weights load is not helped by
-#: a smaller KV cache (--mem-fraction-static reserves memory only after the weights are in)
-PHASE_FIXES = {
-    ("cuda-oom", "loading"): "the weights do not fit on the GPUs: spread the model over more "
-                             "GPUs (--tp), use a quantised checkpoint, or free the GPUs "
-                             "(`nvidia-smi` shows other processes); --mem-fraction-static "
-                             "only sizes the KV cache, which comes after the weights",
-    ("cuda-oom", "capture"): "lower --cuda-graph-max-bs (or --mem-fraction-static, which "
-                             "leaves more room for the graphs), or --disable-cuda-graph",
-    ("scheduler-exception", "serving"): "a scheduler (model worker) raised an exception "
-                                        "while serving: the traceback names it; report it "
-                                        "with the request that triggered it, and restart "
-                                        "the service",
-    ("cuda-oom", "serving"): "lower --mem-fraction-static, --max-running-requests or "
-                             "--chunked-prefill-size (a batch needed more activation memory "
-                             "than was left), and check `nvidia-smi` for other processes",
-}
-#: the fix of each cause (one line)
-CAUSE_FIXES = {
-    "cuda-oom": _OOM_FIX,
-    "not-enough-memory": "the KV cache does not fit after the weights: raise "
-                         "--mem-fraction-static, or lower --context-length / "
-                         "--max-running-requests, or use more GPUs (--tp)",
-    "nccl-p2p": "NCCL could not set up GPU peer-to-peer transport: check the topology "
-                "(`nvidia-smi topo -m`), try NCCL_P2P_LEVEL=NVL or NCCL_P2P_DISABLE=1, and "
-                "rerun with NCCL_DEBUG=INFO to see the failing transport",
-    "nccl-peer-refused": "a peer rank did not answer: start (or check) the server on the "
-                         "other node(s), and that --dist-init-addr, --nnodes and --node-rank "
-                         "agree on every node and its port is reachable (firewall, "
-                         "NCCL_SOCKET_IFNAME on the right interface)",
-    "nccl-watchdog": "a collective operation hung until the NCCL watchdog killed it (a rank "
-                     "stopped or deadlocked): look for the first rank that failed, check "
-                     "GPU/NIC health (`nvidia-smi -q`, dmesg Xid), then restart; raise "
-                     "--dist-timeout only if the operation is legitimately slow",
-    "gloo-connection": "the gloo (CPU) process group lost a peer: a rank or node exited "
-                       "first (read its log), or the network between nodes dropped; check "
-                       "GLOO_SOCKET_IFNAME and the other node",
-    "jit-build": "a JIT kernel build (FlashInfer/DeepGEMM, ninja + nvcc) failed: check that "
-                 "the CUDA toolkit matches torch's CUDA version, that nvcc works for this GPU "
-                 "arch, and clear the JIT cache (~/.cache/flashinfer, ~/.cache/deep_gemm)",
-    "no-nvcc": "the JIT build needs nvcc: install the CUDA toolkit and put nvcc on PATH "
-               "(or set CUDA_HOME) for the service",
-    "autotune-crash": "the FlashInfer autotune (kernel warmup) crashed: rerun without it "
-                      "(drop the autotune patch / --disable-flashinfer-autotune) and report "
-                      "the traceback; check the kernel backend supports this GPU",
-    "unsupported-arch": "the kernels were not built for this GPU's architecture: use a "
-                        "wheel/image built for its compute capability (sm_XX), or another "
-                        "attention/MoE backend (--attention-backend triton)",
-    "cuda-graph-capture": "CUDA graph capture failed: lower --cuda-graph-max-bs (or "
-                          "--mem-fraction-static), or start with --disable-cuda-graph to get "
-                          "the underlying error",
-    "warmup-failed": "the server's own warmup request failed: a 403/502 usually comes from "
-                     "an HTTP proxy (set no_proxy=127.0.0.1,localhost for the service, or "
-                     "unset http_proxy); otherwise the error above says why",
-    "scheduler-exception": "a scheduler (model worker) failed while starting: the exception "
-                           "at the end of its traceback names it, most often a flag, model or "
-                           "SGLang version that do not go together; check the launch flags "
-                           "for this model and version, or roll back to the known-good "
-                           "configuration",
-    "oom-killer": "the kernel's OOM killer ended the process (host RAM, not GPU memory): "
-                  "check `dmesg -T | grep -i oom`, give the host/container more RAM or "
-                  "lower CPU-side memory use (fewer --tp ranks per host, no --enable-"
-                  "torch-compile, smaller --max-running-requests)",
-    "host-memory": "the host or container ran out of RAM or of shared memory (/dev/shm): "
-                   "check `free -g` and `df -h /dev/shm`, remove stale /dev/shm/nccl-* "
-                   "files, give the container more memory and a larger /dev/shm (LXC: the "
-                   "size of its /dev/shm tmpfs; docker: --shm-size or --ipc=host); "
-                   "NCCL_SHM_DISABLE=1 avoids /dev/shm at some speed",
-    "port-in-use": "another process holds the server's port: find it with `ss -ltnp` on the "
-                   "host and stop it, or set `sglang_port` to a free port",
-    "model-load": "the model could not be loaded: check the model path and files, that "
-                  "this SGLang (and transformers) version supports the architecture, and "
-                  "the quantization/dtype flags",
-    "other": "read the first error above (the relevant lines); nothing known matched it",
-}
-
-#: the cause of a failure that only says where it broke, by phase
-GENERIC_BY_PHASE = {"capture": "cuda-graph-capture",
-                    "autotune": "autotune-crash", "warmup": "warmup-failed",
-                    "serving": "scheduler-exception"}
-
 
 def _re(p: str, flags: int = 0) -> re.Pattern[str]:
     return re.compile(p, flags)
@@ -154,9 +75,32 @@ SIGNATURES: tuple[Signature, ...] = (
         "no memory is left for the KV cache (the profiled token count is negative)",
         fatal=False, phase="kv_cache"),
     Signature("not-enough-memory", _re(
-        r"Not enough memory\. Please try to increase --mem-fraction-static"),
+        r"Not enough memory(?:\. Please try to increase --mem-fraction-static| to allocate KV "
+        r"cache\.)|leave no GPU memory for the KV cache"),
         "the KV cache does not fit in the memory left after the weights", phase="kv_cache",
         source="Not enough memory. Please try to increase --mem-fraction-static",
+        origin="sglang"),
+    # before the watchdog: `watchdog thread terminated with exception: CUDA error: an illegal
+    # memory access` is the kernel's fault, which NCCL's watchdog only reports
+    Signature("illegal-memory-access", _re(
+        r"illegal memory access was encountered|cudaErrorIllegalAddress|CUDA error: misaligned "
+        r"address|Memory access fault by GPU|CUDA error: unspecified launch failure|illegal "
+        r"instruction was encountered"),
+        "a GPU kernel made an illegal memory access (or crashed)", default_phase="serving",
+        origin="torch"),
+    Signature("kv-pool-exhausted", _re(
+        r"(?:Prefill|Decode) out of memory\. Try to lower your batch size|alloc_(?:req|token)_slots "
+        r"runs out of memory|Out of request slots|KVPoolOOMError"),
+        "the KV cache / request-slot pool ran out while serving", default_phase="serving",
+        source="out of memory. Try to lower your batch size.", origin="sglang"),
+    # SGLang's own watchdog (no progress for --watchdog-timeout seconds; its soft variant only
+    # warns) and the health check that got no answer: a hang, a symptom that any specific
+    # cause in the same text outweighs
+    Signature("scheduler-hang", _re(
+        r"[Ww]atchdog timeout \(self\.watchdog_timeout=[\d.]+(?:, self\.soft=False)?\)|Health "
+        r"check failed\. Server couldn't get a response from detokenizer"),
+        "a scheduler stopped making progress (SGLang's watchdog or health check)",
+        weight=SPECIFIC - 2, default_phase="serving", source="atchdog timeout",
         origin="sglang"),
     Signature("nccl-watchdog", _re(
         r"Watchdog caught collective operation timeout|watchdog thread terminated with "
@@ -235,10 +179,10 @@ SIGNATURES: tuple[Signature, ...] = (
               source="Ignore import error when loading ", origin="sglang"),
     # ---- crashes with no better name ---------------------------------------------------
     Signature("other", _re(r"Fatal Python error: |^Segmentation fault|\bBus error\b|"
-                           r"illegal memory access was encountered|SIGSEGV|"
+                           r"SIGSEGV|"
                            r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):|"
                            r"^Extension modules: "),
-              "a native crash (segfault/bus error/illegal memory access)", weight=NCCL),
+              "a native crash (segfault/bus error/abort)", weight=NCCL),
     Signature("other", _re(r"TCPStore[^\n]*(?:Connection reset by peer|shut down too early)|"
                            r"Connection reset by peer[^\n]*TCPStore"),
               "the rank-0 TCPStore went away (the master node's process exited)",
@@ -318,7 +262,9 @@ _NEEDLES = (
     "recognize this architecture", "Model architecture", "Unrecognized model",
     "model identifier", "model weights", "SafetensorError", "deserializing header",
     "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
-    "Segmentation fault", "Bus error", "illegal memory", "SIGSEGV", "most recent call first",
+    "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress", "misaligned address",
+    "Memory access fault", "launch failure", "atchdog timeout (", "Health check failed", "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
+    "no GPU memory", "SIGSEGV", "most recent call first",
     "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
     "Initialization failed", "Response [", "hit an exception", "Exception in ",
@@ -337,6 +283,16 @@ def match_signature(msg: str) -> Signature | None:
     for sig in SIGNATURES:
         if sig.pattern.search(msg):
             return sig
+    return None
+
+
+def line_phase(msg: str) -> str | None:
+    """The phase a line proves through any signature, not only the first that matches it:
+    ``Capture cuda graph failed: RuntimeError: CUDA error: an illegal memory access`` is
+    named by its cause but still proves the capture."""
+    for sig in SIGNATURES:
+        if sig.phase is not None and sig.pattern.search(msg):
+            return sig.phase
     return None
 
 
@@ -365,9 +321,16 @@ _FRAME_PHASES = {
                 "forward_thread_func", "forward_thread_func_", "process_batch_result",
                 "process_batch_result_decode", "process_batch_result_prefill", "run_batch",
                 "resolve_batch_result", "recv_requests", "process_input_requests",
-                "handle_generate_request"),
+                "handle_generate_request", "run_event_loop", "dispatch_event_loop",
+                "get_next_batch_to_run", "get_new_batch_prefill", "update_running_batch",
+                "get_model_worker_batch", "forward_batch_generation",
+                "forward_batch_speculative_generation", "resolve_last_batch_result"),
 }
 _PHASE_OF_FUNC = {f: p for p, fs in _FRAME_PHASES.items() for f in fs}
+#: frames that say little: the scheduler process's entry point is the outermost frame of
+#: every scheduler traceback, so it names a phase (its start) only when nothing else does
+#: (an error raised in it directly, e.g. `faulthandler.enable()` under ENOMEM)
+WEAK_FRAME_PHASES = {"run_scheduler_process": "starting"}
 # `File "x.py", line 3, in func` (traceback) or `File "x.py", line 3 in func` (faulthandler)
 FRAME_RE = re.compile(r'File "[^"]*", line \d+(,?) in (\w+)')
 
@@ -408,16 +371,18 @@ class Hit:
     line: str           # redacted, as shown
     msg: str            # without prefixes
     after_ready: bool
+    phase: str | None = None   # the phase the line proves (its own signature's or another's)
 
 
 def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
              exc_lines: list[tuple[int, str, bool, str]], *, bare_traceback: bool,
-             phase_reached: str | None) -> dict:
+             phase_reached: str | None, weak_phase: str | None = None) -> dict:
     """The failure from what a tracker collected: ``hits`` (signature matches),
     ``frames`` (``(index, phase, innermost_first, after_ready)`` of traceback frames that
     mark a phase), ``exc_lines`` (``(index, line, after_ready, text without its prefixes)``
-    of exception lines), ``bare_traceback`` (a traceback with no
-    verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen).
+    of exception lines), ``bare_traceback`` (a traceback with no verdict counts as a
+    failure), ``phase_reached`` (by the markers, None if none seen), ``weak_phase`` (of a
+    frame that marks a phase only when nothing else does).
 
     The cause is the heaviest signature (earliest among equals); the phase: ``serving``
     if the first fatal line came after ready, else the outermost frame that marks a phase,
@@ -437,11 +402,14 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
     best = max(cands, key=lambda h: (h.sig.weight, -h.index)) if cands else None
     phase = "serving" if after_ready else _frames_phase(frames)
     if phase is None:
-        strong = [h for h in cands if h.sig.phase]
+        strong = [h for h in cands if h.phase or h.sig.phase]
         if strong:
-            phase = min(strong, key=lambda h: h.index).sig.phase
+            first = min(strong, key=lambda h: h.index)
+            phase = first.phase or first.sig.phase
     if phase is None:
         phase = phase_reached
+    if phase is None and not after_ready:
+        phase = weak_phase
     if phase is None and best is not None:
         phase = best.sig.default_phase
     exc, exc_text = next(((line, text) for _i, line, ar, text in exc_lines

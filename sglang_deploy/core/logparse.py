@@ -30,11 +30,13 @@ from typing import Any
 from sglang_deploy.core.logcauses import (
     GENERIC,
     SIGNATURES,
+    WEAK_FRAME_PHASES,
     Hit,
     Signature,
     call_phase,
     diagnose,
     frame_phase,
+    line_phase,
     match_signature,
 )
 from sglang_deploy.core.logmarkers import MARKER_WORDS, PHASES, Marker, markers_for
@@ -137,6 +139,9 @@ class StartupTracker:
         self._exc_lines: list[tuple[int, str, bool, str]] = []
         self._ranks: dict[str, None] = {}
         self._ready_index: int | None = None
+        self._decoding = False              # a `Decode batch` stats line was seen
+        self._weak_phase: str | None = None  # of the first weak frame that raised
+        self._last_frame_weak: str | None = None
         self.tracebacks_unprefixed = 0      # tracebacks with no rank prefix, before ready
         self.frames_before_ready = 0        # traceback frame lines before ready
         self._prev_frame = False
@@ -150,6 +155,13 @@ class StartupTracker:
     @property
     def ready_seen(self) -> bool:
         return "ready" in self._seen
+
+    @property
+    def _serving(self) -> bool:
+        """After ready, or (a text that starts mid-way) after a `Decode batch` stats line:
+        the scheduler logs one every --decode-log-interval (40) decode steps, which the
+        startup's own warmup request (8 new tokens) never reaches."""
+        return self.ready_seen or self._decoding
 
     @property
     def markers_seen(self) -> bool:
@@ -255,6 +267,8 @@ class StartupTracker:
             self._ranks[rank] = None
         shown = redact(raw)
         self._remember(shown)
+        if msg[:13] == "Decode batch." or msg[:13] == "Decode batch,":
+            self._decoding = True
         sig = match_signature(msg)
         # traceback blocks: start at "Traceback (most recent call last):" (possibly inside
         # "Scheduler hit an exception: Traceback ..."), continue over unprefixed lines
@@ -282,14 +296,20 @@ class StartupTracker:
                 self._prev_frame = not fp[1]
                 if not self.ready_seen:
                     self.frames_before_ready += 1
+                # the innermost frame so far (an exception line right after its code
+                # line makes it the frame that raised)
+                self._last_frame_weak = WEAK_FRAME_PHASES.get(msg.rsplit(" ", 1)[-1])
                 if fp[0] is not None and len(self._frames) < 4000:
-                    self._frames.append((self._n, fp[0], fp[1], self.ready_seen))
+                    self._frames.append((self._n, fp[0], fp[1], self._serving))
         elif prev_frame and "(" in msg:
             phase = call_phase(msg)
             if phase is not None and len(self._frames) < 4000:
-                self._frames.append((self._n, phase, False, self.ready_seen))
+                self._frames.append((self._n, phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            self._exc_lines.append((self._n, shown, self.ready_seen, redact(msg).strip()))
+            self._exc_lines.append((self._n, shown, self._serving, redact(msg).strip()))
+            if self._last_frame_weak and self._weak_phase is None and not self._serving:
+                self._weak_phase = self._last_frame_weak
+            self._last_frame_weak = None
         if sig is not None:
             events += self._hit(sig, msg, ts, shown)
         elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
@@ -315,7 +335,8 @@ class StartupTracker:
 
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
         if len(self._hits) < 500:
-            self._hits.append(Hit(sig, self._n, ts, shown, msg, self.ready_seen))
+            self._hits.append(Hit(sig, self._n, ts, shown, msg, self._serving,
+                                  sig.phase or line_phase(msg)))
         key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
         if not sig.fatal:
             if key in self._warnings_seen:
@@ -443,7 +464,7 @@ class StartupTracker:
                                             or self.frames_before_ready)
         return diagnose(self._hits, self._frames, self._exc_lines,
                         bare_traceback=offline and bare,
-                        phase_reached=self.phase_reached)
+                        phase_reached=self.phase_reached, weak_phase=self._weak_phase)
 
     # ---- reporting --------------------------------------------------------------------
     def recent_lines(self, n: int = 30) -> list[str]:

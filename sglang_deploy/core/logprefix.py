@@ -5,6 +5,7 @@ A line of an SGLang log can carry several prefixes, outermost first:
 * a journal export: ``Mar 01 12:00:00 host python[123]: `` (``journalctl`` short) or
   ``2026-03-01T12:00:00+0000 host python[123]: `` (short-iso);
 * docker compose: ``sglang-1  | ``;
+* Kubernetes (containerd/CRI): ``2025-07-25T05:09:16.157949381+08:00 stdout F ``;
 * a log collector: ``ERROR 2026-03-01T12:00:00.123Z `` (cloud logging), a CI runner's
   ``2025-10-09T04:13:06.6371779Z ``, Kibana's ``May 16, 2026 @ 20:46:57.892    ``;
 * Ray: ``(SGLangEngine pid=23901) `` (and its `` [repeated 2x across cluster]`` suffix);
@@ -13,7 +14,8 @@ A line of an SGLang log can carry several prefixes, outermost first:
   ``INFO 11-26 14:23:34 weight_utils.py:243] ``;
 * SGLang's own (configure_logger): ``[2026-03-01 12:00:00 TP0] ``, ``[2026-03-01
   12:00:00.123 DP0 TP0 EP0] ``, ``[2026-03-01 12:00:00] ``, ``[23:17:01 TP7] `` (0.3),
-  ``[12-16 14:27:08] `` (diffusion), ``[gpu_id=0] `` (0.1/0.2).
+  ``[12-16 14:27:08] `` (diffusion), ``[gpu_id=0] `` (0.1/0.2), ``[TP0] `` (a rank
+  without its timestamp, as logs are often pasted).
 
 ``strip_prefix`` peels them all and returns the timestamp, the rank and the message.
 """
@@ -31,7 +33,8 @@ _RANKS = r"(?: [A-Z][A-Z_]*\d+)*"
 _SGL_RE = re.compile(
     r"^\[(?P<ts>" + _TS + r"|\d{2}-\d{2} \d{2}:\d{2}:\d{2}|\d{2}:\d{2}:\d{2})"
     r"(?P<rank>" + _RANKS + r")\] ?(?P<msg>.*)$", re.DOTALL)
-_GPU_ID_RE = re.compile(r"^\[(?P<rank>gpu_id=\d+)\] ?(?P<msg>.*)$", re.DOTALL)
+_GPU_ID_RE = re.compile(r"^\[(?P<rank>gpu_id=\d+|[A-Z][A-Z_]*\d+(?: [A-Z][A-Z_]*\d+)*)\] "
+                        r"?(?P<msg>.*)$", re.DOTALL)
 # outer wrappers, each optional; several may stack (peeled in a loop)
 _WRAPPER_RE = re.compile(
     r"^(?:"
@@ -46,6 +49,9 @@ _WRAPPER_RE = re.compile(
     r"|(?P<kibana>[A-Z][a-z]{2} \d{1,2}, \d{4} @ \d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+"
     # docker compose service prefix
     r"|[\w.-]+-\d+\s+\| ?"
+    # containerd/CRI (Kubernetes pod logs): after the timestamp, the stream and a full or
+    # partial flag: "2025-07-25T05:09:16.157949381+08:00 stdout F "
+    r"|(?:stdout|stderr) [FP] "
     # Ray actor prefix
     r"|\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\) "
     # torchrun

@@ -52,6 +52,13 @@ TS = "2026-03-01 12:00:00"
     ("INFO 11-26 14:23:34 weight_utils.py:243] Using model weights format", "11-26 14:23:34",
      None, "Using model weights format"),
     ("[1/3] nvcc -c x.cu", None, None, "[1/3] nvcc -c x.cu"),
+    # Kubernetes pod logs (containerd/CRI): timestamp, stream, full/partial flag
+    (f"2025-07-25T05:09:16.157949381+08:00 stdout F [{TS} TP0] Prefill batch. #new-seq: 1",
+     TS, "TP0", "Prefill batch. #new-seq: 1"),
+    # a rank prefix pasted without its timestamp
+    ("[TP0] Scheduler hit an exception: Traceback (most recent call last):", None, "TP0",
+     "Scheduler hit an exception: Traceback (most recent call last):"),
+    ("[DP1 TP2] Load weight end. x", None, "DP1 TP2", "Load weight end. x"),
 ])
 def test_every_prefix_kind(line, ts, rank, msg):
     assert strip_prefix(line) == (ts, rank, msg)
@@ -276,6 +283,83 @@ CASES = {
                                        "('127.0.0.1', 30000): address already in use")], "http", "port-in-use"),
     "model-load": (["ValueError: Model architectures ['FooForCausalLM'] are not supported for now."],
                    "loading", "model-load"),
+    # torch's NCCL watchdog reports a kernel's fault it found on its stream: not a timeout
+    "illegal-access-watchdog": (_startup() + [
+        ("[rank4]:[E219 10:36:52.051413081 ProcessGroupNCCL.cpp:1595] [PG ID 2 PG GUID 3 Rank 4] "
+         "Process group watchdog thread terminated with exception: CUDA error: an illegal memory "
+         "access was encountered"),
+        "terminate called after throwing an instance of 'c10::DistBackendError'"],
+        "serving", "illegal-memory-access"),
+    "launch-failure-watchdog": (_startup() + [
+        ("[rank1]:[E616 14:15:35.071 ProcessGroupNCCL.cpp:1595] [PG ID 2 PG GUID 3 Rank 1] "
+         "Process group watchdog thread terminated with exception: CUDA error: unspecified "
+         "launch failure")], "serving", "illegal-memory-access"),
+    # the cause names the line, the capture it also proves names the phase
+    "illegal-access-capture": ([("Exception: Capture cuda graph failed: RuntimeError: CUDA error: an "
+                                 "illegal memory access was encountered")], "capture",
+                               "illegal-memory-access"),
+    "hip-memory-fault": ([f"[{TS} TP0] Decode batch. #running-req: 3, #token: 900, token usage: 0.01",
+                          ("Memory access fault by GPU node-2 (Agent handle: 0x55d0) on address "
+                           "0x7f1c. Reason: Unknown.")], "serving", "illegal-memory-access"),
+    # sglang's mem_cache allocators, raised from the scheduler loop
+    "kv-pool-prefill": (SCHED_TB[:1] + [
+        '  File "/x/sglang/srt/managers/scheduler.py", line 1702, in event_loop_overlap',
+        "    batch = self.get_next_batch_to_run()",
+        '  File "/x/sglang/srt/mem_cache/common.py", line 412, in alloc_paged_token_slots_extend',
+        "    raise RuntimeError(error_msg)",
+        "RuntimeError: Prefill out of memory. Try to lower your batch size.",
+        "Try to allocate 2048 tokens.",
+        "Available full tokens: 704 (full_available_size=704 + full_evictable_size_=0)"] + TEARDOWN,
+        "serving", "kv-pool-exhausted"),
+    "kv-pool-req-slots": ([("RuntimeError: alloc_req_slots runs out of memory. Please set a smaller "
+                            "number for `--max-running-requests`. self.req_to_token_pool."
+                            "available_size()=1, num_reqs=2,")], "serving", "kv-pool-exhausted"),
+    # the newer wordings of the KV cache that does not fit after the weights
+    "not-enough-memory-no-room": ([(f"[{TS} TP0] Load weight end. type=X, avail mem=12.25 GB, "
+                                    "mem usage=125.65 GB."),
+                                   ("ValueError: Loaded weights leave no GPU memory for the KV cache "
+                                    "under --mem-fraction-static=0.88.")], "kv_cache",
+                                  "not-enough-memory"),
+    "not-enough-memory-to-allocate": (["RuntimeError: Not enough memory to allocate KV cache."],
+                                      "kv_cache", "not-enough-memory"),
+    # a text that starts mid-way: its `Decode batch` lines say the server was serving
+    "oom-after-decode-batch": ([(f"[{TS} TP0] Decode batch. #running-req: 60, #token: 90000, token "
+                                 "usage: 0.95, cuda graph: True, gen throughput (token/s): 900.1"),
+                                ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                 "2.00 GiB.")], "serving", "cuda-oom"),
+    # a scheduler-loop frame marks serving even when later lines show another engine's capture
+    "frame-get-model-worker-batch": ([
+        f"[{TS} TP1] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/x/sglang/srt/managers/scheduler.py", line 1304, in get_next_batch_to_run',
+        "    new_batch = self.get_new_batch_prefill()",
+        "IndexError: list index out of range",
+        "Capturing batches (avail_mem=28.99 GB): 100%|##########| 23/23 [00:08<00:00,  2.81it/s"],
+        "serving", "scheduler-exception"),
+    # raised by the scheduler process's entry point itself, before any Scheduler exists
+    "enomem-scheduler-entry": (["Process Process-1:", "Traceback (most recent call last):",
+                                '  File "/usr/lib/python3.10/multiprocessing/process.py", line 108, in run',
+                                "    self._target(*self._args, **self._kwargs)",
+                                ('  File "/x/sglang/srt/managers/scheduler.py", line 2238, in '
+                                 "run_scheduler_process"),
+                                "    faulthandler.enable()",
+                                "OSError: [Errno 12] Cannot allocate memory"], "starting", "host-memory"),
+    # SGLang's own watchdog (0.5.12 wording, and the older one), the unanswered health check
+    "scheduler-watchdog": ([f"[{TS} TP3] Decode batch. #running-req: 109, #token: 90000, token usage: 0.40",
+                            f"[{TS} TP3] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)"]
+                           + TEARDOWN, "serving", "scheduler-hang"),
+    "scheduler-watchdog-old": ([f"[{TS} TP0] Watchdog timeout (self.watchdog_timeout=300)"],
+                               "serving", "scheduler-hang"),
+    "health-check-failed": (_startup() + [
+        (f"[{TS}] Health check failed. Server couldn't get a response from detokenizer for last "
+         "20 seconds. tic start time: 05:49:14. last_heartbeat time: 05:42:53")],
+        "serving", "scheduler-hang"),
+    # the collective that hung names the cause better than the watchdog that saw no progress
+    "hang-with-nccl-timeout": ([(f"[{TS} TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, "
+                                 "self.soft=False)"),
+                                ("[rank0]:[E301 12:10:00.000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog "
+                                 "caught collective operation timeout: WorkNCCL(SeqNum=9141, OpType=ALLREDUCE, "
+                                 "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600020 milliseconds before "
+                                 "timing out.")], "serving", "nccl-watchdog"),
     "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
                        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
 }
@@ -304,6 +388,43 @@ def test_a_scheduler_exception_gets_the_fix_of_its_phase():
     serving = explain(CASES["scheduler-after-ready"][0])["fix"]
     assert "known-good" in starting and "request that triggered it" not in starting
     assert "request that triggered it" in serving
+
+
+def test_an_illegal_memory_access_is_no_collective_timeout_nor_out_of_memory():
+    r = explain(CASES["illegal-access-watchdog"][0])
+    assert "CUDA_LAUNCH_BLOCKING" in r["fix"] and "--dist-timeout" not in r["fix"]
+    assert "--mem-fraction-static" not in r["fix"]
+
+
+def test_a_pool_exhausted_while_serving_is_not_told_to_shrink_the_pool():
+    r = explain(CASES["kv-pool-prefill"][0])
+    assert "--max-running-requests" in r["fix"]
+    # the only mention of lowering the static fraction says not to
+    assert r["fix"].count("lower --mem-fraction-static") == 1
+    assert "do not lower --mem-fraction-static" in r["fix"]
+
+
+def test_a_traceback_cut_after_the_scheduler_entry_names_no_phase():
+    # the entry point is the outermost frame of every scheduler traceback: cut there, the
+    # failure could be in any phase
+    lines = [f"[{TS} TP0] Scheduler hit an exception: Traceback (most recent call last):",
+             '  File "/x/sglang/srt/managers/scheduler.py", line 1489, in run_scheduler_process',
+             "    scheduler = Scheduler(server_a", "[... cut ...]"]
+    r = explain(lines)
+    assert r["outcome"] == "failed" and r["phase"] is None
+
+
+def test_a_soft_watchdog_only_warns():
+    lines = [f"[{TS} TP0] Scheduler watchdog timeout (self.watchdog_timeout=30.0, self.soft=True)"]
+    assert explain(lines)["outcome"] == "incomplete"
+
+
+def test_a_retraction_is_no_failure():
+    # the scheduler retracts and goes on: a warning, not a crash
+    lines = [(f"[{TS} TP13] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: "
+              "0.1474 -> 0.1845"),
+             f"[{TS} TP13] Decode batch. #running-req: 31, #token: 9000, token usage: 0.97"]
+    assert explain(lines)["outcome"] == "incomplete"
 
 
 def test_an_out_of_memory_after_ready_gets_the_serving_fix():

@@ -365,3 +365,18 @@ def test_port_in_use_is_fatal_with_a_fix():
                     "('127.0.0.1', 30000): address already in use", 1.0)
     assert [e.kind for e in events] == ["fatal"]
     assert t.fatal and "sglang_port" in t.fatal_hints[0] and "ss -ltnp" in t.fatal_hints[0]
+
+
+def test_decode_batch_lines_never_make_a_live_startup_ready_and_a_crash_after_them_is_serving():
+    t = L.StartupTracker("0.5.12.post1", expect_autotune=False, cuda_graph=True)
+    ts = "2026-03-01 12:00:00"
+    lines = [f"[{ts} TP0] Load weight begin. avail mem=94.10 GB",
+             f"[{ts} TP0] Load weight end. type=X, dtype=torch.bfloat16, avail mem=60.0 GB",
+             f"[{ts} TP0] Decode batch. #running-req: 1, #token: 40, token usage: 0.00"]
+    for i, line in enumerate(lines):
+        t.feed(line, float(i))
+    assert not t.ready_seen and t.phase == "loaded" and not t.diagnosis()["failed"]
+    t.feed("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", 9.0)
+    d = t.diagnosis()
+    assert d["failed"] and d["phase"] == "serving" and d["cause"] == "cuda-oom"
+    assert not t.ready_seen and not t.violations
