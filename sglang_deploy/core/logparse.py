@@ -39,6 +39,7 @@ from sglang_deploy.core.logcauses import (
     line_phase,
     match_signature,
 )
+from sglang_deploy.core.logexcerpt import relevant
 from sglang_deploy.core.logmarkers import MARKER_WORDS, PHASES, Marker, markers_for
 from sglang_deploy.core.logprefix import (
     PROGRESS_RE,
@@ -477,42 +478,6 @@ class StartupTracker:
         return [list(b) for b in blocks]
 
     def relevant_lines(self, limit: int | None = None) -> list[str]:
-        """What to show an operator: the first traceback (where a crash starts; other
-        ranks usually repeat it), a different last one if any, then the fatal lines
-        (deduplicated across ranks), bounded to ``limit`` lines. Without any of those: the
-        last lines of the log."""
-        limit = limit or self._max_relevant
-        out: list[str] = []
-        blocks = self.tracebacks()
-        if blocks:
-            out += blocks[0]
-            if len(blocks) > 1 and _tb_tail(blocks[-1]) != _tb_tail(blocks[0]):
-                out += ["..."] + blocks[-1]
-        seen_msgs = {_dedup_key(x) for x in out}
-        extras: list[str] = []
-        for line in self._fatal + self._nonfatal_lines:
-            key = _dedup_key(line)
-            if key in seen_msgs:
-                continue
-            seen_msgs.add(key)
-            extras.append(line)
-        if not out and not extras:
-            return self.recent_lines(min(limit, 30))
-        if len(out) + len(extras) > limit:
-            keep_tb = max(limit - len(extras), limit // 2)
-            if len(out) > keep_tb:
-                head = max(keep_tb // 4, 1)
-                tail = keep_tb - head - 1
-                out = out[:head] + [f"... ({len(out) - head - tail} lines omitted)"] + \
-                    (out[-tail:] if tail > 0 else [])
-            extras = extras[: max(limit - len(out), 0)]
-        return out + extras
-
-
-def _dedup_key(line: str) -> str:
-    key = strip_prefix(line)[2]
-    return re.sub(r"\bRank \d+\b", "Rank N", key)[:200]
-
-
-def _tb_tail(block: list[str]) -> str:
-    return block[-1] if block else ""
+        """What to show an operator (``logexcerpt.relevant``), at most ``limit`` lines."""
+        return relevant(self.tracebacks(), self._fatal + self._nonfatal_lines,
+                        self.recent_lines(30), limit or self._max_relevant)
