@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sglang_deploy.core.logfixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
+
 __all__ = [
     "CAUSE_FIXES",
     "GENERIC_BY_PHASE",
@@ -51,85 +53,6 @@ class Signature:
     @property
     def id(self) -> str:
         return self.name or self.cause
-
-
-_OOM_FIX = ("lower --mem-fraction-static (and --cuda-graph-max-bs, --max-running-requests, "
-            "--chunked-prefill-size), check `nvidia-smi` for other processes on the GPUs, "
-            "or spread the model over more GPUs")
-#: where the phase changes the fix: an out-of-memory while the weights load is not helped by
-#: a smaller KV cache (--mem-fraction-static reserves memory only after the weights are in)
-PHASE_FIXES = {
-    ("cuda-oom", "loading"): "the weights do not fit on the GPUs: spread the model over more "
-                             "GPUs (--tp), use a quantised checkpoint, or free the GPUs "
-                             "(`nvidia-smi` shows other processes); --mem-fraction-static "
-                             "only sizes the KV cache, which comes after the weights",
-    ("cuda-oom", "capture"): "lower --cuda-graph-max-bs (or --mem-fraction-static, which "
-                             "leaves more room for the graphs), or --disable-cuda-graph",
-    ("cuda-oom", "serving"): "lower --mem-fraction-static, --max-running-requests or "
-                             "--chunked-prefill-size (a batch needed more activation memory "
-                             "than was left), and check `nvidia-smi` for other processes",
-}
-#: the fix of each cause (one line)
-CAUSE_FIXES = {
-    "cuda-oom": _OOM_FIX,
-    "not-enough-memory": "the KV cache does not fit after the weights: raise "
-                         "--mem-fraction-static, or lower --context-length / "
-                         "--max-running-requests, or use more GPUs (--tp)",
-    "nccl-p2p": "NCCL could not set up GPU peer-to-peer transport: check the topology "
-                "(`nvidia-smi topo -m`), try NCCL_P2P_LEVEL=NVL or NCCL_P2P_DISABLE=1, and "
-                "rerun with NCCL_DEBUG=INFO to see the failing transport",
-    "nccl-peer-refused": "a peer rank did not answer: start (or check) the server on the "
-                         "other node(s), and that --dist-init-addr, --nnodes and --node-rank "
-                         "agree on every node and its port is reachable (firewall, "
-                         "NCCL_SOCKET_IFNAME on the right interface)",
-    "nccl-watchdog": "a collective operation hung until the NCCL watchdog killed it (a rank "
-                     "stopped or deadlocked): look for the first rank that failed, check "
-                     "GPU/NIC health (`nvidia-smi -q`, dmesg Xid), then restart; raise "
-                     "--dist-timeout only if the operation is legitimately slow",
-    "gloo-connection": "the gloo (CPU) process group lost a peer: a rank or node exited "
-                       "first (read its log), or the network between nodes dropped; check "
-                       "GLOO_SOCKET_IFNAME and the other node",
-    "jit-build": "a JIT kernel build (FlashInfer/DeepGEMM, ninja + nvcc) failed: check that "
-                 "the CUDA toolkit matches torch's CUDA version, that nvcc works for this GPU "
-                 "arch, and clear the JIT cache (~/.cache/flashinfer, ~/.cache/deep_gemm)",
-    "no-nvcc": "the JIT build needs nvcc: install the CUDA toolkit and put nvcc on PATH "
-               "(or set CUDA_HOME) for the service",
-    "autotune-crash": "the FlashInfer autotune (kernel warmup) crashed: rerun without it "
-                      "(drop the autotune patch / --disable-flashinfer-autotune) and report "
-                      "the traceback; check the kernel backend supports this GPU",
-    "unsupported-arch": "the kernels were not built for this GPU's architecture: use a "
-                        "wheel/image built for its compute capability (sm_XX), or another "
-                        "attention/MoE backend (--attention-backend triton)",
-    "cuda-graph-capture": "CUDA graph capture failed: lower --cuda-graph-max-bs (or "
-                          "--mem-fraction-static), or start with --disable-cuda-graph to get "
-                          "the underlying error",
-    "warmup-failed": "the server's own warmup request failed: a 403/502 usually comes from "
-                     "an HTTP proxy (set no_proxy=127.0.0.1,localhost for the service, or "
-                     "unset http_proxy); otherwise the error above says why",
-    "scheduler-exception": "a scheduler (model worker) raised an exception: the traceback "
-                           "above names it; report it with the request that triggered it, "
-                           "and restart the service",
-    "oom-killer": "the kernel's OOM killer ended the process (host RAM, not GPU memory): "
-                  "check `dmesg -T | grep -i oom`, give the host/container more RAM or "
-                  "lower CPU-side memory use (fewer --tp ranks per host, no --enable-"
-                  "torch-compile, smaller --max-running-requests)",
-    "host-memory": "the host or container ran out of RAM or of shared memory (/dev/shm): "
-                   "check `free -g` and `df -h /dev/shm`, remove stale /dev/shm/nccl-* "
-                   "files, give the container more memory and a larger /dev/shm (LXC: the "
-                   "size of its /dev/shm tmpfs; docker: --shm-size or --ipc=host); "
-                   "NCCL_SHM_DISABLE=1 avoids /dev/shm at some speed",
-    "port-in-use": "another process holds the server's port: find it with `ss -ltnp` on the "
-                   "host and stop it, or set `sglang_port` to a free port",
-    "model-load": "the model could not be loaded: check the model path and files, that "
-                  "this SGLang (and transformers) version supports the architecture, and "
-                  "the quantization/dtype flags",
-    "other": "read the first error above (the relevant lines); nothing known matched it",
-}
-
-#: the cause of a failure that only says where it broke, by phase
-GENERIC_BY_PHASE = {"capture": "cuda-graph-capture",
-                    "autotune": "autotune-crash", "warmup": "warmup-failed",
-                    "serving": "scheduler-exception"}
 
 
 def _re(p: str, flags: int = 0) -> re.Pattern[str]:
