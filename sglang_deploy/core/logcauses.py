@@ -5,7 +5,8 @@ analysis (explain.explain) alike.
 Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
 not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
 no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
-scheduler-exception, oom-killer, host-memory, port-in-use, model-load, other.
+scheduler-exception, oom-killer, host-memory, port-in-use, model-load, bad-args,
+cuda-driver, other.
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -85,7 +86,10 @@ SIGNATURES: tuple[Signature, ...] = (
         r"socketPollConnect|socketStartConnect|[Cc]onnect(?:ion)? to \S+ (?:failed|refused|"
         r"returned)|(?:NCCL|bootstrap|TCPStore|c10d|DistNetworkError|socket)[^\n]*"
         r"(?:Connection refused|No route to host|Connection timed out|connect\(\) timed out)|"
-        r"ncclRemoteError|remote process exited or there was a network error"),
+        r"ncclRemoteError|remote process exited or there was a network error|"
+        # torch c10d: the rendezvous store (rank 0, --dist-init-addr) never answered
+        r"\[c10d\][^\n]*(?:timed out after|failed to connect)|client socket has timed out "
+        r"after|DistNetworkError|DistStoreError"),
         "a peer rank/node refused or never answered the connection", weight=EVIDENCE,
         fatal=False, default_phase="starting", origin="nccl"),
     Signature("gloo-connection", _re(
@@ -119,7 +123,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "the kernel killed the process (SIGKILL: the OOM killer)", origin="kernel"),
     Signature("host-memory", _re(
         r"NCCL WARN [^\n]*(?:failed to extend /dev/shm|shared memory segment|"
-        r"posix_fallocate failed)|ncclShmOpen"),
+        r"posix_fallocate failed)|ncclShmOpen|Error while (?:creating|attaching to) shared "
+        r"memory segment|failed to extend /dev/shm"),
         "NCCL could not create its shared-memory segment (/dev/shm full or too small)",
         fatal=False, default_phase="starting", origin="nccl"),
     Signature("host-memory", _re(
@@ -129,9 +134,33 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("port-in-use", _re(r"error while attempting to bind on address .*address "
                                  r"already in use"),
               "the server's port is already taken", phase="http", origin="uvicorn"),
+    Signature("port-in-use", _re(r"\b\w+ at \d+ is not available in \d+ seconds"),
+              "a port the server needs is held by another process (checked at launch)",
+              default_phase="starting", source="is not available in {timeout_s} seconds",
+              origin="sglang"),
     Signature("port-in-use", _re(r"[Aa]ddress already in use|EADDRINUSE|[Pp]ort \d+ is "
                                  r"(?:already )?in use|is not available\. Please"),
               "a port the server needs is already taken", default_phase="http"),
+    # argparse (launch_server, `sglang serve`) and the diffusion ServerArgs' own SystemExit
+    Signature("bad-args", _re(
+        r"^(?:[\w.\- ]+: )?error: (?:unrecognized arguments: |argument -{1,2}[\w-]+|the "
+        r"following arguments are required|one of the arguments|ambiguous option)"),
+        "a launch flag is unknown to this SGLang or has an invalid value", phase="starting"),
+    Signature("cuda-driver", _re(
+        r"CUDA driver version is insufficient|cudaErrorInsufficientDriver|Found no NVIDIA "
+        r"driver|NVIDIA driver on your system is too old|No CUDA GPUs are available|"
+        r"cudaErrorNoDevice|no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE|"
+        r"CUDA unknown error - this may be due to an incorrectly set up environment|"
+        r"NVML_SUCCESS == r INTERNAL ASSERT FAILED|cudaErrorDevicesUnavailable|"
+        r"CUDA-capable device\(s\) is/are busy or unavailable"),
+        "the process could not reach the GPUs through the NVIDIA driver",
+        default_phase="starting", origin="torch"),
+    # NVML's own complaints: some are printed as warnings by processes that go on
+    Signature("cuda-driver", _re(
+        r"Failed to initialize NVML|NVMLError_(?:DriverNotLoaded|LibraryNotFound|NoPermission)|"
+        r"NVML Shared Library Not Found"),
+        "NVML (the driver's management library) could not be used", weight=EVIDENCE,
+        fatal=False, default_phase="starting"),
     Signature("model-load", _re(
         r"does not recognize this architecture|Model architectures? \[[^\]]*\] (?:are|is) not "
         r"supported|Unrecognized model in|is not a local folder and is not a valid model "
@@ -233,6 +262,10 @@ _NEEDLES = (
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
     "Initialization failed", "Response [", "hit an exception", "Exception in ",
     "terminate called", "sigquit", "is dead", "died during", "scheduler.run_sch",
+    "c10d", "socket has timed out", "DistNetworkError", "DistStoreError", "shared memory seg",
+    "/dev/shm", "is not available in", "error: ", "driver", "No CUDA GPUs", "NoDevice",
+    "CUDA-capable", "NO_DEVICE", "CUDA unknown error", "NVML", "busy or unavailable",
+    "DevicesUnavailable",
 )
 
 

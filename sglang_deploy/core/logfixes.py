@@ -76,6 +76,17 @@ CAUSE_FIXES = {
     "model-load": "the model could not be loaded: check the model path and files, that "
                   "this SGLang (and transformers) version supports the architecture, and "
                   "the quantization/dtype flags",
+    "bad-args": "a launch flag is unknown to this SGLang version or has an invalid value: "
+                "check `python -m sglang.launch_server --help` of the installed version (flags "
+                "use dashes: --reasoning-parser), rename or drop flags that changed between "
+                "versions, and fix the value the error names",
+    "cuda-driver": "the process could not use the GPUs through the NVIDIA driver: check "
+                   "`nvidia-smi` on the host and as the service (driver loaded, new enough "
+                   "for torch's CUDA: `driver version is insufficient` means upgrade the "
+                   "driver or use a build for an older CUDA; NVML driver/library mismatch "
+                   "means reboot after a driver upgrade), that CUDA_VISIBLE_DEVICES names "
+                   "existing GPUs, and that a container gets the GPUs (docker --gpus, LXC: "
+                   "every /dev/nvidia* node)",
     "other": "read the first error above (the relevant lines); nothing known matched it",
 }
 

@@ -52,6 +52,10 @@ TS = "2026-03-01 12:00:00"
     ("INFO 11-26 14:23:34 weight_utils.py:243] Using model weights format", "11-26 14:23:34",
      None, "Using model weights format"),
     ("[1/3] nvcc -c x.cu", None, None, "[1/3] nvcc -c x.cu"),
+    # docker compose with a container_name: no replica number, padded to the longest name
+    (f"my-sglang  | [{TS} TP0] Load weight begin. x", TS, "TP0", "Load weight begin. x"),
+    ("my-sglang  |   File \"/x/model_runner.py\", line 1, in initialize", None, None,
+     "  File \"/x/model_runner.py\", line 1, in initialize"),
 ])
 def test_every_prefix_kind(line, ts, rank, msg):
     assert strip_prefix(line) == (ts, rank, msg)
@@ -264,6 +268,38 @@ CASES = {
                                        "('127.0.0.1', 30000): address already in use")], "http", "port-in-use"),
     "model-load": (["ValueError: Model architectures ['FooForCausalLM'] are not supported for now."],
                    "loading", "model-load"),
+    # torch c10d waiting for rank 0's store (--dist-init-addr) that never answers
+    "c10d-store-timeout": ([("[rank1]:[W623 15:37:01.824 socket.cpp:485] [c10d] waitForInput: socket "
+                             "SocketImpl(fd=100, addr=[node-1]:43590, remote=[node-0]:20000) timed out "
+                             "after 1800000ms")] + SCHED_TB + TEARDOWN, "starting", "nccl-peer-refused"),
+    "tcpstore-client-timeout": (SCHED_TB + _frame("init_torch_distributed", "init_distributed_environment(")
+                                + [("torch.distributed.DistNetworkError: The client socket has timed out "
+                                   "after 600000ms while trying to connect to (10.0.0.1, 5000).")],
+                                "starting", "nccl-peer-refused"),
+    # the same NCCL words as the "Last error:" of torch's DistBackendError (no NCCL WARN)
+    "shm-last-error": (SCHED_TB + _frame("init_torch_distributed", "initialize_model_parallel(") + [
+        ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.cpp:81, "
+         "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5"),
+        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
+        "Last error:", "Error while creating shared memory segment /dev/shm/nccl-vzIpS6 (size 9637888)"]
+        + TEARDOWN, "starting", "host-memory"),
+    "bad-args-invalid-choice": (["usage: launch_server.py [-h] --model-path MODEL_PATH [--port PORT]",
+                                 ("launch_server.py: error: argument --quantization: invalid choice: 'int4' "
+                                  "(choose from 'awq', 'fp8', 'gptq')")], "starting", "bad-args"),
+    "bad-args-unrecognized": (["INFO 03-06 10:05:08 __init__.py:190] Automatically detected platform cuda.",
+                               "launch_server.py: error: unrecognized arguments: --enable-reasoning"],
+                              "starting", "bad-args"),
+    "cuda-driver-insufficient": (SCHED_TB + _frame("__init__", "torch.cuda.set_device(self.gpu_id)") + [
+        "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version"] + TEARDOWN,
+        "starting", "cuda-driver"),
+    "cuda-no-gpus": (SCHED_TB + ["RuntimeError: No CUDA GPUs are available"] + TEARDOWN, "starting",
+                     "cuda-driver"),
+    "cuda-no-driver": ([("RuntimeError: Found no NVIDIA driver on your system. Please check that you have "
+                         "an NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx")],
+                       "starting", "cuda-driver"),
+    # sglang's wait_port_available gives up before launching anything
+    "port-wait-at-launch": ([("ValueError: port_base at 30234 is not available in 30 seconds. port_base is "
+                              "used by a process already. process.name()='python3'")], "starting", "port-in-use"),
     "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
                        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
 }
@@ -361,3 +397,22 @@ def test_render_text_and_cli(tmp_path, capsys):
     log.write_text("\n".join(_startup()) + "\n")
     assert main(["explain-log", str(log)]) == 0
     assert main(["explain-log", str(tmp_path / "missing.log")]) == 3
+
+
+@pytest.mark.parametrize("name, says", [
+    ("bad-args-unrecognized", "--help"), ("cuda-driver-insufficient", "nvidia-smi"),
+    ("c10d-store-timeout", "--dist-init-addr"), ("shm-last-error", "/dev/shm"),
+])
+def test_the_new_startup_causes_get_their_own_fix(name, says):
+    assert says in explain(CASES[name][0])["fix"]
+
+
+@pytest.mark.parametrize("warning", [
+    "[rank1]:[W623 15:37:01.823 socket.cpp:460] [c10d] waitForInput: poll for socket SocketImpl(fd=100) "
+    "returned 0, likely a timeout",
+    "Failed to initialize NVML: Unknown Error",
+])
+def test_a_startup_warning_alone_does_not_fail_a_startup_that_gets_ready(warning):
+    lines = _startup()
+    r = explain(lines[:3] + [warning] + lines[3:])
+    assert (r["outcome"], r["cause"]) == ("ready", None), r
