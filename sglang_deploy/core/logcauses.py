@@ -101,7 +101,10 @@ SIGNATURES: tuple[Signature, ...] = (
         r"Ninja build failed|ninja: build stopped|ninja exited with status|CalledProcessError: Command '\['ninja'|"
         r"Error building extension|nvcc fatal|DeepGEMM[^\n]*(?:failed|error)|"
         r"flashinfer\.jit[^\n]*(?:[Ff]ailed|[Ee]rror)|JIT compil\w* failed|"
-        r"FAILED: [^\n]*\.(?:cuda\.)?o\b"),
+        r"FAILED: [^\n]*\.(?:cuda\.)?o\b|"
+        # Triton's own compile of a kernel: its bundled ptxas, or gcc for its launcher
+        r"CalledProcessError: Command '\[?'?[^']*\b(?:ptxas|nvcc|gcc|g\+\+|cc1plus)\b|"
+        r"PTXASError|Internal Triton PTX codegen error|ptxas fatal"),
         "a JIT kernel build (ninja/nvcc) failed", source='msg = "Ninja build failed."',
         origin="flashinfer"),
     Signature("no-nvcc", _re(
@@ -265,7 +268,7 @@ _NEEDLES = (
     "c10d", "socket has timed out", "DistNetworkError", "DistStoreError", "shared memory seg",
     "/dev/shm", "is not available in", "error: ", "driver", "No CUDA GPUs", "NoDevice",
     "CUDA-capable", "NO_DEVICE", "CUDA unknown error", "NVML", "busy or unavailable",
-    "DevicesUnavailable",
+    "DevicesUnavailable", "CalledProcessError", "PTXAS", "PTX codegen", "ptxas",
 )
 
 

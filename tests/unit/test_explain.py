@@ -300,6 +300,13 @@ CASES = {
     # sglang's wait_port_available gives up before launching anything
     "port-wait-at-launch": ([("ValueError: port_base at 30234 is not available in 30 seconds. port_base is "
                               "used by a process already. process.name()='python3'")], "starting", "port-in-use"),
+    # Triton compiling a kernel with its bundled ptxas (that does not know the GPU)
+    "triton-ptxas": (_until("Capture cuda graph begin") + SCHED_TB[:1] + [
+        '  File "/opt/venv/lib/python3.11/site-packages/triton/backends/nvidia/compiler.py", line 292, in make_cubin',
+        "    subprocess.run(cmd, shell=True, check=True)",
+        ("subprocess.CalledProcessError: Command '/opt/venv/lib/python3.11/site-packages/triton/backends/nvidia/"
+         "bin/ptxas -lineinfo -v --gpu-name=sm_120 /tmp/t.ptx -o /tmp/t.ptx.o 2> /tmp/t.log' returned non-zero "
+         "exit status 255.")], "capture", "jit-build"),
     "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
                        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
 }
