@@ -6,7 +6,7 @@ Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
 not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
 no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
 scheduler-exception, oom-killer, host-memory, port-in-use, model-load, bad-args,
-cuda-driver, other.
+cuda-driver, broken-install, other.
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -158,6 +158,18 @@ SIGNATURES: tuple[Signature, ...] = (
         r"CUDA-capable device\(s\) is/are busy or unavailable"),
         "the process could not reach the GPUs through the NVIDIA driver",
         default_phase="starting", origin="torch"),
+    # the driver's own library missing (a container without the GPU libraries mounted)
+    Signature("cuda-driver", _re(
+        r"^(?:- )?(?:ImportError|OSError): [^\n]*lib(?:cuda|nvidia-ml)\.so[.\d]*: cannot open"),
+        "the NVIDIA driver's library (libcuda/libnvidia-ml) is missing",
+        default_phase="starting", origin="torch"),
+    # a compiled package that does not load: built for another torch/CUDA, or a library
+    # missing (the exception itself, or sgl_kernel's summary of its import attempts)
+    Signature("broken-install", _re(
+        r"^(?:- )?(?:ImportError|OSError): [^\n]*(?:undefined symbol: |cannot open shared "
+        r"object file|version `GLIBC\w*_[\d.]+' not found)|Could not load any common_ops "
+        r"library"),
+        "a compiled package of the environment does not load", default_phase="starting"),
     # NVML's own complaints: some are printed as warnings by processes that go on
     Signature("cuda-driver", _re(
         r"Failed to initialize NVML|NVMLError_(?:DriverNotLoaded|LibraryNotFound|NoPermission)|"
@@ -269,6 +281,7 @@ _NEEDLES = (
     "/dev/shm", "is not available in", "error: ", "driver", "No CUDA GPUs", "NoDevice",
     "CUDA-capable", "NO_DEVICE", "CUDA unknown error", "NVML", "busy or unavailable",
     "DevicesUnavailable", "CalledProcessError", "PTXAS", "PTX codegen", "ptxas",
+    "undefined symbol", "shared object", "GLIBC", "common_ops",
 )
 
 

@@ -87,6 +87,12 @@ CAUSE_FIXES = {
                    "means reboot after a driver upgrade), that CUDA_VISIBLE_DEVICES names "
                    "existing GPUs, and that a container gets the GPUs (docker --gpus, LXC: "
                    "every /dev/nvidia* node)",
+    "broken-install": "a compiled package of the environment does not load: `undefined "
+                      "symbol` means sgl-kernel/flashinfer were built for another torch "
+                      "(install the versions pinned together: reinstall the release from the "
+                      "lock, `sglang-deploy rebuild`, not single upgrades); a missing lib*.so "
+                      "means a CUDA runtime wheel (nvidia-*-cu12/cu13) or system library for "
+                      "this CUDA major is absent",
     "other": "read the first error above (the relevant lines); nothing known matched it",
 }
 

@@ -307,6 +307,16 @@ CASES = {
         ("subprocess.CalledProcessError: Command '/opt/venv/lib/python3.11/site-packages/triton/backends/nvidia/"
          "bin/ptxas -lineinfo -v --gpu-name=sm_120 /tmp/t.ptx -o /tmp/t.ptx.o 2> /tmp/t.log' returned non-zero "
          "exit status 255.")], "capture", "jit-build"),
+    # an import at launch: sgl-kernel built for another torch, a CUDA runtime library missing
+    "sgl-kernel-abi": (["Traceback (most recent call last):",
+                        '  File "/opt/venv/lib/python3.12/site-packages/sglang/launch_server.py", line 6, in <module>',
+                        "    from sglang.srt.entrypoints.http_server import launch_server",
+                        ("ImportError: /opt/venv/lib/python3.12/site-packages/sgl_kernel/common_ops.abi3.so: "
+                         "undefined symbol: _ZN3c104cuda9SetDeviceEa")], "starting", "broken-install"),
+    "libnvrtc-missing": (["ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory"],
+                         "starting", "broken-install"),
+    "libcuda-missing": (["OSError: libcuda.so.1: cannot open shared object file: No such file or directory"],
+                        "starting", "cuda-driver"),
     "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
                        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
 }
@@ -409,6 +419,7 @@ def test_render_text_and_cli(tmp_path, capsys):
 @pytest.mark.parametrize("name, says", [
     ("bad-args-unrecognized", "--help"), ("cuda-driver-insufficient", "nvidia-smi"),
     ("c10d-store-timeout", "--dist-init-addr"), ("shm-last-error", "/dev/shm"),
+    ("sgl-kernel-abi", "pinned together"),
 ])
 def test_the_new_startup_causes_get_their_own_fix(name, says):
     assert says in explain(CASES[name][0])["fix"]
@@ -418,6 +429,9 @@ def test_the_new_startup_causes_get_their_own_fix(name, says):
     "[rank1]:[W623 15:37:01.823 socket.cpp:460] [c10d] waitForInput: poll for socket SocketImpl(fd=100) "
     "returned 0, likely a timeout",
     "Failed to initialize NVML: Unknown Error",
+    # sglang's own warning when an optional module does not import (ROCm hosts)
+    f"[{TS} TP0] Failed to import from custom_ar with ImportError('libcuda.so.1: cannot open shared "
+    "object file: No such file or directory')",
 ])
 def test_a_startup_warning_alone_does_not_fail_a_startup_that_gets_ready(warning):
     lines = _startup()
