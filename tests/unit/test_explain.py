@@ -426,12 +426,12 @@ def test_the_new_startup_causes_get_their_own_fix(name, says):
 
 
 @pytest.mark.parametrize("warning", [
-    "[rank1]:[W623 15:37:01.823 socket.cpp:460] [c10d] waitForInput: poll for socket SocketImpl(fd=100) "
-    "returned 0, likely a timeout",
+    ("[rank1]:[W623 15:37:01.823 socket.cpp:460] [c10d] waitForInput: poll for socket SocketImpl(fd=100) "
+    "returned 0, likely a timeout"),
     "Failed to initialize NVML: Unknown Error",
     # sglang's own warning when an optional module does not import (ROCm hosts)
-    f"[{TS} TP0] Failed to import from custom_ar with ImportError('libcuda.so.1: cannot open shared "
-    "object file: No such file or directory')",
+    (f"[{TS} TP0] Failed to import from custom_ar with ImportError('libcuda.so.1: cannot open shared "
+    "object file: No such file or directory')"),
 ])
 def test_a_startup_warning_alone_does_not_fail_a_startup_that_gets_ready(warning):
     lines = _startup()
