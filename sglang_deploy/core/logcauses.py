@@ -6,7 +6,7 @@ Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
 not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
 no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
 scheduler-exception, oom-killer, host-memory, port-in-use, model-load, illegal-memory-access,
-kv-pool-exhausted, scheduler-hang, other.
+kv-pool-exhausted, scheduler-hang, bad-args, cuda-driver, broken-install, other.
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -56,7 +56,6 @@ class Signature:
     @property
     def id(self) -> str:
         return self.name or self.cause
-
 
 
 def _re(p: str, flags: int = 0) -> re.Pattern[str]:
@@ -112,7 +111,10 @@ SIGNATURES: tuple[Signature, ...] = (
         r"socketPollConnect|socketStartConnect|[Cc]onnect(?:ion)? to \S+ (?:failed|refused|"
         r"returned)|(?:NCCL|bootstrap|TCPStore|c10d|DistNetworkError|socket)[^\n]*"
         r"(?:Connection refused|No route to host|Connection timed out|connect\(\) timed out)|"
-        r"ncclRemoteError|remote process exited or there was a network error"),
+        r"ncclRemoteError|remote process exited or there was a network error|"
+        # torch c10d: the rendezvous store (rank 0, --dist-init-addr) never answered
+        r"\[c10d\][^\n]*(?:timed out after|failed to connect)|client socket has timed out "
+        r"after|DistNetworkError|DistStoreError"),
         "a peer rank/node refused or never answered the connection", weight=EVIDENCE,
         fatal=False, default_phase="starting", origin="nccl"),
     Signature("gloo-connection", _re(
@@ -124,7 +126,10 @@ SIGNATURES: tuple[Signature, ...] = (
         r"Ninja build failed|ninja: build stopped|ninja exited with status|CalledProcessError: Command '\['ninja'|"
         r"Error building extension|nvcc fatal|DeepGEMM[^\n]*(?:failed|error)|"
         r"flashinfer\.jit[^\n]*(?:[Ff]ailed|[Ee]rror)|JIT compil\w* failed|"
-        r"FAILED: [^\n]*\.(?:cuda\.)?o\b"),
+        r"FAILED: [^\n]*\.(?:cuda\.)?o\b|"
+        # Triton's own compile of a kernel: its bundled ptxas, or gcc for its launcher
+        r"CalledProcessError: Command '\[?'?[^']*\b(?:ptxas|nvcc|gcc|g\+\+|cc1plus)\b|"
+        r"PTXASError|Internal Triton PTX codegen error|ptxas fatal"),
         "a JIT kernel build (ninja/nvcc) failed", source='msg = "Ninja build failed."',
         origin="flashinfer"),
     Signature("no-nvcc", _re(
@@ -153,7 +158,8 @@ SIGNATURES: tuple[Signature, ...] = (
         origin="kernel", name="sigkill"),
     Signature("host-memory", _re(
         r"NCCL WARN [^\n]*(?:failed to extend /dev/shm|shared memory segment|"
-        r"posix_fallocate failed)|ncclShmOpen"),
+        r"posix_fallocate failed)|ncclShmOpen|Error while (?:creating|attaching to) shared "
+        r"memory segment|failed to extend /dev/shm"),
         "NCCL could not create its shared-memory segment (/dev/shm full or too small)",
         fatal=False, default_phase="starting", origin="nccl"),
     Signature("host-memory", _re(
@@ -163,9 +169,45 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("port-in-use", _re(r"error while attempting to bind on address .*address "
                                  r"already in use"),
               "the server's port is already taken", phase="http", origin="uvicorn"),
+    Signature("port-in-use", _re(r"\b\w+ at \d+ is not available in \d+ seconds"),
+              "a port the server needs is held by another process (checked at launch)",
+              default_phase="starting", source="is not available in {timeout_s} seconds",
+              origin="sglang"),
     Signature("port-in-use", _re(r"[Aa]ddress already in use|EADDRINUSE|[Pp]ort \d+ is "
                                  r"(?:already )?in use|is not available\. Please"),
               "a port the server needs is already taken", default_phase="http"),
+    # argparse (launch_server, `sglang serve`) and the diffusion ServerArgs' own SystemExit
+    Signature("bad-args", _re(
+        r"^(?:[\w.\- ]+: )?error: (?:unrecognized arguments: |argument -{1,2}[\w-]+|the "
+        r"following arguments are required|one of the arguments|ambiguous option)"),
+        "a launch flag is unknown to this SGLang or has an invalid value", phase="starting"),
+    Signature("cuda-driver", _re(
+        r"CUDA driver version is insufficient|cudaErrorInsufficientDriver|Found no NVIDIA "
+        r"driver|NVIDIA driver on your system is too old|No CUDA GPUs are available|"
+        r"cudaErrorNoDevice|no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE|"
+        r"CUDA unknown error - this may be due to an incorrectly set up environment|"
+        r"NVML_SUCCESS == r INTERNAL ASSERT FAILED|cudaErrorDevicesUnavailable|"
+        r"CUDA-capable device\(s\) is/are busy or unavailable"),
+        "the process could not reach the GPUs through the NVIDIA driver",
+        default_phase="starting", origin="torch"),
+    # the driver's own library missing (a container without the GPU libraries mounted)
+    Signature("cuda-driver", _re(
+        r"^(?:- )?(?:ImportError|OSError): [^\n]*lib(?:cuda|nvidia-ml)\.so[.\d]*: cannot open"),
+        "the NVIDIA driver's library (libcuda/libnvidia-ml) is missing",
+        default_phase="starting", origin="torch"),
+    # a compiled package that does not load: built for another torch/CUDA, or a library
+    # missing (the exception itself, or sgl_kernel's summary of its import attempts)
+    Signature("broken-install", _re(
+        r"^(?:- )?(?:ImportError|OSError): [^\n]*(?:undefined symbol: |cannot open shared "
+        r"object file|version `GLIBC\w*_[\d.]+' not found)|Could not load any common_ops "
+        r"library"),
+        "a compiled package of the environment does not load", default_phase="starting"),
+    # NVML's own complaints: some are printed as warnings by processes that go on
+    Signature("cuda-driver", _re(
+        r"Failed to initialize NVML|NVMLError_(?:DriverNotLoaded|LibraryNotFound|NoPermission)|"
+        r"NVML Shared Library Not Found"),
+        "NVML (the driver's management library) could not be used", weight=EVIDENCE,
+        fatal=False, default_phase="starting"),
     Signature("model-load", _re(
         r"does not recognize this architecture|Model architectures? \[[^\]]*\] (?:are|is) not "
         r"supported|Unrecognized model in|is not a local folder and is not a valid model "
@@ -269,6 +311,11 @@ _NEEDLES = (
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
     "Initialization failed", "Response [", "hit an exception", "Exception in ",
     "terminate called", "sigquit", "is dead", "died during", "scheduler.run_sch",
+    "c10d", "socket has timed out", "DistNetworkError", "DistStoreError", "shared memory seg",
+    "/dev/shm", "is not available in", "error: ", "driver", "No CUDA GPUs", "NoDevice",
+    "CUDA-capable", "NO_DEVICE", "CUDA unknown error", "NVML", "busy or unavailable",
+    "DevicesUnavailable", "CalledProcessError", "PTXAS", "PTX codegen", "ptxas",
+    "undefined symbol", "shared object", "GLIBC", "common_ops",
 )
 
 

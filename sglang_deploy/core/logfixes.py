@@ -1,5 +1,6 @@
-"""The fix of each cause of an SGLang server failure, and where the phase changes it
-(pure data, used by logcauses.diagnose)."""
+"""The fix of each cause of an SGLang server failure (pure): one line per cause id, a few
+by (cause, phase) where the phase changes the fix. The causes themselves (their log
+signatures) are in logcauses."""
 
 from __future__ import annotations
 
@@ -100,6 +101,23 @@ CAUSE_FIXES = {
                       "and the other ranks' and nodes' logs for where it stuck, check GPU health "
                       "(`nvidia-smi`, dmesg Xid), restart; raise --watchdog-timeout only if steps "
                       "are legitimately that slow",
+    "bad-args": "a launch flag is unknown to this SGLang version or has an invalid value: "
+                "check `python -m sglang.launch_server --help` of the installed version (flags "
+                "use dashes: --reasoning-parser), rename or drop flags that changed between "
+                "versions, and fix the value the error names",
+    "cuda-driver": "the process could not use the GPUs through the NVIDIA driver: check "
+                   "`nvidia-smi` on the host and as the service (driver loaded, new enough "
+                   "for torch's CUDA: `driver version is insufficient` means upgrade the "
+                   "driver or use a build for an older CUDA; NVML driver/library mismatch "
+                   "means reboot after a driver upgrade), that CUDA_VISIBLE_DEVICES names "
+                   "existing GPUs, and that a container gets the GPUs (docker --gpus, LXC: "
+                   "every /dev/nvidia* node)",
+    "broken-install": "a compiled package of the environment does not load: `undefined "
+                      "symbol` means sgl-kernel/flashinfer were built for another torch "
+                      "(install the versions pinned together: reinstall the release from the "
+                      "lock, `sglang-deploy rebuild`, not single upgrades); a missing lib*.so "
+                      "means a CUDA runtime wheel (nvidia-*-cu12/cu13) or system library for "
+                      "this CUDA major is absent",
     "other": "read the first error above (the relevant lines); nothing known matched it",
 }
 

@@ -4,7 +4,7 @@ A line of an SGLang log can carry several prefixes, outermost first:
 
 * a journal export: ``Mar 01 12:00:00 host python[123]: `` (``journalctl`` short) or
   ``2026-03-01T12:00:00+0000 host python[123]: `` (short-iso);
-* docker compose: ``sglang-1  | ``;
+* docker compose: ``sglang-1  | `` (or a ``container_name``: ``my-sglang  | ``);
 * Kubernetes (containerd/CRI): ``2025-07-25T05:09:16.157949381+08:00 stdout F ``;
 * a log collector: ``ERROR 2026-03-01T12:00:00.123Z `` (cloud logging), a CI runner's
   ``2025-10-09T04:13:06.6371779Z ``, Kibana's ``May 16, 2026 @ 20:46:57.892    ``;
@@ -47,8 +47,8 @@ _WRAPPER_RE = re.compile(
     r"(?P<iso>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s+"
     r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(?:[a-z_]\w*\.\w+: )?)?"
     r"|(?P<kibana>[A-Z][a-z]{2} \d{1,2}, \d{4} @ \d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+"
-    # docker compose service prefix
-    r"|[\w.-]+-\d+\s+\| ?"
+    # docker compose: "service-1  | ", or the container_name padded to the longest one
+    r"|[A-Za-z0-9][\w.-]*\s+\| ?"
     # containerd/CRI (Kubernetes pod logs): after the timestamp, the stream and a full or
     # partial flag: "2025-07-25T05:09:16.157949381+08:00 stdout F "
     r"|(?:stdout|stderr) [FP] "

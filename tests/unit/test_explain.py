@@ -59,6 +59,10 @@ TS = "2026-03-01 12:00:00"
     ("[TP0] Scheduler hit an exception: Traceback (most recent call last):", None, "TP0",
      "Scheduler hit an exception: Traceback (most recent call last):"),
     ("[DP1 TP2] Load weight end. x", None, "DP1 TP2", "Load weight end. x"),
+    # docker compose with a container_name: no replica number, padded to the longest name
+    (f"my-sglang  | [{TS} TP0] Load weight begin. x", TS, "TP0", "Load weight begin. x"),
+    ("my-sglang  |   File \"/x/model_runner.py\", line 1, in initialize", None, None,
+     "  File \"/x/model_runner.py\", line 1, in initialize"),
 ])
 def test_every_prefix_kind(line, ts, rank, msg):
     assert strip_prefix(line) == (ts, rank, msg)
@@ -360,6 +364,55 @@ CASES = {
                                  "caught collective operation timeout: WorkNCCL(SeqNum=9141, OpType=ALLREDUCE, "
                                  "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600020 milliseconds before "
                                  "timing out.")], "serving", "nccl-watchdog"),
+    # torch c10d waiting for rank 0's store (--dist-init-addr) that never answers
+    "c10d-store-timeout": ([("[rank1]:[W623 15:37:01.824 socket.cpp:485] [c10d] waitForInput: socket "
+                             "SocketImpl(fd=100, addr=[node-1]:43590, remote=[node-0]:20000) timed out "
+                             "after 1800000ms")] + SCHED_TB + TEARDOWN, "starting", "nccl-peer-refused"),
+    "tcpstore-client-timeout": (SCHED_TB + _frame("init_torch_distributed", "init_distributed_environment(")
+                                + [("torch.distributed.DistNetworkError: The client socket has timed out "
+                                   "after 600000ms while trying to connect to (10.0.0.1, 5000).")],
+                                "starting", "nccl-peer-refused"),
+    # the same NCCL words as the "Last error:" of torch's DistBackendError (no NCCL WARN)
+    "shm-last-error": (SCHED_TB + _frame("init_torch_distributed", "initialize_model_parallel(") + [
+        ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.cpp:81, "
+         "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5"),
+        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
+        "Last error:", "Error while creating shared memory segment /dev/shm/nccl-vzIpS6 (size 9637888)"]
+        + TEARDOWN, "starting", "host-memory"),
+    "bad-args-invalid-choice": (["usage: launch_server.py [-h] --model-path MODEL_PATH [--port PORT]",
+                                 ("launch_server.py: error: argument --quantization: invalid choice: 'int4' "
+                                  "(choose from 'awq', 'fp8', 'gptq')")], "starting", "bad-args"),
+    "bad-args-unrecognized": (["INFO 03-06 10:05:08 __init__.py:190] Automatically detected platform cuda.",
+                               "launch_server.py: error: unrecognized arguments: --enable-reasoning"],
+                              "starting", "bad-args"),
+    "cuda-driver-insufficient": (SCHED_TB + _frame("__init__", "torch.cuda.set_device(self.gpu_id)") + [
+        "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version"] + TEARDOWN,
+        "starting", "cuda-driver"),
+    "cuda-no-gpus": (SCHED_TB + ["RuntimeError: No CUDA GPUs are available"] + TEARDOWN, "starting",
+                     "cuda-driver"),
+    "cuda-no-driver": ([("RuntimeError: Found no NVIDIA driver on your system. Please check that you have "
+                         "an NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx")],
+                       "starting", "cuda-driver"),
+    # sglang's wait_port_available gives up before launching anything
+    "port-wait-at-launch": ([("ValueError: port_base at 30234 is not available in 30 seconds. port_base is "
+                              "used by a process already. process.name()='python3'")], "starting", "port-in-use"),
+    # Triton compiling a kernel with its bundled ptxas (that does not know the GPU)
+    "triton-ptxas": (_until("Capture cuda graph begin") + SCHED_TB[:1] + [
+        '  File "/opt/venv/lib/python3.11/site-packages/triton/backends/nvidia/compiler.py", line 292, in make_cubin',
+        "    subprocess.run(cmd, shell=True, check=True)",
+        ("subprocess.CalledProcessError: Command '/opt/venv/lib/python3.11/site-packages/triton/backends/nvidia/"
+         "bin/ptxas -lineinfo -v --gpu-name=sm_120 /tmp/t.ptx -o /tmp/t.ptx.o 2> /tmp/t.log' returned non-zero "
+         "exit status 255.")], "capture", "jit-build"),
+    # an import at launch: sgl-kernel built for another torch, a CUDA runtime library missing
+    "sgl-kernel-abi": (["Traceback (most recent call last):",
+                        '  File "/opt/venv/lib/python3.12/site-packages/sglang/launch_server.py", line 6, in <module>',
+                        "    from sglang.srt.entrypoints.http_server import launch_server",
+                        ("ImportError: /opt/venv/lib/python3.12/site-packages/sgl_kernel/common_ops.abi3.so: "
+                         "undefined symbol: _ZN3c104cuda9SetDeviceEa")], "starting", "broken-install"),
+    "libnvrtc-missing": (["ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory"],
+                         "starting", "broken-install"),
+    "libcuda-missing": (["OSError: libcuda.so.1: cannot open shared object file: No such file or directory"],
+                        "starting", "cuda-driver"),
     "died-no-cause": ([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). "
                        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer.")], None, "other"),
 }
@@ -501,3 +554,26 @@ def test_render_text_and_cli(tmp_path, capsys):
     log.write_text("\n".join(_startup()) + "\n")
     assert main(["explain-log", str(log)]) == 0
     assert main(["explain-log", str(tmp_path / "missing.log")]) == 3
+
+
+@pytest.mark.parametrize("name, says", [
+    ("bad-args-unrecognized", "--help"), ("cuda-driver-insufficient", "nvidia-smi"),
+    ("c10d-store-timeout", "--dist-init-addr"), ("shm-last-error", "/dev/shm"),
+    ("sgl-kernel-abi", "pinned together"),
+])
+def test_the_new_startup_causes_get_their_own_fix(name, says):
+    assert says in explain(CASES[name][0])["fix"]
+
+
+@pytest.mark.parametrize("warning", [
+    ("[rank1]:[W623 15:37:01.823 socket.cpp:460] [c10d] waitForInput: poll for socket SocketImpl(fd=100) "
+    "returned 0, likely a timeout"),
+    "Failed to initialize NVML: Unknown Error",
+    # sglang's own warning when an optional module does not import (ROCm hosts)
+    (f"[{TS} TP0] Failed to import from custom_ar with ImportError('libcuda.so.1: cannot open shared "
+    "object file: No such file or directory')"),
+])
+def test_a_startup_warning_alone_does_not_fail_a_startup_that_gets_ready(warning):
+    lines = _startup()
+    r = explain(lines[:3] + [warning] + lines[3:])
+    assert (r["outcome"], r["cause"]) == ("ready", None), r
