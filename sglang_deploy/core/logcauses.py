@@ -96,11 +96,16 @@ SIGNATURES: tuple[Signature, ...] = (
     # warns) and the health check that got no answer: a hang, a symptom that any specific
     # cause in the same text outweighs
     Signature("scheduler-hang", _re(
-        r"[Ww]atchdog timeout \(self\.watchdog_timeout=[\d.]+(?:, self\.soft=False)?\)|Health "
-        r"check failed\. Server couldn't get a response from detokenizer"),
-        "a scheduler stopped making progress (SGLang's watchdog or health check)",
+        r"[Ww]atchdog timeout \(self\.watchdog_timeout=[\d.]+(?:, self\.soft=False)?\)"),
+        "a scheduler stopped making progress (SGLang's watchdog)",
         weight=SPECIFIC - 2, default_phase="serving", source="atchdog timeout",
         origin="sglang"),
+    # the health check only marks the server unhealthy (503) until a request succeeds again:
+    # evidence of a hang, not a failure by itself
+    Signature("scheduler-hang", _re(
+        r"Health check failed\. Server couldn't get a response from detokenizer"),
+        "the health check got no answer from the scheduler (a hang, or a queue too long)",
+        weight=SPECIFIC - 2, fatal=False, default_phase="serving", origin="sglang"),
     Signature("nccl-watchdog", _re(
         r"Watchdog caught collective operation timeout|watchdog thread terminated with "
         r"exception|ncclCommWatchdog|Some NCCL operations have failed or timed out|"

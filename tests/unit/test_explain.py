@@ -353,10 +353,6 @@ CASES = {
                            + TEARDOWN, "serving", "scheduler-hang"),
     "scheduler-watchdog-old": ([f"[{TS} TP0] Watchdog timeout (self.watchdog_timeout=300)"],
                                "serving", "scheduler-hang"),
-    "health-check-failed": (_startup() + [
-        (f"[{TS}] Health check failed. Server couldn't get a response from detokenizer for last "
-         "20 seconds. tic start time: 05:49:14. last_heartbeat time: 05:42:53")],
-        "serving", "scheduler-hang"),
     # the collective that hung names the cause better than the watchdog that saw no progress
     "hang-with-nccl-timeout": ([(f"[{TS} TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, "
                                  "self.soft=False)"),
@@ -465,6 +461,19 @@ def test_a_traceback_cut_after_the_scheduler_entry_names_no_phase():
              "    scheduler = Scheduler(server_a", "[... cut ...]"]
     r = explain(lines)
     assert r["outcome"] == "failed" and r["phase"] is None
+
+
+HEALTH_FAILED = (f"[{TS}] Health check failed. Server couldn't get a response from detokenizer "
+                 "for last 20 seconds. tic start time: 05:49:14. last_heartbeat time: 05:42:53")
+
+
+def test_a_failed_health_check_alone_is_no_failure_but_names_a_later_one():
+    # SGLang marks itself unhealthy (503) until a request succeeds again: the server lives on
+    alone = explain(_startup() + [HEALTH_FAILED])
+    assert alone["outcome"] == "ready" and HEALTH_FAILED in alone["relevant_lines"]
+    then_killed = explain(_startup() + [HEALTH_FAILED, f"[{TS}] Exit code: -9"])
+    assert (then_killed["outcome"], then_killed["phase"], then_killed["cause"]) == (
+        "failed", "serving", "scheduler-hang")
 
 
 def test_a_soft_watchdog_only_warns():
