@@ -57,9 +57,14 @@ CAUSE_FIXES = {
     "unsupported-arch": "the kernels were not built for this GPU's architecture: use a "
                         "wheel/image built for its compute capability (sm_XX), or another "
                         "attention/MoE backend (--attention-backend triton)",
-    "cuda-graph-capture": "CUDA graph capture failed: lower --cuda-graph-max-bs (or "
-                          "--mem-fraction-static), or start with --disable-cuda-graph to get "
-                          "the underlying error",
+    "cuda-graph-capture": "CUDA graph capture failed on an error that is no out-of-memory "
+                          "(the exception names it): a Python error (TypeError, "
+                          "AttributeError...) means this model's path through the attention "
+                          "or MoE backend is broken in this version: try another "
+                          "--attention-backend (e.g. triton) or another SGLang version; "
+                          "--disable-cuda-graph starts without graphs (slower decode) and "
+                          "shows whether it fails outside capture too; if the error was cut "
+                          "off, lower --cuda-graph-max-bs",
     "warmup-failed": "the server's own warmup request failed: a 403/502 usually comes from "
                      "an HTTP proxy (set no_proxy=127.0.0.1,localhost for the service, or "
                      "unset http_proxy); otherwise the error above says why",

@@ -500,6 +500,14 @@ def test_an_out_of_memory_after_ready_gets_the_serving_fix():
     assert "--max-running-requests" in r["fix"] and "--tp" not in r["fix"]
 
 
+def test_a_capture_failure_that_is_no_oom_points_at_the_backend():
+    lines = (SCHED_TB + _frame("capture", "self.capture_one_batch_size(bs, forward)")
+             + ["TypeError: cannot unpack non-iterable ForwardMetadata object"] + TEARDOWN)
+    r = explain(lines)
+    assert (r["phase"], r["cause"]) == ("capture", "cuda-graph-capture"), r
+    assert "--attention-backend" in r["fix"] and "SGLang version" in r["fix"]
+
+
 def test_a_full_dev_shm_gets_no_p2p_hint():
     r = explain(CASES["nccl-shm-full"][0])
     assert "/dev/shm" in r["fix"] and "NCCL_P2P" not in r["fix"]
