@@ -310,7 +310,8 @@ _NEEDLES = (
     "model identifier", "model weights", "SafetensorError", "deserializing header",
     "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
     "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress", "misaligned address",
-    "Memory access fault", "launch failure", "atchdog timeout (", "Health check failed", "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
+    "Memory access fault", "launch failure", "atchdog timeout (", "Health check failed",
+    "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
     "no GPU memory", "SIGSEGV", "most recent call first",
     "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
@@ -423,7 +424,7 @@ class Hit:
     line: str           # redacted, as shown
     msg: str            # without prefixes
     after_ready: bool
-    phase: str | None = None   # the phase the line proves (its own signature's or another's)
+    phase: str | None = None   # the phase the line proves (its own signature's, else another's)
 
 
 def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
@@ -454,10 +455,9 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
     best = max(cands, key=lambda h: (h.sig.weight, -h.index)) if cands else None
     phase = "serving" if after_ready else _frames_phase(frames)
     if phase is None:
-        strong = [h for h in cands if h.phase or h.sig.phase]
+        strong = [h for h in cands if h.phase]
         if strong:
-            first = min(strong, key=lambda h: h.index)
-            phase = first.phase or first.sig.phase
+            phase = min(strong, key=lambda h: h.index).phase
     if phase is None:
         phase = phase_reached
     if phase is None and not after_ready:
@@ -487,9 +487,9 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
             evidence.append(h.line)
     if exc and exc not in evidence:
         evidence.append(exc)
-    out.update(phase=phase, cause=cause, fix=PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause),
-               evidence=evidence,
-               summary=summary + (f": {detail[:240]}" if detail else ""))
+    out.update(phase=phase, cause=cause,
+               fix=PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause),
+               evidence=evidence, summary=summary + (f": {detail[:240]}" if detail else ""))
     return out
 
 

@@ -268,7 +268,7 @@ class StartupTracker:
             self._ranks[rank] = None
         shown = redact(raw)
         self._remember(shown)
-        if msg[:13] == "Decode batch." or msg[:13] == "Decode batch,":
+        if msg.startswith(("Decode batch.", "Decode batch,")):
             self._decoding = True
         sig = match_signature(msg)
         # traceback blocks: start at "Traceback (most recent call last):" (possibly inside
