@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testbed import fleet
+
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "libcuda_stub.c"
 NVIDIA_SMI = HERE / "nvidia_smi.py"
@@ -109,59 +111,14 @@ def build_libcuda(out_dir: Path) -> Path:
     return lib
 
 
-# gpu.env as in docs/design.md; nvidia_smi.py and libcuda_stub.c use the same defaults
-DEFAULT_GPU_ENV = {
-    "GPU_COUNT": "8",
-    "GPU_NAME": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-    "GPU_MEMORY_MIB": "97887",
-    "GPU_CC": "12.0",
-    "DRIVER_VERSION": "580.95.05",
-    "CUDA_VERSION": "13.0",
-    "SOCKETS": "2",
-    "P2P_GBPS": "40",
-    "SCENARIO": "healthy",
-    "REPLAY_DIR": "",
-}
-SCENARIOS = ("healthy", "uvm-missing", "driver-mismatch", "gpu-missing", "p2p-unsupported",
-             "p2p-corrupt", "p2p-slow")
-
-
 def render_gpu_env(**overrides: str | float) -> str:
-    """Text of /etc/testbed/gpu.env: the defaults, updated with `overrides`."""
-    keys = dict(DEFAULT_GPU_ENV)
+    """Text of /etc/testbed/gpu.env: the fleet's default, updated with `overrides`."""
+    keys = dict(line.split("=", 1) for line in fleet.GPU_ENV_DEFAULT.splitlines())
     keys.update({k: str(v) for k, v in overrides.items()})
-    if keys["SCENARIO"] not in SCENARIOS:
-        raise ValueError(f"unknown GPU scenario {keys['SCENARIO']!r} (one of {', '.join(SCENARIOS)})")
+    if keys["SCENARIO"] not in fleet.GPU_SCENARIOS:
+        raise ValueError(f"unknown GPU scenario {keys['SCENARIO']!r} "
+                         f"(one of {', '.join(fleet.GPU_SCENARIOS)})")
     return "".join(f"{k}={v}\n" for k, v in keys.items())
-
-
-def install_into_rootfs(rootfs: Path, build_dir: Path, gpu_env: str | None = None) -> list[Path]:
-    """Copy the stand-ins into a container root file system (device nodes not included):
-    usr/bin/nvidia-smi, usr/lib/x86_64-linux-gnu/libcuda.so.1 (+ libcuda.so link) and,
-    when given, etc/testbed/gpu.env.  Returns the paths written."""
-    rootfs = Path(rootfs)
-    lib = build_libcuda(Path(build_dir))
-    written = []
-    smi = rootfs / "usr/bin/nvidia-smi"
-    smi.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(NVIDIA_SMI, smi)
-    smi.chmod(0o755)
-    written.append(smi)
-    libdir = rootfs / "usr/lib/x86_64-linux-gnu"
-    libdir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(lib, libdir / SONAME)
-    (libdir / SONAME).chmod(0o755)
-    link = libdir / "libcuda.so"
-    if link.exists() or link.is_symlink():
-        link.unlink()
-    link.symlink_to(SONAME)
-    written += [libdir / SONAME, link]
-    if gpu_env is not None:
-        env = rootfs / "etc/testbed/gpu.env"
-        env.parent.mkdir(parents=True, exist_ok=True)
-        env.write_text(gpu_env)
-        written.append(env)
-    return written
 
 
 def main(argv: list[str]) -> int:

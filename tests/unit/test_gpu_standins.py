@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_deploy.remote import cuda_probe
 from testbed.gpu import build as B
 
 REPO = Path(__file__).resolve().parents[2]
@@ -457,16 +458,9 @@ def test_build_is_cached_and_named(libdir: Path) -> None:
     assert max(versions) <= (2, 36)
 
 
-def test_install_into_rootfs(libdir: Path, tmp_path: Path) -> None:
-    root = tmp_path / "rootfs"
+def test_render_gpu_env(tmp_path: Path) -> None:
     env = B.render_gpu_env(SCENARIO="p2p-slow", GPU_COUNT=4)
-    paths = B.install_into_rootfs(root, libdir, env)
-    assert (root / "usr/bin/nvidia-smi").read_bytes() == SMI.read_bytes()
-    assert os.access(root / "usr/bin/nvidia-smi", os.X_OK)
-    assert os.readlink(root / "usr/lib/x86_64-linux-gnu/libcuda.so") == "libcuda.so.1"
-    text = (root / "etc/testbed/gpu.env").read_text()
-    assert "SCENARIO=p2p-slow\n" in text and "GPU_COUNT=4\n" in text and "P2P_GBPS=40\n" in text
-    assert len(paths) == 4
+    assert "SCENARIO=p2p-slow\n" in env and "GPU_COUNT=4\n" in env and "P2P_GBPS=40\n" in env
     with pytest.raises(ValueError):
         B.render_gpu_env(SCENARIO="nope")
     # the stand-ins parse the rendered file
@@ -486,22 +480,15 @@ def test_probe_healthy(libdir: Path, host: Host) -> None:
         assert p[f"dev{i}.cc"] == "12.0"
         assert p[f"dev{i}.unified"] == "1"
         assert p[f"dev{i}.total_mib"] == "97887"
-    assert p["dev1.bus"] == "37 0000:25:00.0"
+    assert p["dev1.bus"] == "37"
     assert p["bad_device_rc"] == "101"
-    assert (p["can_access_0_1"], p["can_access_0_0"], p["rank_0_last"]) == ("1", "0", "1")
+    assert (p["can_access_0_1"], p["can_access_0_0"]) == ("1", "0")
     assert p["alloc_without_ctx_rc"] == "201"
-    assert p["current_is_c0"] == "1 current_dev=0"
-    assert p["meminfo_total_mib"].startswith("97887 used_delta=")
-    assert int(p["meminfo_total_mib"].split("=")[1]) >= 8 << 20
-    assert p["memset_ok"] == "1" and p["htod_bad_ptr_rc"] == "1" and p["popped_is_c1"] == "1"
+    assert p["htod_bad_ptr_rc"] == "1" and p["peer_wrong_ctx_rc"] == "1"
     assert p["enable_peer"] == "0 CUDA_SUCCESS no error"
     assert p["enable_peer_again"].startswith("704 CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED")
-    assert p["peer_ok"] == "1" and p["dtod_cross_ok"] == "1"
-    assert p["unified_cross_ok"] == "1" and p["unified_local_ok"] == "1"
-    assert p["disable_peer"].startswith("0 ")
-    assert p["disable_peer_again"].startswith("705 CUDA_ERROR_PEER_ACCESS_NOT_ENABLED")
-    assert p["created_is_current"] == "1" and p["after_destroy_current_is_c0"] == "1"
-    assert p["double_free_rc"] == "1" and p["done"] == "1"
+    assert p["peer_ok"] == "1"
+    assert p["double_free_rc"] == "1" and p["released_sync_rc"] == "201" and p["done"] == "1"
     assert float(p["peer_gbps"]) <= 40 * 1.05
 
 
@@ -515,13 +502,6 @@ def test_error_strings_are_the_real_ones(libdir: Path, host: Host) -> None:
                            "between these two devices")
     assert p["err3"] == "3 CUDA_ERROR_NOT_INITIALIZED initialization error"
     assert p["err_bogus_rc"] == "1 null=1"
-
-
-def test_uuid_matches_nvidia_smi(libdir: Path, host: Host) -> None:
-    p = probe(libdir, host)
-    smi = host.smi("--query-gpu=uuid", "--format=csv,noheader").stdout.split()
-    assert [f"GPU-{u[:8]}-{u[8:12]}-{u[12:16]}-{u[16:20]}-{u[20:]}"
-            for u in (p[f"dev{i}.uuid"] for i in range(8))] == smi
 
 
 @pytest.mark.parametrize("mutate,code", [
@@ -554,7 +534,7 @@ def test_probe_gpu_missing_and_missing_node(libdir: Path, host: Host) -> None:
     (host.dev / "nvidia3").unlink()
     p = probe(libdir, host)
     assert p["device_count"] == "7"
-    assert p["dev3.bus"] == "129 0000:81:00.0"  # ordinal 3 is /dev/nvidia4
+    assert p["dev3.bus"] == "129"  # ordinal 3 is /dev/nvidia4 (bus 0x81)
 
 
 def test_probe_p2p_unsupported(libdir: Path, host: Host) -> None:
@@ -564,15 +544,13 @@ def test_probe_p2p_unsupported(libdir: Path, host: Host) -> None:
     assert p["enable_peer"] == ("217 CUDA_ERROR_PEER_ACCESS_UNSUPPORTED peer access is not "
                                 "supported between these two devices")
     assert p["peer_ok"] == "1"  # cuMemcpyPeer still works (staged), as on real hardware
-    assert p["disable_peer"].startswith("705 ")
 
 
 def test_probe_p2p_corrupt(libdir: Path, host: Host) -> None:
     host.write(SCENARIO="p2p-corrupt")
     p = probe(libdir, host)
     assert p["can_access_0_1"] == "1" and p["enable_peer"].startswith("0 ")
-    assert p["peer_ok"] == "0" and p["dtod_cross_ok"] == "0" and p["unified_cross_ok"] == "0"
-    assert p["unified_local_ok"] == "1" and p["memset_ok"] == "1"
+    assert p["peer_ok"] == "0" and p["done"] == "1"
 
 
 def test_probe_pacing(libdir: Path, host: Host) -> None:
@@ -600,14 +578,10 @@ def test_probe_versions_from_env(libdir: Path, host: Host) -> None:
 
 IMPLEMENTED = [
     "cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName",
-    "cuDeviceGetAttribute", "cuDeviceTotalMem", "cuDeviceGetUuid", "cuDeviceGetPCIBusId",
-    "cuDeviceCanAccessPeer", "cuDeviceGetP2PAttribute", "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxGetState",
-    "cuCtxCreate", "cuCtxDestroy", "cuCtxSetCurrent", "cuCtxGetCurrent", "cuCtxPushCurrent",
-    "cuCtxPopCurrent", "cuCtxSynchronize", "cuCtxGetDevice", "cuCtxEnablePeerAccess",
-    "cuCtxDisablePeerAccess", "cuMemAlloc", "cuMemFree", "cuMemcpyHtoD", "cuMemcpyDtoH",
-    "cuMemcpyDtoD", "cuMemcpyPeer", "cuMemcpy", "cuMemsetD8", "cuGetErrorString",
-    "cuGetErrorName", "cuMemGetInfo",
+    "cuDeviceGetAttribute", "cuDeviceTotalMem", "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuCtxSetCurrent",
+    "cuCtxSynchronize", "cuCtxEnablePeerAccess", "cuMemAlloc", "cuMemFree", "cuMemcpyHtoD",
+    "cuMemcpyDtoH", "cuMemcpyPeer", "cuGetErrorString", "cuGetErrorName",
 ]
 
 
@@ -629,10 +603,8 @@ def test_exports_the_versioned_names_cuda_h_maps_to(libdir: Path) -> None:
     assert mapping["cuMemAlloc"] == "cuMemAlloc_v2" and mapping["cuCtxCreate"] == "cuCtxCreate_v4"
     want = {mapping.get(f, f) for f in IMPLEMENTED}
     assert want <= exported, sorted(want - exported)
-    for f in ("cuMemAlloc_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemFree_v2",
-              "cuDeviceTotalMem_v2", "cuCtxDestroy_v2", "cuDevicePrimaryCtxRelease_v2",
-              "cuDevicePrimaryCtxReset_v2", "cuMemGetInfo_v2", "cuDeviceGetUuid_v2"):
-        assert f in exported
+    # every name sglang_deploy/remote/cuda_probe.py looks up
+    assert set(cuda_probe.SIGNATURES) | set(cuda_probe.P2P_SIGNATURES) <= exported
     # the 32-bit v1 ABI names are not offered (a caller would get silently wrong sizes)
     assert not {"cuMemAlloc", "cuMemFree", "cuMemcpyHtoD", "cuDeviceTotalMem"} & exported
     # only cu* symbols leak out of the library
