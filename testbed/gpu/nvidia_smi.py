@@ -10,6 +10,7 @@ $TESTBED_DEV_ROOT (default /dev).  See testbed/gpu/README.md.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -62,6 +63,7 @@ NO_DRIVER = (
     "Make sure that the latest NVIDIA driver is installed and running. \n"
 )
 
+# request -> file printed verbatim from REPLAY_DIR when it exists there
 REPLAY_FILES = {
     "table": "nvidia-smi.txt",
     "query": "query-gpu.csv",
@@ -81,10 +83,10 @@ class Exit(Exception):
 # --------------------------------------------------------------------------- config
 
 
-def load_env(path: str | None = None) -> dict[str, str]:
+def load_env() -> dict[str, str]:
     """Read gpu.env: KEY=VALUE lines; '#' starts a comment (also after a value)."""
     cfg = dict(DEFAULTS)
-    path = path or os.environ.get("TESTBED_GPU_ENV") or "/etc/testbed/gpu.env"
+    path = os.environ.get("TESTBED_GPU_ENV") or "/etc/testbed/gpu.env"
     try:
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
@@ -109,34 +111,9 @@ def _int(cfg: dict[str, str], key: str) -> int:
         return int(DEFAULTS[key])
 
 
-def fnv1a64(data: bytes) -> int:
-    h = 0xCBF29CE484222325
-    for b in data:
-        h ^= b
-        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def mix64(z: int) -> int:
-    """splitmix64 finaliser (spreads FNV's similar outputs for similar inputs)."""
-    m = 0xFFFFFFFFFFFFFFFF
-    z = (z + 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    return z ^ (z >> 31)
-
-
-def gpu_uuid_bytes(host: str, index: int) -> bytes:
-    """16 bytes, stable per (host, index); libcuda_stub.c computes the same bytes."""
-    out = b""
-    for half in (0, 1):
-        h = mix64(fnv1a64(f"testbed-gpu:{host}:{index}:{half}".encode()))
-        out += h.to_bytes(8, "big")
-    return out
-
-
-def format_uuid(raw: bytes) -> str:
-    h = raw.hex()
+def gpu_uuid(host: str, index: int) -> str:
+    """Stable per (host, index)."""
+    h = hashlib.sha256(f"testbed-gpu:{host}:{index}".encode()).hexdigest()
     return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
@@ -145,33 +122,29 @@ def bus_number(index: int) -> int:
 
 
 class Gpu:
-    def __init__(self, cfg: dict[str, str], index: int, count: int, host: str) -> None:
-        self.index = index
-        self.name = cfg["GPU_NAME"]
-        self.mem = _int(cfg, "GPU_MEMORY_MIB")
-        self.used = 0
-        self.uuid = format_uuid(gpu_uuid_bytes(host, index))
+    """One simulated GPU (its readings are fixed per index)."""
+
+    def __init__(self, index: int, name: str, mem: int, host: str, socket: int) -> None:
+        self.index, self.name, self.mem, self.socket = index, name, mem, socket
+        self.uuid = gpu_uuid(host, index)
         self.bus_id = f"00000000:{bus_number(index):02X}:00.0"
-        sockets = max(1, _int(cfg, "SOCKETS"))
-        self.socket = index * sockets // max(1, count)
         self.temp = 30 + index % 3
         self.power = 30.0 + (index * 37 % 100) / 100.0 + index % 4
-        self.power_limit = 600.0
 
 
 class Machine:
     def __init__(self, cfg: dict[str, str]) -> None:
         self.cfg = cfg
-        self.scenario = cfg.get("SCENARIO", "healthy") or "healthy"
-        count = _int(cfg, "GPU_COUNT")
-        if self.scenario == "gpu-missing":
-            count = max(0, count - 1)
-        self.configured = _int(cfg, "GPU_COUNT")
-        host = cfg.get("HOSTNAME") or os.uname().nodename
-        # socket split is computed on the configured count: a missing GPU does not move others
-        self.gpus = [Gpu(cfg, i, self.configured, host) for i in range(count)]
+        self.scenario = cfg["SCENARIO"] or "healthy"
+        configured = _int(cfg, "GPU_COUNT")
+        count = max(0, configured - 1) if self.scenario == "gpu-missing" else configured
+        host = cfg["HOSTNAME"] or os.uname().nodename
         self.sockets = max(1, _int(cfg, "SOCKETS"))
         self.cpus_per_socket = max(1, _int(cfg, "CPUS_PER_SOCKET"))
+        mem = _int(cfg, "GPU_MEMORY_MIB")
+        # the socket split uses the configured count: a missing GPU does not move the others
+        self.gpus = [Gpu(i, cfg["GPU_NAME"], mem, host, i * self.sockets // max(1, configured))
+                     for i in range(count)]
 
     def cpu_affinity(self, sock: int) -> str:
         c, s = self.cpus_per_socket, self.sockets
@@ -181,16 +154,13 @@ class Machine:
 # --------------------------------------------------------------------------- outputs
 
 
-def render_table(m: Machine) -> str:
-    cfg = m.cfg
-    drv, cuda = cfg["DRIVER_VERSION"], cfg["CUDA_VERSION"]
+def render_table(m: Machine, gpus: list[Gpu]) -> str:
+    drv, cuda = m.cfg["DRIVER_VERSION"], m.cfg["CUDA_VERSION"]
     bar = "+" + "-" * 89 + "+"
     sep = "+-----------------------------------------+------------------------+----------------------+"
-    try:
-        major = int(drv.split(".")[0])
-    except ValueError:
-        major = 580
-    under_header = sep if major >= 580 else "|" + sep[1:-1] + "|"
+    major = drv.split(".")[0]
+    # drivers >= 580 print '+---' under the version line, older ones '|---'
+    under_header = sep if not major.isdigit() or int(major) >= 580 else "|" + sep[1:-1] + "|"
     out = [
         time.asctime(),
         bar,
@@ -201,19 +171,16 @@ def render_table(m: Machine) -> str:
         "|                                         |                        |               MIG M. |",
         "|=========================================+========================+======================|",
     ]
-    for g in m.gpus:
+    for g in gpus:
         name = g.name if len(g.name) <= 27 else g.name[:24] + "..."
-        out.append(f"|{g.index:>4}  {name:<27}{'On':>6}  |   {g.bus_id} {'Off':>3} |{'0':>21} |")
-        pwr = f"{int(g.power)}W"
-        cap = f"{int(g.power_limit)}W"
-        used = f"{g.used}MiB"
-        total = f"{g.mem}MiB"
-        out.append(
-            f"| {'N/A':>3}   {str(g.temp) + 'C':>3}    {'P8':>2}{pwr:>16} / {cap:>5} "
-            f"|{used:>11} / {total:>9} |{'0%':>8}{'Default':>13} |"
-        )
-        out.append(f"|{'':41}|{'':24}|{'Disabled':>21} |")
-        out.append(sep)
+        pwr, total = f"{int(g.power)}W", f"{g.mem}MiB"
+        out += [
+            f"|{g.index:>4}  {name:<27}{'On':>6}  |   {g.bus_id} Off |{'0':>21} |",
+            (f"| N/A   {str(g.temp) + 'C':>3}    P8{pwr:>16} /  600W "
+             f"|{'0MiB':>11} / {total:>9} |{'0%':>8}{'Default':>13} |"),
+            f"|{'':41}|{'':24}|{'Disabled':>21} |",
+            sep,
+        ]
     out += [
         " " * 89,
         bar,
@@ -227,77 +194,61 @@ def render_table(m: Machine) -> str:
     return "\n".join(out) + "\n"
 
 
-# field -> (header, unit, getter); unit is appended to values unless nounits
-def _fields(m: Machine) -> dict[str, tuple[str, str, object]]:
-    cfg = m.cfg
+# --query-gpu: fields with the same value on every GPU, fields whose values carry a unit
+# (unless nounits), and the other names nvidia-smi accepts for a field
+CONSTANT_FIELDS = {
+    "pci.domain": "0x0000", "pci.device": "0x00", "pci.device_id": "0x2BB510DE",
+    "persistence_mode": "Enabled", "compute_mode": "Default", "pstate": "P8",
+    "mig.mode.current": "Disabled", "mig.mode.pending": "Disabled",
+    "memory.used": "0", "memory.reserved": "0", "utilization.gpu": "0", "utilization.memory": "0",
+    "power.limit": "600.00", "ecc.mode.current": "Enabled",
+    "ecc.errors.corrected.volatile.total": "0", "ecc.errors.uncorrected.volatile.total": "0",
+    "pcie.link.gen.current": "5", "pcie.link.gen.max": "5",
+    "pcie.link.width.current": "16", "pcie.link.width.max": "16", "fan.speed": "[N/A]",
+}
+UNITS = {"memory.total": "MiB", "memory.used": "MiB", "memory.free": "MiB",
+         "memory.reserved": "MiB", "utilization.gpu": "%", "utilization.memory": "%",
+         "power.draw": "W", "power.limit": "W", "fan.speed": "%"}
+ALIASES = {"gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid",
+           "gpu_bus_id": "pci.bus_id"}
+
+
+def field_values(m: Machine, g: Gpu) -> dict[str, str]:
+    """Every --query-gpu field of GPU g, by its header name."""
     return {
-        "timestamp": ("timestamp", "", lambda g: time.strftime("%Y/%m/%d %H:%M:%S.000")),
-        "driver_version": ("driver_version", "", lambda g: cfg["DRIVER_VERSION"]),
-        "count": ("count", "", lambda g: str(len(m.gpus))),
-        "name": ("name", "", lambda g: g.name),
-        "gpu_name": ("name", "", lambda g: g.name),
-        "serial": ("serial", "", lambda g: f"{1790000000000 + g.index}"),
-        "gpu_serial": ("serial", "", lambda g: f"{1790000000000 + g.index}"),
-        "uuid": ("uuid", "", lambda g: g.uuid),
-        "gpu_uuid": ("uuid", "", lambda g: g.uuid),
-        "pci.bus_id": ("pci.bus_id", "", lambda g: g.bus_id),
-        "gpu_bus_id": ("pci.bus_id", "", lambda g: g.bus_id),
-        "pci.domain": ("pci.domain", "", lambda g: "0x0000"),
-        "pci.bus": ("pci.bus", "", lambda g: f"0x{bus_number(g.index):02X}"),
-        "pci.device": ("pci.device", "", lambda g: "0x00"),
-        "pci.device_id": ("pci.device_id", "", lambda g: "0x2BB510DE"),
-        "index": ("index", "", lambda g: str(g.index)),
-        "persistence_mode": ("persistence_mode", "", lambda g: "Enabled"),
-        "compute_mode": ("compute_mode", "", lambda g: "Default"),
-        "compute_cap": ("compute_cap", "", lambda g: cfg["GPU_CC"]),
-        "pstate": ("pstate", "", lambda g: "P8"),
-        "mig.mode.current": ("mig.mode.current", "", lambda g: "Disabled"),
-        "mig.mode.pending": ("mig.mode.pending", "", lambda g: "Disabled"),
-        "memory.total": ("memory.total", "MiB", lambda g: str(g.mem)),
-        "memory.used": ("memory.used", "MiB", lambda g: str(g.used)),
-        "memory.free": ("memory.free", "MiB", lambda g: str(g.mem - g.used)),
-        "memory.reserved": ("memory.reserved", "MiB", lambda g: "0"),
-        "utilization.gpu": ("utilization.gpu", "%", lambda g: "0"),
-        "utilization.memory": ("utilization.memory", "%", lambda g: "0"),
-        "temperature.gpu": ("temperature.gpu", "", lambda g: str(g.temp)),
-        "power.draw": ("power.draw", "W", lambda g: f"{g.power:.2f}"),
-        "power.limit": ("power.limit", "W", lambda g: f"{g.power_limit:.2f}"),
-        "ecc.mode.current": ("ecc.mode.current", "", lambda g: "Enabled"),
-        "ecc.errors.corrected.volatile.total": (
-            "ecc.errors.corrected.volatile.total", "", lambda g: "0"),
-        "ecc.errors.uncorrected.volatile.total": (
-            "ecc.errors.uncorrected.volatile.total", "", lambda g: "0"),
-        "pcie.link.gen.current": ("pcie.link.gen.current", "", lambda g: "5"),
-        "pcie.link.gen.max": ("pcie.link.gen.max", "", lambda g: "5"),
-        "pcie.link.width.current": ("pcie.link.width.current", "", lambda g: "16"),
-        "pcie.link.width.max": ("pcie.link.width.max", "", lambda g: "16"),
-        "fan.speed": ("fan.speed", "%", lambda g: "[N/A]"),
+        **CONSTANT_FIELDS,
+        "timestamp": time.strftime("%Y/%m/%d %H:%M:%S.000"),
+        "driver_version": m.cfg["DRIVER_VERSION"],
+        "count": str(len(m.gpus)),
+        "index": str(g.index),
+        "name": g.name,
+        "serial": str(1790000000000 + g.index),
+        "uuid": g.uuid,
+        "pci.bus_id": g.bus_id,
+        "pci.bus": f"0x{bus_number(g.index):02X}",
+        "compute_cap": m.cfg["GPU_CC"],
+        "memory.total": str(g.mem),
+        "memory.free": str(g.mem),
+        "temperature.gpu": str(g.temp),
+        "power.draw": f"{g.power:.2f}",
     }
 
 
 def render_query(m: Machine, fields: list[str], fmt: list[str], gpus: list[Gpu]) -> str:
-    table = _fields(m)
-    for f in fields:
-        if f not in table:
+    heads = [ALIASES.get(f, f) for f in fields]
+    rows = [field_values(m, g) for g in gpus]
+    for f, head in zip(fields, heads):
+        if head not in rows[0]:
             raise Exit(2, f'Field "{f}" is not a valid field to query.\n\n')
     if "csv" not in fmt:
         raise Exit(2, "ERROR: Invalid format. Please run 'nvidia-smi -h'.\n")
-    noheader, nounits = "noheader" in fmt, "nounits" in fmt
-    lines = []
-    if not noheader:
-        heads = []
-        for f in fields:
-            head, unit, _ = table[f]
-            heads.append(f"{head} [{unit}]" if unit else head)
-        lines.append(", ".join(heads))
-    for g in gpus:
-        vals = []
-        for f in fields:
-            _, unit, get = table[f]
-            v = get(g)  # type: ignore[operator]
-            if unit and not nounits and not v.startswith("["):
-                v = f"{v} %" if unit == "%" else f"{v} {unit}"
-            vals.append(v)
+    lines = [] if "noheader" in fmt else [
+        ", ".join(f"{h} [{UNITS[h]}]" if h in UNITS else h for h in heads)]
+    for row in rows:
+        vals = [row[h] for h in heads]
+        if "nounits" not in fmt:
+            vals = [f"{v} {UNITS[h]}" if h in UNITS and not v.startswith("[") else v
+                    for h, v in zip(heads, vals)]
         lines.append(", ".join(vals))
     return "\n".join(lines) + "\n"
 
@@ -308,46 +259,34 @@ def render_list(gpus: list[Gpu]) -> str:
 
 def render_version(m: Machine) -> str:
     drv = m.cfg["DRIVER_VERSION"]
-    nvml = ".".join(drv.split(".")[:2])
     return (
         f"NVIDIA-SMI version  : {drv}\n"
-        f"NVML version        : {nvml}\n"
+        f"NVML version        : {nvml_version(drv)}\n"
         f"DRIVER version      : {drv}\n"
         f"CUDA Version        : {m.cfg['CUDA_VERSION']}\n"
     )
+
+
+def nvml_version(driver: str) -> str:
+    return ".".join(driver.split(".")[:2])
 
 
 def render_topo_m(m: Machine) -> str:
     names = [f"GPU{g.index}" for g in m.gpus]
     lines = ["\t" + "\t".join(names + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])]
     for g in m.gpus:
-        cells = []
-        for h in m.gpus:
-            if h.index == g.index:
-                cells.append(" X ")
-            elif h.socket == g.socket:
-                cells.append("NODE")
-            else:
-                cells.append("SYS")
+        cells = [" X " if h is g else "NODE" if h.socket == g.socket else "SYS" for h in m.gpus]
         cells += [m.cpu_affinity(g.socket), str(g.socket), "", "N/A"]
         lines.append(f"GPU{g.index}\t" + "\t".join(cells))
     return "\n".join(lines) + "\n\n" + TOPO_LEGEND
 
 
-def p2p_code(m: Machine, cap: str, a: Gpu, b: Gpu) -> str:
-    if a.index == b.index:
-        return "X"
-    if cap in ("n", "a"):  # PCIe cards: no NVLink, no P2P atomics over PCIe
-        return "NS"
-    if m.scenario == "p2p-unsupported":
-        return "NS"
-    return "OK"
-
-
 def render_p2p(m: Machine, cap: str) -> str:
+    # PCIe cards: no NVLink (n), no P2P atomics over PCIe (a)
+    other = "NS" if cap in ("n", "a") or m.scenario == "p2p-unsupported" else "OK"
     lines = [" \t" + "".join(f"GPU{g.index}\t" for g in m.gpus)]
     for a in m.gpus:
-        lines.append(f" GPU{a.index}\t" + "".join(p2p_code(m, cap, a, b) + "\t" for b in m.gpus))
+        lines.append(f" GPU{a.index}\t" + "".join(("X" if b is a else other) + "\t" for b in m.gpus))
     return "\n".join(lines) + "\n\n" + P2P_LEGEND
 
 
@@ -361,111 +300,95 @@ def _select(m: Machine, ids: str | None) -> list[Gpu]:
         return m.gpus
     chosen = []
     for token in ids.split(","):
-        token = token.strip()
-        match = [
-            g for g in m.gpus
-            if token == str(g.index) or token.upper() == g.uuid.upper()
-            or token.upper() in (g.bus_id, g.bus_id[4:])
-        ]
+        token = token.strip().upper()
+        match = [g for g in m.gpus if token in (str(g.index), g.uuid.upper(), g.bus_id, g.bus_id[4:])]
         if not match:
             raise Exit(6, "No devices were found\n")
         chosen += [g for g in match if g not in chosen]
     return chosen
 
 
-def _value(args: list[str], i: int, opt: str) -> tuple[str, int]:
-    """Value of an option given as --opt=V or --opt V; returns (value, next index)."""
-    a = args[i]
-    if "=" in a:
-        return a.split("=", 1)[1], i + 1
-    if i + 1 >= len(args):
-        raise Exit(2, f"ERROR: Option {opt} requires an argument. Please run 'nvidia-smi -h'.\n")
-    return args[i + 1], i + 2
+# option -> (request key, value: None when the option takes an argument)
+OPTIONS = {
+    "--query-gpu": ("fields", None), "--format": ("format", None),
+    "-i": ("ids", None), "--id": ("ids", None),
+    "-L": ("mode", "list"), "--list-gpus": ("mode", "list"), "--version": ("mode", "version"),
+}
+TOPO_OPTIONS = {
+    "-m": ("mode", "topo-m"), "--matrix": ("mode", "topo-m"),
+    "-p2p": ("cap", None), "--p2pstatus": ("cap", None),
+    "-i": ("ids", None), "--id": ("ids", None),
+}
 
 
 def parse(args: list[str]) -> dict:
+    topo = bool(args) and args[0] == "topo"
+    options, helpcmd = (TOPO_OPTIONS, "nvidia-smi topo -h") if topo else (OPTIONS, "nvidia-smi -h")
     req: dict = {"mode": "table", "ids": None, "fields": None, "format": None, "cap": None}
-    if args and args[0] == "topo":
-        rest = args[1:]
-        i = 0
-        while i < len(rest):
-            a = rest[i]
-            if a in ("-m", "--matrix"):
-                req["mode"] = "topo-m"
-                i += 1
-            elif a.startswith(("-p2p", "--p2pstatus")):
-                base = "-p2p" if a.startswith("-p2p") else "--p2pstatus"
-                tail = a[len(base):].lstrip("=")
-                if tail:
-                    cap, i = tail, i + 1
-                elif i + 1 < len(rest):
-                    cap, i = rest[i + 1], i + 2
-                else:
-                    raise Exit(2, "ERROR: Option -p2p requires an argument. Please run 'nvidia-smi -h'.\n")
-                if cap not in ("r", "w", "n", "a", "p"):
-                    raise Exit(2, f"ERROR: Invalid P2P capability \"{cap}\". Please run 'nvidia-smi topo -h'.\n")
-                req["mode"], req["cap"] = "p2p", cap
-            elif a.startswith(("-i", "--id")):
-                req["ids"], i = _value(rest, i, a)
-            else:
-                raise Exit(2, f"ERROR: Option {a} is not recognized. Please run 'nvidia-smi topo -h'.\n")
-        if req["mode"] == "table":
-            raise Exit(2, "ERROR: Option topo requires a sub-option. Please run 'nvidia-smi topo -h'.\n")
-        return req
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("--query-gpu"):
-            v, i = _value(args, i, "--query-gpu")
-            req["mode"] = "query"
-            req["fields"] = [f.strip() for f in v.split(",") if f.strip()]
-        elif a.startswith("--format"):
-            v, i = _value(args, i, "--format")
-            req["format"] = [f.strip() for f in v.split(",")]
-        elif a in ("-i", "--id") or a.startswith(("--id=", "-i=")):
-            req["ids"], i = _value(args, i, a)
-        elif a.startswith("-i") and len(a) > 2:
-            req["ids"], i = a[2:], i + 1
-        elif a in ("-L", "--list-gpus"):
-            req["mode"], i = "list", i + 1
-        elif a in ("--version",):
-            req["mode"], i = "version", i + 1
-        else:
-            raise Exit(2, f"ERROR: Option {a} is not recognized. Please run 'nvidia-smi -h'.\n")
-    if req["mode"] == "query" and not req["format"]:
-        raise Exit(2, "ERROR: Option --format must be specified with --query-gpu. "
-                      "Please run 'nvidia-smi -h'.\n")
+    rest = args[1:] if topo else list(args)
+    while rest:
+        arg = rest.pop(0)
+        opt, eq, value = arg.partition("=")
+        glued = [o for o in ("-p2p", "-i") if o in options and opt.startswith(o) and opt != o]
+        if glued and opt not in options:  # -p2pr, -i3
+            opt, eq, value = glued[0], "=", opt[len(glued[0]):]
+        if opt not in options:
+            raise Exit(2, f"ERROR: Option {arg} is not recognized. Please run '{helpcmd}'.\n")
+        key, fixed = options[opt]
+        if fixed is None and not eq:
+            if not rest:
+                raise Exit(2, f"ERROR: Option {opt} requires an argument. "
+                              "Please run 'nvidia-smi -h'.\n")
+            value = rest.pop(0)
+        req[key] = fixed or value
+    if req["cap"] is not None:
+        if req["cap"] not in ("r", "w", "n", "a", "p"):
+            raise Exit(2, f"ERROR: Invalid P2P capability \"{req['cap']}\". "
+                          "Please run 'nvidia-smi topo -h'.\n")
+        req["mode"] = "p2p"
+    if topo and req["mode"] == "table":
+        raise Exit(2, "ERROR: Option topo requires a sub-option. "
+                      "Please run 'nvidia-smi topo -h'.\n")
+    if req["fields"] is not None:
+        req["mode"] = "query"
+        req["fields"] = [f.strip() for f in req["fields"].split(",") if f.strip()]
+        if not req["format"]:
+            raise Exit(2, "ERROR: Option --format must be specified with --query-gpu. "
+                          "Please run 'nvidia-smi -h'.\n")
+        req["format"] = [f.strip() for f in req["format"].split(",")]
     return req
 
 
-def _replay_key(req: dict) -> str | None:
-    if req["mode"] in ("table", "query", "topo-m"):
-        return req["mode"]
-    if req["mode"] == "p2p" and req["cap"] in ("r", "w"):
-        return f"p2p-{req['cap']}"
-    return None
+def _open_denied(path: str) -> bool:
+    """The open is refused (EPERM/EACCES: the container's device cgroup). The stand-in nodes
+    have no driver behind them: a permitted open answers ENXIO."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+    except PermissionError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def run(args: list[str]) -> tuple[int, str]:
     cfg = load_env()
     try:
         req = parse(args)
-        replay = cfg.get("REPLAY_DIR", "")
-        key = _replay_key(req)
-        if replay and key:
-            path = os.path.join(replay, REPLAY_FILES[key])
+        key = f"p2p-{req['cap']}" if req["mode"] == "p2p" else req["mode"]
+        if cfg["REPLAY_DIR"] and key in REPLAY_FILES:
+            path = os.path.join(cfg["REPLAY_DIR"], REPLAY_FILES[key])
             if os.path.isfile(path):
                 with open(path, encoding="utf-8", newline="") as fh:
                     return 0, fh.read()
         m = Machine(cfg)
         if m.scenario == "driver-mismatch":
-            nvml = ".".join(cfg["DRIVER_VERSION"].split(".")[:2])
             return 18, ("Failed to initialize NVML: Driver/library version mismatch\n"
-                        f"NVML library version: {nvml}\n")
-        dev = os.environ.get("TESTBED_DEV_ROOT") or "/dev"
-        if not os.path.exists(os.path.join(dev, "nvidiactl")):
+                        f"NVML library version: {nvml_version(cfg['DRIVER_VERSION'])}\n")
+        ctl = os.path.join(os.environ.get("TESTBED_DEV_ROOT") or "/dev", "nvidiactl")
+        if not os.path.exists(ctl):
             return 9, NO_DRIVER
-        if _open_denied(os.path.join(dev, "nvidiactl")):
+        if _open_denied(ctl):
             # the device cgroup refuses the node: what the real nvidia-smi prints then
             return 255, "Failed to initialize NVML: Unknown Error\n"
         if req["mode"] == "version":
@@ -479,23 +402,9 @@ def run(args: list[str]) -> tuple[int, str]:
             return 0, render_topo_m(m)
         if req["mode"] == "p2p":
             return 0, render_p2p(m, req["cap"])
-        sub = Machine(cfg)
-        sub.gpus = gpus
-        return 0, render_table(sub)
+        return 0, render_table(m, gpus)
     except Exit as e:
         return e.code, e.text
-
-
-def _open_denied(path: str) -> bool:
-    """The open is refused (EPERM/EACCES: the container's device cgroup). The stand-in nodes
-    have no driver behind them: a permitted open answers ENXIO."""
-    try:
-        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return False
 
 
 def main() -> int:
