@@ -24,10 +24,6 @@ def link_exists(name: str) -> bool:
     return _ip("link", "show", "dev", name, check=False).returncode == 0
 
 
-def netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
-
-
 def ensure_bridge(bridge: str, gateway_cidr: str) -> None:
     if not link_exists(bridge):
         _ip("link", "add", bridge, "type", "bridge")
@@ -38,8 +34,7 @@ def ensure_bridge(bridge: str, gateway_cidr: str) -> None:
 
 
 def delete_bridge(bridge: str) -> None:
-    if link_exists(bridge):
-        _ip("link", "del", bridge, check=False)
+    _ip("link", "del", bridge, check=False)
 
 
 def veth_name(host: str) -> str:
@@ -60,7 +55,7 @@ def ensure_host_net(host: str, bridge: str, address_cidr: str, gateway: str) -> 
     """netns HOST with eth0 = ADDRESS, its peer v<HOST> on BRIDGE. Idempotent."""
     address = address_cidr.split("/")[0]
     veth = veth_name(host)
-    if not netns_exists(host):
+    if not Path("/run/netns", host).exists():
         _ip("netns", "add", host)
     if not link_exists(veth):
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host)
@@ -79,11 +74,6 @@ def ensure_host_net(host: str, bridge: str, address_cidr: str, gateway: str) -> 
 
 
 def delete_host_net(host: str) -> None:
-    try:
-        veth = veth_name(host)
-    except ValueError:
-        veth = None
-    if veth and link_exists(veth):
-        _ip("link", "del", veth, check=False)
-    if netns_exists(host):
-        _ip("netns", "del", host, check=False)
+    """Drop v<HOST> and the netns HOST (either may be gone already)."""
+    _ip("link", "del", veth_name(host), check=False)
+    _ip("netns", "del", host, check=False)

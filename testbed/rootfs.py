@@ -117,13 +117,9 @@ def mirror() -> str:
     src = Path("/etc/apt/sources.list.d/debian.sources")
     if src.exists():
         for stanza in src.read_text().split("\n\n"):
-            fields = {}
-            for line in stanza.splitlines():
-                if ":" in line and not line.lstrip().startswith("#"):
-                    k, v = line.split(":", 1)
-                    fields[k.strip()] = v.strip()
-            suites = fields.get("Suites", "").split()
-            if SUITE in suites and fields.get("URIs"):
+            fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                          if ":" in line and not line.lstrip().startswith("#"))
+            if SUITE in fields.get("Suites", "").split() and fields.get("URIs", "").strip():
                 return fields["URIs"].split()[0]
     lst = Path("/etc/apt/sources.list")
     if lst.exists():
@@ -152,15 +148,14 @@ def recipe_hash() -> str:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TESTBED_CACHE")
-    return Path(env).expanduser() if env else Path("~/.cache/sglang-deploy/rootfs").expanduser()
+    return Path(os.environ.get("TESTBED_CACHE") or "~/.cache/sglang-deploy/rootfs").expanduser()
 
 
 def base_path() -> Path:
     return cache_dir() / recipe_hash()
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(f"[testbed] {msg}", file=sys.stderr, flush=True)
 
 
@@ -177,19 +172,14 @@ def _customise(root: Path) -> None:
         link.symlink_to("/etc/systemd/system/testbed-gpu-nodes.service")
     for unit in MASKED_UNITS:
         p = root / "etc/systemd/system" / unit
-        if p.exists() or p.is_symlink():
-            p.unlink()
+        p.unlink(missing_ok=True)
         p.symlink_to("/dev/null")
     # Per-host identity lives in each host's overlay: no host keys, no machine-id, no hostname.
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
     (root / "etc/machine-id").write_text("")
-    dbus_id = root / "var/lib/dbus/machine-id"
-    if dbus_id.is_symlink() or dbus_id.exists():
-        dbus_id.unlink()
-    hostname = root / "etc/hostname"
-    if hostname.exists():
-        hostname.unlink()
+    (root / "var/lib/dbus/machine-id").unlink(missing_ok=True)
+    (root / "etc/hostname").unlink(missing_ok=True)
     (root / "etc/testbed").mkdir(exist_ok=True)
     (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
     # Smaller base: the package lists and the .deb cache are not needed (no network inside).
@@ -217,19 +207,19 @@ def ensure_base(force: bool = False) -> Path:
         tmp = cache / f".{final.name}.tmp-{os.getpid()}"
         t0 = time.monotonic()
         src = mirror()
-        _log(f"building base rootfs {final.name} ({SUITE}, minbase) from {src} ...")
+        log(f"building base rootfs {final.name} ({SUITE}, minbase) from {src} ...")
         cmd = [
             "debootstrap", "--variant=minbase", f"--arch={ARCH}",
             "--include=" + ",".join(PACKAGES), SUITE, str(tmp), src,
         ]
-        log = cache / f"{final.name}.build.log"
-        with open(log, "w") as out:
+        build_log = cache / f"{final.name}.build.log"
+        with open(build_log, "w") as out:
             r = subprocess.run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT)
         if r.returncode != 0:
-            tail = log.read_text(errors="replace").splitlines()[-20:]
+            tail = build_log.read_text(errors="replace").splitlines()[-20:]
             shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(
-                f"debootstrap failed (exit {r.returncode}); log: {log}\n" + "\n".join(tail)
+                f"debootstrap failed (exit {r.returncode}); log: {build_log}\n" + "\n".join(tail)
             )
         _customise(tmp)
         if force and final.exists():
@@ -237,9 +227,5 @@ def ensure_base(force: bool = False) -> Path:
             final.rename(old)
             shutil.rmtree(old, ignore_errors=True)
         os.rename(tmp, final)
-        _log(f"base rootfs ready in {time.monotonic() - t0:.1f}s: {final}")
+        log(f"base rootfs ready in {time.monotonic() - t0:.1f}s: {final}")
         return final
-
-
-if __name__ == "__main__":
-    print(ensure_base(force="--force" in sys.argv))
