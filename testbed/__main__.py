@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             env = fleet.sim_env(args.host, pairs)
             print(f"{args.host}: " + " ".join(f"{k}={v}" for k, v in env.items()))
         elif args.cmd == "ssh":
-            state = fleet.load_state()
-            if state is None:
-                raise fleet.TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+            state = fleet.current_state()
             h = fleet.find_host(state, args.host)
             argv_ = fleet.ssh_argv(state, h, *args.command)
             if not args.command:

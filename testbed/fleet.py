@@ -25,9 +25,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from testbed import net, rootfs
+from testbed import TestbedError, log, net, procs, rootfs
 from testbed.gpu import build as gpu_build
-from testbed.rootfs import log
 from testbed.sim.model import make_model_dir
 from testbed.sim.sim_config import read_env_file
 
@@ -43,10 +42,6 @@ BOOT_TIMEOUT = float(os.environ.get("TESTBED_BOOT_TIMEOUT", "120"))
 STOP_TIMEOUT = 30.0
 
 GPU_SCENARIOS = (*gpu_build.SCENARIOS, "cgroup-denied")
-# cgroup-denied: the host's processes are moved into a child of the (v1) devices cgroup that
-# denies read/write on the NVIDIA majors, as an LXC config without the
-# `lxc.cgroup*.devices.allow` lines does: opening the nodes really fails with EPERM.
-DEVICES_CGROUP = Path(os.environ.get("TESTBED_DEVICES_CGROUP", "/sys/fs/cgroup/devices"))
 SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", "capture-oom",
                  "rank-fail", "nccl-watchdog", "warmup-502", "scheduler-exception")
 
@@ -57,11 +52,6 @@ SIM_ENV_DEFAULT = "SCENARIO=healthy\nTIME_SCALE=0.02\nTOKENS_PER_S=400\nMAX_TOKE
 # Keys `python -m testbed sim-env` may set (read by testbed/sim/launch_server.py).
 SIM_ENV_KEYS = ("TIME_SCALE", "TOKENS_PER_S", "MAX_TOKENS_PER_S", "WARMUP_GATE", "HANG_AT_SHARD",
                 "GPU_MEMORY_MIB", "SLOW_WHEN", "SLOW_FACTOR", "LOG_SEED")
-NO_TESTBED = "no testbed is up: run `python -m testbed up --hosts 1`"
-
-
-class TestbedError(RuntimeError):
-    pass
 
 
 def _wait(done, timeout: float, interval: float) -> bool:
@@ -104,7 +94,7 @@ def current_state() -> dict:
     """The state of the testbed that is up (TestbedError when none is)."""
     state = load_state()
     if state is None:
-        raise TestbedError(NO_TESTBED)
+        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
     return state
 
 
@@ -162,105 +152,14 @@ def find_host(state: dict, name: str) -> dict:
 
 # --------------------------------------------------------------------------- processes
 
-def _pid_running(pid: int) -> bool:
-    """PID exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def host_alive(h: dict) -> bool:
     """The host's recorded PID is a running systemd-nspawn of its machine."""
     try:
         cmdline = Path(f"/proc/{h.get('pid')}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return (bool(h.get("pid")) and _pid_running(h["pid"]) and cmdline[0].endswith(b"systemd-nspawn")
-            and f"--machine={h['name']}".encode() in cmdline)
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out += [int(x) for x in (task / "children").read_text().split()]
-    return out
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += _children(p)
-    return out
-
-
-def _device_cgroup(h: dict) -> Path:
-    return DEVICES_CGROUP / f"testbed-{h['name']}"
-
-
-def _move_procs(h: dict, pids, src: Path, dest: Path, timeout: float) -> None:
-    """Write each of PIDS() into DEST's cgroup.procs until PIDS() is empty: processes forked
-    while we move inherit their parent's (old) cgroup, so one pass may not catch them all."""
-    deadline = time.monotonic() + timeout
-    while left := pids():
-        if time.monotonic() > deadline:
-            raise TestbedError(f"{h['name']}: could not move every process from {src} to "
-                               f"{dest}; left: {left[:10]}")
-        for pid in left:
-            with contextlib.suppress(OSError):  # it may have exited meanwhile
-                (dest / "cgroup.procs").write_text(f"{pid}\n")
-
-
-def deny_devices(h: dict, timeout: float = 10.0) -> None:
-    """Move every process of the host into a devices cgroup that denies the NVIDIA majors."""
-    if not (DEVICES_CGROUP / "devices.deny").exists():
-        raise TestbedError(
-            f"the cgroup-denied scenario needs the cgroup v1 devices controller at "
-            f"{DEVICES_CGROUP} (this machine has none); on a cgroup v2 host with systemd the "
-            "equivalent is `systemctl set-property --runtime <the container's scope> "
-            "DevicePolicy=closed`")
-    cg = _device_cgroup(h)
-    cg.mkdir(exist_ok=True)
-    for major in (195, rootfs.UVM_MAJOR):
-        (cg / "devices.deny").write_text(f"c {major}:* rw\n")
-
-    def outside():
-        inside = set((cg / "cgroup.procs").read_text().split())
-        return [p for p in _descendants(h["pid"]) if str(p) not in inside]
-
-    _move_procs(h, outside, DEVICES_CGROUP, cg, timeout)
-
-
-def allow_devices(h: dict, timeout: float = 10.0) -> None:
-    """Undo deny_devices: processes back to the parent cgroup, the child removed."""
-    cg = _device_cgroup(h)
-    if cg.exists():
-        _move_procs(h, lambda: (cg / "cgroup.procs").read_text().split(), cg, DEVICES_CGROUP,
-                    timeout)
-        cg.rmdir()  # empty now, and nothing is left inside to fork into it
-
-
-def _orphan_inits(h: dict) -> list[int]:
-    """Container inits left running on this host's overlay (e.g. after nspawn got SIGKILL)."""
-    found = []
-    needle = f"upperdir={h['upper']},"
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            nspid = next((ln.split()[1:] for ln in (proc / "status").read_text().splitlines()
-                          if ln.startswith("NSpid:")), [])
-            if len(nspid) < 2 or nspid[-1] != "1":
-                continue  # not the init of a nested pid namespace
-            for line in (proc / "mountinfo").read_text().splitlines():
-                fields = line.split()
-                if fields[4] == "/" and needle in line:
-                    found.append(int(proc.name))
-                    break
-        except (OSError, IndexError):
-            continue
-    return found
+    return (bool(h.get("pid")) and procs.pid_running(h["pid"])
+            and cmdline[0].endswith(b"systemd-nspawn") and f"--machine={h['name']}".encode() in cmdline)
 
 
 # --------------------------------------------------------------------------- ssh
@@ -297,14 +196,18 @@ def _known_hosts_replace(state: dict, address: str, pubkey_line: str | None) -> 
 
 # --------------------------------------------------------------------------- controller-side assets
 
+def _keygen(path: Path, comment: str) -> None:
+    """A new ed25519 key pair PATH, PATH.pub (replacing any)."""
+    for f in (path, path.with_suffix(".pub")):
+        f.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                   check=True)
+
+
 def ensure_key(state: dict) -> None:
-    key = Path(state["key"])
-    if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "testbed-controller", "-f", str(key)],
-            check=True,
-        )
+    if not Path(state["key"]).exists():
+        _keygen(Path(state["key"]), "testbed-controller")
     Path(state["known_hosts"]).touch()
 
 
@@ -315,7 +218,8 @@ def uv_version() -> str:
     uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
     if not uv:
         raise TestbedError("uv not found on the controller: install it or set TESTBED_UV_VERSION")
-    return subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout
+    return out.split()[1]
 
 
 def ensure_wheelhouse(state: dict, router: bool) -> None:
@@ -379,10 +283,7 @@ def _populate(state: dict, h: dict, libcuda: Path) -> str:
     (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(root / "root/.ssh/authorized_keys", Path(state["key"] + ".pub").read_text(), 0o600)
     hk = root / "etc/ssh/ssh_host_ed25519_key"
-    for f in (hk, hk.with_suffix(".pub")):
-        f.unlink(missing_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(hk)],
-                   check=True)
+    _keygen(hk, f"root@{name}")
     _write(root / "etc/ssh/sshd_config.d/20-testbed-hostkey.conf",
            "HostKey /etc/ssh/ssh_host_ed25519_key\n")
     # GPU stand-ins (design.md, "Inside a testbed host").
@@ -405,7 +306,8 @@ def _populate(state: dict, h: dict, libcuda: Path) -> str:
 
 
 def create_host(state: dict, h: dict, libcuda: Path) -> None:
-    """Fresh overlay + files + netns; start nspawn (not waiting for the boot)."""
+    """Fresh overlay + files + netns (what was there torn down); start nspawn (not waiting
+    for the boot)."""
     if Path(h["dir"]).exists():
         teardown_host(state, h)
     for k in ("upper", "work", "merged"):
@@ -417,10 +319,6 @@ def create_host(state: dict, h: dict, libcuda: Path) -> None:
     )
     _known_hosts_replace(state, h["address"], _populate(state, h, libcuda))
     net.ensure_host_net(h["netns"], state["bridge"], f"{h['address']}/24", state["gateway"])
-    start_host(state, h)
-
-
-def start_host(state: dict, h: dict) -> None:
     cmd = [
         "systemd-nspawn", "-D", h["merged"], "-b",
         f"--machine={h['name']}", f"--hostname={h['name']}",
@@ -460,8 +358,9 @@ def wait_host(state: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> float:
         except subprocess.TimeoutExpired:
             last = "ssh timed out"
             return False
-        last = f"ssh rc={r.returncode} is-system-running={r.stdout.strip()!r} {r.stderr.strip()[-200:]}"
-        return r.stdout.strip() in ("running", "degraded")
+        out = r.stdout.strip()
+        last = f"ssh rc={r.returncode} is-system-running={out!r} {r.stderr.strip()[-200:]}"
+        return out in ("running", "degraded")
 
     if not _wait(up, timeout, 0.3):
         raise TestbedError(f"{h['name']} ({h['address']}) not up after {timeout:.0f}s; last: {last}\n"
@@ -476,11 +375,6 @@ def _tail(path: str, n: int = 25) -> str:
         return "(no console log)"
 
 
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
 def stop_hosts(hosts: list[dict], timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM each nspawn (-> orderly poweroff of the container), wait, then SIGKILL."""
     live = [h for h in hosts if host_alive(h)]
@@ -491,9 +385,9 @@ def stop_hosts(hosts: list[dict], timeout: float = STOP_TIMEOUT) -> None:
         live = [h for h in live if host_alive(h)]
         for h in live:
             log(f"{h['name']}: no orderly shutdown within {timeout:.0f}s, killing")
-            for child in _children(h["pid"]):  # the container's init: takes its pid namespace down
-                _kill(child)
-            _kill(h["pid"])
+            for child in procs.children(h["pid"]):  # the container's init: ends its pid namespace
+                procs.kill(child)
+            procs.kill(h["pid"])
         _wait(lambda: not any(host_alive(h) for h in live), 10, 0.1)
     for h in hosts:
         h["pid"] = None
@@ -513,14 +407,14 @@ def _umount(path: str) -> None:
 def teardown_host(state: dict, h: dict) -> None:
     """Stop, unmount, drop the netns/veth and the host dir (idempotent)."""
     stop_hosts([h])
-    for pid in _orphan_inits(h):
+    for pid in procs.orphan_inits(h["upper"]):
         log(f"{h['name']}: killing orphaned container init (pid {pid})")
-        _kill(pid)
-        _wait(lambda pid=pid: not _pid_running(pid), 10, 0.05)
+        procs.kill(pid)
+        _wait(lambda pid=pid: not procs.pid_running(pid), 10, 0.05)
     _umount(h["merged"])
     net.delete_host_net(h["netns"])
     with contextlib.suppress(OSError, TestbedError):
-        allow_devices(h, timeout=2.0)  # the cgroup-denied scenario's cgroup, now empty
+        procs.allow_devices(h["name"], timeout=2.0)  # the cgroup-denied scenario's cgroup
     d = Path(h["dir"])
     if d.exists():
         if os.path.ismount(h["merged"]):
@@ -678,8 +572,6 @@ def wipe(name: str) -> dict:
     with locked():
         state = current_state()
         h = find_host(state, name)
-        teardown_host(state, h)
-        save_state(state)
         create_host(state, h, gpu_build.build_libcuda(Path(state["state_dir"]) / "gpu-build"))
         save_state(state)
         wait_host(state, h)
@@ -706,13 +598,10 @@ def scenario(name: str, scen: str, when: str = "") -> None:
     """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env). WHEN
     (server scenarios) limits it to servers launched with those arguments, e.g.
     "--mem-fraction-static 0.8": a configuration that fails while others still work."""
-    if scen not in GPU_SCENARIOS and scen not in SIM_SCENARIOS:
-        raise TestbedError(f"unknown scenario {scen!r}; GPU: {', '.join(GPU_SCENARIOS)}; "
-                           f"server: {', '.join(SIM_SCENARIOS)}")
     state, h = running_host(name)
     etc = Path(h["merged"]) / "etc/testbed"
     if scen in GPU_SCENARIOS and scen != "cgroup-denied":
-        allow_devices(h)
+        procs.allow_devices(h["name"])
     if scen in GPU_SCENARIOS:
         _set_env_key(etc / "gpu.env", "SCENARIO", scen)
     if scen in SIM_SCENARIOS:
@@ -724,7 +613,7 @@ def scenario(name: str, scen: str, when: str = "") -> None:
         raise TestbedError(f"{h['name']}: syncing device nodes failed (rc={r.returncode}): "
                            f"{r.stderr.strip()}")
     if scen == "cgroup-denied":
-        deny_devices(h)
+        procs.deny_devices(h["name"], h["pid"])
 
 
 def sim_env(name: str, settings: dict) -> dict:

@@ -27,9 +27,7 @@ def link_exists(name: str) -> bool:
 def ensure_bridge(bridge: str, gateway_cidr: str) -> None:
     if not link_exists(bridge):
         _ip("link", "add", bridge, "type", "bridge")
-    addrs = _ip("-o", "addr", "show", "dev", bridge).stdout
-    if f" {gateway_cidr} " not in addrs:
-        _ip("addr", "add", gateway_cidr, "dev", bridge)
+    _ip("addr", "replace", gateway_cidr, "dev", bridge)
     _ip("link", "set", bridge, "up")
 
 
@@ -61,16 +59,12 @@ def ensure_host_net(host: str, bridge: str, address_cidr: str, gateway: str) -> 
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host)
     _ip("link", "set", veth, "master", bridge)
     _ip("link", "set", veth, "up")
-    addrs = _ip("-n", host, "-o", "addr", "show", "dev", "eth0").stdout
-    if f" {address_cidr} " not in addrs:
-        _ip("-n", host, "addr", "add", address_cidr, "dev", "eth0")
+    _ip("-n", host, "addr", "replace", address_cidr, "dev", "eth0")
     _ip("-n", host, "link", "set", "eth0", "address", host_mac(address))
     _ip("neigh", "flush", "to", address, "dev", bridge, check=False)
     _ip("-n", host, "link", "set", "lo", "up")
     _ip("-n", host, "link", "set", "eth0", "up")
-    routes = _ip("-n", host, "route", "show", "default").stdout
-    if gateway not in routes:
-        _ip("-n", host, "route", "replace", "default", "via", gateway)
+    _ip("-n", host, "route", "replace", "default", "via", gateway)
 
 
 def delete_host_net(host: str) -> None:
