@@ -8,10 +8,10 @@ import os
 import sys
 import time
 
+from testbed import fleet, rootfs
+
 
 def main(argv: list[str] | None = None) -> int:
-    from testbed import fleet
-
     p = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("up", help="boot N hosts (idempotent; adds missing ones)")
@@ -93,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
                 argv_.insert(1, "-t")
             os.execvp(argv_[0], argv_)
         elif args.cmd == "build-rootfs":
-            from testbed import rootfs
-
             print(rootfs.ensure_base(force=args.force))
             print(f"build-rootfs: {time.monotonic() - t0:.1f}s")
     except fleet.TestbedError as e:

@@ -150,16 +150,14 @@ def find_host(state: dict, name: str) -> dict:
     raise TestbedError(f"no testbed host {name!r} (hosts: {', '.join(h['name'] for h in state['hosts'])})")
 
 
-# --------------------------------------------------------------------------- processes
-
 def host_alive(h: dict) -> bool:
     """The host's recorded PID is a running systemd-nspawn of its machine."""
     try:
         cmdline = Path(f"/proc/{h.get('pid')}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return (bool(h.get("pid")) and procs.pid_running(h["pid"])
-            and cmdline[0].endswith(b"systemd-nspawn") and f"--machine={h['name']}".encode() in cmdline)
+    return (procs.pid_running(h["pid"]) and cmdline[0].endswith(b"systemd-nspawn")
+            and f"--machine={h['name']}".encode() in cmdline)
 
 
 # --------------------------------------------------------------------------- ssh
@@ -200,7 +198,6 @@ def _keygen(path: Path, comment: str) -> None:
     """A new ed25519 key pair PATH, PATH.pub (replacing any)."""
     for f in (path, path.with_suffix(".pub")):
         f.unlink(missing_ok=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True)
 
@@ -208,7 +205,6 @@ def _keygen(path: Path, comment: str) -> None:
 def ensure_key(state: dict) -> None:
     if not Path(state["key"]).exists():
         _keygen(Path(state["key"]), "testbed-controller")
-    Path(state["known_hosts"]).touch()
 
 
 def uv_version() -> str:
@@ -242,16 +238,14 @@ def ensure_wheelhouse(state: dict, router: bool) -> None:
 
 
 def ensure_router_key(state: dict) -> None:
-    """The testbed router's API key (root-only, $TESTBED_DIR/router-key), read by
-    inventory/testbed.py."""
+    """The testbed router's API key, $TESTBED_DIR/router-key (0600), for inventory/testbed.py."""
     path = Path(state["state_dir"]) / "router-key"
     if not path.exists():
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
             fh.write(secrets.token_urlsafe(24) + "\n")
 
 
-#: /usr/bin/nvidia-smi: a launcher importing the Python stand-in as a module (byte-compiled
-#: once, not on every call)
+#: /usr/bin/nvidia-smi: imports the Python stand-in as a module (byte-compiled once, not per call)
 SMI_LAUNCHER = """#!/usr/bin/python3 -I
 # testbed stand-in for nvidia-smi: /usr/lib/testbed-gpu/nvidia_smi.py
 import sys
@@ -274,8 +268,7 @@ def write_etc_hosts(state: dict, h: dict) -> None:
 def _populate(state: dict, h: dict, libcuda: Path) -> str:
     """Write the per-host files into the (mounted) merged dir; returns the SSH host pubkey line."""
     root = Path(h["merged"])
-    name = h["name"]
-    _write(root / "etc/hostname", name + "\n")
+    _write(root / "etc/hostname", h["name"] + "\n")
     write_etc_hosts(state, h)
     _write(root / "etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
     # SSH: the controller's key, and this host's own host key (made here, so it is known
@@ -283,7 +276,7 @@ def _populate(state: dict, h: dict, libcuda: Path) -> str:
     (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(root / "root/.ssh/authorized_keys", Path(state["key"] + ".pub").read_text(), 0o600)
     hk = root / "etc/ssh/ssh_host_ed25519_key"
-    _keygen(hk, f"root@{name}")
+    _keygen(hk, f"root@{h['name']}")
     _write(root / "etc/ssh/sshd_config.d/20-testbed-hostkey.conf",
            "HostKey /etc/ssh/ssh_host_ed25519_key\n")
     # GPU stand-ins (design.md, "Inside a testbed host").
@@ -306,10 +299,9 @@ def _populate(state: dict, h: dict, libcuda: Path) -> str:
 
 
 def create_host(state: dict, h: dict, libcuda: Path) -> None:
-    """Fresh overlay + files + netns (what was there torn down); start nspawn (not waiting
-    for the boot)."""
+    """Fresh overlay + files + netns (any old ones torn down); start nspawn (no boot wait)."""
     if Path(h["dir"]).exists():
-        teardown_host(state, h)
+        teardown_host(h)
     for k in ("upper", "work", "merged"):
         Path(h[k]).mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -347,9 +339,7 @@ def wait_host(state: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> float:
     """Until sshd answers with the key (strict host key check) and systemd is up."""
     t0 = time.monotonic()
     last = "not tried yet"
-
-    def up() -> bool:
-        nonlocal last
+    while time.monotonic() < t0 + timeout:
         if not host_alive(h):
             raise TestbedError(f"{h['name']}: systemd-nspawn (pid {h['pid']}) exited during boot; "
                                f"console tail:\n{_tail(h['console'])}")
@@ -357,15 +347,14 @@ def wait_host(state: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> float:
             r = ssh(state, h, "systemctl is-system-running", timeout=10)
         except subprocess.TimeoutExpired:
             last = "ssh timed out"
-            return False
+            continue
         out = r.stdout.strip()
+        if out in ("running", "degraded"):
+            return time.monotonic() - t0
         last = f"ssh rc={r.returncode} is-system-running={out!r} {r.stderr.strip()[-200:]}"
-        return out in ("running", "degraded")
-
-    if not _wait(up, timeout, 0.3):
-        raise TestbedError(f"{h['name']} ({h['address']}) not up after {timeout:.0f}s; last: {last}\n"
-                           f"console tail:\n{_tail(h['console'])}")
-    return time.monotonic() - t0
+        time.sleep(0.3)
+    raise TestbedError(f"{h['name']} ({h['address']}) not up after {timeout:.0f}s; last: {last}\n"
+                       f"console tail:\n{_tail(h['console'])}")
 
 
 def _tail(path: str, n: int = 25) -> str:
@@ -379,8 +368,7 @@ def stop_hosts(hosts: list[dict], timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM each nspawn (-> orderly poweroff of the container), wait, then SIGKILL."""
     live = [h for h in hosts if host_alive(h)]
     for h in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(h["pid"], signal.SIGTERM)
+        procs.kill(h["pid"], signal.SIGTERM)
     if not _wait(lambda: not any(host_alive(h) for h in live), timeout, 0.1):
         live = [h for h in live if host_alive(h)]
         for h in live:
@@ -404,7 +392,7 @@ def _umount(path: str) -> None:
         subprocess.run(["umount", "-l", path], check=False, capture_output=True)
 
 
-def teardown_host(state: dict, h: dict) -> None:
+def teardown_host(h: dict) -> None:
     """Stop, unmount, drop the netns/veth and the host dir (idempotent)."""
     stop_hosts([h])
     for pid in procs.orphan_inits(h["upper"]):
@@ -497,7 +485,7 @@ def _remove(state: dict, hosts: list[dict], what: str) -> None:
     errors = []
     for h in hosts:
         try:
-            teardown_host(state, h)
+            teardown_host(h)
             _known_hosts_replace(state, h["address"], None)
         except Exception as e:  # noqa: BLE001
             errors.append(f"{h['name']}: {e}")

@@ -27,9 +27,9 @@ def pid_running(pid: int) -> bool:
         return False
 
 
-def kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it has exited already
+        os.kill(pid, sig)
 
 
 def children(pid: int) -> list[int]:
@@ -41,12 +41,8 @@ def children(pid: int) -> list[int]:
 
 
 def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children(p)
-    return out
+    """PID and every process below it."""
+    return [pid, *(d for child in children(pid) for d in _descendants(child))]
 
 
 def orphan_inits(upper: str) -> list[int]:
@@ -66,10 +62,6 @@ def orphan_inits(upper: str) -> list[int]:
         except (OSError, IndexError):
             continue
     return found
-
-
-def _device_cgroup(name: str) -> Path:
-    return DEVICES_CGROUP / f"testbed-{name}"
 
 
 def _move_procs(name: str, pids, src: Path, dest: Path, timeout: float) -> None:
@@ -94,7 +86,7 @@ def deny_devices(name: str, pid: int, timeout: float = 10.0) -> None:
             f"{DEVICES_CGROUP} (this machine has none); on a cgroup v2 host with systemd the "
             "equivalent is `systemctl set-property --runtime <the container's scope> "
             "DevicePolicy=closed`")
-    cg = _device_cgroup(name)
+    cg = DEVICES_CGROUP / f"testbed-{name}"
     cg.mkdir(exist_ok=True)
     for major in (195, rootfs.UVM_MAJOR):
         (cg / "devices.deny").write_text(f"c {major}:* rw\n")
@@ -108,7 +100,7 @@ def deny_devices(name: str, pid: int, timeout: float = 10.0) -> None:
 
 def allow_devices(name: str, timeout: float = 10.0) -> None:
     """Undo deny_devices: processes back to the parent cgroup, the child removed."""
-    cg = _device_cgroup(name)
+    cg = DEVICES_CGROUP / f"testbed-{name}"
     if cg.exists():
         _move_procs(name, lambda: (cg / "cgroup.procs").read_text().split(), cg, DEVICES_CGROUP,
                     timeout)

@@ -60,7 +60,8 @@ def baked_files() -> dict[str, tuple[str, int]]:
     for f in sorted(BASE_FILES.rglob("*")):
         if f.is_file():
             text = f.read_text().replace("@UVM_MAJOR@", str(UVM_MAJOR))
-            files[str(f.relative_to(BASE_FILES))] = (text, 0o755 if os.access(f, os.X_OK) else 0o644)
+            mode = 0o755 if os.access(f, os.X_OK) else 0o644
+            files[str(f.relative_to(BASE_FILES))] = (text, mode)
     return files
 
 
@@ -83,12 +84,8 @@ def mirror() -> str:
 
 def recipe() -> dict:
     return {
-        "version": ROOTFS_VERSION,
-        "suite": SUITE,
-        "arch": ARCH,
-        "variant": "minbase",
-        "packages": list(PACKAGES),
-        "masked": list(MASKED_UNITS),
+        "version": ROOTFS_VERSION, "suite": SUITE, "arch": ARCH, "variant": "minbase",
+        "packages": list(PACKAGES), "masked": list(MASKED_UNITS),
         "files": {p: [hashlib.sha256(c.encode()).hexdigest(), m]
                   for p, (c, m) in baked_files().items()},
     }
@@ -115,9 +112,8 @@ def _customise(root: Path) -> None:
         p.chmod(mode)
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
-    link = wants / "testbed-gpu-nodes.service"
-    if not link.is_symlink():
-        link.symlink_to("/etc/systemd/system/testbed-gpu-nodes.service")
+    unit = "testbed-gpu-nodes.service"
+    (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
     for unit in MASKED_UNITS:
         p = root / "etc/systemd/system" / unit
         p.unlink(missing_ok=True)
@@ -145,8 +141,7 @@ def ensure_base(force: bool = False) -> Path:
         return final
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    lock_path = cache / f".{final.name}.lock"
-    with open(lock_path, "w") as lock:
+    with open(cache / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another builder of the same recipe: wait for it
         if final.is_dir() and not force:
             return final
