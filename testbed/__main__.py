@@ -8,10 +8,10 @@ import os
 import sys
 import time
 
+from testbed import fleet, rootfs
+
 
 def main(argv: list[str] | None = None) -> int:
-    from testbed import fleet
-
     p = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("up", help="boot N hosts (idempotent; adds missing ones)")
@@ -86,17 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             env = fleet.sim_env(args.host, pairs)
             print(f"{args.host}: " + " ".join(f"{k}={v}" for k, v in env.items()))
         elif args.cmd == "ssh":
-            state = fleet.load_state()
-            if state is None:
-                raise fleet.TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+            state = fleet.current_state()
             h = fleet.find_host(state, args.host)
             argv_ = fleet.ssh_argv(state, h, *args.command)
             if not args.command:
                 argv_.insert(1, "-t")
             os.execvp(argv_[0], argv_)
         elif args.cmd == "build-rootfs":
-            from testbed import rootfs
-
             print(rootfs.ensure_base(force=args.force))
             print(f"build-rootfs: {time.monotonic() - t0:.1f}s")
     except fleet.TestbedError as e:

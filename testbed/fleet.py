@@ -23,10 +23,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import net, rootfs
+from testbed import TestbedError, log, net, procs, rootfs
+from testbed.gpu import build as gpu_build
+from testbed.sim.model import make_model_dir
+from testbed.sim.sim_config import read_env_file
 
 REPO = Path(__file__).resolve().parent.parent
 SGLANG_VERSION = "0.5.12.post1"
@@ -39,29 +41,10 @@ MODEL_NAME = "GLM-5-NVFP4"
 BOOT_TIMEOUT = float(os.environ.get("TESTBED_BOOT_TIMEOUT", "120"))
 STOP_TIMEOUT = 30.0
 
-GPU_SCENARIOS = (
-    "healthy", "uvm-missing", "driver-mismatch", "gpu-missing",
-    "p2p-unsupported", "p2p-corrupt", "p2p-slow", "cgroup-denied",
-)
-# cgroup-denied: the host's processes are moved into a child of the (v1) devices cgroup that
-# denies read/write on the NVIDIA majors, as an LXC config without the
-# `lxc.cgroup*.devices.allow` lines does: opening the nodes really fails with EPERM.
-DEVICES_CGROUP = Path(os.environ.get("TESTBED_DEVICES_CGROUP", "/sys/fs/cgroup/devices"))
+GPU_SCENARIOS = (*gpu_build.SCENARIOS, "cgroup-denied")
 SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", "capture-oom",
                  "rank-fail", "nccl-watchdog", "warmup-502", "scheduler-exception")
 
-GPU_ENV_DEFAULT = """\
-GPU_COUNT=8
-GPU_NAME=NVIDIA RTX PRO 6000 Blackwell Server Edition
-GPU_MEMORY_MIB=97887
-GPU_CC=12.0
-DRIVER_VERSION=580.95.05
-CUDA_VERSION=13.0
-SOCKETS=2
-P2P_GBPS=40
-SCENARIO=healthy
-REPLAY_DIR=
-"""
 # TOKENS_PER_S per request, MAX_TOKENS_PER_S for the whole server (the simulated decode
 # throughput that `sglang-deploy bench` measures; low enough that this machine's CPUs are
 # never the limit, so the figure follows these keys, not the load).
@@ -71,24 +54,29 @@ SIM_ENV_KEYS = ("TIME_SCALE", "TOKENS_PER_S", "MAX_TOKENS_PER_S", "WARMUP_GATE",
                 "GPU_MEMORY_MIB", "SLOW_WHEN", "SLOW_FACTOR", "LOG_SEED")
 
 
-class TestbedError(RuntimeError):
-    pass
+def _wait(done, timeout: float, interval: float) -> bool:
+    """Call DONE every INTERVAL seconds until it is true (True) or TIMEOUT passed (False)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
-def log(msg: str) -> None:
-    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+def _write(path: Path, content: str | bytes, mode: int = 0o644) -> None:
+    """Write PATH whole or not at all (readers such as the simulator never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(content if isinstance(content, bytes) else content.encode())
+    tmp.chmod(mode)
+    tmp.rename(path)
 
 
 # --------------------------------------------------------------------------- paths / state
 
 def state_dir() -> Path:
-    env = os.environ.get("TESTBED_DIR")
-    return Path(env).expanduser().resolve() if env else REPO / ".testbed"
-
-
-def wheelhouse_dir() -> Path:
-    env = os.environ.get("TESTBED_WHEELHOUSE")
-    return Path(env).expanduser() if env else Path("~/.cache/sglang-deploy/wheelhouse").expanduser()
+    return Path(os.environ.get("TESTBED_DIR") or REPO / ".testbed").expanduser().resolve()
 
 
 def state_file() -> Path:
@@ -102,13 +90,17 @@ def load_state() -> dict | None:
         return None
 
 
+def current_state() -> dict:
+    """The state of the testbed that is up (TestbedError when none is)."""
+    state = load_state()
+    if state is None:
+        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+    return state
+
+
 def save_state(state: dict) -> None:
-    path = state_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     state["hosts"].sort(key=lambda h: h["index"])
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.rename(path)
+    _write(state_file(), json.dumps(state, indent=2) + "\n")
 
 
 @contextlib.contextmanager
@@ -121,23 +113,18 @@ def locked():
 
 
 def new_state(prefix: str) -> dict:
-    if len(SUBNET.split(".")) != 3 or not all(p.isdigit() and int(p) < 256 for p in SUBNET.split(".")):
+    parts = SUBNET.split(".")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) < 256 for p in parts):
         raise TestbedError(f"TESTBED_SUBNET must be the first three numbers of a /24 (such as "
                            f"10.213.0); found {SUBNET!r}")
     d = state_dir()
+    wheelhouse = os.environ.get("TESTBED_WHEELHOUSE") or "~/.cache/sglang-deploy/wheelhouse"
     return {
-        "version": STATE_VERSION,
-        "prefix": prefix,
-        "state_dir": str(d),
-        "bridge": f"{prefix}br0",
-        "gateway": f"{SUBNET}.1",
-        "subnet": f"{SUBNET}.0/24",
-        "key": str(d / "id_ed25519"),
-        "known_hosts": str(d / "known_hosts"),
-        "wheelhouse": str(wheelhouse_dir()),
-        "base": str(rootfs.base_path()),
-        "sglang_version": SGLANG_VERSION,
-        "hosts": [],
+        "version": STATE_VERSION, "prefix": prefix, "state_dir": str(d),
+        "bridge": f"{prefix}br0", "gateway": f"{SUBNET}.1", "subnet": f"{SUBNET}.0/24",
+        "key": str(d / "id_ed25519"), "known_hosts": str(d / "known_hosts"),
+        "wheelhouse": str(Path(wheelhouse).expanduser()), "base": str(rootfs.base_path()),
+        "sglang_version": SGLANG_VERSION, "hosts": [],
     }
 
 
@@ -149,18 +136,10 @@ def host_record(state: dict, index: int) -> dict:
     name = f"{state['prefix']}router" if index == ROUTER_INDEX else f"{state['prefix']}{index}"
     d = Path(state["state_dir"]) / name
     return {
-        "name": name,
-        "role": "router" if index == ROUTER_INDEX else "server",
-        "index": index,
-        "address": f"{SUBNET}.{HOST_OFFSET + index}",
-        "netns": name,
-        "veth": net.veth_name(name),
-        "pid": None,
-        "dir": str(d),
-        "upper": str(d / "upper"),
-        "work": str(d / "work"),
-        "merged": str(d / "merged"),
-        "console": str(d / "console.log"),
+        "name": name, "role": "router" if index == ROUTER_INDEX else "server", "index": index,
+        "address": f"{SUBNET}.{HOST_OFFSET + index}", "netns": name, "veth": net.veth_name(name),
+        "pid": None, "dir": str(d), "upper": str(d / "upper"), "work": str(d / "work"),
+        "merged": str(d / "merged"), "console": str(d / "console.log"),
     }
 
 
@@ -171,148 +150,31 @@ def find_host(state: dict, name: str) -> dict:
     raise TestbedError(f"no testbed host {name!r} (hosts: {', '.join(h['name'] for h in state['hosts'])})")
 
 
-# --------------------------------------------------------------------------- processes
-
-def _proc_alive(pid: int | None, machine: str | None = None) -> bool:
-    """PID is a live (not zombie) systemd-nspawn (for MACHINE, if given)."""
-    if not pid:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-        return False
-    if not cmdline or not cmdline[0].endswith(b"systemd-nspawn"):
-        return False
-    return machine is None or f"--machine={machine}".encode() in cmdline
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out += [int(x) for x in (task / "children").read_text().split()]
-    return out
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += _children(p)
-    return out
-
-
-def _device_cgroup(h: dict) -> Path:
-    return DEVICES_CGROUP / f"testbed-{h['name']}"
-
-
-def deny_devices(h: dict, timeout: float = 10.0) -> None:
-    """Move every process of the host into a devices cgroup that denies the NVIDIA majors."""
-    if not (DEVICES_CGROUP / "devices.deny").exists():
-        raise TestbedError(
-            f"the cgroup-denied scenario needs the cgroup v1 devices controller at "
-            f"{DEVICES_CGROUP} (this machine has none); on a cgroup v2 host with systemd the "
-            "equivalent is `systemctl set-property --runtime <the container's scope> "
-            "DevicePolicy=closed`")
-    cg = _device_cgroup(h)
-    cg.mkdir(exist_ok=True)
-    for major in (195, rootfs.UVM_MAJOR):
-        (cg / "devices.deny").write_text(f"c {major}:* rw\n")
-    # Processes forked while we move inherit their parent's cgroup: repeat until a pass
-    # finds nothing left to move.
-    deadline = time.monotonic() + timeout
-    while True:
-        inside = set((cg / "cgroup.procs").read_text().split())
-        todo = [p for p in _descendants(h["pid"]) if str(p) not in inside]
-        if not todo:
-            return
-        if time.monotonic() > deadline:
-            raise TestbedError(f"{h['name']}: could not move every process into {cg}; "
-                               f"left: {todo[:10]}")
-        for pid in todo:
-            with contextlib.suppress(OSError):  # it may have exited meanwhile
-                (cg / "cgroup.procs").write_text(f"{pid}\n")
-
-
-def allow_devices(h: dict, timeout: float = 10.0) -> None:
-    """Undo deny_devices: processes back to the parent cgroup, the child removed."""
-    cg = _device_cgroup(h)
-    if not cg.exists():
-        return
-    deadline = time.monotonic() + timeout
-    while True:
-        pids = (cg / "cgroup.procs").read_text().split()
-        if not pids:
-            with contextlib.suppress(OSError):
-                cg.rmdir()
-            if not cg.exists():
-                return
-        if time.monotonic() > deadline:
-            raise TestbedError(f"{h['name']}: could not empty {cg}; left: {pids[:10]}")
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                (DEVICES_CGROUP / "cgroup.procs").write_text(f"{pid}\n")
-
-
-def _orphan_inits(h: dict) -> list[int]:
-    """Container inits left running on this host's overlay (e.g. after nspawn got SIGKILL)."""
-    found = []
-    needle = f"upperdir={h['upper']},"
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            nspid = next((ln.split()[1:] for ln in (proc / "status").read_text().splitlines()
-                          if ln.startswith("NSpid:")), [])
-            if len(nspid) < 2 or nspid[-1] != "1":
-                continue  # not the init of a nested pid namespace
-            for line in (proc / "mountinfo").read_text().splitlines():
-                fields = line.split()
-                if fields[4] == "/" and needle in line:
-                    found.append(int(proc.name))
-                    break
-        except (OSError, IndexError):
-            continue
-    return found
-
-
 def host_alive(h: dict) -> bool:
-    return _proc_alive(h.get("pid"), h["name"])
+    """The host's recorded PID is a running systemd-nspawn of its machine."""
+    try:
+        cmdline = Path(f"/proc/{h.get('pid')}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return (procs.pid_running(h["pid"]) and cmdline[0].endswith(b"systemd-nspawn")
+            and f"--machine={h['name']}".encode() in cmdline)
 
 
 # --------------------------------------------------------------------------- ssh
 
-def ssh_argv(state: dict, h: dict, *cmd: str, timeout: int = 5) -> list[str]:
-    return [
-        "ssh", "-q",
-        "-o", "BatchMode=yes",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={state['known_hosts']}",
-        "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "IdentitiesOnly=yes",
-        "-o", f"ConnectTimeout={timeout}",
-        "-o", "LogLevel=ERROR",
-        "-i", state["key"],
-        f"root@{h['address']}",
-        *cmd,
-    ]
+def ssh_argv(state: dict, h: dict, *cmd: str) -> list[str]:
+    options = {
+        "BatchMode": "yes", "StrictHostKeyChecking": "yes",
+        "UserKnownHostsFile": state["known_hosts"], "GlobalKnownHostsFile": "/dev/null",
+        "IdentitiesOnly": "yes", "ConnectTimeout": 5, "LogLevel": "ERROR",
+    }
+    return ["ssh", "-q", *(arg for k, v in options.items() for arg in ("-o", f"{k}={v}")),
+            "-i", state["key"], f"root@{h['address']}", *cmd]
 
 
-def ssh(state: dict, h: dict, cmd: str, timeout: float = 60, check: bool = False,
-        input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ssh_argv(state, h, cmd), capture_output=True, text=True, timeout=timeout,
-        check=check, input=input, stdin=None if input is not None else subprocess.DEVNULL,
-    )
+def ssh(state: dict, h: dict, cmd: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(ssh_argv(state, h, cmd), check=False, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 _KH_LOCK = threading.Lock()
@@ -320,33 +182,29 @@ _KH_LOCK = threading.Lock()
 
 def _known_hosts_replace(state: dict, address: str, pubkey_line: str | None) -> None:
     """Replace (or drop) the known_hosts entry of ADDRESS (a replaced machine has a new key)."""
-    with _KH_LOCK:
-        _known_hosts_replace_locked(state, address, pubkey_line)
-
-
-def _known_hosts_replace_locked(state: dict, address: str, pubkey_line: str | None) -> None:
     kh = Path(state["known_hosts"])
-    lines = kh.read_text().splitlines() if kh.exists() else []
-    keep = [ln for ln in lines if ln.split(" ", 1)[0].split(",")[0] != address]
-    if pubkey_line:
-        keytype, key = pubkey_line.split()[:2]
-        keep.append(f"{address} {keytype} {key}")
-    tmp = kh.with_name(kh.name + ".tmp")
-    tmp.write_text("".join(ln + "\n" for ln in keep))
-    tmp.rename(kh)
+    with _KH_LOCK:
+        lines = kh.read_text().splitlines() if kh.exists() else []
+        keep = [ln for ln in lines if ln.split(" ", 1)[0].split(",")[0] != address]
+        if pubkey_line:
+            keytype, key = pubkey_line.split()[:2]
+            keep.append(f"{address} {keytype} {key}")
+        _write(kh, "".join(ln + "\n" for ln in keep))
 
 
 # --------------------------------------------------------------------------- controller-side assets
 
+def _keygen(path: Path, comment: str) -> None:
+    """A new ed25519 key pair PATH, PATH.pub (replacing any)."""
+    for f in (path, path.with_suffix(".pub")):
+        f.unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                   check=True)
+
+
 def ensure_key(state: dict) -> None:
-    key = Path(state["key"])
-    if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "testbed-controller", "-f", str(key)],
-            check=True,
-        )
-    Path(state["known_hosts"]).touch()
+    if not Path(state["key"]).exists():
+        _keygen(Path(state["key"]), "testbed-controller")
 
 
 def uv_version() -> str:
@@ -354,26 +212,20 @@ def uv_version() -> str:
     if os.environ.get("TESTBED_UV_VERSION"):
         return os.environ["TESTBED_UV_VERSION"]
     uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
-    if uv:
-        out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout
-        return out.split()[1]
-    try:
-        from importlib.metadata import version
-
-        return version("uv")
-    except Exception:  # noqa: BLE001
-        raise TestbedError("uv not found on the controller: install it or set TESTBED_UV_VERSION") from None
+    if not uv:
+        raise TestbedError("uv not found on the controller: install it or set TESTBED_UV_VERSION")
+    out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout
+    return out.split()[1]
 
 
-def ensure_wheelhouse(state: dict, locks: tuple[str, ...] = ("testbed.txt",)) -> list[str]:
+def ensure_wheelhouse(state: dict, router: bool) -> None:
     """Every wheel of locks/testbed.txt (and locks/router.txt with a router: the real smg
     wheel) and the uv wheel, filled by the tool's own `sglang-deploy wheelhouse` code (the
     hosts install offline from it)."""
     from sglang_deploy.commands import wheelhouse
 
     wh = Path(state["wheelhouse"])
-    fetched = []
-    for lock in locks:
+    for lock in ("testbed.txt", "router.txt") if router else ("testbed.txt",):
         try:
             result = wheelhouse.fill(REPO / "locks" / lock, wh, uv_version=uv_version())
         except Exception as e:
@@ -381,25 +233,19 @@ def ensure_wheelhouse(state: dict, locks: tuple[str, ...] = ("testbed.txt",)) ->
                 f"could not fill the wheelhouse {wh} from locks/{lock} ({e}); fetch the wheels "
                 f"by hand with `sglang-deploy wheelhouse locks/{lock} {wh}` or run `up --no-wheels`"
             ) from e
-        fetched += result["fetched"]
-    return fetched
-
-
-def router_key_file(state: dict) -> Path:
-    """The testbed router's API key (root-only), read by inventory/testbed.py."""
-    return Path(state["state_dir"]) / "router-key"
+        if result["fetched"]:
+            log(f"wheelhouse {wh}: added {', '.join(result['fetched'])}")
 
 
 def ensure_router_key(state: dict) -> None:
-    path = router_key_file(state)
+    """The testbed router's API key, $TESTBED_DIR/router-key (0600), for inventory/testbed.py."""
+    path = Path(state["state_dir"]) / "router-key"
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
             fh.write(secrets.token_urlsafe(24) + "\n")
 
 
-#: /usr/bin/nvidia-smi: a launcher importing the Python stand-in as a module (byte-compiled
-#: once, not on every call)
+#: /usr/bin/nvidia-smi: imports the Python stand-in as a module (byte-compiled once, not per call)
 SMI_LAUNCHER = """#!/usr/bin/python3 -I
 # testbed stand-in for nvidia-smi: /usr/lib/testbed-gpu/nvidia_smi.py
 import sys
@@ -409,59 +255,7 @@ sys.exit(main())
 """
 
 
-@dataclass
-class Assets:
-    nvidia_smi: Path | None
-    libcuda: Path | None
-    sim_dir: Path | None
-    make_model_dir: object | None
-    missing: list[str]
-
-
-def prepare_assets(state: dict) -> Assets:
-    """Build/locate the GPU and server stand-ins (other modules of testbed/; imported lazily)."""
-    missing = []
-    smi = REPO / "testbed/gpu/nvidia_smi.py"
-    if not smi.exists():
-        smi = None
-        missing.append("testbed/gpu/nvidia_smi.py")
-    libcuda = None
-    try:
-        from testbed.gpu.build import build_libcuda
-    except ImportError as e:
-        missing.append(f"testbed/gpu/build.py ({e})")
-    else:
-        out = Path(state["state_dir"]) / "gpu-build"
-        out.mkdir(parents=True, exist_ok=True)
-        libcuda = Path(build_libcuda(out))
-    sim_dir = REPO / "testbed/sim"
-    if not (sim_dir / "launch_server.py").exists():
-        sim_dir = None
-        missing.append("testbed/sim/launch_server.py")
-    try:
-        from testbed.sim.model import make_model_dir
-    except ImportError as e:
-        make_model_dir = None
-        missing.append(f"testbed/sim/model.py ({e})")
-    for m in missing:
-        log(f"WARNING: stand-in not available yet, hosts will lack it: {m}")
-    return Assets(smi, libcuda, sim_dir, make_model_dir, missing)
-
-
 # --------------------------------------------------------------------------- one host
-
-def _write(path: Path, content: str | bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    path.chmod(mode)
-
-
-def _is_mount(path: Path) -> bool:
-    return os.path.ismount(path)
-
 
 def write_etc_hosts(state: dict, h: dict) -> None:
     """/etc/hosts: localhost, itself, the controller (bridge address) and the other hosts."""
@@ -471,58 +265,43 @@ def write_etc_hosts(state: dict, h: dict) -> None:
            f"{h['address']}\t{h['name']}\n{state['gateway']}\ttestbed-controller\n{others}")
 
 
-def _populate(state: dict, h: dict, assets: Assets) -> str:
+def _populate(state: dict, h: dict, libcuda: Path) -> str:
     """Write the per-host files into the (mounted) merged dir; returns the SSH host pubkey line."""
     root = Path(h["merged"])
-    name = h["name"]
-    _write(root / "etc/hostname", name + "\n")
+    _write(root / "etc/hostname", h["name"] + "\n")
     write_etc_hosts(state, h)
     _write(root / "etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
     # SSH: the controller's key, and this host's own host key (made here, so it is known
     # before the first connection: clients check strictly, no trust-on-first-use).
     (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
-    pub = Path(state["key"] + ".pub").read_text()
-    _write(root / "root/.ssh/authorized_keys", pub, 0o600)
+    _write(root / "root/.ssh/authorized_keys", Path(state["key"] + ".pub").read_text(), 0o600)
     hk = root / "etc/ssh/ssh_host_ed25519_key"
-    for f in (hk, hk.with_suffix(".pub")):
-        if f.exists():
-            f.unlink()
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(hk)],
-                   check=True)
+    _keygen(hk, f"root@{h['name']}")
     _write(root / "etc/ssh/sshd_config.d/20-testbed-hostkey.conf",
            "HostKey /etc/ssh/ssh_host_ed25519_key\n")
     # GPU stand-ins (design.md, "Inside a testbed host").
-    _write(root / "etc/testbed/gpu.env", GPU_ENV_DEFAULT)
+    _write(root / "etc/testbed/gpu.env", gpu_build.render_gpu_env())
     _write(root / "etc/testbed/sim.env", SIM_ENV_DEFAULT)
-    if assets.nvidia_smi:
-        _write(root / "usr/lib/testbed-gpu/nvidia_smi.py", assets.nvidia_smi.read_bytes(), 0o644)
-        _write(root / "usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755)
-    if assets.libcuda:
-        libdir = root / "usr/lib/x86_64-linux-gnu"
-        _write(libdir / "libcuda.so.1", assets.libcuda.read_bytes(), 0o755)
-        link = libdir / "libcuda.so"
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to("libcuda.so.1")
-    if assets.sim_dir:
-        for f in assets.sim_dir.glob("*.py"):
-            _write(root / "opt/sglang-sim" / f.name, f.read_bytes(), 0o755 if f.name == "launch_server.py" else 0o644)
-        # import-only torch/triton/torchvision for the benchmark client (standins/_testbed_standin.py)
-        for f in (assets.sim_dir / "standins").rglob("*.py"):
-            _write(root / "opt/sglang-sim/standins" / f.relative_to(assets.sim_dir / "standins"),
-                   f.read_bytes())
-    if assets.make_model_dir:
-        model = root / "srv/models" / MODEL_NAME
-        model.parent.mkdir(parents=True, exist_ok=True)
-        assets.make_model_dir(model)
+    _write(root / "usr/lib/testbed-gpu/nvidia_smi.py", gpu_build.NVIDIA_SMI.read_bytes())
+    _write(root / "usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755)
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    _write(libdir / "libcuda.so.1", libcuda.read_bytes(), 0o755)
+    (libdir / "libcuda.so").unlink(missing_ok=True)
+    (libdir / "libcuda.so").symlink_to("libcuda.so.1")
+    # The simulator, and import-only torch/triton/torchvision for the benchmark client
+    # (sim/standins/_testbed_standin.py).
+    sim = REPO / "testbed/sim"
+    for f in sim.rglob("*.py"):
+        _write(root / "opt/sglang-sim" / f.relative_to(sim), f.read_bytes(),
+               0o755 if f.name == "launch_server.py" else 0o644)
+    make_model_dir(root / "srv/models" / MODEL_NAME)
     return hk.with_suffix(".pub").read_text()
 
 
-def create_host(state: dict, h: dict, assets: Assets) -> None:
-    """Fresh overlay + files + netns; start nspawn (not waiting for the boot)."""
-    d = Path(h["dir"])
-    if d.exists():
-        teardown_host(state, h)
+def create_host(state: dict, h: dict, libcuda: Path) -> None:
+    """Fresh overlay + files + netns (any old ones torn down); start nspawn (no boot wait)."""
+    if Path(h["dir"]).exists():
+        teardown_host(h)
     for k in ("upper", "work", "merged"):
         Path(h[k]).mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -530,13 +309,8 @@ def create_host(state: dict, h: dict, assets: Assets) -> None:
          f"lowerdir={state['base']},upperdir={h['upper']},workdir={h['work']}", h["merged"]],
         check=True, capture_output=True, text=True,
     )
-    pubkey = _populate(state, h, assets)
-    _known_hosts_replace(state, h["address"], pubkey)
+    _known_hosts_replace(state, h["address"], _populate(state, h, libcuda))
     net.ensure_host_net(h["netns"], state["bridge"], f"{h['address']}/24", state["gateway"])
-    start_host(state, h)
-
-
-def start_host(state: dict, h: dict) -> None:
     cmd = [
         "systemd-nspawn", "-D", h["merged"], "-b",
         f"--machine={h['name']}", f"--hostname={h['name']}",
@@ -551,9 +325,8 @@ def start_host(state: dict, h: dict) -> None:
                              start_new_session=True)
     h["pid"] = p.pid
     h["started"] = time.time()
-    deadline = time.monotonic() + 10  # until the fork has exec'd nspawn (or it died)
-    while not host_alive(h) and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # until the fork has exec'd nspawn (or it died)
+    _wait(lambda: host_alive(h) or p.poll() is not None, 10, 0.02)
     if p.poll() is not None:
         raise TestbedError(f"{h['name']}: systemd-nspawn exited at once (rc={p.returncode}); "
                            f"console tail:\n{_tail(h['console'])}")
@@ -565,21 +338,20 @@ def start_host(state: dict, h: dict) -> None:
 def wait_host(state: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> float:
     """Until sshd answers with the key (strict host key check) and systemd is up."""
     t0 = time.monotonic()
-    deadline = t0 + timeout
     last = "not tried yet"
-    while time.monotonic() < deadline:
+    while time.monotonic() < t0 + timeout:
         if not host_alive(h):
             raise TestbedError(f"{h['name']}: systemd-nspawn (pid {h['pid']}) exited during boot; "
                                f"console tail:\n{_tail(h['console'])}")
         try:
-            r = subprocess.run(ssh_argv(state, h, "systemctl", "is-system-running", timeout=2),
-                               check=False, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
-            out = r.stdout.strip()
-            if out in ("running", "degraded"):
-                return time.monotonic() - t0
-            last = f"ssh rc={r.returncode} is-system-running={out!r} {r.stderr.strip()[-200:]}"
+            r = ssh(state, h, "systemctl is-system-running", timeout=10)
         except subprocess.TimeoutExpired:
             last = "ssh timed out"
+            continue
+        out = r.stdout.strip()
+        if out in ("running", "degraded"):
+            return time.monotonic() - t0
+        last = f"ssh rc={r.returncode} is-system-running={out!r} {r.stderr.strip()[-200:]}"
         time.sleep(0.3)
     raise TestbedError(f"{h['name']} ({h['address']}) not up after {timeout:.0f}s; last: {last}\n"
                        f"console tail:\n{_tail(h['console'])}")
@@ -596,56 +368,44 @@ def stop_hosts(hosts: list[dict], timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM each nspawn (-> orderly poweroff of the container), wait, then SIGKILL."""
     live = [h for h in hosts if host_alive(h)]
     for h in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(h["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while live and time.monotonic() < deadline:
+        procs.kill(h["pid"], signal.SIGTERM)
+    if not _wait(lambda: not any(host_alive(h) for h in live), timeout, 0.1):
         live = [h for h in live if host_alive(h)]
-        if live:
-            time.sleep(0.1)
-    for h in live:
-        log(f"{h['name']}: no orderly shutdown within {timeout:.0f}s, killing")
-        for child in _children(h["pid"]):  # the container's init: takes its pid namespace down
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(h["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(host_alive(h) for h in live) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        for h in live:
+            log(f"{h['name']}: no orderly shutdown within {timeout:.0f}s, killing")
+            for child in procs.children(h["pid"]):  # the container's init: ends its pid namespace
+                procs.kill(child)
+            procs.kill(h["pid"])
+        _wait(lambda: not any(host_alive(h) for h in live), 10, 0.1)
     for h in hosts:
         h["pid"] = None
 
 
 def _umount(path: str) -> None:
-    deadline = time.monotonic() + 10
-    while _is_mount(Path(path)):
-        r = subprocess.run(["umount", path], check=False, capture_output=True, text=True)
-        if r.returncode == 0:
-            continue
-        if time.monotonic() > deadline:
-            subprocess.run(["umount", "-l", path], check=False, capture_output=True, text=True)
-            break
-        time.sleep(0.2)
+    """Unmount PATH (all the mounts stacked on it), lazily if it stays busy for 10 s."""
+    def unmounted() -> bool:
+        if os.path.ismount(path):
+            subprocess.run(["umount", path], check=False, capture_output=True)
+        return not os.path.ismount(path)
+
+    if not _wait(unmounted, 10, 0.2):
+        subprocess.run(["umount", "-l", path], check=False, capture_output=True)
 
 
-def teardown_host(state: dict, h: dict) -> None:
+def teardown_host(h: dict) -> None:
     """Stop, unmount, drop the netns/veth and the host dir (idempotent)."""
     stop_hosts([h])
-    for pid in _orphan_inits(h):
+    for pid in procs.orphan_inits(h["upper"]):
         log(f"{h['name']}: killing orphaned container init (pid {pid})")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while _pid_running(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        procs.kill(pid)
+        _wait(lambda pid=pid: not procs.pid_running(pid), 10, 0.05)
     _umount(h["merged"])
     net.delete_host_net(h["netns"])
     with contextlib.suppress(OSError, TestbedError):
-        allow_devices(h, timeout=2.0)  # the cgroup-denied scenario's cgroup, now empty
+        procs.allow_devices(h["name"], timeout=2.0)  # the cgroup-denied scenario's cgroup
     d = Path(h["dir"])
     if d.exists():
-        if _is_mount(Path(h["merged"])):
+        if os.path.ismount(h["merged"]):
             raise TestbedError(f"{h['merged']} is still mounted; not deleting {d}")
         shutil.rmtree(d)
 
@@ -670,12 +430,8 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
         if router:
             ensure_router_key(state)
         if wheels:
-            added = ensure_wheelhouse(state, ("testbed.txt", "router.txt") if router
-                                      else ("testbed.txt",))
-            if added:
-                log(f"wheelhouse {state['wheelhouse']}: added {', '.join(added)}")
-        else:
-            Path(state["wheelhouse"]).mkdir(parents=True, exist_ok=True)
+            ensure_wheelhouse(state, router)
+        Path(state["wheelhouse"]).mkdir(parents=True, exist_ok=True)
         net.ensure_bridge(state["bridge"], f"{state['gateway']}/24")
 
         by_index = {h["index"]: h for h in state["hosts"]}
@@ -694,11 +450,11 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
             log(f"all {n_hosts} hosts already up ({time.monotonic() - t0:.1f}s)")
             return state
         save_state(state)
-        assets = prepare_assets(state)
+        libcuda = gpu_build.build_libcuda(Path(state["state_dir"]) / "gpu-build")
         lock = threading.Lock()
 
         def boot(h):
-            create_host(state, h, assets)
+            create_host(state, h, libcuda)
             with lock:
                 save_state(state)
             return wait_host(state, h)
@@ -715,11 +471,28 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
         if errors:
             raise TestbedError("testbed did not come up:\n" + "\n".join(errors))
         for h in state["hosts"]:  # every host knows every other one by name
-            if _is_mount(Path(h["merged"])):
+            if os.path.ismount(h["merged"]):
                 write_etc_hosts(state, h)
     log(f"up: {n_hosts} hosts ready in {time.monotonic() - t0:.1f}s "
         f"(state: {state_file()})")
     return state
+
+
+def _remove(state: dict, hosts: list[dict], what: str) -> None:
+    """Stop HOSTS, tear each down and forget its host key; the state keeps only those whose
+    directory is left (TestbedError listing what failed)."""
+    stop_hosts(hosts)
+    errors = []
+    for h in hosts:
+        try:
+            teardown_host(h)
+            _known_hosts_replace(state, h["address"], None)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{h['name']}: {e}")
+    state["hosts"] = [h for h in state["hosts"] if h not in hosts or Path(h["dir"]).exists()]
+    if errors:
+        save_state(state)
+        raise TestbedError(f"{what} incomplete:\n" + "\n".join(errors))
 
 
 def down() -> None:
@@ -736,22 +509,13 @@ def down() -> None:
                 if name.startswith(DEFAULT_PREFIX) and index.isdigit():
                     log(f"no state file; cleaning up {name} found in {d}")
                     state["hosts"].append(host_record(state, int(index)))
-        hosts = state["hosts"]
-        stop_hosts(hosts)
-        errors = []
-        for h in hosts:
-            try:
-                teardown_host(state, h)
-                _known_hosts_replace(state, h["address"], None)
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"{h['name']}: {e}")
-        net.delete_bridge(state["bridge"])
-        if errors:
-            state["hosts"] = [h for h in hosts if Path(h["dir"]).exists()]
-            save_state(state)
-            raise TestbedError("down incomplete:\n" + "\n".join(errors))
+        n = len(state["hosts"])
+        try:
+            _remove(state, list(state["hosts"]), "down")
+        finally:
+            net.delete_bridge(state["bridge"])
         state_file().unlink(missing_ok=True)
-    log(f"down: {len(hosts)} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
+    log(f"down: {n} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
 
 
 def remove_router() -> bool:
@@ -762,24 +526,10 @@ def remove_router() -> bool:
         routers = [h for h in (state or {}).get("hosts", []) if h.get("role") == "router"]
         if not routers:
             return False
-        stop_hosts(routers)
-        for h in routers:
-            teardown_host(state, h)
-            _known_hosts_replace(state, h["address"], None)
-        state["hosts"] = [h for h in state["hosts"] if h.get("role") != "router"]
+        _remove(state, routers, "down --router")
         save_state(state)
     log(f"down --router: {', '.join(h['name'] for h in routers)} removed")
     return True
-
-
-def _read_env(path: Path) -> dict:
-    out = {}
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            if "=" in line and not line.lstrip().startswith("#"):
-                k, v = line.split("=", 1)
-                out[k.strip()] = v.split("#", 1)[0].strip()
-    return out
 
 
 def status() -> dict:
@@ -793,16 +543,10 @@ def status() -> dict:
         if alive:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 reach = ssh(state, h, "true", timeout=10).returncode == 0
-        merged = Path(h["merged"])
-        return {
-            "name": h["name"],
-            "address": h["address"],
-            "pid": h["pid"],
-            "alive": alive,
-            "ssh": reach,
-            "gpu_scenario": _read_env(merged / "etc/testbed/gpu.env").get("SCENARIO"),
-            "sim_scenario": _read_env(merged / "etc/testbed/sim.env").get("SCENARIO"),
-        }
+        etc = Path(h["merged"]) / "etc/testbed"
+        return {"name": h["name"], "address": h["address"], "pid": h["pid"], "alive": alive,
+                "ssh": reach, "gpu_scenario": read_env_file(etc / "gpu.env").get("SCENARIO"),
+                "sim_scenario": read_env_file(etc / "sim.env").get("SCENARIO")}
 
     with ThreadPoolExecutor(max_workers=max(1, len(state["hosts"]))) as pool:
         hosts = list(pool.map(one, state["hosts"]))
@@ -814,14 +558,9 @@ def wipe(name: str) -> dict:
     """Replace HOST by a blank one (same name/address, new overlay, new SSH host key)."""
     t0 = time.monotonic()
     with locked():
-        state = load_state()
-        if state is None:
-            raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+        state = current_state()
         h = find_host(state, name)
-        teardown_host(state, h)
-        save_state(state)
-        assets = prepare_assets(state)
-        create_host(state, h, assets)
+        create_host(state, h, gpu_build.build_libcuda(Path(state["state_dir"]) / "gpu-build"))
         save_state(state)
         wait_host(state, h)
     log(f"wipe: {h['name']} blank and up in {time.monotonic() - t0:.1f}s")
@@ -830,26 +569,13 @@ def wipe(name: str) -> dict:
 
 def _set_env_key(path: Path, key: str, value: str) -> None:
     lines = path.read_text().splitlines() if path.exists() else []
-    out, done = [], False
-    for line in lines:
-        if line.split("=", 1)[0].strip() == key:
-            if not done:
-                out.append(f"{key}={value}")
-                done = True
-        else:
-            out.append(line)
-    if not done:
-        out.append(f"{key}={value}")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(out) + "\n")
-    tmp.rename(path)
+    keep = [line for line in lines if line.split("=", 1)[0].strip() != key]
+    _write(path, "\n".join([*keep, f"{key}={value}"]) + "\n")
 
 
 def running_host(name: str) -> tuple[dict, dict]:
     """(testbed state, host record) of NAME, which must be up and running."""
-    state = load_state()
-    if state is None:
-        raise TestbedError("no testbed is up: run `python -m testbed up --hosts 1`")
+    state = current_state()
     h = find_host(state, name)
     if not host_alive(h):
         raise TestbedError(f"{h['name']} is not running")
@@ -860,13 +586,10 @@ def scenario(name: str, scen: str, when: str = "") -> None:
     """Set a GPU scenario (gpu.env + device nodes) or a server scenario (sim.env). WHEN
     (server scenarios) limits it to servers launched with those arguments, e.g.
     "--mem-fraction-static 0.8": a configuration that fails while others still work."""
-    if scen not in GPU_SCENARIOS and scen not in SIM_SCENARIOS:
-        raise TestbedError(f"unknown scenario {scen!r}; GPU: {', '.join(GPU_SCENARIOS)}; "
-                           f"server: {', '.join(SIM_SCENARIOS)}")
     state, h = running_host(name)
     etc = Path(h["merged"]) / "etc/testbed"
     if scen in GPU_SCENARIOS and scen != "cgroup-denied":
-        allow_devices(h)
+        procs.allow_devices(h["name"])
     if scen in GPU_SCENARIOS:
         _set_env_key(etc / "gpu.env", "SCENARIO", scen)
     if scen in SIM_SCENARIOS:
@@ -878,7 +601,7 @@ def scenario(name: str, scen: str, when: str = "") -> None:
         raise TestbedError(f"{h['name']}: syncing device nodes failed (rc={r.returncode}): "
                            f"{r.stderr.strip()}")
     if scen == "cgroup-denied":
-        deny_devices(h)
+        procs.deny_devices(h["name"], h["pid"])
 
 
 def sim_env(name: str, settings: dict) -> dict:
@@ -896,4 +619,4 @@ def sim_env(name: str, settings: dict) -> dict:
         if "\n" in str(value):
             raise TestbedError(f"{key}: the value must be one line")
         _set_env_key(path, key, str(value))
-    return _read_env(path)
+    return read_env_file(path)

@@ -24,22 +24,15 @@ def link_exists(name: str) -> bool:
     return _ip("link", "show", "dev", name, check=False).returncode == 0
 
 
-def netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
-
-
 def ensure_bridge(bridge: str, gateway_cidr: str) -> None:
     if not link_exists(bridge):
         _ip("link", "add", bridge, "type", "bridge")
-    addrs = _ip("-o", "addr", "show", "dev", bridge).stdout
-    if f" {gateway_cidr} " not in addrs:
-        _ip("addr", "add", gateway_cidr, "dev", bridge)
+    _ip("addr", "replace", gateway_cidr, "dev", bridge)
     _ip("link", "set", bridge, "up")
 
 
 def delete_bridge(bridge: str) -> None:
-    if link_exists(bridge):
-        _ip("link", "del", bridge, check=False)
+    _ip("link", "del", bridge, check=False)
 
 
 def veth_name(host: str) -> str:
@@ -60,30 +53,21 @@ def ensure_host_net(host: str, bridge: str, address_cidr: str, gateway: str) -> 
     """netns HOST with eth0 = ADDRESS, its peer v<HOST> on BRIDGE. Idempotent."""
     address = address_cidr.split("/")[0]
     veth = veth_name(host)
-    if not netns_exists(host):
+    if not Path("/run/netns", host).exists():
         _ip("netns", "add", host)
     if not link_exists(veth):
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host)
     _ip("link", "set", veth, "master", bridge)
     _ip("link", "set", veth, "up")
-    addrs = _ip("-n", host, "-o", "addr", "show", "dev", "eth0").stdout
-    if f" {address_cidr} " not in addrs:
-        _ip("-n", host, "addr", "add", address_cidr, "dev", "eth0")
+    _ip("-n", host, "addr", "replace", address_cidr, "dev", "eth0")
     _ip("-n", host, "link", "set", "eth0", "address", host_mac(address))
     _ip("neigh", "flush", "to", address, "dev", bridge, check=False)
     _ip("-n", host, "link", "set", "lo", "up")
     _ip("-n", host, "link", "set", "eth0", "up")
-    routes = _ip("-n", host, "route", "show", "default").stdout
-    if gateway not in routes:
-        _ip("-n", host, "route", "replace", "default", "via", gateway)
+    _ip("-n", host, "route", "replace", "default", "via", gateway)
 
 
 def delete_host_net(host: str) -> None:
-    try:
-        veth = veth_name(host)
-    except ValueError:
-        veth = None
-    if veth and link_exists(veth):
-        _ip("link", "del", veth, check=False)
-    if netns_exists(host):
-        _ip("netns", "del", host, check=False)
+    """Drop v<HOST> and the netns HOST (either may be gone already)."""
+    _ip("link", "del", veth_name(host), check=False)
+    _ip("netns", "del", host, check=False)

@@ -16,11 +16,13 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from testbed import log
 
 ROOTFS_VERSION = 1
 SUITE = "bookworm"
@@ -37,64 +39,6 @@ FALLBACK_MIRROR = "http://deb.debian.org/debian"
 # kernel when nvidia-uvm.ko loads; commonly 5xx). 510 is in the dynamic range.
 UVM_MAJOR = 510
 
-GPU_NODES_SCRIPT = r"""#!/bin/sh
-# testbed: create/remove the GPU device nodes as described by /etc/testbed/gpu.env.
-# Stands in for the LXC host that passes /dev/nvidia* into the container.
-# Run at boot by testbed-gpu-nodes.service and by `python -m testbed scenario`.
-set -eu
-ENV=/etc/testbed/gpu.env
-UVM_MAJOR=@UVM_MAJOR@
-val() { [ -r "$ENV" ] && sed -n "s/^$1=\([^#]*\).*/\1/p" "$ENV" | tail -n 1 | tr -d ' \t' || true; }
-n=$(val GPU_COUNT); n=${n:-8}
-sc=$(val SCENARIO); sc=${sc:-healthy}
-mk() {  # PATH MAJOR MINOR
-    want=$(printf '%x:%x' "$2" "$3")
-    if [ -c "$1" ] && [ "$(stat -c %t:%T "$1")" = "$want" ]; then return 0; fi
-    rm -f "$1"
-    mknod -m 0666 "$1" c "$2" "$3"
-}
-i=0
-while [ "$i" -lt 64 ]; do
-    if [ "$i" -lt "$n" ] && ! { [ "$sc" = gpu-missing ] && [ "$i" -eq $((n - 1)) ]; }; then
-        mk "/dev/nvidia$i" 195 "$i"
-    else
-        rm -f "/dev/nvidia$i"
-    fi
-    i=$((i + 1))
-done
-mk /dev/nvidiactl 195 255
-if [ "$sc" = uvm-missing ]; then
-    rm -f /dev/nvidia-uvm /dev/nvidia-uvm-tools
-else
-    mk /dev/nvidia-uvm "$UVM_MAJOR" 0
-    mk /dev/nvidia-uvm-tools "$UVM_MAJOR" 1
-fi
-""".replace("@UVM_MAJOR@", str(UVM_MAJOR))
-
-GPU_NODES_UNIT = """[Unit]
-Description=Testbed: GPU device nodes (stand-in for the LXC host passing /dev/nvidia* in)
-DefaultDependencies=no
-After=local-fs.target systemd-tmpfiles-setup-dev.service
-Before=ssh.service multi-user.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/usr/local/sbin/testbed-gpu-nodes
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-SSHD_CONFIG = """# testbed: root by key only, no DNS lookups, room for many parallel connects
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UseDNS no
-MaxStartups 100:30:200
-MaxSessions 64
-"""
-
 # Units that slow the boot, fail in a container, or are useless here.
 MASKED_UNITS = (
     "console-getty.service", "getty@.service", "getty.target",
@@ -105,11 +49,20 @@ MASKED_UNITS = (
     "systemd-hwdb-update.service", "systemd-remount-fs.service",
 )
 
-BAKED_FILES: dict[str, tuple[str, int]] = {
-    "etc/ssh/sshd_config.d/10-testbed.conf": (SSHD_CONFIG, 0o644),
-    "usr/local/sbin/testbed-gpu-nodes": (GPU_NODES_SCRIPT, 0o755),
-    "etc/systemd/system/testbed-gpu-nodes.service": (GPU_NODES_UNIT, 0o644),
-}
+# Baked into the base at the same path: an sshd drop-in and the testbed-gpu-nodes script and
+# unit (the stand-in for the LXC host passing /dev/nvidia* in).
+BASE_FILES = Path(__file__).resolve().parent / "base"
+
+
+def baked_files() -> dict[str, tuple[str, int]]:
+    """Path in the base -> (content, with @UVM_MAJOR@ filled in; mode: 0755 if executable)."""
+    files = {}
+    for f in sorted(BASE_FILES.rglob("*")):
+        if f.is_file():
+            text = f.read_text().replace("@UVM_MAJOR@", str(UVM_MAJOR))
+            mode = 0o755 if os.access(f, os.X_OK) else 0o644
+            files[str(f.relative_to(BASE_FILES))] = (text, mode)
+    return files
 
 
 def mirror() -> str:
@@ -117,32 +70,24 @@ def mirror() -> str:
     src = Path("/etc/apt/sources.list.d/debian.sources")
     if src.exists():
         for stanza in src.read_text().split("\n\n"):
-            fields = {}
-            for line in stanza.splitlines():
-                if ":" in line and not line.lstrip().startswith("#"):
-                    k, v = line.split(":", 1)
-                    fields[k.strip()] = v.strip()
-            suites = fields.get("Suites", "").split()
-            if SUITE in suites and fields.get("URIs"):
+            fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                          if ":" in line and not line.lstrip().startswith("#"))
+            if SUITE in fields.get("Suites", "").split() and fields.get("URIs", "").strip():
                 return fields["URIs"].split()[0]
     lst = Path("/etc/apt/sources.list")
-    if lst.exists():
-        for line in lst.read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == SUITE:
-                return parts[1] if not parts[1].startswith("[") else parts[2]
+    for line in lst.read_text().splitlines() if lst.exists() else []:
+        parts = re.sub(r"\[.*?\]", "", line).split()  # without options such as [arch=amd64]
+        if len(parts) >= 3 and parts[0] == "deb" and parts[2] == SUITE:
+            return parts[1]
     return FALLBACK_MIRROR
 
 
 def recipe() -> dict:
     return {
-        "version": ROOTFS_VERSION,
-        "suite": SUITE,
-        "arch": ARCH,
-        "variant": "minbase",
-        "packages": list(PACKAGES),
-        "masked": list(MASKED_UNITS),
-        "files": {p: [hashlib.sha256(c.encode()).hexdigest(), m] for p, (c, m) in BAKED_FILES.items()},
+        "version": ROOTFS_VERSION, "suite": SUITE, "arch": ARCH, "variant": "minbase",
+        "packages": list(PACKAGES), "masked": list(MASKED_UNITS),
+        "files": {p: [hashlib.sha256(c.encode()).hexdigest(), m]
+                  for p, (c, m) in baked_files().items()},
     }
 
 
@@ -152,44 +97,33 @@ def recipe_hash() -> str:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TESTBED_CACHE")
-    return Path(env).expanduser() if env else Path("~/.cache/sglang-deploy/rootfs").expanduser()
+    return Path(os.environ.get("TESTBED_CACHE") or "~/.cache/sglang-deploy/rootfs").expanduser()
 
 
 def base_path() -> Path:
     return cache_dir() / recipe_hash()
 
 
-def _log(msg: str) -> None:
-    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
-
-
 def _customise(root: Path) -> None:
-    for rel, (content, mode) in BAKED_FILES.items():
+    for rel, (content, mode) in baked_files().items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(content)
         p.chmod(mode)
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
-    link = wants / "testbed-gpu-nodes.service"
-    if not link.is_symlink():
-        link.symlink_to("/etc/systemd/system/testbed-gpu-nodes.service")
+    unit = "testbed-gpu-nodes.service"
+    (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
     for unit in MASKED_UNITS:
         p = root / "etc/systemd/system" / unit
-        if p.exists() or p.is_symlink():
-            p.unlink()
+        p.unlink(missing_ok=True)
         p.symlink_to("/dev/null")
     # Per-host identity lives in each host's overlay: no host keys, no machine-id, no hostname.
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
     (root / "etc/machine-id").write_text("")
-    dbus_id = root / "var/lib/dbus/machine-id"
-    if dbus_id.is_symlink() or dbus_id.exists():
-        dbus_id.unlink()
-    hostname = root / "etc/hostname"
-    if hostname.exists():
-        hostname.unlink()
+    (root / "var/lib/dbus/machine-id").unlink(missing_ok=True)
+    (root / "etc/hostname").unlink(missing_ok=True)
     (root / "etc/testbed").mkdir(exist_ok=True)
     (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
     # Smaller base: the package lists and the .deb cache are not needed (no network inside).
@@ -207,8 +141,7 @@ def ensure_base(force: bool = False) -> Path:
         return final
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    lock_path = cache / f".{final.name}.lock"
-    with open(lock_path, "w") as lock:
+    with open(cache / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another builder of the same recipe: wait for it
         if final.is_dir() and not force:
             return final
@@ -217,19 +150,19 @@ def ensure_base(force: bool = False) -> Path:
         tmp = cache / f".{final.name}.tmp-{os.getpid()}"
         t0 = time.monotonic()
         src = mirror()
-        _log(f"building base rootfs {final.name} ({SUITE}, minbase) from {src} ...")
+        log(f"building base rootfs {final.name} ({SUITE}, minbase) from {src} ...")
         cmd = [
             "debootstrap", "--variant=minbase", f"--arch={ARCH}",
             "--include=" + ",".join(PACKAGES), SUITE, str(tmp), src,
         ]
-        log = cache / f"{final.name}.build.log"
-        with open(log, "w") as out:
+        build_log = cache / f"{final.name}.build.log"
+        with open(build_log, "w") as out:
             r = subprocess.run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT)
         if r.returncode != 0:
-            tail = log.read_text(errors="replace").splitlines()[-20:]
+            tail = build_log.read_text(errors="replace").splitlines()[-20:]
             shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(
-                f"debootstrap failed (exit {r.returncode}); log: {log}\n" + "\n".join(tail)
+                f"debootstrap failed (exit {r.returncode}); log: {build_log}\n" + "\n".join(tail)
             )
         _customise(tmp)
         if force and final.exists():
@@ -237,9 +170,5 @@ def ensure_base(force: bool = False) -> Path:
             final.rename(old)
             shutil.rmtree(old, ignore_errors=True)
         os.rename(tmp, final)
-        _log(f"base rootfs ready in {time.monotonic() - t0:.1f}s: {final}")
+        log(f"base rootfs ready in {time.monotonic() - t0:.1f}s: {final}")
         return final
-
-
-if __name__ == "__main__":
-    print(ensure_base(force="--force" in sys.argv))
