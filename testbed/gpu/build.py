@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed import fleet
-
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "libcuda_stub.c"
 NVIDIA_SMI = HERE / "nvidia_smi.py"
@@ -111,13 +109,30 @@ def build_libcuda(out_dir: Path) -> Path:
     return lib
 
 
+# gpu.env as in docs/design.md; nvidia_smi.py and libcuda_stub.c use the same defaults
+DEFAULT_GPU_ENV = {
+    "GPU_COUNT": "8",
+    "GPU_NAME": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    "GPU_MEMORY_MIB": "97887",
+    "GPU_CC": "12.0",
+    "DRIVER_VERSION": "580.95.05",
+    "CUDA_VERSION": "13.0",
+    "SOCKETS": "2",
+    "P2P_GBPS": "40",
+    "SCENARIO": "healthy",
+    "REPLAY_DIR": "",
+}
+SCENARIOS = ("healthy", "uvm-missing", "driver-mismatch", "gpu-missing", "p2p-unsupported",
+             "p2p-corrupt", "p2p-slow")
+
+
 def render_gpu_env(**overrides: str | float) -> str:
-    """Text of /etc/testbed/gpu.env: the fleet's default, updated with `overrides`."""
-    keys = dict(line.split("=", 1) for line in fleet.GPU_ENV_DEFAULT.splitlines())
+    """Text of /etc/testbed/gpu.env: the defaults, updated with `overrides`."""
+    keys = dict(DEFAULT_GPU_ENV)
     keys.update({k: str(v) for k, v in overrides.items()})
-    if keys["SCENARIO"] not in fleet.GPU_SCENARIOS:
+    if keys["SCENARIO"] not in SCENARIOS:
         raise ValueError(f"unknown GPU scenario {keys['SCENARIO']!r} "
-                         f"(one of {', '.join(fleet.GPU_SCENARIOS)})")
+                         f"(one of {', '.join(SCENARIOS)})")
     return "".join(f"{k}={v}\n" for k, v in keys.items())
 
 
