@@ -26,11 +26,13 @@ def _safetensors_bytes(tensor_name: str, n_bytes: int) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + bytes(n_bytes)
 
 
-# Words the simulator generates (launch_server.WORDS) come first, then filler words: the
-# vocabulary is fixed, so tokenization is deterministic across hosts and runs.
-TOKENIZER_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
-                   "sglang", "serves", "tokens", "from", "eight", "simulated", "blackwell", "gpus",
-                   "in", "small", "testbed"]
+#: the text the simulator generates, word after word
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "sglang",
+         "serves", "tokens", "from", "eight", "simulated", "blackwell", "gpus", "in", "a", "small",
+         "testbed"]
+# The tokenizer's vocabulary: the simulator's words first, then filler words; it is fixed, so
+# tokenization is deterministic across hosts and runs.
+TOKENIZER_WORDS = list(dict.fromkeys(WORDS))
 TOKENIZER_VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 
