@@ -60,25 +60,19 @@ class Mirror:
         handler = type("Handler", (_Handler,), {"mirror": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
-        self.thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "Mirror":
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    def start(self) -> Mirror:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
 
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-    def record(self, entry: dict) -> None:
-        with self.lock:
-            self.requests.append(entry)
 
     def __enter__(self):
         return self.start()
@@ -112,8 +106,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _authorised(self, head: bool) -> bool:
         auth = self.headers.get("Authorization")
-        self.mirror.record({"method": self.command, "path": self.path, "authorization": auth,
-                            "user_agent": self.headers.get("User-Agent")})
+        with self.mirror.lock:
+            self.mirror.requests.append({"method": self.command, "path": self.path,
+                                         "authorization": auth,
+                                         "user_agent": self.headers.get("User-Agent")})
         if auth == f"Bearer {self.mirror.repo.token}":
             return True
         if auth is None:
@@ -127,8 +123,12 @@ class _Handler(BaseHTTPRequestHandler):
                        {"X-Error-Message": "Invalid credentials in Authorization header"}, head)
         return False
 
-    def _rev_ok(self, rev: str) -> bool:
-        return rev in ("main", self.mirror.repo.commit)
+    def _rev_missing(self, rev: str, head: bool) -> bool:
+        """Answers the Hub's 404 for a revision that is neither `main` nor the commit."""
+        if rev in ("main", self.mirror.repo.commit):
+            return False
+        self._json(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"}, head)
+        return True
 
     # -- routes
     def do_HEAD(self):
@@ -141,15 +141,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorised(head):
             return
         repo = self.mirror.repo
-        url = urllib.parse.urlsplit(self.path)
-        path = urllib.parse.unquote(url.path)
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         api = f"/api/models/{repo.repo_id}/"
         resolve = f"/{repo.repo_id}/resolve/"
         if path.startswith(api + "revision/"):
             rev = path[len(api + "revision/"):]
-            if not self._rev_ok(rev):
-                return self._json(404, {"error": f"Invalid rev id: {rev}"},
-                                  {"X-Error-Code": "RevisionNotFound"}, head)
+            if self._rev_missing(rev, head):
+                return
             return self._json(200, {
                 "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit,
                 "private": False, "gated": "manual", "disabled": False, "tags": [],
@@ -157,17 +155,15 @@ class _Handler(BaseHTTPRequestHandler):
             }, head=head)
         if path.startswith(api + "tree/"):
             rev = path[len(api + "tree/"):].split("/", 1)[0]
-            if not self._rev_ok(rev):
-                return self._json(404, {"error": f"Invalid rev id: {rev}"},
-                                  {"X-Error-Code": "RevisionNotFound"}, head)
+            if self._rev_missing(rev, head):
+                return
             return self._json(200, [{"type": "file", "path": p, "size": size, "oid": blob}
                                     for p, (size, blob, _) in sorted(repo.files.items())],
                               head=head)
         if path.startswith(resolve):
             rev, _, name = path[len(resolve):].partition("/")
-            if not self._rev_ok(rev):
-                return self._json(404, {"error": f"Invalid rev id: {rev}"},
-                                  {"X-Error-Code": "RevisionNotFound"}, head)
+            if self._rev_missing(rev, head):
+                return
             if name not in repo.files:
                 return self._json(404, {"error": "Entry not found"},
                                   {"X-Error-Code": "EntryNotFound"}, head)

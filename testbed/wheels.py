@@ -11,6 +11,7 @@ import json
 import os
 import re
 import urllib.request
+import zipfile
 from pathlib import Path
 
 INDEX = os.environ.get("SGLANG_DEPLOY_SIMPLE_INDEX", "https://pypi.org/simple")
@@ -27,11 +28,9 @@ def _wheel_ok(filename: str, python_tag: str, platform: str) -> bool:
         return False
     py, abi, plat = parts[-3], parts[-2], parts[-1]
     pys = py.split(".")
-    if not any(p in (python_tag, "py3", "py2.py3") or p == "py3" for p in pys) and python_tag not in pys:
-        # abi3 wheels: cp39-abi3 etc. are fine for any later CPython
-        if not (abi == "abi3" and any(p.startswith("cp3") for p in pys)):
-            return False
-    return plat == "any" or platform in plat
+    # abi3 wheels: cp39-abi3 etc. are fine for any later CPython
+    py_ok = python_tag in pys or "py3" in pys or (abi == "abi3" and any(p.startswith("cp3") for p in pys))
+    return py_ok and (plat == "any" or platform in plat)
 
 
 def fetch_wheel(name: str, version: str, python_tag: str = "cp311", platform: str = "x86_64",
@@ -78,16 +77,12 @@ def fetch_sglang(version: str, **kw) -> Path:
 
 def extract_member(wheel: Path, member: str) -> str:
     """Read one file (e.g. 'sglang/srt/server_args.py') from a wheel as text."""
-    import zipfile
-
     with zipfile.ZipFile(wheel) as zf:
         return zf.read(member).decode("utf-8")
 
 
 def unpack(wheel: Path, dest: Path) -> Path:
     """Unpack a wheel into DEST (a fake site-packages); returns DEST."""
-    import zipfile
-
     dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(dest)

@@ -23,9 +23,12 @@ REAL_DURATIONS = {          # seconds on a real 8-GPU host, multiplied by TIME_S
     "warmup_retry": 120.0,   # _execute_server_warmup tries /model_info 120 times, 1 s apart
 }
 
-# --------------------------------------------------------------------------------------
-# Configuration and the model directory
-# --------------------------------------------------------------------------------------
+
+def _launched_with(args: str) -> bool:
+    """Whether this server's command line contains ARGS ("--flag value")."""
+    return f" {args} " in " " + " ".join(sys.argv[1:]) + " "
+
+
 def read_env_file(path: str) -> dict:
     out = {}
     try:
@@ -41,18 +44,18 @@ def read_env_file(path: str) -> dict:
 
 class Config:
     def __init__(self):
-        env = read_env_file(os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env"))
+        self.path = os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env")
+        env = read_env_file(self.path)
         gpu = read_env_file(os.environ.get("TESTBED_GPU_ENV", "/etc/testbed/gpu.env"))
         self.scenario = env.get("SCENARIO", "healthy") or "healthy"
         # SCENARIO_WHEN="--flag value": the scenario hits only a server launched with those
         # arguments (a configuration that fails), any other launch is healthy.
         when = env.get("SCENARIO_WHEN", "")
-        if when and f" {when} " not in " " + " ".join(sys.argv[1:]) + " ":
+        if when and not _launched_with(when):
             self.scenario = "healthy"
         self.time_scale = float(env.get("TIME_SCALE", "0.05") or 0.05)
         if self.scenario == "slow-start":
             self.time_scale *= 5
-        self.path = os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env")
         self._rates_checked = 0.0
         self._rates_mtime = None
         self._apply_rates(env)
@@ -71,7 +74,7 @@ class Config:
         # SLOW_WHEN="--flag value", SLOW_FACTOR=0.5: a configuration that is slower than
         # the previous one (the benchmark gate's test); other launches keep the rates.
         when = env.get("SLOW_WHEN", "")
-        if when and f" {when} " in " " + " ".join(sys.argv[1:]) + " ":
+        if when and _launched_with(when):
             factor = float(env.get("SLOW_FACTOR", "0.5") or 0.5)
             self.tokens_per_s *= factor
             self.max_tokens_per_s *= factor
@@ -90,8 +93,8 @@ class Config:
             self._rates_mtime = mtime
             self._apply_rates(read_env_file(self.path))
 
-    def sleep(self, what: str, factor: float = 1.0):
-        time.sleep(REAL_DURATIONS[what] * factor * self.time_scale)
+    def sleep(self, what: str):
+        time.sleep(REAL_DURATIONS[what] * self.time_scale)
 
 
 def read_model(model_path: str) -> dict:
