@@ -127,7 +127,8 @@ class _Handler(BaseHTTPRequestHandler):
         """Answers the Hub's 404 for a revision that is neither `main` nor the commit."""
         if rev in ("main", self.mirror.repo.commit):
             return False
-        self._json(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"}, head)
+        self._json(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"},
+                   head)
         return True
 
     # -- routes

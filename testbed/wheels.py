@@ -29,7 +29,8 @@ def _wheel_ok(filename: str, python_tag: str, platform: str) -> bool:
     py, abi, plat = parts[-3], parts[-2], parts[-1]
     pys = py.split(".")
     # abi3 wheels: cp39-abi3 etc. are fine for any later CPython
-    py_ok = python_tag in pys or "py3" in pys or (abi == "abi3" and any(p.startswith("cp3") for p in pys))
+    py_ok = (python_tag in pys or "py3" in pys
+             or (abi == "abi3" and any(p.startswith("cp3") for p in pys)))
     return py_ok and (plat == "any" or platform in plat)
 
 

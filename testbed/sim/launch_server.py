@@ -18,19 +18,7 @@ What is derived from the INSTALLED wheel (so a different version behaves differe
   * wording variants (autotune start line; tqdm "\r" vs "\n" from 0.5.10), the auth-exempt
     path prefixes (srt/utils/auth.py), the SIGTERM end (<= 0.5.18 SIGKILLs itself).
 
-Config: /etc/testbed/sim.env (or $TESTBED_SIM_ENV), KEY=VALUE lines:
-  SCENARIO=healthy|autotune-crash|load-hang|oom|slow-start
-  TIME_SCALE=0.05       multiplies the real-ish durations below (slow-start: x5 more)
-  TOKENS_PER_S=5000     simulated output throughput of one request (re-read while running)
-  SLOW_WHEN=, SLOW_FACTOR=0.5  rates x SLOW_FACTOR when launched with the SLOW_WHEN arguments
-  MAX_TOKENS_PER_S=0    aggregate output throughput cap of the server, 0 = none (re-read
-                        while running): throughput = min(concurrency x TOKENS_PER_S, cap)
-  READY_FILE=$SGLANG_CACHE_DIR/sglang-sim/ready.json   wall-clock ready moment, written atomically
-                        (default under the cache dir: the unit's ProtectSystem=strict leaves it writable)
-  EXIT_FILE=<beside READY_FILE>/exit.json   wall-clock moment of a crash exit (autotune-crash, oom)
-  WARMUP_GATE=          optional path: warmup (health 503) lasts until this file exists
-  HANG_AT_SHARD=        load-hang: shard index where progress stops (default: half)
-  GPU_MEMORY_MIB=       simulated GPU memory (default: GPU_MEMORY_MIB of /etc/testbed/gpu.env, else 97887)
+Config: /etc/testbed/sim.env (or $TESTBED_SIM_ENV), its keys listed in sim_config.py.
 
 Observable exit statuses (documented in README.md):
   healthy/slow-start: runs until stopped; SIGTERM before the first request (incl. the
@@ -163,14 +151,9 @@ class Sim:
 
     def _auth_exempt_prefixes(self) -> tuple:
         f = self.sgl / "srt" / "utils" / "auth.py"
-        if f.is_file():
-            found = re.findall(r'path\.startswith\(\s*"(/[a-z_]+)"\s*\)', f.read_text())
-            if found:
-                return tuple(dict.fromkeys(found))
-        return ("/health", "/metrics")
-
-    def avail_gb(self) -> float:
-        return self.cfg.gpu_mib / 1024.0 - 0.6
+        text = f.read_text() if f.is_file() else ""
+        found = re.findall(r'path\.startswith\(\s*"(/[a-z_]+)"\s*\)', text)
+        return tuple(dict.fromkeys(found)) or ("/health", "/metrics")
 
     def weight_gb(self) -> float:
         total = self.model["total_size"]
@@ -183,7 +166,7 @@ class Sim:
         tb = ["Traceback (most recent call last):"]
         for path, func, code in frames:
             lineno = self._lineno(path, code)
-            full = str(self.sgl.parent / path) if path.startswith("sglang/") else path
+            full = f"{self.site}/{path}" if path.startswith("sglang/") else path
             tb.append(f'  File "{full}", line {lineno}, in {func}')
             tb.append(f"    {code}")
         tb.extend(exc_lines)
@@ -195,7 +178,8 @@ class Sim:
     def die(self, phase: str):
         """kill_process_tree(): the process SIGKILLs itself, its moment in EXIT_FILE."""
         self.write_record(self.cfg.exit_file, {"exited_at": time.time(), "how": "SIGKILL",
-                                               "phase": phase})
+                                               "phase": phase, "started_at": self.started,
+                                               "pid": os.getpid()})
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _lineno(self, path: str, code: str):
@@ -238,7 +222,7 @@ class Sim:
         self.serve()
 
     def load_weights(self):
-        avail = self.avail_gb()
+        avail = self.cfg.gpu_mib / 1024.0 - 0.6
         self.all_ranks("load_begin", avail=avail)
         n = self.model["shards"]
         tic = time.monotonic()
@@ -325,7 +309,7 @@ class Sim:
         else:
             # FlashInfer's AutoTuner shows one tqdm bar per tuned op (rank 0's stderr)
             for op in ("trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"):
-                self.bar(M("autotuner_bar", op=op), 14, "autotune", unit="profile", factor=0.5)
+                self.bar([M("autotuner_bar", op=op)] * 14, "autotune", unit="profile", factor=0.5)
             for p in paths:
                 try:
                     Path(p).write_text("{}\n")
@@ -345,9 +329,8 @@ class Sim:
         # cuda_graph_runner.capture: tqdm over the batch sizes (largest first) on rank 0
         sizes = list(reversed(bss))
         fail_at = len(sizes) // 3 if self.cfg.scenario == "capture-oom" else None
-        self.bar(None, len(sizes), "graph", descs=[
-            M("capturing", bs=b, avail=self.avail_after_kv - 0.02 * i) for i, b in enumerate(sizes)],
-            stop_at=fail_at)
+        self.bar([M("capturing", bs=b, avail=self.avail_after_kv - 0.02 * i)
+                  for i, b in enumerate(sizes)], "graph", stop_at=fail_at)
         if fail_at is not None:
             sim_faults.capture_oom(self)
         if self.tp > 1:
@@ -358,15 +341,16 @@ class Sim:
                        elapsed=REAL_DURATIONS["graph"] * self.cfg.time_scale, usage=usage,
                        avail=self.avail_after_graph)
 
-    def bar(self, desc, total: int, what: str, unit: str = "it", descs=None, stop_at=None,
-            factor: float = 1.0):
-        """A tqdm bar in its default layout on stderr, updated with "\r" as tqdm does,
-        spending REAL_DURATIONS[what] over its steps; STOP_AT: stop there (a crash)."""
+    def bar(self, descs: list[str], what: str, unit: str = "it", stop_at=None, factor=1.0):
+        """A tqdm bar in its default layout on stderr, one step per description in DESCS,
+        updated with "\r" as tqdm does, spending REAL_DURATIONS[what] x FACTOR over its
+        steps; STOP_AT: stop there (a crash)."""
         tic = time.monotonic()
+        total = len(descs)
         step = REAL_DURATIONS[what] * factor * self.cfg.time_scale / max(total, 1)
         for i in range(total + 1):
-            d = descs[min(i, total - 1)] if descs else desc
-            _write(sys.stderr, "\r" + tqdm_default(d, i, total, time.monotonic() - tic, unit))
+            desc = descs[min(i, total - 1)]
+            _write(sys.stderr, "\r" + tqdm_default(desc, i, total, time.monotonic() - tic, unit))
             if stop_at is not None and i >= stop_at:
                 _write(sys.stderr, "\n")
                 return
@@ -430,8 +414,6 @@ class Sim:
 
     def write_record(self, file: str, data: dict):
         """Wall-clock moments for the benchmarks (same kernel clock as the controller)."""
-        data.setdefault("started_at", self.started)
-        data.setdefault("pid", os.getpid())
         path = Path(file)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -441,13 +423,9 @@ class Sim:
         except OSError as e:
             _write(sys.stderr, f"sglang-sim: cannot write {path}: {e}\n")
 
-    def access(self, client, method, path, status):
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = ""
+    def access(self, client, method, path, status: int):
         self.uv(M("uv_access", client=client, method=method, path=path, status=status,
-                  phrase=phrase), sys.stdout)
+                  phrase=HTTPStatus(status).phrase), sys.stdout)
 
     def on_sigterm(self, signum=None, frame=None):
         if self.shutting_down:
@@ -511,9 +489,8 @@ class Sim:
                 self.counters["requests"] += 1
 
 
-def main(argv=None):
-    sim = Sim(sys.argv[1:] if argv is None else argv)
-    sim.run()
+def main():
+    Sim(sys.argv[1:]).run()
 
 
 if __name__ == "__main__":

@@ -41,13 +41,9 @@ def make_handler(sim):
         def log_message(self, fmt, *args):  # uvicorn-style access log instead
             pass
 
-        def log_request(self, code="-", size="-"):
-            try:
-                code = int(code)
-            except (TypeError, ValueError):
-                code = 0
+        def log_request(self, code="-", size="-"):  # send_response passes the status
             sim.access(f"{self.client_address[0]}:{self.client_address[1]}", self.command,
-                       self.path, code)
+                       self.path, int(code))
 
         # -- plumbing
         def _send(self, status: int, body=b"", ctype="application/json", headers=None):
@@ -203,19 +199,22 @@ def make_handler(sim):
             rid = uuid.uuid4().hex
             created = int(time.time())
             stream = bool(body.get("stream"))
-            obj = ("chat.completion" if chat else "text_completion") + (".chunk" if chat and stream else "")
+            model = body.get("model") or sim.served
+            obj = "chat.completion" if chat else "text_completion"
+            obj += ".chunk" if chat and stream else ""
             usage = {"prompt_tokens": ptoks, "total_tokens": ptoks + n, "completion_tokens": n,
                      "prompt_tokens_details": None, "reasoning_tokens": 0}
 
             def reply(choices, usage=None):
-                return {"id": rid, "object": obj, "created": created,
-                        "model": body.get("model") or sim.served, "choices": choices, "usage": usage}
+                return {"id": rid, "object": obj, "created": created, "model": model,
+                        "choices": choices, "usage": usage}
 
             if stream:
                 self._sse_start()
 
                 def chunk(text="", finish=None, role=False):
-                    delta = {} if finish else {"role": "assistant", "content": text} if role else {"content": text}
+                    delta = {"role": "assistant", "content": text} if role else {"content": text}
+                    delta = {} if finish else delta
                     choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": text}
                     return reply([{**choice, "logprobs": None, "finish_reason": finish}])
 
@@ -228,7 +227,8 @@ def make_handler(sim):
                 self._sse("[DONE]")
                 return
             text = "".join(sim.generate_tokens(rid, n))
-            message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+            message = {"role": "assistant", "content": text, "reasoning_content": None,
+                       "tool_calls": None}
             choice = {"index": 0, "message": message} if chat else {"index": 0, "text": text}
             self._send(200, reply([{**choice, "logprobs": None, "finish_reason": "length",
                                     "matched_stop": None}], usage))

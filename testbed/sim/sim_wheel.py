@@ -20,7 +20,8 @@ _MISSING = object()
 def find_sglang_dir() -> Path:
     spec = importlib.util.find_spec("sglang")  # does not execute sglang/__init__.py
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("launch_server.py (simulator): sglang is not installed in this environment")
+        raise SystemExit("launch_server.py (simulator): sglang is not installed in this "
+                         "environment")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -69,7 +70,8 @@ def _literal(node, default=_MISSING):
 
 def _literal_list(node, lists: dict) -> list:
     """[literal, ...], a module-level list of LISTS by name, or a + of such; else ValueError."""
-    if isinstance(node, (ast.List, ast.Tuple)) and all(isinstance(e, ast.Constant) for e in node.elts):
+    if isinstance(node, (ast.List, ast.Tuple)) and all(isinstance(e, ast.Constant)
+                                                       for e in node.elts):
         return [e.value for e in node.elts]
     if isinstance(node, ast.Name) and node.id in lists:
         return list(lists[node.id])
