@@ -104,16 +104,19 @@ def _server_args_fields(tree: ast.Module) -> tuple[list, dict]:
     return [], {}
 
 
+def _function(tree: ast.AST, name: str):
+    """The first definition of function NAME in TREE, else None."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return next((node for node in ast.walk(tree) if isinstance(node, kinds) and node.name == name),
+                None)
+
+
 def _cli_aliases(tree: ast.Module) -> list:
     """`args.tp_size = args.tensor_parallel_size` lines of ServerArgs.from_cli_args."""
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "from_cli_args":
-            for st in ast.walk(node):
-                if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                        and isinstance(st.targets[0], ast.Attribute) and isinstance(st.value, ast.Attribute):
-                    out.append((st.targets[0].attr, st.value.attr))
-    return out
+    fn = _function(tree, "from_cli_args")
+    return [(st.targets[0].attr, st.value.attr) for st in (ast.walk(fn) if fn else ())
+            if isinstance(st, ast.Assign) and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Attribute) and isinstance(st.value, ast.Attribute)]
 
 
 def _nargs0_actions(tree: ast.Module) -> set:
@@ -132,13 +135,12 @@ def _nargs0_actions(tree: ast.Module) -> set:
 
 
 def _find_prog(tree: ast.Module):
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "prepare_server_args":
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) == "ArgumentParser":
-                    for kw in sub.keywords:
-                        if kw.arg == "prog" and isinstance(kw.value, ast.Constant):
-                            return kw.value.value
+    fn = _function(tree, "prepare_server_args")
+    for sub in ast.walk(fn) if fn else ():
+        if isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) == "ArgumentParser":
+            for kw in sub.keywords:
+                if kw.arg == "prog" and isinstance(kw.value, ast.Constant):
+                    return kw.value.value
     return None
 
 
@@ -156,8 +158,7 @@ def build_parser(server_args_src: str):
     parser.sim_incomplete = "add_cli_args_from_dataclass" in server_args_src
     parser.sim_aliases = _cli_aliases(tree)
 
-    scope = next((node for node in ast.walk(tree)
-                  if isinstance(node, ast.FunctionDef) and node.name == "add_cli_args"), tree)
+    scope = _function(tree, "add_cli_args") or tree
     seen: set = set()
     for call in ast.walk(scope):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
@@ -258,9 +259,9 @@ def find_autotune_function(sgl: Path):
         if not f.is_file():
             continue
         src = f.read_text()
-        for node in ast.walk(ast.parse(src)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                return rel, node, ast.get_source_segment(src, node) or ""
+        fn = _function(ast.parse(src), name)
+        if fn:
+            return rel, fn, ast.get_source_segment(src, fn) or ""
     return None, None, ""
 
 
