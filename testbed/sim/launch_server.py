@@ -227,21 +227,16 @@ class Sim:
         n = self.model["shards"]
         tic = time.monotonic()
         cr = self.vt >= (0, 5, 10)  # from 0.5.10 tqdm updates end with "\r" only
-        hang = None
+        hang = n
         if self.cfg.scenario == "load-hang":
             hang = int(self.cfg.hang_at) if self.cfg.hang_at else n // 2
-
-        def show(i):
+        for i in range(n + 1):
+            if i:
+                while i > hang:  # progress stops; the process stays alive
+                    time.sleep(3600)
+                self.cfg.sleep("per_shard")
             line = tqdm_line(i, n, time.monotonic() - tic)
             _write(sys.stderr, ("\r" + line) if cr else (line + "\n"))
-
-        show(0)
-        for i in range(1, n + 1):
-            if hang is not None and i > hang:
-                while True:  # progress stops; the process stays alive
-                    time.sleep(3600)
-            self.cfg.sleep("per_shard")
-            show(i)
         if cr:
             _write(sys.stderr, "\n")
         elapsed = time.monotonic() - tic
@@ -294,13 +289,10 @@ class Sim:
         src_mr = (self.sgl / "srt" / "model_executor" / "model_runner.py")
         with_cache = self.vt >= (0, 5, 12) or "Running FlashInfer autotune with cache" in (
             src_mr.read_text() if src_mr.is_file() else "")
-        paths = []
+        paths = [self.autotune_cache_path(r) for r in range(self.tp)] if with_cache else []
         for r in range(self.tp):
-            if with_cache:
-                paths.append(self.autotune_cache_path(r))
-                log(M("autotune_begin_cache", path=paths[-1]), self.prefix(r))
-            else:
-                log(M("autotune_begin"), self.prefix(r))
+            log(M("autotune_begin_cache", path=paths[r]) if paths else M("autotune_begin"),
+                self.prefix(r))
         if self.cfg.scenario == "autotune-crash":
             self.cfg.sleep("autotune_fail")
             sim_faults.ninja_failure(self)
