@@ -60,25 +60,19 @@ class Mirror:
         handler = type("Handler", (_Handler,), {"mirror": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
-        self.thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "Mirror":
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    def start(self) -> Mirror:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
 
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-    def record(self, entry: dict) -> None:
-        with self.lock:
-            self.requests.append(entry)
 
     def __enter__(self):
         return self.start()
@@ -95,25 +89,26 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # -- helpers
-    def _send(self, status: int, body: bytes = b"", headers: dict | None = None,
-              head: bool = False) -> None:
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
         self.send_response(status)
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         if "Content-Length" not in (headers or {}):
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if not head and body:
+        if self.command != "HEAD" and body:
             self.wfile.write(body)
 
-    def _json(self, status: int, obj, headers: dict | None = None, head: bool = False) -> None:
+    def _json(self, status: int, obj, headers: dict | None = None) -> None:
         body = json.dumps(obj).encode()
-        self._send(status, body, {"Content-Type": "application/json", **(headers or {})}, head)
+        self._send(status, body, {"Content-Type": "application/json", **(headers or {})})
 
-    def _authorised(self, head: bool) -> bool:
+    def _authorised(self) -> bool:
         auth = self.headers.get("Authorization")
-        self.mirror.record({"method": self.command, "path": self.path, "authorization": auth,
-                            "user_agent": self.headers.get("User-Agent")})
+        with self.mirror.lock:
+            self.mirror.requests.append({"method": self.command, "path": self.path,
+                                         "authorization": auth,
+                                         "user_agent": self.headers.get("User-Agent")})
         if auth == f"Bearer {self.mirror.repo.token}":
             return True
         if auth is None:
@@ -121,56 +116,50 @@ class _Handler(BaseHTTPRequestHandler):
                                       "You must have access to it and be authenticated to access it. "
                                       "Please log in."},
                        {"X-Error-Code": "GatedRepo",
-                        "X-Error-Message": "Access restricted: please log in."}, head)
+                        "X-Error-Message": "Access restricted: please log in."})
         else:
             self._json(401, {"error": "Invalid credentials in Authorization header"},
-                       {"X-Error-Message": "Invalid credentials in Authorization header"}, head)
+                       {"X-Error-Message": "Invalid credentials in Authorization header"})
         return False
 
-    def _rev_ok(self, rev: str) -> bool:
-        return rev in ("main", self.mirror.repo.commit)
+    def _rev_missing(self, rev: str) -> bool:
+        """Answers the Hub's 404 for a revision that is neither `main` nor the commit."""
+        if rev in ("main", self.mirror.repo.commit):
+            return False
+        self._json(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"})
+        return True
 
     # -- routes
-    def do_HEAD(self):
-        self._route(head=True)
-
-    def do_GET(self):
-        self._route(head=False)
-
-    def _route(self, head: bool) -> None:
-        if not self._authorised(head):
+    def _route(self) -> None:
+        if not self._authorised():
             return
+        head = self.command == "HEAD"
         repo = self.mirror.repo
-        url = urllib.parse.urlsplit(self.path)
-        path = urllib.parse.unquote(url.path)
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         api = f"/api/models/{repo.repo_id}/"
         resolve = f"/{repo.repo_id}/resolve/"
         if path.startswith(api + "revision/"):
             rev = path[len(api + "revision/"):]
-            if not self._rev_ok(rev):
-                return self._json(404, {"error": f"Invalid rev id: {rev}"},
-                                  {"X-Error-Code": "RevisionNotFound"}, head)
+            if self._rev_missing(rev):
+                return
             return self._json(200, {
                 "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit,
                 "private": False, "gated": "manual", "disabled": False, "tags": [],
                 "siblings": [{"rfilename": p} for p in sorted(repo.files)],
-            }, head=head)
+            })
         if path.startswith(api + "tree/"):
             rev = path[len(api + "tree/"):].split("/", 1)[0]
-            if not self._rev_ok(rev):
-                return self._json(404, {"error": f"Invalid rev id: {rev}"},
-                                  {"X-Error-Code": "RevisionNotFound"}, head)
+            if self._rev_missing(rev):
+                return
             return self._json(200, [{"type": "file", "path": p, "size": size, "oid": blob}
-                                    for p, (size, blob, _) in sorted(repo.files.items())],
-                              head=head)
+                                    for p, (size, blob, _) in sorted(repo.files.items())])
         if path.startswith(resolve):
             rev, _, name = path[len(resolve):].partition("/")
-            if not self._rev_ok(rev):
-                return self._json(404, {"error": f"Invalid rev id: {rev}"},
-                                  {"X-Error-Code": "RevisionNotFound"}, head)
+            if self._rev_missing(rev):
+                return
             if name not in repo.files:
                 return self._json(404, {"error": "Entry not found"},
-                                  {"X-Error-Code": "EntryNotFound"}, head)
+                                  {"X-Error-Code": "EntryNotFound"})
             size, blob, sha256 = repo.files[name]
             etag = sha256 if name.endswith(".safetensors") else blob
             headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{etag}"',
@@ -185,8 +174,10 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Content-Length"] = str(len(body))
                 return self._send(206, body, headers)
             headers["Content-Length"] = str(size)
-            return self._send(200, data, headers, head)
-        return self._json(404, {"error": "Not found"}, head=head)
+            return self._send(200, data, headers)
+        return self._json(404, {"error": "Not found"})
+
+    do_GET = do_HEAD = _route
 
 
 def main(argv=None) -> int:

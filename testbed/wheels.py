@@ -11,34 +11,33 @@ import json
 import os
 import re
 import urllib.request
+import zipfile
 from pathlib import Path
 
 INDEX = os.environ.get("SGLANG_DEPLOY_SIMPLE_INDEX", "https://pypi.org/simple")
 CACHE = Path(os.environ.get("SGLANG_DEPLOY_WHEEL_CACHE", "~/.cache/sglang-deploy/wheels")).expanduser()
+PYTHON_TAG, PLATFORM = "cp311", "x86_64"  # the testbed's release venv
 
 
 def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _wheel_ok(filename: str, python_tag: str, platform: str) -> bool:
+def _wheel_ok(filename: str) -> bool:
     parts = filename[:-4].split("-")
     if len(parts) < 5:
         return False
     py, abi, plat = parts[-3], parts[-2], parts[-1]
     pys = py.split(".")
-    if not any(p in (python_tag, "py3", "py2.py3") or p == "py3" for p in pys) and python_tag not in pys:
-        # abi3 wheels: cp39-abi3 etc. are fine for any later CPython
-        if not (abi == "abi3" and any(p.startswith("cp3") for p in pys)):
-            return False
-    return plat == "any" or platform in plat
+    # abi3 wheels: cp39-abi3 etc. are fine for any later CPython
+    py_ok = (PYTHON_TAG in pys or "py3" in pys
+             or (abi == "abi3" and any(p.startswith("cp3") for p in pys)))
+    return py_ok and (plat == "any" or PLATFORM in plat)
 
 
-def fetch_wheel(name: str, version: str, python_tag: str = "cp311", platform: str = "x86_64",
-                cache: Path | None = None) -> Path:
+def fetch_wheel(name: str, version: str) -> Path:
     """Return the path of the wheel of NAME==VERSION, downloading it once into the cache."""
-    cache = cache or CACHE
-    cache.mkdir(parents=True, exist_ok=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
     req = urllib.request.Request(
         f"{INDEX}/{_normalise(name)}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
@@ -48,14 +47,13 @@ def fetch_wheel(name: str, version: str, python_tag: str = "cp311", platform: st
     candidates = [
         f for f in files
         if f["filename"].lower().startswith(prefix.lower()) and f["filename"].endswith(".whl")
-        and not f.get("yanked") and _wheel_ok(f["filename"], python_tag, platform)
+        and not f.get("yanked") and _wheel_ok(f["filename"])
     ]
     if not candidates:
-        raise LookupError(f"no wheel of {name}=={version} for {python_tag}/{platform} on {INDEX}")
+        raise LookupError(f"no wheel of {name}=={version} for {PYTHON_TAG}/{PLATFORM} on {INDEX}")
     # Prefer the most specific (platform) wheel, then the pure one.
-    candidates.sort(key=lambda f: f["filename"].endswith("-any.whl"))
-    chosen = candidates[0]
-    target = cache / chosen["filename"]
+    chosen = min(candidates, key=lambda f: f["filename"].endswith("-any.whl"))
+    target = CACHE / chosen["filename"]
     digest = chosen["hashes"]["sha256"]
     if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == digest:
         return target
@@ -72,22 +70,18 @@ def fetch_wheel(name: str, version: str, python_tag: str = "cp311", platform: st
     return target
 
 
-def fetch_sglang(version: str, **kw) -> Path:
-    return fetch_wheel("sglang", version, **kw)
+def fetch_sglang(version: str) -> Path:
+    return fetch_wheel("sglang", version)
 
 
 def extract_member(wheel: Path, member: str) -> str:
     """Read one file (e.g. 'sglang/srt/server_args.py') from a wheel as text."""
-    import zipfile
-
     with zipfile.ZipFile(wheel) as zf:
         return zf.read(member).decode("utf-8")
 
 
 def unpack(wheel: Path, dest: Path) -> Path:
     """Unpack a wheel into DEST (a fake site-packages); returns DEST."""
-    import zipfile
-
     dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(dest)

@@ -18,19 +18,7 @@ What is derived from the INSTALLED wheel (so a different version behaves differe
   * wording variants (autotune start line; tqdm "\r" vs "\n" from 0.5.10), the auth-exempt
     path prefixes (srt/utils/auth.py), the SIGTERM end (<= 0.5.18 SIGKILLs itself).
 
-Config: /etc/testbed/sim.env (or $TESTBED_SIM_ENV), KEY=VALUE lines:
-  SCENARIO=healthy|autotune-crash|load-hang|oom|slow-start
-  TIME_SCALE=0.05       multiplies the real-ish durations below (slow-start: x5 more)
-  TOKENS_PER_S=5000     simulated output throughput of one request (re-read while running)
-  SLOW_WHEN=, SLOW_FACTOR=0.5  rates x SLOW_FACTOR when launched with the SLOW_WHEN arguments
-  MAX_TOKENS_PER_S=0    aggregate output throughput cap of the server, 0 = none (re-read
-                        while running): throughput = min(concurrency x TOKENS_PER_S, cap)
-  READY_FILE=$SGLANG_CACHE_DIR/sglang-sim/ready.json   wall-clock ready moment, written atomically
-                        (default under the cache dir: the unit's ProtectSystem=strict leaves it writable)
-  EXIT_FILE=<beside READY_FILE>/exit.json   wall-clock moment of a crash exit (autotune-crash, oom)
-  WARMUP_GATE=          optional path: warmup (health 503) lasts until this file exists
-  HANG_AT_SHARD=        load-hang: shard index where progress stops (default: half)
-  GPU_MEMORY_MIB=       simulated GPU memory (default: GPU_MEMORY_MIB of /etc/testbed/gpu.env, else 97887)
+Config: /etc/testbed/sim.env (or $TESTBED_SIM_ENV), its keys listed in sim_config.py.
 
 Observable exit statuses (documented in README.md):
   healthy/slow-start: runs until stopped; SIGTERM before the first request (incl. the
@@ -41,31 +29,10 @@ Observable exit statuses (documented in README.md):
     SIGKILLs the main process itself -> killed by SIGKILL (-9).
   load-hang: never exits by itself.
 
-Where the printed strings come from (paths in the 0.5.12.post1 wheel); see MESSAGES below,
-each entry names its source file:
+Where the printed strings come from: MESSAGES (sim_log.py) names the source file of each
+template in the 0.5.12.post1 wheel, or marks it as uvicorn's or FlashInfer's. Besides those:
   log format "[%(asctime)s{prefix}] %(message)s", datefmt "%Y-%m-%d %H:%M:%S"  srt/utils/common.py configure_logger
   scheduler prefix " TP{tp_rank}" (only if tp_size > 1), " EP.." etc.     srt/managers/scheduler.py configure_scheduler_process
-  server_args=ServerArgs(...)                                              srt/entrypoints/engine.py
-  Init torch distributed begin./ends.                                      srt/model_executor/model_runner.py
-  Load weight begin./end.                                                  srt/model_executor/model_runner.py load_model
-  Loading safetensors checkpoint shards (tqdm, BAR_FORMAT)                 srt/model_loader/weight_utils.py, srt/utils/common.py
-  KV Cache is allocated. #tokens: .., KV size: ..                          srt/mem_cache/memory_pool.py
-  Not enough memory. Please try to increase --mem-fraction-static.         srt/model_executor/pool_configurator.py
-  Running FlashInfer autotune with cache: / Running FlashInfer autotune... srt/model_executor/model_runner.py
-  FlashInfer autotune completed.                                           srt/model_executor/model_runner.py
-  Capture cuda graph begin./end.                                           srt/model_executor/model_runner.py init_device_graphs
-  max_total_num_tokens=..                                                  srt/managers/scheduler.py
-  Prefill batch, ...                                                       srt/observability/scheduler_metrics_mixin.py
-  The server is fired up and ready to roll!                                srt/entrypoints/http_server.py
-  Scheduler hit an exception:                                              srt/managers/scheduler.py run_scheduler_process
-  Received sigquit from a child process. It usually means the child failed. srt/entrypoints/engine.py
-  SIGTERM received. ... Draining requests and shutting down...             srt/managers/tokenizer_manager.py SignalHandler
-  Gracefully exiting... Remaining number of requests ..                    srt/managers/tokenizer_manager.py sigterm_watchdog
-  Health check request received during shutdown. Returning 503.           srt/entrypoints/http_server.py
-  {"error": "Unauthorized"} (401)                                          srt/utils/auth.py
-Not from the sglang wheel: uvicorn's own lines ("INFO:     Uvicorn running on ...", access log),
-tqdm's layout, and FlashInfer's JIT failure (flashinfer/jit/cpp_ext.py run_ninja:
-"RuntimeError: Ninja build failed.").
 """
 
 from __future__ import annotations
@@ -94,10 +61,10 @@ if not __package__:  # run as /opt/sglang-sim/launch_server.py on a host (or by 
     __package__ = "sglang_sim"
 
 from . import sim_faults
-from .sim_config import REAL_DURATIONS, Config, read_env_file, read_model
+from .model import WORDS
+from .sim_config import REAL_DURATIONS, Config, read_model
 from .sim_http import make_handler
 from .sim_log import (
-    MESSAGES,
     PYNVML_WARNING,
     M,
     _write,
@@ -115,18 +82,14 @@ from .sim_wheel import (
     build_parser,
     find_sglang_dir,
     flashinfer_version,
+    parse_server_args,
     read_version,
     version_tuple,
 )
 
-__all__ = ["MESSAGES", "REAL_DURATIONS", "Config", "Sim", "autotune_decision", "build_parser",
-           "find_sglang_dir", "main", "messages_for", "read_env_file", "read_model",
-           "read_version", "version_tuple"]
-
-# --------------------------------------------------------------------------------------
-# The simulated server
-# --------------------------------------------------------------------------------------
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "sglang", "serves", "tokens", "from", "eight", "simulated", "blackwell", "gpus", "in", "a", "small", "testbed"]
+# the tests reach the simulator's parts through this module
+__all__ = ["WORDS", "Config", "Sim", "autotune_decision", "build_parser", "find_sglang_dir",
+           "main", "messages_for", "read_version", "version_tuple"]
 
 
 class Sim:
@@ -136,33 +99,7 @@ class Sim:
         self.vt = version_tuple(self.version)
         src = (self.sgl / "srt" / "server_args.py").read_text()
         self.parser, self.defaults = build_parser(src)
-        if getattr(self.parser, "sim_incomplete", False):
-            _write(sys.stderr, "sglang-sim: this version declares its flags via dataclass metadata; "
-                               "accepting unknown flags without checking them\n")
-            self.args, rest = self.parser.parse_known_args(argv)
-            i = 0
-            while i < len(rest):
-                tok = rest[i]
-                if tok.startswith("--"):
-                    name, _, val = tok[2:].partition("=")
-                    if not _ and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-                        val, i = rest[i + 1], i + 1
-                    elif not _:
-                        val = True
-                    if isinstance(val, str):
-                        for conv in (int, float):
-                            try:
-                                val = conv(val)
-                                break
-                            except ValueError:
-                                pass
-                    setattr(self.args, name.replace("-", "_"), val)
-                i += 1
-        else:
-            self.args = self.parser.parse_args(argv)
-        for dst, src_name in getattr(self.parser, "sim_aliases", []):
-            if hasattr(self.args, src_name):
-                setattr(self.args, dst, getattr(self.args, src_name))
+        self.args = parse_server_args(self.parser, argv)
         self.cfg = Config()
         a = self.args
         self.tp = int(getattr(a, "tp_size", 1) or 1)
@@ -176,7 +113,6 @@ class Sim:
         self.model = read_model(self.model_path)
         self.status = "starting"   # starting -> up
         self.shutting_down = False
-        self.first_request_done = False
         self.inflight: dict[str, float] = {}
         self.lock = threading.Lock()
         self.counters = {"prompt": 0, "gen": 0, "requests": 0}
@@ -184,7 +120,6 @@ class Sim:
         self.next_slot = 0.0   # aggregate pacing: the earliest moment the next token may leave
         self.started = time.time()
         self.exempt = self._auth_exempt_prefixes()
-        self.httpd = None
         # the ranks' lines interleave in an order drawn from LOG_SEED (sim.env)
         self.rng = random.Random(self.cfg.log_seed)
         # 0.5.x sets uvicorn's formats to "[%(asctime)s] %(levelprefix)s %(message)s"
@@ -216,14 +151,9 @@ class Sim:
 
     def _auth_exempt_prefixes(self) -> tuple:
         f = self.sgl / "srt" / "utils" / "auth.py"
-        if f.is_file():
-            found = re.findall(r'path\.startswith\(\s*"(/[a-z_]+)"\s*\)', f.read_text())
-            if found:
-                return tuple(dict.fromkeys(found))
-        return ("/health", "/metrics")
-
-    def avail_gb(self) -> float:
-        return self.cfg.gpu_mib / 1024.0 - 0.6
+        text = f.read_text() if f.is_file() else ""
+        found = re.findall(r'path\.startswith\(\s*"(/[a-z_]+)"\s*\)', text)
+        return tuple(dict.fromkeys(found)) or ("/health", "/metrics")
 
     def weight_gb(self) -> float:
         total = self.model["total_size"]
@@ -236,15 +166,20 @@ class Sim:
         tb = ["Traceback (most recent call last):"]
         for path, func, code in frames:
             lineno = self._lineno(path, code)
-            full = str(self.sgl.parent / path) if path.startswith("sglang/") else path
+            full = f"{self.site}/{path}" if path.startswith("sglang/") else path
             tb.append(f'  File "{full}", line {lineno}, in {func}')
             tb.append(f"    {code}")
         tb.extend(exc_lines)
         for r in (self.rng.sample(range(self.tp), self.tp) if ranks is None else ranks):
             log(M("sched_exc", traceback="\n".join(tb) + "\n"), self.prefix(r))
         log(M("sigquit"))
+        self.die(exc_lines[-1])
+
+    def die(self, phase: str):
+        """kill_process_tree(): the process SIGKILLs itself, its moment in EXIT_FILE."""
         self.write_record(self.cfg.exit_file, {"exited_at": time.time(), "how": "SIGKILL",
-                                               "phase": exc_lines[-1] if exc_lines else ""})
+                                               "phase": phase, "started_at": self.started,
+                                               "pid": os.getpid()})
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _lineno(self, path: str, code: str):
@@ -261,7 +196,7 @@ class Sim:
     def run(self):
         a = self.args
         ns = vars(a)
-        names = [f for f in getattr(self.parser, "sim_fields", []) if f in ns] or list(ns)
+        names = [f for f in self.parser.sim_fields if f in ns] or list(ns)
         fields = ", ".join(f"{k}={ns[k]!r}" for k in names)
         _write(sys.stderr, PYNVML_WARNING.format(site=self.site) + "\n")
         log(M("server_args", server_args=f"ServerArgs({fields})"))
@@ -287,26 +222,21 @@ class Sim:
         self.serve()
 
     def load_weights(self):
-        avail = self.avail_gb()
+        avail = self.cfg.gpu_mib / 1024.0 - 0.6
         self.all_ranks("load_begin", avail=avail)
         n = self.model["shards"]
         tic = time.monotonic()
         cr = self.vt >= (0, 5, 10)  # from 0.5.10 tqdm updates end with "\r" only
-        hang = None
+        hang = n
         if self.cfg.scenario == "load-hang":
             hang = int(self.cfg.hang_at) if self.cfg.hang_at else n // 2
-
-        def show(i):
+        for i in range(n + 1):
+            if i:
+                while i > hang:  # progress stops; the process stays alive
+                    time.sleep(3600)
+                self.cfg.sleep("per_shard")
             line = tqdm_line(i, n, time.monotonic() - tic)
             _write(sys.stderr, ("\r" + line) if cr else (line + "\n"))
-
-        show(0)
-        for i in range(1, n + 1):
-            if hang is not None and i > hang:
-                while True:  # progress stops; the process stays alive
-                    time.sleep(3600)
-            self.cfg.sleep("per_shard")
-            show(i)
         if cr:
             _write(sys.stderr, "\n")
         elapsed = time.monotonic() - tic
@@ -359,28 +289,24 @@ class Sim:
         src_mr = (self.sgl / "srt" / "model_executor" / "model_runner.py")
         with_cache = self.vt >= (0, 5, 12) or "Running FlashInfer autotune with cache" in (
             src_mr.read_text() if src_mr.is_file() else "")
-        paths = []
+        paths = [self.autotune_cache_path(r) for r in range(self.tp)] if with_cache else []
         for r in range(self.tp):
-            if with_cache:
-                paths.append(self.autotune_cache_path(r))
-                log(M("autotune_begin_cache", path=paths[-1]), self.prefix(r))
-            else:
-                log(M("autotune_begin"), self.prefix(r))
+            log(M("autotune_begin_cache", path=paths[r]) if paths else M("autotune_begin"),
+                self.prefix(r))
         if self.cfg.scenario == "autotune-crash":
             self.cfg.sleep("autotune_fail")
             sim_faults.ninja_failure(self)
-        cached = bool(paths) and all(Path(p).is_file() for p in paths)
-        if not cached:
+        if paths and all(Path(p).is_file() for p in paths):
+            self.cfg.sleep("autotune_cached")  # a complete cache: nothing to profile or save
+        else:
             # FlashInfer's AutoTuner shows one tqdm bar per tuned op (rank 0's stderr)
             for op in ("trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"):
-                self.bar(M("autotuner_bar", op=op), 14, "autotune", unit="profile", factor=0.5)
-        else:
-            self.cfg.sleep("autotune_cached")
-        for p in ([] if cached else paths):  # a complete cache has nothing new to save
-            try:
-                Path(p).write_text("{}\n")
-            except OSError:
-                pass
+                self.bar([M("autotuner_bar", op=op)] * 14, "autotune", unit="profile", factor=0.5)
+            for p in paths:
+                try:
+                    Path(p).write_text("{}\n")
+                except OSError:
+                    pass
         self.all_ranks("autotune_end")
 
     def capture_graphs(self):
@@ -389,17 +315,14 @@ class Sim:
             return
         self.all_ranks("graph_begin", backend="cuda graph", avail=self.avail_after_kv)
         max_bs = int(getattr(self.args, "cuda_graph_max_bs", None) or 256)
-        bss = [b for b in [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112,
-                           120, 128, 136, 144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224,
-                           232, 240, 248, 256, 272, 288, 304, 320, 336, 352, 368, 384, 400, 416,
-                           432, 448, 464, 480, 496, 512] if b <= max_bs]
+        all_bs = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 513, 16)]
+        bss = [b for b in all_bs if b <= max_bs]
         log(M("capture_bs", bs=bss), self.prefix(0))
         # cuda_graph_runner.capture: tqdm over the batch sizes (largest first) on rank 0
         sizes = list(reversed(bss))
         fail_at = len(sizes) // 3 if self.cfg.scenario == "capture-oom" else None
-        self.bar(None, len(sizes), "graph", descs=[
-            M("capturing", bs=b, avail=self.avail_after_kv - 0.02 * i) for i, b in enumerate(sizes)],
-            stop_at=fail_at)
+        self.bar([M("capturing", bs=b, avail=self.avail_after_kv - 0.02 * i)
+                  for i, b in enumerate(sizes)], "graph", stop_at=fail_at)
         if fail_at is not None:
             sim_faults.capture_oom(self)
         if self.tp > 1:
@@ -410,15 +333,16 @@ class Sim:
                        elapsed=REAL_DURATIONS["graph"] * self.cfg.time_scale, usage=usage,
                        avail=self.avail_after_graph)
 
-    def bar(self, desc, total: int, what: str, unit: str = "it", descs=None, stop_at=None,
-            factor: float = 1.0):
-        """A tqdm bar in its default layout on stderr, updated with "\r" as tqdm does,
-        spending REAL_DURATIONS[what] over its steps; STOP_AT: stop there (a crash)."""
+    def bar(self, descs: list[str], what: str, unit: str = "it", stop_at=None, factor=1.0):
+        """A tqdm bar in its default layout on stderr, one step per description in DESCS,
+        updated with "\r" as tqdm does, spending REAL_DURATIONS[what] x FACTOR over its
+        steps; STOP_AT: stop there (a crash)."""
         tic = time.monotonic()
+        total = len(descs)
         step = REAL_DURATIONS[what] * factor * self.cfg.time_scale / max(total, 1)
         for i in range(total + 1):
-            d = descs[min(i, total - 1)] if descs else desc
-            _write(sys.stderr, "\r" + tqdm_default(d, i, total, time.monotonic() - tic, unit))
+            desc = descs[min(i, total - 1)]
+            _write(sys.stderr, "\r" + tqdm_default(desc, i, total, time.monotonic() - tic, unit))
             if stop_at is not None and i >= stop_at:
                 _write(sys.stderr, "\n")
                 return
@@ -434,11 +358,11 @@ class Sim:
         handler = make_handler(self)
         ThreadingHTTPServer.daemon_threads = True
         try:
-            self.httpd = ThreadingHTTPServer((self.host, self.port), handler)
+            httpd = ThreadingHTTPServer((self.host, self.port), handler)
         except OSError as exc:
             self.bind_failed(exc)
         self.uv(M("uv_running", host=self.host, port=self.port))
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
         self.warmup()
         while True:
             time.sleep(3600)
@@ -468,13 +392,12 @@ class Sim:
         log(M("prefill_batch", iter="", seqs=1, tokens=7, cached=0, usage="token usage: 0.00, ", running=0,
               queue=0, pending=0) + M("prefill_graph", label="cuda graph", can=False) + M("prefill_tput", tput=0.0),
             self.prefix(0))
-        self.request_seen()   # the warmup request starts the tokenizer manager's handle loop
+        # the first request (this warmup) makes the TokenizerManager install its SIGTERM
+        # handler (drain)
+        signal.signal(signal.SIGTERM, self.on_sigterm)
         self.access(client, "POST", "/generate", 200)
         self.status = "up"
         log(M("ready"))
-        self.write_ready()
-
-    def write_ready(self):
         self.write_record(self.cfg.ready_file, {
             "ready_at": time.time(), "ready_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "started_at": self.started, "pid": os.getpid(), "version": self.version,
@@ -483,8 +406,6 @@ class Sim:
 
     def write_record(self, file: str, data: dict):
         """Wall-clock moments for the benchmarks (same kernel clock as the controller)."""
-        data.setdefault("started_at", self.started)
-        data.setdefault("pid", os.getpid())
         path = Path(file)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -494,21 +415,9 @@ class Sim:
         except OSError as e:
             _write(sys.stderr, f"sglang-sim: cannot write {path}: {e}\n")
 
-    def access(self, client, method, path, status):
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = ""
+    def access(self, client, method, path, status: int):
         self.uv(M("uv_access", client=client, method=method, path=path, status=status,
-                  phrase=phrase), sys.stdout)
-
-    def request_seen(self):
-        """First request: the TokenizerManager installs its SIGTERM handler (drain)."""
-        if self.first_request_done:
-            return
-        self.first_request_done = True
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self.on_sigterm)
+                  phrase=HTTPStatus(status).phrase), sys.stdout)
 
     def on_sigterm(self, signum=None, frame=None):
         if self.shutting_down:
@@ -523,18 +432,14 @@ class Sim:
             with self.lock:
                 rids = list(self.inflight)
             log(M("draining", n=len(rids), rids=rids))
-            if rids:
-                self.cfg.sleep("drain_poll")
-                continue
-            break
+            if not rids:
+                break
+            self.cfg.sleep("drain_poll")
         if self.vt <= (0, 5, 18, 99):
             os.kill(os.getpid(), signal.SIGKILL)  # kill_process_tree(include_parent=True) -> itself.kill()
         os._exit(0)
 
     # ----- generation
-    def fake_text(self, n: int) -> list[str]:
-        return [(" " if i else "") + WORDS[i % len(WORDS)] for i in range(n)]
-
     def token_time(self, wanted: float) -> float:
         """When a token wanted at WANTED may leave, given the aggregate cap MAX_TOKENS_PER_S.
 
@@ -554,7 +459,7 @@ class Sim:
             sim_faults.after_ready_request(self)
         self.cfg.refresh_rates()
         delay = 1.0 / self.cfg.tokens_per_s if self.cfg.tokens_per_s > 0 else 0.0
-        toks = self.fake_text(n)
+        toks = [(" " if i else "") + WORDS[i % len(WORDS)] for i in range(n)]
         with self.lock:
             self.inflight[rid] = time.time()
         try:
@@ -576,10 +481,8 @@ class Sim:
                 self.counters["requests"] += 1
 
 
-
-def main(argv=None):
-    sim = Sim(sys.argv[1:] if argv is None else argv)
-    sim.run()
+def main():
+    Sim(sys.argv[1:]).run()
 
 
 if __name__ == "__main__":

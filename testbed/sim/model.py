@@ -26,19 +26,21 @@ def _safetensors_bytes(tensor_name: str, n_bytes: int) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + bytes(n_bytes)
 
 
-# Words the simulator generates (launch_server.WORDS) come first, then filler words: the
-# vocabulary is fixed, so tokenization is deterministic across hosts and runs.
-TOKENIZER_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
-                   "sglang", "serves", "tokens", "from", "eight", "simulated", "blackwell", "gpus",
-                   "in", "small", "testbed"]
+#: the text the simulator generates, word after word
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "sglang",
+         "serves", "tokens", "from", "eight", "simulated", "blackwell", "gpus", "in", "a", "small",
+         "testbed"]
+# The tokenizer's vocabulary: the simulator's words first, then filler words; it is fixed, so
+# tokenization is deterministic across hosts and runs.
+TOKENIZER_WORDS = list(dict.fromkeys(WORDS))
 TOKENIZER_VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 
 
-def tokenizer_files(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> dict:
+def tokenizer_files() -> dict:
     """{filename: text} of a word-level Hugging Face tokenizer (the `tokenizers` JSON format)."""
     words = list(SPECIAL_TOKENS) + TOKENIZER_WORDS
-    words += [f"w{i}" for i in range(vocab_size - len(words))]
+    words += [f"w{i}" for i in range(TOKENIZER_VOCAB_SIZE - len(words))]
     vocab = {w: i for i, w in enumerate(words)}
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for i, t in enumerate(SPECIAL_TOKENS)]
@@ -51,28 +53,26 @@ def tokenizer_files(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> dict:
             "tokenizer_config.json": json.dumps(config, indent=2) + "\n"}
 
 
-def make_model_dir(path, n_shards: int = 5, shard_bytes: int = 4096,
-                   architecture: str = "GlmMoeDsaForCausalLM", quantized: bool = True) -> Path:
+def make_model_dir(path, n_shards: int = 5, shard_bytes: int = 4096) -> Path:
     """Write a model stand-in into PATH; returns the Path.
 
-    config.json (architecture, GLM-5-like sizes, ModelOpt NVFP4 quantization_config if
-    quantized), model.safetensors.index.json (weight_map over all shards, metadata.total_size),
-    and shards model-0000N-of-0000M.safetensors of SHARD_BYTES zero bytes each.
+    config.json (GLM-5's architecture and sizes, ModelOpt NVFP4 quantization_config),
+    model.safetensors.index.json (weight_map over all shards, metadata.total_size), and
+    shards model-0000N-of-0000M.safetensors of SHARD_BYTES zero bytes each.
     """
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     config = {
-        "architectures": [architecture],
-        "model_type": "glm_moe_dsa" if architecture == "GlmMoeDsaForCausalLM" else "llama",
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
         "hidden_size": 6144,
         "num_hidden_layers": 78,
         "num_attention_heads": 64,
         "max_position_embeddings": 202752,
         "vocab_size": 154880,
         "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"},
     }
-    if quantized:
-        config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
     (root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     width = max(5, len(str(n_shards)))
     weight_map = {}

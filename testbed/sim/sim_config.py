@@ -1,4 +1,23 @@
-"""The simulator's configuration (/etc/testbed/sim.env) and the model directory it serves."""
+"""The simulator's configuration and the model directory it serves.
+
+/etc/testbed/sim.env (or $TESTBED_SIM_ENV), KEY=VALUE lines:
+  SCENARIO=healthy|autotune-crash|load-hang|oom|slow-start (and the failures of sim_faults.py)
+  SCENARIO_WHEN=        "--flag value": the scenario hits only a server launched with those
+                        arguments (a configuration that fails), any other launch is healthy
+  TIME_SCALE=0.05       multiplies the real-ish durations below (slow-start: x5 more)
+  TOKENS_PER_S=5000     simulated output throughput of one request (re-read while running)
+  SLOW_WHEN=, SLOW_FACTOR=0.5  rates x SLOW_FACTOR when launched with the SLOW_WHEN arguments
+                        (a configuration slower than the previous one: the benchmark gate's test)
+  MAX_TOKENS_PER_S=0    aggregate output throughput cap of the server, 0 = none (re-read
+                        while running): throughput = min(concurrency x TOKENS_PER_S, cap)
+  READY_FILE=$SGLANG_CACHE_DIR/sglang-sim/ready.json   wall-clock ready moment, written atomically
+                        (default under the cache dir: the unit's ProtectSystem=strict leaves it writable)
+  EXIT_FILE=<beside READY_FILE>/exit.json   wall-clock moment of a crash exit (autotune-crash, oom)
+  WARMUP_GATE=          optional path: warmup (health 503) lasts until this file exists
+  HANG_AT_SHARD=        load-hang: shard index where progress stops (default: half)
+  GPU_MEMORY_MIB=       simulated GPU memory (default: GPU_MEMORY_MIB of /etc/testbed/gpu.env, else 97887)
+  LOG_SEED=0            the order the ranks' lines interleave in (seeded: the same each start)
+"""
 
 from __future__ import annotations
 
@@ -23,9 +42,12 @@ REAL_DURATIONS = {          # seconds on a real 8-GPU host, multiplied by TIME_S
     "warmup_retry": 120.0,   # _execute_server_warmup tries /model_info 120 times, 1 s apart
 }
 
-# --------------------------------------------------------------------------------------
-# Configuration and the model directory
-# --------------------------------------------------------------------------------------
+
+def _launched_with(args: str) -> bool:
+    """Whether this server's command line contains ARGS ("--flag value")."""
+    return f" {args} " in " " + " ".join(sys.argv[1:]) + " "
+
+
 def read_env_file(path: str) -> dict:
     out = {}
     try:
@@ -41,18 +63,16 @@ def read_env_file(path: str) -> dict:
 
 class Config:
     def __init__(self):
-        env = read_env_file(os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env"))
+        self.path = os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env")
+        env = read_env_file(self.path)
         gpu = read_env_file(os.environ.get("TESTBED_GPU_ENV", "/etc/testbed/gpu.env"))
         self.scenario = env.get("SCENARIO", "healthy") or "healthy"
-        # SCENARIO_WHEN="--flag value": the scenario hits only a server launched with those
-        # arguments (a configuration that fails), any other launch is healthy.
         when = env.get("SCENARIO_WHEN", "")
-        if when and f" {when} " not in " " + " ".join(sys.argv[1:]) + " ":
+        if when and not _launched_with(when):
             self.scenario = "healthy"
         self.time_scale = float(env.get("TIME_SCALE", "0.05") or 0.05)
         if self.scenario == "slow-start":
             self.time_scale *= 5
-        self.path = os.environ.get("TESTBED_SIM_ENV", "/etc/testbed/sim.env")
         self._rates_checked = 0.0
         self._rates_mtime = None
         self._apply_rates(env)
@@ -61,17 +81,14 @@ class Config:
         self.exit_file = env.get("EXIT_FILE") or os.path.join(os.path.dirname(self.ready_file), "exit.json")
         self.warmup_gate = env.get("WARMUP_GATE", "")
         self.hang_at = env.get("HANG_AT_SHARD", "")
-        # the order the ranks' lines interleave in (seeded: the same each start)
         self.log_seed = int(env.get("LOG_SEED", "0") or 0)
         self.gpu_mib = int(env.get("GPU_MEMORY_MIB") or gpu.get("GPU_MEMORY_MIB") or 97887)
 
     def _apply_rates(self, env: dict) -> None:
         self.tokens_per_s = float(env.get("TOKENS_PER_S", "5000") or 5000)
         self.max_tokens_per_s = float(env.get("MAX_TOKENS_PER_S", "0") or 0)
-        # SLOW_WHEN="--flag value", SLOW_FACTOR=0.5: a configuration that is slower than
-        # the previous one (the benchmark gate's test); other launches keep the rates.
         when = env.get("SLOW_WHEN", "")
-        if when and f" {when} " in " " + " ".join(sys.argv[1:]) + " ":
+        if when and _launched_with(when):
             factor = float(env.get("SLOW_FACTOR", "0.5") or 0.5)
             self.tokens_per_s *= factor
             self.max_tokens_per_s *= factor
@@ -90,8 +107,8 @@ class Config:
             self._rates_mtime = mtime
             self._apply_rates(read_env_file(self.path))
 
-    def sleep(self, what: str, factor: float = 1.0):
-        time.sleep(REAL_DURATIONS[what] * factor * self.time_scale)
+    def sleep(self, what: str):
+        time.sleep(REAL_DURATIONS[what] * self.time_scale)
 
 
 def read_model(model_path: str) -> dict:

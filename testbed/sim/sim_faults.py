@@ -21,7 +21,6 @@ generation check, so the failure lands while the verifier is still checking.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -87,18 +86,15 @@ def warmup_502(sim) -> None:
     """_execute_server_warmup: GET /model_info goes through an HTTP proxy that answers 502;
     120 tries a second apart, then the error and kill_process_tree (SIGKILL)."""
     sim.cfg.sleep("warmup_retry")
-    site = sim.site
     tb = ("Traceback (most recent call last):\n"
-          f'  File "{site}/sglang/srt/entrypoints/http_server.py", line '
+          f'  File "{sim.site}/sglang/srt/entrypoints/http_server.py", line '
           f'{sim._lineno("sglang/srt/entrypoints/http_server.py", "assert res.status_code == 200")}'
           ", in _execute_server_warmup\n"
           '    assert res.status_code == 200, f"{res=}, {res.text=}"\n'
           "           ^^^^^^^^^^^^^^^^^^^^^^\n"
           "AssertionError: res=<Response [502]>, res.text=''\n")
-    log(M("init_failed_warmup", traceback=tb))
-    sim.write_record(sim.cfg.exit_file, {"exited_at": time.time(), "how": "SIGKILL",
-                                         "phase": "warmup"})
-    os.kill(os.getpid(), signal.SIGKILL)
+    log(M("init_failed", traceback=tb))
+    sim.die("warmup")
 
 
 def after_ready_request(sim) -> None:
@@ -129,17 +125,15 @@ def after_ready_request(sim) -> None:
             (SCHED, "run_batch", "batch_result = self.model_worker.forward_batch_generation("),
         ], ["IndexError: index 4096 is out of bounds for dimension 0 with size 4096"],
             ranks=[0])
-    sim.write_record(sim.cfg.exit_file, {"exited_at": time.time(), "how": "SIGKILL",
-                                         "phase": "serving"})
-    os.kill(os.getpid(), signal.SIGKILL)
+    sim.die("serving")
 
 
-def ninja_failure(self) -> None:
+def ninja_failure(sim) -> None:
     """FlashInfer JIT (ninja) fails in the autotune; ninja prints on stdout."""
-    fi = flashinfer_version(self.sgl)
+    fi = flashinfer_version(sim.sgl)
     ws = os.environ.get("FLASHINFER_WORKSPACE_BASE") or str(Path.home())
     jit = f"{ws}/.cache/flashinfer/{fi}/120a/cached_ops/fused_moe_120"
-    site = str(self.sgl.parent)
+    site = sim.site
     # ninja's output goes straight to the process' stdout (subprocess.run(stdout=sys.stdout))
     _write(sys.stdout,
            f"[1/12] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile --dependency-output "
@@ -152,13 +146,12 @@ def ninja_failure(self) -> None:
            f"1 error detected in the compilation of \"{site}/flashinfer/data/csrc/fused_moe/cutlass_backend/"
            f"cutlass_fused_moe_instantiation.cu\".\n"
            f"ninja: build stopped: subcommand failed.\n")
-    self.crash([
-        ("sglang/srt/managers/scheduler.py", "run_scheduler_process", "scheduler = Scheduler("),
-        ("sglang/srt/managers/scheduler.py", "__init__", "self.init_model_worker()"),
-        ("sglang/srt/model_executor/model_runner.py", "initialize", "self.kernel_warmup()"),
-        ("sglang/srt/model_executor/model_runner.py", "kernel_warmup", "self._flashinfer_autotune()"),
-        ("sglang/srt/model_executor/model_runner.py", "_flashinfer_autotune",
-         "self._dummy_run(batch_size=self.req_to_token_pool.size)"),
+    sim.crash([
+        (SCHED, "run_scheduler_process", "scheduler = Scheduler("),
+        (SCHED, "__init__", "self.init_model_worker()"),
+        (MR, "initialize", "self.kernel_warmup()"),
+        (MR, "kernel_warmup", "self._flashinfer_autotune()"),
+        (MR, "_flashinfer_autotune", "self._dummy_run(batch_size=self.req_to_token_pool.size)"),
         (f"{site}/flashinfer/fused_moe/core.py", "get_cutlass_fused_moe_module",
          "module = gen_cutlass_fused_moe_sm120_module(use_fast_build).build_and_load()"),
         (f"{site}/flashinfer/jit/core.py", "build_and_load", "self.build(verbose, need_lock=False)"),

@@ -22,6 +22,16 @@ def _count_prompt(obj) -> int:
     return 1
 
 
+#: the /metrics series: name, type, help
+METRICS = [("num_running_reqs", "gauge", "The number of running requests."),
+           ("num_queue_reqs", "gauge", "The number of requests in the waiting queue."),
+           ("gen_throughput", "gauge", "The generation throughput (token/s)."),
+           ("token_usage", "gauge", "The token usage."),
+           ("prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+           ("generation_tokens_total", "counter", "Number of generation tokens processed."),
+           ("num_requests_total", "counter", "Number of requests processed.")]
+
+
 def make_handler(sim):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -31,13 +41,9 @@ def make_handler(sim):
         def log_message(self, fmt, *args):  # uvicorn-style access log instead
             pass
 
-        def log_request(self, code="-", size="-"):
-            try:
-                code = int(code)
-            except (TypeError, ValueError):
-                code = 0
+        def log_request(self, code="-", size="-"):  # send_response passes the status
             sim.access(f"{self.client_address[0]}:{self.client_address[1]}", self.command,
-                       self.path, code)
+                       self.path, int(code))
 
         # -- plumbing
         def _send(self, status: int, body=b"", ctype="application/json", headers=None):
@@ -58,9 +64,7 @@ def make_handler(sim):
         def _json_body(self):
             n = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(n) if n else b""
-            if not raw:
-                return {}
-            return json.loads(raw)
+            return json.loads(raw) if raw else {}
 
         def _authorised(self, path: str) -> bool:
             if not sim.api_key or self.command == "OPTIONS":
@@ -87,26 +91,16 @@ def make_handler(sim):
             except ValueError as e:
                 self._send(400, {"object": "error", "message": str(e), "type": "BadRequest", "code": 400})
 
-        def do_GET(self):
-            self._route()
-
-        def do_POST(self):
-            self._route()
-
-        def do_HEAD(self):
-            self._route()
+        do_GET = do_POST = do_HEAD = _route
 
         # -- endpoints
+        def ready(self):
+            self._send(200 if sim.status == "up" and not sim.shutting_down else 503)
+
         def health(self):
             if sim.shutting_down:
                 log(M("health_shutdown"))
-                return self._send(503)
-            if sim.status != "up":
-                return self._send(503)
-            return self._send(200)
-
-        def ready(self):
-            return self._send(200 if sim.status == "up" and not sim.shutting_down else 503)
+            self.ready()
 
         def models(self):
             self._send(200, {"object": "list", "data": [{
@@ -122,7 +116,7 @@ def make_handler(sim):
                              "architectures": [sim.model["arch"]]})
 
         def server_info(self):
-            info = {k: v for k, v in vars(sim.args).items()}
+            info = dict(vars(sim.args))
             info.update({"version": sim.version, "status": sim.status,
                          "internal_states": [{"max_total_num_tokens": getattr(sim, "kv_tokens", 0),
                                               "last_gen_throughput": sim.cfg.tokens_per_s}]})
@@ -147,28 +141,11 @@ def make_handler(sim):
             with sim.lock:
                 running = len(sim.inflight)
                 c = dict(sim.counters)
-            text = (
-                "# HELP sglang:num_running_reqs The number of running requests.\n"
-                "# TYPE sglang:num_running_reqs gauge\n"
-                f"sglang:num_running_reqs{lbl} {float(running)}\n"
-                "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
-                "# TYPE sglang:num_queue_reqs gauge\n"
-                f"sglang:num_queue_reqs{lbl} 0.0\n"
-                "# HELP sglang:gen_throughput The generation throughput (token/s).\n"
-                "# TYPE sglang:gen_throughput gauge\n"
-                f"sglang:gen_throughput{lbl} {float(sim.cfg.tokens_per_s if running else 0)}\n"
-                "# HELP sglang:token_usage The token usage.\n"
-                "# TYPE sglang:token_usage gauge\n"
-                f"sglang:token_usage{lbl} 0.0\n"
-                "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.\n"
-                "# TYPE sglang:prompt_tokens_total counter\n"
-                f"sglang:prompt_tokens_total{lbl} {float(c['prompt'])}\n"
-                "# HELP sglang:generation_tokens_total Number of generation tokens processed.\n"
-                "# TYPE sglang:generation_tokens_total counter\n"
-                f"sglang:generation_tokens_total{lbl} {float(c['gen'])}\n"
-                "# HELP sglang:num_requests_total Number of requests processed.\n"
-                "# TYPE sglang:num_requests_total counter\n"
-                f"sglang:num_requests_total{lbl} {float(c['requests'])}\n")
+            values = [running, 0, sim.cfg.tokens_per_s if running else 0, 0, c["prompt"], c["gen"],
+                      c["requests"]]
+            text = "".join(f"# HELP sglang:{name} {text}\n# TYPE sglang:{name} {kind}\n"
+                           f"sglang:{name}{lbl} {float(v)}\n"
+                           for (name, kind, text), v in zip(METRICS, values))
             self._send(200, text, ctype="text/plain; version=0.0.4; charset=utf-8")
 
         def _sse_start(self):
@@ -187,7 +164,7 @@ def make_handler(sim):
         def generate(self):
             body = self._json_body()
             sp = body.get("sampling_params") or {}
-            n = int(sp.get("max_new_tokens", 128) if sp.get("max_new_tokens") is not None else 128)
+            n = 128 if sp.get("max_new_tokens") is None else int(sp["max_new_tokens"])
             prompt = body.get("text", body.get("input_ids", ""))
             ptoks = _count_prompt(prompt)
             rid = body.get("rid") or uuid.uuid4().hex
@@ -216,50 +193,45 @@ def make_handler(sim):
 
         def _openai(self, chat: bool):
             body = self._json_body()
-            n = body.get("max_completion_tokens") or body.get("max_tokens") or 128
-            n = int(n)
+            n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
             ptoks = _count_prompt(body.get("messages") if chat else body.get("prompt", ""))
             sim.counters["prompt"] += ptoks
             rid = uuid.uuid4().hex
             created = int(time.time())
+            stream = bool(body.get("stream"))
             model = body.get("model") or sim.served
             obj = "chat.completion" if chat else "text_completion"
+            obj += ".chunk" if chat and stream else ""
             usage = {"prompt_tokens": ptoks, "total_tokens": ptoks + n, "completion_tokens": n,
                      "prompt_tokens_details": None, "reasoning_tokens": 0}
-            if body.get("stream"):
-                self._sse_start()
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-                def chunk(delta_text, finish=None, first=False):
-                    if chat:
-                        delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
-                        if finish:
-                            delta = {}
-                        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                    else:
-                        choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": finish}
-                    return {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
-                            "model": model, "choices": [choice], "usage": None}
+            def reply(choices, usage=None):
+                return {"id": rid, "object": obj, "created": created, "model": model,
+                        "choices": choices, "usage": usage}
+
+            if stream:
+                self._sse_start()
+
+                def chunk(text="", finish=None, role=False):
+                    delta = {"role": "assistant", "content": text} if role else {"content": text}
+                    delta = {} if finish else delta
+                    choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": text}
+                    return reply([{**choice, "logprobs": None, "finish_reason": finish}])
 
                 if chat:
-                    self._sse(chunk("", first=True))
+                    self._sse(chunk(role=True))
                 sim.generate_tokens(rid, n, lambda i, t: self._sse(chunk(t)))
-                self._sse(chunk("", finish="length"))
-                if include_usage:
-                    self._sse({"id": rid, "object": obj + ".chunk" if chat else obj, "created": created,
-                               "model": model, "choices": [], "usage": usage})
+                self._sse(chunk(finish="length"))
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    self._sse(reply([], usage))
                 self._sse("[DONE]")
                 return
             text = "".join(sim.generate_tokens(rid, n))
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                                  "tool_calls": None}, "logprobs": None,
-                          "finish_reason": "length", "matched_stop": None}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
-                          "matched_stop": None}
-            self._send(200, {"id": rid, "object": obj, "created": created, "model": model,
-                             "choices": [choice], "usage": usage})
+            message = {"role": "assistant", "content": text, "reasoning_content": None,
+                       "tool_calls": None}
+            choice = {"index": 0, "message": message} if chat else {"index": 0, "text": text}
+            self._send(200, reply([{**choice, "logprobs": None, "finish_reason": "length",
+                                    "matched_stop": None}], usage))
 
         def chat(self):
             self._openai(True)
@@ -280,5 +252,3 @@ def make_handler(sim):
     if sim.vt >= (0, 5, 20):
         ROUTES[("GET", "/ready")] = Handler.ready
     return Handler
-
-

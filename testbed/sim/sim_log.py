@@ -82,8 +82,6 @@ MESSAGES: dict[str, tuple] = {
     "capture_failed": ("Capture cuda graph failed: {error}\n{msg}",
                        "sglang/srt/model_executor/cuda_graph_runner.py", None, None),
     "autotuner_bar": ("[AutoTuner]: Tuning {op}", "<flashinfer/autotuner.py>", None, None),
-    "init_failed_warmup": ("Initialization failed. warmup error: {traceback}",
-                           "sglang/srt/entrypoints/http_server.py", None, None),
     "ninja_failed": ("RuntimeError: Ninja build failed.", "<flashinfer/jit/cpp_ext.py run_ninja>", None, None),
 }
 
@@ -124,17 +122,19 @@ def _fmt_interval(t: float) -> str:
     return f"{h:d}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+def _rate(n: int, total: int, elapsed: float, unit: str = "it") -> tuple[str, str]:
+    """tqdm's rate and remaining time ("?" before the first step)."""
+    if not (n and elapsed > 0):
+        return f"?{unit}/s", "?"
+    rate = n / elapsed
+    rate_fmt = f"{rate:5.2f}{unit}/s" if rate >= 1 else f"{1 / rate:5.2f}s/{unit}"
+    return rate_fmt, _fmt_interval((total - n) / rate)
+
+
 def tqdm_line(n: int, total: int, elapsed: float) -> str:
-    rate = n / elapsed if n and elapsed > 0 else None
-    if rate is None:
-        rate_fmt, remaining = "?it/s", "?"
-    else:
-        rate_fmt = f"{rate:5.2f}it/s" if rate >= 1 else f"{1 / rate:5.2f}s/it"
-        remaining = _fmt_interval((total - n) / rate)
+    rate_fmt, remaining = _rate(n, total, elapsed)
     return M("bar_format", desc=M("shards_desc"), percentage=100.0 * n / total, n_fmt=n, total_fmt=total,
              elapsed=_fmt_interval(elapsed), remaining=remaining, rate_fmt=rate_fmt)
-
-
 
 
 # --------------------------------------------------------------------------------------
@@ -169,12 +169,7 @@ def tqdm_default(desc: str, n: int, total: int, elapsed: float, unit: str = "it"
     """One update of a tqdm bar in its default layout."""
     filled = int(10 * n / total) if total else 0
     bar = "█" * filled + " " * (10 - filled)
-    if n and elapsed > 0:
-        rate = n / elapsed
-        rate_s = f"{rate:5.2f}{unit}/s" if rate >= 1 else f"{1 / rate:5.2f}s/{unit}"
-        remaining = _fmt_interval((total - n) / rate)
-    else:
-        rate_s, remaining = f"?{unit}/s", "?"
+    rate_s, remaining = _rate(n, total, elapsed, unit)
     return TQDM_DEFAULT.format(desc=desc, pct=100.0 * n / total if total else 0, bar=bar, n=n,
                                total=total, elapsed=_fmt_interval(elapsed),
                                remaining=remaining, rate=rate_s)

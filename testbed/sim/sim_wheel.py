@@ -11,22 +11,25 @@ import re
 import sys
 from pathlib import Path
 
+_MISSING = object()
+
 
 # --------------------------------------------------------------------------------------
 # Locating the installed sglang without importing it
 # --------------------------------------------------------------------------------------
 def find_sglang_dir() -> Path:
-    try:
-        spec = importlib.util.find_spec("sglang")  # does not execute sglang/__init__.py
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    for entry in sys.path:
-        cand = Path(entry or ".") / "sglang"
-        if (cand / "srt" / "server_args.py").is_file():
-            return cand
-    raise SystemExit("launch_server.py (simulator): sglang is not installed in this environment")
+    spec = importlib.util.find_spec("sglang")  # does not execute sglang/__init__.py
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("launch_server.py (simulator): sglang is not installed in this "
+                         "environment")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _metadata(sgl: Path) -> str:
+    """The METADATA of the installed sglang distribution ("" if there is none)."""
+    for md in sgl.parent.glob("sglang-*.dist-info/METADATA"):
+        return md.read_text(errors="replace")
+    return ""
 
 
 def read_version(sgl: Path) -> str:
@@ -37,11 +40,8 @@ def read_version(sgl: Path) -> str:
                           f.read_text(), re.MULTILINE)
             if m:
                 return m.group(1)
-    for md in sgl.parent.glob("sglang-*.dist-info/METADATA"):
-        m = re.search(r"^Version:\s*(\S+)", md.read_text(errors="replace"), re.MULTILINE)
-        if m:
-            return m.group(1)
-    return "0.0.0"
+    m = re.search(r"^Version:\s*(\S+)", _metadata(sgl), re.MULTILINE)
+    return m.group(1) if m else "0.0.0"
 
 
 def version_tuple(v: str) -> tuple:
@@ -52,77 +52,71 @@ def version_tuple(v: str) -> tuple:
 
 
 def flashinfer_version(sgl: Path) -> str:
-    for md in sgl.parent.glob("sglang-*.dist-info/METADATA"):
-        m = re.search(r"^Requires-Dist:\s*flashinfer[_-]python(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)",
-                      md.read_text(errors="replace"), re.MULTILINE)
-        if m:
-            return m.group(1)
-    return "unknown"
+    m = re.search(r"^Requires-Dist:\s*flashinfer[_-]python(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)",
+                  _metadata(sgl), re.MULTILINE)
+    return m.group(1) if m else "unknown"
 
 
 # --------------------------------------------------------------------------------------
 # The command line parser, read statically from sglang/srt/server_args.py
 # --------------------------------------------------------------------------------------
+def _literal(node, default=_MISSING):
+    """The value of a literal expression node, else DEFAULT."""
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return default
+
+
+def _literal_list(node, lists: dict) -> list:
+    """[literal, ...], a module-level list of LISTS by name, or a + of such; else ValueError."""
+    if isinstance(node, (ast.List, ast.Tuple)) and all(isinstance(e, ast.Constant)
+                                                       for e in node.elts):
+        return [e.value for e in node.elts]
+    if isinstance(node, ast.Name) and node.id in lists:
+        return list(lists[node.id])
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _literal_list(node.left, lists) + _literal_list(node.right, lists)
+    raise ValueError(node)
+
+
 def _module_lists(tree: ast.Module) -> dict:
     """Module-level NAME = [literal, ...] (also list + list of such)."""
     out: dict = {}
-
-    def ev(node):
-        if isinstance(node, (ast.List, ast.Tuple)):
-            vals = []
-            for e in node.elts:
-                if isinstance(e, ast.Constant):
-                    vals.append(e.value)
-                else:
-                    raise ValueError
-            return vals
-        if isinstance(node, ast.Name) and node.id in out:
-            return list(out[node.id])
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            return ev(node.left) + ev(node.right)
-        raise ValueError
-
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             try:
-                out[stmt.targets[0].id] = ev(stmt.value)
+                out[stmt.targets[0].id] = _literal_list(stmt.value, out)
             except ValueError:
                 pass
-    out["__ev__"] = ev
     return out
 
 
-def _class_defaults(tree: ast.Module, cls_name: str = "ServerArgs") -> dict:
-    out = {}
+def _server_args_fields(tree: ast.Module) -> tuple[list, dict]:
+    """The fields of the ServerArgs dataclass in order, and their literal defaults."""
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls_name:
-            for st in node.body:
-                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None:
-                    try:
-                        out[st.target.id] = ast.literal_eval(st.value)
-                    except Exception:
-                        pass
-    return out
+        if isinstance(node, ast.ClassDef) and node.name == "ServerArgs":
+            fields = [st for st in node.body
+                      if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)]
+            defaults = {st.target.id: _literal(st.value) for st in fields if st.value is not None}
+            return ([st.target.id for st in fields],
+                    {k: v for k, v in defaults.items() if v is not _MISSING})
+    return [], {}
 
 
-def _class_fields(tree: ast.Module, cls_name: str = "ServerArgs") -> list:
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls_name:
-            return [st.target.id for st in node.body
-                    if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)]
-    return []
+def _function(tree: ast.AST, name: str):
+    """The first definition of function NAME in TREE, else None."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return next((node for node in ast.walk(tree) if isinstance(node, kinds) and node.name == name),
+                None)
 
 
 def _cli_aliases(tree: ast.Module) -> list:
     """`args.tp_size = args.tensor_parallel_size` lines of ServerArgs.from_cli_args."""
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "from_cli_args":
-            for st in ast.walk(node):
-                if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                        and isinstance(st.targets[0], ast.Attribute) and isinstance(st.value, ast.Attribute):
-                    out.append((st.targets[0].attr, st.value.attr))
-    return out
+    fn = _function(tree, "from_cli_args")
+    return [(st.targets[0].attr, st.value.attr) for st in (ast.walk(fn) if fn else ())
+            if isinstance(st, ast.Assign) and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Attribute) and isinstance(st.value, ast.Attribute)]
 
 
 def _nargs0_actions(tree: ast.Module) -> set:
@@ -141,13 +135,12 @@ def _nargs0_actions(tree: ast.Module) -> set:
 
 
 def _find_prog(tree: ast.Module):
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "prepare_server_args":
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) == "ArgumentParser":
-                    for kw in sub.keywords:
-                        if kw.arg == "prog" and isinstance(kw.value, ast.Constant):
-                            return kw.value.value
+    fn = _function(tree, "prepare_server_args")
+    for sub in ast.walk(fn) if fn else ():
+        if isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) == "ArgumentParser":
+            for kw in sub.keywords:
+                if kw.arg == "prog" and isinstance(kw.value, ast.Constant):
+                    return kw.value.value
     return None
 
 
@@ -155,24 +148,19 @@ def build_parser(server_args_src: str):
     """Return (parser, defaults-of-ServerArgs). Mirrors `prepare_server_args`."""
     tree = ast.parse(server_args_src)
     lists = _module_lists(tree)
-    ev = lists.pop("__ev__")
-    defaults = _class_defaults(tree)
+    fields, defaults = _server_args_fields(tree)
     flag_actions = _nargs0_actions(tree)
     prog = _find_prog(tree)  # None -> argparse default = basename(argv[0]) = launch_server.py
     parser = argparse.ArgumentParser(prog=prog)
-    parser.sim_fields = _class_fields(tree)
+    parser.sim_fields = fields
     # 0.5.23 builds most flags from dataclass metadata (add_cli_args_from_dataclass): not
-    # modelled statically -> permissive parsing (see Sim.__init__).
+    # modelled statically -> permissive parsing (see parse_server_args).
     parser.sim_incomplete = "add_cli_args_from_dataclass" in server_args_src
     parser.sim_aliases = _cli_aliases(tree)
 
-    scope = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "add_cli_args":
-            scope = node
-            break
+    scope = _function(tree, "add_cli_args") or tree
     seen: set = set()
-    for call in ast.walk(scope or tree):
+    for call in ast.walk(scope):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                 and call.func.attr == "add_argument"):
             continue
@@ -187,20 +175,13 @@ def build_parser(server_args_src: str):
             spec["action"] = action.value
         elif isinstance(action, ast.Attribute) and action.attr == "BooleanOptionalAction":
             spec["action"] = argparse.BooleanOptionalAction
-        elif isinstance(action, ast.Name):
-            if action.id in flag_actions and "nargs" not in kw:
-                spec["action"] = "store_true"
-            # other custom actions (LoRAPathAction, ...): plain store with the given nargs
+        elif isinstance(action, ast.Name) and action.id in flag_actions and "nargs" not in kw:
+            spec["action"] = "store_true"
+        # other custom actions (LoRAPathAction, ...): plain store with the given nargs
         if "nargs" in kw:
-            try:
-                spec["nargs"] = ast.literal_eval(kw["nargs"])
-            except Exception:
-                spec["nargs"] = "*"
+            spec["nargs"] = _literal(kw["nargs"], "*")
         if "const" in kw and spec.get("action") in ("store_const", "append_const"):
-            try:
-                spec["const"] = ast.literal_eval(kw["const"])
-            except Exception:
-                spec["const"] = True
+            spec["const"] = _literal(kw["const"], True)
         if "dest" in kw and isinstance(kw["dest"], ast.Constant):
             spec["dest"] = kw["dest"].value
         flaglike = spec.get("action") in ("store_true", "store_false", "store_const", "count",
@@ -209,23 +190,20 @@ def build_parser(server_args_src: str):
             t = kw.get("type")
             if isinstance(t, ast.Name) and t.id in ("int", "float", "str"):
                 spec["type"] = {"int": int, "float": float, "str": str}[t.id]
-            if "choices" in kw:
-                try:
-                    spec["choices"] = ev(kw["choices"])
-                except ValueError:
-                    pass
-                if "choices" in spec and "type" not in spec:
-                    if not all(isinstance(c, str) for c in spec["choices"]):
-                        spec.pop("choices")
+            try:
+                choices = _literal_list(kw["choices"], lists) if "choices" in kw else None
+            except ValueError:
+                choices = None
+            # choices of a flag without a type are compared as strings
+            if choices is not None and ("type" in spec or all(isinstance(c, str) for c in choices)):
+                spec["choices"] = choices
         d = kw.get("default")
         if isinstance(d, ast.Attribute) and isinstance(d.value, ast.Name) and d.value.id == "ServerArgs":
-            if d.attr in defaults:
-                spec["default"] = defaults[d.attr]
-        elif d is not None:
-            try:
-                spec["default"] = ast.literal_eval(d)
-            except Exception:
-                pass
+            default = defaults.get(d.attr, _MISSING)
+        else:
+            default = _MISSING if d is None else _literal(d)
+        if default is not _MISSING:
+            spec["default"] = default
         try:
             parser.add_argument(*opts, **spec)
         except (ValueError, TypeError, argparse.ArgumentError):
@@ -234,6 +212,34 @@ def build_parser(server_args_src: str):
             except Exception:
                 pass
     return parser, defaults
+
+
+def _number(text: str):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_server_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ARGV as `prepare_server_args` does, then copy the from_cli_args aliases
+    (tp_size = tensor_parallel_size, ...). A parser that cannot know all the flags
+    (sim_incomplete) accepts unknown `--name[=value]` / `--name value` / `--name` (True)."""
+    if parser.sim_incomplete:
+        sys.stderr.write("sglang-sim: this version declares its flags via dataclass metadata; "
+                         "accepting unknown flags without checking them\n")
+        _, rest = parser.parse_known_args(argv)
+        for name in dict.fromkeys(tok.split("=", 1)[0] for tok in rest if tok.startswith("--")):
+            parser.add_argument(name, nargs="?", const=True, type=_number)
+        args = parser.parse_known_args(argv)[0]
+    else:
+        args = parser.parse_args(argv)
+    for dst, src_name in parser.sim_aliases:
+        if hasattr(args, src_name):
+            setattr(args, dst, getattr(args, src_name))
+    return args
 
 
 # --------------------------------------------------------------------------------------
@@ -253,9 +259,9 @@ def find_autotune_function(sgl: Path):
         if not f.is_file():
             continue
         src = f.read_text()
-        for node in ast.walk(ast.parse(src)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                return rel, node, ast.get_source_segment(src, node) or ""
+        fn = _function(ast.parse(src), name)
+        if fn:
+            return rel, fn, ast.get_source_segment(src, fn) or ""
     return None, None, ""
 
 

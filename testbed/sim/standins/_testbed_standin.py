@@ -78,17 +78,13 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        return _make(spec.name)
+        mod = StandinModule(spec.name)
+        mod.__path__ = []
+        mod.__version__ = VERSION
+        return mod
 
     def exec_module(self, module):
         pass
-
-
-def _make(name: str) -> StandinModule:
-    mod = StandinModule(name)
-    mod.__path__ = []
-    mod.__version__ = VERSION
-    return mod
 
 
 def install(module_globals: dict) -> None:
