@@ -22,20 +22,8 @@ from dataclasses import dataclass
 
 from sglang_deploy.core.logfixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
 
-__all__ = [
-    "CAUSE_FIXES",
-    "GENERIC_BY_PHASE",
-    "PHASE_FIXES",
-    "SIGNATURES",
-    "WEAK_FRAME_PHASES",
-    "Hit",
-    "Signature",
-    "call_phase",
-    "diagnose",
-    "frame_phase",
-    "line_phase",
-    "match_signature",
-]
+__all__ = ["SIGNATURES", "Hit", "Signature", "call_phase", "diagnose", "frame_phase",
+           "line_phase", "match_signature"]
 
 SPECIFIC, EVIDENCE, NCCL, WHERE, GENERIC, TEARDOWN = 30, 25, 22, 20, 10, 0
 
@@ -58,8 +46,7 @@ class Signature:
         return self.name or self.cause
 
 
-def _re(p: str, flags: int = 0) -> re.Pattern[str]:
-    return re.compile(p, flags)
+_re = re.compile
 
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -310,8 +297,8 @@ _NEEDLES = (
     "model identifier", "model weights", "SafetensorError", "deserializing header",
     "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
     "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress", "misaligned address",
-    "Memory access fault", "launch failure", "atchdog timeout (", "Health check failed",
-    "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
+    "Memory access fault", "launch failure", "Health check failed",
+    "illegal instruction", "batch size", "request slots", "KVPoolOOM",
     "no GPU memory", "SIGSEGV", "most recent call first",
     "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
     "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
@@ -383,7 +370,7 @@ _PHASE_OF_FUNC = {f: p for p, fs in _FRAME_PHASES.items() for f in fs}
 #: frames that say little: the scheduler process's entry point is the outermost frame of
 #: every scheduler traceback, so it names a phase (its start) only when nothing else does
 #: (an error raised in it directly, e.g. `faulthandler.enable()` under ENOMEM)
-WEAK_FRAME_PHASES = {"run_scheduler_process": "starting"}
+_WEAK_FRAME_PHASES = {"run_scheduler_process": "starting"}
 # `File "x.py", line 3, in func` (traceback) or `File "x.py", line 3 in func` (faulthandler)
 FRAME_RE = re.compile(r'File "[^"]*", line \d+(,?) in (\w+)')
 
@@ -401,14 +388,15 @@ def call_phase(code: str) -> str | None:
     return None
 
 
-def frame_phase(msg: str) -> tuple[str | None, bool] | None:
-    """For a traceback frame line: ``(phase or None, innermost_first)``, the phase when
-    its function marks one; ``innermost_first`` is True for faulthandler dumps (most
-    recent call first). None for a line that is no frame."""
+def frame_phase(msg: str) -> tuple[str | None, bool, str | None] | None:
+    """For a traceback frame line: ``(phase, innermost_first, weak_phase)``: the phase when
+    its function marks one, True for faulthandler dumps (most recent call first), and the
+    phase it marks only when nothing else does. None for a line that is no frame."""
     m = FRAME_RE.search(msg)
     if m is None:
         return None
-    return _PHASE_OF_FUNC.get(m.group(2)), m.group(1) == ""
+    func = m.group(2)
+    return _PHASE_OF_FUNC.get(func), m.group(1) == "", _WEAK_FRAME_PHASES.get(func)
 
 
 # ---------------------------------------------------------------------------------------
@@ -420,7 +408,6 @@ def frame_phase(msg: str) -> tuple[str | None, bool] | None:
 class Hit:
     sig: Signature
     index: int          # number of the piece in the log
-    ts: float
     line: str           # redacted, as shown
     msg: str            # without prefixes
     after_ready: bool
@@ -440,9 +427,9 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
     The cause is the heaviest signature (earliest among equals); the phase: ``serving``
     if the first fatal line came after ready, else the outermost frame that marks a phase,
     else a line that proves one, else the phase reached, else the cause's usual phase."""
-    teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), None)
-    if teardown is not None:
-        hits = [h for h in hits if not (h.sig.name == "sigkill" and h.index > teardown)]
+    # SGLang's teardown kills its process tree: a SIGKILL after it names no cause
+    teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), float("inf"))
+    hits = [h for h in hits if h.sig.name != "sigkill" or h.index < teardown]
     fatal_hits = [h for h in hits if h.sig.fatal]
     failed = bool(fatal_hits) or bare_traceback
     out: dict = {"failed": failed, "phase": None, "cause": None, "summary": None,

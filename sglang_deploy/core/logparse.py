@@ -29,8 +29,6 @@ from typing import Any
 
 from sglang_deploy.core.logcauses import (
     GENERIC,
-    SIGNATURES,
-    WEAK_FRAME_PHASES,
     Hit,
     Signature,
     call_phase,
@@ -50,7 +48,6 @@ from sglang_deploy.core.logprefix import (
 )
 
 __all__ = [
-    "FATAL_SIGNATURES",
     "PHASES",
     "Event",
     "Marker",
@@ -64,7 +61,6 @@ __all__ = [
 ]
 
 _IDX = {p: i for i, p in enumerate(PHASES)}
-FATAL_SIGNATURES = SIGNATURES
 
 # tqdm bars of the later phases: "Capturing batches (bs=8 avail_mem=1.00 GB):  50%|..| 2/4"
 # (cuda_graph_runner) and FlashInfer's "[AutoTuner]: Tuning <op>: 50%|..| 2/4"
@@ -88,15 +84,8 @@ class Event:
     line: str | None = None   # the (redacted) message the event comes from
     data: dict[str, Any] = field(default_factory=dict)
 
-
-# --------------------------------------------------------------------------------------
-# tracker
-# --------------------------------------------------------------------------------------
-
-
-
-_TB_SIG = Signature("other", re.compile(_TRACEBACK), "a rank raised an exception", weight=GENERIC - 5,
-                    name="rank-traceback")
+_TB_SIG = Signature("other", re.compile(_TRACEBACK), "a rank raised an exception",
+                    weight=GENERIC - 5, name="rank-traceback")
 _NCCL_WARN_RE = re.compile(r"\bNCCL WARN\b")
 
 
@@ -124,7 +113,6 @@ class StartupTracker:
         self._fatal: list[str] = []
         self._fatal_seen: set[str] = set()
         self._warnings_seen: set[str] = set()
-        self._violations: list[str] = []
         self._violated: set[str] = set()
         self._seen: set[str] = set()
         self._ring: deque[str] = deque(maxlen=ring)
@@ -195,16 +183,6 @@ class StartupTracker:
         return list(self._fatal)
 
     @property
-    def fatal_hints(self) -> list[str]:
-        """The fix of the failure's cause (one line), or nothing when no fatal line came."""
-        d = self.diagnosis()
-        return [d["fix"]] if d["failed"] and d["fix"] else []
-
-    @property
-    def violations(self) -> list[str]:
-        return list(self._violations)
-
-    @property
     def ranks(self) -> list[str]:
         return list(self._ranks)
 
@@ -222,10 +200,8 @@ class StartupTracker:
         """Seconds spent in each phase that has ended (from entering it to entering the
         next phase reached)."""
         order = [p for p in PHASES if p in self._entered]
-        out = {}
-        for a, b in itertools.pairwise(order):
-            out[a] = round(self._entered[b] - self._entered[a], 3)
-        return out
+        return {a: round(self._entered[b] - self._entered[a], 3)
+                for a, b in itertools.pairwise(order)}
 
     # ---- feeding ------------------------------------------------------------------------
     def feed(self, line: str | bytes, ts: float) -> list[Event]:
@@ -248,15 +224,12 @@ class StartupTracker:
                                                           "pct": pct}))
                 if self._phase_idx < _IDX["loading"]:
                     events += self._enter("loading", ts, None)
-            self._remember(redact(progress_pieces[-1]))
+            self._ring.append(redact(progress_pieces[-1]))
         for piece in pieces:
             if progress_pieces and piece in progress_pieces:
                 continue
             events += self._feed_piece(piece, ts)
         return events
-
-    def _remember(self, text: str) -> None:
-        self._ring.append(text)
 
     def _feed_piece(self, raw: str, ts: float) -> list[Event]:
         events: list[Event] = []
@@ -267,7 +240,7 @@ class StartupTracker:
         if rank is not None and rank not in self._ranks and len(self._ranks) < 512:
             self._ranks[rank] = None
         shown = redact(raw)
-        self._remember(shown)
+        self._ring.append(shown)
         if msg.startswith(("Decode batch.", "Decode batch,")):
             self._decoding = True
         sig = match_signature(msg)
@@ -299,7 +272,7 @@ class StartupTracker:
                     self.frames_before_ready += 1
                 # the innermost frame so far (an exception line right after its code
                 # line makes it the frame that raised)
-                self._last_frame_weak = WEAK_FRAME_PHASES.get(msg.rsplit(" ", 1)[-1])
+                self._last_frame_weak = fp[2]
                 if fp[0] is not None and len(self._frames) < 4000:
                     self._frames.append((self._n, fp[0], fp[1], self._serving))
         elif prev_frame and "(" in msg:
@@ -336,7 +309,7 @@ class StartupTracker:
 
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
         if len(self._hits) < 500:
-            self._hits.append(Hit(sig, self._n, ts, shown, msg, self._serving,
+            self._hits.append(Hit(sig, self._n, shown, msg, self._serving,
                                   sig.phase or line_phase(msg)))
         key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
         if not sig.fatal:
@@ -415,15 +388,10 @@ class StartupTracker:
                     "autotune-incomplete",
                     f"FlashInfer autotune started but never completed before {target}",
                     ts, shown)
-            elif target == "ready":
-                events += self._violation(
-                    "no-autotune",
-                    "the server became ready without FlashInfer autotune: the autotune "
-                    "patch did not take effect", ts, shown)
             else:
+                reached = "became ready" if target == "ready" else f"reached {target}"
                 events += self._violation(
-                    "no-autotune",
-                    f"the server reached {target} without FlashInfer autotune: the "
+                    "no-autotune", f"the server {reached} without FlashInfer autotune: the "
                     "autotune patch did not take effect", ts, shown)
         if self.cuda_graph and target in ("http", "ready") and "capture" not in self._seen \
                 and "no-capture" not in self._warnings_seen:
@@ -437,10 +405,8 @@ class StartupTracker:
         prev = self.phase
         self._phase_idx = _IDX[phase]
         self._entered.setdefault(phase, ts)
-        if shown is not None:
-            self._entered_text.setdefault(phase, strip_prefix(shown)[0])
-        else:
-            self._entered_text.setdefault(phase, self.last_ts_text)
+        self._entered_text.setdefault(
+            phase, self.last_ts_text if shown is None else strip_prefix(shown)[0])
         self._seen.add(phase)
         return [Event("phase", f"{prev} -> {phase}", ts, phase, shown, {"from": prev})]
 
@@ -448,7 +414,6 @@ class StartupTracker:
         if name in self._violated:
             return []
         self._violated.add(name)
-        self._violations.append(message)
         return [Event("violation", message, ts, self.phase, shown, {"rule": name})]
 
     def _warning(self, name: str, message: str, ts: float, shown: str) -> Event:
