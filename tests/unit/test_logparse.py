@@ -234,7 +234,7 @@ def test_decode_capture_with_cuda_graph_disabled_is_a_warning():
 
 
 def test_ready_without_autotune_is_a_violation():
-    t, events = run("no-autotune-0.5.12.post1.jsonl", "0.5.12.post1")
+    _, events = run("no-autotune-0.5.12.post1.jsonl", "0.5.12.post1")
     v = [e for e in events if e.kind == "violation"]
     assert len(v) == 1
     assert "without FlashInfer autotune: the autotune patch did not take effect" in v[0].message
