@@ -414,12 +414,12 @@ class Hit:
     phase: str | None = None   # the phase the line proves (its own signature's, else another's)
 
 
-def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
-             exc_lines: list[tuple[int, str, bool, str]], *, bare_traceback: bool,
+def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
+             exc_lines: list[tuple[str, bool, str]], *, bare_traceback: bool,
              phase_reached: str | None, weak_phase: str | None = None) -> dict:
     """The failure from what a tracker collected: ``hits`` (signature matches),
-    ``frames`` (``(index, phase, innermost_first, after_ready)`` of traceback frames that
-    mark a phase), ``exc_lines`` (``(index, line, after_ready, text without its prefixes)``
+    ``frames`` (``(phase, innermost_first, after_ready)`` of traceback frames that
+    mark a phase), ``exc_lines`` (``(line, after_ready, text without its prefixes)``
     of exception lines), ``bare_traceback`` (a traceback with no verdict counts as a
     failure), ``phase_reached`` (by the markers, None if none seen), ``weak_phase`` (of a
     frame that marks a phase only when nothing else does).
@@ -440,22 +440,15 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
     after_ready = first_fatal.after_ready if first_fatal else False
     cands = fatal_hits + [h for h in hits if not h.sig.fatal and h.after_ready == after_ready]
     best = max(cands, key=lambda h: (h.sig.weight, -h.index)) if cands else None
-    phase = "serving" if after_ready else _frames_phase(frames)
-    if phase is None:
-        strong = [h for h in cands if h.phase]
-        if strong:
-            phase = min(strong, key=lambda h: h.index).phase
-    if phase is None:
-        phase = phase_reached
-    if phase is None and not after_ready:
-        phase = weak_phase
-    if phase is None and best is not None:
-        phase = best.sig.default_phase
-    exc, exc_text = next(((line, text) for _i, line, ar, text in exc_lines
+    proven = min((h for h in cands if h.phase), key=lambda h: h.index, default=None)
+    phase = "serving" if after_ready else (
+        _frames_phase(frames) or (proven.phase if proven else None) or phase_reached
+        or weak_phase or (best.sig.default_phase if best else None))
+    exc, exc_text = next(((line, text) for line, ar, text in exc_lines
                           if ar == after_ready), (None, None))
     if best is not None and best.sig.weight > GENERIC:
         cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
-        if detail.endswith("(most recent call last):") and exc:
+        if detail.endswith("(most recent call last):"):
             detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
@@ -468,21 +461,16 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
         detail = exc_text or (best.msg.strip() if best else None)
     if detail and detail.endswith("(most recent call last):"):
         detail = None   # the header of a traceback whose end was cut off says nothing more
-    evidence: list[str] = []
-    for h in (best, first_fatal):
-        if h is not None and h.line not in evidence:
-            evidence.append(h.line)
-    if exc and exc not in evidence:
-        evidence.append(exc)
+    shown = [h.line for h in (best, first_fatal) if h is not None] + [exc]
+    evidence = list(dict.fromkeys(x for x in shown if x))
     out.update(phase=phase, cause=cause,
                fix=PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause),
                evidence=evidence, summary=summary + (f": {detail[:240]}" if detail else ""))
     return out
 
 
-def _frames_phase(frames: list[tuple[int, str, bool, bool]]) -> str | None:
-    before = [f for f in frames if not f[3]]
-    outer_first = [f for f in before if not f[2]]
-    if outer_first:
-        return outer_first[0][1]
-    return before[-1][1] if before else None
+def _frames_phase(frames: list[tuple[str, bool, bool]]) -> str | None:
+    """The outermost frame before ready that marks a phase (faulthandler dumps list the
+    innermost first: their last one)."""
+    before = [(phase, inner) for phase, inner, after_ready in frames if not after_ready]
+    return next((p for p, inner in before if not inner), before[-1][0] if before else None)

@@ -124,8 +124,8 @@ class StartupTracker:
         self._nonfatal_lines: list[str] = []
         self._n = 0
         self._hits: list[Hit] = []
-        self._frames: list[tuple[int, str, bool, bool]] = []  # (index, phase, inner-first, after ready)
-        self._exc_lines: list[tuple[int, str, bool, str]] = []
+        self._frames: list[tuple[str, bool, bool]] = []  # (phase, inner-first, after ready)
+        self._exc_lines: list[tuple[str, bool, str]] = []
         self._ranks: dict[str, None] = {}
         self._ready_index: int | None = None
         self._decoding = False              # a `Decode batch` stats line was seen
@@ -274,13 +274,13 @@ class StartupTracker:
                 # line makes it the frame that raised)
                 self._last_frame_weak = fp[2]
                 if fp[0] is not None and len(self._frames) < 4000:
-                    self._frames.append((self._n, fp[0], fp[1], self._serving))
+                    self._frames.append((fp[0], fp[1], self._serving))
         elif prev_frame and "(" in msg:
             phase = call_phase(msg)
             if phase is not None and len(self._frames) < 4000:
-                self._frames.append((self._n, phase, False, self._serving))
+                self._frames.append((phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            self._exc_lines.append((self._n, shown, self._serving, redact(msg).strip()))
+            self._exc_lines.append((shown, self._serving, redact(msg).strip()))
             if self._last_frame_weak and self._weak_phase is None and not self._serving:
                 self._weak_phase = self._last_frame_weak
             self._last_frame_weak = None
