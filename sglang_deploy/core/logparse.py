@@ -73,6 +73,7 @@ _CHAINED = ("The above exception was the direct cause of the following exception
 _EXC_RE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
                      r"Warning)\b(?::|$)")
 _RANK_PREFIX_RE = re.compile(r"(?:TP|DP|PP|EP|ATTN_CP|MOE_DP|gpu_id=|rank)\d+|gpu_id=\d+")
+_RING, _MAX_BLOCK, _MAX_RELEVANT = 200, 120, 80   # recent lines, traceback lines, excerpt
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,7 @@ class StartupTracker:
     """
 
     def __init__(self, version: str, expect_autotune: bool, cuda_graph: bool, *,
-                 ring: int = 200, max_block: int = 120, max_relevant: int = 80,
                  strict_order: bool = True) -> None:
-        self.version = version
         self.expect_autotune = expect_autotune
         self.cuda_graph = cuda_graph
         self.strict_order = strict_order
@@ -108,16 +107,13 @@ class StartupTracker:
         self._phase_idx = 0
         self._entered: dict[str, float] = {}
         self._entered_text: dict[str, str | None] = {}
-        self._first_ts: float | None = None
         self._progress: tuple[int, int, int] | None = None
         self._fatal: list[str] = []
         self._fatal_seen: set[str] = set()
         self._warnings_seen: set[str] = set()
         self._violated: set[str] = set()
         self._seen: set[str] = set()
-        self._ring: deque[str] = deque(maxlen=ring)
-        self._max_block = max_block
-        self._max_relevant = max_relevant
+        self._ring: deque[str] = deque(maxlen=_RING)
         self._tb_current: list[str] | None = None
         self._tb_blocks: list[list[str]] = []
         self._decode_capture_seen = False
@@ -127,7 +123,6 @@ class StartupTracker:
         self._frames: list[tuple[str, bool, bool]] = []  # (phase, inner-first, after ready)
         self._exc_lines: list[tuple[str, bool, str]] = []
         self._ranks: dict[str, None] = {}
-        self._ready_index: int | None = None
         self._decoding = False              # a `Decode batch` stats line was seen
         self._weak_phase: str | None = None  # of the first weak frame that raised
         self._last_frame_weak: str | None = None
@@ -207,9 +202,7 @@ class StartupTracker:
     def feed(self, line: str | bytes, ts: float) -> list[Event]:
         if isinstance(line, (bytes, bytearray)):
             line = line.decode("utf-8", "replace")
-        if self._first_ts is None:
-            self._first_ts = ts
-            self._entered.setdefault("starting", ts)
+        self._entered.setdefault("starting", ts)
         events: list[Event] = []
         pieces = split_updates(line)
         progress_pieces = [p for p in pieces if "hards" in p and PROGRESS_RE.search(p)] \
@@ -331,7 +324,7 @@ class StartupTracker:
         (keep the first lines and the latest ones: the exception is at the end)."""
         assert self._tb_current is not None
         self._tb_current.append(shown)
-        if len(self._tb_current) > self._max_block:
+        if len(self._tb_current) > _MAX_BLOCK:
             del self._tb_current[10]
 
     def _close_block(self) -> None:
@@ -344,26 +337,22 @@ class StartupTracker:
         events: list[Event] = []
         phase = marker.phase
         idx = _IDX[phase]
-        if phase == "ready" and self._ready_index is None:
-            self._ready_index = self._n
         if phase == "capture" and not re.match(r"^Capture (?:piecewise|draft)", msg):
             if not self._decode_capture_seen and not self.cuda_graph and self.strict_order:
-                self._decode_capture_seen = True
                 events.append(self._warning(
                     "capture-disabled",
                     "CUDA graph capture ran although the deploy expects it disabled "
                     "(--disable-cuda-graph)", ts, shown))
             self._decode_capture_seen = True
-        if self.strict_order:
+        if self.strict_order and phase == "autotune" and "autotune" not in self._seen:
             # a FlashInfer autotune that starts after graphs were captured or the server
             # listens: out of order (graphs captured with untuned kernels)
-            if phase == "autotune" and self._phase_idx >= _IDX["captured"] and \
-                    "autotune" not in self._seen:
+            if self._phase_idx >= _IDX["captured"]:
                 events += self._violation(
                     "autotune-order",
                     f"FlashInfer autotune started after {self.phase}: out of order (the "
                     "graphs were captured before the kernels were tuned)", ts, shown)
-            if phase == "autotune" and not self.expect_autotune and "autotune" not in self._seen:
+            if not self.expect_autotune:
                 events.append(self._warning(
                     "autotune-unexpected",
                     "FlashInfer autotune ran although the deploy did not expect it", ts, shown))
@@ -376,13 +365,12 @@ class StartupTracker:
 
     def _check_skipped(self, target: str, ts: float, shown: str) -> list[Event]:
         events: list[Event] = []
-        t = _IDX[target]
-        if t > _IDX["loaded"] and "loaded" not in self._seen and target in ("http", "warmup",
-                                                                            "ready"):
+        if "loaded" not in self._seen and target in ("http", "warmup", "ready"):
             events += self._violation(
                 "no-weights", f"the server reached {target} but no `Load weight end` was seen "
                 "(weights not loaded?)", ts, shown)
-        if self.expect_autotune and t > _IDX["autotuned"] and "autotuned" not in self._seen:
+        if self.expect_autotune and _IDX[target] > _IDX["autotuned"] and \
+                "autotuned" not in self._seen:
             if "autotune" in self._seen:
                 events += self._violation(
                     "autotune-incomplete",
@@ -445,4 +433,4 @@ class StartupTracker:
     def relevant_lines(self, limit: int | None = None) -> list[str]:
         """What to show an operator (``logexcerpt.relevant``), at most ``limit`` lines."""
         return relevant(self.tracebacks(), self._fatal + self._nonfatal_lines,
-                        self.recent_lines(30), limit or self._max_relevant)
+                        self.recent_lines(30), limit or _MAX_RELEVANT)
