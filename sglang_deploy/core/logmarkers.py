@@ -14,11 +14,6 @@ MARKER_WORDS = re.compile(r"Load weight|Loading model from|Endpoint '/get_model_
                           r"^Capture |Uvicorn running|model_info|fired up")
 
 
-# --------------------------------------------------------------------------------------
-# markers
-# --------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Marker:
     phase: str

@@ -115,8 +115,8 @@ def split_updates(line: str) -> list[str]:
     return out
 
 
-_TS_FORMATS = (("%Y-%m-%d %H:%M:%S", 19), ("%Y-%m-%dT%H:%M:%S", 19), ("%m-%d %H:%M:%S", 14),
-               ("%H:%M:%S", 8), ("%b %d %H:%M:%S", 15), ("%b %d, %Y @ %H:%M:%S", 21))
+_TS_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%m-%d %H:%M:%S", "%H:%M:%S",
+               "%b %d %H:%M:%S", "%b %d, %Y @ %H:%M:%S")
 
 
 def parse_ts(text: str | None) -> float | None:
@@ -131,7 +131,7 @@ def parse_ts(text: str | None) -> float | None:
         frac = float("0." + m.group(1))
         base = text[:m.start()]
     base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", base)
-    for fmt, _n in _TS_FORMATS:
+    for fmt in _TS_FORMATS:
         try:
             dt = datetime.strptime(base, fmt)
         except ValueError:
@@ -161,9 +161,7 @@ def redact(text: str) -> str:
 
 def parse_progress(text: str) -> tuple[int, int, int] | None:
     """The LAST tqdm shard update in ``text`` -> ``(done, total, pct)``."""
-    last = None
-    for m in PROGRESS_RE.finditer(text):
-        last = m
-    if last is None:
+    matches = list(PROGRESS_RE.finditer(text))
+    if not matches:
         return None
-    return int(last.group("n")), int(last.group("total")), int(last.group("pct"))
+    return int(matches[-1]["n"]), int(matches[-1]["total"]), int(matches[-1]["pct"])
