@@ -85,6 +85,7 @@ class Event:
     line: str | None = None   # the (redacted) message the event comes from
     data: dict[str, Any] = field(default_factory=dict)
 
+
 _TB_SIG = Signature("other", re.compile(_TRACEBACK), "a rank raised an exception",
                     weight=GENERIC - 5, name="rank-traceback")
 _NCCL_WARN_RE = re.compile(r"\bNCCL WARN\b")
@@ -109,8 +110,7 @@ class StartupTracker:
         self._entered_text: dict[str, str | None] = {}
         self._progress: tuple[int, int, int] | None = None
         self._fatal: list[str] = []
-        self._fatal_seen: set[str] = set()
-        self._warnings_seen: set[str] = set()
+        self._reported: set[str] = set()    # warning rules and hit keys already reported
         self._violated: set[str] = set()
         self._seen: set[str] = set()
         self._ring: deque[str] = deque(maxlen=_RING)
@@ -281,8 +281,8 @@ class StartupTracker:
             events += self._hit(sig, msg, ts, shown)
         elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
             key = "nccl-warn|" + msg[:120]
-            if key not in self._warnings_seen:
-                self._warnings_seen.add(key)
+            if key not in self._reported:
+                self._reported.add(key)
                 self._nonfatal_lines.append(shown)
                 events.append(Event("warning", "nccl-warn: NCCL printed a warning", ts,
                                     self.phase, shown, {"signature": "nccl-warn"}))
@@ -304,20 +304,17 @@ class StartupTracker:
         if len(self._hits) < 500:
             self._hits.append(Hit(sig, self._n, shown, msg, self._serving,
                                   sig.phase or line_phase(msg)))
+        # once per signature and message (the same line of every rank is one event)
         key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
-        if not sig.fatal:
-            if key in self._warnings_seen:
-                return []
-            self._warnings_seen.add(key)
-            self._nonfatal_lines.append(shown)
-            return [Event("warning", f"{sig.id}: {sig.summary}", ts, self.phase, shown,
-                          {"signature": sig.id, "cause": sig.cause})]
-        self._fatal.append(shown)
-        if key in self._fatal_seen:
+        if sig.fatal:
+            self._fatal.append(shown)
+        if key in self._reported:
             return []
-        self._fatal_seen.add(key)
-        return [Event("fatal", f"{sig.id}: {sig.summary}", ts, self.phase, shown,
-                      {"signature": sig.id, "cause": sig.cause})]
+        self._reported.add(key)
+        if not sig.fatal:
+            self._nonfatal_lines.append(shown)
+        return [Event("fatal" if sig.fatal else "warning", f"{sig.id}: {sig.summary}", ts,
+                      self.phase, shown, {"signature": sig.id, "cause": sig.cause})]
 
     def _block_append(self, shown: str) -> None:
         """Append to the open traceback; past ``max_block`` lines drop from the middle
@@ -382,7 +379,7 @@ class StartupTracker:
                     "no-autotune", f"the server {reached} without FlashInfer autotune: the "
                     "autotune patch did not take effect", ts, shown)
         if self.cuda_graph and target in ("http", "ready") and "capture" not in self._seen \
-                and "no-capture" not in self._warnings_seen:
+                and "no-capture" not in self._reported:
             events.append(self._warning(
                 "no-capture", f"the server reached {target} without CUDA graph capture "
                 "(SGLang may have disabled it itself; look for `Disable cuda graph`)",
@@ -405,7 +402,7 @@ class StartupTracker:
         return [Event("violation", message, ts, self.phase, shown, {"rule": name})]
 
     def _warning(self, name: str, message: str, ts: float, shown: str) -> Event:
-        self._warnings_seen.add(name)
+        self._reported.add(name)
         return Event("warning", message, ts, self.phase, shown, {"rule": name})
 
     # ---- diagnosis --------------------------------------------------------------------
