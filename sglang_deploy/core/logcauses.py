@@ -2,11 +2,8 @@
 belongs to (pure). Used by the live tracker (logparse.StartupTracker) and the offline
 analysis (explain.explain) alike.
 
-Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
-not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
-no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
-scheduler-exception, oom-killer, host-memory, port-in-use, model-load, illegal-memory-access,
-kv-pool-exhausted, scheduler-hang, bad-args, cuda-driver, broken-install, other.
+Cause ids: the keys of logfixes.CAUSE_FIXES (the vocabulary of
+tests/fixtures/logs/real/corpus.yaml).
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
