@@ -106,10 +106,12 @@ class StartupTracker:
         self.strict_order = strict_order
         self._markers = markers_for(version)
         self._phase_idx = 0
-        self._entered: dict[str, float] = {}
-        self._entered_text: dict[str, str | None] = {}
-        self._progress: tuple[int, int, int] | None = None
-        self._fatal: list[str] = []
+        self.phase_entered: dict[str, float] = {}
+        #: the log's own timestamp (as printed) of the line that entered each phase
+        self.phase_entered_text: dict[str, str | None] = {}
+        #: ``(done, total, pct)`` of the last tqdm shard update
+        self.shard_progress: tuple[int, int, int] | None = None
+        self.fatal: list[str] = []          # the fatal lines, in order
         self._reported: set[str] = set()    # warning rules and hit keys already reported
         self._violated: set[str] = set()
         self._seen: set[str] = set()
@@ -119,7 +121,7 @@ class StartupTracker:
         self._decode_capture_seen = False
         self._nonfatal_lines: list[str] = []
         self._n = 0
-        self._hits: list[Hit] = []
+        self.hits: list[Hit] = []           # every line that matched a cause signature
         self._frames: list[tuple[str, bool, bool]] = []  # (phase, inner-first, after ready)
         self._exc_lines: list[tuple[str, bool, str]] = []
         self._ranks: dict[str, None] = {}
@@ -148,69 +150,41 @@ class StartupTracker:
         return self.ready_seen or self._decoding
 
     @property
-    def markers_seen(self) -> bool:
-        """Any phase marker (or shard progress) seen at all."""
-        return bool(self._seen - {"starting"}) or self._progress is not None
-
-    @property
-    def hits(self) -> list[Hit]:
-        """Every line that matched a cause signature (fatal or not), in order."""
-        return list(self._hits)
-
-    @property
     def phase_reached(self) -> str | None:
         """The phase the markers show (None if none was seen); a shard bar at 100% counts
         as loaded even when `Load weight end` was cut off."""
-        if not self.markers_seen:
-            return None
-        prog = self._progress
+        if self._seen <= {"starting"} and self.shard_progress is None:
+            return None     # no marker, no shard progress
+        prog = self.shard_progress
         if self.phase == "loading" and prog is not None and prog[0] == prog[1]:
             return "loaded"
         return self.phase
-
-    @property
-    def shard_progress(self) -> tuple[int, int, int] | None:
-        """``(done, total, pct)`` of the last tqdm shard update, or None."""
-        return self._progress
-
-    @property
-    def fatal(self) -> list[str]:
-        return list(self._fatal)
 
     @property
     def ranks(self) -> list[str]:
         return list(self._ranks)
 
     @property
-    def phase_entered(self) -> dict[str, float]:
-        return dict(self._entered)
-
-    @property
-    def phase_entered_text(self) -> dict[str, str | None]:
-        """The log's own timestamp (as printed) of the line that entered each phase."""
-        return dict(self._entered_text)
-
-    @property
     def phase_durations(self) -> dict[str, float]:
         """Seconds spent in each phase that has ended (from entering it to entering the
         next phase reached)."""
-        order = [p for p in PHASES if p in self._entered]
-        return {a: round(self._entered[b] - self._entered[a], 3)
+        order = [p for p in PHASES if p in self.phase_entered]
+        return {a: round(self.phase_entered[b] - self.phase_entered[a], 3)
                 for a, b in itertools.pairwise(order)}
 
     # ---- feeding ------------------------------------------------------------------------
     def feed(self, line: str | bytes, ts: float) -> list[Event]:
         if isinstance(line, (bytes, bytearray)):
             line = line.decode("utf-8", "replace")
-        self._entered.setdefault("starting", ts)
+        self.phase_entered.setdefault("starting", ts)
         events: list[Event] = []
         pieces = split_updates(line)
         progress_pieces = [p for p in pieces if "hards" in p and PROGRESS_RE.search(p)] \
             if "hards" in line else []
         if progress_pieces:
             prog = parse_progress(progress_pieces[-1])
-            if prog is not None and prog != self._progress:
-                self._progress = prog
+            if prog is not None and prog != self.shard_progress:
+                self.shard_progress = prog
                 done, total, pct = prog
                 events.append(Event("progress", f"checkpoint shards {done}/{total} ({pct}%)",
                                     ts, self.phase, data={"done": done, "total": total,
@@ -296,18 +270,18 @@ class StartupTracker:
                 "autotune" if _AUTOTUNE_BAR_RE.match(msg) else None
             if bar is not None and self._phase_idx < _IDX[bar]:
                 events += self._enter(bar, ts, shown)
-        if ts_text is not None and self._entered_text.get(self.phase, "") is None:
-            self._entered_text[self.phase] = ts_text
+        if ts_text is not None and self.phase_entered_text.get(self.phase, "") is None:
+            self.phase_entered_text[self.phase] = ts_text
         return events
 
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
-        if len(self._hits) < 500:
-            self._hits.append(Hit(sig, self._n, shown, msg, self._serving,
+        if len(self.hits) < 500:
+            self.hits.append(Hit(sig, self._n, shown, msg, self._serving,
                                   sig.phase or line_phase(msg)))
         # once per signature and message (the same line of every rank is one event)
         key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
         if sig.fatal:
-            self._fatal.append(shown)
+            self.fatal.append(shown)
         if key in self._reported:
             return []
         self._reported.add(key)
@@ -389,8 +363,8 @@ class StartupTracker:
     def _enter(self, phase: str, ts: float, shown: str | None) -> list[Event]:
         prev = self.phase
         self._phase_idx = _IDX[phase]
-        self._entered.setdefault(phase, ts)
-        self._entered_text.setdefault(
+        self.phase_entered.setdefault(phase, ts)
+        self.phase_entered_text.setdefault(
             phase, self.last_ts_text if shown is None else strip_prefix(shown)[0])
         self._seen.add(phase)
         return [Event("phase", f"{prev} -> {phase}", ts, phase, shown, {"from": prev})]
@@ -413,7 +387,7 @@ class StartupTracker:
         traceback or a fatal line does: the process may still be printing)."""
         bare = not self.ready_seen and bool(self.tracebacks_unprefixed
                                             or self.frames_before_ready)
-        return diagnose(self._hits, self._frames, self._exc_lines,
+        return diagnose(self.hits, self._frames, self._exc_lines,
                         bare_traceback=offline and bare,
                         phase_reached=self.phase_reached, weak_phase=self._weak_phase)
 
@@ -422,12 +396,9 @@ class StartupTracker:
         return list(self._ring)[-n:]
 
     def tracebacks(self) -> list[list[str]]:
-        blocks = list(self._tb_blocks)
-        if self._tb_current:
-            blocks.append(self._tb_current)
-        return [list(b) for b in blocks]
+        return self._tb_blocks + ([self._tb_current] if self._tb_current else [])
 
     def relevant_lines(self, limit: int | None = None) -> list[str]:
         """What to show an operator (``logexcerpt.relevant``), at most ``limit`` lines."""
-        return relevant(self.tracebacks(), self._fatal + self._nonfatal_lines,
+        return relevant(self.tracebacks(), self.fatal + self._nonfatal_lines,
                         self.recent_lines(30), limit or _MAX_RELEVANT)

@@ -104,14 +104,9 @@ def split_updates(line: str) -> list[str]:
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
     out: list[str] = []
-    for seg in line.split("\r") if "\r" in line else (line,):
-        if "[" in seg[1:] or " - " in seg:
-            pieces = _EMBEDDED_PREFIX_RE.split(seg)
-        else:
-            pieces = [seg]
-        for piece in pieces:
-            if piece.strip():
-                out.append(piece.rstrip("\n"))
+    for seg in line.split("\r"):
+        pieces = _EMBEDDED_PREFIX_RE.split(seg) if "[" in seg[1:] or " - " in seg else [seg]
+        out += [piece.rstrip("\n") for piece in pieces if piece.strip()]
     return out
 
 

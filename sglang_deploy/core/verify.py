@@ -63,9 +63,9 @@ class Verifier:
             exit=f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}",
             state=f"{service.get('ActiveState')}/{service.get('SubState')}",
             log=self.tracker.relevant_lines(),
-            hints=[diag["fix"]] if diag["failed"] and diag["fix"] else [],
-            cause=diag["cause"] if diag["failed"] else None,
-            summary=diag["summary"] if diag["failed"] else None,
+            hints=[diag["fix"]] if diag["fix"] else [],
+            cause=diag["cause"],        # (None, as the fix and summary, unless it failed)
+            summary=diag["summary"],
         )
         return Decision("fail", message, details)
 
@@ -79,9 +79,7 @@ class Verifier:
 
     def _crash_text(self) -> str:
         diag = self.tracker.diagnosis()
-        if not diag["failed"]:
-            return ""
-        return f": {diag['cause']}: {diag['summary']}"
+        return f": {diag['cause']}: {diag['summary']}" if diag["failed"] else ""
 
     def observe(self, poll: dict) -> Decision:
         now = poll["now"]
