@@ -19,7 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sglang_deploy.core.logparse import PHASES, StartupTracker
+from sglang_deploy.core.logmarkers import PHASES
+from sglang_deploy.core.logparse import StartupTracker
 from sglang_deploy.core.logprefix import parse_ts, strip_prefix
 
 __all__ = ["DEFAULT_VERSION", "explain", "render_text"]

@@ -47,18 +47,7 @@ from sglang_deploy.core.logprefix import (
     strip_prefix,
 )
 
-__all__ = [
-    "PHASES",
-    "Event",
-    "Marker",
-    "Signature",
-    "StartupTracker",
-    "markers_for",
-    "parse_progress",
-    "redact",
-    "split_updates",
-    "strip_prefix",
-]
+__all__ = ["Event", "StartupTracker"]
 
 _IDX = {p: i for i, p in enumerate(PHASES)}
 
@@ -112,8 +101,7 @@ class StartupTracker:
         #: ``(done, total, pct)`` of the last tqdm shard update
         self.shard_progress: tuple[int, int, int] | None = None
         self.fatal: list[str] = []          # the fatal lines, in order
-        self._reported: set[str] = set()    # warning rules and hit keys already reported
-        self._violated: set[str] = set()
+        self._reported: set[str] = set()    # rules and hit keys already reported
         self._seen: set[str] = set()
         self._ring: deque[str] = deque(maxlen=_RING)
         self._tb_current: list[str] | None = None
@@ -370,9 +358,9 @@ class StartupTracker:
         return [Event("phase", f"{prev} -> {phase}", ts, phase, shown, {"from": prev})]
 
     def _violation(self, name: str, message: str, ts: float, shown: str) -> list[Event]:
-        if name in self._violated:
+        if name in self._reported:
             return []
-        self._violated.add(name)
+        self._reported.add(name)
         return [Event("violation", message, ts, self.phase, shown, {"rule": name})]
 
     def _warning(self, name: str, message: str, ts: float, shown: str) -> Event:
