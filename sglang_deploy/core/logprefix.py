@@ -119,13 +119,9 @@ def parse_ts(text: str | None) -> float | None:
     day) for a timestamp as the prefixes write it; None when unreadable."""
     if not text:
         return None
-    frac = 0.0
-    m = re.search(r"[.,](\d+)(?:Z|[+-]\d{2}:?\d{2})?$", text)
-    base = text
-    if m:
-        frac = float("0." + m.group(1))
-        base = text[:m.start()]
-    base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", base)
+    m = re.search(r"[.,](\d+)(?:Z|[+-]\d{2}:?\d{2})?$", text)   # fraction of a second
+    frac = float("0." + m.group(1)) if m else 0.0
+    base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", text[:m.start()] if m else text)
     for fmt in _TS_FORMATS:
         try:
             dt = datetime.strptime(base, fmt)
