@@ -317,20 +317,14 @@ def match_signature(msg: str) -> Signature | None:
     head = msg[:2048]    # a very long line (server_args=...) is no error message
     if _NEEDLE_RE.search(head) is None and not head.startswith("http"):
         return None
-    for sig in SIGNATURES:
-        if sig.pattern.search(msg):
-            return sig
-    return None
+    return next((sig for sig in SIGNATURES if sig.pattern.search(msg)), None)
 
 
 def line_phase(msg: str) -> str | None:
     """The phase a line proves through any signature, not only the first that matches it:
     ``Capture cuda graph failed: RuntimeError: CUDA error: an illegal memory access`` is
     named by its cause but still proves the capture."""
-    for sig in SIGNATURES:
-        if sig.phase is not None and sig.pattern.search(msg):
-            return sig.phase
-    return None
+    return next((s.phase for s in SIGNATURES if s.phase and s.pattern.search(msg)), None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -378,11 +372,8 @@ _CALL_RE = re.compile(r"\b(\w+)\(")
 def call_phase(code: str) -> str | None:
     """The phase of a call in a traceback's source line (``self.load_model()`` ->
     loading): the frame above it is cut or generic, the call says where it went."""
-    for name in _CALL_RE.findall(code):
-        phase = _PHASE_OF_FUNC.get(name)
-        if phase is not None:
-            return phase
-    return None
+    return next((_PHASE_OF_FUNC[f] for f in _CALL_RE.findall(code) if f in _PHASE_OF_FUNC),
+                None)
 
 
 def frame_phase(msg: str) -> tuple[str | None, bool, str | None] | None:
