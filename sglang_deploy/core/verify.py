@@ -204,9 +204,7 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
     import gevent
 
     sleep = sleep or gevent.sleep
-    cursor = None
-    last_shown = 0.0
-    last_text = ""
+    cursor, last_shown, last_text = None, 0.0, ""
     while True:
         asked_http = verifier.wants_http()
         cmd = poll_command(tool, service, port, host_addr, cursor, verifier.invocation,
