@@ -416,11 +416,9 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
     teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), float("inf"))
     hits = [h for h in hits if h.sig.name != "sigkill" or h.index < teardown]
     fatal_hits = [h for h in hits if h.sig.fatal]
-    failed = bool(fatal_hits) or bare_traceback
-    out: dict = {"failed": failed, "phase": None, "cause": None, "summary": None,
-                 "fix": None, "evidence": []}
-    if not failed:
-        return out
+    if not (fatal_hits or bare_traceback):
+        return {"failed": False, "phase": None, "cause": None, "summary": None, "fix": None,
+                "evidence": []}
     first_fatal = fatal_hits[0] if fatal_hits else None
     after_ready = first_fatal.after_ready if first_fatal else False
     cands = fatal_hits + [h for h in hits if not h.sig.fatal and h.after_ready == after_ready]
@@ -448,10 +446,9 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
         detail = None   # the header of a traceback whose end was cut off says nothing more
     shown = [h.line for h in (best, first_fatal) if h is not None] + [exc]
     evidence = list(dict.fromkeys(x for x in shown if x))
-    out.update(phase=phase, cause=cause,
-               fix=PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause),
-               evidence=evidence, summary=summary + (f": {detail[:240]}" if detail else ""))
-    return out
+    return {"failed": True, "phase": phase, "cause": cause,
+            "summary": summary + (f": {detail[:240]}" if detail else ""),
+            "fix": PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause), "evidence": evidence}
 
 
 def _frames_phase(frames: list[tuple[str, bool, bool]]) -> str | None:

@@ -116,8 +116,8 @@ class StartupTracker:
         self._decoding = False              # a `Decode batch` stats line was seen
         self._weak_phase: str | None = None  # of the first weak frame that raised
         self._last_frame_weak: str | None = None
-        self.tracebacks_unprefixed = 0      # tracebacks with no rank prefix, before ready
-        self.frames_before_ready = 0        # traceback frame lines before ready
+        # before ready: a traceback with no rank prefix, or a traceback frame line
+        self._traceback_before_ready = False
         self._prev_frame = False
         self.last_ts_text: str | None = None
 
@@ -175,8 +175,8 @@ class StartupTracker:
                 self.shard_progress = prog
                 done, total, pct = prog
                 events.append(Event("progress", f"checkpoint shards {done}/{total} ({pct}%)",
-                                    ts, self.phase, data={"done": done, "total": total,
-                                                          "pct": pct}))
+                                    ts, self.phase,
+                                    data={"done": done, "total": total, "pct": pct}))
                 if self._phase_idx < _IDX["loading"]:
                     events += self._enter("loading", ts, None)
             self._ring.append(redact(progress_pieces[-1]))
@@ -212,7 +212,7 @@ class StartupTracker:
                 if rank is not None and sig is None and _RANK_PREFIX_RE.search(rank):
                     events += self._hit(_TB_SIG, msg, ts, shown)
                 elif not self.ready_seen:
-                    self.tracebacks_unprefixed += 1
+                    self._traceback_before_ready = True
         elif self._tb_current is not None:
             if ts_text is None:
                 self._block_append(shown)
@@ -224,7 +224,7 @@ class StartupTracker:
             if fp is not None:
                 self._prev_frame = not fp[1]
                 if not self.ready_seen:
-                    self.frames_before_ready += 1
+                    self._traceback_before_ready = True
                 # the innermost frame so far (an exception line right after its code
                 # line makes it the frame that raised)
                 self._last_frame_weak = fp[2]
@@ -265,7 +265,7 @@ class StartupTracker:
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
         if len(self.hits) < 500:
             self.hits.append(Hit(sig, self._n, shown, msg, self._serving,
-                                  sig.phase or line_phase(msg)))
+                                 sig.phase or line_phase(msg)))
         # once per signature and message (the same line of every rank is one event)
         key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
         if sig.fatal:
@@ -279,7 +279,7 @@ class StartupTracker:
                       self.phase, shown, {"signature": sig.id, "cause": sig.cause})]
 
     def _block_append(self, shown: str) -> None:
-        """Append to the open traceback; past ``max_block`` lines drop from the middle
+        """Append to the open traceback; past ``_MAX_BLOCK`` lines drop from the middle
         (keep the first lines and the latest ones: the exception is at the end)."""
         assert self._tb_current is not None
         self._tb_current.append(shown)
@@ -373,10 +373,8 @@ class StartupTracker:
         ``phase`` (``serving`` after ready), ``cause``, ``summary``, ``fix``, ``evidence``.
         ``offline``: a traceback before ready counts as a failure too (live, only a rank's
         traceback or a fatal line does: the process may still be printing)."""
-        bare = not self.ready_seen and bool(self.tracebacks_unprefixed
-                                            or self.frames_before_ready)
-        return diagnose(self.hits, self._frames, self._exc_lines,
-                        bare_traceback=offline and bare,
+        bare = offline and not self.ready_seen and self._traceback_before_ready
+        return diagnose(self.hits, self._frames, self._exc_lines, bare_traceback=bare,
                         phase_reached=self.phase_reached, weak_phase=self._weak_phase)
 
     # ---- reporting --------------------------------------------------------------------
