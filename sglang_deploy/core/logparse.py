@@ -106,7 +106,6 @@ class StartupTracker:
         self._ring: deque[str] = deque(maxlen=_RING)
         self._tb_current: list[str] | None = None
         self._tb_blocks: list[list[str]] = []
-        self._decode_capture_seen = False
         self._nonfatal_lines: list[str] = []
         self._n = 0
         self.hits: list[Hit] = []           # every line that matched a cause signature
@@ -296,25 +295,24 @@ class StartupTracker:
         events: list[Event] = []
         phase = marker.phase
         idx = _IDX[phase]
-        if phase == "capture" and not re.match(r"^Capture (?:piecewise|draft)", msg):
-            if not self._decode_capture_seen and not self.cuda_graph and self.strict_order:
-                events.append(self._warning(
-                    "capture-disabled",
-                    "CUDA graph capture ran although the deploy expects it disabled "
-                    "(--disable-cuda-graph)", ts, shown))
-            self._decode_capture_seen = True
+        if phase == "capture" and not self.cuda_graph and self.strict_order and \
+                not re.match(r"^Capture (?:piecewise|draft)", msg):
+            events += self._rule(
+                "warning", "capture-disabled",
+                "CUDA graph capture ran although the deploy expects it disabled "
+                "(--disable-cuda-graph)", ts, shown)
         if self.strict_order and phase == "autotune" and "autotune" not in self._seen:
             # a FlashInfer autotune that starts after graphs were captured or the server
             # listens: out of order (graphs captured with untuned kernels)
             if self._phase_idx >= _IDX["captured"]:
-                events += self._violation(
-                    "autotune-order",
+                events += self._rule(
+                    "violation", "autotune-order",
                     f"FlashInfer autotune started after {self.phase}: out of order (the "
                     "graphs were captured before the kernels were tuned)", ts, shown)
             if not self.expect_autotune:
-                events.append(self._warning(
-                    "autotune-unexpected",
-                    "FlashInfer autotune ran although the deploy did not expect it", ts, shown))
+                events += self._rule(
+                    "warning", "autotune-unexpected",
+                    "FlashInfer autotune ran although the deploy did not expect it", ts, shown)
         if idx > self._phase_idx:
             if self.strict_order:
                 events += self._check_skipped(phase, ts, shown)
@@ -325,27 +323,26 @@ class StartupTracker:
     def _check_skipped(self, target: str, ts: float, shown: str) -> list[Event]:
         events: list[Event] = []
         if "loaded" not in self._seen and target in ("http", "warmup", "ready"):
-            events += self._violation(
-                "no-weights", f"the server reached {target} but no `Load weight end` was seen "
+            events += self._rule(
+                "violation", "no-weights", f"the server reached {target} but no `Load weight end` was seen "
                 "(weights not loaded?)", ts, shown)
         if self.expect_autotune and _IDX[target] > _IDX["autotuned"] and \
                 "autotuned" not in self._seen:
             if "autotune" in self._seen:
-                events += self._violation(
-                    "autotune-incomplete",
+                events += self._rule(
+                    "violation", "autotune-incomplete",
                     f"FlashInfer autotune started but never completed before {target}",
                     ts, shown)
             else:
                 reached = "became ready" if target == "ready" else f"reached {target}"
-                events += self._violation(
-                    "no-autotune", f"the server {reached} without FlashInfer autotune: the "
-                    "autotune patch did not take effect", ts, shown)
-        if self.cuda_graph and target in ("http", "ready") and "capture" not in self._seen \
-                and "no-capture" not in self._reported:
-            events.append(self._warning(
-                "no-capture", f"the server reached {target} without CUDA graph capture "
-                "(SGLang may have disabled it itself; look for `Disable cuda graph`)",
-                ts, shown))
+                events += self._rule(
+                    "violation", "no-autotune", f"the server {reached} without FlashInfer "
+                    "autotune: the autotune patch did not take effect", ts, shown)
+        if self.cuda_graph and target in ("http", "ready") and "capture" not in self._seen:
+            events += self._rule(
+                "warning", "no-capture", f"the server reached {target} without CUDA graph "
+                "capture (SGLang may have disabled it itself; look for `Disable cuda graph`)",
+                ts, shown)
         return events
 
     def _enter(self, phase: str, ts: float, shown: str | None) -> list[Event]:
@@ -357,15 +354,12 @@ class StartupTracker:
         self._seen.add(phase)
         return [Event("phase", f"{prev} -> {phase}", ts, phase, shown, {"from": prev})]
 
-    def _violation(self, name: str, message: str, ts: float, shown: str) -> list[Event]:
+    def _rule(self, kind: str, name: str, message: str, ts: float, shown: str) -> list[Event]:
+        """A ``violation`` or ``warning`` of the startup order, once per rule."""
         if name in self._reported:
             return []
         self._reported.add(name)
-        return [Event("violation", message, ts, self.phase, shown, {"rule": name})]
-
-    def _warning(self, name: str, message: str, ts: float, shown: str) -> Event:
-        self._reported.add(name)
-        return Event("warning", message, ts, self.phase, shown, {"rule": name})
+        return [Event(kind, message, ts, self.phase, shown, {"rule": name})]
 
     # ---- diagnosis --------------------------------------------------------------------
     def diagnosis(self, *, offline: bool = False) -> dict[str, Any]:
