@@ -105,7 +105,7 @@ class StartupTracker:
         self._seen: set[str] = set()
         self._ring: deque[str] = deque(maxlen=_RING)
         self._tb_current: list[str] | None = None
-        self._tb_blocks: list[list[str]] = []
+        self._tb_blocks: deque[list[str]] = deque(maxlen=8)   # the latest closed tracebacks
         self._nonfatal_lines: list[str] = []
         self._n = 0
         self.hits: list[Hit] = []           # every line that matched a cause signature
@@ -288,7 +288,6 @@ class StartupTracker:
     def _close_block(self) -> None:
         if self._tb_current:
             self._tb_blocks.append(self._tb_current)
-            self._tb_blocks = self._tb_blocks[-8:]
         self._tb_current = None
 
     def _on_marker(self, marker: Marker, msg: str, ts: float, shown: str) -> list[Event]:
@@ -376,7 +375,7 @@ class StartupTracker:
         return list(self._ring)[-n:]
 
     def tracebacks(self) -> list[list[str]]:
-        return self._tb_blocks + ([self._tb_current] if self._tb_current else [])
+        return [*self._tb_blocks, *([self._tb_current] if self._tb_current else [])]
 
     def relevant_lines(self, limit: int | None = None) -> list[str]:
         """What to show an operator (``logexcerpt.relevant``), at most ``limit`` lines."""
