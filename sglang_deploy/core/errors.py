@@ -19,21 +19,23 @@ from typing import Any
 from pyinfra.api.exceptions import PyinfraError
 
 __all__ = [
-    "SglangDeployError",
-    "DeployError",
-    "PreflightError",
     "DataError",
-    "PatchError",
     "FlagError",
-    "VerifyError",
-    "RuntimeSetupError",
     "ModelError",
+    "PatchError",
+    "PreflightError",
     "RollbackError",
     "RolloutError",
-    "UsageError",
-    "one_line",
     "RouterError",
+    "RuntimeSetupError",
+    "SglangDeployError",
+    "UsageError",
+    "VerifyError",
 ]
+
+
+def _flat(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def _indent(text: str, prefix: str) -> str:
@@ -82,8 +84,14 @@ class SglangDeployError(PyinfraError):
         return "\n".join(self.lines())
 
     def one_line(self) -> str:
-        """The whole error on one line: headline; found: ...; fix: ..."""
-        return one_line(self)
+        """The whole error on one line (for a command's final message): headline; found:
+        ...; fix: ..."""
+        parts = [_flat(self.headline())]
+        if self.found:
+            parts.append("found: " + _flat(self.found))
+        if self.fix:
+            parts.append("fix: " + _flat(self.fix))
+        return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,10 +101,6 @@ class SglangDeployError(PyinfraError):
             "fix": self.fix,
             **({"details": self.details} if self.details else {}),
         }
-
-
-#: the name used in docs/design.md
-DeployError = SglangDeployError
 
 
 class PreflightError(SglangDeployError):
@@ -167,20 +171,6 @@ class UsageError(SglangDeployError):
 
     title = "invalid command line"
     exit_status = 2
-
-
-def _flat(text: str) -> str:
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def one_line(exc: SglangDeployError) -> str:
-    """EXC as one line (for a command's final message): headline; found: ...; fix: ..."""
-    parts = [_flat(exc.headline())]
-    if exc.found:
-        parts.append("found: " + _flat(exc.found))
-    if exc.fix:
-        parts.append("fix: " + _flat(exc.fix))
-    return "; ".join(parts)
 
 
 class RouterError(SglangDeployError):

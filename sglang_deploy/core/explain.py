@@ -19,7 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sglang_deploy.core.logparse import PHASES, StartupTracker
+from sglang_deploy.core.logmarkers import PHASES
+from sglang_deploy.core.logparse import StartupTracker
 from sglang_deploy.core.logprefix import parse_ts, strip_prefix
 
 __all__ = ["DEFAULT_VERSION", "explain", "render_text"]
@@ -52,10 +53,8 @@ def explain(lines: Iterable[str], version: str | None = None) -> dict[str, Any]:
         outcome, phase = "incomplete", tracker.phase_reached
         # a line that proves a later phase (a warmup request's answer, the KV cache
         # profile) counts as reached, even when its own marker was cut off
-        for hit in tracker.hits:
-            if hit.sig.phase and (phase is None or PHASES.index(hit.sig.phase) >
-                                  PHASES.index(phase)):
-                phase = hit.sig.phase
+        proven = [hit.sig.phase for hit in tracker.hits if hit.sig.phase]
+        phase = max(filter(None, [phase, *proven]), key=PHASES.index, default=None)
     return {
         "outcome": outcome,
         "phase": phase,

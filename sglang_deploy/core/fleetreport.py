@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_deploy.core.logparse import PHASES
+from sglang_deploy.core.logmarkers import PHASES
 
 REPORT_VERSION = 1
 STATUS_FIELDS = ("reachable", "unit", "uptime_s", "release", "sglang_version", "patch_state",
@@ -114,21 +114,17 @@ def build(inventory: str, hosts: Sequence[str], rows: Sequence[Mapping[str, Any]
 
 # ------------------------------------------------------------------------- chart geometry
 
+_VERDICT_COLOURS = {"self": "#f4f4f4", "BAD": "#d9534f", "ERR": "#d9534f", "hst": "#c77dd1",
+                    "--": "#e6e6e6", "OK": "#e6e6e6", None: "#e6e6e6"}
+
+
 def heat_colour(cell: Mapping[str, Any]) -> str:
     """CSS colour of a heatmap cell: greens by bandwidth when verified, as on the terminal."""
     verdict = cell.get("verdict")
-    if verdict == "self":
-        return "#f4f4f4"
     if verdict == "ok":
         heat = cell.get("heat") if cell.get("heat") is not None else 1.0
         return f"hsl(125, 55%, {round(82 - 40 * float(heat))}%)"
-    if verdict in ("BAD", "ERR"):
-        return "#d9534f"
-    if verdict == "hst":
-        return "#c77dd1"
-    if verdict in ("--", "OK", None):
-        return "#e6e6e6"
-    return "#f0c419"
+    return _VERDICT_COLOURS.get(verdict, "#f0c419")
 
 
 PHASE_COLOURS = {"starting": "#9aa5b1", "loading": "#4e79a7", "loaded": "#76b7b2",

@@ -2,11 +2,8 @@
 belongs to (pure). Used by the live tracker (logparse.StartupTracker) and the offline
 analysis (explain.explain) alike.
 
-Cause ids (the vocabulary of tests/fixtures/logs/real/corpus.yaml): cuda-oom,
-not-enough-memory, nccl-p2p, nccl-peer-refused, nccl-watchdog, gloo-connection, jit-build,
-no-nvcc, autotune-crash, unsupported-arch, cuda-graph-capture, warmup-failed,
-scheduler-exception, oom-killer, host-memory, port-in-use, model-load, illegal-memory-access,
-kv-pool-exhausted, scheduler-hang, bad-args, cuda-driver, broken-install, other.
+Cause ids: the keys of logfixes.CAUSE_FIXES (the vocabulary of
+tests/fixtures/logs/real/corpus.yaml).
 
 Each signature has a weight: the cause of a failure is the heaviest signature seen
 (earliest among equals). Specific causes (an out-of-memory, a refused peer, a JIT build)
@@ -22,20 +19,8 @@ from dataclasses import dataclass
 
 from sglang_deploy.core.logfixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
 
-__all__ = [
-    "CAUSE_FIXES",
-    "GENERIC_BY_PHASE",
-    "PHASE_FIXES",
-    "SIGNATURES",
-    "WEAK_FRAME_PHASES",
-    "Hit",
-    "Signature",
-    "call_phase",
-    "diagnose",
-    "frame_phase",
-    "line_phase",
-    "match_signature",
-]
+__all__ = ["SIGNATURES", "Hit", "Signature", "call_phase", "diagnose", "frame_phase",
+           "line_phase", "match_signature"]
 
 SPECIFIC, EVIDENCE, NCCL, WHERE, GENERIC, TEARDOWN = 30, 25, 22, 20, 10, 0
 
@@ -58,8 +43,7 @@ class Signature:
         return self.name or self.cause
 
 
-def _re(p: str, flags: int = 0) -> re.Pattern[str]:
-    return re.compile(p, flags)
+_re = re.compile
 
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -294,30 +278,27 @@ SIGNATURES: tuple[Signature, ...] = (
 #: them matches no signature, so most lines cost one search, not one per signature
 _NEEDLES = (
     "of memory", "OfMemory", "enough memory", "MemoryAllocation", "ALLOC_FAILED",
-    "allocate memory", "profiled value -", "max_total_num_tokens=-", "atchdog",
-    "Timeout(ms)", "NCCL error", "NCCL WARN", "ncclComm", "ncclSystem", "ncclRemote",
-    "ncclUnhandled", "ncclInternal", "ncclInvalid", "onnection", "onnect to", "Connect:",
-    "socketPollConnect", "socketStartConnect", "No route to host", "connect() timed out",
-    "remote process exited", "connectFullMesh", "gloo", "Ninja build", "build stopped",
-    "ninja exited", "'ninja'", "uilding extension", "nvcc", "DeepGEMM", "flashinfer.jit",
-    "JIT compil", "FAILED: ", "kernel image", "NoKernelImage", "invalid device function",
-    "nsupported", "not supported", "compatible with the current", "requires compute",
-    "requires sm",
-    "xit code", "signal 9", "signal=KILL", "9/KILL", "Killed", "oom-kill", "oom_reaper",
-    "已杀死",
-    "bind on address", "already in use", "EADDRINUSE", "is in use", "not available.",
+    "allocate memory", "profiled value -", "max_total_num_tokens=-", "atchdog", "Timeout(ms)",
+    "NCCL error", "NCCL WARN", "ncclComm", "ncclSystem", "ncclRemote", "ncclUnhandled",
+    "ncclInternal", "ncclInvalid", "onnection", "onnect to", "Connect:", "socketPollConnect",
+    "socketStartConnect", "No route to host", "connect() timed out", "remote process exited",
+    "connectFullMesh", "gloo", "Ninja build", "build stopped", "ninja exited", "'ninja'",
+    "uilding extension", "nvcc", "DeepGEMM", "flashinfer.jit", "JIT compil", "FAILED: ",
+    "kernel image", "NoKernelImage", "invalid device function", "nsupported", "not supported",
+    "compatible with the current", "requires compute", "requires sm", "xit code", "signal 9",
+    "signal=KILL", "9/KILL", "Killed", "oom-kill", "oom_reaper", "已杀死", "bind on address",
+    "already in use", "EADDRINUSE", "is in use", "not available.",
     "recognize this architecture", "Model architecture", "Unrecognized model",
     "model identifier", "model weights", "SafetensorError", "deserializing header",
     "size mismatch", "no file named", "Ignore import error", "Fatal Python error",
-    "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress", "misaligned address",
-    "Memory access fault", "launch failure", "atchdog timeout (", "Health check failed",
-    "illegal instruction", "batch size", "runs out of memory", "request slots", "KVPoolOOM",
-    "no GPU memory", "SIGSEGV", "most recent call first",
-    "Extension modules: ", "TCPStore", "graph failed", "graph capture failed",
-    "stream is capturing", "StreamCapture", "autotune failed", "[AutoTuner]",
-    "Initialization failed", "Response [", "hit an exception", "Exception in ",
-    "terminate called", "sigquit", "is dead", "died during", "scheduler.run_sch",
-    "c10d", "socket has timed out", "DistNetworkError", "DistStoreError", "shared memory seg",
+    "Segmentation fault", "Bus error", "illegal memory", "IllegalAddress",
+    "misaligned address", "Memory access fault", "launch failure", "Health check failed",
+    "illegal instruction", "batch size", "request slots", "KVPoolOOM", "no GPU memory",
+    "SIGSEGV", "most recent call first", "Extension modules: ", "TCPStore", "graph failed",
+    "graph capture failed", "stream is capturing", "StreamCapture", "autotune failed",
+    "[AutoTuner]", "Initialization failed", "Response [", "hit an exception", "Exception in ",
+    "terminate called", "sigquit", "is dead", "died during", "scheduler.run_sch", "c10d",
+    "socket has timed out", "DistNetworkError", "DistStoreError", "shared memory seg",
     "/dev/shm", "is not available in", "error: ", "driver", "No CUDA GPUs", "NoDevice",
     "CUDA-capable", "NO_DEVICE", "CUDA unknown error", "NVML", "busy or unavailable",
     "DevicesUnavailable", "CalledProcessError", "PTXAS", "PTX codegen", "ptxas",
@@ -333,20 +314,14 @@ def match_signature(msg: str) -> Signature | None:
     head = msg[:2048]    # a very long line (server_args=...) is no error message
     if _NEEDLE_RE.search(head) is None and not head.startswith("http"):
         return None
-    for sig in SIGNATURES:
-        if sig.pattern.search(msg):
-            return sig
-    return None
+    return next((sig for sig in SIGNATURES if sig.pattern.search(msg)), None)
 
 
 def line_phase(msg: str) -> str | None:
     """The phase a line proves through any signature, not only the first that matches it:
     ``Capture cuda graph failed: RuntimeError: CUDA error: an illegal memory access`` is
     named by its cause but still proves the capture."""
-    for sig in SIGNATURES:
-        if sig.phase is not None and sig.pattern.search(msg):
-            return sig.phase
-    return None
+    return next((s.phase for s in SIGNATURES if s.phase and s.pattern.search(msg)), None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -383,7 +358,7 @@ _PHASE_OF_FUNC = {f: p for p, fs in _FRAME_PHASES.items() for f in fs}
 #: frames that say little: the scheduler process's entry point is the outermost frame of
 #: every scheduler traceback, so it names a phase (its start) only when nothing else does
 #: (an error raised in it directly, e.g. `faulthandler.enable()` under ENOMEM)
-WEAK_FRAME_PHASES = {"run_scheduler_process": "starting"}
+_WEAK_FRAME_PHASES = {"run_scheduler_process": "starting"}
 # `File "x.py", line 3, in func` (traceback) or `File "x.py", line 3 in func` (faulthandler)
 FRAME_RE = re.compile(r'File "[^"]*", line \d+(,?) in (\w+)')
 
@@ -394,21 +369,19 @@ _CALL_RE = re.compile(r"\b(\w+)\(")
 def call_phase(code: str) -> str | None:
     """The phase of a call in a traceback's source line (``self.load_model()`` ->
     loading): the frame above it is cut or generic, the call says where it went."""
-    for name in _CALL_RE.findall(code):
-        phase = _PHASE_OF_FUNC.get(name)
-        if phase is not None:
-            return phase
-    return None
+    return next((_PHASE_OF_FUNC[f] for f in _CALL_RE.findall(code) if f in _PHASE_OF_FUNC),
+                None)
 
 
-def frame_phase(msg: str) -> tuple[str | None, bool] | None:
-    """For a traceback frame line: ``(phase or None, innermost_first)``, the phase when
-    its function marks one; ``innermost_first`` is True for faulthandler dumps (most
-    recent call first). None for a line that is no frame."""
+def frame_phase(msg: str) -> tuple[str | None, bool, str | None] | None:
+    """For a traceback frame line: ``(phase, innermost_first, weak_phase)``: the phase when
+    its function marks one, True for faulthandler dumps (most recent call first), and the
+    phase it marks only when nothing else does. None for a line that is no frame."""
     m = FRAME_RE.search(msg)
     if m is None:
         return None
-    return _PHASE_OF_FUNC.get(m.group(2)), m.group(1) == ""
+    func = m.group(2)
+    return _PHASE_OF_FUNC.get(func), m.group(1) == "", _WEAK_FRAME_PHASES.get(func)
 
 
 # ---------------------------------------------------------------------------------------
@@ -420,19 +393,18 @@ def frame_phase(msg: str) -> tuple[str | None, bool] | None:
 class Hit:
     sig: Signature
     index: int          # number of the piece in the log
-    ts: float
     line: str           # redacted, as shown
     msg: str            # without prefixes
     after_ready: bool
     phase: str | None = None   # the phase the line proves (its own signature's, else another's)
 
 
-def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
-             exc_lines: list[tuple[int, str, bool, str]], *, bare_traceback: bool,
+def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
+             exc_lines: list[tuple[str, bool, str]], *, bare_traceback: bool,
              phase_reached: str | None, weak_phase: str | None = None) -> dict:
     """The failure from what a tracker collected: ``hits`` (signature matches),
-    ``frames`` (``(index, phase, innermost_first, after_ready)`` of traceback frames that
-    mark a phase), ``exc_lines`` (``(index, line, after_ready, text without its prefixes)``
+    ``frames`` (``(phase, innermost_first, after_ready)`` of traceback frames that
+    mark a phase), ``exc_lines`` (``(line, after_ready, text without its prefixes)``
     of exception lines), ``bare_traceback`` (a traceback with no verdict counts as a
     failure), ``phase_reached`` (by the markers, None if none seen), ``weak_phase`` (of a
     frame that marks a phase only when nothing else does).
@@ -440,35 +412,26 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
     The cause is the heaviest signature (earliest among equals); the phase: ``serving``
     if the first fatal line came after ready, else the outermost frame that marks a phase,
     else a line that proves one, else the phase reached, else the cause's usual phase."""
-    teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), None)
-    if teardown is not None:
-        hits = [h for h in hits if not (h.sig.name == "sigkill" and h.index > teardown)]
+    # SGLang's teardown kills its process tree: a SIGKILL after it names no cause
+    teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), float("inf"))
+    hits = [h for h in hits if h.sig.name != "sigkill" or h.index < teardown]
     fatal_hits = [h for h in hits if h.sig.fatal]
-    failed = bool(fatal_hits) or bare_traceback
-    out: dict = {"failed": failed, "phase": None, "cause": None, "summary": None,
-                 "fix": None, "evidence": []}
-    if not failed:
-        return out
+    if not (fatal_hits or bare_traceback):
+        return {"failed": False, "phase": None, "cause": None, "summary": None, "fix": None,
+                "evidence": []}
     first_fatal = fatal_hits[0] if fatal_hits else None
     after_ready = first_fatal.after_ready if first_fatal else False
     cands = fatal_hits + [h for h in hits if not h.sig.fatal and h.after_ready == after_ready]
     best = max(cands, key=lambda h: (h.sig.weight, -h.index)) if cands else None
-    phase = "serving" if after_ready else _frames_phase(frames)
-    if phase is None:
-        strong = [h for h in cands if h.phase]
-        if strong:
-            phase = min(strong, key=lambda h: h.index).phase
-    if phase is None:
-        phase = phase_reached
-    if phase is None and not after_ready:
-        phase = weak_phase
-    if phase is None and best is not None:
-        phase = best.sig.default_phase
-    exc, exc_text = next(((line, text) for _i, line, ar, text in exc_lines
+    proven = min((h for h in cands if h.phase), key=lambda h: h.index, default=None)
+    phase = "serving" if after_ready else (
+        _frames_phase(frames) or (proven.phase if proven else None) or phase_reached
+        or weak_phase or (best.sig.default_phase if best else None))
+    exc, exc_text = next(((line, text) for line, ar, text in exc_lines
                           if ar == after_ready), (None, None))
     if best is not None and best.sig.weight > GENERIC:
         cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
-        if detail.endswith("(most recent call last):") and exc:
+        if detail.endswith("(most recent call last):"):
             detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
@@ -481,21 +444,15 @@ def diagnose(hits: list[Hit], frames: list[tuple[int, str, bool, bool]],
         detail = exc_text or (best.msg.strip() if best else None)
     if detail and detail.endswith("(most recent call last):"):
         detail = None   # the header of a traceback whose end was cut off says nothing more
-    evidence: list[str] = []
-    for h in (best, first_fatal):
-        if h is not None and h.line not in evidence:
-            evidence.append(h.line)
-    if exc and exc not in evidence:
-        evidence.append(exc)
-    out.update(phase=phase, cause=cause,
-               fix=PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause),
-               evidence=evidence, summary=summary + (f": {detail[:240]}" if detail else ""))
-    return out
+    shown = [h.line for h in (best, first_fatal) if h is not None] + [exc]
+    evidence = list(dict.fromkeys(x for x in shown if x))
+    return {"failed": True, "phase": phase, "cause": cause,
+            "summary": summary + (f": {detail[:240]}" if detail else ""),
+            "fix": PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause), "evidence": evidence}
 
 
-def _frames_phase(frames: list[tuple[int, str, bool, bool]]) -> str | None:
-    before = [f for f in frames if not f[3]]
-    outer_first = [f for f in before if not f[2]]
-    if outer_first:
-        return outer_first[0][1]
-    return before[-1][1] if before else None
+def _frames_phase(frames: list[tuple[str, bool, bool]]) -> str | None:
+    """The outermost frame before ready that marks a phase (faulthandler dumps list the
+    innermost first: their last one)."""
+    before = [(phase, inner) for phase, inner, after_ready in frames if not after_ready]
+    return next((p for p, inner in before if not inner), before[-1][0] if before else None)

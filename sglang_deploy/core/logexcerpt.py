@@ -18,16 +18,13 @@ def relevant(blocks: list[list[str]], flagged: list[str], recent: list[str],
     out: list[str] = []
     if blocks:
         out += blocks[0]
-        if len(blocks) > 1 and _tb_tail(blocks[-1]) != _tb_tail(blocks[0]):
+        if blocks[-1][-1] != blocks[0][-1]:    # (a tracker's blocks are never empty)
             out += ["..."] + blocks[-1]
-    seen_msgs = {_dedup_key(x) for x in out}
-    extras: list[str] = []
+    firsts: dict[str, str] = {}
     for line in flagged:
-        key = _dedup_key(line)
-        if key in seen_msgs:
-            continue
-        seen_msgs.add(key)
-        extras.append(line)
+        firsts.setdefault(_dedup_key(line), line)
+    in_tb = {_dedup_key(x) for x in out}
+    extras = [line for key, line in firsts.items() if key not in in_tb]
     if not out and not extras:
         return recent[-min(limit, 30):]
     if len(out) + len(extras) > limit:
@@ -44,7 +41,3 @@ def relevant(blocks: list[list[str]], flagged: list[str], recent: list[str],
 def _dedup_key(line: str) -> str:
     key = strip_prefix(line)[2]
     return re.sub(r"\bRank \d+\b", "Rank N", key)[:200]
-
-
-def _tb_tail(block: list[str]) -> str:
-    return block[-1] if block else ""

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 __all__ = ["CAUSE_FIXES", "GENERIC_BY_PHASE", "PHASE_FIXES"]
 
-_OOM_FIX = ("lower --mem-fraction-static (and --cuda-graph-max-bs, --max-running-requests, "
-            "--chunked-prefill-size), check `nvidia-smi` for other processes on the GPUs, "
-            "or spread the model over more GPUs")
 #: where the phase changes the fix: an out-of-memory while the weights load is not helped by
 #: a smaller KV cache (--mem-fraction-static reserves memory only after the weights are in)
 PHASE_FIXES = {
@@ -28,7 +25,9 @@ PHASE_FIXES = {
 }
 #: the fix of each cause (one line)
 CAUSE_FIXES = {
-    "cuda-oom": _OOM_FIX,
+    "cuda-oom": "lower --mem-fraction-static (and --cuda-graph-max-bs, --max-running-requests, "
+                "--chunked-prefill-size), check `nvidia-smi` for other processes on the GPUs, "
+                "or spread the model over more GPUs",
     "not-enough-memory": "the KV cache does not fit after the weights: raise "
                          "--mem-fraction-static, or lower --context-length / "
                          "--max-running-requests, or use more GPUs (--tp)",

@@ -14,11 +14,6 @@ MARKER_WORDS = re.compile(r"Load weight|Loading model from|Endpoint '/get_model_
                           r"^Capture |Uvicorn running|model_info|fired up")
 
 
-# --------------------------------------------------------------------------------------
-# markers
-# --------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Marker:
     phase: str
@@ -33,9 +28,7 @@ class Marker:
 
 def _v(version: str) -> tuple[int, ...]:
     nums = re.findall(r"\d+", version.split("+")[0])
-    base = tuple(int(x) for x in nums[:3])
-    post = 1 if "post" in version else 0
-    return base + (post,)
+    return (*(int(x) for x in nums[:3]), int("post" in version))
 
 
 _MR = "sglang/srt/model_executor/model_runner.py"

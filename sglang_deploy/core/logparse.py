@@ -29,8 +29,6 @@ from typing import Any
 
 from sglang_deploy.core.logcauses import (
     GENERIC,
-    SIGNATURES,
-    WEAK_FRAME_PHASES,
     Hit,
     Signature,
     call_phase,
@@ -49,22 +47,9 @@ from sglang_deploy.core.logprefix import (
     strip_prefix,
 )
 
-__all__ = [
-    "FATAL_SIGNATURES",
-    "PHASES",
-    "Event",
-    "Marker",
-    "Signature",
-    "StartupTracker",
-    "markers_for",
-    "parse_progress",
-    "redact",
-    "split_updates",
-    "strip_prefix",
-]
+__all__ = ["Event", "StartupTracker"]
 
 _IDX = {p: i for i, p in enumerate(PHASES)}
-FATAL_SIGNATURES = SIGNATURES
 
 # tqdm bars of the later phases: "Capturing batches (bs=8 avail_mem=1.00 GB):  50%|..| 2/4"
 # (cuda_graph_runner) and FlashInfer's "[AutoTuner]: Tuning <op>: 50%|..| 2/4"
@@ -77,6 +62,7 @@ _CHAINED = ("The above exception was the direct cause of the following exception
 _EXC_RE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
                      r"Warning)\b(?::|$)")
 _RANK_PREFIX_RE = re.compile(r"(?:TP|DP|PP|EP|ATTN_CP|MOE_DP|gpu_id=|rank)\d+|gpu_id=\d+")
+_RING, _MAX_BLOCK, _MAX_RELEVANT = 200, 120, 80   # recent lines, traceback lines, excerpt
 
 
 @dataclass(frozen=True)
@@ -89,14 +75,8 @@ class Event:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------------------
-# tracker
-# --------------------------------------------------------------------------------------
-
-
-
-_TB_SIG = Signature("other", re.compile(_TRACEBACK), "a rank raised an exception", weight=GENERIC - 5,
-                    name="rank-traceback")
+_TB_SIG = Signature("other", re.compile(_TRACEBACK), "a rank raised an exception",
+                    weight=GENERIC - 5, name="rank-traceback")
 _NCCL_WARN_RE = re.compile(r"\bNCCL WARN\b")
 
 
@@ -109,42 +89,34 @@ class StartupTracker:
     """
 
     def __init__(self, version: str, expect_autotune: bool, cuda_graph: bool, *,
-                 ring: int = 200, max_block: int = 120, max_relevant: int = 80,
                  strict_order: bool = True) -> None:
-        self.version = version
         self.expect_autotune = expect_autotune
         self.cuda_graph = cuda_graph
         self.strict_order = strict_order
         self._markers = markers_for(version)
         self._phase_idx = 0
-        self._entered: dict[str, float] = {}
-        self._entered_text: dict[str, str | None] = {}
-        self._first_ts: float | None = None
-        self._progress: tuple[int, int, int] | None = None
-        self._fatal: list[str] = []
-        self._fatal_seen: set[str] = set()
-        self._warnings_seen: set[str] = set()
-        self._violations: list[str] = []
-        self._violated: set[str] = set()
+        self.phase_entered: dict[str, float] = {}
+        #: the log's own timestamp (as printed) of the line that entered each phase
+        self.phase_entered_text: dict[str, str | None] = {}
+        #: ``(done, total, pct)`` of the last tqdm shard update
+        self.shard_progress: tuple[int, int, int] | None = None
+        self.fatal: list[str] = []          # the fatal lines, in order
+        self._reported: set[str] = set()    # rules and hit keys already reported
         self._seen: set[str] = set()
-        self._ring: deque[str] = deque(maxlen=ring)
-        self._max_block = max_block
-        self._max_relevant = max_relevant
+        self._ring: deque[str] = deque(maxlen=_RING)
         self._tb_current: list[str] | None = None
-        self._tb_blocks: list[list[str]] = []
-        self._decode_capture_seen = False
+        self._tb_blocks: deque[list[str]] = deque(maxlen=8)   # the latest closed tracebacks
         self._nonfatal_lines: list[str] = []
         self._n = 0
-        self._hits: list[Hit] = []
-        self._frames: list[tuple[int, str, bool, bool]] = []  # (index, phase, inner-first, after ready)
-        self._exc_lines: list[tuple[int, str, bool, str]] = []
+        self.hits: list[Hit] = []           # every line that matched a cause signature
+        self._frames: list[tuple[str, bool, bool]] = []  # (phase, inner-first, after ready)
+        self._exc_lines: list[tuple[str, bool, str]] = []
         self._ranks: dict[str, None] = {}
-        self._ready_index: int | None = None
         self._decoding = False              # a `Decode batch` stats line was seen
         self._weak_phase: str | None = None  # of the first weak frame that raised
         self._last_frame_weak: str | None = None
-        self.tracebacks_unprefixed = 0      # tracebacks with no rank prefix, before ready
-        self.frames_before_ready = 0        # traceback frame lines before ready
+        # before ready: a traceback with no rank prefix, or a traceback frame line
+        self._traceback_before_ready = False
         self._prev_frame = False
         self.last_ts_text: str | None = None
 
@@ -165,98 +137,53 @@ class StartupTracker:
         return self.ready_seen or self._decoding
 
     @property
-    def markers_seen(self) -> bool:
-        """Any phase marker (or shard progress) seen at all."""
-        return bool(self._seen - {"starting"}) or self._progress is not None
-
-    @property
-    def hits(self) -> list[Hit]:
-        """Every line that matched a cause signature (fatal or not), in order."""
-        return list(self._hits)
-
-    @property
     def phase_reached(self) -> str | None:
         """The phase the markers show (None if none was seen); a shard bar at 100% counts
         as loaded even when `Load weight end` was cut off."""
-        if not self.markers_seen:
-            return None
-        prog = self._progress
+        if self._seen <= {"starting"} and self.shard_progress is None:
+            return None     # no marker, no shard progress
+        prog = self.shard_progress
         if self.phase == "loading" and prog is not None and prog[0] == prog[1]:
             return "loaded"
         return self.phase
-
-    @property
-    def shard_progress(self) -> tuple[int, int, int] | None:
-        """``(done, total, pct)`` of the last tqdm shard update, or None."""
-        return self._progress
-
-    @property
-    def fatal(self) -> list[str]:
-        return list(self._fatal)
-
-    @property
-    def fatal_hints(self) -> list[str]:
-        """The fix of the failure's cause (one line), or nothing when no fatal line came."""
-        d = self.diagnosis()
-        return [d["fix"]] if d["failed"] and d["fix"] else []
-
-    @property
-    def violations(self) -> list[str]:
-        return list(self._violations)
 
     @property
     def ranks(self) -> list[str]:
         return list(self._ranks)
 
     @property
-    def phase_entered(self) -> dict[str, float]:
-        return dict(self._entered)
-
-    @property
-    def phase_entered_text(self) -> dict[str, str | None]:
-        """The log's own timestamp (as printed) of the line that entered each phase."""
-        return dict(self._entered_text)
-
-    @property
     def phase_durations(self) -> dict[str, float]:
         """Seconds spent in each phase that has ended (from entering it to entering the
         next phase reached)."""
-        order = [p for p in PHASES if p in self._entered]
-        out = {}
-        for a, b in itertools.pairwise(order):
-            out[a] = round(self._entered[b] - self._entered[a], 3)
-        return out
+        order = [p for p in PHASES if p in self.phase_entered]
+        return {a: round(self.phase_entered[b] - self.phase_entered[a], 3)
+                for a, b in itertools.pairwise(order)}
 
     # ---- feeding ------------------------------------------------------------------------
     def feed(self, line: str | bytes, ts: float) -> list[Event]:
         if isinstance(line, (bytes, bytearray)):
             line = line.decode("utf-8", "replace")
-        if self._first_ts is None:
-            self._first_ts = ts
-            self._entered.setdefault("starting", ts)
+        self.phase_entered.setdefault("starting", ts)
         events: list[Event] = []
         pieces = split_updates(line)
         progress_pieces = [p for p in pieces if "hards" in p and PROGRESS_RE.search(p)] \
             if "hards" in line else []
         if progress_pieces:
             prog = parse_progress(progress_pieces[-1])
-            if prog is not None and prog != self._progress:
-                self._progress = prog
+            if prog is not None and prog != self.shard_progress:
+                self.shard_progress = prog
                 done, total, pct = prog
                 events.append(Event("progress", f"checkpoint shards {done}/{total} ({pct}%)",
-                                    ts, self.phase, data={"done": done, "total": total,
-                                                          "pct": pct}))
+                                    ts, self.phase,
+                                    data={"done": done, "total": total, "pct": pct}))
                 if self._phase_idx < _IDX["loading"]:
                     events += self._enter("loading", ts, None)
-            self._remember(redact(progress_pieces[-1]))
+            self._ring.append(redact(progress_pieces[-1]))
         for piece in pieces:
             if progress_pieces and piece in progress_pieces:
                 continue
             events += self._feed_piece(piece, ts)
         return events
-
-    def _remember(self, text: str) -> None:
-        self._ring.append(text)
 
     def _feed_piece(self, raw: str, ts: float) -> list[Event]:
         events: list[Event] = []
@@ -267,7 +194,7 @@ class StartupTracker:
         if rank is not None and rank not in self._ranks and len(self._ranks) < 512:
             self._ranks[rank] = None
         shown = redact(raw)
-        self._remember(shown)
+        self._ring.append(shown)
         if msg.startswith(("Decode batch.", "Decode batch,")):
             self._decoding = True
         sig = match_signature(msg)
@@ -284,7 +211,7 @@ class StartupTracker:
                 if rank is not None and sig is None and _RANK_PREFIX_RE.search(rank):
                     events += self._hit(_TB_SIG, msg, ts, shown)
                 elif not self.ready_seen:
-                    self.tracebacks_unprefixed += 1
+                    self._traceback_before_ready = True
         elif self._tb_current is not None:
             if ts_text is None:
                 self._block_append(shown)
@@ -296,18 +223,18 @@ class StartupTracker:
             if fp is not None:
                 self._prev_frame = not fp[1]
                 if not self.ready_seen:
-                    self.frames_before_ready += 1
+                    self._traceback_before_ready = True
                 # the innermost frame so far (an exception line right after its code
                 # line makes it the frame that raised)
-                self._last_frame_weak = WEAK_FRAME_PHASES.get(msg.rsplit(" ", 1)[-1])
+                self._last_frame_weak = fp[2]
                 if fp[0] is not None and len(self._frames) < 4000:
-                    self._frames.append((self._n, fp[0], fp[1], self._serving))
+                    self._frames.append((fp[0], fp[1], self._serving))
         elif prev_frame and "(" in msg:
             phase = call_phase(msg)
             if phase is not None and len(self._frames) < 4000:
-                self._frames.append((self._n, phase, False, self._serving))
+                self._frames.append((phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            self._exc_lines.append((self._n, shown, self._serving, redact(msg).strip()))
+            self._exc_lines.append((shown, self._serving, redact(msg).strip()))
             if self._last_frame_weak and self._weak_phase is None and not self._serving:
                 self._weak_phase = self._last_frame_weak
             self._last_frame_weak = None
@@ -315,8 +242,8 @@ class StartupTracker:
             events += self._hit(sig, msg, ts, shown)
         elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
             key = "nccl-warn|" + msg[:120]
-            if key not in self._warnings_seen:
-                self._warnings_seen.add(key)
+            if key not in self._reported:
+                self._reported.add(key)
                 self._nonfatal_lines.append(shown)
                 events.append(Event("warning", "nccl-warn: NCCL printed a warning", ts,
                                     self.phase, shown, {"signature": "nccl-warn"}))
@@ -330,70 +257,61 @@ class StartupTracker:
                 "autotune" if _AUTOTUNE_BAR_RE.match(msg) else None
             if bar is not None and self._phase_idx < _IDX[bar]:
                 events += self._enter(bar, ts, shown)
-        if ts_text is not None and self._entered_text.get(self.phase, "") is None:
-            self._entered_text[self.phase] = ts_text
+        if ts_text is not None and self.phase_entered_text.get(self.phase, "") is None:
+            self.phase_entered_text[self.phase] = ts_text
         return events
 
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
-        if len(self._hits) < 500:
-            self._hits.append(Hit(sig, self._n, ts, shown, msg, self._serving,
-                                  sig.phase or line_phase(msg)))
+        if len(self.hits) < 500:
+            self.hits.append(Hit(sig, self._n, shown, msg, self._serving,
+                                 sig.phase or line_phase(msg)))
+        # once per signature and message (the same line of every rank is one event)
         key = sig.id + "|" + re.sub(r"\b(?:TP|DP|PP|EP|Rank |rank)\s?\d+\b", "", msg)[:200]
-        if not sig.fatal:
-            if key in self._warnings_seen:
-                return []
-            self._warnings_seen.add(key)
-            self._nonfatal_lines.append(shown)
-            return [Event("warning", f"{sig.id}: {sig.summary}", ts, self.phase, shown,
-                          {"signature": sig.id, "cause": sig.cause})]
-        self._fatal.append(shown)
-        if key in self._fatal_seen:
+        if sig.fatal:
+            self.fatal.append(shown)
+        if key in self._reported:
             return []
-        self._fatal_seen.add(key)
-        return [Event("fatal", f"{sig.id}: {sig.summary}", ts, self.phase, shown,
-                      {"signature": sig.id, "cause": sig.cause})]
+        self._reported.add(key)
+        if not sig.fatal:
+            self._nonfatal_lines.append(shown)
+        return [Event("fatal" if sig.fatal else "warning", f"{sig.id}: {sig.summary}", ts,
+                      self.phase, shown, {"signature": sig.id, "cause": sig.cause})]
 
     def _block_append(self, shown: str) -> None:
-        """Append to the open traceback; past ``max_block`` lines drop from the middle
+        """Append to the open traceback; past ``_MAX_BLOCK`` lines drop from the middle
         (keep the first lines and the latest ones: the exception is at the end)."""
         assert self._tb_current is not None
         self._tb_current.append(shown)
-        if len(self._tb_current) > self._max_block:
+        if len(self._tb_current) > _MAX_BLOCK:
             del self._tb_current[10]
 
     def _close_block(self) -> None:
         if self._tb_current:
             self._tb_blocks.append(self._tb_current)
-            self._tb_blocks = self._tb_blocks[-8:]
         self._tb_current = None
 
     def _on_marker(self, marker: Marker, msg: str, ts: float, shown: str) -> list[Event]:
         events: list[Event] = []
         phase = marker.phase
         idx = _IDX[phase]
-        if phase == "ready" and self._ready_index is None:
-            self._ready_index = self._n
-        if phase == "capture" and not re.match(r"^Capture (?:piecewise|draft)", msg):
-            if not self._decode_capture_seen and not self.cuda_graph and self.strict_order:
-                self._decode_capture_seen = True
-                events.append(self._warning(
-                    "capture-disabled",
-                    "CUDA graph capture ran although the deploy expects it disabled "
-                    "(--disable-cuda-graph)", ts, shown))
-            self._decode_capture_seen = True
-        if self.strict_order:
+        if phase == "capture" and not self.cuda_graph and self.strict_order and \
+                not re.match(r"^Capture (?:piecewise|draft)", msg):
+            events += self._rule(
+                "warning", "capture-disabled",
+                "CUDA graph capture ran although the deploy expects it disabled "
+                "(--disable-cuda-graph)", ts, shown)
+        if self.strict_order and phase == "autotune" and "autotune" not in self._seen:
             # a FlashInfer autotune that starts after graphs were captured or the server
             # listens: out of order (graphs captured with untuned kernels)
-            if phase == "autotune" and self._phase_idx >= _IDX["captured"] and \
-                    "autotune" not in self._seen:
-                events += self._violation(
-                    "autotune-order",
+            if self._phase_idx >= _IDX["captured"]:
+                events += self._rule(
+                    "violation", "autotune-order",
                     f"FlashInfer autotune started after {self.phase}: out of order (the "
                     "graphs were captured before the kernels were tuned)", ts, shown)
-            if phase == "autotune" and not self.expect_autotune and "autotune" not in self._seen:
-                events.append(self._warning(
-                    "autotune-unexpected",
-                    "FlashInfer autotune ran although the deploy did not expect it", ts, shown))
+            if not self.expect_autotune:
+                events += self._rule(
+                    "warning", "autotune-unexpected",
+                    "FlashInfer autotune ran although the deploy did not expect it", ts, shown)
         if idx > self._phase_idx:
             if self.strict_order:
                 events += self._check_skipped(phase, ts, shown)
@@ -403,57 +321,44 @@ class StartupTracker:
 
     def _check_skipped(self, target: str, ts: float, shown: str) -> list[Event]:
         events: list[Event] = []
-        t = _IDX[target]
-        if t > _IDX["loaded"] and "loaded" not in self._seen and target in ("http", "warmup",
-                                                                            "ready"):
-            events += self._violation(
-                "no-weights", f"the server reached {target} but no `Load weight end` was seen "
+        if "loaded" not in self._seen and target in ("http", "warmup", "ready"):
+            events += self._rule(
+                "violation", "no-weights", f"the server reached {target} but no `Load weight end` was seen "
                 "(weights not loaded?)", ts, shown)
-        if self.expect_autotune and t > _IDX["autotuned"] and "autotuned" not in self._seen:
+        if self.expect_autotune and _IDX[target] > _IDX["autotuned"] and \
+                "autotuned" not in self._seen:
             if "autotune" in self._seen:
-                events += self._violation(
-                    "autotune-incomplete",
+                events += self._rule(
+                    "violation", "autotune-incomplete",
                     f"FlashInfer autotune started but never completed before {target}",
                     ts, shown)
-            elif target == "ready":
-                events += self._violation(
-                    "no-autotune",
-                    "the server became ready without FlashInfer autotune: the autotune "
-                    "patch did not take effect", ts, shown)
             else:
-                events += self._violation(
-                    "no-autotune",
-                    f"the server reached {target} without FlashInfer autotune: the "
-                    "autotune patch did not take effect", ts, shown)
-        if self.cuda_graph and target in ("http", "ready") and "capture" not in self._seen \
-                and "no-capture" not in self._warnings_seen:
-            events.append(self._warning(
-                "no-capture", f"the server reached {target} without CUDA graph capture "
-                "(SGLang may have disabled it itself; look for `Disable cuda graph`)",
-                ts, shown))
+                reached = "became ready" if target == "ready" else f"reached {target}"
+                events += self._rule(
+                    "violation", "no-autotune", f"the server {reached} without FlashInfer "
+                    "autotune: the autotune patch did not take effect", ts, shown)
+        if self.cuda_graph and target in ("http", "ready") and "capture" not in self._seen:
+            events += self._rule(
+                "warning", "no-capture", f"the server reached {target} without CUDA graph "
+                "capture (SGLang may have disabled it itself; look for `Disable cuda graph`)",
+                ts, shown)
         return events
 
     def _enter(self, phase: str, ts: float, shown: str | None) -> list[Event]:
         prev = self.phase
         self._phase_idx = _IDX[phase]
-        self._entered.setdefault(phase, ts)
-        if shown is not None:
-            self._entered_text.setdefault(phase, strip_prefix(shown)[0])
-        else:
-            self._entered_text.setdefault(phase, self.last_ts_text)
+        self.phase_entered.setdefault(phase, ts)
+        self.phase_entered_text.setdefault(
+            phase, self.last_ts_text if shown is None else strip_prefix(shown)[0])
         self._seen.add(phase)
         return [Event("phase", f"{prev} -> {phase}", ts, phase, shown, {"from": prev})]
 
-    def _violation(self, name: str, message: str, ts: float, shown: str) -> list[Event]:
-        if name in self._violated:
+    def _rule(self, kind: str, name: str, message: str, ts: float, shown: str) -> list[Event]:
+        """A ``violation`` or ``warning`` of the startup order, once per rule."""
+        if name in self._reported:
             return []
-        self._violated.add(name)
-        self._violations.append(message)
-        return [Event("violation", message, ts, self.phase, shown, {"rule": name})]
-
-    def _warning(self, name: str, message: str, ts: float, shown: str) -> Event:
-        self._warnings_seen.add(name)
-        return Event("warning", message, ts, self.phase, shown, {"rule": name})
+        self._reported.add(name)
+        return [Event(kind, message, ts, self.phase, shown, {"rule": name})]
 
     # ---- diagnosis --------------------------------------------------------------------
     def diagnosis(self, *, offline: bool = False) -> dict[str, Any]:
@@ -461,10 +366,8 @@ class StartupTracker:
         ``phase`` (``serving`` after ready), ``cause``, ``summary``, ``fix``, ``evidence``.
         ``offline``: a traceback before ready counts as a failure too (live, only a rank's
         traceback or a fatal line does: the process may still be printing)."""
-        bare = not self.ready_seen and bool(self.tracebacks_unprefixed
-                                            or self.frames_before_ready)
-        return diagnose(self._hits, self._frames, self._exc_lines,
-                        bare_traceback=offline and bare,
+        bare = offline and not self.ready_seen and self._traceback_before_ready
+        return diagnose(self.hits, self._frames, self._exc_lines, bare_traceback=bare,
                         phase_reached=self.phase_reached, weak_phase=self._weak_phase)
 
     # ---- reporting --------------------------------------------------------------------
@@ -472,12 +375,9 @@ class StartupTracker:
         return list(self._ring)[-n:]
 
     def tracebacks(self) -> list[list[str]]:
-        blocks = list(self._tb_blocks)
-        if self._tb_current:
-            blocks.append(self._tb_current)
-        return [list(b) for b in blocks]
+        return [*self._tb_blocks, *([self._tb_current] if self._tb_current else [])]
 
     def relevant_lines(self, limit: int | None = None) -> list[str]:
         """What to show an operator (``logexcerpt.relevant``), at most ``limit`` lines."""
-        return relevant(self.tracebacks(), self._fatal + self._nonfatal_lines,
-                        self.recent_lines(30), limit or self._max_relevant)
+        return relevant(self.tracebacks(), self.fatal + self._nonfatal_lines,
+                        self.recent_lines(30), limit or _MAX_RELEVANT)

@@ -104,19 +104,14 @@ def split_updates(line: str) -> list[str]:
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
     out: list[str] = []
-    for seg in line.split("\r") if "\r" in line else (line,):
-        if "[" in seg[1:] or " - " in seg:
-            pieces = _EMBEDDED_PREFIX_RE.split(seg)
-        else:
-            pieces = [seg]
-        for piece in pieces:
-            if piece.strip():
-                out.append(piece.rstrip("\n"))
+    for seg in line.split("\r"):
+        pieces = _EMBEDDED_PREFIX_RE.split(seg) if "[" in seg[1:] or " - " in seg else [seg]
+        out += [piece.rstrip("\n") for piece in pieces if piece.strip()]
     return out
 
 
-_TS_FORMATS = (("%Y-%m-%d %H:%M:%S", 19), ("%Y-%m-%dT%H:%M:%S", 19), ("%m-%d %H:%M:%S", 14),
-               ("%H:%M:%S", 8), ("%b %d %H:%M:%S", 15), ("%b %d, %Y @ %H:%M:%S", 21))
+_TS_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%m-%d %H:%M:%S", "%H:%M:%S",
+               "%b %d %H:%M:%S", "%b %d, %Y @ %H:%M:%S")
 
 
 def parse_ts(text: str | None) -> float | None:
@@ -124,14 +119,10 @@ def parse_ts(text: str | None) -> float | None:
     day) for a timestamp as the prefixes write it; None when unreadable."""
     if not text:
         return None
-    frac = 0.0
-    m = re.search(r"[.,](\d+)(?:Z|[+-]\d{2}:?\d{2})?$", text)
-    base = text
-    if m:
-        frac = float("0." + m.group(1))
-        base = text[:m.start()]
-    base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", base)
-    for fmt, _n in _TS_FORMATS:
+    m = re.search(r"[.,](\d+)(?:Z|[+-]\d{2}:?\d{2})?$", text)   # fraction of a second
+    frac = float("0." + m.group(1)) if m else 0.0
+    base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", text[:m.start()] if m else text)
+    for fmt in _TS_FORMATS:
         try:
             dt = datetime.strptime(base, fmt)
         except ValueError:
@@ -161,9 +152,7 @@ def redact(text: str) -> str:
 
 def parse_progress(text: str) -> tuple[int, int, int] | None:
     """The LAST tqdm shard update in ``text`` -> ``(done, total, pct)``."""
-    last = None
-    for m in PROGRESS_RE.finditer(text):
-        last = m
-    if last is None:
+    matches = list(PROGRESS_RE.finditer(text))
+    if not matches:
         return None
-    return int(last.group("n")), int(last.group("total")), int(last.group("pct"))
+    return int(matches[-1]["n"]), int(matches[-1]["total"]), int(matches[-1]["pct"])

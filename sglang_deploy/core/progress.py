@@ -8,7 +8,6 @@ A sample is a dict with ``kind`` (``venv`` or ``model``) and ``elapsed_s``; a ve
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Mapping
@@ -28,9 +27,8 @@ def parse(line: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and "elapsed_s" in value else None
 
 
-@functools.lru_cache(maxsize=8)
 def lock_packages(lock_text: str) -> int:
-    """Packages a lock pins (``name==version`` lines); once per lock text."""
+    """Packages a lock pins (``name==version`` lines)."""
     return sum(1 for line in lock_text.splitlines()
                if re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?==", line.strip()))
 
@@ -38,8 +36,8 @@ def lock_packages(lock_text: str) -> int:
 def size(n: float | None) -> str:
     if n is None:
         return "?"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000.0
     return f"{n:.1f} TB"

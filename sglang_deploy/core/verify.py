@@ -50,15 +50,12 @@ class Verifier:
     tracker: StartupTracker = None  # type: ignore[assignment]
     phase_since: float | None = None
     last_phase: str | None = None
-    last_http: dict = field(default_factory=dict)
-    ready_at: float | None = None
     http_failures: int = 0
 
     def __post_init__(self):
         self.tracker = StartupTracker(self.sglang_version, expect_autotune=self.expect_autotune,
                                       cuda_graph=self.cuda_graph)
 
-    # -- helpers -------------------------------------------------------------------------
     def _fail(self, message: str, service: dict, **details) -> Decision:
         diag = self.tracker.diagnosis()
         details.update(
@@ -66,9 +63,9 @@ class Verifier:
             exit=f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}",
             state=f"{service.get('ActiveState')}/{service.get('SubState')}",
             log=self.tracker.relevant_lines(),
-            hints=[diag["fix"]] if diag["failed"] and diag["fix"] else [],
-            cause=diag["cause"] if diag["failed"] else None,
-            summary=diag["summary"] if diag["failed"] else None,
+            hints=[diag["fix"]] if diag["fix"] else [],
+            cause=diag["cause"],        # (None, as the fix and summary, unless it failed)
+            summary=diag["summary"],
         )
         return Decision("fail", message, details)
 
@@ -82,26 +79,19 @@ class Verifier:
 
     def _crash_text(self) -> str:
         diag = self.tracker.diagnosis()
-        if not diag["failed"]:
-            return ""
-        return f": {diag['cause']}: {diag['summary']}"
+        return f": {diag['cause']}: {diag['summary']}" if diag["failed"] else ""
 
     def observe(self, poll: dict) -> Decision:
         now = poll["now"]
         service = poll.get("service", {})
         if self.started_at is None:
             self.started_at = now
-        if self.phase_since is None:
-            self.phase_since = now
         inv = service.get("InvocationID") or None
-        if self.invocation is None and inv:
-            self.invocation = inv
+        self.invocation = self.invocation or inv
 
-        violation = None
-        for entry in poll.get("journal", []):
-            for event in self.tracker.feed(entry["msg"], entry["t"]):
-                if getattr(event, "kind", None) == "violation" and violation is None:
-                    violation = event
+        events = [e for entry in poll.get("journal", [])
+                  for e in self.tracker.feed(entry["msg"], entry["t"])]
+        violation = next((e for e in events if e.kind == "violation"), None)
         if self.tracker.phase != self.last_phase:
             self.last_phase, self.phase_since = self.tracker.phase, now
 
@@ -147,10 +137,7 @@ class Verifier:
             return self._http_failed(
                 f"/v1/models answers {models.get('status')}: {models.get('body', '')[:200]}",
                 service)
-        try:
-            ids = [m.get("id") for m in json.loads(models["body"]).get("data", [])]
-        except (ValueError, AttributeError):
-            ids = []
+        ids = _model_ids(models)
         if self.served_model_name not in ids:
             return self._fail(f"/v1/models serves {ids}, not `{self.served_model_name}`", service)
         if self.require_generate:
@@ -159,7 +146,6 @@ class Verifier:
                 return self._http_failed(
                     f"a one-token generation failed: {gen.get('status') or gen.get('error')} "
                     f"{gen.get('body', '')[:200]}", service)
-        self.ready_at = now
         return Decision("ready", f"ready after {now - self.started_at:.1f}s", {
             "phase_durations": self.tracker.phase_durations,
             "time_to_ready_s": round(now - self.started_at, 2),
@@ -179,13 +165,18 @@ class Verifier:
         return bool(self.tracker.ready_seen)
 
     def progress_text(self, now: float) -> str:
-        parts = [f"phase {self.tracker.phase}"]
         prog = self.tracker.shard_progress
-        if prog and self.tracker.phase in ("loading",):
-            done, total, pct = prog
-            parts.append(f"shards {done}/{total} ({pct}%)")
-        parts.append(f"elapsed {now - (self.started_at or now):.0f}s")
-        return ", ".join(parts)
+        shards = (f", shards {prog[0]}/{prog[1]} ({prog[2]}%)"
+                  if prog and self.tracker.phase == "loading" else "")
+        return f"phase {self.tracker.phase}{shards}, elapsed {now - (self.started_at or now):.0f}s"
+
+
+def _model_ids(models: dict) -> list:
+    """The model ids of a /v1/models answer (none when its body is no such list)."""
+    try:
+        return [m.get("id") for m in json.loads(models.get("body") or "{}").get("data", [])]
+    except (ValueError, AttributeError):
+        return []
 
 
 def poll_command(tool: str, service: str, port: int, host_addr: str, cursor: str | None,
@@ -213,9 +204,7 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
     import gevent
 
     sleep = sleep or gevent.sleep
-    cursor = None
-    last_shown = 0.0
-    last_text = ""
+    cursor, last_shown, last_text = None, 0.0, ""
     while True:
         asked_http = verifier.wants_http()
         cmd = poll_command(tool, service, port, host_addr, cursor, verifier.invocation,
@@ -265,10 +254,7 @@ def check_serving(poll: dict, served_model_name: str, require_generate: bool) ->
     if health.get("status") != 200:
         return Decision("wait", f"/health answers {health.get('status') or health.get('error')}", details)
     models = poll.get("models") or {}
-    try:
-        ids = [m.get("id") for m in json.loads(models.get("body") or "{}").get("data", [])]
-    except (ValueError, AttributeError):
-        ids = []
+    ids = _model_ids(models)
     if models.get("status") != 200 or served_model_name not in ids:
         return Decision("fail", f"/v1/models answers {models.get('status')} serving {ids}, not "
                                 f"`{served_model_name}`", details)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_deploy.core import logcauses as C
 from sglang_deploy.core import logparse as L
 from testbed.wheels import extract_member, fetch_sglang, fetch_wheel
 
@@ -62,7 +63,7 @@ def test_phase_markers_exist_in_the_wheel(version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_fatal_signatures_exist_in_the_wheel(version):
     src = srt_sources(version)
-    for sig in L.FATAL_SIGNATURES:
+    for sig in C.SIGNATURES:
         if sig.origin != "sglang":
             continue
         assert (sig.source and sig.source in src) or sig.pattern.search(src), \
@@ -77,7 +78,7 @@ def test_uvicorn_and_flashinfer_strings():
     # flashinfer-python pinned by sglang 0.5.12.post1
     fi = extract_member(fetch_wheel("flashinfer-python", "0.6.11.post1"),
                         "flashinfer/jit/cpp_ext.py")
-    for sig in L.FATAL_SIGNATURES:
+    for sig in C.SIGNATURES:
         if sig.origin == "flashinfer":
             assert sig.source in fi, sig.name
 
@@ -233,11 +234,10 @@ def test_decode_capture_with_cuda_graph_disabled_is_a_warning():
 
 
 def test_ready_without_autotune_is_a_violation():
-    t, events = run("no-autotune-0.5.12.post1.jsonl", "0.5.12.post1")
+    _, events = run("no-autotune-0.5.12.post1.jsonl", "0.5.12.post1")
     v = [e for e in events if e.kind == "violation"]
     assert len(v) == 1
     assert "without FlashInfer autotune: the autotune patch did not take effect" in v[0].message
-    assert t.violations == [v[0].message]
     # reported as soon as it is certain (graph capture follows the kernel warmup)
     assert v[0].phase == "kv_cache"
 
@@ -315,7 +315,8 @@ def test_crash_ninja_autotune():
     # the same traceback of TP3 is not repeated in full
     assert text.count("Ninja build failed.") == 1
     assert len(rel) <= 80
-    assert any("JIT kernel build" in h and "nvcc" in h for h in t.fatal_hints)
+    fix = t.diagnosis()["fix"]
+    assert "JIT kernel build" in fix and "nvcc" in fix
 
 
 def test_crash_kv_oom_0_5_9():
@@ -325,7 +326,7 @@ def test_crash_kv_oom_0_5_9():
     assert t.diagnosis()["cause"] == "not-enough-memory"
     assert t.diagnosis()["phase"] == "kv_cache"
     assert t.shard_progress == (25, 25, 100) and t.phase == "loaded"
-    assert any("--mem-fraction-static" in h for h in t.fatal_hints)
+    assert "--mem-fraction-static" in t.diagnosis()["fix"]
     assert any("Not enough memory" in x for x in t.relevant_lines())
 
 
@@ -364,7 +365,8 @@ def test_port_in_use_is_fatal_with_a_fix():
     events = t.feed("ERROR:    [Errno 98] error while attempting to bind on address "
                     "('127.0.0.1', 30000): address already in use", 1.0)
     assert [e.kind for e in events] == ["fatal"]
-    assert t.fatal and "sglang_port" in t.fatal_hints[0] and "ss -ltnp" in t.fatal_hints[0]
+    fix = t.diagnosis()["fix"]
+    assert t.fatal and "sglang_port" in fix and "ss -ltnp" in fix
 
 
 def test_decode_batch_lines_never_make_a_live_startup_ready_and_a_crash_after_them_is_serving():
@@ -373,10 +375,10 @@ def test_decode_batch_lines_never_make_a_live_startup_ready_and_a_crash_after_th
     lines = [f"[{ts} TP0] Load weight begin. avail mem=94.10 GB",
              f"[{ts} TP0] Load weight end. type=X, dtype=torch.bfloat16, avail mem=60.0 GB",
              f"[{ts} TP0] Decode batch. #running-req: 1, #token: 40, token usage: 0.00"]
-    for i, line in enumerate(lines):
-        t.feed(line, float(i))
+    events = [e for i, line in enumerate(lines) for e in t.feed(line, float(i))]
     assert not t.ready_seen and t.phase == "loaded" and not t.diagnosis()["failed"]
-    t.feed("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", 9.0)
+    events += t.feed("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+                     9.0)
     d = t.diagnosis()
     assert d["failed"] and d["phase"] == "serving" and d["cause"] == "cuda-oom"
-    assert not t.ready_seen and not t.violations
+    assert not t.ready_seen and not [e for e in events if e.kind == "violation"]
