@@ -203,9 +203,10 @@ def test_nodes_placeholder_file_from_skipped_optional_mount():
     assert "c 508:* rwm" in c.fix  # the major is known from nvidia-uvm-tools
 
 
-def test_nodes_missing_gpu_and_ctl_as_dict():
-    nodes = {f"/dev/nvidia{i}": (195, i) for i in range(6)}
-    checks = by_name(preflight.check_device_nodes(nodes, 8))
+def test_nodes_missing_gpu_and_ctl():
+    listing = "".join(f"crw-rw-rw- 1 root root 195, {i} Dec  2 13:10 /dev/nvidia{i}\n"
+                      for i in range(6))
+    checks = by_name(preflight.check_device_nodes(listing, 8))
     c = checks["dev-nvidia-gpus"]
     assert_actionable(c)
     assert c.details["missing"] == [6, 7]

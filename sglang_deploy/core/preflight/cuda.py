@@ -15,7 +15,12 @@ from sglang_deploy.core.preflight.checks import (
     gpu_nodes_fix,
     uvm_fix,
 )
-from sglang_deploy.core.preflight.smi import SKIPPED_MOUNT, DevNode, _coerce_nodes, uvm_major_of
+from sglang_deploy.core.preflight.smi import (
+    SKIPPED_MOUNT,
+    DevNode,
+    parse_dev_listing,
+    uvm_major_of,
+)
 
 # ---------------------------------------------------------------------------------------
 # CUDA probe
@@ -115,16 +120,16 @@ def diagnose_cuda_error(error: Mapping[str, Any], nodes: Mapping[str, DevNode] |
 def check_cuda_probe(
     probe: Mapping[str, Any] | None,
     expected_count: int | None,
-    nodes: str | Mapping[str, Any] | None = None,
+    listing: str | None = None,
 ) -> list[Check]:
     """Checks from the CUDA probe's JSON object (see ``remote/cuda_probe.py``).
 
-    ``nodes`` (the device listing, optional) sharpens the diagnosis of 999.
+    ``listing`` (``ls -l /dev/nvidia*``, optional) sharpens the diagnosis of 999.
     """
     if probe is None:
         return [Check("cuda-init", "skipped", "CUDA probe not run"),
                 Check("cuda-devices", "skipped", "CUDA probe not run")]
-    node_map = _coerce_nodes(nodes) if nodes is not None else None
+    node_map = parse_dev_listing(listing) if listing is not None else None
     error = probe.get("error")
     count = probe.get("device_count")
     checks: list[Check] = []
