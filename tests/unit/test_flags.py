@@ -191,7 +191,7 @@ class ServerArgs:
     assert s["--uno"] is s["--one"] and s["--one"].dest == "one" and s["--one"].type == "int"
     assert s["--pick"].choices == ("a", "b", "c")
     assert s["--loc"].choices == ("x", "y")
-    assert s["--dyn"].choices is None and not s["--dyn"].choices_resolved
+    assert s["--dyn"].choices is None
     assert not s["--flag"].takes_value
     assert s["--old"].deprecated and s["--old"].no_effect and not s["--old"].takes_value
     assert s["--many"].is_list
