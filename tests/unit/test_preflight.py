@@ -454,8 +454,13 @@ def test_p2p_policy_is_validated():
         preflight.check_p2p(None, None, None, None, "maybe", None)  # type: ignore[arg-type]
 
 
+def render_p2p_matrix(n, p2p_read, probe_p2p, min_gbps=None):
+    cells = preflight.p2p_cells(n, p2p_read, probe_p2p, min_gbps)
+    return preflight.plain_matrix(cells, n, min_gbps)
+
+
 def test_render_matrix_cells():
-    text = preflight.render_p2p_matrix(
+    text = render_p2p_matrix(
         2, {(0, 1): "GNS", (1, 0): "GNS"},
         [{"src": 0, "dst": 1, "can_access": False, "verified": True, "gbps": 12.345, "error": None},
          {"src": 1, "dst": 0, "can_access": False, "verified": None, "gbps": None, "error": "x"}])
@@ -463,9 +468,9 @@ def test_render_matrix_cells():
     assert lines[0].split() == ["GPU0", "GPU1"]
     assert lines[1].split() == ["GPU0", "X", "12.3", "hst"]
     assert lines[2].split() == ["GPU1", "-", "ERR", "X"]
-    assert preflight.render_p2p_matrix(2, None, [{"src": 0, "dst": 1, "can_access": True,
-                                                  "verified": False, "gbps": 1, "error": None}]
-                                       ).splitlines()[1].split()[2:] == ["1.0", "BAD"]
+    assert render_p2p_matrix(2, None, [{"src": 0, "dst": 1, "can_access": True,
+                                        "verified": False, "gbps": 1, "error": None}]
+                             ).splitlines()[1].split()[2:] == ["1.0", "BAD"]
 
 
 def _entry(src, dst, **kw):
@@ -502,7 +507,7 @@ def test_p2p_cells_heat_and_figures():
 @pytest.mark.parametrize("n,cell_text", [(8, "45.0 ok"), (16, "45")])
 def test_p2p_matrix_fits_80_columns(n, cell_text):
     probe = [_entry(i, j, gbps=45.0) for i in range(n) for j in range(n) if i != j]
-    text = preflight.render_p2p_matrix(n, None, probe, 10)
+    text = render_p2p_matrix(n, None, probe, 10)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert len(lines) == n + 1 + 4  # header, rows, legend
@@ -516,7 +521,7 @@ def test_rich_matrix_colours_by_verdict():
     cells = preflight.p2p_cells(2, None, probe, 10)
     text = preflight.rich_matrix(cells, 2, 10)
     assert [line.rstrip() for line in text.plain.splitlines()] == \
-        preflight.render_p2p_matrix(2, None, probe, 10).splitlines()
+        render_p2p_matrix(2, None, probe, 10).splitlines()
     styles = {text.plain[s.start:s.end]: str(s.style) for s in text.spans}
     assert "red" in styles["40.0 BAD"] and "green" in styles["40.0 ok "]
     out = Console(force_terminal=True, color_system="256", width=80, record=True)

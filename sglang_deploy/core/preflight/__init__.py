@@ -31,7 +31,6 @@ from sglang_deploy.core.preflight.p2p import (
     p2p_cells,
     p2p_record,
     plain_matrix,
-    render_p2p_matrix,
     rich_matrix,
     use_p2p_record,
 )
@@ -55,6 +54,6 @@ __all__ = [
     "Expectations", "Status", "cgroup_fix", "check_cuda_probe", "check_device_nodes",
     "check_model", "check_open_results", "check_p2p", "check_smi", "classify_open",
     "diagnose_cuda_error", "evaluate", "gpu_nodes_fix", "p2p_record", "parse_dev_listing",
-    "parse_open_results", "probe_plan", "raise_for", "render_p2p_matrix", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
+    "parse_open_results", "probe_plan", "raise_for", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
     "summarise", "use_p2p_record", "use_verified_server", "uvm_fix", "uvm_major_of",
 ]

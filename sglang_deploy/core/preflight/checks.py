@@ -3,8 +3,10 @@ LXC host side that several checks share, and the verdict over a list of checks."
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 from sglang_deploy.core.errors import PreflightError
 
@@ -44,20 +46,11 @@ def _fail(name: str, message: str, *, expected: str, found: str, fix: str, **det
 
 
 def _ranges(indices: Iterable[int]) -> str:
-    """[0,1,2,5] -> '0-2,5'"""
-    nums = sorted(set(indices))
-    parts: list[str] = []
-    start = prev = None
-    for n in nums:
-        if start is None:
-            start = prev = n
-        elif n == prev + 1:  # type: ignore[operator]
-            prev = n
-        else:
-            parts.append(f"{start}-{prev}" if start != prev else f"{start}")
-            start = prev = n
-    if start is not None:
-        parts.append(f"{start}-{prev}" if start != prev else f"{start}")
+    """[0,1,2,5] -> '0-2,5' (a run of consecutive numbers keeps one offset from its position)"""
+    parts = []
+    for _, run in itertools.groupby(enumerate(sorted(set(indices))), lambda p: p[1] - p[0]):
+        nums = [n for _, n in run]
+        parts.append(f"{nums[0]}-{nums[-1]}" if len(nums) > 1 else f"{nums[0]}")
     return ",".join(parts)
 
 
@@ -132,8 +125,6 @@ def cgroup_fix(majors: Sequence[int | str]) -> str:
         "`grep nvidia /proc/devices` on the host)"
     )
     return "\n".join(lines)
-
-
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ P2P matrix. The deploy's pre-flight stage and `sglang-deploy doctor` both use th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from sglang_deploy.core.nvsmi import (
     QUERY_FIELDS,
@@ -188,8 +189,6 @@ def _blame_the_cgroup(checks: list[Check]) -> None:
             c.fix = cgroup.fix
 
 
-
-
 def check_model(model: Mapping[str, Any], path: str | None, download: bool = False) -> list[Check]:
     """Model folder check from ``hoststate.py state --model`` (``model`` key of its JSON).
 
@@ -216,12 +215,10 @@ def check_model(model: Mapping[str, Any], path: str | None, download: bool = Fal
     short = sorted(n for n, info in shards.items() if info.get("exists") and not info.get("error")
                    and info.get("expected_size") is not None
                    and info.get("size") != info.get("expected_size"))
-    if missing:
-        problems.append(f"{len(missing)} shards missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-    if broken:
-        problems.append(f"{len(broken)} shards unreadable ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''})")
-    if short:
-        problems.append(f"{len(short)} shards truncated ({', '.join(short[:3])}{', ...' if len(short) > 3 else ''})")
+    for names, what in ((missing, "missing"), (broken, "unreadable"), (short, "truncated")):
+        if names:
+            more = ", ..." if len(names) > 3 else ""
+            problems.append(f"{len(names)} shards {what} ({', '.join(names[:3])}{more})")
     if problems:
         return [Check("model", fail_or_warn,
                       f"model folder {path} is incomplete" + (" (will be downloaded)" if download else ""),
