@@ -103,14 +103,14 @@ def test_topo_tabs_gpu_numa_id_sample_01():
 
 def test_topo_mp_spaces_sample_06():
     topo = nvsmi.parse_topo_matrix(raw("06_"))
-    assert topo.link(0, 1) == "PIX"
+    assert topo.links[(0, 1)] == "PIX"
     assert topo.cpu_affinity[1] == "0-47"
     assert topo.columns[-1] == "GPU NUMA ID"
 
 
 def test_topo_without_gpu_numa_id_sample_10():
     topo = nvsmi.parse_topo_matrix(raw("10_"))
-    assert topo.link(1, 0) == "PHB"
+    assert topo.links[(1, 0)] == "PHB"
     assert topo.numa_affinity == {0: "0", 1: "0"}
     assert topo.gpu_numa_id == {}
 
@@ -121,7 +121,7 @@ def test_topo_doc_examples_sample_28():
     four, dual, switch = (nvsmi.parse_topo_matrix(b) for b in blocks)
     assert four.gpu_count == 4 and four.link_counts() == {"NODE": 6}
     assert dual.gpu_count == 8 and dual.link_counts() == {"PHB": 12, "SYS": 16}
-    assert dual.link(3, 4) == "SYS" and dual.link(4, 7) == "PHB"
+    assert dual.links[(3, 4)] == "SYS" and dual.links[(4, 7)] == "PHB"
     assert switch.link_counts() == {"PHB": 16, "PIX": 12}
     assert four.cpu_affinity == {0: None, 1: None, 2: None, 3: None}
     # parse_topo_matrix reads the first matrix of a text
@@ -132,7 +132,7 @@ def test_topo_nvlink_and_nics_sample_35():
     topo = nvsmi.parse_topo_matrix(raw("35_"))
     assert topo.gpus == ["GPU0", "GPU1"]
     assert topo.nics == [f"NIC{i}" for i in range(10)]
-    assert topo.link(0, 1) == "NV12" and topo.nvlinks(0, 1) == 12 and topo.nvlinks(0, 0) == 0
+    assert topo.links[(0, 1)] == "NV12"
     assert topo.nic_links[("GPU0", "NIC0")] == "PXB"
     assert topo.nic_links[("NIC2", "NIC3")] == "PXB"
     assert topo.nic_links[("NIC3", "GPU0")] == "SYS"  # truncated row kept as far as it goes
@@ -156,7 +156,7 @@ def test_topo_8x_synth():
 
 def test_topo_old_soc_code_is_sys():
     text = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tSOC\t0-7\nGPU1\tSOC\t X \t0-7\n"
-    assert nvsmi.parse_topo_matrix(text).link(0, 1) == "SYS"
+    assert nvsmi.parse_topo_matrix(text).links[(0, 1)] == "SYS"
 
 
 @pytest.mark.parametrize("prefix", ["11_", "13_", "02_"])
