@@ -81,7 +81,7 @@ SMI_DIAGNOSES: dict[SmiFailure, tuple[str, str]] = {
 
 
 def _first_lines(text: str, n: int = 3) -> str:
-    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " / ".join(lines[:n]) if lines else "(no output)"
 
 

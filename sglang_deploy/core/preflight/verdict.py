@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sglang_deploy.core.nvsmi import (
-    QUERY_FIELDS,
     ParseError,
     classify_smi_error,
     gpus_from_query,
@@ -20,7 +19,12 @@ from sglang_deploy.core.nvsmi import (
 from sglang_deploy.core.preflight.checks import Check, Status
 from sglang_deploy.core.preflight.cuda import check_cuda_probe
 from sglang_deploy.core.preflight.p2p import check_p2p
-from sglang_deploy.core.preflight.smi import check_device_nodes, check_smi, parse_open_results
+from sglang_deploy.core.preflight.smi import (
+    _first_lines,
+    check_device_nodes,
+    check_smi,
+    parse_open_results,
+)
 
 # ---------------------------------------------------------------------------------------
 # everything at once (the deploy's pre-flight stage and `doctor` both use this)
@@ -59,11 +63,6 @@ def _section(snapshot: Mapping[str, Any], key: str) -> tuple[str | None, int | N
     return value.get("out") or "", value.get("rc")
 
 
-def _head(text: str, n: int = 2) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return " / ".join(lines[:n]) or "(empty)"
-
-
 def _smi_section_checks(snapshot: Mapping[str, Any], expect: Expectations,
                         facts: dict[str, Any]) -> list[Check]:
     names = ("nvidia-smi", "gpu-count", "gpu-model", "driver-version")
@@ -76,13 +75,11 @@ def _smi_section_checks(snapshot: Mapping[str, Any], expect: Expectations,
     args = (expect.count, expect.model, expect.min_driver)
     if query_text is not None:
         rows = None
-        if not query_rc:
+        if not query_rc and classify_smi_error(query_text, None) is None:
             try:
-                rows = parse_query_csv(query_text, QUERY_FIELDS)
+                rows = parse_query_csv(query_text)
             except ParseError:
-                rows = None
-            if rows is not None and classify_smi_error(query_text, None) is not None:
-                rows = None
+                pass
         if rows is not None:
             facts["gpus"] = [asdict(g) for g in gpus_from_query(rows)]
             return check_smi(rows, *args)
@@ -143,14 +140,14 @@ def evaluate(
     extra: list[Check] = []
     topo_text, topo_rc = _section(snapshot, "topo")
     if topo_text is not None and smi_failed(topo_text, topo_rc):
-        extra.append(Check("topology", "skipped", f"`nvidia-smi topo -m` failed: {_head(topo_text, 1)}"))
+        extra.append(Check("topology", "skipped", f"`nvidia-smi topo -m` failed: {_first_lines(topo_text, 1)}"))
     elif topo_text is not None:
         try:
             topo = parse_topo_matrix(topo_text)
             facts["topology"] = {"gpus": topo.gpus, "links": topo.link_counts(), "nics": topo.nics}
         except ParseError as exc:
             extra.append(Check("topology", "warn", f"cannot read `nvidia-smi topo -m`: {exc}",
-                               found=_head(topo_text)))
+                               found=_first_lines(topo_text, 2)))
     matrices: dict[str, dict[tuple[int, int], str] | None] = {"p2p_r": None, "p2p_w": None}
     for key in matrices:
         text, rc = _section(snapshot, key)
@@ -158,13 +155,13 @@ def evaluate(
             continue
         label = f"topo-p2p-{key[-1]}"
         if smi_failed(text, rc):
-            extra.append(Check(label, "skipped", f"`nvidia-smi topo -p2p {key[-1]}` failed: {_head(text, 1)}"))
+            extra.append(Check(label, "skipped", f"`nvidia-smi topo -p2p {key[-1]}` failed: {_first_lines(text, 1)}"))
             continue
         try:
             matrices[key] = parse_p2p_matrix(text)
         except ParseError as exc:
             extra.append(Check(label, "warn", f"cannot read `nvidia-smi topo -p2p {key[-1]}`: {exc}",
-                               found=_head(text)))
+                               found=_first_lines(text, 2)))
     p2p_pairs = probe.get("p2p") if probe else None
     p2p_checks, env = check_p2p(topo, matrices["p2p_r"], matrices["p2p_w"], p2p_pairs,
                                 policy=expect.p2p_policy, min_gbps=expect.min_gbps,
