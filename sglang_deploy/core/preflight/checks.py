@@ -1,5 +1,5 @@
 """The pre-flight's common ground (pure): the :class:`Check` result, the fix texts for the
-LXC host side that several checks share, and the verdict over a list of checks."""
+LXC host side that several checks share, and the status of a list of checks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-
-from sglang_deploy.core.errors import PreflightError
 
 Status = Literal["pass", "fail", "warn", "skipped"]
 STATUSES = ("pass", "fail", "warn", "skipped")
@@ -137,25 +135,3 @@ def summarise(checks: Iterable[Check]) -> Status:
         if status in statuses:
             return status  # type: ignore[return-value]
     return "skipped"
-
-
-def raise_for(checks: Iterable[Check], host: str | None = None) -> None:
-    """Raise :class:`PreflightError` listing every failing check; return if none failed."""
-    checks = list(checks)
-    failed = [c for c in checks if c.status == "fail"]
-    if not failed:
-        return
-    where = f" on {host}" if host else ""
-    found = []
-    fixes = []
-    for c in failed:
-        found.append(f"[{c.name}] {c.message}" + (f"\n  expected: {c.expected}" if c.expected else "")
-                     + (f"\n  found: {c.found}" if c.found else ""))
-        if c.fix:
-            fixes.append(f"[{c.name}] {c.fix}")
-    raise PreflightError(
-        f"{len(failed)} check(s) failed{where}: {', '.join(c.name for c in failed)}",
-        found="\n".join(found),
-        fix="\n".join(fixes) or None,
-        checks=failed,
-    )
