@@ -196,7 +196,4 @@ def routing_missing(expected: list[str], seen: dict[str, int]) -> list[str]:
 
 def routed_url(headers: dict) -> str | None:
     """The worker URL of a proxied answer (SMG's ``x-smg-routed-worker-id``)."""
-    for k, v in headers.items():
-        if k.lower() == ROUTED_HEADER:
-            return v.rstrip("/")
-    return None
+    return next((v.rstrip("/") for k, v in headers.items() if k.lower() == ROUTED_HEADER), None)
