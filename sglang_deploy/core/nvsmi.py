@@ -129,21 +129,12 @@ def _to_int(value: str | None) -> int | None:
 
 def gpus_from_query(rows: list[dict[str, str | None]]) -> list[GpuInfo]:
     """Typed view of :func:`parse_query_csv` rows (missing fields become None)."""
-    out = []
-    for pos, row in enumerate(rows):
-        index = _to_int(row.get("index"))
-        out.append(
-            GpuInfo(
-                index=pos if index is None else index,
-                name=row.get("name"),
-                uuid=row.get("uuid"),
-                driver_version=row.get("driver_version"),
-                memory_mib=_to_int(row.get("memory.total")),
-                compute_cap=row.get("compute_cap"),
-                pci_bus_id=row.get("pci.bus_id"),
-            )
-        )
-    return out
+    return [GpuInfo(index=pos if (index := _to_int(row.get("index"))) is None else index,
+                    name=row.get("name"), uuid=row.get("uuid"),
+                    driver_version=row.get("driver_version"),
+                    memory_mib=_to_int(row.get("memory.total")),
+                    compute_cap=row.get("compute_cap"), pci_bus_id=row.get("pci.bus_id"))
+            for pos, row in enumerate(rows)]
 
 
 def driver_version_tuple(version: str) -> tuple[int, ...]:

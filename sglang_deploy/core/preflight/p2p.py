@@ -216,7 +216,7 @@ def check_p2p(
             gpu_ids.update((i, j))
     for e in probe_p2p:
         gpu_ids.update((int(e["src"]), int(e["dst"])))
-    n = max([len(gpu_ids), max(gpu_ids) + 1 if gpu_ids else 0])
+    n = max(gpu_ids) + 1 if gpu_ids else 0  # GPU indices are 0..n-1
     if topo is not None:
         checks.append(Check("topology", "pass",
                             f"{topo.gpu_count} GPUs; links: "
@@ -227,8 +227,8 @@ def check_p2p(
 
     if n < 2:
         reason = "fewer than two GPUs" if gpu_ids else "no P2P information (topo -m/-p2p or CUDA probe)"
-        for name in ("p2p-support", "p2p-data", "p2p-bandwidth"):
-            checks.append(Check(name, "skipped", reason))
+        checks += [Check(name, "skipped", reason)
+                   for name in ("p2p-support", "p2p-data", "p2p-bandwidth")]
         return checks, env
     pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
 
