@@ -232,12 +232,10 @@ class DevNode:
     major: int | None = None
     minor: int | None = None
     mode: str | None = None
-    owner: str | None = None
-    group: str | None = None
 
 
 _LS_LINE = re.compile(
-    r"^(?P<mode>[-bcdlps][-rwxsStT]{9})[.+@]?\s+\d+\s+(?P<owner>\S+)\s+(?P<group>\S+)\s+"
+    r"^(?P<mode>[-bcdlps][-rwxsStT]{9})[.+@]?\s+\d+\s+\S+\s+\S+\s+"  # links, owner, group
     r"(?:(?P<major>\d+),\s*(?P<minor>\d+)|\d+)\s+(?P<rest>.+)$"
 )
 
@@ -259,15 +257,9 @@ def parse_dev_listing(text: str) -> dict[str, DevNode]:
         rest = m.group("rest")
         name = rest.split(" -> ")[0].split()[-1]
         path = name if name.startswith("/") else f"{directory or '/dev'}/{name}"
-        nodes[path] = DevNode(
-            path=path,
-            kind=m.group("mode")[0],
-            major=int(m.group("major")) if m.group("major") else None,
-            minor=int(m.group("minor")) if m.group("minor") else None,
-            mode=m.group("mode"),
-            owner=m.group("owner"),
-            group=m.group("group"),
-        )
+        major, minor = m.group("major"), m.group("minor")
+        nodes[path] = DevNode(path, m.group("mode")[0], major=int(major) if major else None,
+                              minor=int(minor) if minor else None, mode=m.group("mode"))
     return nodes
 
 
