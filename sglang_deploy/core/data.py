@@ -349,7 +349,7 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
     except SglangDeployError as exc:
         raise DataError(key="sglang_flags", what=f"well-formed launch flags ({exc.what})",
                         found=exc.found, fix=exc.fix) from exc
-    for flag in flagmod.normalise_names(values["sglang_flags"]):
+    for flag in map(flagmod.normalise_name, values["sglang_flags"]):
         if flag in _FLAG_KEYS_OWNED:
             owner = _FLAG_KEYS_OWNED[flag]
             raise DataError(key="sglang_flags", what=f"`{flag}` is set through `{owner}`",

@@ -148,12 +148,6 @@ def check_shape(mapping: Any) -> None:
                                "remove the newline")
 
 
-def normalise_names(mapping: Mapping[str, Any]) -> list[str]:
-    """The normalised flag names of ``mapping`` (checks the shape first)."""
-    check_shape(mapping)
-    return [normalise_name(k) for k in mapping]
-
-
 def normalise(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """``{--kebab-name: value}`` sorted by name (checks the shape first)."""
     check_shape(mapping)

@@ -109,8 +109,9 @@ def test_check_shape_accepts_good_values():
                    "g": {"k": [1, {"n": None}]}})
 
 
-def test_normalise_names():
-    assert F.normalise_names({"--tp_size": 1, "model-path": "x"}) == ["--tp-size", "--model-path"]
+def test_normalise_name():
+    assert [F.normalise_name(k) for k in ("--tp_size", "model-path", " a_b ")] == \
+        ["--tp-size", "--model-path", "--a-b"]
 
 
 def test_render_refuses_list_item_that_looks_like_a_flag():
