@@ -65,13 +65,7 @@ def _clean_cell(raw: str) -> str | None:
     if value.lower() in _NA_VALUES:
         return None
     m = _UNIT_RE.match(value)
-    if m:
-        return m.group(1)
-    return value
-
-
-def _header_name(cell: str) -> str:
-    return _HEADER_UNIT_RE.sub("", cell.strip())
+    return m.group(1) if m else value
 
 
 def parse_query_csv(text: str, fields: Iterable[str] | None = QUERY_FIELDS) -> list[dict[str, str | None]]:
@@ -90,7 +84,7 @@ def parse_query_csv(text: str, fields: Iterable[str] | None = QUERY_FIELDS) -> l
         if not line.strip():
             continue
         cells = next(csv.reader([line], skipinitialspace=True))
-        header = [_header_name(c) for c in cells]
+        header = [_HEADER_UNIT_RE.sub("", c.strip()) for c in cells]  # "memory.total [MiB]"
         if names is None:
             names = header
             continue
