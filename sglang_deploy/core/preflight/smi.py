@@ -398,8 +398,9 @@ def required_node(path: str, expected_count: int | None = None) -> bool:
     return bool(m) and (expected_count is None or int(m.group(1)) < expected_count)
 
 
-def check_open_results(open_errors: Mapping[str, str | None], nodes: Mapping[str, DevNode],
-                       expected_count: int | None) -> Check:
+def check_open_results(open_errors: Mapping[str, str | None],
+                       nodes: Mapping[str, DevNode] | None = None,
+                       expected_count: int | None = None) -> Check:
     """The ``dev-cgroup`` check from the open test (``dev-open.txt``: each /dev/nvidia* node
     opened read-write, non-blocking).
 
@@ -410,6 +411,7 @@ def check_open_results(open_errors: Mapping[str, str | None], nodes: Mapping[str
     Nodes CUDA does not need (:func:`required_node`: uvm-tools, modeset, GPUs beyond the
     expected count) only warn.
     """
+    nodes = nodes or {}
     kinds: dict[str, list[str]] = {}
     for path, error in sorted(open_errors.items()):
         kinds.setdefault(classify_open(error), []).append(path)
