@@ -219,8 +219,6 @@ class Settings:
         return self.secrets.get("SGLANG_API_KEY")
 
 
-
-
 def _type_name(types: tuple) -> str:
     names = {str: "string", int: "integer", float: "number", bool: "true/false", dict: "mapping",
              list: "list", NONE: "null"}
@@ -315,7 +313,7 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
         values[key.name] = value
 
     for name in ("sglang_model_path", "sglang_root", "sglang_cache_dir", "sglang_home",
-                 "sglang_wheelhouse", "sglang_system_python"):
+                 "sglang_wheelhouse", "sglang_system_python", "router_root"):
         _check_path(name, values[name])
     _check_mapping_of_scalars("sglang_env", values["sglang_env"])
     _check_no_secrets("sglang_env", values["sglang_env"])
@@ -325,10 +323,11 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
                              for c in levels) or len(set(levels)) != len(levels):
         raise DataError(key="bench_concurrency", what="a list of distinct positive integers",
                         found=repr(levels), fix="e.g. [256, 512, 1024]")
-    for name in ("sglang_user", "sglang_service"):
+    for name in ("sglang_user", "sglang_service", "router_user", "router_service"):
         if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", values[name]):
             raise DataError(key=name, what=f"`{name}` must be a plain lower-case name",
-                            found=repr(values[name]), fix=f"set `{name}` to e.g. `sglang`")
+                            found=repr(values[name]),
+                            fix=f"set `{name}` to e.g. `{KEYS[name].default}`")
     if not all(isinstance(x, str) and x for x in values["sglang_launch_command"]):
         raise DataError(key="sglang_launch_command", what="a list of non-empty strings",
                         found=repr(values["sglang_launch_command"]),
@@ -350,7 +349,7 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
     except SglangDeployError as exc:
         raise DataError(key="sglang_flags", what=f"well-formed launch flags ({exc.what})",
                         found=exc.found, fix=exc.fix) from exc
-    for flag in flagmod.normalise_names(values["sglang_flags"]):
+    for flag in map(flagmod.normalise_name, values["sglang_flags"]):
         if flag in _FLAG_KEYS_OWNED:
             owner = _FLAG_KEYS_OWNED[flag]
             raise DataError(key="sglang_flags", what=f"`{flag}` is set through `{owner}`",
@@ -387,12 +386,6 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
     # the router's key is the router's secret, not the server's (its secrets file)
     router_key = secrets.pop("ROUTER_API_KEY", None)
     routermod.check_router_data(values, router_key is not None)
-    for name in ("router_root",):
-        _check_path(name, values[name])
-    for name in ("router_user", "router_service"):
-        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", values[name]):
-            raise DataError(key=name, what=f"`{name}` must be a plain lower-case name",
-                            found=repr(values[name]), fix=f"set `{name}` to e.g. `smg`")
     endpoint = values["sglang_hf_endpoint"]
     if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
         raise DataError(key="sglang_hf_endpoint", what="an http(s) URL without query",
@@ -408,10 +401,9 @@ def markdown_table() -> str:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key in KEYS.values():
         default = "(required)" if key.required else f"`{key.default!r}`"
+        doc = key.doc.replace("|", "\\|")
         if isinstance(key.default, dict) and len(repr(key.default)) > 40:
             default = "see meaning"
-        doc = key.doc.replace("|", "\\|")
-        if isinstance(key.default, dict) and key.default and default == "see meaning":
             doc += " Default: " + ", ".join(f"{k} {v}" for k, v in key.default.items()) + "."
         rows.append(f"| `{key.name}` | {_type_name(key.types)} | {default} | {doc} |")
     return "\n".join(rows)

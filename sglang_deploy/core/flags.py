@@ -41,24 +41,6 @@ from sglang_deploy.core.flagspec import (  # noqa: F401 (re-exported)
     spec_members,
 )
 
-__all__ = [
-    "FORBIDDEN",
-    "KNOWN_CHANGES",
-    "ArgInfo",
-    "FlagSpec",
-    "Problem",
-    "check_flags",
-    "check_shape",
-    "normalise",
-    "normalise_name",
-    "normalise_names",
-    "parse_server_args",
-    "render_flags",
-    "spec_from_wheel",
-    "spec_members",
-    "validate_flags",
-]
-
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 #: flags the deploy renders itself (or must never render), with the data key to use instead
@@ -88,9 +70,7 @@ KNOWN_CHANGES: dict[str, str] = {
 
 def normalise_name(key: str) -> str:
     """``tp_size`` / ``tp-size`` / ``--tp-size`` -> ``--tp-size`` (no validation)."""
-    k = str(key).strip()
-    k = k.removeprefix("--")
-    return "--" + k.replace("_", "-")
+    return "--" + str(key).strip().removeprefix("--").replace("_", "-")
 
 
 def _scalar(v: Any) -> bool:
@@ -168,12 +148,6 @@ def check_shape(mapping: Any) -> None:
                                "remove the newline")
 
 
-def normalise_names(mapping: Mapping[str, Any]) -> list[str]:
-    """The normalised flag names of ``mapping`` (checks the shape first)."""
-    check_shape(mapping)
-    return [normalise_name(k) for k in mapping]
-
-
 def normalise(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """``{--kebab-name: value}`` sorted by name (checks the shape first)."""
     check_shape(mapping)
@@ -218,7 +192,7 @@ def render_flags(mapping: Mapping[str, Any], spec: FlagSpec | None = None) -> li
                 if it.startswith("-") and not _looks_negative_number(it):
                     raise _shape_error(name, f"`{name}`: list items that do not start with `-`",
                                        repr(it), "argparse would read the item as a flag")
-            if info is not None and info.action_name in ("append",):
+            if info is not None and info.action_name == "append":
                 for it in items:
                     argv += [name, it]
             else:
@@ -253,39 +227,24 @@ def _close(name: str, candidates: Iterable[str]) -> list[str]:
     return difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.75)
 
 
+#: what argparse calls on a value, by the ``type=`` that flagspec read
+_PARSERS = {"int": int, "human_readable_int": int, "float": float, "json.loads": json.loads,
+            "loads": json.loads}
+
+
 def _convertible(value: Any, typ: str | None) -> bool:
-    if typ == "int" or typ == "human_readable_int":
-        if isinstance(value, bool):
-            return False
-        if isinstance(value, int):
-            return True
-        if isinstance(value, str):
-            if typ == "human_readable_int":
-                return bool(re.fullmatch(r"\s*\d+(\.\d+)?\s*[kKmMgGtT]?\s*", value))
-            try:
-                int(value)
-                return True
-            except ValueError:
-                return False
+    """Would the flag's ``type=`` accept VALUE (as rendered)?"""
+    parse = _PARSERS.get(typ or "")
+    if parse is None or (parse is json.loads and isinstance(value, (dict, list))):
+        return True
+    if isinstance(value, bool) or (parse is int and not isinstance(value, (int, str))):
         return False
-    if typ == "float":
-        if isinstance(value, bool):
-            return False
-        if isinstance(value, (int, float)):
-            return True
-        try:
-            float(str(value))
-            return True
-        except ValueError:
-            return False
-    if typ in ("json.loads", "loads"):
-        if isinstance(value, (dict, list)):
-            return True
-        try:
-            json.loads(str(value))
-            return True
-        except ValueError:
-            return False
+    if typ == "human_readable_int" and isinstance(value, str):
+        return bool(re.fullmatch(r"\s*\d+(\.\d+)?\s*[kKmMgGtT]?\s*", value))
+    try:
+        parse(str(value))
+    except ValueError:
+        return False
     return True
 
 

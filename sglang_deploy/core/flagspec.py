@@ -36,7 +36,6 @@ class ArgInfo:
     action: str | None = None          # None/"store", "store_true", "BooleanOptionalAction", ...
     nargs: str | int | None = None     # "+", "*", "?", 0, ... ; "?dynamic" if not literal
     choices: tuple[Any, ...] | None = None   # None: unrestricted or not resolvable
-    choices_resolved: bool = True      # False: declared but not resolvable statically
     type: str | None = None            # "int", "float", "str", "json.loads", ...
     help: str = ""
     deprecated: bool = False
@@ -115,15 +114,10 @@ class FlagSpec(Mapping[str, ArgInfo]):
     def to_json(self) -> dict:
         """A JSON-able copy that :meth:`from_json` turns back into an equal spec (the
         controller's cache of parsed ``server_args.py`` files, see ``flagcache``)."""
-        infos: list[ArgInfo] = []
-        index: dict[int, int] = {}
-        by_opt = {}
-        for opt, info in self._by_opt.items():
-            if id(info) not in index:
-                index[id(info)] = len(infos)
-                infos.append(info)
-            by_opt[opt] = index[id(info)]
-        return {"version": self.version, "by_opt": by_opt,
+        infos = list({id(i): i for i in self._by_opt.values()}.values())  # aliases share one
+        index = {id(info): n for n, info in enumerate(infos)}
+        return {"version": self.version,
+                "by_opt": {opt: index[id(info)] for opt, info in self._by_opt.items()},
                 "infos": [dataclasses.asdict(i) for i in infos]}
 
     @classmethod
@@ -235,6 +229,16 @@ class _Names:
         return _UNRESOLVED
 
 
+def _action(node: ast.AST) -> str:
+    """``action="store_true"`` or ``action=argparse.BooleanOptionalAction`` -> its last name."""
+    action = node.value if isinstance(node, ast.Constant) else (_dotted(node) or "?")
+    return action.rsplit(".", 1)[-1]
+
+
+def _deprecated(action: str | None, help_text: str) -> bool:
+    return action in _DEPRECATED_ACTIONS or "deprecated" in help_text.lower()
+
+
 def _literal_nargs(node: ast.AST | None) -> str | int | None:
     if node is None:
         return None
@@ -250,38 +254,25 @@ def _info_from_add_argument(call: ast.Call, names: _Names,
     if not opts or not all(o.startswith("-") for o in opts):
         return None  # positional or dynamic option strings: not a launch flag we can use
     kw = {k.arg: k.value for k in call.keywords if k.arg}
-    action = None
-    if "action" in kw:
-        a = kw["action"]
-        action = a.value if isinstance(a, ast.Constant) else (_dotted(a) or "?")
-        action = action.rsplit(".", 1)[-1] if action else action
+    action = _action(kw["action"]) if "action" in kw else None
     nargs = _literal_nargs(kw.get("nargs"))
-    choices, resolved = None, True
-    if "choices" in kw:
-        val = names.resolve(kw["choices"], local)
-        if val is _UNRESOLVED or not isinstance(val, list):
-            resolved = False
-        else:
-            choices = tuple(val)
+    choices = names.resolve(kw["choices"], local) if "choices" in kw else None
     typ = _dotted(kw["type"]) if "type" in kw else None
     help_text = _text(kw.get("help"))
-    new_flag = None
-    if "new_flag" in kw:
-        new_flag = _text(kw["new_flag"]) or None
-    deprecated = (action in _DEPRECATED_ACTIONS) or ("deprecated" in help_text.lower())
+    new_flag = _text(kw.get("new_flag")) or None
     if "dest" in kw and isinstance(kw["dest"], ast.Constant):
         dest = kw["dest"].value
     else:
         longs = [o for o in opts if o.startswith("--")]
         dest = (longs[0] if longs else opts[0]).lstrip("-").replace("-", "_")
-    option_strings = list(opts)
     if action == "BooleanOptionalAction":
-        option_strings += ["--no-" + o[2:] for o in opts if o.startswith("--")]
+        opts += ["--no-" + o[2:] for o in opts if o.startswith("--")]
     explicit_value = "nargs" in kw and isinstance(kw["nargs"], ast.Constant) \
         and kw["nargs"].value is None and action not in ("store_true", "store_false",
                                                           "BooleanOptionalAction")
-    return ArgInfo(tuple(option_strings), dest, action, nargs, choices, resolved, typ,
-                   help_text, deprecated, new_flag, "add_argument", explicit_value)
+    return ArgInfo(tuple(opts), dest, action, nargs,
+                   tuple(choices) if isinstance(choices, list) else None, typ, help_text,
+                   _deprecated(action, help_text), new_flag, "add_argument", explicit_value)
 
 
 def _walk_add_argument(tree: ast.AST, names: _Names) -> list[ArgInfo]:
@@ -321,20 +312,17 @@ def _subscript_parts(node: ast.Subscript) -> tuple[str | None, list[ast.AST]]:
 
 
 def _unwrap_optional(node: ast.AST) -> ast.AST:
+    """``Optional[X]``, ``Union[X, None]`` and ``X | None`` -> ``X``."""
     if isinstance(node, ast.Subscript):
         base, parts = _subscript_parts(node)
-        if base == "Optional" and len(parts) == 1:
-            return parts[0]
-        if base == "Union":
-            rest = [p for p in parts if not (isinstance(p, ast.Constant) and p.value is None)]
-            if len(rest) == 1:
-                return rest[0]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        sides = [node.left, node.right]
-        rest = [s for s in sides if not (isinstance(s, ast.Constant) and s.value is None)]
-        if len(rest) == 1:
-            return rest[0]
-    return node
+        if base not in ("Optional", "Union"):
+            return node
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        parts = [node.left, node.right]
+    else:
+        return node
+    rest = [p for p in parts if not (isinstance(p, ast.Constant) and p.value is None)]
+    return rest[0] if len(rest) == 1 else node
 
 
 def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | None:
@@ -366,38 +354,29 @@ def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | 
     action = None
     nargs: str | int | None = None
     typ: str | None = None
-    choices, resolved = None, True
-    if "choices" in arg:
-        val = names.resolve(arg["choices"])
-        if isinstance(val, list):
-            choices = tuple(val)
-        else:
-            resolved = False
+    choices = names.resolve(arg["choices"]) if "choices" in arg else None
+    choices = tuple(choices) if isinstance(choices, list) else None
+    kwargs = arg.get("action_kwargs")
+    action_kw = {k.value: v for k, v in zip(kwargs.keys, kwargs.values)
+                 if isinstance(k, ast.Constant)} if isinstance(kwargs, ast.Dict) else {}
     if "action" in arg:
-        a = arg["action"]
-        action = a.value if isinstance(a, ast.Constant) else (_dotted(a) or "?")
-        action = action.rsplit(".", 1)[-1]
-        kwargs = arg.get("action_kwargs")
-        if isinstance(kwargs, ast.Dict):
-            for k, v in zip(kwargs.keys, kwargs.values):
-                if isinstance(k, ast.Constant) and k.value == "nargs":
-                    nargs = _literal_nargs(v)
-                if isinstance(k, ast.Constant) and k.value == "type":
-                    typ = _dotted(v)
+        action = _action(arg["action"])
+        if "nargs" in action_kw:
+            nargs = _literal_nargs(action_kw["nargs"])
+        if "type" in action_kw:
+            typ = _dotted(action_kw["type"])
         if action == "BooleanOptionalAction":
-            opts += ["--no-" + o[2:] for o in list(opts) if o.startswith("--")]
+            opts += ["--no-" + o[2:] for o in opts if o.startswith("--")]
     else:
         inner = _unwrap_optional(typ_node)
-        inner_base = None
-        inner_parts: list[ast.AST] = []
-        if isinstance(inner, ast.Subscript):
-            inner_base, inner_parts = _subscript_parts(inner)
+        inner_base, inner_parts = (_subscript_parts(inner) if isinstance(inner, ast.Subscript)
+                                   else (None, []))
         if "type_parser" in arg:
             typ = _dotted(arg["type_parser"])
         if inner_base == "Literal":
             lit = names.resolve(ast.List(elts=inner_parts, ctx=ast.Load()))
             if choices is None and isinstance(lit, list):
-                choices, resolved = tuple(lit), True
+                choices = tuple(lit)
             typ = typ or (type(lit[0]).__name__ if isinstance(lit, list) and lit else "str")
         elif inner_base in ("list", "List") and "type_parser" not in arg:
             nargs = _literal_nargs(arg.get("nargs")) or "+"
@@ -406,19 +385,13 @@ def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | 
         elif _dotted(inner) == "bool":
             action = "store_true"
         else:
-            if "nargs" in arg:
-                nargs = _literal_nargs(arg["nargs"])
+            nargs = _literal_nargs(arg.get("nargs"))
             if typ is None:
                 d = _dotted(inner)
                 typ = d if d in ("int", "float", "str") else "str"
-    new_flag = None
-    if "action_kwargs" in arg and isinstance(arg["action_kwargs"], ast.Dict):
-        for k, v in zip(arg["action_kwargs"].keys, arg["action_kwargs"].values):
-            if isinstance(k, ast.Constant) and k.value == "new_flag":
-                new_flag = _text(v) or None
-    deprecated = (action in _DEPRECATED_ACTIONS) or ("deprecated" in help_text.lower())
-    return ArgInfo(tuple(opts), name, action, nargs, choices, resolved, typ, help_text,
-                   deprecated, new_flag, "dataclass")
+    return ArgInfo(tuple(opts), name, action, nargs, choices, typ, help_text,
+                   _deprecated(action, help_text), _text(action_kw.get("new_flag")) or None,
+                   "dataclass")
 
 
 def _namespace_classes(server_args_tree: ast.Module) -> set[str] | None:
@@ -429,6 +402,15 @@ def _namespace_classes(server_args_tree: ast.Module) -> set[str] | None:
                 and isinstance(stmt.value, (ast.List, ast.Tuple)):
             return {n.id for n in stmt.value.elts if isinstance(n, ast.Name)}
     return None
+
+
+def _is_namespace(cls: ast.ClassDef, wanted: set[str] | None) -> bool:
+    """A class of flag fields: named in ``_INPUT_NAMESPACES``, or (without that list) one
+    that declares ``_NS_PATH``."""
+    if wanted is not None:
+        return cls.name in wanted
+    return any(isinstance(s, ast.Assign) and any(isinstance(x, ast.Name) and x.id == "_NS_PATH"
+                                                 for x in s.targets) for s in cls.body)
 
 
 def _uses_dataclass_registration(tree: ast.Module) -> bool:
@@ -459,13 +441,7 @@ def parse_server_args(source: str, extra_sources: Mapping[str, str] | None = Non
         seen_classes = 0
         for t in [tree, *field_trees.values()]:
             for cls in (n for n in t.body if isinstance(n, ast.ClassDef)):
-                if wanted is not None and cls.name not in wanted:
-                    continue
-                if wanted is None and not any(
-                        isinstance(s, ast.Assign) and any(isinstance(x, ast.Name)
-                                                          and x.id == "_NS_PATH"
-                                                          for x in s.targets)
-                        for s in cls.body):
+                if not _is_namespace(cls, wanted):
                     continue
                 seen_classes += 1
                 for stmt in cls.body:
@@ -485,12 +461,9 @@ def parse_server_args(source: str, extra_sources: Mapping[str, str] | None = Non
 
 def spec_members(names: Iterable[str]) -> list[str]:
     """The wheel members :func:`spec_from_wheel` reads, out of a wheel's member list."""
-    out = []
-    for n in names:
-        if n == "sglang/srt/server_args.py" or n == "sglang/srt/arg_groups/choices.py" or (
-                n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")):
-            out.append(n)
-    return sorted(out)
+    return sorted(n for n in names if n in ("sglang/srt/server_args.py",
+                                            "sglang/srt/arg_groups/choices.py")
+                  or (n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")))
 
 
 def spec_from_wheel(wheel_path: Any, version: str | None = None) -> FlagSpec:

@@ -195,9 +195,8 @@ def diagnose(result: dict | None, caps: list[str], venv_bin: str,
                            f"nvcc on PATH={result.get('path')}, no /usr/local/cuda (FlashInfer "
                            "would stop with `Could not find nvcc` after the model load)",
                            toolkit_fix))
-    elif result.get("nvcc_rc") is None or result.get("nvcc_rc") != 0 or not result.get("nvcc_version"):
-        how = ("does not run" if result.get("nvcc_rc") is None
-               else f"exited {result.get('nvcc_rc')}" if result.get("nvcc_rc") else "printed no release")
+    elif (rc := result.get("nvcc_rc")) != 0 or not result.get("nvcc_version"):
+        how = "does not run" if rc is None else f"exited {rc}" if rc else "printed no release"
         source = result.get("cuda_home_from")
         fix = (f"point {source} at a CUDA 13.x toolkit (or remove it from `sglang_env`); or "
                if source in ("CUDA_HOME", "CUDA_PATH") else "") + toolkit_fix

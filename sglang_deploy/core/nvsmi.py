@@ -13,8 +13,8 @@ from __future__ import annotations
 import csv
 import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from sglang_deploy.core.topo import (  # noqa: F401 (re-exported: the nvidia-smi parsers in one place)
     P2P_CODES,
@@ -23,25 +23,6 @@ from sglang_deploy.core.topo import (  # noqa: F401 (re-exported: the nvidia-smi
     parse_p2p_matrix,
     parse_topo_matrix,
 )
-
-__all__ = [
-    "QUERY_FIELDS",
-    "query_command",
-    "ParseError",
-    "parse_query_csv",
-    "GpuInfo",
-    "gpus_from_query",
-    "TopoMatrix",
-    "parse_topo_matrix",
-    "P2P_CODES",
-    "parse_p2p_matrix",
-    "SmiTable",
-    "SmiTableGpu",
-    "parse_smi_table",
-    "SmiFailure",
-    "classify_smi_error",
-    "driver_version_tuple",
-]
 
 #: the fields the deploy asks nvidia-smi for (order matters: the CSV is positional)
 QUERY_FIELDS: tuple[str, ...] = (
@@ -84,13 +65,7 @@ def _clean_cell(raw: str) -> str | None:
     if value.lower() in _NA_VALUES:
         return None
     m = _UNIT_RE.match(value)
-    if m:
-        return m.group(1)
-    return value
-
-
-def _header_name(cell: str) -> str:
-    return _HEADER_UNIT_RE.sub("", cell.strip())
+    return m.group(1) if m else value
 
 
 def parse_query_csv(text: str, fields: Iterable[str] | None = QUERY_FIELDS) -> list[dict[str, str | None]]:
@@ -109,14 +84,12 @@ def parse_query_csv(text: str, fields: Iterable[str] | None = QUERY_FIELDS) -> l
         if not line.strip():
             continue
         cells = next(csv.reader([line], skipinitialspace=True))
-        header = [_header_name(c) for c in cells]
+        header = [_HEADER_UNIT_RE.sub("", c.strip()) for c in cells]  # "memory.total [MiB]"
         if names is None:
             names = header
             continue
-        if header and names and header[0] == names[0] and not header[0][:1].isdigit():
-            # a header line (csv without noheader); first field names match
-            if len(header) == len(names):
-                continue
+        if len(header) == len(names) and header[0] == names[0] and not header[0][:1].isdigit():
+            continue  # a header line (csv without noheader)
         if len(cells) != len(names):
             raise ParseError(
                 f"line {lineno}: expected {len(names)} comma-separated values "
@@ -150,21 +123,12 @@ def _to_int(value: str | None) -> int | None:
 
 def gpus_from_query(rows: list[dict[str, str | None]]) -> list[GpuInfo]:
     """Typed view of :func:`parse_query_csv` rows (missing fields become None)."""
-    out = []
-    for pos, row in enumerate(rows):
-        index = _to_int(row.get("index"))
-        out.append(
-            GpuInfo(
-                index=pos if index is None else index,
-                name=row.get("name"),
-                uuid=row.get("uuid"),
-                driver_version=row.get("driver_version"),
-                memory_mib=_to_int(row.get("memory.total")),
-                compute_cap=row.get("compute_cap"),
-                pci_bus_id=row.get("pci.bus_id"),
-            )
-        )
-    return out
+    return [GpuInfo(index=pos if (index := _to_int(row.get("index"))) is None else index,
+                    name=row.get("name"), uuid=row.get("uuid"),
+                    driver_version=row.get("driver_version"),
+                    memory_mib=_to_int(row.get("memory.total")),
+                    compute_cap=row.get("compute_cap"), pci_bus_id=row.get("pci.bus_id"))
+            for pos, row in enumerate(rows)]
 
 
 def driver_version_tuple(version: str) -> tuple[int, ...]:
@@ -178,13 +142,11 @@ def driver_version_tuple(version: str) -> tuple[int, ...]:
 # default table
 
 
-@dataclass(frozen=True)
+@dataclass
 class SmiTableGpu:
     index: int
     name: str  # may be cut short with "..." by nvidia-smi
-    bus_id: str | None
-    memory_used_mib: int | None
-    memory_total_mib: int | None
+    memory_total_mib: int | None = None
 
     @property
     def name_truncated(self) -> bool:
@@ -193,23 +155,20 @@ class SmiTableGpu:
 
 @dataclass
 class SmiTable:
-    smi_version: str | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
-    attached_gpus: int | None = None  # from an ``-q`` section when present
     gpus: list[SmiTableGpu] = field(default_factory=list)
 
 
 _TABLE_HEADER = re.compile(
-    r"NVIDIA-SMI\s+(?P<smi>[\w.]+)\s+Driver Version:\s*(?P<driver>[\w.]+)"
+    r"NVIDIA-SMI\s+[\w.]+\s+Driver Version:\s*(?P<driver>[\w.]+)"
     r"(?:\s+CUDA Version:\s*(?P<cuda>[\w./]+))?"
 )
 _Q_DRIVER = re.compile(r"^\s*Driver Version\s*:\s*(\S+)")
 _Q_CUDA = re.compile(r"^\s*CUDA Version\s*:\s*(\S+)")
-_Q_ATTACHED = re.compile(r"^\s*Attached GPUs\s*:\s*(\d+)")
 _GPU_ROW = re.compile(
     r"^\|\s+(?P<index>\d+)\s+(?P<name>.+?)\s+(?:On|Off|N/A)\s+\|\s*"
-    r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])"
+    r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
 )
 _MEM = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
 
@@ -217,57 +176,25 @@ _MEM = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
 def parse_smi_table(text: str) -> SmiTable:
     """Parse the default ``nvidia-smi`` table (and the header of ``nvidia-smi -q``).
 
-    Gives driver and CUDA versions and, per GPU, index, (possibly truncated) name, bus id
-    and memory. Text without a table yields an empty :class:`SmiTable`.
+    Gives driver and CUDA versions and, per GPU, index, (possibly truncated) name and total
+    memory (from the row below the name). Text without a table yields an empty
+    :class:`SmiTable`.
     """
     table = SmiTable()
-    lines = text.splitlines()
-    pending: SmiTableGpu | None = None
-    for line in lines:
-        m = _TABLE_HEADER.search(line)
-        if m:
-            table.smi_version = m.group("smi")
-            table.driver_version = m.group("driver")
-            table.cuda_version = m.group("cuda")
-            continue
-        m = _GPU_ROW.match(line)
-        if m:
-            if pending is not None:
-                table.gpus.append(pending)
-            pending = SmiTableGpu(
-                index=int(m.group("index")),
-                name=m.group("name").strip(),
-                bus_id=m.group("bus"),
-                memory_used_mib=None,
-                memory_total_mib=None,
-            )
-            continue
-        m = _MEM.search(line)
-        if m and pending is not None:
-            table.gpus.append(
-                SmiTableGpu(
-                    index=pending.index,
-                    name=pending.name,
-                    bus_id=pending.bus_id,
-                    memory_used_mib=int(m.group(1)),
-                    memory_total_mib=int(m.group(2)),
-                )
-            )
-            pending = None
-            continue
-        m = _Q_DRIVER.match(line)
-        if m and table.driver_version is None:
+    last: SmiTableGpu | None = None  # the GPU whose memory row comes next
+    for line in text.splitlines():
+        if m := _TABLE_HEADER.search(line):
+            table.driver_version, table.cuda_version = m.group("driver"), m.group("cuda")
+        elif m := _GPU_ROW.match(line):
+            last = SmiTableGpu(int(m.group("index")), m.group("name").strip())
+            table.gpus.append(last)
+        elif (m := _MEM.search(line)) and last is not None:
+            last.memory_total_mib = int(m.group(2))
+            last = None
+        elif (m := _Q_DRIVER.match(line)) and table.driver_version is None:
             table.driver_version = m.group(1)
-            continue
-        m = _Q_CUDA.match(line)
-        if m and table.cuda_version is None:
+        elif (m := _Q_CUDA.match(line)) and table.cuda_version is None:
             table.cuda_version = m.group(1)
-            continue
-        m = _Q_ATTACHED.match(line)
-        if m:
-            table.attached_gpus = int(m.group(1))
-    if pending is not None:
-        table.gpus.append(pending)
     return table
 
 

@@ -40,7 +40,7 @@ import ast
 import difflib
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 try:  # inside the sglang_deploy package; standalone on a host it is not importable
     from sglang_deploy.core.errors import PatchError
@@ -164,8 +164,6 @@ class PatchPlan:
     state: str
     relpath: str
     function: str  # e.g. "ModelRunner._should_run_flashinfer_autotune"
-    function_lines: tuple[int, int]
-    list_lines: tuple[int, int]
     line: int  # the flashinfer_cutlass line (commented or not)
     old_line: str  # without line ending
     new_line: str  # without line ending (== old_line unless state == needed)
@@ -173,20 +171,19 @@ class PatchPlan:
     diff: str
     message: str
     marker: bool = False  # already-applied: our marker is on the line
-    notes: list[str] = field(default_factory=list)
 
 
-def _find_functions(tree: ast.Module) -> list[tuple[str, ast.AST, bool]]:
-    """(qualname, node, is_method) for every definition of the autotune predicate."""
-    found: list[tuple[str, ast.AST, bool]] = []
+def _find_functions(tree: ast.Module) -> list[tuple[str, ast.AST]]:
+    """(qualname, node) for every definition of the autotune predicate."""
+    found: list[tuple[str, ast.AST]] = []
     defs = (ast.FunctionDef, ast.AsyncFunctionDef)
     for node in tree.body:
         if isinstance(node, defs) and node.name == FUNCTION_NAME:
-            found.append((node.name, node, False))
+            found.append((node.name, node))
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, defs) and item.name == METHOD_NAME:
-                    found.append((f"{node.name}.{item.name}", item, True))
+                    found.append((f"{node.name}.{item.name}", item))
     return found
 
 
@@ -242,10 +239,10 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
             fix=_NO_LIST_FIX,
         )
     if len(funcs) > 1:
-        names = ", ".join(f"{q} (line {n.lineno})" for q, n, _ in funcs)  # type: ignore[attr-defined]
+        names = ", ".join(f"{q} (line {n.lineno})" for q, n in funcs)  # type: ignore[attr-defined]
         raise unrecognised(f"the autotune predicate is defined {len(funcs)} times: {names}")
 
-    qualname, func, _is_method = funcs[0]
+    qualname, func = funcs[0]
     flines = (func.lineno, func.end_lineno or func.lineno)  # type: ignore[attr-defined]
     lines = _split_lines(source)
     body_text = "".join(lines[flines[0] - 1 : flines[1]])
@@ -279,14 +276,12 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
     commented = [(n, t) for n, t in interior if _COMMENTED_RE.match(t)]
     marked = [(n, t) for n, t in interior if MARKER in t]
 
-    def plan(state: str, n: int, new_line: str, new_source: str, diff: str, message: str,
-             marker: bool = False, notes: list[str] | None = None) -> PatchPlan:
-        return PatchPlan(
-            state=state, relpath=relpath, function=qualname, function_lines=flines,
-            list_lines=llines, line=n, old_line=_strip_eol(lines[n - 1]), new_line=new_line,
-            new_source=new_source, diff=diff, message=message, marker=marker,
-            notes=notes or [],
-        )
+    def plan(state: str, n: int, message: str, *, new_line: str | None = None,
+             new_source: str = source, diff: str = "", marker: bool = False) -> PatchPlan:
+        old_line = _strip_eol(lines[n - 1])
+        return PatchPlan(state=state, relpath=relpath, function=qualname, line=n,
+                         old_line=old_line, new_line=new_line or old_line,
+                         new_source=new_source, diff=diff, message=message, marker=marker)
 
     if enabled:
         if len(enabled) > 1 or commented:
@@ -296,7 +291,6 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
                 llines,
             )
         n = enabled[0].lineno
-        text = _strip_eol(lines[n - 1])
         if len([e for e in lst.elts if e.lineno == n]) != 1:  # type: ignore[attr-defined]
             raise unrecognised(f'"{BACKEND}" shares line {n} with other list items', llines)
         if any(m != n for m, _ in marked):
@@ -307,16 +301,13 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
                 llines,
             )
         if marked:
-            return plan(ALREADY, n, text, source, "",
-                        f'"{BACKEND}" enabled by sglang-deploy ({relpath}:{n})', marker=True)
+            return plan(ALREADY, n, f'"{BACKEND}" enabled by sglang-deploy ({relpath}:{n})',
+                        marker=True)
         above = _strip_eol(lines[n - 2]) if n >= 2 else ""
         if _TODO_RE.match(above):
-            note = "no sglang-deploy marker: it was uncommented by hand or another tool"
-            return plan(ALREADY, n, text, source, "",
-                        f'"{BACKEND}" enabled under the TODO ({relpath}:{n}; {note})',
-                        notes=[note])
-        return plan(UPSTREAM, n, text, source, "",
-                    f'"{BACKEND}" is autotuned upstream ({qualname}, {relpath}:{n}): '
+            return plan(ALREADY, n, f'"{BACKEND}" enabled under the TODO ({relpath}:{n}; no sglang-deploy '
+                        "marker: it was uncommented by hand or another tool)")
+        return plan(UPSTREAM, n, f'"{BACKEND}" is autotuned upstream ({qualname}, {relpath}:{n}): '
                     "nothing to patch")
 
     if marked:
@@ -363,10 +354,9 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
     new_lines = list(lines)
     new_lines[n - 1] = new_line + _eol(lines[n - 1])
     new_source = "".join(new_lines)
-    diff = _unified_diff(lines, new_lines, relpath)
-    result = plan(NEEDED, n, new_line, new_source, diff,
-                  f'"{BACKEND}" is commented out in {qualname}() ({relpath}:{n}): '
-                  "the patch uncomments it")
+    result = plan(NEEDED, n, f'"{BACKEND}" is commented out in {qualname}() ({relpath}:{n}): '
+                  "the patch uncomments it", new_line=new_line, new_source=new_source,
+                  diff=_unified_diff(lines, new_lines, relpath))
     # Self-check: the result parses and reads back as our change, on the same line.
     try:
         again = analyse(new_source, relpath, version=version)

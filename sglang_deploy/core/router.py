@@ -14,6 +14,7 @@ a host:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,11 +115,9 @@ class RouterUnitSpec:
     stop_timeout_s: int = 60
 
 
-def render_unit(spec: RouterUnitSpec, template: Path = TEMPLATE) -> str:
-    return _compiled(template.read_text()).render(
-        release_id=spec.release_id, version=spec.version, user=spec.user, home=spec.home,
-        secrets_file=spec.secrets_file, exec_start=" ".join(systemd_quote(a) for a in spec.argv),
-        workers=spec.workers, stop_timeout_s=spec.stop_timeout_s)
+def render_unit(spec: RouterUnitSpec) -> str:
+    return _compiled(TEMPLATE.read_text()).render(
+        **dataclasses.asdict(spec), exec_start=" ".join(systemd_quote(a) for a in spec.argv))
 
 
 # ------------------------------------------------------------------------------ workers
@@ -197,7 +196,4 @@ def routing_missing(expected: list[str], seen: dict[str, int]) -> list[str]:
 
 def routed_url(headers: dict) -> str | None:
     """The worker URL of a proxied answer (SMG's ``x-smg-routed-worker-id``)."""
-    for k, v in headers.items():
-        if k.lower() == ROUTED_HEADER:
-            return v.rstrip("/")
-    return None
+    return next((v.rstrip("/") for k, v in headers.items() if k.lower() == ROUTED_HEADER), None)

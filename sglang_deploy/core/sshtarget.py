@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.core.errors import SglangDeployError, one_line
 
 #: how long a connection attempt may take when neither the inventory nor ~/.ssh/config say
 CONNECT_TIMEOUT_S = 15
@@ -28,12 +28,7 @@ class HostShellError(SglangDeployError):
     exit_status = 2
 
     def lines(self) -> list[str]:
-        text = f"{self.title}: expected {self.what}"
-        if self.found:
-            text += f"; found {self.found}"
-        if self.fix:
-            text += f"; fix: {self.fix}"
-        return [" ".join(text.split())]
+        return [one_line(self)]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ real outputs (tests/fixtures/nvidia-smi/)."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -19,7 +20,6 @@ _TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _HEADER_SPLIT = re.compile(r"\t+| {2,}")
 _GPU_LABEL = re.compile(r"^GPU(\d+)$")
 _NV_LINK = re.compile(r"^NV(\d+)$")
-_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
 
 @dataclass
@@ -29,7 +29,7 @@ class TopoMatrix:
     ``links[(i, j)]`` is the code between GPU i and GPU j (``X`` on the diagonal, ``SYS``,
     ``NODE``, ``PHB``, ``PXB``, ``PIX``, ``NV<n>``; the old ``SOC`` is reported as ``SYS``).
     NIC rows and columns go to ``nic_links[(row_label, column_label)]`` with labels as
-    printed (``NIC0``, ``mlx5_0``, ``GPU0``), ``nic_names`` holds the ``NIC Legend``.
+    printed (``NIC0``, ``mlx5_0``, ``GPU0``).
     Affinity dicts map a GPU index to the cell text, None where absent or ``N/A``.
     """
 
@@ -37,8 +37,6 @@ class TopoMatrix:
     links: dict[tuple[int, int], str] = field(default_factory=dict)
     nics: list[str] = field(default_factory=list)
     nic_links: dict[tuple[str, str], str] = field(default_factory=dict)
-    nic_names: dict[str, str] = field(default_factory=dict)
-    columns: list[str] = field(default_factory=list)
     cpu_affinity: dict[int, str | None] = field(default_factory=dict)
     numa_affinity: dict[int, str | None] = field(default_factory=dict)
     gpu_numa_id: dict[int, str | None] = field(default_factory=dict)
@@ -51,21 +49,9 @@ class TopoMatrix:
     def gpu_indices(self) -> list[int]:
         return [int(_GPU_LABEL.match(g).group(1)) for g in self.gpus]  # type: ignore[union-attr]
 
-    def link(self, i: int, j: int) -> str | None:
-        return self.links.get((i, j))
-
-    def nvlinks(self, i: int, j: int) -> int:
-        """Number of bonded NVLinks between GPU i and j (0 for PCIe paths)."""
-        m = _NV_LINK.match(self.links.get((i, j)) or "")
-        return int(m.group(1)) if m else 0
-
     def link_counts(self) -> dict[str, int]:
         """How many unordered GPU pairs use each link code."""
-        counts: dict[str, int] = {}
-        for (i, j), code in self.links.items():
-            if i < j:
-                counts[code] = counts.get(code, 0) + 1
-        return dict(sorted(counts.items()))
+        return dict(sorted(Counter(code for (i, j), code in self.links.items() if i < j).items()))
 
 
 def _norm_code(code: str) -> str:
@@ -73,9 +59,7 @@ def _norm_code(code: str) -> str:
     return "SYS" if code == "SOC" else code
 
 
-def _na(value: str | None) -> str | None:
-    if value is None:
-        return None
+def _na(value: str) -> str | None:
     value = value.strip()
     return None if value in ("", "N/A") else value
 
@@ -92,25 +76,20 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     header_at = None
     for n, line in enumerate(lines):
         cells = [c.strip() for c in _HEADER_SPLIT.split(line.strip())]
-        if cells and cells[0] == "GPU0" and line[:1].isspace():
-            header_at = n
-            break
         # a header row starts with whitespace; tolerate a stripped one ("GPU0\tGPU1\tCPU...")
-        if cells and cells[0] == "GPU0" and len(cells) > 1 and not _known_code(cells[1]):
+        if cells[0] == "GPU0" and (line[:1].isspace()
+                                   or len(cells) > 1 and not _known_code(cells[1])):
             header_at = n
             break
     if header_at is None:
         raise ParseError("no `nvidia-smi topo -m` matrix found (no header row with GPU0)")
 
     header = [c.strip() for c in _HEADER_SPLIT.split(lines[header_at].strip()) if c.strip()]
-    trailing_at = len(header)
-    for k, name in enumerate(header):
-        if name in _TRAILING_COLUMNS:
-            trailing_at = k
-            break
+    trailing_at = next((k for k, name in enumerate(header) if name in _TRAILING_COLUMNS),
+                       len(header))
     devices = header[:trailing_at]
     trailing = header[trailing_at:]
-    topo = TopoMatrix(columns=header)
+    topo = TopoMatrix()
     topo.gpus = [d for d in devices if _GPU_LABEL.match(d)]
     topo.nics = [d for d in devices if not _GPU_LABEL.match(d)]
     if not topo.gpus:
@@ -145,10 +124,7 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
                     topo.links[(i, int(cm.group(1)))] = _norm_code(code)
                 else:
                     topo.nic_links[(label, col)] = _norm_code(code)
-            rest = cells[len(devices):]
-            values: dict[str, str | None] = {}
-            for col, value in zip(trailing, rest):
-                values[col] = _na(value)
+            values = {col: _na(value) for col, value in zip(trailing, cells[len(devices):])}
             topo.cpu_affinity[i] = values.get("CPU Affinity")
             if "NUMA Affinity" in trailing:
                 topo.numa_affinity[i] = values.get("NUMA Affinity")
@@ -163,10 +139,6 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     if missing:
         raise ParseError(f"`topo -m` matrix has no row for {', '.join(missing)}")
 
-    for line in lines:
-        m = _NIC_LEGEND.match(line)
-        if m and m.group(1) in topo.nics:
-            topo.nic_names[m.group(1)] = m.group(2)
     return topo
 
 

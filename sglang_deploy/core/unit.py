@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def device_allow(gpu_count: int) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=8)
 def _compiled(text: str) -> jinja2.Template:
-    """Compile a unit template once per process (it was compiled once per host)."""
+    """Compile a unit template once per process, not once per host."""
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, autoescape=False,
@@ -64,19 +65,11 @@ def _compiled(text: str) -> jinja2.Template:
     return env.from_string(text)
 
 
-def render_unit(spec: UnitSpec, template: Path = TEMPLATE) -> str:
-    tmpl = _compiled(template.read_text())
-    return tmpl.render(
-        release_id=spec.release_id, sglang_version=spec.sglang_version,
-        patch_state=spec.patch_state, served_model_name=spec.served_model_name,
-        user=spec.user, home=spec.home, secrets_file=spec.secrets_file,
-        environment=spec.environment,
-        exec_start=" ".join(systemd_quote(a) for a in spec.argv),
-        stop_timeout_s=spec.stop_timeout_s, restart_sec=spec.restart_sec,
+def render_unit(spec: UnitSpec) -> str:
+    return _compiled(TEMPLATE.read_text()).render(
+        **dataclasses.asdict(spec), exec_start=" ".join(systemd_quote(a) for a in spec.argv),
         start_limit_interval_s=max(600, 3 * (spec.restart_sec + 60)),
-        success_exit_status=success_exit_status(spec.sglang_version),
-        writable_paths=spec.writable_paths, device_allow=spec.device_allow,
-    )
+        success_exit_status=success_exit_status(spec.sglang_version))
 
 
 def render_secrets_env(secrets: dict[str, str]) -> str:

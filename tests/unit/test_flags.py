@@ -109,8 +109,9 @@ def test_check_shape_accepts_good_values():
                    "g": {"k": [1, {"n": None}]}})
 
 
-def test_normalise_names():
-    assert F.normalise_names({"--tp_size": 1, "model-path": "x"}) == ["--tp-size", "--model-path"]
+def test_normalise_name():
+    assert [F.normalise_name(k) for k in ("--tp_size", "model-path", " a_b ")] == \
+        ["--tp-size", "--model-path", "--a-b"]
 
 
 def test_render_refuses_list_item_that_looks_like_a_flag():
@@ -191,7 +192,7 @@ class ServerArgs:
     assert s["--uno"] is s["--one"] and s["--one"].dest == "one" and s["--one"].type == "int"
     assert s["--pick"].choices == ("a", "b", "c")
     assert s["--loc"].choices == ("x", "y")
-    assert s["--dyn"].choices is None and not s["--dyn"].choices_resolved
+    assert s["--dyn"].choices is None
     assert not s["--flag"].takes_value
     assert s["--old"].deprecated and s["--old"].no_effect and not s["--old"].takes_value
     assert s["--many"].is_list

@@ -6,7 +6,7 @@ what was expected, what was found and how to fix it, with the LXC-specific cause
 (the container shares the host's kernel module, sees only the device nodes the host bind-mounts
 and the device cgroup allows). One module per subsystem:
 
-- ``checks``: the Check type, fix texts shared by several checks, the verdict (summarise, raise_for)
+- ``checks``: the Check type, fix texts shared by several checks, the overall status (summarise)
 - ``smi``: nvidia-smi outputs and the device nodes (listing and open test)
 - ``cuda``: the CUDA driver-API probe and the diagnosis of its errors
 - ``p2p``: peer copies, topology claims, the matrix and the host's record of a passed test
@@ -21,7 +21,6 @@ from sglang_deploy.core.preflight.checks import (
     Status,
     cgroup_fix,
     gpu_nodes_fix,
-    raise_for,
     summarise,
     uvm_fix,
 )
@@ -31,7 +30,6 @@ from sglang_deploy.core.preflight.p2p import (
     p2p_cells,
     p2p_record,
     plain_matrix,
-    render_p2p_matrix,
     rich_matrix,
     use_p2p_record,
 )
@@ -55,6 +53,6 @@ __all__ = [
     "Expectations", "Status", "cgroup_fix", "check_cuda_probe", "check_device_nodes",
     "check_model", "check_open_results", "check_p2p", "check_smi", "classify_open",
     "diagnose_cuda_error", "evaluate", "gpu_nodes_fix", "p2p_record", "parse_dev_listing",
-    "parse_open_results", "probe_plan", "raise_for", "render_p2p_matrix", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
+    "parse_open_results", "probe_plan", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
     "summarise", "use_p2p_record", "use_verified_server", "uvm_fix", "uvm_major_of",
 ]

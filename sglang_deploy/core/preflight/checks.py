@@ -1,12 +1,12 @@
 """The pre-flight's common ground (pure): the :class:`Check` result, the fix texts for the
-LXC host side that several checks share, and the verdict over a list of checks."""
+LXC host side that several checks share, and the status of a list of checks."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Sequence
-
-from sglang_deploy.core.errors import PreflightError
+from typing import Any, Literal
 
 Status = Literal["pass", "fail", "warn", "skipped"]
 STATUSES = ("pass", "fail", "warn", "skipped")
@@ -44,20 +44,11 @@ def _fail(name: str, message: str, *, expected: str, found: str, fix: str, **det
 
 
 def _ranges(indices: Iterable[int]) -> str:
-    """[0,1,2,5] -> '0-2,5'"""
-    nums = sorted(set(indices))
-    parts: list[str] = []
-    start = prev = None
-    for n in nums:
-        if start is None:
-            start = prev = n
-        elif n == prev + 1:  # type: ignore[operator]
-            prev = n
-        else:
-            parts.append(f"{start}-{prev}" if start != prev else f"{start}")
-            start = prev = n
-    if start is not None:
-        parts.append(f"{start}-{prev}" if start != prev else f"{start}")
+    """[0,1,2,5] -> '0-2,5' (a run of consecutive numbers keeps one offset from its position)"""
+    parts = []
+    for _, run in itertools.groupby(enumerate(sorted(set(indices))), lambda p: p[1] - p[0]):
+        nums = [n for _, n in run]
+        parts.append(f"{nums[0]}-{nums[-1]}" if len(nums) > 1 else f"{nums[0]}")
     return ",".join(parts)
 
 
@@ -134,8 +125,6 @@ def cgroup_fix(majors: Sequence[int | str]) -> str:
     return "\n".join(lines)
 
 
-
-
 # ---------------------------------------------------------------------------------------
 
 
@@ -146,25 +135,3 @@ def summarise(checks: Iterable[Check]) -> Status:
         if status in statuses:
             return status  # type: ignore[return-value]
     return "skipped"
-
-
-def raise_for(checks: Iterable[Check], host: str | None = None) -> None:
-    """Raise :class:`PreflightError` listing every failing check; return if none failed."""
-    checks = list(checks)
-    failed = [c for c in checks if c.status == "fail"]
-    if not failed:
-        return
-    where = f" on {host}" if host else ""
-    found = []
-    fixes = []
-    for c in failed:
-        found.append(f"[{c.name}] {c.message}" + (f"\n  expected: {c.expected}" if c.expected else "")
-                     + (f"\n  found: {c.found}" if c.found else ""))
-        if c.fix:
-            fixes.append(f"[{c.name}] {c.fix}")
-    raise PreflightError(
-        f"{len(failed)} check(s) failed{where}: {', '.join(c.name for c in failed)}",
-        found="\n".join(found),
-        fix="\n".join(fixes) or None,
-        checks=failed,
-    )

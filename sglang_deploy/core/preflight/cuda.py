@@ -3,7 +3,8 @@ container."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sglang_deploy.core.preflight.checks import (
     HOST_VERSION_HINT,
@@ -15,10 +16,38 @@ from sglang_deploy.core.preflight.checks import (
     gpu_nodes_fix,
     uvm_fix,
 )
-from sglang_deploy.core.preflight.smi import SKIPPED_MOUNT, DevNode, _coerce_nodes, uvm_major_of
+from sglang_deploy.core.preflight.smi import (
+    SKIPPED_MOUNT,
+    DevNode,
+    parse_dev_listing,
+    uvm_major_of,
+)
 
-# ---------------------------------------------------------------------------------------
-# CUDA probe
+#: (why, fix) by CUresult code, for the codes whose diagnosis needs nothing but the code
+_CODE_DIAGNOSES: dict[int, tuple[str, str]] = {
+    803: ("The container's libcuda (userspace driver) is not the version of the host's kernel "
+          "module", HOST_VERSION_HINT + "\n" + USERSPACE_FIX),
+    804: ("CUDA forward-compatibility libraries (cuda-compat) are in use on a GPU that does not "
+          "support them",
+          "Remove the compat directory (e.g. /usr/local/cuda/compat) from LD_LIBRARY_PATH and "
+          "/etc/ld.so.conf.d, run `ldconfig`, so that the driver's own libcuda.so.1 is used."),
+    35: ("Insufficient driver: the libcuda.so.1 in the container is older than the CUDA version "
+         "in use, or it is not the version of the host's kernel module",
+         HOST_VERSION_HINT + "\nIf they match, the host driver is too old for this CUDA build: "
+         "upgrade the host driver and then the container userspace to the same version. "
+         + USERSPACE_FIX),
+    34: ("The CUDA toolkit's stub libcuda was loaded instead of the driver",
+         "Remove the toolkit's `stubs` directory from LD_LIBRARY_PATH / ld.so.conf and run "
+         "`ldconfig`; install the driver userspace if no real libcuda.so.1 exists."),
+    100: ("The driver sees no usable GPU: /dev/nvidiaN are missing in the container, denied by "
+          "its device cgroup, or CUDA_VISIBLE_DEVICES hides them",
+          gpu_nodes_fix(["..."], include_ctl=True)
+          + "\nAlso check that CUDA_VISIBLE_DEVICES is unset or lists the GPUs."),
+    46: ("The GPU is busy or in exclusive-process compute mode",
+         "Stop the other GPU process (`nvidia-smi` lists it) or set the default compute mode on "
+         "the host: `nvidia-smi -c DEFAULT`."),
+    2: ("GPU memory is taken", "Stop the processes `nvidia-smi` lists on the GPUs."),
+}
 
 
 def diagnose_cuda_error(error: Mapping[str, Any], nodes: Mapping[str, DevNode] | None = None) -> tuple[str, str]:
@@ -59,19 +88,6 @@ def diagnose_cuda_error(error: Mapping[str, Any], nodes: Mapping[str, DevNode] |
             uvm_fix(uvm_major_of(nodes)) + "\nIf the node is there and allowed, reload nvidia_uvm "
             "on the host (`rmmod nvidia_uvm && modprobe nvidia_uvm` with no GPU users) or reboot it.",
         )
-    if code == 803:
-        return (
-            f"{label}. The container's libcuda (userspace driver) is not the version of the host's "
-            "kernel module",
-            HOST_VERSION_HINT + "\n" + USERSPACE_FIX,
-        )
-    if code == 804:
-        return (
-            f"{label}. CUDA forward-compatibility libraries (cuda-compat) are in use on a GPU that "
-            "does not support them",
-            "Remove the compat directory (e.g. /usr/local/cuda/compat) from LD_LIBRARY_PATH and "
-            "/etc/ld.so.conf.d, run `ldconfig`, so that the driver's own libcuda.so.1 is used.",
-        )
     if code == 304:
         return (
             f"{label}. An operating-system call inside the driver failed: typically a device node "
@@ -79,35 +95,9 @@ def diagnose_cuda_error(error: Mapping[str, Any], nodes: Mapping[str, DevNode] |
             "match the kernel module",
             cgroup_fix([NVIDIA_MAJOR, uvm_major_of(nodes) or "<uvm-major>"]) + "\n" + HOST_VERSION_HINT,
         )
-    if code == 35:
-        return (
-            f"{label}. Insufficient driver: the libcuda.so.1 in the container is older than the "
-            "CUDA version in use, or it is not the version of the host's kernel module",
-            HOST_VERSION_HINT + "\nIf they match, the host driver is too old for this CUDA build: "
-            "upgrade the host driver and then the container userspace to the same version. "
-            + USERSPACE_FIX,
-        )
-    if code == 34:
-        return (
-            f"{label}. The CUDA toolkit's stub libcuda was loaded instead of the driver",
-            "Remove the toolkit's `stubs` directory from LD_LIBRARY_PATH / ld.so.conf and run "
-            "`ldconfig`; install the driver userspace if no real libcuda.so.1 exists.",
-        )
-    if code == 100:
-        return (
-            f"{label}. The driver sees no usable GPU: /dev/nvidiaN are missing in the container, "
-            "denied by its device cgroup, or CUDA_VISIBLE_DEVICES hides them",
-            gpu_nodes_fix(["..."], include_ctl=True)
-            + "\nAlso check that CUDA_VISIBLE_DEVICES is unset or lists the GPUs.",
-        )
-    if code == 46:
-        return (
-            f"{label}. The GPU is busy or in exclusive-process compute mode",
-            "Stop the other GPU process (`nvidia-smi` lists it) or set the default compute "
-            "mode on the host: `nvidia-smi -c DEFAULT`.",
-        )
-    if code == 2:
-        return (f"{label}. GPU memory is taken", "Stop the processes `nvidia-smi` lists on the GPUs.")
+    if code in _CODE_DIAGNOSES:
+        why, fix = _CODE_DIAGNOSES[code]
+        return f"{label}. {why}", fix
     return (label, "Run the probe by hand (`python3 cuda_probe.py`) and compare with the host; "
             + HOST_VERSION_HINT)
 
@@ -115,16 +105,16 @@ def diagnose_cuda_error(error: Mapping[str, Any], nodes: Mapping[str, DevNode] |
 def check_cuda_probe(
     probe: Mapping[str, Any] | None,
     expected_count: int | None,
-    nodes: str | Mapping[str, Any] | None = None,
+    listing: str | None = None,
 ) -> list[Check]:
     """Checks from the CUDA probe's JSON object (see ``remote/cuda_probe.py``).
 
-    ``nodes`` (the device listing, optional) sharpens the diagnosis of 999.
+    ``listing`` (``ls -l /dev/nvidia*``, optional) sharpens the diagnosis of 999.
     """
     if probe is None:
         return [Check("cuda-init", "skipped", "CUDA probe not run"),
                 Check("cuda-devices", "skipped", "CUDA probe not run")]
-    node_map = _coerce_nodes(nodes) if nodes is not None else None
+    node_map = parse_dev_listing(listing) if listing is not None else None
     error = probe.get("error")
     count = probe.get("device_count")
     checks: list[Check] = []

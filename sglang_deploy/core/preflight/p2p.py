@@ -4,11 +4,10 @@ shown to the operator, and the verdict a passed full test leaves on the host."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
-from sglang_deploy.core.nvsmi import (
-    TopoMatrix,
-)
+from sglang_deploy.core.nvsmi import TopoMatrix
 from sglang_deploy.core.preflight.checks import Check, _fail
 
 # ---------------------------------------------------------------------------------------
@@ -152,20 +151,9 @@ def matrix_lines(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | N
     return lines
 
 
-def render_p2p_matrix(
-    n: int,
-    p2p_read: Mapping[tuple[int, int], str] | None = None,
-    probe_p2p: Sequence[Mapping[str, Any]] | None = None,
-    min_gbps: float | None = None,
-    width: int = 80,
-) -> str:
-    """Plain-text matrix (see :func:`matrix_lines`), one row per source GPU."""
-    cells = p2p_cells(n, p2p_read, probe_p2p, min_gbps)
-    return plain_matrix(cells, n, min_gbps, width)
-
-
 def plain_matrix(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | None = None,
                  width: int = 80) -> str:
+    """Plain-text matrix (see :func:`matrix_lines`), one row per source GPU."""
     return "\n".join("".join(t for t, _ in line).rstrip()
                      for line in matrix_lines(cells, n, min_gbps, width))
 
@@ -210,7 +198,7 @@ def check_p2p(
       cannot access/enable the peer: ``require`` fails; ``adapt`` warns and returns
       ``{"NCCL_P2P_DISABLE": "1"}``.
     * ``p2p-bandwidth`` - measured pairs below ``min_gbps`` fail, named.
-    * ``p2p-matrix`` - informational, ``details["matrix"]`` holds :func:`render_p2p_matrix`.
+    * ``p2p-matrix`` - informational, ``details["matrix"]`` holds :func:`plain_matrix`.
 
     The GPUs are those the inputs name (a missing GPU is the count checks' business);
     ``expected_count`` is accepted for symmetry and recorded in the matrix check.
@@ -228,7 +216,7 @@ def check_p2p(
             gpu_ids.update((i, j))
     for e in probe_p2p:
         gpu_ids.update((int(e["src"]), int(e["dst"])))
-    n = max([len(gpu_ids), max(gpu_ids) + 1 if gpu_ids else 0])
+    n = max(gpu_ids) + 1 if gpu_ids else 0  # GPU indices are 0..n-1
     if topo is not None:
         checks.append(Check("topology", "pass",
                             f"{topo.gpu_count} GPUs; links: "
@@ -239,8 +227,8 @@ def check_p2p(
 
     if n < 2:
         reason = "fewer than two GPUs" if gpu_ids else "no P2P information (topo -m/-p2p or CUDA probe)"
-        for name in ("p2p-support", "p2p-data", "p2p-bandwidth"):
-            checks.append(Check(name, "skipped", reason))
+        checks += [Check(name, "skipped", reason)
+                   for name in ("p2p-support", "p2p-data", "p2p-bandwidth")]
         return checks, env
     pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
 
@@ -355,8 +343,6 @@ def check_p2p(
     return checks, env
 
 
-
-
 P2P_RECORD_CHECKS = ("p2p-data", "p2p-bandwidth")
 
 
@@ -369,7 +355,6 @@ def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> 
     matrix = by_name.get("p2p-matrix")
     return {"gpus": (matrix.details.get("gpus") if matrix else None), "policy": policy,
             "nccl_env": dict(sorted(env.items())), "verified": list(P2P_RECORD_CHECKS)}
-
 
 
 def use_p2p_record(checks: list[Check], env: dict[str, str], record: Mapping[str, Any],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 from sglang_deploy.core.nvsmi import (
     SmiFailure,
@@ -81,8 +81,16 @@ SMI_DIAGNOSES: dict[SmiFailure, tuple[str, str]] = {
 
 
 def _first_lines(text: str, n: int = 3) -> str:
-    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " / ".join(lines[:n]) if lines else "(no output)"
+
+
+def _older(version: str, floor: tuple[int, ...]) -> bool:
+    """Is VERSION below FLOOR (an unreadable version counts as older)?"""
+    try:
+        return driver_version_tuple(version) < floor
+    except ValueError:
+        return True
 
 
 def check_smi(
@@ -128,14 +136,10 @@ def check_smi(
         except ValueError:
             indices.append(pos)
     count = len(rows)
-    if expected_count is None:
-        if count == 0:
-            checks.append(_fail("gpu-count", "no GPU listed", expected="at least 1 GPU",
-                                found="0 GPUs", fix=SMI_DIAGNOSES[SmiFailure.NO_DEVICES][1]))
-        else:
-            checks.append(Check("gpu-count", "pass", f"{count} GPUs ({_ranges(indices)})",
-                                details={"count": count}))
-    elif count < expected_count:
+    if expected_count is None and count == 0:
+        checks.append(_fail("gpu-count", "no GPU listed", expected="at least 1 GPU",
+                            found="0 GPUs", fix=SMI_DIAGNOSES[SmiFailure.NO_DEVICES][1]))
+    elif expected_count is not None and count < expected_count:
         missing = [f"/dev/nvidia{i}" for i in range(expected_count) if i not in indices]
         checks.append(
             _fail(
@@ -147,7 +151,7 @@ def check_smi(
                 count=count,
             )
         )
-    elif count > expected_count:
+    elif expected_count is not None and count > expected_count:
         checks.append(
             Check(
                 "gpu-count",
@@ -164,6 +168,7 @@ def check_smi(
                             details={"count": count}))
 
     gpu_names = [row.get("name") or "?" for row in rows]
+    models = sorted(set(gpu_names))
     if expected_model:
         want = " ".join(expected_model.split())
         wrong = [(i, n) for i, n in zip(indices, gpu_names) if " ".join(n.split()) != want]
@@ -177,46 +182,40 @@ def check_smi(
                     found=found,
                     fix="Deploy to a host with the expected GPUs, or change the expected model "
                     "(and the launch profile that was sized for it).",
-                    names=sorted(set(gpu_names)),
+                    names=models,
                 )
             )
         else:
-            checks.append(Check("gpu-model", "pass", f"all GPUs are {sorted(set(gpu_names))[0]}"
-                                if len(set(gpu_names)) == 1 else f"GPUs match {expected_model}"))
+            checks.append(Check("gpu-model", "pass", f"all GPUs are {models[0]}"
+                                if len(models) == 1 else f"GPUs match {expected_model}"))
     else:
-        checks.append(Check("gpu-model", "pass", ", ".join(sorted(set(gpu_names))) or "no GPUs",
-                            details={"names": sorted(set(gpu_names))}))
+        checks.append(Check("gpu-model", "pass", ", ".join(models) or "no GPUs",
+                            details={"names": models}))
 
     versions = sorted({row.get("driver_version") or "?" for row in rows})
+    listed = ", ".join(versions)
     if min_driver:
         try:
             floor = driver_version_tuple(min_driver)
         except ValueError:
             floor = None
-        bad = []
-        for v in versions:
-            try:
-                if floor is not None and driver_version_tuple(v) < floor:
-                    bad.append(v)
-            except ValueError:
-                bad.append(v)
-        if bad or floor is None:
+        if floor is None or any(_older(v, floor) for v in versions):
             checks.append(
                 _fail(
                     "driver-version",
-                    f"driver {', '.join(versions)} is older than {min_driver}"
+                    f"driver {listed} is older than {min_driver}"
                     if floor is not None else f"cannot compare driver versions with {min_driver!r}",
                     expected=f"NVIDIA driver >= {min_driver}",
-                    found=", ".join(versions),
+                    found=listed,
                     fix="Upgrade the driver on the LXC host (the kernel module is the host's), "
                     "then install the same version's userspace in the container. " + USERSPACE_FIX,
                 )
             )
         else:
-            checks.append(Check("driver-version", "pass", f"driver {', '.join(versions)} >= {min_driver}"))
+            checks.append(Check("driver-version", "pass", f"driver {listed} >= {min_driver}"))
     elif len(versions) > 1:
-        checks.append(Check("driver-version", "warn", f"GPUs report different drivers: {', '.join(versions)}",
-                            found=", ".join(versions)))
+        checks.append(Check("driver-version", "warn", f"GPUs report different drivers: {listed}",
+                            found=listed))
     else:
         checks.append(Check("driver-version", "pass", f"driver {versions[0]}"))
     return checks
@@ -233,12 +232,10 @@ class DevNode:
     major: int | None = None
     minor: int | None = None
     mode: str | None = None
-    owner: str | None = None
-    group: str | None = None
 
 
 _LS_LINE = re.compile(
-    r"^(?P<mode>[-bcdlps][-rwxsStT]{9})[.+@]?\s+\d+\s+(?P<owner>\S+)\s+(?P<group>\S+)\s+"
+    r"^(?P<mode>[-bcdlps][-rwxsStT]{9})[.+@]?\s+\d+\s+\S+\s+\S+\s+"  # links, owner, group
     r"(?:(?P<major>\d+),\s*(?P<minor>\d+)|\d+)\s+(?P<rest>.+)$"
 )
 
@@ -260,15 +257,9 @@ def parse_dev_listing(text: str) -> dict[str, DevNode]:
         rest = m.group("rest")
         name = rest.split(" -> ")[0].split()[-1]
         path = name if name.startswith("/") else f"{directory or '/dev'}/{name}"
-        nodes[path] = DevNode(
-            path=path,
-            kind=m.group("mode")[0],
-            major=int(m.group("major")) if m.group("major") else None,
-            minor=int(m.group("minor")) if m.group("minor") else None,
-            mode=m.group("mode"),
-            owner=m.group("owner"),
-            group=m.group("group"),
-        )
+        major, minor = m.group("major"), m.group("minor")
+        nodes[path] = DevNode(path, m.group("mode")[0], major=int(major) if major else None,
+                              minor=int(minor) if minor else None, mode=m.group("mode"))
     return nodes
 
 
@@ -282,23 +273,6 @@ def parse_open_results(text: str) -> dict[str, str | None]:
         status = parts[1].strip() if len(parts) > 1 else ""
         out[parts[0]] = None if status.lower() in ("ok", "") else status
     return out
-
-
-def _coerce_nodes(listing: str | Mapping[str, Any]) -> dict[str, DevNode]:
-    if isinstance(listing, str):
-        return parse_dev_listing(listing)
-    nodes = {}
-    for path, value in listing.items():
-        if isinstance(value, DevNode):
-            nodes[path] = value
-        elif isinstance(value, Mapping):
-            nodes[path] = DevNode(path=path, kind=value.get("kind", "c"), major=value.get("major"),
-                                  minor=value.get("minor"), mode=value.get("mode"),
-                                  owner=value.get("owner"), group=value.get("group"))
-        else:  # (major, minor)
-            major, minor = value
-            nodes[path] = DevNode(path=path, kind="c", major=major, minor=minor)
-    return nodes
 
 
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
@@ -316,18 +290,14 @@ def uvm_major_of(nodes: Mapping[str, DevNode]) -> int | None:
     return None
 
 
-def check_device_nodes(
-    listing: str | Mapping[str, Any],
-    expected_count: int | None,
-    open_errors: Mapping[str, str | None] | None = None,
-) -> list[Check]:
-    """Checks of the NVIDIA device nodes inside the container.
+def check_device_nodes(listing: str, expected_count: int | None,
+                       open_errors: Mapping[str, str | None] | None = None) -> list[Check]:
+    """Checks of the NVIDIA device nodes inside the container, from ``ls -l /dev/nvidia*``.
 
-    ``listing`` is ``ls -l /dev/nvidia*`` output or ``{path: DevNode | {kind, major, minor}
-    | (major, minor)}``. ``open_errors`` (optional, :func:`parse_open_results`) tells whether
-    each node could be opened: ``EPERM`` means the device cgroup denies it.
+    ``open_errors`` (optional, :func:`parse_open_results`) tells whether each node could be
+    opened: ``EPERM`` means the device cgroup denies it.
     """
-    nodes = _coerce_nodes(listing)
+    nodes = parse_dev_listing(listing)
     checks: list[Check] = []
     uvm_major = uvm_major_of(nodes)
 
@@ -404,27 +374,19 @@ def check_device_nodes(
     return checks
 
 
-#: errno names of an open() that the device cgroup refused (cgroup v1 and v2 BPF: EPERM)
-CGROUP_DENIED = ("EPERM", "1")
-#: errno names of an open() the cgroup PERMITTED but no driver instance answered
-#: (no such device behind the node: stale node after a driver reload, or no kernel driver)
-NO_DEVICE = ("ENXIO", "ENODEV", "6", "19")
+#: errno (name or number) of a failed open() -> its kind. EPERM: the device cgroup refused
+#: it (cgroup v1 and v2 BPF). ENXIO/ENODEV: the cgroup PERMITTED it but no driver instance
+#: answered (stale node after a driver reload, or no kernel driver).
+_OPEN_ERRNO = {
+    "EPERM": "denied", "1": "denied", "EACCES": "access", "13": "access",
+    "ENOENT": "missing", "2": "missing",
+    "ENXIO": "no-device", "ENODEV": "no-device", "6": "no-device", "19": "no-device",
+}
 
 
 def classify_open(error: str | None) -> str:
     """'ok' | 'denied' (device cgroup) | 'access' (mode/owner) | 'missing' | 'no-device' | 'other'."""
-    if not error:
-        return "ok"
-    name = error.split()[0]
-    if name in CGROUP_DENIED:
-        return "denied"
-    if name in ("EACCES", "13"):
-        return "access"
-    if name in ("ENOENT", "2"):
-        return "missing"
-    if name in NO_DEVICE:
-        return "no-device"
-    return "other"
+    return _OPEN_ERRNO.get(error.split()[0], "other") if error else "ok"
 
 
 def required_node(path: str, expected_count: int | None = None) -> bool:
@@ -453,27 +415,25 @@ def check_open_results(open_errors: Mapping[str, str | None],
     kinds: dict[str, list[str]] = {}
     for path, error in sorted(open_errors.items()):
         kinds.setdefault(classify_open(error), []).append(path)
-    listed = "; ".join
-    found_of = lambda paths: listed(f"{p}: {open_errors[p]}" for p in paths)  # noqa: E731
+
+    def found_of(paths: list[str]) -> str:
+        return "; ".join(f"{p}: {open_errors[p]}" for p in paths)
+
     uvm_major = uvm_major_of(nodes)
     expected = "every /dev/nvidia* node can be opened (read-write)"
     if kinds.get("denied") or kinds.get("access"):
         denied = kinds.get("denied", []) + kinds.get("access", [])
-        majors: list[int | str] = []
+        # the container needs both families; the uvm major is read from the node itself
+        majors: set[int | str] = {NVIDIA_MAJOR} if uvm_major is None else {NVIDIA_MAJOR, uvm_major}
         for path in denied:
             node = nodes.get(path)
-            major = node.major if node and node.major is not None else (
-                NVIDIA_MAJOR if _GPU_NODE.match(path) or path == "/dev/nvidiactl" else "<uvm-major>")
-            if major not in majors:
-                majors.append(major)
-        # the container needs both families; the uvm major is read from the node itself
-        for major in (NVIDIA_MAJOR, uvm_major):
-            if major is not None and major not in majors:
-                majors.append(major)
+            majors.add(node.major if node and node.major is not None else (
+                NVIDIA_MAJOR if _GPU_NODE.match(path) or path == "/dev/nvidiactl" else "<uvm-major>"))
+        allow = cgroup_fix(sorted(majors, key=str))
         if kinds.get("denied"):
             message = ("the container's device cgroup denies opening "
                        + ", ".join(kinds["denied"]) + " (EPERM)")
-            fix = cgroup_fix(sorted(majors, key=str))
+            fix = allow
             if kinds.get("access"):
                 message += "; permission denied (EACCES) on " + ", ".join(kinds["access"])
         else:
@@ -482,7 +442,7 @@ def check_open_results(open_errors: Mapping[str, str | None],
             fix = ("EACCES: give the nodes mode `crw-rw-rw-` on the LXC host before the bind "
                    "mount (unprivileged containers see them as nobody:nogroup, which is fine "
                    "with that mode); if the mode is right, the device cgroup refuses them:\n"
-                   + cgroup_fix(sorted(majors, key=str)))
+                   + allow)
         details = {"denied": sorted(kinds.get("denied", [])),
                    "refused": sorted(kinds.get("access", []))}
         if not any(required_node(p, expected_count) for p in denied):

@@ -3,11 +3,11 @@ P2P matrix. The deploy's pre-flight stage and `sglang-deploy doctor` both use th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from sglang_deploy.core.nvsmi import (
-    QUERY_FIELDS,
     ParseError,
     classify_smi_error,
     gpus_from_query,
@@ -19,7 +19,12 @@ from sglang_deploy.core.nvsmi import (
 from sglang_deploy.core.preflight.checks import Check, Status
 from sglang_deploy.core.preflight.cuda import check_cuda_probe
 from sglang_deploy.core.preflight.p2p import check_p2p
-from sglang_deploy.core.preflight.smi import check_device_nodes, check_smi, parse_open_results
+from sglang_deploy.core.preflight.smi import (
+    _first_lines,
+    check_device_nodes,
+    check_smi,
+    parse_open_results,
+)
 
 # ---------------------------------------------------------------------------------------
 # everything at once (the deploy's pre-flight stage and `doctor` both use this)
@@ -58,11 +63,6 @@ def _section(snapshot: Mapping[str, Any], key: str) -> tuple[str | None, int | N
     return value.get("out") or "", value.get("rc")
 
 
-def _head(text: str, n: int = 2) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return " / ".join(lines[:n]) or "(empty)"
-
-
 def _smi_section_checks(snapshot: Mapping[str, Any], expect: Expectations,
                         facts: dict[str, Any]) -> list[Check]:
     names = ("nvidia-smi", "gpu-count", "gpu-model", "driver-version")
@@ -75,13 +75,11 @@ def _smi_section_checks(snapshot: Mapping[str, Any], expect: Expectations,
     args = (expect.count, expect.model, expect.min_driver)
     if query_text is not None:
         rows = None
-        if not query_rc:
+        if not query_rc and classify_smi_error(query_text, None) is None:
             try:
-                rows = parse_query_csv(query_text, QUERY_FIELDS)
+                rows = parse_query_csv(query_text)
             except ParseError:
-                rows = None
-            if rows is not None and classify_smi_error(query_text, None) is not None:
-                rows = None
+                pass
         if rows is not None:
             facts["gpus"] = [asdict(g) for g in gpus_from_query(rows)]
             return check_smi(rows, *args)
@@ -142,14 +140,14 @@ def evaluate(
     extra: list[Check] = []
     topo_text, topo_rc = _section(snapshot, "topo")
     if topo_text is not None and smi_failed(topo_text, topo_rc):
-        extra.append(Check("topology", "skipped", f"`nvidia-smi topo -m` failed: {_head(topo_text, 1)}"))
+        extra.append(Check("topology", "skipped", f"`nvidia-smi topo -m` failed: {_first_lines(topo_text, 1)}"))
     elif topo_text is not None:
         try:
             topo = parse_topo_matrix(topo_text)
             facts["topology"] = {"gpus": topo.gpus, "links": topo.link_counts(), "nics": topo.nics}
         except ParseError as exc:
             extra.append(Check("topology", "warn", f"cannot read `nvidia-smi topo -m`: {exc}",
-                               found=_head(topo_text)))
+                               found=_first_lines(topo_text, 2)))
     matrices: dict[str, dict[tuple[int, int], str] | None] = {"p2p_r": None, "p2p_w": None}
     for key in matrices:
         text, rc = _section(snapshot, key)
@@ -157,13 +155,13 @@ def evaluate(
             continue
         label = f"topo-p2p-{key[-1]}"
         if smi_failed(text, rc):
-            extra.append(Check(label, "skipped", f"`nvidia-smi topo -p2p {key[-1]}` failed: {_head(text, 1)}"))
+            extra.append(Check(label, "skipped", f"`nvidia-smi topo -p2p {key[-1]}` failed: {_first_lines(text, 1)}"))
             continue
         try:
             matrices[key] = parse_p2p_matrix(text)
         except ParseError as exc:
             extra.append(Check(label, "warn", f"cannot read `nvidia-smi topo -p2p {key[-1]}`: {exc}",
-                               found=_head(text)))
+                               found=_first_lines(text, 2)))
     p2p_pairs = probe.get("p2p") if probe else None
     p2p_checks, env = check_p2p(topo, matrices["p2p_r"], matrices["p2p_w"], p2p_pairs,
                                 policy=expect.p2p_policy, min_gbps=expect.min_gbps,
@@ -186,8 +184,6 @@ def _blame_the_cgroup(checks: list[Check]) -> None:
         if c.status == "fail" and c.name in ("nvidia-smi", "cuda-init", "cuda-devices"):
             c.message += " -- the open test shows the cause: the container's device cgroup denies the nodes"
             c.fix = cgroup.fix
-
-
 
 
 def check_model(model: Mapping[str, Any], path: str | None, download: bool = False) -> list[Check]:
@@ -216,12 +212,10 @@ def check_model(model: Mapping[str, Any], path: str | None, download: bool = Fal
     short = sorted(n for n, info in shards.items() if info.get("exists") and not info.get("error")
                    and info.get("expected_size") is not None
                    and info.get("size") != info.get("expected_size"))
-    if missing:
-        problems.append(f"{len(missing)} shards missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-    if broken:
-        problems.append(f"{len(broken)} shards unreadable ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''})")
-    if short:
-        problems.append(f"{len(short)} shards truncated ({', '.join(short[:3])}{', ...' if len(short) > 3 else ''})")
+    for names, what in ((missing, "missing"), (broken, "unreadable"), (short, "truncated")):
+        if names:
+            more = ", ..." if len(names) > 3 else ""
+            problems.append(f"{len(names)} shards {what} ({', '.join(names[:3])}{more})")
     if problems:
         return [Check("model", fail_or_warn,
                       f"model folder {path} is incomplete" + (" (will be downloaded)" if download else ""),
