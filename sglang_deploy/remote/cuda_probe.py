@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import os
 import struct
@@ -84,8 +85,7 @@ SIGNATURES = {
     "cuDeviceGetAttribute": [c_int_p, ctypes.c_int, ctypes.c_int],
     "cuGetErrorName": [ctypes.c_int, c_char_pp],
     "cuGetErrorString": [ctypes.c_int, c_char_pp],
-}
-P2P_SIGNATURES = {
+    # the copy test's
     "cuDevicePrimaryCtxRetain": [c_void_pp, ctypes.c_int],
     "cuDevicePrimaryCtxRelease_v2": [ctypes.c_int],
     "cuCtxSetCurrent": [ctypes.c_void_p],
@@ -127,38 +127,32 @@ class Driver:
     def __init__(self, lib):
         self.lib = lib
         self.current_call = None
-        self._funcs = {}
 
-    def func(self, name, argtypes):
-        f = self._funcs.get(name)
-        if f is None:
-            try:
-                f = getattr(self.lib, name)
-            except AttributeError:
-                raise CudaError("dlsym", None, None, "libcuda has no symbol %s" % name) from None
-            f.argtypes = argtypes
-            f.restype = ctypes.c_int
-            self._funcs[name] = f
+    def func(self, name):
+        try:
+            f = getattr(self.lib, name)  # ctypes keeps the function (and its types) on LIB
+        except AttributeError:
+            raise CudaError("dlsym", None, None, "libcuda has no symbol %s" % name) from None
+        f.argtypes = SIGNATURES[name]
+        f.restype = ctypes.c_int
         return f
 
     def error_text(self, code):
-        name = message = None
-        ptr = ctypes.c_char_p()
-        try:
-            if self.func("cuGetErrorName", SIGNATURES["cuGetErrorName"])(code, ctypes.byref(ptr)) == 0 and ptr.value:
-                name = ptr.value.decode("utf-8", "replace")
+        """(name, message) of CODE from the driver; the name from the table otherwise."""
+        found = []
+        for call in ("cuGetErrorName", "cuGetErrorString"):
             ptr = ctypes.c_char_p()
-            if self.func("cuGetErrorString", SIGNATURES["cuGetErrorString"])(code, ctypes.byref(ptr)) == 0 and ptr.value:
-                message = ptr.value.decode("utf-8", "replace")
-        except CudaError:
-            pass
-        return name or _ERROR_NAMES.get(code), message
+            try:
+                ok = self.func(call)(code, ctypes.byref(ptr)) == 0 and ptr.value
+            except CudaError:
+                ok = False
+            found.append(ptr.value.decode("utf-8", "replace") if ok else None)
+        return found[0] or _ERROR_NAMES.get(code), found[1]
 
     def raw(self, name, *args):
-        argtypes = SIGNATURES.get(name) or P2P_SIGNATURES[name]
         self.current_call = name
         try:
-            return self.func(name, argtypes)(*args)
+            return self.func(name)(*args)
         finally:
             self.current_call = None
 
@@ -358,19 +352,16 @@ def probe(report, p2p=False, mib=64, iters=3, library=LIBRARY, state=None):
             test = PeerTest(drv, devices, max(1, int(mib * MIB)), max(1, iters))
             try:
                 test.setup()
-                for src in range(len(devices)):
-                    for dst in range(len(devices)):
-                        if src == dst:
-                            continue
-                        state["pair"] = (src, dst)
-                        entry = {"src": src, "dst": dst, "can_access": None, "verified": None,
-                                 "gbps": None, "error": None}
-                        try:
-                            test.pair(entry)
-                        except CudaError as exc:
-                            entry["error"] = "; ".join(e for e in (entry["error"], exc.short()) if e)
-                        report["p2p"].append(entry)
-                        state["pair"] = None
+                for src, dst in itertools.permutations(range(len(devices)), 2):
+                    state["pair"] = (src, dst)
+                    entry = {"src": src, "dst": dst, "can_access": None, "verified": None,
+                             "gbps": None, "error": None}
+                    try:
+                        test.pair(entry)
+                    except CudaError as exc:
+                        entry["error"] = "; ".join(e for e in (entry["error"], exc.short()) if e)
+                    report["p2p"].append(entry)
+                    state["pair"] = None
             finally:
                 test.close()
         report["ok"] = True
