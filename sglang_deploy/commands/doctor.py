@@ -51,19 +51,7 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import nvsmi, preflight
 from sglang_deploy.core.preflight import Check
 from sglang_deploy.remote import CUDA_PROBE
-
-__all__ = [
-    "Expectations",
-    "ProbeOptions",
-    "load_snapshot",
-    "FILES",
-    "collect",
-    "analyse_dir",
-    "run_doctor",
-    "add_parser",
-    "run",
-    "main",
-]
+from sglang_deploy.remote.hoststate import open_test
 
 FILES = {
     **preflight.SNAPSHOT_FILES,
@@ -128,15 +116,6 @@ def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tupl
     return proc.returncode, text
 
 
-def open_test(paths: Sequence[str] | None = None) -> str:
-    """Try to open every /dev/nvidia* character device (read-write, non-blocking); one line
-    per node (``remote/hoststate.py``'s ``open_test``, the same test the deploy's
-    HostSnapshot runs)."""
-    from sglang_deploy.remote.hoststate import open_test as _open_test
-
-    return _open_test(paths)
-
-
 def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) -> Path:
     """Run every command on this machine and save the raw outputs in ``out_dir``."""
     opts = probe or ProbeOptions()
@@ -157,7 +136,7 @@ def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) 
     save("p2p_r", "nvidia-smi topo -p2p r", ["nvidia-smi", "topo", "-p2p", "r"])
     save("p2p_w", "nvidia-smi topo -p2p w", ["nvidia-smi", "topo", "-p2p", "w"])
     save("dev", "ls -l /dev/nvidia*", "ls -l /dev/nvidia*", shell=True)
-    (out / FILES["open"]).write_text(open_test())
+    (out / FILES["open"]).write_text(open_test())  # the open test the deploy's snapshot runs
     commands.append((FILES["open"], 0, "(open test of /dev/nvidia*)"))
     probe_argv = [sys.executable, str(CUDA_PROBE), "--mib", f"{opts.mib:g}",
                   "--timeout", f"{opts.timeout_s:g}"] + (["--p2p"] if opts.p2p else [])
@@ -313,7 +292,15 @@ def render(report: dict[str, Any], console: Any = None) -> None:
     console.print(f"overall: [{style}]{report['status']}[/]")
 
 
-def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``doctor`` on an ``argparse`` subparsers object."""
+    from sglang_deploy.commands import common
+
+    parser = common.add_command(
+        subparsers, "doctor",
+        help="the deploy's GPU pre-flight on this machine, a collected folder or an inventory's hosts",
+        description=__doc__.split("\n\n")[0],
+        failed="a check failed (the result is fail)")
     parser.add_argument("inventory", nargs="?", metavar="INVENTORY",
                         help="run the deploy's pre-flight on this inventory's hosts (over SSH)")
     parser.add_argument("--limit", action="append", default=[], metavar="HOST",
@@ -340,36 +327,20 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--mib", type=int, default=None, metavar="N",
                         help=f"probe copy size, MiB (default {default('mib')})")
     parser.add_argument("--no-p2p-test", action="store_true", help="skip the pairwise copy test")
-    return parser
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``doctor`` on an ``argparse`` subparsers object."""
-    from sglang_deploy.commands import common
-
-    parser = common.add_command(
-        subparsers, "doctor",
-        help="the deploy's GPU pre-flight on this machine, a collected folder or an inventory's hosts",
-        description=__doc__.split("\n\n")[0],
-        failed="a check failed (the result is fail)")
-    _configure(parser)
     parser.set_defaults(func=run)
     return parser
 
 
-def _given(args: argparse.Namespace) -> dict[str, Any]:
-    return {o: getattr(args, o) for o in OPTION_KEYS}
-
-
 def run(args: argparse.Namespace) -> int:
+    given = {o: getattr(args, o) for o in OPTION_KEYS}
     if args.inventory is not None:
         from sglang_deploy.commands import doctor_remote
 
-        return doctor_remote.run(args, _given(args))
+        return doctor_remote.run(args, given)
     if args.limit or args.data:
         print("sglang-deploy doctor: --limit and --data need an INVENTORY", file=sys.stderr)
         return 2
-    exp = deploy_expectations(**_given(args))
+    exp = deploy_expectations(**given)
     opts = ProbeOptions(mib=args.mib or default("mib"), p2p=not args.no_p2p_test)
     try:
         report = run_doctor(collect_dir=args.collect, from_dir=args.from_dir, expectations=exp,
@@ -378,17 +349,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sglang-deploy doctor: {exc}; fix: give a folder made by --collect", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"status": report["status"], **{k: v for k, v in report.items() if k != "status"}}))
+        print(json.dumps(report))  # "status" first, as analyse_dir builds it
     else:
         render(report)
     return 0 if report["status"] in ("pass", "warn") else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _configure(argparse.ArgumentParser(prog="sglang-deploy doctor",
-                                                description=__doc__.split("\n\n")[0]))
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
