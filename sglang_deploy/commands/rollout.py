@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
+import re
 import shlex
 import sys
 import tempfile
@@ -103,12 +103,8 @@ def outcome(results: list[HostResult]) -> tuple[bool, str]:
 
 def report_from_reports(batch: list[str], report_dir: Path) -> dict[str, dict]:
     """Per-host verification summaries written by the deploy (report.emit) in REPORT_DIR."""
-    found = {}
-    for name in batch:
-        path = report_dir / f"{name}.json"
-        if path.exists():
-            found[name] = json.loads(path.read_text())
-    return found
+    return {name: json.loads((report_dir / f"{name}.json").read_text()) for name in batch
+            if (report_dir / f"{name}.json").exists()}
 
 
 # ------------------------------------------------------------------------------ shell
@@ -424,8 +420,6 @@ def verified_after_rollback(r: HostResult) -> bool:
 
 def unreachable(output: str) -> list[str]:
     """Hosts pyinfra could not connect to, from its output (``[host] Could not connect``)."""
-    import re
-
     return re.findall(r"^\s*\[([^\]]+)\] Could not connect", output, re.MULTILINE)
 
 
@@ -457,13 +451,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    ratio = args.min_throughput_ratio
-    if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
-        raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
-                         fix="e.g. --min-throughput-ratio 0.95")
+    from sglang_deploy.commands import bench
+
     return Rollout(inventory=args.inventory, batch=args.batch, canary=args.canary,
                    limit=args.limit, data=args.data,
-                   min_throughput_ratio=args.min_throughput_ratio, drain=not args.no_drain,
+                   min_throughput_ratio=bench.check_ratio(args.min_throughput_ratio),
+                   drain=not args.no_drain,
                    out=sys.stderr if args.json else sys.stdout,
                    json_out=sys.stdout if args.json else None).run(dry=args.dry,
                                                                    report=args.report)
