@@ -64,7 +64,7 @@ SMI_TIMEOUT_S = 60
 
 Expectations = preflight.Expectations
 
-#: option -> the data key whose default (and meaning) it takes
+#: option -> the data key whose default it takes (and that it overrides on an inventory's hosts)
 OPTION_KEYS = {
     "expected_count": "gpu_expected_count", "expected_model": "gpu_expected_model",
     "min_driver": "gpu_min_driver", "p2p_policy": "gpu_p2p_policy",
