@@ -164,8 +164,8 @@ class PatchResult:
         return json.dumps(self.to_dict(), **kw)
 
 
-def _read(file: Path) -> tuple[bytes, str, str | None, str]:
-    """(raw bytes, text, version, relpath) for a located file."""
+def _analyse_file(file: Path) -> tuple[bytes, str | None, patch.PatchPlan]:
+    """(raw bytes, sglang version, the plan) of a located file."""
     data = file.read_bytes()
     try:
         text = data.decode("utf-8")
@@ -179,26 +179,22 @@ def _read(file: Path) -> tuple[bytes, str, str | None, str]:
     root = _sglang_root(file)
     version = read_version(root) if root else None
     relpath = file.resolve().relative_to(root.parent).as_posix() if root else file.name
-    return data, text, version, relpath
-
-
-def _analyse_file(file: Path) -> tuple[bytes, str, str | None, patch.PatchPlan]:
-    data, text, version, relpath = _read(file)
     bom = text.startswith("\ufeff")
     plan = patch.analyse(text[1:] if bom else text, relpath, version=version)
     if bom:
         plan.new_source = "\ufeff" + plan.new_source
-    return data, text, version, plan
+    return data, version, plan
 
 
 def status(path: str | os.PathLike) -> PatchResult:
     """Read-only: ``needed``, ``already-applied`` or ``enabled-upstream`` (raises
     PatchError for ``not-found``, ``no-autotune-list``, ``unrecognised``)."""
     file = locate(path)
-    data, _text, version, plan = _analyse_file(file)
+    data, version, plan = _analyse_file(file)
+    sha = _sha256(data)
     return PatchResult(
-        state=plan.state, file=str(file), version=version, sha256=_sha256(data),
-        sha256_before=_sha256(data), diff=plan.diff, message=plan.message, line=plan.line,
+        state=plan.state, file=str(file), version=version, sha256=sha,
+        sha256_before=sha, diff=plan.diff, message=plan.message, line=plan.line,
         function=plan.function,
     )
 
@@ -320,7 +316,7 @@ def apply(path: str | os.PathLike, *, python: str | None = None,
     ``enabled-upstream`` (file untouched). Writes atomically (mode and owner kept),
     byte-compiles (see :func:`byte_compile`), writes the state record if RECORD_PATH."""
     file = locate(path)
-    data, _text, version, plan = _analyse_file(file)
+    data, version, plan = _analyse_file(file)
     before = _sha256(data)
     pyc = None
     if plan.state == patch.NEEDED:
