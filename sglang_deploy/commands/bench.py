@@ -27,7 +27,7 @@ import shlex
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -379,11 +379,6 @@ class BenchOutcome:
     current: dict | None = None
     previous: dict | None = None
     host: str | None = None
-    output: str = field(default="", repr=False)
-
-    def to_dict(self) -> dict:
-        return {"host": self.host, "ok": self.ok, "message": self.message,
-                "current": self.current, "previous": self.previous}
 
 
 def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd=".",
@@ -399,13 +394,11 @@ def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd="."
         entry = find_run(name, run_id, cwd)
         if entry is None:
             outcomes.append(BenchOutcome(
-                ok=False, host=name, output=run.output,
-                message=f"{name}: no benchmark result (pyinfra exit status {run.rc}):\n"
-                        + common.host_error(run.output, name)))
-            continue
-        ok, message = gate(entry["current"], entry["previous"], min_ratio)
-        outcomes.append(BenchOutcome(ok=ok, message=message, current=entry["current"],
-                                     previous=entry["previous"], host=name, output=run.output))
+                ok=False, host=name, message=f"{name}: no benchmark result (pyinfra exit status "
+                                             f"{run.rc}):\n" + common.host_error(run.output, name)))
+        else:
+            ok, message = gate(entry["current"], entry["previous"], min_ratio)
+            outcomes.append(BenchOutcome(ok, message, entry["current"], entry["previous"], name))
     return outcomes
 
 
@@ -451,7 +444,7 @@ def run(args) -> int:
 
     outcomes = run_hosts(args.inventory, hosts, ratio, on_line=progress, data=args.data)
     if args.json:
-        print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True))
+        print(json.dumps([asdict(o) for o in outcomes], indent=2, sort_keys=True))
     else:
         done = [(o.current, o.previous) for o in outcomes if o.current]
         if done:
