@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import nvsmi, preflight
+from sglang_deploy.core import preflight
 from sglang_deploy.core.preflight import Check
 from sglang_deploy.remote import CUDA_PROBE
 from sglang_deploy.remote.hoststate import open_test
+from sglang_deploy.shell.facts import GPU_SECTIONS
 
 FILES = {
     **preflight.SNAPSHOT_FILES,
@@ -98,13 +99,11 @@ class ProbeOptions:
 # collection (live mode)
 
 
-def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tuple[int, str]:
+def _run(argv: Sequence[str] | str, timeout: float) -> tuple[int, str]:
+    """(exit status, stdout, then stderr when it failed) of ARGV, a shell command if a str."""
     try:
-        proc = subprocess.run(argv, shell=shell, capture_output=True, text=True, timeout=timeout,
-                              errors="replace")
-    except FileNotFoundError as exc:
-        name = argv if isinstance(argv, str) else argv[0]
-        return 127, f"{name}: command not found ({exc.strerror})\n"
+        proc = subprocess.run(argv, shell=isinstance(argv, str), capture_output=True, text=True,
+                              timeout=timeout, errors="replace")
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""
         if isinstance(out, bytes):
@@ -117,30 +116,27 @@ def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tupl
 
 
 def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) -> Path:
-    """Run every command on this machine and save the raw outputs in ``out_dir``."""
+    """Run every command on this machine and save the raw outputs in ``out_dir``: the shell
+    commands of the deploy's own snapshot (``GPU_SECTIONS``, after the nvidia-smi table), its
+    open test and the CUDA probe."""
     opts = probe or ProbeOptions()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     commands: list[tuple[str, int, str]] = []
 
-    def save(key: str, command: str, argv: Sequence[str] | str, timeout: float = SMI_TIMEOUT_S,
-             shell: bool = False) -> None:
-        rc, text = _run(argv, timeout, shell=shell)
-        (out / FILES[key]).write_text(text)
-        commands.append((FILES[key], rc, command))
+    def save(name: str, command: str, argv: Sequence[str] | str,
+             timeout: float = SMI_TIMEOUT_S) -> None:
+        rc, text = _run(argv, timeout)
+        (out / name).write_text(text)
+        commands.append((name, rc, command))
 
-    save("table", "nvidia-smi", ["nvidia-smi"])
-    query = nvsmi.query_command()
-    save("query", query, query.split())
-    save("topo", "nvidia-smi topo -m", ["nvidia-smi", "topo", "-m"])
-    save("p2p_r", "nvidia-smi topo -p2p r", ["nvidia-smi", "topo", "-p2p", "r"])
-    save("p2p_w", "nvidia-smi topo -p2p w", ["nvidia-smi", "topo", "-p2p", "w"])
-    save("dev", "ls -l /dev/nvidia*", "ls -l /dev/nvidia*", shell=True)
-    (out / FILES["open"]).write_text(open_test())  # the open test the deploy's snapshot runs
+    for name, command in {FILES["table"]: "nvidia-smi", **GPU_SECTIONS}.items():
+        save(name, command, command)
+    (out / FILES["open"]).write_text(open_test())
     commands.append((FILES["open"], 0, "(open test of /dev/nvidia*)"))
     probe_argv = [sys.executable, str(CUDA_PROBE), "--mib", f"{opts.mib:g}",
                   "--timeout", f"{opts.timeout_s:g}"] + (["--p2p"] if opts.p2p else [])
-    save("probe", " ".join(["python3", "cuda_probe.py"] + probe_argv[2:]), probe_argv,
+    save(FILES["probe"], " ".join(["python3", "cuda_probe.py"] + probe_argv[2:]), probe_argv,
          timeout=opts.timeout_s + 60)
     (out / FILES["commands"]).write_text(
         "".join(f"{name}\t{rc}\t{command}\n" for name, rc, command in commands))
