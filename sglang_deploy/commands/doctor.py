@@ -237,8 +237,7 @@ def run_doctor(collect_dir: str | os.PathLike[str] | None = None,
         report["mode"] = "from"
         return report
     if collect_dir is not None:
-        folder = collect(collect_dir, probe)
-        report = analyse_dir(folder, exp)
+        report = analyse_dir(collect(collect_dir, probe), exp)
     else:
         with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
             report = analyse_dir(collect(tmp, probe), exp)

@@ -159,9 +159,8 @@ class Rollout:
                 self.say(_indent((f"{name}: " if name else "")
                                  + common.host_error(check.output, name)))
             for r in results.values():
-                r.message = "not touched: a host did not answer before the rollout"
-                if r.host in down:
-                    r.message = common.host_error(check.output, r.host)
+                r.message = (common.host_error(check.output, r.host) if r.host in down
+                             else "not touched: a host did not answer before the rollout")
             return self.finish(results, run_dir, report, t_start,
                                verdict="rollout not started: a host is unreachable or its data "
                                        "is invalid (see above); no host was touched")

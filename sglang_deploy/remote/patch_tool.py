@@ -160,9 +160,6 @@ class PatchResult:
         d["changed"] = self.changed
         return d
 
-    def to_json(self, **kw) -> str:
-        return json.dumps(self.to_dict(), **kw)
-
 
 def _analyse_file(file: Path) -> tuple[bytes, str | None, patch.PatchPlan]:
     """(raw bytes, sglang version, the plan) of a located file."""
@@ -390,7 +387,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "patch",
         help="the FlashInfer autotune patch (flashinfer_cutlass, SGLang 0.5.7..0.5.12.post1)",
-        description=patch.__doc__.split("\n\n")[0] if patch.__doc__ else None,
+        description=patch.__doc__.split("\n\n")[0],
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_subcommands(p)
@@ -431,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
             }))
         return 1
     if as_json:
-        print(result.to_json())
+        print(json.dumps(result.to_dict()))
     else:
         ver = result.version or "unknown version"
         print(f"{result.state}: {result.message}\n  file: {result.file} (sglang {ver})")
