@@ -43,7 +43,7 @@ def line_event(line: str) -> tuple[str | None, str | None, str | None]:
 
 class HostProgress:
     def __init__(self, out=None, clock=time.monotonic) -> None:
-        self.out = out
+        self.out = out or sys.stderr
         self.clock = clock
         self.hosts: list[str] = []
         self.state: dict[str, str] = {}
@@ -59,10 +59,10 @@ class HostProgress:
             self.state[h], self.since[h] = "waiting", self.clock()
         from rich.console import Console
 
-        if Console(file=self._file()).is_terminal:
+        if Console(file=self.out).is_terminal:
             from rich.live import Live
 
-            self._live = Live(get_renderable=self.table, console=Console(file=self._file()),
+            self._live = Live(get_renderable=self.table, console=Console(file=self.out),
                               refresh_per_second=4, redirect_stdout=False, redirect_stderr=False)
             self._live.start()
             atexit.register(self.stop)
@@ -102,11 +102,8 @@ class HostProgress:
             print(text, file=file, flush=True)
 
     # ------------------------------------------------------------------ drawing
-    def _file(self):
-        return self.out or sys.stderr
-
     def _line(self, host: str) -> None:
-        print(f"{host}: {self.state[host]}", file=self._file(), flush=True)
+        print(f"{host}: {self.state[host]}", file=self.out, flush=True)
 
     def table(self):
         from rich.table import Table

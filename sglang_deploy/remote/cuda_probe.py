@@ -315,9 +315,9 @@ class PeerTest:
         return result
 
 
-def probe(report, p2p=False, mib=64, iters=3, library=LIBRARY, state=None):
-    """Fill ``report`` (the JSON object) in place; never raises for CUDA failures."""
-    state = state if state is not None else {}
+def probe(report, state, p2p, mib, iters, library):
+    """Fill ``report`` (the JSON object) in place, and STATE with the driver and the pair under
+    test (for the timeout's report); never raises for CUDA failures."""
     try:
         lib = ctypes.CDLL(library)
     except OSError as exc:
@@ -400,8 +400,7 @@ def main(argv=None):
     timer.daemon = True
     timer.start()
     try:
-        probe(report, p2p=args.p2p, mib=args.mib, iters=args.iters, library=args.library,
-              state=state)
+        probe(report, state, args.p2p, args.mib, args.iters, args.library)
     except Exception as exc:  # a bug here must still produce the JSON object
         report["ok"] = False
         report["error"] = {"call": "probe", "code": None, "name": type(exc).__name__,

@@ -55,11 +55,7 @@ def run(argv: list[str], timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, str]:
 
 def systemd_show(service: str) -> dict:
     _, out = run(["systemctl", "show", f"{service}.service", "--no-pager", "-p", ",".join(SHOW_PROPS)])
-    props = {}
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        props[key] = value
-    return props
+    return dict(line.partition("=")[::2] for line in out.splitlines())  # KEY=VALUE lines
 
 
 def open_test(paths=None) -> str:
