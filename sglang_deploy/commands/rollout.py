@@ -344,12 +344,10 @@ class Rollout:
                                  dry=True, cwd=self.cwd, env={"SGLANG_DEPLOY_PLAN_DIR": str(plans)})
         (run_dir / "dry.log").write_text(run.output)
         self.say("plan (nothing was changed):")
-        bad = False
         entries = []
         for name in order:
             path = plans / f"{name}.json"
             if not path.exists():
-                bad = True
                 error = common.host_error(run.output, name)
                 entries.append({"host": name, "ok": False, "error": error, "changes": None})
                 self.say(f"  {name}: no plan (unreachable, or its data is invalid):\n"
@@ -359,7 +357,6 @@ class Rollout:
             entry = {"host": name, "ok": True, "error": None, "changes": p["changes"]}
             entries.append(entry)
             if p.get("preflight") == "fail":
-                bad = True
                 entry["ok"] = False
                 entry["error"] = "pre-flight would FAIL: " + "; ".join(
                     f"{c['name']}: {c['message']}" for c in p["failed"])
@@ -370,7 +367,7 @@ class Rollout:
                 self.say(f"  {name}: {len(p['changes'])} change(s):")
                 for c in p["changes"]:
                     self.say(f"      - {c}")
-        ok = not bad and run.ok
+        ok = run.ok and all(e["ok"] for e in entries)
         if self.json_out is not None:
             print(json.dumps({"ok": ok, "dry": True, "order": order, "hosts": entries},
                              indent=2), file=self.json_out)
