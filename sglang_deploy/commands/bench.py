@@ -62,7 +62,7 @@ def bench_argv(concurrency: int, *, host: str, port: int, model_path: str, serve
     secret: the API key travels as OPENAI_API_KEY in the environment (remote/bench_run.py).
     """
     connect = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    argv = [
+    return [
         "--backend", "sglang",
         "--host", connect, "--port", str(port),
         "--model", model_path, "--served-model-name", served_name,
@@ -76,7 +76,6 @@ def bench_argv(concurrency: int, *, host: str, port: int, model_path: str, serve
         "--seed", str(seed),
         "--disable-tqdm",
     ]
-    return argv
 
 
 def plan(settings) -> list[dict]:
