@@ -103,8 +103,8 @@ def venv_measure(venv: str | None, cache: str | None, packages_total: int | None
 
     def measure() -> dict:
         venv_bytes = folder_bytes([venv]) if venv else 0  # a missing folder has 0 bytes
-        dist_infos = os.path.join(glob.escape(venv or ""), "lib", "*", "site-packages", "*.dist-info")
-        packages = len(glob.glob(dist_infos)) if venv else 0
+        site = os.path.join(glob.escape(venv or ""), "lib", "*", "site-packages")
+        packages = len(glob.glob(os.path.join(site, "*.dist-info"))) if venv else 0
         new = []
         if archive and os.path.isdir(archive):
             new = [os.path.join(archive, n) for n in os.listdir(archive) if n not in before]
