@@ -378,22 +378,18 @@ def main(argv=None):
 
     report = new_report()
     state = {}
-    lock = threading.Lock()
-    done = []
+    printing = threading.Lock()  # held by whoever prints the one JSON object, never released
 
     def on_timeout():
-        with lock:
-            if done:
-                return
-            done.append(True)
-            drv = state.get("driver")
-            call = getattr(drv, "current_call", None) or "probe"
-            pair = state.get("pair")
-            where = " while testing GPU%d -> GPU%d" % pair if pair else ""
-            report["ok"] = False
-            report["error"] = {"call": call, "code": None, "name": "TIMEOUT",
-                               "message": "no answer after %gs%s" % (args.timeout, where)}
-            emit(report)
+        if not printing.acquire(blocking=False):
+            return  # the probe ended and is printing its report
+        call = getattr(state.get("driver"), "current_call", None) or "probe"
+        pair = state.get("pair")
+        where = " while testing GPU%d -> GPU%d" % pair if pair else ""
+        report["ok"] = False
+        report["error"] = {"call": call, "code": None, "name": "TIMEOUT",
+                           "message": "no answer after %gs%s" % (args.timeout, where)}
+        emit(report)
         os._exit(0)
 
     timer = threading.Timer(args.timeout, on_timeout)
@@ -406,10 +402,8 @@ def main(argv=None):
         report["error"] = {"call": "probe", "code": None, "name": type(exc).__name__,
                            "message": str(exc)}
     timer.cancel()
-    with lock:
-        if not done:
-            done.append(True)
-            emit(report)
+    printing.acquire()  # blocks for good when the timeout is printing: it ends the process
+    emit(report)
     return 0
 
 
