@@ -27,7 +27,7 @@ import shlex
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ def bench_argv(concurrency: int, *, host: str, port: int, model_path: str, serve
     secret: the API key travels as OPENAI_API_KEY in the environment (remote/bench_run.py).
     """
     connect = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    argv = [
+    return [
         "--backend", "sglang",
         "--host", connect, "--port", str(port),
         "--model", model_path, "--served-model-name", served_name,
@@ -76,7 +76,6 @@ def bench_argv(concurrency: int, *, host: str, port: int, model_path: str, serve
         "--seed", str(seed),
         "--disable-tqdm",
     ]
-    return argv
 
 
 def plan(settings) -> list[dict]:
@@ -129,16 +128,18 @@ def parse_summary(text: str) -> dict[str, Any]:
         m = _SUMMARY_LINE.match(line.strip())
         if not m:
             continue
-        raw = m.group("value")
-        value: Any = raw
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                pass
-        out[m.group("label").strip()] = value
+        out[m.group("label").strip()] = _number(m.group("value"))
     return out
+
+
+def _number(text: str) -> Any:
+    """TEXT as an int, else a float, else as it is."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
 
 
 @dataclass
@@ -151,9 +152,6 @@ class Level:
     request_throughput: float | None = None
     median_ttft_ms: float | None = None
     median_itl_ms: float | None = None
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def level_figures(raw: dict, expected_prompts: int | None = None) -> Level:
@@ -211,7 +209,7 @@ def make_record(host: str, identity: dict, levels: list[Level], params: dict,
         "run_id": run_id,
         "params": params,
         "output_tok_s": {str(lv.concurrency): round(lv.output_tok_s, 2) for lv in levels},
-        "levels": [lv.to_dict() for lv in levels],
+        "levels": [asdict(lv) for lv in levels],
     }
 
 
@@ -237,10 +235,8 @@ class Comparison:
 
 def compare(current: dict, previous: dict | None) -> list[Comparison]:
     prev = (previous or {}).get("output_tok_s") or {}
-    out = []
-    for key, now in sorted(current["output_tok_s"].items(), key=lambda kv: int(kv[0])):
-        out.append(Comparison(int(key), float(now), float(prev[key]) if key in prev else None))
-    return out
+    return [Comparison(int(key), float(now), float(prev[key]) if key in prev else None)
+            for key, now in sorted(current["output_tok_s"].items(), key=lambda kv: int(kv[0]))]
 
 
 def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple[bool, str]:
@@ -280,14 +276,11 @@ def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple
 
 def table_rows(entries: list[tuple[dict, dict | None]]) -> list[tuple[str, ...]]:
     """Rows host, concurrency, output tok/s now, previous, ratio, identity (previous)."""
-    rows = []
-    for current, previous in entries:
-        for c in compare(current, previous):
-            rows.append((current["host"], str(c.concurrency), f"{c.now:.1f}",
-                         "-" if c.previous is None else f"{c.previous:.1f}",
-                         "-" if c.ratio is None else f"{c.ratio:.3f}",
-                         current["identity"] + (f" ({previous['identity']})" if previous else "")))
-    return rows
+    return [(current["host"], str(c.concurrency), f"{c.now:.1f}",
+             "-" if c.previous is None else f"{c.previous:.1f}",
+             "-" if c.ratio is None else f"{c.ratio:.3f}",
+             current["identity"] + (f" ({previous['identity']})" if previous else ""))
+            for current, previous in entries for c in compare(current, previous)]
 
 
 TABLE_COLUMNS = ("host", "concurrency", "now tok/s", "previous tok/s", "ratio",
@@ -310,10 +303,8 @@ def append_local(host: str, entry: dict, cwd: str | os.PathLike = ".") -> Path:
 
 def read_local(host: str, cwd: str | os.PathLike = ".") -> list[dict]:
     path = local_file(host, cwd)
-    if not path.exists():
-        return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines() if path.exists() else []:
         try:
             out.append(json.loads(line))
         except ValueError:
@@ -322,10 +313,7 @@ def read_local(host: str, cwd: str | os.PathLike = ".") -> list[dict]:
 
 
 def find_run(host: str, run_id: str, cwd: str | os.PathLike = ".") -> dict | None:
-    for entry in reversed(read_local(host, cwd)):
-        if entry.get("run_id") == run_id:
-            return entry
-    return None
+    return next((e for e in reversed(read_local(host, cwd)) if e.get("run_id") == run_id), None)
 
 
 # --------------------------------------------------------------------------- pyinfra shell
@@ -390,11 +378,6 @@ class BenchOutcome:
     current: dict | None = None
     previous: dict | None = None
     host: str | None = None
-    output: str = field(default="", repr=False)
-
-    def to_dict(self) -> dict:
-        return {"host": self.host, "ok": self.ok, "message": self.message,
-                "current": self.current, "previous": self.previous}
 
 
 def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd=".",
@@ -410,13 +393,11 @@ def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd="."
         entry = find_run(name, run_id, cwd)
         if entry is None:
             outcomes.append(BenchOutcome(
-                ok=False, host=name, output=run.output,
-                message=f"{name}: no benchmark result (pyinfra exit status {run.rc}):\n"
-                        + common.host_error(run.output, name)))
-            continue
-        ok, message = gate(entry["current"], entry["previous"], min_ratio)
-        outcomes.append(BenchOutcome(ok=ok, message=message, current=entry["current"],
-                                     previous=entry["previous"], host=name, output=run.output))
+                ok=False, host=name, message=f"{name}: no benchmark result (pyinfra exit status "
+                                             f"{run.rc}):\n" + common.host_error(run.output, name)))
+        else:
+            ok, message = gate(entry["current"], entry["previous"], min_ratio)
+            outcomes.append(BenchOutcome(ok, message, entry["current"], entry["previous"], name))
     return outcomes
 
 
@@ -440,15 +421,19 @@ def add_parser(sub) -> None:
     common.add_json(p, "one outcome per host")
 
 
-def run(args) -> int:
-    from sglang_deploy.shell.hosts import select
-
-    ratio = args.min_throughput_ratio
+def check_ratio(ratio: float | None) -> float | None:
+    """--min-throughput-ratio (of bench and rollout): None or a positive finite number."""
     if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
         raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
                          fix="e.g. --min-throughput-ratio 0.95")
-    from sglang_deploy.shell import routing
+    return ratio
 
+
+def run(args) -> int:
+    from sglang_deploy.shell import routing
+    from sglang_deploy.shell.hosts import select
+
+    ratio = check_ratio(args.min_throughput_ratio)
     chosen = select(args.inventory, args.limit, args.data).hosts
     serving = {h for h, _ in routing.fleet(args.inventory).workers}  # not the routers
     hosts = [h for h in chosen if h in serving]
@@ -458,7 +443,7 @@ def run(args) -> int:
 
     outcomes = run_hosts(args.inventory, hosts, ratio, on_line=progress, data=args.data)
     if args.json:
-        print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True))
+        print(json.dumps([asdict(o) for o in outcomes], indent=2, sort_keys=True))
     else:
         done = [(o.current, o.previous) for o in outcomes if o.current]
         if done:

@@ -7,7 +7,7 @@
   pyinfra's verbosity through (and show tracebacks).
 * The exit statuses (``EXIT_*``) are listed in each command's ``--help`` (``epilog``).
 * ``host_error`` finds the failing host's own error line in a pyinfra run's output.
-* ``console`` / ``table``: rich tables; plain text when the output is not a terminal.
+* ``table`` / ``print_table``: rich tables; plain text when the output is not a terminal.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import argparse
 import re
 import sys
 from collections.abc import Iterable
-from typing import Any
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -136,33 +135,31 @@ def host_error(output: str, host: str | None = None, n: int = 12) -> str:
 
 # ------------------------------------------------------------------ tables
 
-def console(file=None, stderr: bool = False):
-    """A rich Console: styles and the terminal's width on a terminal; otherwise plain text,
-    no colour, and lines as long as their content (a piped table keeps one row per line)."""
-    from rich.console import Console
-
-    out = file or (sys.stderr if stderr else sys.stdout)
-    tty = hasattr(out, "isatty") and out.isatty()
-    return Console(file=out, width=None if tty else 10_000, no_color=not tty,
-                   highlight=False, emoji=False)
+def _tty(out) -> bool:
+    return hasattr(out, "isatty") and out.isatty()
 
 
-def table(columns: Iterable[str], title: str | None = None, out=None, **kw: Any):
+def table(columns: Iterable[str], title: str | None = None, out=None):
     """A rich Table; when OUT is not a terminal, plain text: no borders, columns aligned by
     spaces, each row on one line starting with its first cell."""
     from rich import box
     from rich.table import Table
 
-    target = out or sys.stdout
-    tty = hasattr(target, "isatty") and target.isatty()
+    tty = _tty(out or sys.stdout)
     if tty:
-        t = Table(title=title, box=box.SIMPLE_HEAD, **kw)
+        t = Table(title=title, box=box.SIMPLE_HEAD)
     else:
-        t = Table(title=title, box=None, pad_edge=False, show_edge=False, **kw)
+        t = Table(title=title, box=None, pad_edge=False, show_edge=False)
     for col in columns:
         t.add_column(col, no_wrap=not tty)
     return t
 
 
 def print_table(t, out=None) -> None:
-    console(out).print(t)
+    """Print T on OUT (stdout): styles and the terminal's width on a terminal; otherwise plain
+    text, no colour, and lines as long as their content (a piped table keeps one row per line)."""
+    from rich.console import Console
+
+    out = out or sys.stdout
+    Console(file=out, width=None if _tty(out) else 10_000, no_color=not _tty(out),
+            highlight=False, emoji=False).print(t)

@@ -48,22 +48,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import nvsmi, preflight
+from sglang_deploy.core import preflight
 from sglang_deploy.core.preflight import Check
 from sglang_deploy.remote import CUDA_PROBE
-
-__all__ = [
-    "Expectations",
-    "ProbeOptions",
-    "load_snapshot",
-    "FILES",
-    "collect",
-    "analyse_dir",
-    "run_doctor",
-    "add_parser",
-    "run",
-    "main",
-]
+from sglang_deploy.remote.hoststate import open_test
+from sglang_deploy.shell.facts import GPU_SECTIONS
 
 FILES = {
     **preflight.SNAPSHOT_FILES,
@@ -76,7 +65,7 @@ SMI_TIMEOUT_S = 60
 
 Expectations = preflight.Expectations
 
-#: option -> the data key whose default (and meaning) it takes
+#: option -> the data key whose default it takes (and that it overrides on an inventory's hosts)
 OPTION_KEYS = {
     "expected_count": "gpu_expected_count", "expected_model": "gpu_expected_model",
     "min_driver": "gpu_min_driver", "p2p_policy": "gpu_p2p_policy",
@@ -110,13 +99,11 @@ class ProbeOptions:
 # collection (live mode)
 
 
-def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tuple[int, str]:
+def _run(argv: Sequence[str] | str, timeout: float) -> tuple[int, str]:
+    """(exit status, stdout, then stderr when it failed) of ARGV, a shell command if a str."""
     try:
-        proc = subprocess.run(argv, shell=shell, capture_output=True, text=True, timeout=timeout,
-                              errors="replace")
-    except FileNotFoundError as exc:
-        name = argv if isinstance(argv, str) else argv[0]
-        return 127, f"{name}: command not found ({exc.strerror})\n"
+        proc = subprocess.run(argv, shell=isinstance(argv, str), capture_output=True, text=True,
+                              timeout=timeout, errors="replace")
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""
         if isinstance(out, bytes):
@@ -128,40 +115,28 @@ def _run(argv: Sequence[str] | str, timeout: float, shell: bool = False) -> tupl
     return proc.returncode, text
 
 
-def open_test(paths: Sequence[str] | None = None) -> str:
-    """Try to open every /dev/nvidia* character device (read-write, non-blocking); one line
-    per node (``remote/hoststate.py``'s ``open_test``, the same test the deploy's
-    HostSnapshot runs)."""
-    from sglang_deploy.remote.hoststate import open_test as _open_test
-
-    return _open_test(paths)
-
-
 def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) -> Path:
-    """Run every command on this machine and save the raw outputs in ``out_dir``."""
+    """Run every command on this machine and save the raw outputs in ``out_dir``: the shell
+    commands of the deploy's own snapshot (``GPU_SECTIONS``, after the nvidia-smi table), its
+    open test and the CUDA probe."""
     opts = probe or ProbeOptions()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     commands: list[tuple[str, int, str]] = []
 
-    def save(key: str, command: str, argv: Sequence[str] | str, timeout: float = SMI_TIMEOUT_S,
-             shell: bool = False) -> None:
-        rc, text = _run(argv, timeout, shell=shell)
-        (out / FILES[key]).write_text(text)
-        commands.append((FILES[key], rc, command))
+    def save(name: str, command: str, argv: Sequence[str] | str,
+             timeout: float = SMI_TIMEOUT_S) -> None:
+        rc, text = _run(argv, timeout)
+        (out / name).write_text(text)
+        commands.append((name, rc, command))
 
-    save("table", "nvidia-smi", ["nvidia-smi"])
-    query = nvsmi.query_command()
-    save("query", query, query.split())
-    save("topo", "nvidia-smi topo -m", ["nvidia-smi", "topo", "-m"])
-    save("p2p_r", "nvidia-smi topo -p2p r", ["nvidia-smi", "topo", "-p2p", "r"])
-    save("p2p_w", "nvidia-smi topo -p2p w", ["nvidia-smi", "topo", "-p2p", "w"])
-    save("dev", "ls -l /dev/nvidia*", "ls -l /dev/nvidia*", shell=True)
+    for name, command in {FILES["table"]: "nvidia-smi", **GPU_SECTIONS}.items():
+        save(name, command, command)
     (out / FILES["open"]).write_text(open_test())
     commands.append((FILES["open"], 0, "(open test of /dev/nvidia*)"))
     probe_argv = [sys.executable, str(CUDA_PROBE), "--mib", f"{opts.mib:g}",
                   "--timeout", f"{opts.timeout_s:g}"] + (["--p2p"] if opts.p2p else [])
-    save("probe", " ".join(["python3", "cuda_probe.py"] + probe_argv[2:]), probe_argv,
+    save(FILES["probe"], " ".join(["python3", "cuda_probe.py"] + probe_argv[2:]), probe_argv,
          timeout=opts.timeout_s + 60)
     (out / FILES["commands"]).write_text(
         "".join(f"{name}\t{rc}\t{command}\n" for name, rc, command in commands))
@@ -262,8 +237,7 @@ def run_doctor(collect_dir: str | os.PathLike[str] | None = None,
         report["mode"] = "from"
         return report
     if collect_dir is not None:
-        folder = collect(collect_dir, probe)
-        report = analyse_dir(folder, exp)
+        report = analyse_dir(collect(collect_dir, probe), exp)
     else:
         with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
             report = analyse_dir(collect(tmp, probe), exp)
@@ -313,7 +287,15 @@ def render(report: dict[str, Any], console: Any = None) -> None:
     console.print(f"overall: [{style}]{report['status']}[/]")
 
 
-def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``doctor`` on an ``argparse`` subparsers object."""
+    from sglang_deploy.commands import common
+
+    parser = common.add_command(
+        subparsers, "doctor",
+        help="the deploy's GPU pre-flight on this machine, a collected folder or an inventory's hosts",
+        description=__doc__.split("\n\n")[0],
+        failed="a check failed (the result is fail)")
     parser.add_argument("inventory", nargs="?", metavar="INVENTORY",
                         help="run the deploy's pre-flight on this inventory's hosts (over SSH)")
     parser.add_argument("--limit", action="append", default=[], metavar="HOST",
@@ -340,36 +322,20 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--mib", type=int, default=None, metavar="N",
                         help=f"probe copy size, MiB (default {default('mib')})")
     parser.add_argument("--no-p2p-test", action="store_true", help="skip the pairwise copy test")
-    return parser
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``doctor`` on an ``argparse`` subparsers object."""
-    from sglang_deploy.commands import common
-
-    parser = common.add_command(
-        subparsers, "doctor",
-        help="the deploy's GPU pre-flight on this machine, a collected folder or an inventory's hosts",
-        description=__doc__.split("\n\n")[0],
-        failed="a check failed (the result is fail)")
-    _configure(parser)
     parser.set_defaults(func=run)
     return parser
 
 
-def _given(args: argparse.Namespace) -> dict[str, Any]:
-    return {o: getattr(args, o) for o in OPTION_KEYS}
-
-
 def run(args: argparse.Namespace) -> int:
+    given = {o: getattr(args, o) for o in OPTION_KEYS}
     if args.inventory is not None:
         from sglang_deploy.commands import doctor_remote
 
-        return doctor_remote.run(args, _given(args))
+        return doctor_remote.run(args, given)
     if args.limit or args.data:
         print("sglang-deploy doctor: --limit and --data need an INVENTORY", file=sys.stderr)
         return 2
-    exp = deploy_expectations(**_given(args))
+    exp = deploy_expectations(**given)
     opts = ProbeOptions(mib=args.mib or default("mib"), p2p=not args.no_p2p_test)
     try:
         report = run_doctor(collect_dir=args.collect, from_dir=args.from_dir, expectations=exp,
@@ -378,17 +344,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sglang-deploy doctor: {exc}; fix: give a folder made by --collect", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"status": report["status"], **{k: v for k, v in report.items() if k != "status"}}))
+        print(json.dumps(report))  # "status" first, as analyse_dir builds it
     else:
         render(report)
     return 0 if report["status"] in ("pass", "warn") else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _configure(argparse.ArgumentParser(prog="sglang-deploy doctor",
-                                                description=__doc__.split("\n\n")[0]))
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,22 +15,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sglang_deploy.commands.doctor import OPTION_KEYS, render
 from sglang_deploy.shell import runner
 from sglang_deploy.shell.plan import PLAN_ENV
-
-#: option -> the data key it overrides on the hosts
-DATA_KEYS = {"expected_count": "gpu_expected_count", "expected_model": "gpu_expected_model",
-             "min_driver": "gpu_min_driver", "p2p_policy": "gpu_p2p_policy",
-             "min_gbps": "gpu_p2p_min_gbps", "mib": "gpu_p2p_test_mib"}
 
 
 def data_overrides(given: dict[str, Any], data: list[str]) -> list[str]:
     """``--data`` items: the options given (not None) as their data keys, then DATA."""
-    out = []
-    for option, value in given.items():
-        if value is not None:
-            out.append(f"{DATA_KEYS[option]}={json.dumps(value) if isinstance(value, str) else value}")
-    return out + list(data)
+    return [f"{OPTION_KEYS[option]}={json.dumps(value) if isinstance(value, str) else value}"
+            for option, value in given.items() if value is not None] + list(data)
 
 
 def status_of(checks: list[dict]) -> str:
@@ -65,8 +58,6 @@ def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -
 
 
 def run(args, given: dict[str, Any]) -> int:
-    from sglang_deploy.commands.doctor import render
-
     try:
         reports = collect(args.inventory, args.limit, data_overrides(given, args.data))
     except (FileNotFoundError, ValueError) as exc:

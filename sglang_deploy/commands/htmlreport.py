@@ -67,7 +67,7 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
                                found=f"not in {inventory}: {', '.join(missing)}",
                                fix=f"use one of: {', '.join(hosts)}")
         hosts = [h for h in hosts if h in limit]
-    rows = status.collect(inventory, cwd=cwd, limit=hosts, data=data)[0] if with_status else None
+    rows = status.collect(inventory, cwd=cwd, limit=hosts, data=data) if with_status else None
     state_dir = Path(cwd) / STATE_DIR
     p2p, runs = read_records(state_dir, hosts)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

@@ -20,20 +20,13 @@ DEFAULT_PLATFORM = "x86_64-manylinux_2_36"  # Debian 12 (glibc 2.36) on x86_64
 DEFAULT_PYTHON = "3.11"  # Debian 12's python3
 
 
-def lock_options(text: str) -> list[str]:
-    opts: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("# lock-options:"):
-            opts += shlex.split(line.split(":", 1)[1])
-    return opts
-
-
 def compile_command(src: Path, out: Path, platform: str, python: str) -> list[str]:
-    uv = shutil.which("uv") or "uv"
-    return [uv, "pip", "compile", str(src), "--generate-hashes", "--quiet",
-            "--python-platform", platform, "--python-version", python,
-            "--custom-compile-command", f"sglang-deploy lock {src}",
-            *lock_options(src.read_text()), "-o", str(out)]
+    """``uv pip compile`` of SRC, with the options of its ``# lock-options:`` lines."""
+    options = [o for line in src.read_text().splitlines() if line.startswith("# lock-options:")
+               for o in shlex.split(line.split(":", 1)[1])]
+    return [shutil.which("uv") or "uv", "pip", "compile", str(src), "--generate-hashes",
+            "--quiet", "--python-platform", platform, "--python-version", python,
+            "--custom-compile-command", f"sglang-deploy lock {src}", *options, "-o", str(out)]
 
 
 def add_parser(sub) -> None:

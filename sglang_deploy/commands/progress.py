@@ -42,15 +42,14 @@ def line_event(line: str) -> tuple[str | None, str | None, str | None]:
 
 
 class HostProgress:
-    def __init__(self, out=None, live: bool | None = None, clock=time.monotonic) -> None:
-        self.out = out
+    def __init__(self, out=None, clock=time.monotonic) -> None:
+        self.out = out or sys.stderr
         self.clock = clock
         self.hosts: list[str] = []
         self.state: dict[str, str] = {}
         self.since: dict[str, float] = {}
         self.detail: dict[str, str] = {}
         self.running: list[str] = []
-        self._live_wanted = live
         self._live = None
 
     # ------------------------------------------------------------------ feeding
@@ -58,11 +57,12 @@ class HostProgress:
         self.hosts = list(hosts)
         for h in self.hosts:
             self.state[h], self.since[h] = "waiting", self.clock()
-        if self._use_live():
-            from rich.console import Console
+        from rich.console import Console
+
+        if Console(file=self.out).is_terminal:
             from rich.live import Live
 
-            self._live = Live(get_renderable=self.table, console=Console(file=self._file()),
+            self._live = Live(get_renderable=self.table, console=Console(file=self.out),
                               refresh_per_second=4, redirect_stdout=False, redirect_stderr=False)
             self._live.start()
             atexit.register(self.stop)
@@ -102,18 +102,8 @@ class HostProgress:
             print(text, file=file, flush=True)
 
     # ------------------------------------------------------------------ drawing
-    def _file(self):
-        return self.out or sys.stderr
-
-    def _use_live(self) -> bool:
-        if self._live_wanted is not None:
-            return self._live_wanted
-        from rich.console import Console
-
-        return Console(file=self._file()).is_terminal
-
     def _line(self, host: str) -> None:
-        print(f"{host}: {self.state[host]}", file=self._file(), flush=True)
+        print(f"{host}: {self.state[host]}", file=self.out, flush=True)
 
     def table(self):
         from rich.table import Table

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
+import re
 import shlex
 import sys
 import tempfile
@@ -103,12 +103,8 @@ def outcome(results: list[HostResult]) -> tuple[bool, str]:
 
 def report_from_reports(batch: list[str], report_dir: Path) -> dict[str, dict]:
     """Per-host verification summaries written by the deploy (report.emit) in REPORT_DIR."""
-    found = {}
-    for name in batch:
-        path = report_dir / f"{name}.json"
-        if path.exists():
-            found[name] = json.loads(path.read_text())
-    return found
+    return {name: json.loads((report_dir / f"{name}.json").read_text()) for name in batch
+            if (report_dir / f"{name}.json").exists()}
 
 
 # ------------------------------------------------------------------------------ shell
@@ -163,9 +159,8 @@ class Rollout:
                 self.say(_indent((f"{name}: " if name else "")
                                  + common.host_error(check.output, name)))
             for r in results.values():
-                r.message = "not touched: a host did not answer before the rollout"
-                if r.host in down:
-                    r.message = common.host_error(check.output, r.host)
+                r.message = (common.host_error(check.output, r.host) if r.host in down
+                             else "not touched: a host did not answer before the rollout")
             return self.finish(results, run_dir, report, t_start,
                                verdict="rollout not started: a host is unreachable or its data "
                                        "is invalid (see above); no host was touched")
@@ -349,12 +344,10 @@ class Rollout:
                                  dry=True, cwd=self.cwd, env={"SGLANG_DEPLOY_PLAN_DIR": str(plans)})
         (run_dir / "dry.log").write_text(run.output)
         self.say("plan (nothing was changed):")
-        bad = False
         entries = []
         for name in order:
             path = plans / f"{name}.json"
             if not path.exists():
-                bad = True
                 error = common.host_error(run.output, name)
                 entries.append({"host": name, "ok": False, "error": error, "changes": None})
                 self.say(f"  {name}: no plan (unreachable, or its data is invalid):\n"
@@ -364,7 +357,6 @@ class Rollout:
             entry = {"host": name, "ok": True, "error": None, "changes": p["changes"]}
             entries.append(entry)
             if p.get("preflight") == "fail":
-                bad = True
                 entry["ok"] = False
                 entry["error"] = "pre-flight would FAIL: " + "; ".join(
                     f"{c['name']}: {c['message']}" for c in p["failed"])
@@ -375,7 +367,7 @@ class Rollout:
                 self.say(f"  {name}: {len(p['changes'])} change(s):")
                 for c in p["changes"]:
                     self.say(f"      - {c}")
-        ok = not bad and run.ok
+        ok = run.ok and all(e["ok"] for e in entries)
         if self.json_out is not None:
             print(json.dumps({"ok": ok, "dry": True, "order": order, "hosts": entries},
                              indent=2), file=self.json_out)
@@ -424,8 +416,6 @@ def verified_after_rollback(r: HostResult) -> bool:
 
 def unreachable(output: str) -> list[str]:
     """Hosts pyinfra could not connect to, from its output (``[host] Could not connect``)."""
-    import re
-
     return re.findall(r"^\s*\[([^\]]+)\] Could not connect", output, re.MULTILINE)
 
 
@@ -457,13 +447,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    ratio = args.min_throughput_ratio
-    if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
-        raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
-                         fix="e.g. --min-throughput-ratio 0.95")
+    from sglang_deploy.commands import bench
+
     return Rollout(inventory=args.inventory, batch=args.batch, canary=args.canary,
                    limit=args.limit, data=args.data,
-                   min_throughput_ratio=args.min_throughput_ratio, drain=not args.no_drain,
+                   min_throughput_ratio=bench.check_ratio(args.min_throughput_ratio),
+                   drain=not args.no_drain,
                    out=sys.stderr if args.json else sys.stdout,
                    json_out=sys.stdout if args.json else None).run(dry=args.dry,
                                                                    report=args.report)

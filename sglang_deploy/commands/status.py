@@ -111,7 +111,7 @@ def render_router(router: dict | None, out=None) -> None:
 
 
 def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
-            data: list[str] | None = None) -> tuple[list[dict], str]:
+            data: list[str] | None = None) -> list[dict]:
     """Rows of the hosts INVENTORY and LIMIT select (checked before any connection: a missing
     inventory, a limit that matches nothing or bad data raise, exit status 2)."""
     chosen = select(inventory, limit, data, cwd=cwd).hosts
@@ -120,7 +120,7 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
         run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
                                  cwd=cwd, env={"SGLANG_DEPLOY_PLAN_DIR": tmp})
-        return rows_from_plans(hosts, Path(tmp), run.output), run.output
+        return rows_from_plans(hosts, Path(tmp), run.output)
 
 
 def add_parser(sub) -> None:
@@ -134,7 +134,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    rows, _ = collect(args.inventory, limit=args.limit, data=args.data)
+    rows = collect(args.inventory, limit=args.limit, data=args.data)
     router = router_status(args.inventory, data=args.data)
     if args.json:
         json.dump({"hosts": rows, "router": router}, sys.stdout, indent=2, sort_keys=True)

@@ -31,6 +31,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,22 +43,18 @@ TAIL_LINES = 60
 
 def secret(path: str | None, name: str) -> str | None:
     """Value of NAME in a systemd EnvironmentFile (the deploy's quoting: "..." with \\ escapes)."""
-    if not path:
-        return None
     try:
         with open(path) as fh:
-            for line in fh:
-                key, sep, value = line.strip().partition("=")
-                if sep and key == name:
-                    value = value.strip()
-                    if len(value) >= 2 and value[0] == value[-1] == '"':
-                        out, it = [], iter(value[1:-1])
-                        for ch in it:
-                            out.append(next(it, "") if ch == "\\" else ch)
-                        return "".join(out)
-                    return value
-    except OSError:
+            lines = fh.read().splitlines()
+    except (OSError, TypeError):  # unreadable, or no file given (None)
         return None
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep and key == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                return re.sub(r"\\(.)", r"\1", value[1:-1])  # a backslash escapes one character
+            return value
     return None
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import os
 import struct
@@ -84,8 +85,7 @@ SIGNATURES = {
     "cuDeviceGetAttribute": [c_int_p, ctypes.c_int, ctypes.c_int],
     "cuGetErrorName": [ctypes.c_int, c_char_pp],
     "cuGetErrorString": [ctypes.c_int, c_char_pp],
-}
-P2P_SIGNATURES = {
+    # the copy test's
     "cuDevicePrimaryCtxRetain": [c_void_pp, ctypes.c_int],
     "cuDevicePrimaryCtxRelease_v2": [ctypes.c_int],
     "cuCtxSetCurrent": [ctypes.c_void_p],
@@ -104,10 +104,7 @@ P2P_SIGNATURES = {
 class CudaError(Exception):
     def __init__(self, call, code=None, name=None, message=None):
         super().__init__(call, code, name, message)
-        self.call = call
-        self.code = code
-        self.name = name
-        self.message = message
+        self.call, self.code, self.name, self.message = call, code, name, message
 
     def as_dict(self):
         return {"call": self.call, "code": self.code, "name": self.name, "message": self.message}
@@ -127,38 +124,32 @@ class Driver:
     def __init__(self, lib):
         self.lib = lib
         self.current_call = None
-        self._funcs = {}
 
-    def func(self, name, argtypes):
-        f = self._funcs.get(name)
-        if f is None:
-            try:
-                f = getattr(self.lib, name)
-            except AttributeError:
-                raise CudaError("dlsym", None, None, "libcuda has no symbol %s" % name) from None
-            f.argtypes = argtypes
-            f.restype = ctypes.c_int
-            self._funcs[name] = f
+    def func(self, name):
+        try:
+            f = getattr(self.lib, name)  # ctypes keeps the function (and its types) on LIB
+        except AttributeError:
+            raise CudaError("dlsym", None, None, "libcuda has no symbol %s" % name) from None
+        f.argtypes = SIGNATURES[name]
+        f.restype = ctypes.c_int
         return f
 
     def error_text(self, code):
-        name = message = None
-        ptr = ctypes.c_char_p()
-        try:
-            if self.func("cuGetErrorName", SIGNATURES["cuGetErrorName"])(code, ctypes.byref(ptr)) == 0 and ptr.value:
-                name = ptr.value.decode("utf-8", "replace")
+        """(name, message) of CODE from the driver; the name from the table otherwise."""
+        found = []
+        for call in ("cuGetErrorName", "cuGetErrorString"):
             ptr = ctypes.c_char_p()
-            if self.func("cuGetErrorString", SIGNATURES["cuGetErrorString"])(code, ctypes.byref(ptr)) == 0 and ptr.value:
-                message = ptr.value.decode("utf-8", "replace")
-        except CudaError:
-            pass
-        return name or _ERROR_NAMES.get(code), message
+            try:
+                ok = self.func(call)(code, ctypes.byref(ptr)) == 0 and ptr.value
+            except CudaError:
+                ok = False
+            found.append(ptr.value.decode("utf-8", "replace") if ok else None)
+        return found[0] or _ERROR_NAMES.get(code), found[1]
 
     def raw(self, name, *args):
-        argtypes = SIGNATURES.get(name) or P2P_SIGNATURES[name]
         self.current_call = name
         try:
-            return self.func(name, argtypes)(*args)
+            return self.func(name)(*args)
         finally:
             self.current_call = None
 
@@ -233,16 +224,6 @@ def stamp(buf, tag):
     return buf
 
 
-def _memcmp():
-    try:
-        fn = ctypes.CDLL(None).memcmp
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    return fn
-
-
 class PeerTest:
     """Per-device primary contexts and buffers, released in :meth:`close`."""
 
@@ -257,7 +238,9 @@ class PeerTest:
         self.host_out = ctypes.create_string_buffer(nbytes)
         self.pattern = make_pattern(nbytes)
         self.pattern_c = (ctypes.c_char * nbytes).from_buffer(self.pattern)
-        self.memcmp = _memcmp()
+        self.memcmp = ctypes.CDLL(None).memcmp  # libc's: compares without copying the buffers
+        self.memcmp.restype = ctypes.c_int
+        self.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
         self.peer_enabled = set()
 
     def setup(self):
@@ -313,10 +296,7 @@ class PeerTest:
         drv.call("cuCtxSetCurrent", ctx_d)
         ctypes.memset(self.host_out, 0, n)
         drv.call("cuMemcpyDtoH_v2", self.host_out, self.dst_buf[dst], n)
-        if self.memcmp is not None:  # no 16-64 MiB copy of the buffer to compare it
-            result["verified"] = self.memcmp(self.host_out, self.pattern_c, n) == 0
-        else:
-            result["verified"] = ctypes.string_at(self.host_out, n) == bytes(self.pattern)
+        result["verified"] = self.memcmp(self.host_out, self.pattern_c, n) == 0
         # bandwidth: the fastest of `iters` timed copies (the verified copy above was the
         # warm-up: peer access enabled, both buffers touched). A slow link is slow on every
         # copy; a copy slowed by something else on the host (a preempted thread) is not the
@@ -335,9 +315,9 @@ class PeerTest:
         return result
 
 
-def probe(report, p2p=False, mib=64, iters=3, library=LIBRARY, state=None):
-    """Fill ``report`` (the JSON object) in place; never raises for CUDA failures."""
-    state = state if state is not None else {}
+def probe(report, state, p2p, mib, iters, library):
+    """Fill ``report`` (the JSON object) in place, and STATE with the driver and the pair under
+    test (for the timeout's report); never raises for CUDA failures."""
     try:
         lib = ctypes.CDLL(library)
     except OSError as exc:
@@ -358,19 +338,16 @@ def probe(report, p2p=False, mib=64, iters=3, library=LIBRARY, state=None):
             test = PeerTest(drv, devices, max(1, int(mib * MIB)), max(1, iters))
             try:
                 test.setup()
-                for src in range(len(devices)):
-                    for dst in range(len(devices)):
-                        if src == dst:
-                            continue
-                        state["pair"] = (src, dst)
-                        entry = {"src": src, "dst": dst, "can_access": None, "verified": None,
-                                 "gbps": None, "error": None}
-                        try:
-                            test.pair(entry)
-                        except CudaError as exc:
-                            entry["error"] = "; ".join(e for e in (entry["error"], exc.short()) if e)
-                        report["p2p"].append(entry)
-                        state["pair"] = None
+                for src, dst in itertools.permutations(range(len(devices)), 2):
+                    state["pair"] = (src, dst)
+                    entry = {"src": src, "dst": dst, "can_access": None, "verified": None,
+                             "gbps": None, "error": None}
+                    try:
+                        test.pair(entry)
+                    except CudaError as exc:
+                        entry["error"] = "; ".join(e for e in (entry["error"], exc.short()) if e)
+                    report["p2p"].append(entry)
+                    state["pair"] = None
             finally:
                 test.close()
         report["ok"] = True
@@ -401,39 +378,32 @@ def main(argv=None):
 
     report = new_report()
     state = {}
-    lock = threading.Lock()
-    done = []
+    printing = threading.Lock()  # held by whoever prints the one JSON object, never released
 
     def on_timeout():
-        with lock:
-            if done:
-                return
-            done.append(True)
-            drv = state.get("driver")
-            call = getattr(drv, "current_call", None) or "probe"
-            pair = state.get("pair")
-            where = " while testing GPU%d -> GPU%d" % pair if pair else ""
-            report["ok"] = False
-            report["error"] = {"call": call, "code": None, "name": "TIMEOUT",
-                               "message": "no answer after %gs%s" % (args.timeout, where)}
-            emit(report)
+        if not printing.acquire(blocking=False):
+            return  # the probe ended and is printing its report
+        call = getattr(state.get("driver"), "current_call", None) or "probe"
+        pair = state.get("pair")
+        where = " while testing GPU%d -> GPU%d" % pair if pair else ""
+        report["ok"] = False
+        report["error"] = {"call": call, "code": None, "name": "TIMEOUT",
+                           "message": "no answer after %gs%s" % (args.timeout, where)}
+        emit(report)
         os._exit(0)
 
     timer = threading.Timer(args.timeout, on_timeout)
     timer.daemon = True
     timer.start()
     try:
-        probe(report, p2p=args.p2p, mib=args.mib, iters=args.iters, library=args.library,
-              state=state)
+        probe(report, state, args.p2p, args.mib, args.iters, args.library)
     except Exception as exc:  # a bug here must still produce the JSON object
         report["ok"] = False
         report["error"] = {"call": "probe", "code": None, "name": type(exc).__name__,
                            "message": str(exc)}
     timer.cancel()
-    with lock:
-        if not done:
-            done.append(True)
-            emit(report)
+    printing.acquire()  # blocks for good when the timeout is printing: it ends the process
+    emit(report)
     return 0
 
 

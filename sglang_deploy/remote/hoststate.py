@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import pwd
+import re
 import struct
 import subprocess
 import sys
@@ -54,11 +55,7 @@ def run(argv: list[str], timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, str]:
 
 def systemd_show(service: str) -> dict:
     _, out = run(["systemctl", "show", f"{service}.service", "--no-pager", "-p", ",".join(SHOW_PROPS)])
-    props = {}
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        props[key] = value
-    return props
+    return dict(line.partition("=")[::2] for line in out.splitlines())  # KEY=VALUE lines
 
 
 def open_test(paths=None) -> str:
@@ -99,10 +96,10 @@ def read_json(path: str):
 
 def releases(root: str) -> dict:
     found = {}
-    release_dirs = entries(os.path.join(root, "releases"))
-    for rel_dir in release_dirs:
+    for rel_dir in entries(os.path.join(root, "releases")):
         meta_path = os.path.join(rel_dir, "release.json")
         if not os.path.lexists(meta_path):
+            found[os.path.basename(rel_dir)] = {"complete": False, "patch": None}
             continue
         meta = read_json(meta_path) or {}
         meta["complete"] = os.path.exists(os.path.join(rel_dir, ".complete"))
@@ -116,8 +113,6 @@ def releases(root: str) -> dict:
                       if os.path.lexists(f)]
         meta["server_args_sha256"] = sha256_file(args_files[0]) if args_files else None
         found[os.path.basename(rel_dir)] = meta
-    for rel_dir in release_dirs:
-        found.setdefault(os.path.basename(rel_dir), {"complete": False, "patch": None})
     return found
 
 
@@ -245,22 +240,18 @@ def cmd_state(args) -> dict:
 
 
 def _secret(path: str | None, name: str) -> str | None:
-    if not path:
-        return None
     try:
         with open(path) as fh:
-            for line in fh:
-                key, sep, value = line.strip().partition("=")
-                if sep and key == name:
-                    value = value.strip()
-                    if len(value) >= 2 and value[0] == value[-1] == '"':
-                        out, it = [], iter(value[1:-1])
-                        for ch in it:
-                            out.append(next(it, "") if ch == "\\" else ch)
-                        return "".join(out)
-                    return value
-    except OSError:
+            lines = fh.read().splitlines()
+    except (OSError, TypeError):  # unreadable, or no file given (None)
         return None
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep and key == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                return re.sub(r"\\(.)", r"\1", value[1:-1])  # a backslash escapes one character
+            return value
     return None
 
 

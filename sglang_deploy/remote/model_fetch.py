@@ -42,16 +42,11 @@ def _read_token(path: str | None) -> str | None:
     return token or None
 
 
-def _redact(text: str, token: str | None) -> str:
-    return text.replace(token, "<redacted>") if token else text
-
-
 def describe(exc: BaseException, token: str | None) -> dict:
     """The error object of the result: class name, HTTP status, Hub error code, message."""
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     headers = getattr(response, "headers", None) or {}
-    code = None
     try:
         code = headers.get("X-Error-Code")
     except Exception:  # noqa: BLE001 - headers of an odd type: no code
@@ -62,8 +57,10 @@ def describe(exc: BaseException, token: str | None) -> dict:
         code = errno_mod.errorcode.get(exc.errno)
     names = [c.__name__ for c in type(exc).__mro__ if c not in (object, BaseException)]
     message = " ".join(str(exc).split())[:800]
+    if token:
+        message = message.replace(token, "<redacted>")
     return {"type": type(exc).__name__, "types": names, "status": status, "code": code,
-            "message": _redact(message, token)}
+            "message": message}
 
 
 def _repo_sizes(api, repo: str, revision: str) -> dict[str, int] | None:

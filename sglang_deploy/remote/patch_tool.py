@@ -37,22 +37,16 @@ WRITE_FAILED = "write-failed"
 COMPILE_FAILED = "compile-failed"
 
 
-def _site_packages_of_prefix(path: Path) -> list[Path]:
-    """site-packages dirs of a venv / prefix (lib/python3.*/site-packages)."""
-    return sorted(path.glob("lib/python3*/site-packages")) + sorted(
-        path.glob("lib64/python3*/site-packages")
-    )
-
-
 def _package_dir(path: Path) -> Path | None:
     """The ``sglang`` package dir for a site-packages dir, a package dir or a venv prefix."""
     if path.name == "sglang" and (path / "srt").is_dir():
         return path
     if (path / "sglang" / "srt").is_dir():
         return path / "sglang"
-    for sp in _site_packages_of_prefix(path):
-        if (sp / "sglang" / "srt").is_dir():
-            return sp / "sglang"
+    for lib in ("lib", "lib64"):  # a venv / prefix
+        for sp in sorted(path.glob(f"{lib}/python3*/site-packages")):
+            if (sp / "sglang" / "srt").is_dir():
+                return sp / "sglang"
     return None
 
 
@@ -166,12 +160,9 @@ class PatchResult:
         d["changed"] = self.changed
         return d
 
-    def to_json(self, **kw) -> str:
-        return json.dumps(self.to_dict(), **kw)
 
-
-def _read(file: Path) -> tuple[bytes, str, str | None, str]:
-    """(raw bytes, text, version, relpath) for a located file."""
+def _analyse_file(file: Path) -> tuple[bytes, str | None, patch.PatchPlan]:
+    """(raw bytes, sglang version, the plan) of a located file."""
     data = file.read_bytes()
     try:
         text = data.decode("utf-8")
@@ -185,26 +176,22 @@ def _read(file: Path) -> tuple[bytes, str, str | None, str]:
     root = _sglang_root(file)
     version = read_version(root) if root else None
     relpath = file.resolve().relative_to(root.parent).as_posix() if root else file.name
-    return data, text, version, relpath
-
-
-def _analyse_file(file: Path) -> tuple[bytes, str, str | None, patch.PatchPlan]:
-    data, text, version, relpath = _read(file)
     bom = text.startswith("\ufeff")
     plan = patch.analyse(text[1:] if bom else text, relpath, version=version)
     if bom:
         plan.new_source = "\ufeff" + plan.new_source
-    return data, text, version, plan
+    return data, version, plan
 
 
 def status(path: str | os.PathLike) -> PatchResult:
     """Read-only: ``needed``, ``already-applied`` or ``enabled-upstream`` (raises
     PatchError for ``not-found``, ``no-autotune-list``, ``unrecognised``)."""
     file = locate(path)
-    data, _text, version, plan = _analyse_file(file)
+    data, version, plan = _analyse_file(file)
+    sha = _sha256(data)
     return PatchResult(
-        state=plan.state, file=str(file), version=version, sha256=_sha256(data),
-        sha256_before=_sha256(data), diff=plan.diff, message=plan.message, line=plan.line,
+        state=plan.state, file=str(file), version=version, sha256=sha,
+        sha256_before=sha, diff=plan.diff, message=plan.message, line=plan.line,
         function=plan.function,
     )
 
@@ -326,7 +313,7 @@ def apply(path: str | os.PathLike, *, python: str | None = None,
     ``enabled-upstream`` (file untouched). Writes atomically (mode and owner kept),
     byte-compiles (see :func:`byte_compile`), writes the state record if RECORD_PATH."""
     file = locate(path)
-    data, _text, version, plan = _analyse_file(file)
+    data, version, plan = _analyse_file(file)
     before = _sha256(data)
     pyc = None
     if plan.state == patch.NEEDED:
@@ -377,17 +364,16 @@ EXIT_CODES = """exit status:
   2   usage error"""
 
 
-def _add_arguments(sub) -> None:
-    kw = {"epilog": EXIT_CODES, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    s = sub.add_parser("status", help="show whether the autotune patch is needed (read-only)",
-                       **kw)
-    s.add_argument("path", metavar="PATH",
-                   help="site-packages dir, sglang package dir, venv prefix or the file")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
-    a = sub.add_parser("apply", help="apply the autotune patch (idempotent)", **kw)
-    a.add_argument("path", metavar="PATH",
-                   help="site-packages dir, sglang package dir, venv prefix or the file")
-    a.add_argument("--json", action="store_true", help="print one JSON object")
+def _add_subcommands(parser: argparse.ArgumentParser) -> None:
+    """``status`` and ``apply`` with their options, on PARSER."""
+    sub = parser.add_subparsers(dest="patch_command", metavar="{status,apply}", required=True)
+    for name, help in (("status", "show whether the autotune patch is needed (read-only)"),
+                       ("apply", "apply the autotune patch (idempotent)")):
+        a = sub.add_parser(name, help=help, epilog=EXIT_CODES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        a.add_argument("path", metavar="PATH",
+                       help="site-packages dir, sglang package dir, venv prefix or the file")
+        a.add_argument("--json", action="store_true", help="print one JSON object")
     a.add_argument("--record", metavar="FILE", help="write a JSON state record to FILE")
     a.add_argument("--python", metavar="EXE",
                    help="byte-compile with this interpreter (the release venv's python); "
@@ -401,12 +387,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "patch",
         help="the FlashInfer autotune patch (flashinfer_cutlass, SGLang 0.5.7..0.5.12.post1)",
-        description=patch.__doc__.split("\n\n")[0] if patch.__doc__ else None,
+        description=patch.__doc__.split("\n\n")[0],
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="patch_command", metavar="{status,apply}")
-    sub.required = True
-    _add_arguments(sub)
+    _add_subcommands(p)
     p.set_defaults(func=run)
     return p
 
@@ -425,17 +409,12 @@ def run(args: argparse.Namespace) -> int:
     """Run ``patch status|apply``: 0 on a state, 1 on an error (actionable message on
     stderr; with --json also one JSON object on stdout with ``state``=error code and
     ``error``)."""
-    command = getattr(args, "patch_command", None)
-    as_json = bool(getattr(args, "json", False))
+    command, as_json = args.patch_command, args.json
     try:
         if command == "status":
             result = status(args.path)
-        elif command == "apply":
-            result = apply(args.path, python=getattr(args, "python", None),
-                           record_path=getattr(args, "record", None))
         else:
-            print("usage: patch {status,apply} PATH [--json] [--record FILE]", file=sys.stderr)
-            return 2
+            result = apply(args.path, python=args.python, record_path=args.record)
     except (patch.PatchError, OSError) as err:
         code = patch.error_code(err) if isinstance(err, patch.PatchError) else "error"
         file, version = _describe(args.path)
@@ -449,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
             }))
         return 1
     if as_json:
-        print(result.to_json())
+        print(json.dumps(result.to_dict()))
     else:
         ver = result.version or "unknown version"
         print(f"{result.state}: {result.message}\n  file: {result.file} (sglang {ver})")
@@ -467,9 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="patch_tool.py",
         description="FlashInfer autotune patch for SGLang (flashinfer_cutlass)",
     )
-    sub = parser.add_subparsers(dest="patch_command", metavar="{status,apply}")
-    sub.required = True
-    _add_arguments(sub)
+    _add_subcommands(parser)
     return run(parser.parse_args(argv))
 
 

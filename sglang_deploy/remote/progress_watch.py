@@ -22,6 +22,7 @@ nobody watches is not left running behind a deploy that ended.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import signal
@@ -101,14 +102,9 @@ def venv_measure(venv: str | None, cache: str | None, packages_total: int | None
     before = set(os.listdir(archive)) if archive and os.path.isdir(archive) else set()
 
     def measure() -> dict:
-        venv_bytes = folder_bytes([venv]) if venv and os.path.isdir(venv) else 0
-        packages = 0
-        lib = os.path.join(venv or "", "lib")
-        if venv and os.path.isdir(lib):
-            for py in os.listdir(lib):
-                site = os.path.join(lib, py, "site-packages")
-                if os.path.isdir(site):
-                    packages += sum(1 for n in os.listdir(site) if n.endswith(".dist-info"))
+        venv_bytes = folder_bytes([venv]) if venv else 0  # a missing folder has 0 bytes
+        site = os.path.join(glob.escape(venv or ""), "lib", "*", "site-packages")
+        packages = len(glob.glob(os.path.join(site, "*.dist-info"))) if venv else 0
         new = []
         if archive and os.path.isdir(archive):
             new = [os.path.join(archive, n) for n in os.listdir(archive) if n not in before]

@@ -13,6 +13,7 @@ key is read here from the root-only secrets file, never passed in argv.
 """
 
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -24,18 +25,16 @@ HEADER = "x-smg-routed-worker-id"
 def secret(path, name):
     try:
         with open(path) as fh:
-            for line in fh:
-                key, sep, value = line.strip().partition("=")
-                if sep and key == name:
-                    value = value.strip()
-                    if len(value) >= 2 and value[0] == value[-1] == '"':
-                        out, it = [], iter(value[1:-1])
-                        for ch in it:
-                            out.append(next(it, "") if ch == "\\" else ch)
-                        return "".join(out)
-                    return value
+            lines = fh.read().splitlines()
     except OSError:
         return None
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep and key == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                return re.sub(r"\\(.)", r"\1", value[1:-1])  # a backslash escapes one character
+            return value
     return None
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.commands import doctor
+from sglang_deploy.commands import cli, doctor
 from sglang_deploy.core import nvsmi
 from sglang_deploy.commands.doctor import Expectations
 
@@ -170,21 +170,21 @@ def test_garbled_probe_output(tmp_path):
 
 
 def test_cli_json_and_exit_codes(capsys):
-    rc = doctor.main(["--from", str(CASES / "healthy-8x"), "--json", "--expected-count", "8",
+    rc = cli.main(["doctor", "--from", str(CASES / "healthy-8x"), "--json", "--expected-count", "8",
                       "--expected-model", NAME, "--min-driver", "580.0", "--min-gbps", "20"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["status"] == "pass"
     assert {"name", "status", "message"} <= set(out["checks"][0])
-    rc = doctor.main(["--from", str(CASES / "lxc-driver-mismatch"), "--json"])
+    rc = cli.main(["doctor", "--from", str(CASES / "lxc-driver-mismatch"), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["status"] == "fail"
-    rc = doctor.main(["--from", str(CASES / "p2p-gns-2x"), "--json", "--p2p-policy", "adapt",
+    rc = cli.main(["doctor", "--from", str(CASES / "p2p-gns-2x"), "--json", "--p2p-policy", "adapt",
                       "--expected-count", "2"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["nccl_env"] == {"NCCL_P2P_DISABLE": "1"}
 
 
 def test_cli_table_output(capsys):
-    rc = doctor.main(["--from", str(CASES / "uvm-missing"), "--expected-count", "8"])
+    rc = cli.main(["doctor", "--from", str(CASES / "uvm-missing"), "--expected-count", "8"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "dev-nvidia-uvm" in out and "cuda-init" in out
@@ -193,10 +193,10 @@ def test_cli_table_output(capsys):
 
 
 def test_cli_errors(tmp_path, capsys):
-    assert doctor.main(["--from", str(tmp_path / "nope")]) == 2
+    assert cli.main(["doctor", "--from", str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        doctor.main(["--from", str(tmp_path), "--collect", str(tmp_path)])
+        cli.main(["doctor", "--from", str(tmp_path), "--collect", str(tmp_path)])
 
 
 def test_add_parser_registers_doctor():
@@ -284,7 +284,7 @@ def test_live_driver_mismatch(fake_host, tmp_path):
 
 def test_live_p2p_corrupt_cli(fake_host, tmp_path, capsys):
     fake_host(SCENARIO="p2p-corrupt", GPU_COUNT="2")
-    rc = doctor.main(["--json", "--collect", str(tmp_path / "c"), "--mib", "1",
+    rc = cli.main(["doctor", "--json", "--collect", str(tmp_path / "c"), "--mib", "1",
                       "--p2p-policy", "adapt"])
     report = json.loads(capsys.readouterr().out)
     assert rc == 1
@@ -296,10 +296,10 @@ def test_live_p2p_corrupt_cli(fake_host, tmp_path, capsys):
 
 def test_doctor_expects_what_the_deploy_expects_by_default(capsys):
     """No option: the data keys' defaults, so 7 GPUs of 8 fail as in a deploy."""
-    assert doctor.main(["--from", str(CASES / "healthy-8x"), "--json"]) == 0
+    assert cli.main(["doctor", "--from", str(CASES / "healthy-8x"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["expectations"] == {
         "count": 8, "model": NAME, "min_driver": "580.0", "p2p_policy": "require", "min_gbps": 10.0}
-    assert doctor.main(["--from", str(CASES / "gpu-missing-7x"), "--json"]) == 1
+    assert cli.main(["doctor", "--from", str(CASES / "gpu-missing-7x"), "--json"]) == 1
     assert checks_of(json.loads(capsys.readouterr().out))["gpu-count"]["status"] == "fail"
 
 
@@ -311,23 +311,23 @@ def test_a_slow_pair_fails_at_the_deploys_default_minimum(tmp_path, capsys):
     probe = json.loads((folder / "cuda-probe.json").read_text().strip().splitlines()[-1])
     probe["p2p"][0]["gbps"] = 6.5
     (folder / "cuda-probe.json").write_text(json.dumps(probe) + "\n")
-    assert doctor.main(["--from", str(folder), "--json"]) == 1
+    assert cli.main(["doctor", "--from", str(folder), "--json"]) == 1
     bw = checks_of(json.loads(capsys.readouterr().out))["p2p-bandwidth"]
     assert bw["status"] == "fail" and "6.5" in json.dumps(bw)
-    assert doctor.main(["--from", str(folder), "--json", "--min-gbps", "5"]) == 0
+    assert cli.main(["doctor", "--from", str(folder), "--json", "--min-gbps", "5"]) == 0
 
 
 def test_the_model_name_is_matched_exactly(capsys):
-    assert doctor.main(["--from", str(CASES / "healthy-8x"), "--json",
+    assert cli.main(["doctor", "--from", str(CASES / "healthy-8x"), "--json",
                         "--expected-model", "RTX PRO 6000"]) == 1
     assert checks_of(json.loads(capsys.readouterr().out))["gpu-model"]["status"] == "fail"
-    assert doctor.main(["--from", str(CASES / "healthy-8x"), "--json", "--expected-model", ""]) == 0
+    assert cli.main(["doctor", "--from", str(CASES / "healthy-8x"), "--json", "--expected-model", ""]) == 0
 
 
 def test_remote_mode_turns_options_into_data_and_reads_the_plan_records(tmp_path):
     from sglang_deploy.commands import doctor_remote
 
-    given = {o: None for o in doctor_remote.DATA_KEYS}
+    given = {o: None for o in doctor.OPTION_KEYS}
     assert doctor_remote.data_overrides({**given, "expected_count": 7, "expected_model": "X Y"},
                                         ["a=1"]) == ["gpu_expected_count=7", 'gpu_expected_model="X Y"', "a=1"]
     (tmp_path / "h1.preflight.json").write_text(json.dumps(
@@ -341,5 +341,5 @@ def test_remote_mode_turns_options_into_data_and_reads_the_plan_records(tmp_path
 
 
 def test_limit_without_inventory_is_a_usage_error(capsys):
-    assert doctor.main(["--limit", "h1"]) == 2
+    assert cli.main(["doctor", "--limit", "h1"]) == 2
     assert "need an INVENTORY" in capsys.readouterr().err

@@ -172,7 +172,7 @@ def test_apply_write_failure_leaves_file_and_no_temp(tmp_path, monkeypatch):
 def test_result_json():
     r = P.PatchResult(state="applied", file="/x", version="0.5.12.post1", sha256="a",
                       diff="d", message="m", sha256_before="b", line=3)
-    d = json.loads(r.to_json())
+    d = json.loads(json.dumps(r.to_dict()))
     assert d["state"] == "applied" and d["file"] == "/x" and d["changed"] is True
     assert d["version"] == "0.5.12.post1" and d["sha256"] == "a"
 

@@ -9,6 +9,14 @@ import pytest
 from sglang_deploy.commands.progress import HostProgress, line_event
 
 
+@pytest.fixture(autouse=True)
+def not_a_terminal(monkeypatch):
+    """The output is a StringIO or a captured stream: plain lines, whatever the environment
+    tells rich (FORCE_COLOR would make it draw a live table)."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.mark.parametrize("line,event", [
     ("--> Starting operation: Verify: block until the model really serves | Verify startup",
      ("verifying", None, None)),
@@ -27,7 +35,7 @@ def test_line_event(line, event):
 
 def test_plain_lines_on_each_change():
     out = io.StringIO()
-    p = HostProgress(out=out, live=False)
+    p = HostProgress(out=out)
     p.start(["a", "b"])
     p.update(["a"], "deploying")
     p.feed("    [a] verify: phase starting, elapsed 0s")  # a detail: no line of its own
@@ -45,7 +53,7 @@ def test_live_table_shows_state_time_and_detail():
     from rich.console import Console
 
     now = [100.0]
-    p = HostProgress(out=io.StringIO(), live=False, clock=lambda: now[0])
+    p = HostProgress(out=io.StringIO(), clock=lambda: now[0])
     p.start(["gpu-1", "gpu-2"])
     p.update("gpu-1", "deploying")
     p.feed("    [gpu-1] release venv: 40/180 packages, 2.1 GB installed, 35 s")
@@ -59,5 +67,5 @@ def test_live_table_shows_state_time_and_detail():
 
 def test_print_passes_through_without_live():
     out = io.StringIO()
-    HostProgress(live=False).print("rollout order (2 hosts):", out)
+    HostProgress().print("rollout order (2 hosts):", out)
     assert out.getvalue() == "rollout order (2 hosts):\n"
