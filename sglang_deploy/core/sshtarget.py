@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_deploy.core.errors import SglangDeployError, one_line
+from sglang_deploy.core.errors import SglangDeployError
 
 #: how long a connection attempt may take when neither the inventory nor ~/.ssh/config say
 CONNECT_TIMEOUT_S = 15
@@ -28,7 +28,7 @@ class HostShellError(SglangDeployError):
     exit_status = 2
 
     def lines(self) -> list[str]:
-        return [one_line(self)]
+        return [self.one_line()]
 
 
 @dataclass(frozen=True)

@@ -604,7 +604,7 @@ def test_exports_the_versioned_names_cuda_h_maps_to(libdir: Path) -> None:
     want = {mapping.get(f, f) for f in IMPLEMENTED}
     assert want <= exported, sorted(want - exported)
     # every name sglang_deploy/remote/cuda_probe.py looks up
-    assert set(cuda_probe.SIGNATURES) | set(cuda_probe.P2P_SIGNATURES) <= exported
+    assert set(cuda_probe.SIGNATURES) <= exported
     # the 32-bit v1 ABI names are not offered (a caller would get silently wrong sizes)
     assert not {"cuMemAlloc", "cuMemFree", "cuMemcpyHtoD", "cuDeviceTotalMem"} & exported
     # only cu* symbols leak out of the library
