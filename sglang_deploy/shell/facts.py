@@ -206,10 +206,6 @@ class HostSnapshot(FactBase):
         return {"state": state, "gpu": sections, "output": raw}
 
 
-def site_packages(venv: str, python_minor: str) -> str:
-    return f"{venv}/lib/python{python_minor}/site-packages"
-
-
 class ServingProbe(FactBase):
     """One read-only poll of the service: ``systemctl show`` and, over HTTP on the host,
     ``/health`` and ``/v1/models`` (the API key read on the host from the secrets file)."""

@@ -5,8 +5,6 @@ pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.in
 after that, so ``install`` wraps this state's ``init``: as soon as the inventory exists, the
 data of EVERY host is checked and a ``DataError`` stops the run there, before
 ``connect_all`` starts any connection (the CLI prints it as a pyinfra error, no traceback).
-When the state is already initialised (API use), a ``host_before_connect`` callback does the
-same check and refuses every host's connection while the data is wrong.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ from pathlib import Path
 
 from pyinfra.api.state import BaseStateCallback
 
-from sglang_deploy.core import data
-from sglang_deploy.core import jit
-from sglang_deploy.shell import deploylock, lockedflags
-from sglang_deploy.core import errors
-from sglang_deploy.shell import pyinfrafast
+from sglang_deploy.core import data, errors, jit
+from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast
 from sglang_deploy.shell.plan import PLAN_ENV
 
 
@@ -69,22 +64,6 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
             raise
 
 
-class ValidateBeforeConnect(BaseStateCallback):
-    def __init__(self) -> None:
-        self.checked = False
-        self.error: data.DataError | None = None
-
-    def host_before_connect(self, state, host):  # type: ignore[override]
-        if not self.checked:
-            self.checked = True
-            try:
-                validate_inventory(state.inventory, state.cwd)
-            except data.DataError as exc:
-                self.error = exc
-        if self.error is not None:  # hosts connect in parallel: refuse each one
-            raise self.error
-
-
 def connection_lost(host) -> bool:
     """True when HOST's SSH connection is known to be closed (paramiko transport gone)."""
     client = getattr(host.connector, "client", None)
@@ -119,8 +98,7 @@ class ExplainConnectErrors(BaseStateCallback):
     (pyinfra suggests `ssh-keygen -R` on the default file, not the inventory's)."""
 
     def host_connect_error(self, state, host, error):  # type: ignore[override]
-        text = str(getattr(error, "args", [""])[0] if getattr(error, "args", None) else error)
-        if "host key" not in text.lower():
+        if "host key" not in str(error).lower():
             return
         from pyinfra import logger
 
@@ -176,8 +154,9 @@ class HoldDeployLock(BaseStateCallback):
     the connection that stays open until the connection ends. A live holder stops the run
     (naming it); a stale one is taken over with a warning."""
 
-    def __init__(self, timeout_s: float = 15.0) -> None:
-        self.timeout_s = timeout_s
+    timeout_s = 15.0
+
+    def __init__(self) -> None:
         self.held: dict[str, tuple] = {}
 
     def host_connect(self, state, host):  # type: ignore[override]
@@ -234,7 +213,7 @@ class TypedErrorsWithoutTraceback(logging.Filter):
 
 
 def install(state) -> None:
-    """Install every hook on ``state`` (before or after ``State.init``): pyinfra's cheap
+    """Install every hook on ``state`` (before ``State.init``): pyinfra's cheap
     operation order and argument types (``pyinfrafast``), data validation as soon as the
     inventory exists, TCP_NODELAY and then the deploy lock after each connection,
     clear messages for a changed host key and a lost connection, typed errors without
@@ -248,24 +227,16 @@ def install(state) -> None:
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()
     hub.NOT_ERROR = (*hub.NOT_ERROR, deploylock.SglangDeployError)
-    handler = ValidateBeforeConnect()
-    others = (ExplainConnectErrors(), ExplainLostConnection(), NoDelay())
+    handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay()]
     if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
-        others += (HoldDeployLock(),)
-    if hasattr(state, "callback_handlers"):
-        state.add_callback_handler(handler)
-        for each in others:
-            state.add_callback_handler(each)
-        return
+        handlers.append(HoldDeployLock())
     original = state.init
 
     def init(*args, **kwargs):
         result = original(*args, **kwargs)
-        state.add_callback_handler(handler)
-        for each in others:
+        for each in handlers:
             state.add_callback_handler(each)
         validate_inventory(state.inventory, state.cwd)
-        handler.checked = True
         return result
 
     state.init = init

@@ -19,6 +19,7 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import RouterError
 from sglang_deploy.shell import routing
+from sglang_deploy.shell.hosts import parse_data
 
 
 @dataclass
@@ -180,8 +181,7 @@ class Router:
 
 def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> list[Router]:
     """The routers of INVENTORY (none when it has no ``routers`` group)."""
-    overrides = dict(d.split("=", 1) for d in (data or []))
-    fl = routing.fleet(inventory, cwd, data=_typed(overrides))
+    fl = routing.fleet(inventory, cwd, data=parse_data(data or []))
     out = []
     for name, raw in fl.routers:
         s = datamod.resolve(raw)
@@ -195,13 +195,3 @@ def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> li
                           verify_timeout_s=float(s.router_verify_timeout_s)))
     return out
 
-
-def _typed(overrides: dict) -> dict:
-    """``--data`` values as pyinfra parses them (JSON where it parses, else the string)."""
-    out = {}
-    for k, v in overrides.items():
-        try:
-            out[k] = json.loads(v)
-        except ValueError:
-            out[k] = v
-    return out
