@@ -37,18 +37,6 @@ KEEPALIVE_S = 30
 #: seconds a short command (run) may take
 RUN_TIMEOUT_S = 120
 
-__all__ = [
-    "HostShellError",
-    "connect",
-    "host_data",
-    "journal_since_last_start",
-    "run",
-    "setting",
-    "stream",
-    "target",
-]
-
-
 def host_data(inventory: str, name: str, cwd: str = ".") -> dict:
     """The merged inventory data of host NAME, read as pyinfra reads it (no connection)."""
     if inventory.endswith(".py") and not Path(cwd, inventory).is_file():
@@ -127,7 +115,7 @@ def _check_host_keys(cxn, t: SshTarget, extra: list[str] = ()) -> None:
     for f in present:
         cxn.client.load_host_keys(f)
     cxn.client.set_missing_host_key_policy(_policy(t.host_key_policy, files[0]))
-    if cxn.gateway is not None and not isinstance(cxn.gateway, str) and cxn.gateway:
+    if cxn.gateway and not isinstance(cxn.gateway, str):
         hop = cxn.gateway
         # a jump host's keys: its own known-hosts file from ~/.ssh/config, or the user's
         _check_host_keys(hop, SshTarget(name=hop.original_host, hostname=hop.host,

@@ -250,9 +250,8 @@ def runtime_stage():
             status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
                 or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
                                  tool=lay.tool("patch_tool.py"))
-        ctx.patch_state = (status or {}).get("state") or "applied"
-        if ctx.patch_state == "needed":
-            ctx.patch_state = "applied"
+        found = (status or {}).get("state")
+        ctx.patch_state = "applied" if found in (None, "", "needed") else found
         ctx.ops["patch"] = releaseops.autotune_patch(
             name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
             tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
@@ -370,38 +369,13 @@ def service_stage():
     ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
 
 
-def verify_startup(s: datamod.Settings, params: dict, tools: str):
-    """Block until the (re)started server is ready (raises VerifyError)."""
-    verifier = Verifier(
-        sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
-        cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
-        overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
-        require_generate=s.verify_generate,
-    )
-    return wait_until_ready(
-        host, verifier, tool=f"{tools}/hoststate.py", service=s.sglang_service,
-        port=s.sglang_port, host_addr=service.probe_address(s.sglang_host),
-        secrets=service.SECRETS_FILE, poll_s=s.verify_poll_s,
-        log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"),
-    )
-
-
-def verify_serving(s: datamod.Settings, params: dict, tools: str):
-    """Check a server that was not restarted still serves (raises VerifyError)."""
-    return wait_serving(
-        host, tool=f"{tools}/hoststate.py", service=s.sglang_service, port=s.sglang_port,
-        host_addr=service.probe_address(s.sglang_host), secrets=service.SECRETS_FILE,
-        served_model_name=params["served_model_name"], require_generate=s.verify_generate,
-        timeout_s=s.verify_phase_timeouts["http"], poll_s=s.verify_poll_s)
-
-
 def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
     """Keep what was just verified on the host: the summary, and the known-good copy of the
     unit and secrets that a rollback restores (root only)."""
     lay = Layout.of(s)
     # Not promoted (a gate must pass first): kept as a candidate the rollout promotes.
     kg = lay.known_good(promote=s.verify_promote_known_good)
-    summary["verified_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    summary["verified_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     record = json.dumps({**params, "verified_at": summary["verified_at"]}, sort_keys=True)
     q = shlex.quote
     host.run_shell_command(
@@ -416,10 +390,24 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
 
 
 def verify_and_record(s: datamod.Settings, params: dict, action: str) -> None:
-    """Verify (a started server from its log, a running one by its API), then keep the result."""
-    tools = Layout.of(s).tools
-    check = verify_serving if action in ("converged", "unchanged") else verify_startup
-    summary = report.host_summary(host.name, params, check(s, params, tools))
+    """Verify, then keep the result: a started server from its log until it is ready, a
+    running one (``converged``, ``unchanged``) by its API (raises VerifyError)."""
+    probe = {"tool": f"{Layout.of(s).tools}/hoststate.py", "service": s.sglang_service,
+             "port": s.sglang_port, "host_addr": service.probe_address(s.sglang_host),
+             "secrets": service.SECRETS_FILE, "poll_s": s.verify_poll_s}
+    if action in ("converged", "unchanged"):
+        result = wait_serving(host, served_model_name=params["served_model_name"],
+                              require_generate=s.verify_generate,
+                              timeout_s=s.verify_phase_timeouts["http"], **probe)
+    else:
+        verifier = Verifier(
+            sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
+            cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
+            overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
+            require_generate=s.verify_generate)
+        result = wait_until_ready(host, verifier, **probe,
+                                  log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"))
+    summary = report.host_summary(host.name, params, result)
     summary["action"] = action
     record_verified(s, params, summary)
 
@@ -438,7 +426,8 @@ def verify_stage():
     s = ctx.settings
     started, restarted = ctx.ops["started"], ctx.ops["restarted"]
     may_restart = started.will_change or restarted is not None
-    plan.record(state, host, ctx)
+    if plan.plan_dir() is not None:
+        plan.record(state, host, ctx, _serving_poll(s))
     if may_restart:
         python.call(name="Verify startup, API and a one-token generation",
                     function=ops.reported(lambda: verify_and_record(
