@@ -10,23 +10,21 @@ import hashlib
 import posixpath
 import shlex
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import operation
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
+from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.operations import files
 
-from sglang_deploy.core.errors import PreflightError
+from sglang_deploy.core.errors import PreflightError, SglangDeployError
 
 
 def reported(function):
     """Wrap a function run on the host's turn (``python.call``, ``FunctionCommand``): a
     tool error is logged as its own message (expected / found / fix), not as a Python
     traceback, and fails the operation."""
-
-    from pyinfra.api.exceptions import NestedOperationError
-
-    from sglang_deploy.core.errors import SglangDeployError
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
@@ -257,12 +255,8 @@ def directories(dirs: list, present: dict):
 
 
 def _content_matches(src, mode: str, present: dict | None) -> bool:
-    if hasattr(src, "getvalue"):
-        data = src.getvalue()
-        data = data.encode() if isinstance(data, str) else data
-    else:
-        with open(src, "rb") as fh:
-            data = fh.read()
+    data = src.getvalue() if hasattr(src, "getvalue") else Path(src).read_bytes()
+    data = data.encode() if isinstance(data, str) else data
     present = present or {}
     return (present.get("kind") == "file" and present.get("mode") == _mode(mode)
             and present.get("sha256") == hashlib.sha256(data).hexdigest())

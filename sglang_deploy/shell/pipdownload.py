@@ -78,8 +78,5 @@ def download(requirements: str, dest: str | os.PathLike, *, quiet: bool = False,
 
 def error_line(output: str) -> str:
     """pip's own error line (``ERROR: ...``), else the last line of its output."""
-    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
-    for line in reversed(lines):
-        if line.startswith("ERROR:"):
-            return line
-    return lines[-1] if lines else "no output"
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()] or ["no output"]
+    return next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), lines[-1])
