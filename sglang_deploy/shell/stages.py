@@ -428,19 +428,20 @@ def verify_stage():
     may_restart = started.will_change or restarted is not None
     if plan.plan_dir() is not None:
         plan.record(state, host, ctx, _serving_poll(s))
+
+    def verify(action: str | None = None) -> None:
+        verify_and_record(s, ctx.verify_params(), action or _action(started, restarted))
+
     if may_restart:
         python.call(name="Verify startup, API and a one-token generation",
-                    function=ops.reported(lambda: verify_and_record(
-                        s, ctx.verify_params(), _action(started, restarted))),
+                    function=ops.reported(verify),
                     _if=lambda: _action(started, restarted) is not None)
     if ctx.verify_running:
         python.call(name="Verify the running server (never verified, serving: not restarted)",
-                    function=ops.reported(lambda: verify_and_record(s, ctx.verify_params(),
-                                                                    "converged")))
+                    function=ops.reported(functools.partial(verify, "converged")))
     elif s.verify_converged:
         python.call(name="Verify the running server still serves (converged host)",
-                    function=ops.reported(lambda: verify_and_record(s, ctx.verify_params(),
-                                                                    "converged")),
+                    function=ops.reported(functools.partial(verify, "converged")),
                     _if=lambda: _action(started, restarted) is None)
     elif not may_restart:
         host.noop("the service was not (re)started: nothing to verify")
