@@ -90,23 +90,25 @@ def context() -> Context:
     return ctx
 
 
-def lock_info(lock_file: str) -> tuple[str, str, str]:
-    """(release id, sglang version, lock text) of a lock file on the controller: read and
-    checked once per run and file version (every host of a fleet names the same lock)."""
+def lock_info(lock_file: str, key: str = "sglang_lock", parse=service.release_of_lock,
+              fix: str = "run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`"
+              ) -> tuple[str, str, str]:
+    """(release id, version, lock text) of a lock file on the controller, PARSE giving the
+    first two (it raises for a bad lock): read and checked once per run and file version
+    (every host of a fleet names the same lock). KEY and FIX: the data key, for the error."""
     path = Path(state.cwd or ".") / lock_file
     if not path.is_file():
-        raise DataError(key="sglang_lock", what="the lock file named by `sglang_lock` exists",
-                        found=f"no file {path}",
-                        fix="run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`")
+        raise DataError(key=key, what=f"the lock file named by `{key}` exists",
+                        found=f"no file {path}", fix=fix)
     st = path.stat()
-    return _read_lock(str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    return _read_lock(parse, str(path), st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_lock(path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[str, str, str]:
+def _read_lock(parse, path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[str, str, str]:
     """``lock_info`` of one file version; a bad lock raises (exceptions are not cached)."""
     text = Path(path_text).read_text()
-    return (*service.release_of_lock(text, path_text), text)
+    return (*parse(text, path_text), text)
 
 
 def tool_source(tool: str) -> Path:
