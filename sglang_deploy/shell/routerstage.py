@@ -41,7 +41,8 @@ def release_of_lock(text: str, path: str) -> tuple[str, str]:
     if not version or "--hash=sha256:" not in text:
         raise DataError(key="router_lock", what="a lock with hashes that pins smg==VERSION",
                         found=f"{path}: {'no smg pin' if not version else 'no hashes'}",
-                        fix="add smg to locks/router.in and run `sglang-deploy lock locks/router.in`")
+                        fix="add smg to locks/router.in and run "
+                            "`sglang-deploy lock locks/router.in`")
     return hashlib.sha256(text.encode()).hexdigest()[:16], version
 
 

@@ -111,28 +111,6 @@ def _read_lock(parse, path_text: str, mtime_ns: int, size: int, inode: int) -> t
     return (*parse(text, path_text), text)
 
 
-def tool_source(tool: str) -> Path:
-    """The controller's copy of a tool shipped to ROOT/tools."""
-    return Path(patchmod.__file__) if tool == "patch.py" else REMOTE / tool
-
-
-def flag_cache_dir() -> str:
-    """The controller's cache of parsed ``server_args.py`` files (``flagcache``)."""
-    return str(Path(state.cwd or ".") / ".sglang-deploy" / "cache" / "flagspec")
-
-
-def _tail(text: str | None, lines: int = 5) -> str:
-    kept = (text or "").strip().splitlines()[-lines:]
-    return "\n".join(kept) if kept else "no output at all"
-
-
-def no_probe_check(settings) -> preflight.Check:
-    return preflight.Check(
-        name="cuda-probe", status="fail", message="the CUDA probe gave no result",
-        fix=f"run `{settings.sglang_system_python} cuda_probe.py --p2p` on the host (or "
-            "`sglang-deploy doctor` there) and read its error")
-
-
 def put_p2p_record(ctx: Context) -> None:
     """Keep a passed full P2P test's verdict on the host (a file op: unchanged = no change)."""
     if ctx.p2p_record is not None:
@@ -153,7 +131,10 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
                               mib=s.gpu_p2p_test_mib)
     checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
     if kind != "none" and probe is None:
-        checks.append(no_probe_check(s))
+        checks.append(preflight.Check(
+            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
+            fix=f"run `{s.sglang_system_python} cuda_probe.py --p2p` on the host (or "
+                "`sglang-deploy doctor` there) and read its error"))
     if kind == "p2p":
         ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
     return checks, matrix
@@ -173,7 +154,9 @@ def preflight_stage():
     if hs is None:
         raise RuntimeSetupError(
             what=f"the host-state read ({settings.sglang_system_python} hoststate.py) to print JSON",
-            found=_tail(snap["output"]), fix=f"check that `{settings.sglang_system_python}` "
+            found="\n".join((snap["output"] or "").strip().splitlines()[-5:])
+            or "no output at all",
+            fix=f"check that `{settings.sglang_system_python}` "
             "(sglang_system_python) runs on the host: it is the Python 3 the deploy uses there")
     ctx = Context(settings=settings, layout=layout, hoststate=hs, release_id=release_id,
                   sglang_version=sglang_version, lock_text=lock_text, gpu_snapshot=snap["gpu"],
@@ -219,7 +202,8 @@ def runtime_stage():
                          cache_dir=s.sglang_cache_dir, user=s.sglang_user,
                          present_files=hs.get("cache_files") or 0)
     ops.files_content(name=f"Tools ({', '.join(service.TOOLS)})", mode="755", present=paths,
-                      sources=[(str(tool_source(t)), lay.tool(t)) for t in service.TOOLS])
+                      sources=[(str(Path(patchmod.__file__) if t == "patch.py" else REMOTE / t),
+                                lay.tool(t)) for t in service.TOOLS])
     releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
@@ -315,7 +299,8 @@ def service_stage():
     ctx = context()
     s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
     rel = hs["releases"].get(ctx.release_id) or {}
-    cache_dir = flag_cache_dir()
+    # the controller's cache of parsed ``server_args.py`` files (``flagcache``)
+    cache_dir = str(Path(state.cwd or ".") / ".sglang-deploy" / "cache" / "flagspec")
     spec = None
     if rel.get("complete"):  # by the sha256 the host reported; fetched only on a cache miss
         spec = flagcache.load(cache_dir, rel.get("server_args_sha256")) \
