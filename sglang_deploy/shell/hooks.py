@@ -13,18 +13,19 @@ import functools
 import logging
 import os
 import re
+import socket
 from pathlib import Path
 
+import gevent
+from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data, errors, jit
-from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast
+from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast, routing
 from sglang_deploy.shell.plan import PLAN_ENV
 
 
 def _pyinfra_warning(text: str) -> None:
-    from pyinfra import logger
-
     logger.warning(f"sglang-deploy: {text}")
 
 
@@ -40,8 +41,6 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
     pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
     sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
     here); raise the first ``DataError``, naming the host."""
-    from sglang_deploy.shell import routing
-
     for each in inventory:
         try:
             settings = routing.settings(each, inventory)
@@ -100,8 +99,6 @@ class ExplainConnectErrors(BaseStateCallback):
     def host_connect_error(self, state, host, error):  # type: ignore[override]
         if "host key" not in str(error).lower():
             return
-        from pyinfra import logger
-
         logger.error(host.print_prefix + host_key_message(
             host.name, host.data.get("ssh_hostname") or host.name,
             host.data.get("ssh_known_hosts_file")))
@@ -114,8 +111,6 @@ class ExplainLostConnection(BaseStateCallback):
     def operation_host_error(self, state, host, op_hash, retry_attempt=0, max_retries=0):  # type: ignore[override]
         if not connection_lost(host):
             return
-        from pyinfra import logger
-
         # the names of one operation hash span hosts (e.g. each host's own release id)
         names = sorted(state.get_op_meta(op_hash).names) or [op_hash]
         if len(names) > 1:
@@ -129,8 +124,6 @@ def no_delay(client) -> bool:
     """Send each SSH packet of CLIENT's connection at once (TCP_NODELAY). With Nagle's
     algorithm on, a command's request waits for the host's delayed ACK of the one before it,
     on every command's round trip. False when there is no TCP socket to set."""
-    import socket
-
     transport = client.get_transport() if hasattr(client, "get_transport") else None
     sock = getattr(transport, "sock", None)
     if sock is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
@@ -163,8 +156,6 @@ class HoldDeployLock(BaseStateCallback):
         client = getattr(host.connector, "client", None)
         if client is None or not hasattr(client, "exec_command"):
             return  # not SSH (e.g. @local): nothing to hold
-        from pyinfra import logger
-
         mine = deploylock.me()
         for attempt in (1, 2):
             stdin, stdout, _ = client.exec_command(deploylock.holder_command(mine),
@@ -218,9 +209,6 @@ def install(state) -> None:
     inventory exists, TCP_NODELAY and then the deploy lock after each connection,
     clear messages for a changed host key and a lost connection, typed errors without
     tracebacks."""
-    import gevent
-    from pyinfra import logger
-
     pyinfrafast.install()  # before any operation is added
     logger.addFilter(TypedErrorsWithoutTraceback())
 
