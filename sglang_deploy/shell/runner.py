@@ -67,17 +67,22 @@ def run_pyinfra(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequ
     """Run pyinfra, streaming its output lines to ON_LINE; return the exit status and output."""
     argv = pyinfra_argv(inventory, deploy_file, limit=limit, data=data, dry=dry)
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    rc, output = run_lines(argv, on_line, cwd=cwd, env={**os.environ, **(env or {})})
+    return Run(argv=argv, rc=rc, output=output, seconds=time.monotonic() - t0)
+
+
+def run_lines(argv: list[str], on_line: Callable[[str], None] | None = None,
+              **popen) -> tuple[int, str]:
+    """Run ARGV (no stdin, stderr into stdout), ON_LINE called with each output line as it
+    comes: (exit status, output)."""
     lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if on_line:
-            on_line(line.rstrip("\n"))
-    rc = proc.wait()
-    return Run(argv=argv, rc=rc, output="".join(lines), seconds=time.monotonic() - t0)
+    with subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, **popen) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line:
+                on_line(line.rstrip("\n"))
+        return proc.wait(), "".join(lines)
 
 
 def inventory_hosts(inventory: str, cwd: str | os.PathLike = ".",
