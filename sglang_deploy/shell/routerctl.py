@@ -186,9 +186,7 @@ def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> li
     for name, raw in fl.routers:
         s = datamod.resolve(raw)
         address = routermod.router_address(s.router_host, raw, name)
-        workers = {w: routermod.http_url(routermod.worker_address(wraw, w),
-                                         wraw.get("sglang_port", 30000))
-                   for w, wraw in fl.workers}
+        workers = {w: routing.worker_url(w, wraw) for w, wraw in fl.workers}
         out.append(Router(host=name, url=routermod.http_url(address, s.router_port),
                           key=s.router_key, model=s.served_model_name, workers=workers,
                           drain_timeout_s=float(s.rollout_drain_timeout_s),

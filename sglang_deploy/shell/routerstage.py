@@ -48,14 +48,8 @@ def release_of_lock(text: str, path: str) -> tuple[str, str]:
 
 def workers() -> list[str]:
     """The URLs of the inventory's serving hosts, as the router reaches them."""
-    urls = []
-    for h in state.inventory:
-        if routing.is_router(h):
-            continue
-        raw = routing.raw_data(h, state.inventory)
-        port = raw.get("sglang_port", 30000)
-        urls.append(routermod.http_url(routermod.worker_address(raw, h.name), port))
-    return urls
+    return [routing.worker_url(h.name, routing.raw_data(h, state.inventory))
+            for h in state.inventory if not routing.is_router(h)]
 
 
 def home(s) -> str:
