@@ -80,6 +80,13 @@ def preflight_gate(checks: list, title: str = "pre-flight") -> None:
                 + (f" ({warns} warnings)" if warns else ""))
 
 
+def private_upload(content: str, path: str):
+    """The commands that write CONTENT to PATH, a file made 0600 before any byte is written
+    (the content goes over SFTP: never in argv or pyinfra's output)."""
+    yield f"umask 077 && : > {shlex.quote(path)} && chmod 600 {shlex.quote(path)}"
+    yield FileUploadCommand(StringIO(content), path, remote_temp_filename=None)
+
+
 @operation()
 def secret_file(path: str, content: str, present_sha256: str | None):
     """
@@ -100,8 +107,7 @@ def secret_file(path: str, content: str, present_sha256: str | None):
         host.noop(f"{path} is up to date")
         return
     tmp = f"{path}.tmp"
-    yield f"umask 077 && : > {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)}"
-    yield FileUploadCommand(StringIO(content), tmp, remote_temp_filename=None)
+    yield from private_upload(content, tmp)
     yield f"chown root:root {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
 
 

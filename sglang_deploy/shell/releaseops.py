@@ -9,7 +9,6 @@ import dataclasses
 import datetime
 import json
 import shlex
-from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger, state
@@ -21,7 +20,7 @@ from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
 from sglang_deploy.shell import streamed
 from sglang_deploy.shell.facts import ServerArgsSource
-from sglang_deploy.shell.operations import _sh, reported
+from sglang_deploy.shell.operations import _sh, private_upload, reported
 
 
 def _source(wheelhouse: str | None, index_url: str | None) -> list[str]:
@@ -315,9 +314,7 @@ def model_download(spec: modelfetch.FetchSpec, complete: bool, token: str | None
         host.noop(f"model folder {spec.path} is complete")
         return
     if token and spec.token_file:
-        tmp = shlex.quote(spec.token_file)
-        yield f"umask 077 && : > {tmp} && chmod 600 {tmp}"
-        yield FileUploadCommand(StringIO(token + "\n"), spec.token_file, remote_temp_filename=None)
+        yield from private_upload(token + "\n", spec.token_file)
     elif spec.token_file:
         spec = dataclasses.replace(spec, token_file=None)
     yield FunctionCommand(reported(_fetch_on_host), (spec, group), {})
