@@ -50,8 +50,8 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, owned by another user
+        pass
     return True
 
 
@@ -95,14 +95,11 @@ def holder_command(owner: dict) -> str:
 
 def parse_busy(lines: list[str]) -> dict | None:
     """The owner printed after BUSY (None when unreadable)."""
-    for line in lines:
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-    return None
+    line = next((ln for ln in map(str.strip, lines) if ln.startswith("{")), "null")
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def live_error(host: str, owner: dict | None) -> DeployLockError:

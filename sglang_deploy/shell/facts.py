@@ -95,12 +95,9 @@ class CudaProbe(FactBase):
     copy between every GPU pair with its bandwidth. Returns the probe's JSON object.
     """
 
-    @staticmethod
-    def args(p2p: bool = True, mib: int = 64) -> list[str]:
-        return ["--mib", str(mib)] + (["--p2p"] if p2p else [])
-
     def command(self, python: str = "python3", p2p: bool = True, mib: int = 64) -> str:
-        return stdin_script("cuda_probe.py", self.args(p2p=p2p, mib=mib), python=python)
+        return stdin_script("cuda_probe.py", ["--mib", str(mib)] + (["--p2p"] if p2p else []),
+                            python=python)
 
     def process(self, output: list[str]):
         return _json_fact_output(output)
@@ -125,11 +122,9 @@ class SglangHostState(FactBase):
         return (["state"] + [f"--{name}={value}" for name, value in options if value]
                 + (["--dev-open"] if dev_open else []))
 
-    def command(self, root: str, service: str, model: str | None = None,
-                secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = (), dev_open: bool = False) -> str:
-        return stdin_script("hoststate.py", self.args(root, service, model=model, secrets=secrets,
-                                                      cache=cache, paths=paths, dev_open=dev_open),
+    def command(self, root: str, service: str, secrets: str | None = None,
+                python: str = "python3", paths: tuple = ()) -> str:
+        return stdin_script("hoststate.py", self.args(root, service, secrets=secrets, paths=paths),
                             python=python)
 
     def process(self, output: list[str]):
@@ -191,10 +186,10 @@ class HostSnapshot(FactBase):
 
     def process(self, output: list[str]) -> dict:
         sections = _parse_sections(output)
-        raw = (sections.get("hoststate.json") or {}).get("out", "")
+        raw = (sections.pop("hoststate.json", None) or {}).get("out", "")
         state = None
         # the part's stderr shares its section: the object is its last JSON line
-        for line in reversed((sections.pop("hoststate.json", None) or {}).get("out", "").splitlines()):
+        for line in reversed(raw.splitlines()):
             if line.startswith(("{", "null")):
                 try:
                     state = json.loads(line)
@@ -204,10 +199,6 @@ class HostSnapshot(FactBase):
         if isinstance(state, dict) and "dev_open" in state:
             sections["dev-open.txt"] = {"out": state.pop("dev_open"), "rc": 0}
         return {"state": state, "gpu": sections, "output": raw}
-
-
-def site_packages(venv: str, python_minor: str) -> str:
-    return f"{venv}/lib/python{python_minor}/site-packages"
 
 
 class ServingProbe(FactBase):

@@ -5,8 +5,6 @@ pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.in
 after that, so ``install`` wraps this state's ``init``: as soon as the inventory exists, the
 data of EVERY host is checked and a ``DataError`` stops the run there, before
 ``connect_all`` starts any connection (the CLI prints it as a pyinfra error, no traceback).
-When the state is already initialised (API use), a ``host_before_connect`` callback does the
-same check and refuses every host's connection while the data is wrong.
 """
 
 from __future__ import annotations
@@ -15,21 +13,19 @@ import functools
 import logging
 import os
 import re
+import socket
 from pathlib import Path
 
+import gevent
+from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
-from sglang_deploy.core import data
-from sglang_deploy.core import jit
-from sglang_deploy.shell import deploylock, lockedflags
-from sglang_deploy.core import errors
-from sglang_deploy.shell import pyinfrafast
+from sglang_deploy.core import data, errors, jit
+from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast, routing
 from sglang_deploy.shell.plan import PLAN_ENV
 
 
 def _pyinfra_warning(text: str) -> None:
-    from pyinfra import logger
-
     logger.warning(f"sglang-deploy: {text}")
 
 
@@ -45,8 +41,6 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
     pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
     sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
     here); raise the first ``DataError``, naming the host."""
-    from sglang_deploy.shell import routing
-
     for each in inventory:
         try:
             settings = routing.settings(each, inventory)
@@ -67,22 +61,6 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
             raise
-
-
-class ValidateBeforeConnect(BaseStateCallback):
-    def __init__(self) -> None:
-        self.checked = False
-        self.error: data.DataError | None = None
-
-    def host_before_connect(self, state, host):  # type: ignore[override]
-        if not self.checked:
-            self.checked = True
-            try:
-                validate_inventory(state.inventory, state.cwd)
-            except data.DataError as exc:
-                self.error = exc
-        if self.error is not None:  # hosts connect in parallel: refuse each one
-            raise self.error
 
 
 def connection_lost(host) -> bool:
@@ -119,11 +97,8 @@ class ExplainConnectErrors(BaseStateCallback):
     (pyinfra suggests `ssh-keygen -R` on the default file, not the inventory's)."""
 
     def host_connect_error(self, state, host, error):  # type: ignore[override]
-        text = str(getattr(error, "args", [""])[0] if getattr(error, "args", None) else error)
-        if "host key" not in text.lower():
+        if "host key" not in str(error).lower():
             return
-        from pyinfra import logger
-
         logger.error(host.print_prefix + host_key_message(
             host.name, host.data.get("ssh_hostname") or host.name,
             host.data.get("ssh_known_hosts_file")))
@@ -136,8 +111,6 @@ class ExplainLostConnection(BaseStateCallback):
     def operation_host_error(self, state, host, op_hash, retry_attempt=0, max_retries=0):  # type: ignore[override]
         if not connection_lost(host):
             return
-        from pyinfra import logger
-
         # the names of one operation hash span hosts (e.g. each host's own release id)
         names = sorted(state.get_op_meta(op_hash).names) or [op_hash]
         if len(names) > 1:
@@ -151,8 +124,6 @@ def no_delay(client) -> bool:
     """Send each SSH packet of CLIENT's connection at once (TCP_NODELAY). With Nagle's
     algorithm on, a command's request waits for the host's delayed ACK of the one before it,
     on every command's round trip. False when there is no TCP socket to set."""
-    import socket
-
     transport = client.get_transport() if hasattr(client, "get_transport") else None
     sock = getattr(transport, "sock", None)
     if sock is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
@@ -176,16 +147,15 @@ class HoldDeployLock(BaseStateCallback):
     the connection that stays open until the connection ends. A live holder stops the run
     (naming it); a stale one is taken over with a warning."""
 
-    def __init__(self, timeout_s: float = 15.0) -> None:
-        self.timeout_s = timeout_s
+    timeout_s = 15.0
+
+    def __init__(self) -> None:
         self.held: dict[str, tuple] = {}
 
     def host_connect(self, state, host):  # type: ignore[override]
         client = getattr(host.connector, "client", None)
         if client is None or not hasattr(client, "exec_command"):
             return  # not SSH (e.g. @local): nothing to hold
-        from pyinfra import logger
-
         mine = deploylock.me()
         for attempt in (1, 2):
             stdin, stdout, _ = client.exec_command(deploylock.holder_command(mine),
@@ -234,38 +204,27 @@ class TypedErrorsWithoutTraceback(logging.Filter):
 
 
 def install(state) -> None:
-    """Install every hook on ``state`` (before or after ``State.init``): pyinfra's cheap
+    """Install every hook on ``state`` (before ``State.init``): pyinfra's cheap
     operation order and argument types (``pyinfrafast``), data validation as soon as the
     inventory exists, TCP_NODELAY and then the deploy lock after each connection,
     clear messages for a changed host key and a lost connection, typed errors without
     tracebacks."""
-    import gevent
-    from pyinfra import logger
-
     pyinfrafast.install()  # before any operation is added
     logger.addFilter(TypedErrorsWithoutTraceback())
 
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()
     hub.NOT_ERROR = (*hub.NOT_ERROR, deploylock.SglangDeployError)
-    handler = ValidateBeforeConnect()
-    others = (ExplainConnectErrors(), ExplainLostConnection(), NoDelay())
+    handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay()]
     if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
-        others += (HoldDeployLock(),)
-    if hasattr(state, "callback_handlers"):
-        state.add_callback_handler(handler)
-        for each in others:
-            state.add_callback_handler(each)
-        return
+        handlers.append(HoldDeployLock())
     original = state.init
 
     def init(*args, **kwargs):
         result = original(*args, **kwargs)
-        state.add_callback_handler(handler)
-        for each in others:
+        for each in handlers:
             state.add_callback_handler(each)
         validate_inventory(state.inventory, state.cwd)
-        handler.checked = True
         return result
 
     state.init = init

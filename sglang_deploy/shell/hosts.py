@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,8 @@ from sglang_deploy.core.errors import UsageError
 
 @dataclass
 class Selection:
-    inventory: str
     hosts: list[str]                      # the hosts acted on, in inventory order
     all_hosts: list[str]
-    groups: dict[str, list[str]]
-    data: list[str] = field(default_factory=list)   # the --data K=V items, for pyinfra
-    host_data: dict[str, dict] = field(default_factory=dict, repr=False)
 
 
 def parse_data(items: Sequence[str]) -> dict[str, Any]:
@@ -73,10 +69,6 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
                          ) from exc
 
 
-def groups_of(inv) -> dict[str, list[str]]:
-    return {name: [h.name for h in members] for name, members in sorted(inv.groups.items())}
-
-
 def match(inv, patterns: Sequence[str], option: str = "--limit") -> list:
     """The hosts of INV that PATTERNS select (pyinfra's ``--limit``), in inventory order;
     a pattern that matches nothing is a UsageError naming the hosts and groups there are."""
@@ -93,7 +85,7 @@ def match(inv, patterns: Sequence[str], option: str = "--limit") -> list:
             unmatched.append(pattern)
         chosen.update(found)
     if unmatched:
-        groups = [g for g in groups_of(inv) if g != "all"]
+        groups = sorted(g for g in inv.groups if g != "all")
         raise UsageError(
             what=f"{option} patterns that match hosts of the inventory (host names, group "
                  "names or globs such as 'gpu-*')",
@@ -108,19 +100,14 @@ def _warn(text: str) -> None:
 
 
 def select(inventory: str, limit: Sequence[str] | None = (), data: Sequence[str] | None = (),
-           cwd: str | os.PathLike = ".", validate: bool = True,
-           warn: Callable[[str], None] = _warn, option: str = "--limit") -> Selection:
+           cwd: str | os.PathLike = ".", option: str = "--limit") -> Selection:
     """Load INVENTORY with the --data overrides, apply --limit, check every host's data."""
     from sglang_deploy.shell import hooks
 
-    overrides = parse_data(list(data or ()))
-    inv = load(inventory, cwd, overrides)
+    inv = load(inventory, cwd, parse_data(list(data or ())))
     hosts = match(inv, list(limit), option) if limit else list(inv)
     if not hosts:
         raise UsageError(what=f"hosts in {inventory}", found="the inventory has no host",
                          fix="add hosts to the inventory")
-    if validate:
-        hooks.validate_inventory(inv, str(Path(cwd).resolve()), warn)
-    return Selection(inventory=inventory, hosts=[h.name for h in hosts],
-                     all_hosts=[h.name for h in inv], groups=groups_of(inv),
-                     data=list(data or ()), host_data={h.name: h.data.dict() for h in hosts})
+    hooks.validate_inventory(inv, str(Path(cwd).resolve()), _warn)
+    return Selection(hosts=[h.name for h in hosts], all_hosts=[h.name for h in inv])

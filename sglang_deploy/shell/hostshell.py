@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+import paramiko
+from fabric import Config, Connection
+
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core.sshtarget import (
     CONNECT_TIMEOUT_S,
@@ -36,18 +39,6 @@ from sglang_deploy.shell import runner
 KEEPALIVE_S = 30
 #: seconds a short command (run) may take
 RUN_TIMEOUT_S = 120
-
-__all__ = [
-    "HostShellError",
-    "connect",
-    "host_data",
-    "journal_since_last_start",
-    "run",
-    "setting",
-    "stream",
-    "target",
-]
-
 
 def host_data(inventory: str, name: str, cwd: str = ".") -> dict:
     """The merged inventory data of host NAME, read as pyinfra reads it (no connection)."""
@@ -81,25 +72,25 @@ def _fingerprint(key) -> str:
     return f"{key.get_name()} {key.fingerprint}"
 
 
-def _policy(mode: str, known_hosts: str):
-    import paramiko
+class _Policy(paramiko.MissingHostKeyPolicy):
+    """What an unknown host key gets under ssh_strict_host_key_checking MODE."""
 
-    class Policy(paramiko.MissingHostKeyPolicy):
-        def missing_host_key(self, client, hostname, key):
-            if mode == "strict":
-                raise UnknownHostKey(hostname, key)
-            if mode == "accept-new":
-                path = Path(known_hosts)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "a") as fh:
-                    fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-                print(f"warning: recorded the new host key of {hostname} ({_fingerprint(key)}) "
-                      f"in {path} (ssh_strict_host_key_checking=accept-new)", file=sys.stderr)
-            else:
-                print(f"warning: host key of {hostname} ({_fingerprint(key)}) not checked "
-                      "(ssh_strict_host_key_checking=no)", file=sys.stderr)
+    def __init__(self, mode: str, known_hosts: str) -> None:
+        self.mode, self.known_hosts = mode, known_hosts
 
-    return Policy()
+    def missing_host_key(self, client, hostname, key):
+        if self.mode == "strict":
+            raise UnknownHostKey(hostname, key)
+        if self.mode == "accept-new":
+            path = Path(self.known_hosts)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as fh:
+                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            print(f"warning: recorded the new host key of {hostname} ({_fingerprint(key)}) "
+                  f"in {path} (ssh_strict_host_key_checking=accept-new)", file=sys.stderr)
+        else:
+            print(f"warning: host key of {hostname} ({_fingerprint(key)}) not checked "
+                  "(ssh_strict_host_key_checking=no)", file=sys.stderr)
 
 
 def _known_hosts_files(t: SshTarget, ssh_config: dict) -> list[str]:
@@ -126,8 +117,8 @@ def _check_host_keys(cxn, t: SshTarget, extra: list[str] = ()) -> None:
                  f"set ssh_known_hosts_file in the inventory to the deploy's known-hosts file, or {scan}"))
     for f in present:
         cxn.client.load_host_keys(f)
-    cxn.client.set_missing_host_key_policy(_policy(t.host_key_policy, files[0]))
-    if cxn.gateway is not None and not isinstance(cxn.gateway, str) and cxn.gateway:
+    cxn.client.set_missing_host_key_policy(_Policy(t.host_key_policy, files[0]))
+    if cxn.gateway and not isinstance(cxn.gateway, str):
         hop = cxn.gateway
         # a jump host's keys: its own known-hosts file from ~/.ssh/config, or the user's
         _check_host_keys(hop, SshTarget(name=hop.original_host, hostname=hop.host,
@@ -138,8 +129,6 @@ def _check_host_keys(cxn, t: SshTarget, extra: list[str] = ()) -> None:
 # ----------------------------------------------------------------------- connections
 def connection(t: SshTarget):
     """An unopened fabric Connection for T, host keys checked (see ``connect``)."""
-    from fabric import Config, Connection
-
     if t.ssh_config_file and not Path(t.ssh_config_file).is_file():
         raise HostShellError(what=f"the SSH config file {t.ssh_config_file} (ssh_config_file of {t.name})",
                              found="no such file", fix="correct ssh_config_file in the inventory")
@@ -163,8 +152,6 @@ def _no_auth_method(exc: BaseException) -> bool:
 
 
 def _error(t: SshTarget, cxn, exc: BaseException) -> HostShellError:
-    import paramiko
-
     where = f"{t.name} ({cxn.user}@{cxn.host}:{cxn.port})"
     if isinstance(exc, UnknownHostKey):
         files = " or ".join(_known_hosts_files(t, cxn.ssh_config))
@@ -202,8 +189,6 @@ def _error(t: SshTarget, cxn, exc: BaseException) -> HostShellError:
 
 def connect(t: SshTarget):
     """An open fabric Connection to T, retried ``ssh_connect_retries`` times like the deploy."""
-    import paramiko
-
     retries = t.connect_retries
     while True:
         cxn = connection(t)

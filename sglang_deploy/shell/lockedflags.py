@@ -50,21 +50,14 @@ class LockedFlags:
     warning: str | None = None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def find_wheel(pin: lockfile.Pin, folders: list[Path]) -> tuple[Path, str] | None:
     """(wheel, sha256) of a wheel of PIN in FOLDERS whose sha256 is one of the lock's."""
     for folder in folders:
         if not folder.is_dir():
             continue
         for wheel in sorted(folder.glob(f"sglang-{pin.version}-*.whl")):
-            sha = _sha256(wheel)
+            with open(wheel, "rb") as fh:
+                sha = hashlib.file_digest(fh, "sha256").hexdigest()
             if sha in pin.hashes:
                 return wheel, sha
     return None

@@ -10,23 +10,21 @@ import hashlib
 import posixpath
 import shlex
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import operation
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
+from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.operations import files
 
-from sglang_deploy.core.errors import PreflightError
+from sglang_deploy.core.errors import PreflightError, SglangDeployError
 
 
 def reported(function):
     """Wrap a function run on the host's turn (``python.call``, ``FunctionCommand``): a
     tool error is logged as its own message (expected / found / fix), not as a Python
     traceback, and fails the operation."""
-
-    from pyinfra.api.exceptions import NestedOperationError
-
-    from sglang_deploy.core.errors import SglangDeployError
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
@@ -82,6 +80,13 @@ def preflight_gate(checks: list, title: str = "pre-flight") -> None:
                 + (f" ({warns} warnings)" if warns else ""))
 
 
+def private_upload(content: str, path: str):
+    """The commands that write CONTENT to PATH, a file made 0600 before any byte is written
+    (the content goes over SFTP: never in argv or pyinfra's output)."""
+    yield f"umask 077 && : > {shlex.quote(path)} && chmod 600 {shlex.quote(path)}"
+    yield FileUploadCommand(StringIO(content), path, remote_temp_filename=None)
+
+
 @operation()
 def secret_file(path: str, content: str, present_sha256: str | None):
     """
@@ -102,8 +107,7 @@ def secret_file(path: str, content: str, present_sha256: str | None):
         host.noop(f"{path} is up to date")
         return
     tmp = f"{path}.tmp"
-    yield f"umask 077 && : > {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)}"
-    yield FileUploadCommand(StringIO(content), tmp, remote_temp_filename=None)
+    yield from private_upload(content, tmp)
     yield f"chown root:root {shlex.quote(tmp)} && chmod 600 {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
 
 
@@ -257,12 +261,8 @@ def directories(dirs: list, present: dict):
 
 
 def _content_matches(src, mode: str, present: dict | None) -> bool:
-    if hasattr(src, "getvalue"):
-        data = src.getvalue()
-        data = data.encode() if isinstance(data, str) else data
-    else:
-        with open(src, "rb") as fh:
-            data = fh.read()
+    data = src.getvalue() if hasattr(src, "getvalue") else Path(src).read_bytes()
+    data = data.encode() if isinstance(data, str) else data
     present = present or {}
     return (present.get("kind") == "file" and present.get("mode") == _mode(mode)
             and present.get("sha256") == hashlib.sha256(data).hexdigest())

@@ -36,16 +36,21 @@ def colour_terminal() -> bool:
     return console.is_terminal and console.color_system is not None
 
 
-def matrix_text(details: dict, colour: bool) -> str:
-    if not colour or not details.get("cells"):
-        return details["matrix"]
+def ansi(renderable, width: int) -> str:
+    """A rich RENDERABLE as text with colour codes, for a terminal WIDTH columns wide."""
     from rich.console import Console
 
     buffer = io.StringIO()
-    console = Console(file=buffer, force_terminal=True, width=80, color_system="256")
-    console.print(preflight.rich_matrix(details["cells"], details["gpus"], details.get("min_gbps")),
-                  soft_wrap=True)
+    Console(file=buffer, force_terminal=True, width=width, color_system="256").print(
+        renderable, soft_wrap=True)
     return buffer.getvalue().rstrip("\n")
+
+
+def matrix_text(details: dict, colour: bool) -> str:
+    if not colour or not details.get("cells"):
+        return details["matrix"]
+    return ansi(preflight.rich_matrix(details["cells"], details["gpus"], details.get("min_gbps")),
+                width=80)
 
 
 def show(checks: list, record: bool, policy: str | None = None) -> None:

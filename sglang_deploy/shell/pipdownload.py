@@ -9,11 +9,12 @@ The argv is built by pure functions (``platforms``, ``download_argv``).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from sglang_deploy.shell import runner
 
 DEFAULT_PYTHON = "3.11"  # Debian 12's python3
 DEFAULT_GLIBC = (2, 36)  # Debian 12
@@ -59,27 +60,16 @@ def download(requirements: str, dest: str | os.PathLike, *, quiet: bool = False,
         req.write(requirements)
         req.flush()
         argv = download_argv(req.name, dest, **kw) + (["--quiet"] if quiet else [])
-        lines = []
         try:
-            with subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) as proc:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    lines.append(line)
-                    if on_line:
-                        on_line(line.rstrip("\n"))
-                rc = proc.wait()
+            rc, output = runner.run_lines(argv, on_line)
         except OSError as exc:
             return 127, str(exc), []
     new = sorted(p.name for p in dest.iterdir() if p.name not in before
                  and p.name.endswith(".whl"))
-    return rc, "".join(lines), new
+    return rc, output, new
 
 
 def error_line(output: str) -> str:
     """pip's own error line (``ERROR: ...``), else the last line of its output."""
-    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
-    for line in reversed(lines):
-        if line.startswith("ERROR:"):
-            return line
-    return lines[-1] if lines else "no output"
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()] or ["no output"]
+    return next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), lines[-1])

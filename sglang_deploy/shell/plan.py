@@ -88,16 +88,7 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
     }
 
 
-def record(state, host, ctx) -> None:
-    """Record the host's drift and state (only when a plan folder is set)."""
-    if plan_dir() is None:
-        return
-    from sglang_deploy.core import service
-    from sglang_deploy.shell.facts import ServingProbe
-
-    s = ctx.settings
-    serving = host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
-                            host_addr=service.probe_address(s.sglang_host),
-                            secrets=service.SECRETS_FILE, python=s.sglang_system_python)
+def record(state, host, ctx, serving: dict | None) -> None:
+    """Record the host's drift and state (``ServingProbe``: SERVING)."""
     _write(host.name, {"host": host.name, "preflight": "pass", "changes": changes(state, host),
                        **status_fields(ctx.hoststate, serving, ctx.release_id)})

@@ -5,11 +5,13 @@ the host already matches (``host.noop``); decisions come from the pure modules."
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import shlex
-from io import StringIO
+from pathlib import Path
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand
 
@@ -18,7 +20,14 @@ from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
 from sglang_deploy.shell import streamed
 from sglang_deploy.shell.facts import ServerArgsSource
-from sglang_deploy.shell.operations import _sh, reported
+from sglang_deploy.shell.operations import _sh, private_upload, reported
+
+
+def _source(wheelhouse: str | None, index_url: str | None) -> list[str]:
+    """pip/uv options: offline from WHEELHOUSE (a folder on the host), else INDEX_URL."""
+    if wheelhouse:
+        return ["--no-index", "--find-links", wheelhouse]
+    return ["--index-url", index_url] if index_url else []
 
 
 @operation()
@@ -45,11 +54,9 @@ def tool_venv(root: str, python: str, uv_version: str, present_version: str | No
         host.noop(f"uv {uv_version} is present")
         return
     venv = f"{root}/tools/venv"
-    source = (["--no-index", "--find-links", wheelhouse] if wheelhouse
-              else (["--index-url", index_url] if index_url else []))
     yield f"rm -rf {shlex.quote(venv)} && {_sh(python, '-m', 'venv', venv)}"
     yield _sh(f"{venv}/bin/pip", "install", "--disable-pip-version-check", "--no-input", "-q",
-              *source, f"uv=={uv_version}")
+              *_source(wheelhouse, index_url), f"uv=={uv_version}")
 
 
 def _explain_failure(cmd: str, release_id: str, rel: str) -> str:
@@ -98,12 +105,9 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
         return
     rel = f"{root}/releases/{release_id}"
     uv = f"{root}/tools/venv/bin/uv"
-    source = (["--offline", "--no-index", "--find-links", wheelhouse] if wheelhouse
-              else (["--index-url", index_url] if index_url else []))
+    source = (["--offline"] if wheelhouse else []) + _source(wheelhouse, index_url)
     env = f"UV_CACHE_DIR={shlex.quote(uv_cache)} " if uv_cache else ""
-    import datetime
-
-    installed = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    installed = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     release_meta = json.dumps({"id": release_id, "installed_at": installed, **(meta or {})},
                               sort_keys=True)
     yield f"rm -rf {shlex.quote(rel + '/venv')} {shlex.quote(rel + '/.complete')}"
@@ -199,7 +203,6 @@ def launch_flags_check(site: str, flag_map: dict, version: str, spec: flagmod.Fl
     yield FunctionCommand(reported(_check_flags_on_host), (site, flag_map, version, cache_dir), {})
 
 
-
 @operation()
 def cache_seeded(seed: str, cache_dir: str, user: str, present_files: int):
     """
@@ -221,10 +224,6 @@ def cache_seeded(seed: str, cache_dir: str, user: str, present_files: int):
     if present_files:
         host.noop(f"{cache_dir} already holds {present_files} files: not seeded")
         return
-    from pathlib import Path
-
-    from pyinfra import state
-
     path = Path(state.cwd or ".") / seed
     if not path.is_file():
         raise RuntimeSetupError(what="the cache archive `sglang_cache_seed` on the controller",
@@ -241,18 +240,9 @@ def cache_seeded(seed: str, cache_dir: str, user: str, present_files: int):
 def releases_to_prune(releases: dict, keep: int, protected: set[str]) -> list[str]:
     """Pure: the release ids to delete so that at most KEEP remain, oldest first, never a
     PROTECTED one (current, known-good, the one being deployed) nor an unknown-age one."""
-    dated = sorted((meta.get("installed_at") or "", rid) for rid, meta in releases.items()
-                   if meta.get("installed_at"))
-    excess = len(releases) - keep
-    out = []
-    for _, rid in dated:
-        if excess <= 0:
-            break
-        if rid in protected:
-            continue
-        out.append(rid)
-        excess -= 1
-    return out
+    dated = sorted((meta["installed_at"], rid) for rid, meta in releases.items()
+                   if meta.get("installed_at") and rid not in protected)
+    return [rid for _, rid in dated][:max(0, len(releases) - keep)]
 
 
 @operation()
@@ -280,7 +270,7 @@ def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
     yield "rm -rf " + " ".join(shlex.quote(f"{root}/releases/{rid}") for rid in doomed)
 
 
-def _fetch_on_host(spec: "modelfetch.FetchSpec", group: str | None):
+def _fetch_on_host(spec: modelfetch.FetchSpec, group: str | None):
     # the command names the token FILE only, so it may be shown (-vv); its output is not
     ok, output = streamed.run_logged(modelfetch.fetch_command(spec))  # progress shown live
     result, rc = modelfetch.parse_output(output.stdout)
@@ -295,7 +285,7 @@ def _fetch_on_host(spec: "modelfetch.FetchSpec", group: str | None):
 
 
 @operation()
-def model_download(spec: "modelfetch.FetchSpec", complete: bool, token: str | None = None,
+def model_download(spec: modelfetch.FetchSpec, complete: bool, token: str | None = None,
                    group: str | None = None):
     """
     Download the model with huggingface_hub (``remote/model_fetch.py`` run by the release
@@ -324,11 +314,9 @@ def model_download(spec: "modelfetch.FetchSpec", complete: bool, token: str | No
         host.noop(f"model folder {spec.path} is complete")
         return
     if token and spec.token_file:
-        tmp = shlex.quote(spec.token_file)
-        yield f"umask 077 && : > {tmp} && chmod 600 {tmp}"
-        yield FileUploadCommand(StringIO(token + "\n"), spec.token_file, remote_temp_filename=None)
+        yield from private_upload(token + "\n", spec.token_file)
     elif spec.token_file:
-        spec = modelfetch.FetchSpec(**{**spec.__dict__, "token_file": None})
+        spec = dataclasses.replace(spec, token_file=None)
     yield FunctionCommand(reported(_fetch_on_host), (spec, group), {})
 
 

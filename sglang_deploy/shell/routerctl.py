@@ -19,6 +19,7 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import RouterError
 from sglang_deploy.shell import routing
+from sglang_deploy.shell.hosts import parse_data
 
 
 @dataclass
@@ -180,28 +181,15 @@ class Router:
 
 def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> list[Router]:
     """The routers of INVENTORY (none when it has no ``routers`` group)."""
-    overrides = dict(d.split("=", 1) for d in (data or []))
-    fl = routing.fleet(inventory, cwd, data=_typed(overrides))
+    fl = routing.fleet(inventory, cwd, data=parse_data(data or []))
     out = []
     for name, raw in fl.routers:
         s = datamod.resolve(raw)
         address = routermod.router_address(s.router_host, raw, name)
-        workers = {w: routermod.http_url(routermod.worker_address(wraw, w),
-                                         wraw.get("sglang_port", 30000))
-                   for w, wraw in fl.workers}
+        workers = {w: routing.worker_url(w, wraw) for w, wraw in fl.workers}
         out.append(Router(host=name, url=routermod.http_url(address, s.router_port),
                           key=s.router_key, model=s.served_model_name, workers=workers,
                           drain_timeout_s=float(s.rollout_drain_timeout_s),
                           verify_timeout_s=float(s.router_verify_timeout_s)))
     return out
 
-
-def _typed(overrides: dict) -> dict:
-    """``--data`` values as pyinfra parses them (JSON where it parses, else the string)."""
-    out = {}
-    for k, v in overrides.items():
-        try:
-            out[k] = json.loads(v)
-        except ValueError:
-            out[k] = v
-    return out

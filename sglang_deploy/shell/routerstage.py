@@ -11,12 +11,10 @@ Hosts outside ``routers`` get nothing from this stage.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import shlex
 from io import StringIO
-from pathlib import Path
 
 from pyinfra import host, logger, state
 from pyinfra.api import deploy, operation
@@ -27,7 +25,7 @@ from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import DataError, RouterError
 from sglang_deploy.core.unit import render_secrets_env
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell import releaseops, routing
+from sglang_deploy.shell import releaseops, routing, stages
 from sglang_deploy.shell.facts import REMOTE, SglangHostState, stdin_script
 
 SECRETS_DIR = "/etc/smg"
@@ -37,36 +35,21 @@ LAUNCHER = "smg_launch.py"
 TOOLS = (LAUNCHER, "progress_watch.py")
 
 
-def router_lock(lock_file: str) -> tuple[str, str, str]:
-    """(release id, smg version, lock text) of the router's lock on the controller."""
-    path = Path(state.cwd or ".") / lock_file
-    if not path.is_file():
-        raise DataError(key="router_lock", what="the lock file named by `router_lock` exists",
-                        found=f"no file {path}", fix="run `sglang-deploy lock locks/router.in`")
-    return _read_lock(str(path), path.stat().st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _read_lock(path: str, mtime_ns: int) -> tuple[str, str, str]:
-    text = Path(path).read_text()
+def release_of_lock(text: str, path: str) -> tuple[str, str]:
+    """(release id, smg version) of the router's lock TEXT (DataError unless hashed and pinned)."""
     version = routermod.lock_version(text)
     if not version or "--hash=sha256:" not in text:
         raise DataError(key="router_lock", what="a lock with hashes that pins smg==VERSION",
                         found=f"{path}: {'no smg pin' if not version else 'no hashes'}",
-                        fix="add smg to locks/router.in and run `sglang-deploy lock locks/router.in`")
-    return hashlib.sha256(text.encode()).hexdigest()[:16], version, text
+                        fix="add smg to locks/router.in and run "
+                            "`sglang-deploy lock locks/router.in`")
+    return hashlib.sha256(text.encode()).hexdigest()[:16], version
 
 
 def workers() -> list[str]:
     """The URLs of the inventory's serving hosts, as the router reaches them."""
-    urls = []
-    for h in state.inventory:
-        if routing.is_router(h):
-            continue
-        raw = routing.raw_data(h, state.inventory)
-        port = raw.get("sglang_port", 30000)
-        urls.append(routermod.http_url(routermod.worker_address(raw, h.name), port))
-    return urls
+    return [routing.worker_url(h.name, routing.raw_data(h, state.inventory))
+            for h in state.inventory if not routing.is_router(h)]
 
 
 def home(s) -> str:
@@ -105,7 +88,8 @@ def router_stage():
     if not routing.is_router(host):
         return
     s = routing.settings(host, state.inventory)
-    release_id, version, lock_text = router_lock(s.router_lock)
+    release_id, version, lock_text = stages.lock_info(
+        s.router_lock, "router_lock", release_of_lock, fix="run `sglang-deploy lock locks/router.in`")
     root, rel = s.router_root, f"{s.router_root}/releases/{release_id}"
     tools = [(str(REMOTE / name), f"{root}/tools/{name}") for name in TOOLS]
     paths = (*(p for p, _, _ in managed_folders(s)), *(dest for _, dest in tools),

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core.router import ROUTER_GROUP, routed_data
+from sglang_deploy.core.router import ROUTER_GROUP, http_url, routed_data, worker_address
 
 
 def is_router(host) -> bool:
@@ -26,6 +26,11 @@ def raw_data(host, inventory) -> dict:
     """HOST's merged data, with the worker defaults of a routed fleet applied."""
     routed = has_routers(inventory) and not is_router(host)
     return routed_data(host.data.dict(), host.name, routed)
+
+
+def worker_url(name: str, raw: dict) -> str:
+    """The URL of serving host NAME (its data RAW), as the router reaches it."""
+    return http_url(worker_address(raw, name), raw.get("sglang_port", 30000))
 
 
 def settings(host, inventory) -> datamod.Settings:

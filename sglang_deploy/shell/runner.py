@@ -14,9 +14,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 #: pyinfra's own verbosity (``-v``, ``-vv``) for every pyinfra run a command drives; the CLI's
 #: ``-v`` sets it
@@ -45,51 +45,44 @@ def pyinfra_bin() -> str:
     return found
 
 
-def data_args(data: dict | Sequence[str] | None) -> list[str]:
-    """``--data k=v`` arguments (pyinfra parses true/false, integers and JSON values)."""
-    if not data:
-        return []
-    items = data.items() if isinstance(data, dict) else (d.split("=", 1) for d in data)
-    out: list[str] = []
-    for key, value in items:
-        out += ["--data", f"{key}={value}"]
-    return out
-
-
 def pyinfra_argv(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequence[str] = (),
-                 data: dict | Sequence[str] | None = None, dry: bool = False,
-                 extra: Sequence[str] = ()) -> list[str]:
-    """``pyinfra -y [options] INVENTORY DEPLOY`` (DEPLOY: a file, or words like exec -- true)."""
+                 data: Sequence[str] | None = None, dry: bool = False) -> list[str]:
+    """``pyinfra -y [options] INVENTORY DEPLOY`` (DEPLOY: a file, or words like exec -- true;
+    DATA: ``K=V`` items, which pyinfra parses: true/false, integers, JSON)."""
     argv = [pyinfra_bin(), "-y"] + (["-" + "v" * VERBOSITY] if VERBOSITY > 0 else [])
     for name in limit:
         argv += ["--limit", name]
-    argv += data_args(data)
+    for item in data or ():
+        argv += ["--data", item]
     if dry:
         argv.append("--dry")
-    argv += list(extra)
     operations = [deploy_file] if isinstance(deploy_file, str) else list(deploy_file)
     return argv + [inventory, *operations]
 
 
 def run_pyinfra(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequence[str] = (),
-                data: dict | Sequence[str] | None = None, dry: bool = False,
+                data: Sequence[str] | None = None, dry: bool = False,
                 env: dict | None = None, cwd: str | os.PathLike = ".",
-                on_line: Callable[[str], None] | None = None,
-                extra: Sequence[str] = ()) -> Run:
+                on_line: Callable[[str], None] | None = None) -> Run:
     """Run pyinfra, streaming its output lines to ON_LINE; return the exit status and output."""
-    argv = pyinfra_argv(inventory, deploy_file, limit=limit, data=data, dry=dry, extra=extra)
+    argv = pyinfra_argv(inventory, deploy_file, limit=limit, data=data, dry=dry)
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    rc, output = run_lines(argv, on_line, cwd=cwd, env={**os.environ, **(env or {})})
+    return Run(argv=argv, rc=rc, output=output, seconds=time.monotonic() - t0)
+
+
+def run_lines(argv: list[str], on_line: Callable[[str], None] | None = None,
+              **popen) -> tuple[int, str]:
+    """Run ARGV (no stdin, stderr into stdout), ON_LINE called with each output line as it
+    comes: (exit status, output)."""
     lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if on_line:
-            on_line(line.rstrip("\n"))
-    rc = proc.wait()
-    return Run(argv=argv, rc=rc, output="".join(lines), seconds=time.monotonic() - t0)
+    with subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, **popen) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line:
+                on_line(line.rstrip("\n"))
+        return proc.wait(), "".join(lines)
 
 
 def inventory_hosts(inventory: str, cwd: str | os.PathLike = ".",

@@ -90,45 +90,25 @@ def context() -> Context:
     return ctx
 
 
-def lock_info(lock_file: str) -> tuple[str, str, str]:
-    """(release id, sglang version, lock text) of a lock file on the controller: read and
-    checked once per run and file version (every host of a fleet names the same lock)."""
+def lock_info(lock_file: str, key: str = "sglang_lock", parse=service.release_of_lock,
+              fix: str = "run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`"
+              ) -> tuple[str, str, str]:
+    """(release id, version, lock text) of a lock file on the controller, PARSE giving the
+    first two (it raises for a bad lock): read and checked once per run and file version
+    (every host of a fleet names the same lock). KEY and FIX: the data key, for the error."""
     path = Path(state.cwd or ".") / lock_file
     if not path.is_file():
-        raise DataError(key="sglang_lock", what="the lock file named by `sglang_lock` exists",
-                        found=f"no file {path}",
-                        fix="run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`")
+        raise DataError(key=key, what=f"the lock file named by `{key}` exists",
+                        found=f"no file {path}", fix=fix)
     st = path.stat()
-    return _read_lock(str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    return _read_lock(parse, str(path), st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_lock(path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[str, str, str]:
+def _read_lock(parse, path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[str, str, str]:
     """``lock_info`` of one file version; a bad lock raises (exceptions are not cached)."""
     text = Path(path_text).read_text()
-    return (*service.release_of_lock(text, path_text), text)
-
-
-def tool_source(tool: str) -> Path:
-    """The controller's copy of a tool shipped to ROOT/tools."""
-    return Path(patchmod.__file__) if tool == "patch.py" else REMOTE / tool
-
-
-def flag_cache_dir() -> str:
-    """The controller's cache of parsed ``server_args.py`` files (``flagcache``)."""
-    return str(Path(state.cwd or ".") / ".sglang-deploy" / "cache" / "flagspec")
-
-
-def _tail(text: str | None, lines: int = 5) -> str:
-    kept = (text or "").strip().splitlines()[-lines:]
-    return "\n".join(kept) if kept else "no output at all"
-
-
-def no_probe_check(settings) -> preflight.Check:
-    return preflight.Check(
-        name="cuda-probe", status="fail", message="the CUDA probe gave no result",
-        fix=f"run `{settings.sglang_system_python} cuda_probe.py --p2p` on the host (or "
-            "`sglang-deploy doctor` there) and read its error")
+    return (*parse(text, path_text), text)
 
 
 def put_p2p_record(ctx: Context) -> None:
@@ -151,7 +131,10 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
                               mib=s.gpu_p2p_test_mib)
     checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
     if kind != "none" and probe is None:
-        checks.append(no_probe_check(s))
+        checks.append(preflight.Check(
+            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
+            fix=f"run `{s.sglang_system_python} cuda_probe.py --p2p` on the host (or "
+                "`sglang-deploy doctor` there) and read its error"))
     if kind == "p2p":
         ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
     return checks, matrix
@@ -171,7 +154,9 @@ def preflight_stage():
     if hs is None:
         raise RuntimeSetupError(
             what=f"the host-state read ({settings.sglang_system_python} hoststate.py) to print JSON",
-            found=_tail(snap["output"]), fix=f"check that `{settings.sglang_system_python}` "
+            found="\n".join((snap["output"] or "").strip().splitlines()[-5:])
+            or "no output at all",
+            fix=f"check that `{settings.sglang_system_python}` "
             "(sglang_system_python) runs on the host: it is the Python 3 the deploy uses there")
     ctx = Context(settings=settings, layout=layout, hoststate=hs, release_id=release_id,
                   sglang_version=sglang_version, lock_text=lock_text, gpu_snapshot=snap["gpu"],
@@ -217,7 +202,8 @@ def runtime_stage():
                          cache_dir=s.sglang_cache_dir, user=s.sglang_user,
                          present_files=hs.get("cache_files") or 0)
     ops.files_content(name=f"Tools ({', '.join(service.TOOLS)})", mode="755", present=paths,
-                      sources=[(str(tool_source(t)), lay.tool(t)) for t in service.TOOLS])
+                      sources=[(str(Path(patchmod.__file__) if t == "patch.py" else REMOTE / t),
+                                lay.tool(t)) for t in service.TOOLS])
     releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
                   present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
@@ -250,9 +236,8 @@ def runtime_stage():
             status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
                 or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
                                  tool=lay.tool("patch_tool.py"))
-        ctx.patch_state = (status or {}).get("state") or "applied"
-        if ctx.patch_state == "needed":
-            ctx.patch_state = "applied"
+        found = (status or {}).get("state")
+        ctx.patch_state = "applied" if found in (None, "", "needed") else found
         ctx.ops["patch"] = releaseops.autotune_patch(
             name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
             tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
@@ -314,7 +299,8 @@ def service_stage():
     ctx = context()
     s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
     rel = hs["releases"].get(ctx.release_id) or {}
-    cache_dir = flag_cache_dir()
+    # the controller's cache of parsed ``server_args.py`` files (``flagcache``)
+    cache_dir = str(Path(state.cwd or ".") / ".sglang-deploy" / "cache" / "flagspec")
     spec = None
     if rel.get("complete"):  # by the sha256 the host reported; fetched only on a cache miss
         spec = flagcache.load(cache_dir, rel.get("server_args_sha256")) \
@@ -370,38 +356,13 @@ def service_stage():
     ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
 
 
-def verify_startup(s: datamod.Settings, params: dict, tools: str):
-    """Block until the (re)started server is ready (raises VerifyError)."""
-    verifier = Verifier(
-        sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
-        cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
-        overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
-        require_generate=s.verify_generate,
-    )
-    return wait_until_ready(
-        host, verifier, tool=f"{tools}/hoststate.py", service=s.sglang_service,
-        port=s.sglang_port, host_addr=service.probe_address(s.sglang_host),
-        secrets=service.SECRETS_FILE, poll_s=s.verify_poll_s,
-        log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"),
-    )
-
-
-def verify_serving(s: datamod.Settings, params: dict, tools: str):
-    """Check a server that was not restarted still serves (raises VerifyError)."""
-    return wait_serving(
-        host, tool=f"{tools}/hoststate.py", service=s.sglang_service, port=s.sglang_port,
-        host_addr=service.probe_address(s.sglang_host), secrets=service.SECRETS_FILE,
-        served_model_name=params["served_model_name"], require_generate=s.verify_generate,
-        timeout_s=s.verify_phase_timeouts["http"], poll_s=s.verify_poll_s)
-
-
 def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
     """Keep what was just verified on the host: the summary, and the known-good copy of the
     unit and secrets that a rollback restores (root only)."""
     lay = Layout.of(s)
     # Not promoted (a gate must pass first): kept as a candidate the rollout promotes.
     kg = lay.known_good(promote=s.verify_promote_known_good)
-    summary["verified_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    summary["verified_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     record = json.dumps({**params, "verified_at": summary["verified_at"]}, sort_keys=True)
     q = shlex.quote
     host.run_shell_command(
@@ -416,10 +377,24 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
 
 
 def verify_and_record(s: datamod.Settings, params: dict, action: str) -> None:
-    """Verify (a started server from its log, a running one by its API), then keep the result."""
-    tools = Layout.of(s).tools
-    check = verify_serving if action in ("converged", "unchanged") else verify_startup
-    summary = report.host_summary(host.name, params, check(s, params, tools))
+    """Verify, then keep the result: a started server from its log until it is ready, a
+    running one (``converged``, ``unchanged``) by its API (raises VerifyError)."""
+    probe = {"tool": f"{Layout.of(s).tools}/hoststate.py", "service": s.sglang_service,
+             "port": s.sglang_port, "host_addr": service.probe_address(s.sglang_host),
+             "secrets": service.SECRETS_FILE, "poll_s": s.verify_poll_s}
+    if action in ("converged", "unchanged"):
+        result = wait_serving(host, served_model_name=params["served_model_name"],
+                              require_generate=s.verify_generate,
+                              timeout_s=s.verify_phase_timeouts["http"], **probe)
+    else:
+        verifier = Verifier(
+            sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
+            cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
+            overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
+            require_generate=s.verify_generate)
+        result = wait_until_ready(host, verifier, **probe,
+                                  log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"))
+    summary = report.host_summary(host.name, params, result)
     summary["action"] = action
     record_verified(s, params, summary)
 
@@ -438,20 +413,22 @@ def verify_stage():
     s = ctx.settings
     started, restarted = ctx.ops["started"], ctx.ops["restarted"]
     may_restart = started.will_change or restarted is not None
-    plan.record(state, host, ctx)
+    if plan.plan_dir() is not None:
+        plan.record(state, host, ctx, _serving_poll(s))
+
+    def verify(action: str | None = None) -> None:
+        verify_and_record(s, ctx.verify_params(), action or _action(started, restarted))
+
     if may_restart:
         python.call(name="Verify startup, API and a one-token generation",
-                    function=ops.reported(lambda: verify_and_record(
-                        s, ctx.verify_params(), _action(started, restarted))),
+                    function=ops.reported(verify),
                     _if=lambda: _action(started, restarted) is not None)
     if ctx.verify_running:
         python.call(name="Verify the running server (never verified, serving: not restarted)",
-                    function=ops.reported(lambda: verify_and_record(s, ctx.verify_params(),
-                                                                    "converged")))
+                    function=ops.reported(functools.partial(verify, "converged")))
     elif s.verify_converged:
         python.call(name="Verify the running server still serves (converged host)",
-                    function=ops.reported(lambda: verify_and_record(s, ctx.verify_params(),
-                                                                    "converged")),
+                    function=ops.reported(functools.partial(verify, "converged")),
                     _if=lambda: _action(started, restarted) is None)
     elif not may_restart:
         host.noop("the service was not (re)started: nothing to verify")

@@ -10,7 +10,6 @@ kept and, when the command fails, printed the way pyinfra prints a failed comman
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 
 import click
@@ -21,6 +20,7 @@ from pyinfra.api.util import print_host_combined_output
 from pyinfra.connectors.util import CommandOutput, make_unix_command_for_host, read_output_buffers
 
 from sglang_deploy.core import progress
+from sglang_deploy.shell.p2pview import ansi, colour_terminal
 
 
 def _tapped(lines, on_line: Callable[[str], None]):
@@ -57,22 +57,16 @@ def run_streamed(command: str, on_line: Callable[[str], None],
 
 def bar_text(sample: dict, text: str) -> str:
     """TEXT after a rich progress bar (ANSI), for a terminal."""
-    from rich.console import Console
     from rich.progress_bar import ProgressBar
 
     done = progress.fraction(sample)
     if done is None:
         return text
-    buffer = io.StringIO()
-    console = Console(file=buffer, force_terminal=True, width=24, color_system="256")
-    console.print(ProgressBar(total=1000, completed=int(done * 1000), width=20), end="")
-    return f"{buffer.getvalue()} {text}"
+    return f"{ansi(ProgressBar(total=1000, completed=int(done * 1000), width=20), width=24)} {text}"
 
 
 def run_logged(command: str, timeout: float | None = None) -> tuple[bool, CommandOutput]:
     """Run COMMAND, logging each progress sample under the host as it arrives."""
-    from sglang_deploy.shell.p2pview import colour_terminal
-
     colour = colour_terminal()
     prefix = host.print_prefix  # on_line runs outside the host's context (see _tapped)
     last: list[dict] = []
