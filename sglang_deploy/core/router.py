@@ -14,13 +14,12 @@ a host:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_deploy.core.errors import DataError
-from sglang_deploy.core.unit import _compiled, systemd_quote
+from sglang_deploy.core.unit import _compiled, spec_vars, systemd_quote
 
 ROUTER_GROUP = "routers"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -117,7 +116,7 @@ class RouterUnitSpec:
 
 def render_unit(spec: RouterUnitSpec) -> str:
     return _compiled(TEMPLATE.read_text()).render(
-        **dataclasses.asdict(spec), exec_start=" ".join(systemd_quote(a) for a in spec.argv))
+        **spec_vars(spec), exec_start=" ".join(systemd_quote(a) for a in spec.argv))
 
 
 # ------------------------------------------------------------------------------ workers

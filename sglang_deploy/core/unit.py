@@ -65,9 +65,15 @@ def _compiled(text: str) -> jinja2.Template:
     return env.from_string(text)
 
 
+def spec_vars(spec) -> dict:
+    """A dataclass's fields as template variables (shallow: ``asdict`` deep-copies each
+    host's values, a cost paid per host on the controller)."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+
+
 def render_unit(spec: UnitSpec) -> str:
     return _compiled(TEMPLATE.read_text()).render(
-        **dataclasses.asdict(spec), exec_start=" ".join(systemd_quote(a) for a in spec.argv),
+        **spec_vars(spec), exec_start=" ".join(systemd_quote(a) for a in spec.argv),
         start_limit_interval_s=max(600, 3 * (spec.restart_sec + 60)),
         success_exit_status=success_exit_status(spec.sglang_version))
 
