@@ -1,55 +1,134 @@
-"""`sglang-deploy lock`: regenerate a release lock (with hashes) for the HOSTS' platform.
+"""`sglang-deploy lock`: make a release lock (with hashes) for the HOSTS' platform, and prove it.
 
-The input `locks/NAME.in` lists the top-level pins; a line `# lock-options: ...` in it adds
-uv options (e.g. `--no-deps` for the testbed, which installs sglang without its GPU stack).
-The output `locks/NAME.txt` is what `uv pip sync --require-hashes` installs on the host.
+    sglang-deploy lock locks/NAME.in            # resolve -> locks/NAME.txt, then --check it
+    sglang-deploy lock --check locks/NAME.txt   # install it in a scratch venv + release smoke
+
+The input `locks/NAME.in` lists the top-level pins. Its directives (comment lines, so plain
+uv reads the file too; ``core.lockfile.LockInput``): `# lock-options: ...` adds uv options
+(`--no-deps` for the testbed); `# constraint: SPEC` bounds a package that something requires
+(uv's `--constraint`: it never adds a package, unlike a requirement, and never replaces a
+dependency's own bound, unlike an override), the reason in the comment above it;
+`# versions-from: OTHER.txt` gives every package that OTHER lock also holds OTHER's version.
+`-c FILE` adds a constraints file. The lock's header records the target and every bound.
+The existing output is uv's preference: a re-lock moves only what the new bounds move.
+
+`--check` (also run after `lock` where this machine matches the lock's platform) installs the
+lock with uv into a scratch venv cached by the lock's hash, then runs the release smoke
+(`import sglang`, sglang's own `prepare_server_args` on the inventory's launch flags, the
+server's entry modules) and `uv pip check`: see shell/releasecheck.py.
 """
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from sglang_deploy.commands import common
+from sglang_deploy.core import lockfile
 from sglang_deploy.core.errors import UsageError
 
 DEFAULT_PLATFORM = "x86_64-manylinux_2_36"  # Debian 12 (glibc 2.36) on x86_64
 DEFAULT_PYTHON = "3.11"  # Debian 12's python3
 
 
-def compile_command(src: Path, out: Path, platform: str, python: str) -> list[str]:
-    """``uv pip compile`` of SRC, with the options of its ``# lock-options:`` lines."""
-    options = [o for line in src.read_text().splitlines() if line.startswith("# lock-options:")
-               for o in shlex.split(line.split(":", 1)[1])]
+def compile_command(src: Path, out: Path, platform: str, python: str,
+                    constraint_files: list[str] = ()) -> list[str]:
+    """``uv pip compile`` of SRC, with the options of its ``# lock-options:`` lines and
+    CONSTRAINT_FILES (``--constraint``)."""
+    directives = lockfile.parse_input(src.read_text())
+    cons = [a for f in constraint_files for a in ("--constraint", str(f))]
     return [shutil.which("uv") or "uv", "pip", "compile", str(src), "--generate-hashes",
             "--quiet", "--python-platform", platform, "--python-version", python,
-            "--custom-compile-command", f"sglang-deploy lock {src}", *options, "-o", str(out)]
+            "--custom-compile-command", f"sglang-deploy lock {src}", *directives.options,
+            *cons, "-o", str(out)]
 
 
 def add_parser(sub) -> None:
-    p = common.add_command(sub, "lock",
-                           help="regenerate a release lock file (hashes) for the hosts' platform",
-                           failed="uv pip compile failed (its error is printed)")
-    p.add_argument("input", type=Path, metavar="INPUT", help="locks/NAME.in")
+    p = common.add_command(
+        sub, "lock",
+        help="make a release lock file (hashes) for the hosts' platform, or --check one",
+        failed="uv pip compile failed, or the lock's check failed (its error is printed)")
+    p.add_argument("input", type=Path, metavar="INPUT",
+                   help="locks/NAME.in (with --check: the lock, locks/NAME.txt)")
     p.add_argument("--platform", default=DEFAULT_PLATFORM)
     p.add_argument("--python-version", default=DEFAULT_PYTHON)
     p.add_argument("--output", type=Path, help="default: NAME.txt beside the input")
+    p.add_argument("-c", "--constraint", action="append", default=[], metavar="FILE",
+                   help="a constraints file for the resolution (repeatable; recorded in the "
+                        "lock's header)")
+    p.add_argument("--check", action="store_true",
+                   help="install INPUT (a lock) in a cached scratch venv and run the release "
+                        "smoke and `uv pip check` there")
+    p.add_argument("--no-check", action="store_true",
+                   help="after making the lock, do not check it")
+    p.add_argument("--inventory", metavar="INVENTORY",
+                   help="whose launch flags the smoke parses (default: group_data/ alone)")
+    p.add_argument("--python", metavar="PATH",
+                   help="the interpreter of the scratch venv (default: /usr/bin/pythonX.Y of "
+                        "the lock's version, else pythonX.Y on PATH)")
+    p.add_argument("--json", action="store_true", help="with --check: the result as JSON")
 
 
-def run(args) -> int:
-    if not args.input.is_file():
-        raise UsageError(what="INPUT: the top-level pins of a release (locks/NAME.in)",
-                         found=f"no file {args.input}",
-                         fix="pass an existing .in file (see locks/*.in)")
-    out = args.output or args.input.with_suffix(".txt")
-    cmd = compile_command(args.input, out, args.platform, args.python_version)
-    proc = subprocess.run(cmd, stdout=sys.stderr, check=False)
+def _missing(path: Path, what: str) -> UsageError:
+    return UsageError(what=what, found=f"no file {path}",
+                      fix="pass an existing file (see locks/)")
+
+
+def make_lock(args) -> tuple[int, Path]:
+    src: Path = args.input
+    out = args.output or src.with_suffix(".txt")
+    directives = lockfile.parse_input(src.read_text())
+    files = [str(f) for f in args.constraint]
+    for f in args.constraint:
+        if not Path(f).is_file():
+            raise _missing(Path(f), "a constraints file (-c FILE)")
+    with tempfile.TemporaryDirectory(prefix="sglang-deploy-lock-") as tmp:
+        extra = []
+        if directives.constraints:
+            extra.append(Path(tmp, "constraints.txt"))
+            extra[-1].write_text("".join(f"{c}\n" for c in directives.constraints))
+        for i, other in enumerate(directives.versions_from):
+            path = (src.parent / other)
+            if not path.is_file():
+                raise _missing(path, f"the lock named by `# versions-from:` in {src}")
+            extra.append(Path(tmp, f"versions-{i}.txt"))
+            extra[-1].write_text(lockfile.pins_as_constraints(path.read_text(), str(path)))
+        cmd = compile_command(src, out, args.platform, args.python_version,
+                              files + [str(e) for e in extra])
+        proc = subprocess.run(cmd, stdout=sys.stderr, check=False)
     if proc.returncode != 0:
         print(f"sglang-deploy lock: uv pip compile failed (exit status {proc.returncode}; "
               "its error is above)", file=sys.stderr)
-        return common.EXIT_FAILED
-    print(f"wrote {out}")
-    return common.EXIT_OK
+        return common.EXIT_FAILED, out
+    header = lockfile.header_lines(
+        args.platform, args.python_version, constraints=directives.constraints,
+        constraint_files=files,
+        versions_from=[str(src.parent / o) for o in directives.versions_from],
+        options=directives.options)
+    out.write_text(lockfile.with_header(out.read_text(), header))
+    print(f"wrote {out}" + (f" (bounded by: {'; '.join(h.split(': ', 1)[1] for h in header[1:])})"
+                            if len(header) > 1 else ""), file=sys.stderr)
+    return common.EXIT_OK, out
+
+
+def run(args) -> int:
+    from sglang_deploy.shell import releasecheck
+
+    if not args.input.is_file():
+        raise _missing(args.input, "INPUT: locks/NAME.in (or, with --check, locks/NAME.txt)")
+    if args.check:
+        return releasecheck.main(args.input, inventory=args.inventory, python=args.python,
+                                 as_json=args.json)
+    rc, out = make_lock(args)
+    if rc != common.EXIT_OK or args.no_check:
+        return rc
+    reason = releasecheck.platform_mismatch(lockfile.parse_header(out.read_text()))
+    if reason:
+        print(f"sglang-deploy lock: not checked here ({reason}); run `sglang-deploy lock "
+              f"--check {out}` on a machine of the hosts' platform", file=sys.stderr)
+        return rc
+    return releasecheck.main(out, inventory=args.inventory, python=args.python,
+                             as_json=args.json)

@@ -120,6 +120,13 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "use `sglang_api_key_env` / `sglang_hf_token_env`."),
     _k("sglang_launch_command", list, ["-m", "sglang.launch_server"],
        "What the release venv's python runs, before the flags."),
+    _k("sglang_smoke", list, ["import", "flags", "entrypoints"],
+       "The release smoke run on each host before a new release or new flags go live (and by "
+       "`lock --check`): `import` sglang, its own parser on the launch `flags`, the server's "
+       "`entrypoints` imported. `import` always runs."),
+    _k("sglang_smoke_env", dict, {},
+       "Extra environment of the release smoke on the hosts only (over the unit's). Production "
+       "needs none; the testbed puts its import stand-ins for torch here."),
     _k("sglang_stop_timeout_s", int, 120, "TimeoutStopSec of the unit.", minimum=1),
     _k("sglang_restart_sec", int, 30, "RestartSec of the unit (Restart=always).", minimum=0),
     # --- verify -----------------------------------------------------------------------------
@@ -318,6 +325,12 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
     _check_mapping_of_scalars("sglang_env", values["sglang_env"])
     _check_no_secrets("sglang_env", values["sglang_env"])
     _check_mapping_of_scalars("bench_env", values["bench_env"])
+    _check_mapping_of_scalars("sglang_smoke_env", values["sglang_smoke_env"])
+    _check_no_secrets("sglang_smoke_env", values["sglang_smoke_env"])
+    steps = values["sglang_smoke"]
+    if not all(s in ("import", "flags", "entrypoints") for s in steps):
+        raise DataError(key="sglang_smoke", what="a list of steps of import, flags, entrypoints",
+                        found=repr(steps), fix='e.g. ["import", "flags", "entrypoints"]')
     levels = values["bench_concurrency"]
     if not levels or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
                              for c in levels) or len(set(levels)) != len(levels):

@@ -55,3 +55,104 @@ def sglang_pin(text: str, source: str = "the lock") -> Pin:
             return pin
     raise DataError(key="sglang_lock", what=f"{source} pins sglang==VERSION",
                     found="no sglang pin", fix="add sglang to the .in file and re-lock")
+
+
+# ------------------------------------------------------------------ making and reading locks
+
+#: the header line ``sglang-deploy lock`` writes under uv's own: the target it resolved for
+TARGET_PREFIX = "# sglang-deploy lock: "
+BOUNDS_PREFIX = "# bounded by: "
+
+
+@dataclass(frozen=True)
+class LockInput:
+    """The directives of a ``locks/NAME.in`` (comment lines, so plain uv still reads it):
+
+    - ``# lock-options: --no-deps``: uv options;
+    - ``# constraint: kernels<0.15``: a uv constraint (bounds a package only if something
+      requires it; never adds one), the reason in the comment lines above it;
+    - ``# versions-from: glm5-blackwell.txt``: every package of that lock that this one also
+      resolves gets that lock's version (path relative to the .in file).
+    """
+
+    options: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()
+    versions_from: tuple[str, ...] = ()
+
+
+def parse_input(text: str) -> LockInput:
+    import shlex
+
+    options, constraints, versions_from = [], [], []
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep or not key.startswith("#"):
+            continue
+        key = key.lstrip("#").strip()
+        if key == "lock-options":
+            options += shlex.split(value)
+        elif key == "constraint":
+            constraints.append(value.split("#", 1)[0].strip())
+        elif key == "versions-from":
+            versions_from.append(value.strip())
+    return LockInput(tuple(options), tuple(c for c in constraints if c), tuple(versions_from))
+
+
+def pins_as_constraints(lock_text: str, source: str = "the lock") -> str:
+    """A constraints file (``name==version`` lines, no hashes) of every pin of a lock."""
+    return "".join(f"{p.name}=={p.version}\n" for p in parse_lock(lock_text, source))
+
+
+def header_lines(platform: str, python: str, constraints=(), constraint_files=(),
+                 versions_from=(), options=()) -> list[str]:
+    """The lines ``sglang-deploy lock`` adds under uv's header: the target, and everything
+    that bounded the resolution besides the requirements."""
+    lines = [f"{TARGET_PREFIX}platform {platform}, python {python}"
+             + (f", options {' '.join(options)}" if options else "")]
+    lines += [f"{BOUNDS_PREFIX}constraint {c}" for c in constraints]
+    lines += [f"{BOUNDS_PREFIX}constraints file {f}" for f in constraint_files]
+    lines += [f"{BOUNDS_PREFIX}versions of {f}" for f in versions_from]
+    return lines
+
+
+@dataclass(frozen=True)
+class LockHeader:
+    platform: str | None
+    python: str | None
+    options: tuple[str, ...]
+    bounds: tuple[str, ...]
+
+    @property
+    def partial(self) -> bool:
+        """A ``--no-deps`` lock holds only what it lists: not a complete environment."""
+        return "--no-deps" in self.options
+
+
+def parse_header(text: str) -> LockHeader:
+    platform = python = None
+    options: tuple[str, ...] = ()
+    bounds = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            if line.strip():
+                break
+            continue
+        if line.startswith(TARGET_PREFIX):
+            m = re.match(r"platform (\S+), python ([\d.]+)(?:, options (.*))?$",
+                         line[len(TARGET_PREFIX):].strip())
+            if m:
+                platform, python = m.group(1), m.group(2)
+                options = tuple((m.group(3) or "").split())
+        elif line.startswith(BOUNDS_PREFIX):
+            bounds.append(line[len(BOUNDS_PREFIX):].strip())
+    return LockHeader(platform, python, options, tuple(bounds))
+
+
+def with_header(lock_text: str, lines: list[str]) -> str:
+    """LOCK_TEXT with LINES after uv's leading comment block (replacing older such lines)."""
+    body = [ln for ln in lock_text.splitlines()
+            if not ln.startswith((TARGET_PREFIX, BOUNDS_PREFIX))]
+    i = 0
+    while i < len(body) and body[i].startswith("#"):
+        i += 1
+    return "\n".join(body[:i] + lines + body[i:]) + "\n"

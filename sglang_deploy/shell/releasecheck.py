@@ -1,0 +1,266 @@
+"""``sglang-deploy lock --check LOCK``: the lock installed for real, then the release smoke.
+
+1. A scratch venv of LOCK, made by uv with the system python of the lock's version
+   (``uv pip sync --require-hashes``), cached by the lock's hash under
+   ``~/.cache/sglang-deploy/lockcheck/<hash>/venv`` (``$SGLANG_DEPLOY_LOCKCHECK_CACHE``):
+   a second check of the same lock installs nothing.
+2. The release smoke (``remote/release_smoke.py``, judged by ``core.smoke``) with the GPUs
+   hidden, once per distinct set of launch flags of the hosts that use LOCK (``--inventory``;
+   default: group_data/ alone).
+3. ``uv pip check`` of the venv (not for a partial, ``--no-deps`` lock).
+
+The verdict: exit 0, or 1 with the import error and the packages that meet there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform as pyplatform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglang_deploy.core import flags as flagmod
+from sglang_deploy.core import lockfile, service, smoke
+from sglang_deploy.core.errors import SglangDeployError, UsageError
+from sglang_deploy.remote import release_smoke
+
+SMOKE_TOOL = Path(release_smoke.__file__)
+DEFAULT_TARGET = ("x86_64-manylinux_2_36", "3.11")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SGLANG_DEPLOY_LOCKCHECK_CACHE")
+                or "~/.cache/sglang-deploy/lockcheck").expanduser()
+
+
+def _say(text: str) -> None:
+    print(f"lock --check: {text}", file=sys.stderr, flush=True)
+
+
+def target(header: lockfile.LockHeader) -> tuple[str, str]:
+    """(platform, python) a lock was made for (older locks: the defaults of `lock`)."""
+    return header.platform or DEFAULT_TARGET[0], header.python or DEFAULT_TARGET[1]
+
+
+def platform_mismatch(header: lockfile.LockHeader) -> str | None:
+    """Why this machine cannot install a lock made for HEADER's platform (None: it can)."""
+    plat, _ = target(header)
+    arch, _, rest = plat.partition("-")
+    if arch != pyplatform.machine():
+        return f"the lock is for {arch}, this machine is {pyplatform.machine()}"
+    if rest.startswith("manylinux_"):
+        want = tuple(int(x) for x in rest[len("manylinux_"):].split("_")[:2])
+        libc, ver = pyplatform.libc_ver()
+        have = tuple(int(x) for x in (ver or "0.0").split(".")[:2])
+        if libc != "glibc" or have < want:
+            return f"the lock is for glibc >= {want[0]}.{want[1]}, this machine has " \
+                   f"{libc or 'no glibc'} {ver}"
+    return None
+
+
+def python_for(version: str, explicit: str | None = None) -> str:
+    """The scratch venv's interpreter: EXPLICIT, else the system /usr/bin/pythonX.Y (what the
+    hosts use), else pythonX.Y on PATH."""
+    if explicit:
+        return explicit
+    system = Path(f"/usr/bin/python{version}")
+    if system.exists():
+        return str(system)
+    found = shutil.which(f"python{version}")
+    if not found:
+        raise UsageError(what=f"a Python {version} on this machine (the lock's version)",
+                         found=f"no /usr/bin/python{version} and no python{version} on PATH",
+                         fix=f"install Python {version}, or pass --python PATH")
+    return found
+
+
+def uv() -> str:
+    found = shutil.which("uv")
+    if not found:
+        raise UsageError(what="uv on PATH (it installs the lock)", found="no uv",
+                         fix="`pip install uv` (scripts/setup.sh pins its version)")
+    return found
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+@dataclass
+class Venv:
+    path: Path
+    cached: bool
+    seconds: float
+    size: int
+
+    @property
+    def python(self) -> str:
+        return str(self.path / "bin" / "python")
+
+
+def scratch_venv(lock: Path, python: str) -> Venv:
+    """LOCK installed into its cached scratch venv (made now unless a complete one exists)."""
+    text = lock.read_text()
+    key = hashlib.sha256(f"{python}\n{text}".encode()).hexdigest()[:16]
+    home = cache_root() / key
+    marker = home / "complete.json"
+    venv = home / "venv"
+    if marker.is_file() and (venv / "bin" / "python").exists():
+        info = json.loads(marker.read_text())
+        _say(f"{lock}: the scratch venv of this lock is installed ({venv}), reused")
+        return Venv(venv, True, 0.0, int(info.get("size", 0)))
+    n = len(lockfile.parse_lock(text, str(lock)))
+    _say(f"{lock}: installing {n} packages with uv into a scratch venv {venv} "
+         f"(python {python}) ...")
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    t0 = time.monotonic()
+    for argv in ([uv(), "venv", "--quiet", "--python", python, "--python-preference",
+                  "only-system", str(venv)],
+                 [uv(), "pip", "sync", "--require-hashes", "--python", str(venv / "bin/python"),
+                  str(lock)]):
+        proc = subprocess.run(argv, stdout=sys.stderr, stderr=sys.stderr, check=False)
+        if proc.returncode != 0:
+            raise SglangDeployError(
+                what=f"the lock {lock} installs with uv",
+                found=f"`{' '.join(argv[:3])} ...` exit status {proc.returncode} (uv's error "
+                      "is above)",
+                fix="re-lock (`sglang-deploy lock locks/NAME.in`) or fix the index / network")
+    seconds = time.monotonic() - t0
+    size = _size(venv)
+    marker.write_text(json.dumps({"lock": str(lock), "seconds": round(seconds, 1),
+                                  "size": size}) + "\n")
+    return Venv(venv, False, seconds, size)
+
+
+@dataclass
+class FlagSet:
+    hosts: list[str]
+    argv: list[str]
+    steps: list[str] = field(default_factory=lambda: list(smoke.STEPS))
+
+
+def flag_sets(lock: Path, inventory: str | None, cwd: str = ".") -> list[FlagSet]:
+    """One FlagSet per distinct launch flags of the serving hosts that use LOCK (INVENTORY,
+    else group_data/ alone as one host "group_data")."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    from sglang_deploy.shell import hosts as hostsmod
+    from sglang_deploy.shell import routing
+
+    if inventory:
+        inv = hostsmod.load(inventory, cwd)
+    else:
+        if not Path(cwd, "group_data").is_dir():
+            raise UsageError(what="group_data/ in the current folder (the launch flags to "
+                                  "check), or --inventory", found=f"no {Path(cwd, 'group_data')}",
+                             fix="run from the project folder or pass --inventory INVENTORY")
+        ctx_state.set(State())
+        inv = make_inventory("@local", cwd=str(Path(cwd).resolve()))
+    want = lock.resolve()
+    out: dict[tuple, FlagSet] = {}
+    for h in inv:
+        if routing.is_router(h):
+            continue
+        s = routing.settings(h, inv)
+        if Path(cwd, s.sglang_lock).resolve() != want and inventory:
+            continue
+        argv = flagmod.render_flags(service.flag_map(s, with_api_key=True))
+        steps = list(s.sglang_smoke)
+        key = (tuple(argv), tuple(steps))
+        name = "group_data" if not inventory else h.name
+        out.setdefault(key, FlagSet([], argv, steps)).hosts.append(name)
+    return list(out.values())
+
+
+def run_smoke(venv: Venv, fs: FlagSet) -> tuple[dict | None, str]:
+    argv = smoke.smoke_argv(venv.python, str(SMOKE_TOOL), fs.steps, fs.argv)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    return smoke.parse_result(proc.stdout), proc.stdout + proc.stderr
+
+
+def pip_check(venv: Venv) -> tuple[int, str]:
+    proc = subprocess.run([uv(), "pip", "check", "--python", venv.python],
+                          capture_output=True, text=True, check=False)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def check(lock: Path, inventory: str | None = None, python: str | None = None,
+          cwd: str = ".") -> dict:
+    """The whole check; raises SglangDeployError for the first failure."""
+    text = lock.read_text()
+    header = lockfile.parse_header(text)
+    reason = platform_mismatch(header)
+    if reason:
+        raise UsageError(what=f"a machine of the lock's platform to check {lock} on",
+                         found=reason, fix="run the check on a machine like the hosts")
+    _, version = target(header)
+    sets = flag_sets(lock, inventory, cwd) if any(
+        p.name == "sglang" for p in lockfile.parse_lock(text, str(lock))) else []
+    venv = scratch_venv(lock, python_for(version, python))
+    result: dict = {"lock": str(lock), "venv": str(venv.path), "cached": venv.cached,
+                    "install_s": round(venv.seconds, 1), "size_bytes": venv.size,
+                    "partial": header.partial, "bounds": list(header.bounds), "smoke": [],
+                    "pip_check": None}
+    for fs in sets:
+        t0 = time.monotonic()
+        _say(f"release smoke for {', '.join(fs.hosts)}: {' '.join(fs.steps)} ...")
+        res, output = run_smoke(venv, fs)
+        if res is None or not res.get("ok"):
+            raise smoke.error_for(res, f"lock {lock}", output)
+        _say(f"{smoke.summary(res)} ({time.monotonic() - t0:.0f} s)")
+        result["smoke"].append({"hosts": fs.hosts, "result": res})
+    if header.partial:
+        _say(f"{lock} is a partial lock (--no-deps): `uv pip check` does not apply")
+    else:
+        rc, out = pip_check(venv)
+        result["pip_check"] = out
+        if rc != 0:
+            raise SglangDeployError(what=f"`uv pip check` passes in the venv of {lock}",
+                                    found=out, fix="re-lock: sglang-deploy lock locks/NAME.in")
+        _say(f"uv pip check: {out.splitlines()[-1] if out else 'ok'}")
+    return result
+
+
+def main(lock: Path, inventory: str | None = None, python: str | None = None,
+         as_json: bool = False) -> int:
+    t0 = time.monotonic()
+    try:
+        result = check(lock, inventory, python)
+    except SglangDeployError as exc:
+        if as_json:
+            print(json.dumps({"lock": str(lock), "ok": False, "error": exc.to_dict()},
+                             sort_keys=True, default=str))
+        if isinstance(exc, UsageError):
+            raise
+        print(str(exc), file=sys.stderr)
+        return 1
+    result["ok"] = True
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    install = "reused (cached)" if result["cached"] else f"installed in {result['install_s']:.0f} s"
+    _say(f"{lock}: PASSED in {result['seconds']:.0f} s; venv {install}, "
+         f"{_gb(result['size_bytes'])}")
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+    return 0
