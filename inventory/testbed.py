@@ -41,6 +41,12 @@ TESTBED_DATA = {
     # The benchmark client imports torch/triton/torchvision (through sglang/__init__.py) but
     # never uses them; the testbed's release venv has no GPU stack, so import-only stand-ins.
     "bench_env": {"PYTHONPATH": "/opt/sglang-sim/standins"},
+    # The release smoke before each switch: the testbed's release has no torch, so only
+    # `import sglang` runs (with the same stand-ins); sglang's own flag parser and the
+    # server's entry modules need the real GPU stack (`sglang-deploy lock --check` runs them
+    # on the production lock, and the suite runs that under the unit's sandbox).
+    "sglang_smoke": ["import"],
+    "sglang_smoke_env": {"PYTHONPATH": "/opt/sglang-sim/standins"},
 }
 
 

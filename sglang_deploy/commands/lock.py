@@ -23,7 +23,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from sglang_deploy.commands import common
@@ -85,20 +84,24 @@ def make_lock(args) -> tuple[int, Path]:
     for f in args.constraint:
         if not Path(f).is_file():
             raise _missing(Path(f), "a constraints file (-c FILE)")
-    with tempfile.TemporaryDirectory(prefix="sglang-deploy-lock-") as tmp:
-        extra = []
-        if directives.constraints:
-            extra.append(Path(tmp, "constraints.txt"))
-            extra[-1].write_text("".join(f"{c}\n" for c in directives.constraints))
-        for i, other in enumerate(directives.versions_from):
-            path = (src.parent / other)
-            if not path.is_file():
-                raise _missing(path, f"the lock named by `# versions-from:` in {src}")
-            extra.append(Path(tmp, f"versions-{i}.txt"))
-            extra[-1].write_text(lockfile.pins_as_constraints(path.read_text(), str(path)))
-        cmd = compile_command(src, out, args.platform, args.python_version,
-                              files + [str(e) for e in extra])
-        proc = subprocess.run(cmd, stdout=sys.stderr, check=False)
+    # uv names these files in its `# via -c FILE` notes: a fixed relative path keeps the
+    # lock deterministic (the folder is the tool's own, git-ignored)
+    work = Path(".sglang-deploy", "lock", src.stem)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    extra = []
+    if directives.constraints:
+        extra.append(work / "constraints.txt")
+        extra[-1].write_text("".join(f"{c}\n" for c in directives.constraints))
+    for other in directives.versions_from:
+        path = src.parent / other
+        if not path.is_file():
+            raise _missing(path, f"the lock named by `# versions-from:` in {src}")
+        extra.append(work / f"versions-of-{Path(other).stem}.txt")
+        extra[-1].write_text(lockfile.pins_as_constraints(path.read_text(), str(path)))
+    cmd = compile_command(src, out, args.platform, args.python_version,
+                          files + [str(e) for e in extra])
+    proc = subprocess.run(cmd, stdout=sys.stderr, check=False)
     if proc.returncode != 0:
         print(f"sglang-deploy lock: uv pip compile failed (exit status {proc.returncode}; "
               "its error is above)", file=sys.stderr)

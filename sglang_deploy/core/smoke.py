@@ -150,6 +150,12 @@ def sandbox_properties(unit_text: str) -> list[str]:
     return [f"{k}={v}" for k, v in unit_service_settings(unit_text) if k not in LIFECYCLE]
 
 
+def _optional_files(prop: str) -> str:
+    """The smoke reads no secret: an EnvironmentFile not written yet (a first deploy) is fine."""
+    key, _, value = prop.partition("=")
+    return f"{key}=-{value}" if key == "EnvironmentFile" and not value.startswith("-") else prop
+
+
 def systemd_run_argv(unit_text: str, argv: Sequence[str], env: Mapping[str, str] = (),
                      unit_name: str | None = None) -> list[str]:
     """``systemd-run --wait --pipe`` of ARGV with the rendered unit's sandbox, user and
@@ -158,7 +164,7 @@ def systemd_run_argv(unit_text: str, argv: Sequence[str], env: Mapping[str, str]
     if unit_name:
         cmd.append(f"--unit={unit_name}")
     for prop in sandbox_properties(unit_text):
-        cmd += ["-p", prop]
+        cmd += ["-p", _optional_files(prop)]
     for k, v in dict(env).items():
         cmd += ["-p", f"Environment={k}={v}"]
     return [*cmd, "--", *argv]

@@ -92,7 +92,7 @@ def _top_level(path: str, sites: list[str]) -> str | None:
     for d in sites:
         if real.startswith(d + os.sep):
             first = real[len(d) + 1:].split(os.sep, 1)[0]
-            return first[:-3] if first.endswith(".py") else first
+            return first.removesuffix(".py")
     return None
 
 

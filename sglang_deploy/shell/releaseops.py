@@ -15,7 +15,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand
 
-from sglang_deploy.core import flagcache, jit, modelfetch
+from sglang_deploy.core import flagcache, jit, modelfetch, smoke
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
 from sglang_deploy.shell import streamed
@@ -320,3 +320,43 @@ def model_download(spec: modelfetch.FetchSpec, complete: bool, token: str | None
     yield FunctionCommand(reported(_fetch_on_host), (spec, group), {})
 
 
+
+
+def _smoke_on_host(command: str) -> None:
+    _, output = host.run_shell_command(command, print_output=False,
+                                       print_input=host.state.print_input)
+    result = smoke.parse_result(output.stdout)
+    if result is None or not result.get("ok"):
+        raise smoke.error_for(result, f"host {host.name}", output.stdout + "\n" + output.stderr)
+    logger.info(f"{host.print_prefix}release smoke: {smoke.summary(result)}")
+
+
+@operation()
+def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flags: list[str],
+                  env: dict | None = None):
+    """
+    Prove the new release before it goes live: ``release_smoke.py`` (``import sglang``,
+    sglang's own parser on the launch flags, the server's entry modules) run by the release
+    venv's python under the unit's own sandbox, user and environment (``systemd-run`` with
+    every non-lifecycle [Service] setting of the rendered unit), the GPUs hidden from it. A
+    failure stops the host before ``current`` flips or the service restarts: the previous
+    release keeps serving.
+
+    + unit_text: the rendered unit of the new release
+    + python: the new release venv's python
+    + tool: path of the shipped ``release_smoke.py`` on the host
+    + steps: ``sglang_smoke``
+    + flags: the launch flags (the API key as a placeholder, never the key)
+    + env: ``sglang_smoke_env``, over the unit's environment
+
+    **Example:**
+
+    .. code:: python
+
+        release_smoke(unit_text=unit, python=".../venv/bin/python",
+                      tool="/opt/sglang/tools/release_smoke.py",
+                      steps=["import", "flags", "entrypoints"], flags=["--tp-size", "8"])
+    """
+    argv = smoke.smoke_argv(python, tool, steps, flags)
+    cmd = smoke.systemd_run_argv(unit_text, argv, {"CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    yield FunctionCommand(reported(_smoke_on_host), (smoke.shell_command(cmd),), {})

@@ -22,6 +22,7 @@ from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flagcache, jit, modelfetch, preflight, report, service
+from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
@@ -325,6 +326,14 @@ def service_stage():
             python=ctx.venv_python, tool=lay.tool("jit_check.py"), site=ctx.site,
             env=dict(ctx.environment()), venv_bin=lay.venv_bin(ctx.release_id),
             caps=jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out")))
+        if set(reasons) - {"secrets"} or hs["service"].get("ActiveState") != "active":
+            # a new release or new flags: proven under the unit's sandbox before the switch
+            releaseops.release_smoke(
+                name=f"Release smoke of {ctx.release_id} under the unit's sandbox",
+                unit_text=unit_text, python=ctx.venv_python, tool=lay.tool("release_smoke.py"),
+                steps=s.sglang_smoke,
+                flags=flagmod.render_flags(service.flag_map(s, with_api_key=True)),
+                env=s.sglang_smoke_env)
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
                               path=lay.secrets_file, content=secrets_text,
                               present_sha256=hs.get("secrets_sha256"))
