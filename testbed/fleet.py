@@ -125,7 +125,16 @@ def new_state(prefix: str) -> dict:
         "key": str(d / "id_ed25519"), "known_hosts": str(d / "known_hosts"),
         "wheelhouse": str(Path(wheelhouse).expanduser()), "base": str(rootfs.base_path()),
         "sglang_version": SGLANG_VERSION, "hosts": [],
+        # the scratch venvs of `sglang-deploy lock --check`, read-only at /srv/lockcheck: the
+        # suite runs the production release's smoke under the unit's sandbox in a host
+        "lockcheck": str(lockcheck_cache()),
     }
+
+
+def lockcheck_cache() -> Path:
+    from sglang_deploy.shell.releasecheck import cache_root
+
+    return cache_root()
 
 
 #: the router container (`up --router`): index 0, address SUBNET.10, inventory group `routers`
@@ -317,6 +326,7 @@ def create_host(state: dict, h: dict, libcuda: Path) -> None:
         "--register=no", "--keep-unit",
         f"--network-namespace-path=/run/netns/{h['netns']}",
         f"--bind-ro={state['wheelhouse']}:/srv/wheelhouse",
+        f"--bind-ro={_lockcheck_dir(state)}:/srv/lockcheck",
         "--link-journal=no", "--resolv-conf=off", "--timezone=off",
         "--console=read-only",
     ]
@@ -333,6 +343,12 @@ def create_host(state: dict, h: dict, libcuda: Path) -> None:
     # Do not keep the Popen: the process outlives us (reparented when `up` exits).
     p.returncode = 0  # keeps Popen.__del__ quiet
     log(f"{h['name']}: nspawn pid {p.pid}, {h['address']}")
+
+
+def _lockcheck_dir(state: dict) -> str:
+    path = Path(state.get("lockcheck") or lockcheck_cache())
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
 
 
 def wait_host(state: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> float:
