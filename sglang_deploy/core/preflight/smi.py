@@ -185,7 +185,7 @@ def check_smi(
                     expected=f"every GPU is {expected_model}",
                     found=found,
                     fix="Deploy to a host with the expected GPUs, or change the profile: "
-                    "`gpu_expected_model` (the exact name nvidia-smi reports; null accepts any) "
+                    "`gpu_expected_model` (the exact name nvidia-smi reports; None accepts any) "
                     "and the launch profile sized for the old GPUs (`sglang_flags`, the "
                     "model) in group_data/all.py or the host's data in the inventory.",
                     names=models,
