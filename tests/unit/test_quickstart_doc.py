@@ -74,7 +74,7 @@ def test_the_container_prerequisites_are_the_locks():
     assert f"**Python {target.python}**" in DOC
     assert f"**glibc {target.min_glibc} or newer**" in DOC
     assert f"manylinux_{target.min_glibc.replace('.', '_')}" in DOC
-    assert f"sglang {version}" in FLAT and f"0.5.11 on" in FLAT
+    assert f"sglang {version}" in FLAT and "0.5.11 on" in FLAT
     assert "**sshd**" in DOC and "**root login by key**" in DOC
     names = [c.name for c in preflight.check_wheel_platform("3.11", "2.36", target)]
     assert all(f"`{n}`" in DOC for n in names), names
