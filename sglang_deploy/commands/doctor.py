@@ -14,7 +14,9 @@ With INVENTORY, the deploy's own pre-flight stage runs on the inventory's hosts 
 facts and checks as ``deploy.py``; nothing is changed, no deploy lock is taken), the
 options becoming ``--data`` overrides.
 
-Live mode runs nvidia-smi (table, the deploy's own query, ``topo -m``, ``topo -p2p r|w``),
+Live mode reads the system python's version and glibc's (``/usr/bin/python3 hoststate.py
+platform``: the deploy's ``sglang_system_python``, judged against what the default lock's
+wheels need), runs nvidia-smi (table, the deploy's own query, ``topo -m``, ``topo -p2p r|w``),
 lists ``/dev/nvidia*``, tries to open each node and runs the CUDA probe, saving every raw
 output in a folder (``--collect DIR``, else a temporary one) and then analysing that folder.
 ``--from DIR`` analyses such a folder without running anything; a missing file makes its
@@ -30,6 +32,7 @@ Folder layout (raw outputs, byte for byte)::
     dev-nvidia.txt      ls -l /dev/nvidia*
     dev-open.txt        "<path> ok" | "<path> <ERRNO> <message>" per node (open test)
     cuda-probe.json     python3 cuda_probe.py --p2p --mib N
+    host-platform.json  /usr/bin/python3 hoststate.py platform: {"python": "3.11", "glibc": "2.36"}
     commands.txt        "<file>\\t<exit code>\\t<command>" per file above
 
 When a command fails, its file holds stdout followed by stderr.
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -52,11 +56,12 @@ from sglang_deploy.core import preflight
 from sglang_deploy.core.preflight import Check
 from sglang_deploy.remote import CUDA_PROBE
 from sglang_deploy.remote.hoststate import open_test
-from sglang_deploy.shell.facts import GPU_SECTIONS
+from sglang_deploy.shell.facts import GPU_SECTIONS, REMOTE
 
 FILES = {
     **preflight.SNAPSHOT_FILES,
     "probe": "cuda-probe.json",
+    "platform": "host-platform.json",
     "commands": "commands.txt",
 }
 
@@ -134,6 +139,9 @@ def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) 
         save(name, command, command)
     (out / FILES["open"]).write_text(open_test())
     commands.append((FILES["open"], 0, "(open test of /dev/nvidia*)"))
+    python = datamod.KEYS["sglang_system_python"].default
+    save(FILES["platform"], f"{python} hoststate.py platform",  # a shell: 127 when absent
+         f"{shlex.quote(python)} {shlex.quote(str(REMOTE / 'hoststate.py'))} platform")
     probe_argv = [sys.executable, str(CUDA_PROBE), "--mib", f"{opts.mib:g}",
                   "--timeout", f"{opts.timeout_s:g}"] + (["--p2p"] if opts.p2p else [])
     save(FILES["probe"], " ".join(["python3", "cuda_probe.py"] + probe_argv[2:]), probe_argv,
@@ -184,6 +192,27 @@ def load_snapshot(folder: str | os.PathLike[str]) -> tuple[dict[str, Any], str |
     return snapshot, _read(folder, "probe")
 
 
+def platform_checks(text: str | None) -> list[Check]:
+    """The deploy's first two checks (``host-python``, ``host-glibc``) from the text of a
+    ``host-platform.json``, against the default lock's target (python 3.11, glibc 2.34)."""
+    python = datamod.KEYS["sglang_system_python"].default
+    if text is None:
+        return [Check(n, "skipped", f"no {FILES['platform']}") for n in ("host-python", "host-glibc")]
+    try:
+        found = json.loads(text.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        found = None
+    if not isinstance(found, dict):
+        return [Check("host-python", "fail", f"{python} did not report its version",
+                      expected=f"a JSON object from `{python} hoststate.py platform`",
+                      found=_head(text, 3),
+                      fix=f"install python3 on this machine ({python}: the deploy's "
+                          "`sglang_system_python`), then run doctor again"),
+                Check("host-glibc", "skipped", f"{python} did not run")]
+    return preflight.check_wheel_platform(found.get("python"), found.get("glibc"),
+                                          preflight.WheelTarget(), system_python=python)
+
+
 def analyse_dir(folder: str | os.PathLike[str], exp: Expectations | None = None) -> dict[str, Any]:
     """Analyse a folder of raw outputs (see the module docstring); runs nothing."""
     exp = exp or deploy_expectations()
@@ -210,6 +239,7 @@ def analyse_dir(folder: str | os.PathLike[str], exp: Expectations | None = None)
         checks = [c for c in checks if c.name not in ("cuda-init", "cuda-devices")]
         at = next((i for i, c in enumerate(checks) if c.name.startswith(("topo", "p2p"))), len(checks))
         checks[at:at] = bad_probe
+    checks[:0] = platform_checks(_read(Path(folder), "platform"))  # first, as in the deploy
     return {
         "status": preflight.summarise(checks),
         "source": str(folder),

@@ -8,6 +8,7 @@ trip returns everything a fact or a verifier poll needs.
                      [--path P]... [--dev-open]
   hoststate.py poll --service S --port P [--host H] [--cursor C] [--invocation ID]
                     [--http] [--generate] [--no-journal] [--secrets FILE]
+  hoststate.py platform      # {"python": "3.11", "glibc": "2.36"} (also part of `state`)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import glob
 import json
 import os
+import platform
 import pwd
 import re
 import struct
@@ -208,6 +210,26 @@ def uv_version(venv: str):
     return out.split()[1] if rc == 0 and len(out.split()) > 1 else None
 
 
+def glibc_version():
+    """The version of the C library this python runs on when it is glibc ("2.36"); None for
+    another C library (musl) or a version that cannot be read. The lock's manylinux wheels
+    install only on glibc at least as new as their tag."""
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"
+    except (AttributeError, ValueError, OSError):  # not a name this C library knows
+        text = None
+    if text:
+        name, _, version = text.partition(" ")
+    else:
+        name, version = platform.libc_ver()
+    return version.strip() if name == "glibc" and version.strip() else None
+
+
+def host_platform() -> dict:
+    """What decides whether the lock's wheels install: this python's X.Y and glibc's version."""
+    return {"python": "%d.%d" % sys.version_info[:2], "glibc": glibc_version()}
+
+
 def cmd_state(args) -> dict:
     root = args.root
     current = None
@@ -220,7 +242,7 @@ def cmd_state(args) -> dict:
         "uv_version": uv_version(os.path.join(root, "tools", "venv")),
         "service": systemd_show(args.service),
         "last_verified": read_json(os.path.join(root, "last-verified.json")),
-        "python": "%d.%d" % sys.version_info[:2],
+        **host_platform(),  # "python", "glibc"
         "secrets_sha256": sha256_file(args.secrets) if args.secrets else None,
         # user names, so the runtime stage needs no pyinfra Users fact (a lastlog loop per user)
         "users": sorted({p.pw_name for p in pwd.getpwall()}),
@@ -340,8 +362,10 @@ def main(argv=None) -> int:
     po.add_argument("--generate", action="store_true")
     po.add_argument("--no-journal", action="store_true")
     po.add_argument("--secrets")
+    sub.add_parser("platform")
     args = parser.parse_args(argv)
-    out = cmd_state(args) if args.cmd == "state" else cmd_poll(args)
+    out = cmd_state(args) if args.cmd == "state" else cmd_poll(args) if args.cmd == "poll" \
+        else host_platform()
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     return 0
 

@@ -181,6 +181,9 @@ def preflight_stage():
         checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified)
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
+    target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
+    checks[:0] = preflight.check_wheel_platform(hs.get("python"), hs.get("glibc"), target,
+                                                system_python=settings.sglang_system_python)
     p2pview.show(checks, record=kind == "p2p", policy=settings.gpu_p2p_policy)
     plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")

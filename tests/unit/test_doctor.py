@@ -159,6 +159,30 @@ def test_missing_files_are_skipped(tmp_path):
     assert report["status"] == "skipped"
 
 
+def test_the_python_and_glibc_checks_come_first(tmp_path):
+    """The deploy's first two pre-flight rows, from the folder's host-platform.json (the
+    system python's `hoststate.py platform`), against the default lock's target."""
+    for name in os.listdir(CASES / "healthy-8x"):
+        (tmp_path / name).write_bytes((CASES / "healthy-8x" / name).read_bytes())
+    (tmp_path / "host-platform.json").write_text('{"python": "3.12", "glibc": "2.31"}\n')
+    report = doctor.run_doctor(from_dir=tmp_path, expectations=EXPECT)
+    assert [c["name"] for c in report["checks"][:2]] == ["host-python", "host-glibc"]
+    python, glibc = report["checks"][:2]
+    assert python["status"] == "fail" and python["found"] == "Python 3.12"
+    assert "sglang_system_python" in python["fix"]
+    assert glibc["status"] == "fail" and glibc["found"] == "glibc 2.31"
+    assert "glibc >= 2.34" in glibc["expected"]
+    assert report["status"] == "fail"
+    (tmp_path / "host-platform.json").write_text('{"python": "3.11", "glibc": "2.36"}\n')
+    assert doctor.run_doctor(from_dir=tmp_path, expectations=EXPECT)["status"] == "pass"
+    (tmp_path / "host-platform.json").write_text("sh: 1: /usr/bin/python3: not found\n")
+    python = checks_of(doctor.run_doctor(from_dir=tmp_path, expectations=EXPECT))["host-python"]
+    assert python["status"] == "fail" and "not found" in python["found"]
+    # a folder collected before these checks existed: skipped, as any missing file
+    checks = checks_of(from_case("healthy-8x"))
+    assert checks["host-python"]["status"] == checks["host-glibc"]["status"] == "skipped"
+
+
 def test_garbled_probe_output(tmp_path):
     (tmp_path / "cuda-probe.json").write_text("Traceback (most recent call last):\nSyntaxError\n")
     checks = checks_of(doctor.run_doctor(from_dir=tmp_path, expectations=EXPECT))
@@ -255,7 +279,7 @@ def test_live_collect_then_from_gives_the_same_answer(fake_host, tmp_path):
     assert report["mode"] == "live"
     for name in ("nvidia-smi.txt", "query-gpu.csv", "topo-m.txt", "topo-p2p-r.txt",
                  "topo-p2p-w.txt", "dev-nvidia.txt", "dev-open.txt", "cuda-probe.json",
-                 "commands.txt"):
+                 "host-platform.json", "commands.txt"):
         assert (out / name).is_file(), name
     commands = (out / "commands.txt").read_text().splitlines()
     assert f"query-gpu.csv\t0\t{nvsmi.query_command()}" in commands
@@ -267,6 +291,9 @@ def test_live_collect_then_from_gives_the_same_answer(fake_host, tmp_path):
     # the device-node checks look at this machine's real /dev (the stand-in's $TESTBED_DEV_ROOT
     # is invisible to production code), so only their presence is asserted
     assert "dev-nvidia-uvm" in checks
+    # this machine's /usr/bin/python3 answered (its version decides pass or fail)
+    assert set(json.loads((out / "host-platform.json").read_text())) == {"python", "glibc"}
+    assert checks["host-python"]["status"] != "skipped" != checks["host-glibc"]["status"]
     again = doctor.run_doctor(from_dir=out, expectations=EXPECT)
     assert [(c["name"], c["status"]) for c in again["checks"]] == [
         (c["name"], c["status"]) for c in report["checks"]]

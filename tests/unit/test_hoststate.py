@@ -148,3 +148,40 @@ def test_run_kills_a_command_past_its_deadline():
     with pytest.raises(TimeoutError, match="did not finish within 0.5 s"):
         run(["sh", "-c", "echo partial; exec sleep 30"], timeout_s=0.5)
     assert time.monotonic() - t0 < 20  # killed, not waited for
+
+
+def test_state_and_platform_report_the_pythons_version_and_glibcs(tmp_path):
+    """What decides whether the lock's wheels install, read by the python that runs the
+    script (the host's `sglang_system_python`) in the pre-flight's one round trip."""
+    import os
+
+    want = {"python": "%d.%d" % sys.version_info[:2],
+            "glibc": os.confstr("CS_GNU_LIBC_VERSION").split()[1]}
+    out = subprocess.run([sys.executable, str(TOOL), "state", "--root", str(tmp_path),
+                          "--service", "sglang-deploy-test-absent"],
+                         capture_output=True, text=True, check=True).stdout
+    state = json.loads(out)
+    assert {k: state[k] for k in want} == want
+    out = subprocess.run([sys.executable, str(TOOL), "platform"],
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == want
+
+
+def test_glibc_version_without_glibc_is_none(monkeypatch):
+    """musl has no CS_GNU_LIBC_VERSION (os.confstr raises ValueError) and
+    platform.libc_ver() finds no glibc: no version, not a guess."""
+    mod = _module()
+
+    def unknown_name(name):
+        raise ValueError(f"unrecognized configuration name {name!r}")
+
+    monkeypatch.setattr(mod.os, "confstr", unknown_name)
+    monkeypatch.setattr(mod.platform, "libc_ver", lambda: ("", ""))
+    assert mod.glibc_version() is None
+    monkeypatch.setattr(mod.platform, "libc_ver", lambda: ("glibc", "2.31"))
+    assert mod.glibc_version() == "2.31"  # the fallback when confstr cannot say
+    monkeypatch.setattr(mod.os, "confstr", lambda name: "glibc 2.34")
+    assert mod.glibc_version() == "2.34"
+    monkeypatch.setattr(mod.os, "confstr", lambda name: None)
+    monkeypatch.setattr(mod.platform, "libc_ver", lambda: ("", ""))
+    assert mod.glibc_version() is None

@@ -89,6 +89,16 @@ def test_smi_missing_gpu_names_mount_entry():
     assert "lxc.cgroup2.devices.allow: c 195:* rwm" in c.fix
 
 
+def test_a_profile_for_more_gpus_than_the_host_has_says_which_keys_fit_it():
+    """4 GPUs where the seed's profile wants 8: the fix names the profile's keys, beside the
+    LXC lines for GPUs that are there but not passed through."""
+    c = by_name(preflight.check_smi(rows(n=4), 8, NAME, "580.0"))["gpu-count"]
+    assert_actionable(c)
+    assert "lxc.mount.entry: /dev/nvidia4 dev/nvidia4" in c.fix
+    assert "`gpu_expected_count = 4`" in c.fix and "`tp-size` of at most 4" in c.fix
+    assert "group_data/all.py" in c.fix
+
+
 def test_smi_more_gpus_than_expected_warns():
     assert by_name(preflight.check_smi(rows(), 4))["gpu-count"].status == "warn"
 
@@ -98,6 +108,7 @@ def test_smi_model_mismatch_and_partial_names():
     c = by_name(preflight.check_smi(rows(name=ws), 8, NAME))["gpu-model"]
     assert_actionable(c)
     assert "GPU0: " + ws in c.found
+    assert "`gpu_expected_model`" in c.fix and "group_data/all.py" in c.fix
     # the exact name: a part of it is no match (the data key's meaning), white space aside
     assert by_name(preflight.check_smi(rows(name=ws), 8, "RTX PRO 6000 Blackwell"))["gpu-model"].status == "fail"
     assert by_name(preflight.check_smi(rows(name=ws), 8, ws.upper()))["gpu-model"].status == "fail"

@@ -11,6 +11,7 @@ and the device cgroup allows). One module per subsystem:
 - ``cuda``: the CUDA driver-API probe and the diagnosis of its errors
 - ``p2p``: peer copies, topology claims, the matrix and the host's record of a passed test
 - ``verdict``: everything at once (``evaluate``) and the model folder check
+- ``wheels``: will the lock's wheels install: the host's system python and glibc
 - ``probeplan``: which probe a deploy runs, and what stands in for it beside a verified server
 """
 
@@ -47,6 +48,7 @@ from sglang_deploy.core.preflight.smi import (
     uvm_major_of,
 )
 from sglang_deploy.core.preflight.verdict import SNAPSHOT_FILES, Expectations, check_model, evaluate
+from sglang_deploy.core.preflight.wheels import WheelTarget, check_wheel_platform, lock_target
 
 __all__ = [
     "NVIDIA_MAJOR", "SMI_DIAGNOSES", "SNAPSHOT_FILES", "STATUSES", "Check", "DevNode",
@@ -55,4 +57,5 @@ __all__ = [
     "diagnose_cuda_error", "evaluate", "gpu_nodes_fix", "p2p_record", "parse_dev_listing",
     "parse_open_results", "probe_plan", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
     "summarise", "use_p2p_record", "use_verified_server", "uvm_fix", "uvm_major_of",
+    "WheelTarget", "check_wheel_platform", "lock_target",
 ]

@@ -147,7 +147,11 @@ def check_smi(
                 f"{count} of {expected_count} GPUs visible",
                 expected=f"{expected_count} GPUs",
                 found=f"{count} GPUs" + (f" (indices {_ranges(indices)})" if indices else ""),
-                fix=gpu_nodes_fix(missing or [f"/dev/nvidia{count}"]),
+                fix=gpu_nodes_fix(missing or [f"/dev/nvidia{count}"]) + (
+                    f"\nIf the host has only {count} GPUs, the profile does not fit it: set "
+                    f"`gpu_expected_count = {count}` and a `tp-size` of at most {count} in "
+                    "`sglang_flags` (group_data/all.py, or the host's data in the inventory), "
+                    "and a model that fits them" if count else ""),
                 count=count,
             )
         )
@@ -180,8 +184,10 @@ def check_smi(
                     f"{len(wrong)} GPU(s) are not {expected_model}",
                     expected=f"every GPU is {expected_model}",
                     found=found,
-                    fix="Deploy to a host with the expected GPUs, or change the expected model "
-                    "(and the launch profile that was sized for it).",
+                    fix="Deploy to a host with the expected GPUs, or change the profile: "
+                    "`gpu_expected_model` (the exact name nvidia-smi reports; None accepts any) "
+                    "and the launch profile sized for the old GPUs (`sglang_flags`, the "
+                    "model) in group_data/all.py or the host's data in the inventory.",
                     names=models,
                 )
             )
