@@ -10,17 +10,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.commands import common
 from sglang_deploy.core.sshtarget import cache_archive_command
 
 
 def add_parser(sub) -> None:
-    c = sub.add_parser("cache", help="save a host's autotune/JIT cache (restore: rebuild --cache)")
-    csub = c.add_subparsers(dest="cache_command", required=True)
-    save = csub.add_parser("save", help="archive the service's cache folder of HOST into FILE")
-    save.add_argument("inventory")
-    save.add_argument("host")
-    save.add_argument("file")
+    c = common.add_command(sub, "cache", help="save a host's autotune/JIT cache (restore: "
+                                              "rebuild --cache)")
+    csub = c.add_subparsers(dest="cache_command", metavar="{save}", required=True)
+    save = common.add_command(csub, "save", help="archive the service's cache folder of HOST "
+                                                 "into FILE (read-only on the host)",
+                              failed="`tar` of the cache folder failed on the host (FILE is "
+                                     "not written)")
+    common.add_inventory(save)
+    save.add_argument("host", metavar="HOST", help="the host, by its name in the inventory")
+    save.add_argument("file", metavar="FILE",
+                      help="the archive to write (a gzip'd tar), whole or not at all")
 
 
 def failure_message(host: str, cache: str, status: int, stderr: bytes) -> str:
@@ -39,15 +44,14 @@ def run(args) -> int:
         cache = hostshell.setting(data, "sglang_cache_dir")
         with hostshell.connect(ssh) as cxn, open(tmp, "wb") as fh:
             status, err = hostshell.stream(cxn, cache_archive_command(cache), fh)
-    except SglangDeployError as exc:
+    except BaseException:  # the command's handler prints it (one line, its exit status)
         tmp.unlink(missing_ok=True)
-        print(exc.message, file=sys.stderr)
-        return 2
+        raise
     if status != 0:
         tmp.unlink(missing_ok=True)
         print(failure_message(args.host, cache, status, err), file=sys.stderr)
-        return 1
+        return common.EXIT_FAILED
     tmp.rename(target)
     print(f"saved {cache} of {args.host} to {target} ({target.stat().st_size} bytes); restore it on a "
           f"blank host with: sglang-deploy rebuild {args.inventory} HOST --cache {target}")
-    return 0
+    return common.EXIT_OK

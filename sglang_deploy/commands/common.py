@@ -7,7 +7,8 @@
   pyinfra's verbosity through (and show tracebacks).
 * The exit statuses (``EXIT_*``) are listed in each command's ``--help`` (``epilog``).
 * ``host_error`` finds the failing host's own error line in a pyinfra run's output.
-* ``table`` / ``print_table``: rich tables; plain text when the output is not a terminal.
+* ``table`` / ``print_table`` / ``console``: rich tables and text; plain ASCII, no colour and no
+  padding to a console width when the output is not a terminal.
 """
 
 from __future__ import annotations
@@ -139,9 +140,15 @@ def _tty(out) -> bool:
     return hasattr(out, "isatty") and out.isatty()
 
 
+def is_terminal(out=None) -> bool:
+    """Whether OUT (stdout) is a terminal: styles and rich layouts there, plain text else."""
+    return _tty(out or sys.stdout)
+
+
 def table(columns: Iterable[str], title: str | None = None, out=None):
-    """A rich Table; when OUT is not a terminal, plain text: no borders, columns aligned by
-    spaces, each row on one line starting with its first cell."""
+    """A rich Table; when OUT is not a terminal, plain ASCII text: no borders, columns
+    aligned by spaces, the title on its own line at the left, each row on one line starting
+    with its first cell."""
     from rich import box
     from rich.table import Table
 
@@ -149,17 +156,32 @@ def table(columns: Iterable[str], title: str | None = None, out=None):
     if tty:
         t = Table(title=title, box=box.SIMPLE_HEAD)
     else:
-        t = Table(title=title, box=None, pad_edge=False, show_edge=False)
+        t = Table(title=title, box=None, pad_edge=False, show_edge=False, title_justify="left")
     for col in columns:
         t.add_column(col, no_wrap=not tty)
     return t
 
 
-def print_table(t, out=None) -> None:
-    """Print T on OUT (stdout): styles and the terminal's width on a terminal; otherwise plain
-    text, no colour, and lines as long as their content (a piped table keeps one row per line)."""
+def console(out=None):
+    """A rich Console on OUT (stdout): styles and the terminal's width on a terminal;
+    otherwise no colour and no fixed width (a long line stays one line)."""
     from rich.console import Console
 
     out = out or sys.stdout
-    Console(file=out, width=None if _tty(out) else 10_000, no_color=not _tty(out),
-            highlight=False, emoji=False).print(t)
+    return Console(file=out, width=None if _tty(out) else 10_000, no_color=not _tty(out),
+                   highlight=False, emoji=False)
+
+
+def print_table(t, out=None) -> None:
+    """Print T on OUT (stdout): styles and the terminal's width on a terminal; otherwise plain
+    text, no colour, and lines as long as their content, not padded to the widest row or to a
+    console width (a piped table keeps one row per line)."""
+    import io
+
+    out = out or sys.stdout
+    if _tty(out):
+        console(out).print(t)
+        return
+    buffer = io.StringIO()
+    console(buffer).print(t)
+    out.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))

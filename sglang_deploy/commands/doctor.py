@@ -3,7 +3,7 @@
     sglang-deploy doctor [--json] [--collect DIR] [--from DIR] [--expected-count N]
                          [--expected-model M] [--min-driver V] [--p2p-policy require|adapt]
                          [--min-gbps X] [--mib N] [--no-p2p-test]
-    sglang-deploy doctor INVENTORY [--limit HOST]... [--json] [--data K=V]... [same options]
+    sglang-deploy doctor INVENTORY [--limit PATTERN]... [--json] [--data K=V]... [same options]
 
 The expectations are the deploy's: the defaults of the data keys ``gpu_expected_count``,
 ``gpu_expected_model`` (the exact name), ``gpu_min_driver``, ``gpu_p2p_policy``,
@@ -12,7 +12,8 @@ The expectations are the deploy's: the defaults of the data keys ``gpu_expected_
 With INVENTORY, the deploy's own pre-flight stage runs on the inventory's hosts over SSH
 (``pyinfra INVENTORY preflight.py --dry`` from the deploy folder: each host's data, the same
 facts and checks as ``deploy.py``; nothing is changed, no deploy lock is taken), the
-options becoming ``--data`` overrides.
+options becoming ``--data`` overrides. ``--limit`` follows pyinfra's rules and the data is
+checked before any connection, as for every command (``shell.hosts.select``).
 
 Live mode reads the system python's version and glibc's (``/usr/bin/python3 hoststate.py
 platform``: the deploy's ``sglang_system_python``, judged against what the default lock's
@@ -282,20 +283,19 @@ def run_doctor(collect_dir: str | os.PathLike[str] | None = None,
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
 
-def render(report: dict[str, Any], console: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def render(report: dict[str, Any], out: Any = None) -> None:
+    """The report as a table and the fixes, on OUT (stdout): coloured on a terminal, plain
+    ASCII (no borders, no padding to a console width) otherwise (``common.table``)."""
+    from sglang_deploy.commands import common
 
-    console = console or Console()
-    table = Table(title=f"GPU pre-flight ({report.get('mode', '?')}"
-                  + (f": {report['source']}" if report.get("source") else "") + ")")
-    table.add_column("status")
-    table.add_column("check")
-    table.add_column("result", overflow="fold")
+    console = common.console(out)
+    table = common.table(("status", "check", "result"), out=out,
+                         title=f"GPU pre-flight ({report.get('mode', '?')}"
+                         + (f": {report['source']}" if report.get("source") else "") + ")")
     for c in report["checks"]:
         style = _STYLE.get(c["status"], "")
         table.add_row(f"[{style}]{c['status']}[/]", c["name"], c["message"])
-    console.print(table)
+    common.print_table(table, out)
     for c in report["checks"]:
         if c["status"] in ("fail", "warn") and (c.get("fix") or c.get("found")):
             style = _STYLE[c["status"]]
@@ -308,7 +308,8 @@ def render(report: dict[str, Any], console: Any = None) -> None:
     if report.get("p2p_matrix"):
         console.print("P2P matrix:", markup=False)
         d = next((c.get("details") or {} for c in report["checks"] if c["name"] == "p2p-matrix"), {})
-        console.print(preflight.rich_matrix(d["cells"], d["gpus"], d.get("min_gbps")) if d.get("cells")
+        colour = d.get("cells") and common.is_terminal(out)
+        console.print(preflight.rich_matrix(d["cells"], d["gpus"], d.get("min_gbps")) if colour
                       else report["p2p_matrix"], markup=False, highlight=False)
     if report.get("nccl_env"):
         console.print("NCCL environment for this host: "
@@ -328,10 +329,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         failed="a check failed (the result is fail)")
     parser.add_argument("inventory", nargs="?", metavar="INVENTORY",
                         help="run the deploy's pre-flight on this inventory's hosts (over SSH)")
-    parser.add_argument("--limit", action="append", default=[], metavar="HOST",
-                        help="with INVENTORY: only these hosts (repeatable)")
-    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                        help="with INVENTORY: data overrides, as for the deploy")
+    common.add_limit(parser)  # with INVENTORY only
+    common.add_data(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--collect", metavar="DIR", help="keep the raw outputs in DIR")

@@ -1,4 +1,4 @@
-"""``sglang-deploy doctor INVENTORY [--limit HOST]``: the deploy's pre-flight on its hosts.
+"""``sglang-deploy doctor INVENTORY [--limit PATTERN]...``: the deploy's pre-flight on its hosts.
 
 One ``pyinfra INVENTORY preflight.py --dry`` run (the deploy's pre-flight stage alone, hosts
 in parallel) with a plan folder: each host's stage writes every check it made
@@ -10,13 +10,13 @@ record did not answer or has invalid data: its pyinfra lines are shown instead.
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from sglang_deploy.commands.doctor import OPTION_KEYS, render
 from sglang_deploy.shell import runner
+from sglang_deploy.shell.hosts import select
 from sglang_deploy.shell.plan import PLAN_ENV
 
 
@@ -45,12 +45,9 @@ def host_report(name: str, plans: Path, output: str) -> dict[str, Any]:
 
 
 def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -> list[dict]:
-    hosts = [name for name, _ in runner.inventory_hosts(inventory, cwd)]
-    unknown = [h for h in limit if h not in hosts]
-    if unknown:
-        raise ValueError(f"--limit {', '.join(unknown)}: not in {inventory} "
-                         f"(its hosts: {', '.join(hosts) or 'none'})")
-    hosts = [h for h in hosts if h in limit] if limit else hosts
+    """The report of each host INVENTORY and LIMIT select (pyinfra's --limit rules; the
+    inventory, the limit and the data are checked before any connection, exit status 2)."""
+    hosts = select(inventory, limit, data, cwd=cwd).hosts
     with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
         run = runner.run_pyinfra(inventory, "preflight.py", limit=hosts, data=data, dry=True,
                                  cwd=cwd, env={PLAN_ENV: tmp})
@@ -58,11 +55,7 @@ def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -
 
 
 def run(args, given: dict[str, Any]) -> int:
-    try:
-        reports = collect(args.inventory, args.limit, data_overrides(given, args.data))
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"sglang-deploy doctor: {exc}", file=sys.stderr)
-        return 2
+    reports = collect(args.inventory, args.limit, data_overrides(given, args.data))
     overall = status_of([{"status": r["status"]} for r in reports])
     if args.json:
         print(json.dumps({"status": overall, "hosts": reports}))

@@ -1,4 +1,5 @@
-"""`sglang-deploy report INVENTORY [--out FILE.html] [--json]`: one page about the fleet.
+"""`sglang-deploy report INVENTORY [--out FILE.html] [--json] [--limit PATTERN]...`: one
+page about the fleet.
 
 One self-contained HTML file (inline CSS, JavaScript and SVG; nothing fetched from the
 network) with the fleet status (the same read-only run as `sglang-deploy status`), each
@@ -6,7 +7,10 @@ host's last data-verified P2P matrix as a heatmap, each host's last startup by p
 its benchmark history per configuration. Everything on the page is drawn from the JSON
 document that ``--json`` prints (``core.fleetreport.build``), which is embedded in the page.
 
-Exit status: 0 when the page (or the JSON) was written, 2 on a usage or data error.
+``--limit`` follows pyinfra's rules (host names, group names, globs); the inventory, the
+limit, ``--data`` and an ``--out`` folder that does not exist are refused (exit status 2)
+before any connection. Exit status: 0 when the page (or the JSON) was written, 2 on a usage
+or data error.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import json
 import sys
 from pathlib import Path
 
+from sglang_deploy.commands import common
 from sglang_deploy.core import fleetreport
-from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.core.errors import UsageError
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "report.html.j2"
 STATE_DIR = Path(".sglang-deploy")
@@ -55,19 +60,15 @@ def read_records(state_dir: Path, hosts: list[str]) -> tuple[dict, dict]:
 
 def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
             data: list[str] | None = None, with_status: bool = True) -> dict:
-    """The report document of INVENTORY's hosts (status read live unless WITH_STATUS off)."""
+    """The report document of the hosts INVENTORY and LIMIT select (pyinfra's --limit rules:
+    host names, group names, globs; one that matches nothing is a UsageError, exit 2), with
+    their status read live (checked as `status` checks it) unless WITH_STATUS is off."""
     from sglang_deploy.commands import status
-    from sglang_deploy.shell import runner
+    from sglang_deploy.shell.hosts import load, match, parse_data
 
-    hosts = [name for name, _ in runner.inventory_hosts(inventory, cwd)]
-    if limit:
-        missing = [h for h in limit if h not in hosts]
-        if missing:
-            raise SglangDeployError(what="host names from the inventory",
-                               found=f"not in {inventory}: {', '.join(missing)}",
-                               fix=f"use one of: {', '.join(hosts)}")
-        hosts = [h for h in hosts if h in limit]
-    rows = status.collect(inventory, cwd=cwd, limit=hosts, data=data) if with_status else None
+    inv = load(inventory, cwd, parse_data(list(data or ())))
+    hosts = [h.name for h in (match(inv, list(limit)) if limit else inv)]
+    rows = status.collect(inventory, cwd=cwd, limit=limit, data=data) if with_status else None
     state_dir = Path(cwd) / STATE_DIR
     p2p, runs = read_records(state_dir, hosts)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -88,38 +89,50 @@ def render_html(doc: dict) -> str:
         timeline_bars=fleetreport.timeline_bars, bench_chart=fleetreport.bench_chart)
 
 
+def check_out(out: str | Path) -> None:
+    """--out OUT must name a file in an existing folder: a typo is refused, not silently made
+    a folder (the default's folder, the tool's own state folder, is created)."""
+    folder = Path(out).parent
+    if not folder.is_dir():
+        raise UsageError(what="--out FILE.html in an existing folder",
+                         found=f"no folder {folder}" + (" (a file)" if folder.exists() else ""),
+                         fix=f"create it first (mkdir -p {folder}) or write the page into an "
+                             "existing folder")
+
+
 def write(doc: dict, out: str | Path) -> Path:
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(doc))
     return path
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("report", help="one self-contained HTML page: fleet status, P2P "
-                                      "heatmaps, startup timelines, benchmark history",
-                       description=__doc__)
-    p.add_argument("inventory")
+    p = common.add_command(
+        sub, "report", help="one self-contained HTML page: fleet status, P2P heatmaps, startup "
+                            "timelines, benchmark history",
+        description=__doc__.split("\n\n")[0],
+        failed="the page could not be written")
+    common.add_inventory(p)
     p.add_argument("--out", metavar="FILE.html",
-                   help=f"where to write the page (default {DEFAULT_OUT}; with --json: only "
-                        "when given)")
-    p.add_argument("--json", action="store_true", help="print the report's JSON document")
-    p.add_argument("--limit", action="append", help="only these hosts (repeatable)")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="data overrides for the status run (as in status --data)")
+                   help=f"where to write the page, in an existing folder (default {DEFAULT_OUT}, "
+                        "its folder created; with --json: only when given)")
+    common.add_json(p, "the report's document")
+    common.add_limit(p)
+    common.add_data(p)
     p.add_argument("--no-status", action="store_true",
                    help="do not connect to the hosts: only what the controller recorded")
 
 
 def run(args) -> int:
-    try:
-        doc = collect(args.inventory, limit=args.limit, data=args.data,
-                      with_status=not args.no_status)
-    except SglangDeployError as exc:
-        print(exc.message, file=sys.stderr)
-        return 2
-    out = args.out or (None if args.json else DEFAULT_OUT)
+    if args.out is not None:
+        check_out(args.out)  # before any connection
+    doc = collect(args.inventory, limit=args.limit, data=args.data,
+                  with_status=not args.no_status)
+    out = Path(args.out) if args.out else (None if args.json else DEFAULT_OUT)
     if out is not None:
+        if not out.parent.is_dir():  # the default's: the tool's own state folder
+            out.parent.mkdir(parents=True)
+            print(f"report: created the folder {out.parent}/", file=sys.stderr)
         path = write(doc, out)
         print(f"report: {path} ({doc['summary']['hosts']} hosts)", file=sys.stderr)
     if args.json:

@@ -129,7 +129,9 @@ def add_parser(sub) -> None:
                            failed="a host is unreachable, unhealthy or drifted")
     common.add_inventory(p)
     common.add_limit(p)
-    common.add_json(p, "one object per host")
+    common.add_json(p, 'one document, {"hosts": [one object per host], "router": null (no '
+                       'routers group) or {"host", "url", "error", "workers": [{"host", "url", '
+                       '"state"}]}},')
     common.add_data(p)
 
 

@@ -364,13 +364,22 @@ EXIT_CODES = """exit status:
   2   usage error"""
 
 
-def _add_subcommands(parser: argparse.ArgumentParser) -> None:
-    """``status`` and ``apply`` with their options, on PARSER."""
+def _verbose(parser: argparse.ArgumentParser) -> None:
+    """``-v`` of every ``sglang-deploy`` command, accepted here too (the patch runs no pyinfra
+    and its errors are already the whole story: it prints the same either way)."""
+    parser.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="accepted as on every command (the patch prints the same)")
+
+
+def _add_subcommands(parser: argparse.ArgumentParser, verbose: bool = False) -> None:
+    """``status`` and ``apply`` with their options (and ``-v`` with VERBOSE), on PARSER."""
     sub = parser.add_subparsers(dest="patch_command", metavar="{status,apply}", required=True)
     for name, help in (("status", "show whether the autotune patch is needed (read-only)"),
                        ("apply", "apply the autotune patch (idempotent)")):
         a = sub.add_parser(name, help=help, epilog=EXIT_CODES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        if verbose:
+            _verbose(a)
         a.add_argument("path", metavar="PATH",
                        help="site-packages dir, sglang package dir, venv prefix or the file")
         a.add_argument("--json", action="store_true", help="print one JSON object")
@@ -390,7 +399,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=patch.__doc__.split("\n\n")[0],
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_subcommands(p)
+    _verbose(p)
+    _add_subcommands(p, verbose=True)
     p.set_defaults(func=run)
     return p
 

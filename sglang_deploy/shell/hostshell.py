@@ -25,6 +25,7 @@ import paramiko
 from fabric import Config, Connection
 
 from sglang_deploy.core import data as datamod
+from sglang_deploy.core.errors import UsageError
 from sglang_deploy.core.sshtarget import (
     CONNECT_TIMEOUT_S,
     NO_INVOCATION,
@@ -41,14 +42,14 @@ KEEPALIVE_S = 30
 RUN_TIMEOUT_S = 120
 
 def host_data(inventory: str, name: str, cwd: str = ".") -> dict:
-    """The merged inventory data of host NAME, read as pyinfra reads it (no connection)."""
-    if inventory.endswith(".py") and not Path(cwd, inventory).is_file():
-        raise HostShellError(what=f"an inventory file {inventory}", found="no such file",
-                             fix="pass the deploy's inventory with -i/--inventory (logs) or as INVENTORY")
-    hosts = dict(runner.inventory_hosts(inventory, cwd))
+    """The merged inventory data of host NAME, read as pyinfra reads it (no connection).
+    A missing inventory or a NAME that is not one of its hosts is a UsageError (exit 2)
+    naming the hosts there are, before any connection."""
+    hosts = dict(runner.inventory_hosts(inventory, cwd))  # a missing file: UsageError
     if name not in hosts:
-        raise HostShellError(what=f"a host of {inventory}", found=f"no host named {name}",
-                             fix=f"use one of: {', '.join(hosts) or '(none)'}")
+        raise UsageError(what=f"HOST: one host of the inventory {inventory}",
+                         found=f"{name!r} is not in the inventory",
+                         fix=f"use one of the hosts: {', '.join(hosts) or '(none)'}")
     return hosts[name]
 
 

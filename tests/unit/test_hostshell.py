@@ -13,6 +13,7 @@ import pytest
 from sglang_deploy.commands import cache as cachecmd
 from sglang_deploy.commands import cli
 from sglang_deploy.core import sshtarget
+from sglang_deploy.core.errors import UsageError
 from sglang_deploy.core.sshtarget import HostShellError, SshTarget, target_from_data
 from sglang_deploy.shell import hostshell
 
@@ -265,9 +266,9 @@ def test_connection_errors_are_one_actionable_line(tmp_path, exc_factory, words)
 
 
 def test_a_missing_inventory_or_ssh_config_file_is_a_one_line_error(tmp_path):
-    with pytest.raises(HostShellError) as e:
+    with pytest.raises(UsageError) as e:  # exit 2, as a missing inventory of every command
         hostshell.host_data("absent.py", "gpu-1", cwd=str(tmp_path))
-    assert "absent.py" in e.value.message and "\n" not in e.value.message
+    assert "no file absent.py" in e.value.one_line() and "\n" not in e.value.one_line()
     t = SshTarget(name="gpu-1", hostname="10.0.0.5", ssh_config_file=str(tmp_path / "no_config"))
     with pytest.raises(HostShellError) as e:
         hostshell.connection(t)
