@@ -49,7 +49,8 @@ def test_the_hosts_python_and_glibc_are_the_first_rows_and_the_lock_decides(test
     # the same pins, a header that says they were compiled for 3.12
     lock = tmp_path / "testbed-py312.txt"
     text = (REPO / "locks" / "testbed.txt").read_text()
-    lock.write_text("#    sglang-deploy lock --python-version 3.12 locks/testbed.in\n" + text)
+    assert ", python 3.11" in text
+    lock.write_text(text.replace(", python 3.11", ", python 3.12", 1))
     rc, report = doctor(testbed, host, f"sglang_lock={json.dumps(str(lock))}")
     python = rows(report)["host-python"]
     assert rc == 1 and report["status"] == "fail"

@@ -163,17 +163,29 @@ def test_systemd_run_argv_waits_pipes_and_makes_the_secrets_file_optional():
 
 # ------------------------------------------------------------------ the smoke script itself
 
-def _fake_package(tmp_path: Path, monkeypatch, name: str, body: str) -> None:
-    pkg = tmp_path / name
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
+def _drop(name: str) -> None:
     for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        monkeypatch.delitem(sys.modules, mod)
+        del sys.modules[mod]
 
 
-def test_script_reports_an_import_failure_as_step_import(tmp_path, monkeypatch):
-    _fake_package(tmp_path, monkeypatch, "sglang", "raise ValueError('broken on import')\n")
+@pytest.fixture
+def fake_sglang(tmp_path, monkeypatch):
+    """A throw-away ``sglang`` package in TMP_PATH, gone from sys.modules afterwards (other
+    modules' tests look the real wheel's files up by the name)."""
+    def make(body: str) -> Path:
+        pkg = tmp_path / "sglang"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text(body)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        _drop("sglang")
+        return pkg
+
+    yield make
+    _drop("sglang")
+
+
+def test_script_reports_an_import_failure_as_step_import(fake_sglang):
+    fake_sglang("raise ValueError('broken on import')\n")
     result = release_smoke.run(["import", "flags"], [], [])
     assert not result["ok"]
     assert result["error"]["step"] == "import"
@@ -181,11 +193,11 @@ def test_script_reports_an_import_failure_as_step_import(tmp_path, monkeypatch):
     assert [s["status"] for s in result["steps"]] == ["failed"]
 
 
-def test_script_tolerates_only_the_absent_driver_library(tmp_path, monkeypatch):
-    _fake_package(tmp_path, monkeypatch, "sglang", "__version__ = '9.9'\n")
-    (tmp_path / "sglang" / "needs_driver.py").write_text(
+def test_script_tolerates_only_the_absent_driver_library(fake_sglang, monkeypatch):
+    pkg = fake_sglang("__version__ = '9.9'\n")
+    (pkg / "needs_driver.py").write_text(
         f"raise ImportError({release_smoke.LIBCUDA_ABSENT!r})\n")
-    (tmp_path / "sglang" / "other_error.py").write_text(
+    (pkg / "other_error.py").write_text(
         "raise ImportError('libcudart.so.13: cannot open shared object file')\n")
     monkeypatch.setattr(release_smoke, "libcuda_loads", lambda: False)
     ok = release_smoke.run(["import", "entrypoints"], [], ["sglang.needs_driver"])

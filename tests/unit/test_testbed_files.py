@@ -13,7 +13,7 @@ import pytest
 from testbed import fleet, net, procs, rootfs
 
 STATE_KEYS = {"version", "prefix", "state_dir", "bridge", "gateway", "subnet", "key", "known_hosts",
-              "wheelhouse", "base", "sglang_version", "hosts"}
+              "wheelhouse", "base", "sglang_version", "hosts", "lockcheck"}
 HOST_KEYS = {"name", "role", "index", "address", "netns", "veth", "pid", "dir", "upper", "work",
              "merged", "console"}
 

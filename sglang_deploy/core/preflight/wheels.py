@@ -9,7 +9,8 @@ instead of a failed ``uv pip sync`` minutes later.
 
 What a lock needs (:func:`lock_target`):
 
-- python: the ``--python-version X.Y`` of the lock's header when it records one, else
+- python: the lock's header (``# sglang-deploy lock: platform ..., python X.Y``, or a
+  ``--python-version X.Y`` in uv's command line) when it records one, else
   :data:`LOCK_PYTHON`, the default of ``sglang-deploy lock`` (``commands/lock.py``
   ``DEFAULT_PYTHON``: a lock is compiled for CPython 3.11 unless told otherwise).
 - glibc: :data:`SGLANG_GLIBC` (2.34) when the lock pins sglang >= 0.5.11, whose wheels are
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from sglang_deploy.core import lockfile
 from sglang_deploy.core.preflight.checks import Check, _fail
 
 #: the python a lock is compiled for when its header does not say (``sglang-deploy lock``'s
@@ -50,7 +52,7 @@ def lock_target(lock_text: str, sglang_version: str) -> WheelTarget:
     """The host a lock's wheels need: python from the header's ``--python-version`` (the
     comment lines before the first pin), else :data:`LOCK_PYTHON`; glibc from the sglang pin
     (SGLANG_VERSION, ``lockfile.sglang_pin``)."""
-    python = LOCK_PYTHON
+    python = lockfile.parse_header(lock_text).python or LOCK_PYTHON
     for line in lock_text.splitlines():
         if line.strip() and not line.startswith("#"):
             break
