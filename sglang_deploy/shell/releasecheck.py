@@ -227,11 +227,21 @@ def check(lock: Path, inventory: str | None = None, python: str | None = None,
                     "pip_check": None}
     for fs in sets:
         t0 = time.monotonic()
-        _say(f"release smoke for {', '.join(fs.hosts)}: {' '.join(fs.steps)} ...")
-        res, output = run_smoke(venv, fs)
-        if res is None or not res.get("ok"):
-            raise smoke.error_for(res, f"lock {lock}", output)
-        _say(f"{smoke.summary(res)} ({time.monotonic() - t0:.0f} s)")
+        # a passed smoke of this very venv, smoke script and flags is not run again
+        key = hashlib.sha256(json.dumps([fs.argv, fs.steps]).encode()
+                             + SMOKE_TOOL.read_bytes()).hexdigest()[:16]
+        record = venv.path.parent / f"smoke-{key}.json"
+        if venv.cached and record.is_file():
+            res = json.loads(record.read_text())
+            _say(f"{smoke.summary(res)} (the passed result of this venv and these flags, "
+                 f"kept in {record})")
+        else:
+            _say(f"release smoke for {', '.join(fs.hosts)}: {' '.join(fs.steps)} ...")
+            res, output = run_smoke(venv, fs)
+            if res is None or not res.get("ok"):
+                raise smoke.error_for(res, f"lock {lock}", output)
+            record.write_text(json.dumps(res, sort_keys=True) + "\n")
+            _say(f"{smoke.summary(res)} ({time.monotonic() - t0:.0f} s)")
         result["smoke"].append({"hosts": fs.hosts, "result": res})
     if header.partial:
         _say(f"{lock} is a partial lock (--no-deps): installed; the release smoke and "
