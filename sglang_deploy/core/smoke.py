@@ -37,9 +37,6 @@ class SmokeError(SglangDeployError):
 
     title = "release smoke failed"
 
-    def headline(self) -> str:
-        return f"{self.title}: {self.what}"
-
 
 def parse_result(stdout: str) -> dict | None:
     """The smoke's JSON object (its last stdout line that is one), else None."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from sglang_deploy.core import lockfile, smoke
 from sglang_deploy.shell import releasecheck
 
-from .helpers import BIN, REPO, TB1, both, pyinfra_deploy
+from .helpers import BIN, REPO, TB1, TB2, both, pyinfra_deploy
 
 PROD_LOCK = REPO / "locks/glm5-blackwell.txt"
 
@@ -44,7 +44,7 @@ def test_a_release_that_does_not_import_leaves_the_previous_release_serving(
     r = pyinfra_deploy([TB1], "--data", f"sglang_lock={_broken_lock(tmp_path)}")
     out = both(r)
     assert r.returncode != 0, out[-3000:]
-    assert "release smoke failed: `import sglang` works in the release venv on host" in out
+    assert "release smoke failed: expected `import sglang` works in the release venv on host" in out
     assert "No module named 'pybase64'" in out
     assert "sglang 0.5.12.post1" in out  # the package the failing import passes through
     # nothing switched: same release behind `current`, same server process, still serving
@@ -110,6 +110,28 @@ def test_lock_check_names_the_import_error_of_the_lock_at_48a8d87():
                        capture_output=True, text=True, timeout=1800)
     assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]
     err = r.stderr
-    assert "release smoke failed: `import sglang` works" in err
+    assert "release smoke failed: expected `import sglang` works" in err
     assert "ValueError: Either a revision or a version must be specified." in err
     assert "kernels 0.17.2, required by sglang 0.5.12.post1 without a bound" in err
+
+
+def test_a_rollout_stops_at_the_first_host_whose_release_does_not_import(
+        testbed, deployed_host, tmp_path):
+    """Needs: TB1 and TB2 deployed and serving. The canary's smoke fails: nothing switches
+    there, the rollout halts and the second host is never touched."""
+    deployed_host(TB1, TB2)
+    before = {h: (_current(testbed, h), _main_pid(testbed, h)) for h in (TB1, TB2)}
+    report = tmp_path / "rollout.json"
+    r = subprocess.run([str(BIN / "sglang-deploy"), "rollout", str(testbed.inventory),
+                        "--limit", TB1, "--limit", TB2, "--report", str(report),
+                        "--data", f"sglang_lock={_broken_lock(tmp_path)}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=1800)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    hosts = {h["host"]: h for h in json.loads(report.read_text())["hosts"]}
+    assert "release smoke failed" in hosts[TB1]["message"], hosts[TB1]
+    assert "pybase64" in hosts[TB1]["message"]
+    assert hosts[TB2]["status"] == "untouched", hosts[TB2]
+    assert f"halted at {TB1}" in out
+    for h in (TB1, TB2):  # both still run the release and process they ran before
+        assert (_current(testbed, h), _main_pid(testbed, h)) == before[h]
