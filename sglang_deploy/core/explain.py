@@ -21,7 +21,7 @@ from typing import Any
 
 from sglang_deploy.core.logmarkers import PHASES
 from sglang_deploy.core.logparse import StartupTracker
-from sglang_deploy.core.logprefix import parse_ts, strip_prefix
+from sglang_deploy.core.logprefix import strip_prefix, timeline
 
 __all__ = ["DEFAULT_VERSION", "explain", "render_text"]
 
@@ -30,13 +30,15 @@ DEFAULT_VERSION = "0.5.12.post1"
 _CUT_MARKS = ("[... cut ...]", "[...]", "...")
 
 
-def explain(lines: Iterable[str], version: str | None = None) -> dict[str, Any]:
-    """Analyse a whole log; see the module docstring for the result."""
+def explain(lines: Iterable[str], version: str | None = None, *,
+            year: int | None = None) -> dict[str, Any]:
+    """Analyse a whole log; see the module docstring for the result. ``year``: the year of
+    dates printed without one when the log has no full date (``logprefix.timeline``)."""
     tracker = StartupTracker(version or DEFAULT_VERSION, expect_autotune=False,
                              cuda_graph=True, strict_order=False)
     text = [raw.rstrip("\n") for raw in lines]
     text = [x for x in text if x.strip() and x.strip() not in _CUT_MARKS]
-    stamps = [parse_ts(strip_prefix(x.rsplit("\r", 1)[-1])[0]) for x in text]
+    stamps = timeline((strip_prefix(x.rsplit("\r", 1)[-1])[0] for x in text), year)
     # lines before the first timestamp count as printed at it
     last_ts = next((t for t in stamps if t is not None), None)
     stamped = last_ts is not None
@@ -79,7 +81,9 @@ def _phases(tracker: StartupTracker, stamped: bool, last_ts: float | None) -> li
     out = []
     for i, p in enumerate(seen):
         end = entered[seen[i + 1]] if i + 1 < len(seen) else last_ts
-        duration = round(end - entered[p], 3) if stamped and end is not None else None
+        # never negative: a line stamped earlier than the one before (ranks or nodes whose
+        # clocks differ, a second-precision stamp after a finer one) adds no time
+        duration = max(0.0, round(end - entered[p], 3)) if stamped and end is not None else None
         out.append({"name": p, "at": text.get(p), "duration_s": duration})
     return out
 
