@@ -112,29 +112,45 @@ def split_updates(line: str) -> list[str]:
     return out
 
 
-# (format, what the text lacks): "" nothing, "year" (month and day only), "date" (a time of
-# day only)
-_TS_FORMATS = (("%Y-%m-%d %H:%M:%S", ""), ("%Y-%m-%dT%H:%M:%S", ""), ("%m-%d %H:%M:%S", "year"),
-               ("%H:%M:%S", "date"), ("%b %d %H:%M:%S", "year"), ("%b %d, %Y @ %H:%M:%S", ""))
+# a timestamp as the prefixes write it: a full date (``2026-03-01 12:00:00``, ISO ``T``,
+# Kibana's ``May 16, 2026 @ 20:46:57.892``), a month and day (``12-16 14:27:08``,
+# journalctl's ``Dec 04 09:19:48``) or a time of day alone (0.3's ``23:17:01``)
+_TS_RE = re.compile(
+    r"^(?:(?P<Y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[ T]|(?P<m2>\d{2})-(?P<d2>\d{2}) "
+    r"|(?P<b>[A-Z][a-z]{2}) (?P<d3>[ \d]?\d)(?:, (?P<Y3>\d{4}) @)? )?"
+    r"(?P<H>\d{2}):(?P<M>\d{2}):(?P<S>\d{2})(?:[.,](?P<f>\d+))?(?:Z|[+-]\d{2}:?\d{2})?$")
+_MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 _EPOCH = datetime(1970, 1, 1)
 _LEAP = 2000    # a yearless date is read in a leap year first, so that Feb 29 reads
 
 
 def _parse(text: str | None) -> tuple[datetime, str] | None:
-    """A timestamp as a prefix writes it -> (a naive datetime, what the text lacks)."""
-    if not text:
+    """A timestamp as a prefix writes it -> (a naive datetime, what the text lacks: "" if
+    nothing, "year" for a month and day, "date" for a time of day alone)."""
+    m = _TS_RE.match(text) if text else None
+    if m is None:
         return None
-    m = re.search(r"[.,](\d+)(?:Z|[+-]\d{2}:?\d{2})?$", text)   # fraction of a second
-    frac = float("0." + m.group(1)) if m else 0.0
-    base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", text[:m.start()] if m else text)
-    for fmt, lacks in _TS_FORMATS:
-        try:
-            dt = datetime.strptime(f"{_LEAP} {base}", f"%Y {fmt}") if lacks == "year" else \
-                datetime.strptime(base, fmt)
-        except ValueError:
-            continue
-        return dt + timedelta(seconds=frac), lacks
-    return None
+    g = m.groupdict()
+    if g["Y"] or g["Y3"]:
+        year, lacks = int(g["Y"] or g["Y3"]), ""
+    elif g["m2"] or g["b"]:
+        year, lacks = _LEAP, "year"
+    else:
+        year, lacks = _LEAP, "date"
+    if lacks == "date":
+        month, day = 1, 1
+    elif g["b"]:
+        month, day = _MONTHS.get(g["b"], 0), int(g["d3"])
+    else:
+        month, day = int(g["m"] or g["m2"]), int(g["d"] or g["d2"])
+    try:
+        dt = datetime(year, month, day, int(g["H"]), int(g["M"]), int(g["S"]))
+    except ValueError:      # month 13, Feb 30, hour 25...
+        return None
+    if g["f"]:
+        dt += timedelta(seconds=float("0." + g["f"]))
+    return dt, lacks
 
 
 def _in_year(dt: datetime, year: int) -> datetime | None:

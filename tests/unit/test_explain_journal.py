@@ -110,6 +110,7 @@ def test_a_yearless_date_takes_the_year_nearest_the_line_before():
 
 def test_without_a_full_date_the_first_yearless_date_is_in_the_given_year():
     assert timeline(["Dec 04 09:19:48"], year=2026) == [_seconds(2026, 12, 4, 9, 19, 48)]
+    assert timeline(["Dec  4 09:19:48"], year=2026) == [_seconds(2026, 12, 4, 9, 19, 48)]  # syslog
     assert timeline(["Feb 29 10:00:00"], year=2028) == [_seconds(2028, 2, 29, 10)]
     assert timeline(["Feb 29 10:00:00"])[0] is not None   # no year given: a leap year
     assert timeline(["Feb 29 10:00:00"], year=2026) == [None]  # not a date that year
@@ -128,6 +129,8 @@ def test_a_time_of_day_alone_takes_the_nearest_day():
 def test_fractions_and_offsets_read_as_before():
     a, b = timeline(["Mar 08 12:29:11.023757", "2025-03-08T12:29:12.5+00:00"])
     assert b - a == pytest.approx(1.476243)
+    assert timeline(["Feb 30 10:00:00", "13-01 10:00:00", "25:00:00", "Foo 01 10:00:00"]) == \
+        [None] * 4
 
 
 def test_no_duration_is_negative_when_the_clocks_disagree():
