@@ -66,7 +66,7 @@ def log_text(data: bytes, source: str = "standard input") -> str:
     for magic, what, fix in _MAGIC:
         if data.startswith(magic):
             raise LogInputError(what="a text log", found=f"{source} is {what}",
-                             fix="read it as text: " + fix.format(src=src))
+                                fix="read it as text: " + fix.format(src=src))
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         text = data.decode("utf-16", "replace")
     else:
@@ -79,8 +79,8 @@ def log_text(data: bytes, source: str = "standard input") -> str:
     bad = len(text) - len(text.translate(_NOT_TEXT))
     if bad * 10 > len(text):
         raise LogInputError(what="a text log", found=f"{source} is binary data ({bad} of its "
-                         f"{len(text)} characters are NUL, control or undecodable bytes)",
-                         fix=_GET_TEXT)
+                            f"{len(text)} characters are NUL, control or undecodable bytes)",
+                            fix=_GET_TEXT)
     return text.replace("\x00", "")
 
 
@@ -126,7 +126,7 @@ def explain(lines: Iterable[str], version: str | None = None, *,
 
 
 _SERVER_ARGS = "server_args=ServerArgs("
-_SIZE_RE = re.compile(r"[(,] ?(tp_size|dp_size|pp_size|nnodes)=(\d+)\b")
+_SIZE_RE = re.compile(r"(?:^|, ?)(tp_size|dp_size|pp_size|nnodes)=(\d+)\b")
 
 
 def _parallel(text: list[str]) -> dict[str, int] | None:

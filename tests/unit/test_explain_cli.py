@@ -184,3 +184,11 @@ def test_a_real_log_with_server_args_and_no_rank_prefix():
     r = explain((REAL / "072-nccl-unhandled-system-error-tp8-conda.log").read_text().splitlines())
     assert r["ranks"] == [] and r["parallel"]["tp_size"] == 8
     assert "ranks:       none seen of tp_size=8\n" in render_text(r)
+
+
+def test_a_multi_node_server_args_line_names_the_nodes():
+    line = ("[2026-03-01 12:00:00] server_args=ServerArgs(tp_size=16, moe_dp_size=2, "
+            "nnodes=2, node_rank=1)")
+    r = explain([line])
+    assert r["parallel"] == {"tp_size": 16, "nnodes": 2}
+    assert "ranks:       none seen of tp_size=16, nnodes=2\n" in render_text(r)
