@@ -15,6 +15,7 @@ import json
 import sys
 
 from sglang_deploy.commands import common
+from sglang_deploy.commands import explain as explain_log
 from sglang_deploy.core.sshtarget import journal_command
 
 
@@ -34,8 +35,8 @@ def add_parser(sub) -> None:
         sub, "logs", help="the service's journal on one host (--follow to stream, --explain "
                           "to analyse the last start)",
         description=__doc__.split("\n\n")[0],
-        failed="journalctl failed on the host; with --explain: the last start failed",
-        codes=((4, "with --explain: the log ends with no verdict (still starting, or hung)"),))
+        failed="journalctl failed on the host; with --explain: " + explain_log.FAILED,
+        codes=((explain_log.EXIT_INCOMPLETE, "with --explain: " + explain_log.INCOMPLETE),))
     common.add_inventory(p)
     p.add_argument("host", metavar="HOST")
     p.add_argument("--follow", "-f", action="store_true",
@@ -51,15 +52,21 @@ def run(args) -> int:
     from sglang_deploy.shell import hostshell
 
     if args.explain:
+        from datetime import datetime
+
         from sglang_deploy.core.explain import explain, render_text
 
         if args.follow:
             raise hostshell.HostShellError(what="--explain or --follow", found="both",
                                            fix="analyse the last start (--explain) or stream "
                                                "the journal (--follow), one at a time")
-        result = explain(hostshell.journal_since_last_start(args.inventory, args.host).splitlines())
-        print(json.dumps(result, indent=2) if args.json else render_text(result))
-        return {"ready": common.EXIT_OK, "failed": common.EXIT_FAILED}.get(result["outcome"], 4)
+        journal = hostshell.journal_since_last_start(args.inventory, args.host)
+        result = explain(journal.splitlines(), year=datetime.now().year)
+        if args.json:
+            print(json.dumps(result, indent=2, ensure_ascii=False))
+        else:
+            sys.stdout.write(render_text(result))
+        return explain_log.EXIT[result["outcome"]]
     target, data = hostshell.target(args.inventory, args.host)
     unit = f"{hostshell.setting(data, 'sglang_service')}.service"
     with hostshell.connect(target) as cxn:

@@ -7,10 +7,13 @@ and returns::
 
     {"outcome": "ready" | "failed" | "incomplete", "phase": <a verifier phase, "serving"
      after ready, or None>, "cause": <cause id or None>, "summary": <one line>, "fix": ...,
-     "phases": [{"name", "at", "duration_s"}], "relevant_lines": [...], "ranks": [...]}
+     "phases": [{"name", "at", "duration_s"}], "relevant_lines": [...], "ranks": [...],
+     "parallel": {"tp_size", "dp_size", "pp_size", "nnodes"} of the log's server args, or
+     None}
 
 ``incomplete``: the text ends with no verdict (an excerpt, or a server still starting or
-hung). ``render_text`` prints it for a person.
+hung). ``render_text`` prints it for a person; ``log_text`` turns the bytes of a file into
+the text to analyse, refusing what is no text log (empty, binary, compressed).
 """
 
 from __future__ import annotations
@@ -19,24 +22,77 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from sglang_deploy.core.errors import UsageError
 from sglang_deploy.core.logmarkers import PHASES
 from sglang_deploy.core.logparse import StartupTracker
-from sglang_deploy.core.logprefix import parse_ts, strip_prefix
+from sglang_deploy.core.logprefix import strip_prefix, timeline
 
-__all__ = ["DEFAULT_VERSION", "explain", "render_text"]
+__all__ = ["DEFAULT_VERSION", "LogInputError", "explain", "log_text", "render_text"]
 
 #: the wording era assumed when the caller does not say (the patterns accept all eras)
 DEFAULT_VERSION = "0.5.12.post1"
 _CUT_MARKS = ("[... cut ...]", "[...]", "...")
 
 
-def explain(lines: Iterable[str], version: str | None = None) -> dict[str, Any]:
-    """Analyse a whole log; see the module docstring for the result."""
+class LogInputError(UsageError):
+    """Input that is no log to explain (missing, empty, binary): an input error, exit 2."""
+
+    title = "cannot explain this input"
+
+
+# the first bytes of files that are no text log, and how to get the text out of them
+_MAGIC = ((b"\x1f\x8b", "a gzip-compressed file", "zcat {src} | sglang-deploy explain-log -"),
+          (b"\x28\xb5\x2f\xfd", "a zstd-compressed file",
+           "zstdcat {src} | sglang-deploy explain-log -"),
+          (b"\xfd7zXZ\x00", "an xz-compressed file", "xzcat {src} | sglang-deploy explain-log -"),
+          (b"PK\x03\x04", "a zip archive", "unzip -p {src} | sglang-deploy explain-log -"),
+          (b"LPKSHHRH", "a systemd journal file",
+           "journalctl --file {src} -u sglang | sglang-deploy explain-log -"))
+# NUL, other C0 controls and undecodable bytes (tab, \n, \r of tqdm, \b, \v, \f, ESC are text)
+_NOT_TEXT = dict.fromkeys([*range(8), 0x0e, *range(0x0f, 0x1b), *range(0x1c, 0x20), 0xfffd])
+_JOURNAL_NOTE_RE = re.compile(r"^-- .* --$")   # journalctl's `-- No entries --`, `-- Boot x --`
+_GET_TEXT = ("pass the log as text: `journalctl -u sglang > sglang.log` (or pipe it: "
+             "`journalctl -u sglang | sglang-deploy explain-log -`), or the server's own log file")
+
+
+def log_text(data: bytes, source: str = "standard input") -> str:
+    """The text of a log read as bytes (UTF-8, or UTF-16 with its byte-order mark, as
+    PowerShell writes a redirect), NUL bytes dropped. Raises LogInputError for input that is
+    no text log: empty (or journalctl's `-- No entries --` alone), compressed or a journal
+    file (the fix says how to read it), or binary (NUL, control or undecodable bytes in
+    more than 1 in 10 characters). A run of NUL bytes at the end (a file cut short by a
+    crash) is no text and no sign of binary either."""
+    src = "-" if source == "standard input" else source
+    for magic, what, fix in _MAGIC:
+        if data.startswith(magic):
+            raise LogInputError(what="a text log", found=f"{source} is {what}",
+                                fix="read it as text: " + fix.format(src=src))
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        text = data.decode("utf-16", "replace")
+    else:
+        text = data.rstrip(b"\x00").decode("utf-8-sig", "replace")
+    lines = [x for x in text.splitlines() if x.strip()]
+    if not lines or all(_JOURNAL_NOTE_RE.match(x.strip()) for x in lines):
+        found = f"{source} is empty" if not lines else \
+            f"{source} has no log line, only journalctl's {lines[0].strip()!r}"
+        raise LogInputError(what="a log to explain", found=found, fix=_GET_TEXT)
+    bad = len(text) - len(text.translate(_NOT_TEXT))
+    if bad * 10 > len(text):
+        raise LogInputError(what="a text log", found=f"{source} is binary data ({bad} of its "
+                            f"{len(text)} characters are NUL, control or undecodable bytes)",
+                            fix=_GET_TEXT)
+    return text.replace("\x00", "")
+
+
+def explain(lines: Iterable[str], version: str | None = None, *,
+            year: int | None = None) -> dict[str, Any]:
+    """Analyse a whole log; see the module docstring for the result. ``year``: the year of
+    dates printed without one when the log has no full date (``logprefix.timeline``)."""
     tracker = StartupTracker(version or DEFAULT_VERSION, expect_autotune=False,
                              cuda_graph=True, strict_order=False)
     text = [raw.rstrip("\n") for raw in lines]
     text = [x for x in text if x.strip() and x.strip() not in _CUT_MARKS]
-    stamps = [parse_ts(strip_prefix(x.rsplit("\r", 1)[-1])[0]) for x in text]
+    stamps = timeline((strip_prefix(x.rsplit("\r", 1)[-1])[0] for x in text), year)
     # lines before the first timestamp count as printed at it
     last_ts = next((t for t in stamps if t is not None), None)
     stamped = last_ts is not None
@@ -64,8 +120,22 @@ def explain(lines: Iterable[str], version: str | None = None) -> dict[str, Any]:
         "phases": _phases(tracker, stamped, None if outcome == "ready" else last_ts),
         "relevant_lines": _relevant(tracker, d, outcome),
         "ranks": sorted(tracker.ranks, key=_natural),
+        "parallel": _parallel(text),
         "version": version,
     }
+
+
+_SERVER_ARGS = "server_args=ServerArgs("
+_SIZE_RE = re.compile(r"(?:^|, ?)(tp_size|dp_size|pp_size|nnodes)=(\d+)\b")
+
+
+def _parallel(text: list[str]) -> dict[str, int] | None:
+    """The parallel sizes the server was started with, from the log's own (last)
+    ``server_args=ServerArgs(... tp_size=8, dp_size=1, ...)`` line; None without one."""
+    line = next((x for x in reversed(text) if _SERVER_ARGS in x), None)
+    if line is None:
+        return None
+    return {k: int(v) for k, v in _SIZE_RE.findall(line.split(_SERVER_ARGS, 1)[1])}
 
 
 def _natural(rank: str) -> list:
@@ -79,7 +149,9 @@ def _phases(tracker: StartupTracker, stamped: bool, last_ts: float | None) -> li
     out = []
     for i, p in enumerate(seen):
         end = entered[seen[i + 1]] if i + 1 < len(seen) else last_ts
-        duration = round(end - entered[p], 3) if stamped and end is not None else None
+        # never negative: a line stamped earlier than the one before (ranks or nodes whose
+        # clocks differ, a second-precision stamp after a finer one) adds no time
+        duration = max(0.0, round(end - entered[p], 3)) if stamped and end is not None else None
         out.append({"name": p, "at": text.get(p), "duration_s": duration})
     return out
 
@@ -122,9 +194,13 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append("cause:       none: the text ends without a verdict (an excerpt, a "
                      "server still starting, or a hang in the phase above)")
     ranks = result.get("ranks") or []
-    if ranks:
-        lines.append(f"ranks:       {len(ranks)} ({', '.join(ranks[:8])}"
-                     f"{', ...' if len(ranks) > 8 else ''})")
+    sizes = result.get("parallel") or {}
+    # the sizes the server args set: tp always, the others where more than 1
+    size = ", ".join(f"{k}={v}" for k, v in sizes.items() if k == "tp_size" or v > 1)
+    if ranks or size:
+        seen = f"{len(ranks)} seen" if ranks else "none seen"
+        listed = f" ({', '.join(ranks[:8])}{', ...' if len(ranks) > 8 else ''})" if ranks else ""
+        lines.append(f"ranks:       {seen}{f' of {size}' if size else ''}{listed}")
     if result["relevant_lines"]:
         lines.append("lines:" if result["outcome"] != "failed" else "proof:")
         lines += [f"  {x[:300]}" for x in result["relevant_lines"]]

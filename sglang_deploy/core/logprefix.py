@@ -23,9 +23,11 @@ A line of an SGLang log can carry several prefixes, outermost first:
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import date, datetime, timedelta
 
-__all__ = ["PROGRESS_RE", "parse_progress", "parse_ts", "redact", "split_updates", "strip_prefix"]
+__all__ = ["PROGRESS_RE", "parse_progress", "parse_ts", "redact", "split_updates", "strip_prefix",
+           "timeline"]
 
 _TS = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d{1,6})?"
 _RANKS = r"(?: [A-Z][A-Z_]*\d+)*"
@@ -110,27 +112,102 @@ def split_updates(line: str) -> list[str]:
     return out
 
 
-_TS_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%m-%d %H:%M:%S", "%H:%M:%S",
-               "%b %d %H:%M:%S", "%b %d, %Y @ %H:%M:%S")
+# a timestamp as the prefixes write it: a full date (``2026-03-01 12:00:00``, ISO ``T``,
+# Kibana's ``May 16, 2026 @ 20:46:57.892``), a month and day (``12-16 14:27:08``,
+# journalctl's ``Dec 04 09:19:48``) or a time of day alone (0.3's ``23:17:01``)
+_TS_RE = re.compile(
+    r"^(?:(?P<Y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[ T]|(?P<m2>\d{2})-(?P<d2>\d{2}) "
+    r"|(?P<b>[A-Z][a-z]{2}) (?P<d3>[ \d]?\d)(?:, (?P<Y3>\d{4}) @)? )?"
+    r"(?P<H>\d{2}):(?P<M>\d{2}):(?P<S>\d{2})(?:[.,](?P<f>\d+))?(?:Z|[+-]\d{2}:?\d{2})?$")
+_MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+_EPOCH = datetime(1970, 1, 1)
+_LEAP = 2000    # a yearless date is read in a leap year first, so that Feb 29 reads
+
+
+def _parse(text: str | None) -> tuple[datetime, str] | None:
+    """A timestamp as a prefix writes it -> (a naive datetime, what the text lacks: "" if
+    nothing, "year" for a month and day, "date" for a time of day alone)."""
+    m = _TS_RE.match(text) if text else None
+    if m is None:
+        return None
+    g = m.groupdict()
+    if g["Y"] or g["Y3"]:
+        year, lacks = int(g["Y"] or g["Y3"]), ""
+    elif g["m2"] or g["b"]:
+        year, lacks = _LEAP, "year"
+    else:
+        year, lacks = _LEAP, "date"
+    if lacks == "date":
+        month, day = 1, 1
+    elif g["b"]:
+        month, day = _MONTHS.get(g["b"], 0), int(g["d3"])
+    else:
+        month, day = int(g["m"] or g["m2"]), int(g["d"] or g["d2"])
+    try:
+        dt = datetime(year, month, day, int(g["H"]), int(g["M"]), int(g["S"]))
+    except ValueError:      # month 13, Feb 30, hour 25...
+        return None
+    if g["f"]:
+        dt += timedelta(seconds=float("0." + g["f"]))
+    return dt, lacks
+
+
+def _in_year(dt: datetime, year: int) -> datetime | None:
+    try:
+        return dt.replace(year=year)
+    except ValueError:      # Feb 29 in a common year
+        return None
+
+
+def _nearest(candidates: Iterable[datetime | None], anchor: datetime) -> datetime | None:
+    return min(filter(None, candidates), key=lambda c: abs(c - anchor), default=None)
+
+
+def timeline(texts: Iterable[str | None], year: int | None = None) -> list[float | None]:
+    """Seconds on the log's own clock for the timestamps of its lines, in order (None where a
+    line has none or it does not read).
+
+    A date without a year (journalctl's ``Dec 04 09:19:48``, ``12-16 14:27:08``) takes the
+    year that puts it nearest the line before (Dec 31 -> Jan 01 rolls over), a time of day
+    alone (``23:17:01``) the nearest day. The first of them is placed near the log's first
+    full date; in a log without any, its first yearless date is in YEAR (e.g. the current
+    year; a leap year when None)."""
+    parsed = [_parse(t) for t in texts]
+    full = next((dt for dt, lacks in filter(None, parsed) if not lacks), None)
+    if full is None:    # no full date: the first yearless one, in YEAR
+        first = next((dt for dt, lacks in filter(None, parsed) if lacks == "year"), None)
+        full = _in_year(first, year or _LEAP) if first is not None else None
+    out: list[float | None] = []
+    prev: datetime | None = None
+    for p in parsed:
+        if p is None:
+            out.append(None)
+            continue
+        dt, lacks = p
+        anchor = prev or full
+        if lacks == "year":
+            got = _in_year(dt, year or _LEAP) if anchor is None else \
+                _nearest((_in_year(dt, anchor.year + k) for k in (-1, 0, 1)), anchor)
+        elif lacks == "date":
+            day = anchor.date() if anchor is not None else date(year or _LEAP, 1, 1)
+            days = [datetime.combine(day + timedelta(days=k), dt.time()) for k in (-1, 0, 1)]
+            got = days[1] if anchor is None else _nearest(days, anchor)
+        else:
+            got = dt
+        if got is None:
+            out.append(None)
+            continue
+        prev = got
+        out.append((got - _EPOCH).total_seconds())
+    return out
 
 
 def parse_ts(text: str | None) -> float | None:
-    """Seconds (a POSIX time where the text has a date, else a time of day on a fixed
-    day) for a timestamp as the prefixes write it; None when unreadable."""
-    if not text:
-        return None
-    m = re.search(r"[.,](\d+)(?:Z|[+-]\d{2}:?\d{2})?$", text)   # fraction of a second
-    frac = float("0." + m.group(1)) if m else 0.0
-    base = re.sub(r"(?:Z|[+-]\d{2}:?\d{2})$", "", text[:m.start()] if m else text)
-    for fmt in _TS_FORMATS:
-        try:
-            dt = datetime.strptime(base, fmt)
-        except ValueError:
-            continue
-        if dt.year == 1900:
-            dt = dt.replace(year=2000)
-        return dt.timestamp() + frac
-    return None
+    """Seconds on the log's own clock for one timestamp as the prefixes write it (a date
+    without a year in a leap year, a time of day alone on a fixed day); None when
+    unreadable. For a whole log, ``timeline`` (years and days inferred)."""
+    return timeline([text])[0]
 
 
 # BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]" (+ "\n" <= 0.5.9)

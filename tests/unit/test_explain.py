@@ -570,7 +570,7 @@ def test_render_text_and_cli(tmp_path, capsys):
     assert data["phases"][0] == {"name": "loading", "at": TS, "duration_s": 0.0}
     log.write_text("\n".join(_startup()) + "\n")
     assert main(["explain-log", str(log)]) == 0
-    assert main(["explain-log", str(tmp_path / "missing.log")]) == 3
+    assert main(["explain-log", str(tmp_path / "missing.log")]) == 2
 
 
 @pytest.mark.parametrize("name, says", [
