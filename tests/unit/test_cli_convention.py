@@ -78,18 +78,13 @@ def _commands(parser=None, path=()) -> list[tuple[str, argparse.ArgumentParser]]
 
 
 COMMANDS = dict(_commands())
-#: explain-log is brought onto the convention by issue 25's explain-log part (its exit
-#: statuses and --version), a separate change: remove it from here when that is in
-NOT_YET = {"explain-log"}
-
-
 def test_the_convention_test_sees_every_command():
     assert {"patch", "patch status", "patch apply", "doctor", "lock", "wheelhouse", "rollout",
             "status", "logs", "cache", "cache save", "rebuild", "bench", "explain-log",
             "report", "data-table"} == set(COMMANDS)
 
 
-@pytest.mark.parametrize("command", sorted(set(COMMANDS) - NOT_YET))
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_has_uppercase_positionals_v_and_its_exit_statuses(command):
     sub = COMMANDS[command]
     text = sub.format_help()
