@@ -19,13 +19,11 @@ A full kernel build is not part of the check.
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 import shlex
 from dataclasses import dataclass
 
-from sglang_deploy.core import nvsmi
+from sglang_deploy.core import lockfile, nvsmi
 from sglang_deploy.core.errors import DataError, SglangDeployError
 
 #: nvcc that FlashInfer accepts for compute capability 12.x (it compiles ``compute_120f``)
@@ -54,23 +52,14 @@ class LockToolchain:
         return int(version.split(".")[0]) if version else None
 
 
-def _pin(text: str, *names: str) -> str | None:
-    for name in names:
-        m = re.search(rf"^{re.escape(name)}==([^\s\\;]+)", text, re.MULTILINE | re.IGNORECASE)
-        if m:
-            return m.group(1)
-    return None
-
-
-@functools.lru_cache(maxsize=8)
 def lock_toolchain(lock_text: str) -> LockToolchain:
     """Read the torch, CUDA runtime and nvcc pins of a lock (CUDA 13 wheels have no suffix,
-    CUDA 12 ones end in ``-cu12``). Once per lock text: every host of a fleet names the same
-    lock."""
+    CUDA 12 ones end in ``-cu12``), from the lock's one parsed form (``lockfile.Lock``)."""
+    lock = lockfile.Lock.of(lock_text)
     return LockToolchain(
-        torch=_pin(lock_text, "torch"),
-        torch_cuda=_pin(lock_text, "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"),
-        nvcc=_pin(lock_text, "nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12"))
+        torch=lock.version("torch"),
+        torch_cuda=lock.version("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"),
+        nvcc=lock.version("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12"))
 
 
 def cuda_home_for(lock_text: str, site: str) -> str | None:

@@ -1,11 +1,15 @@
 """The release lock (``locks/NAME.txt``, ``uv pip compile --generate-hashes``), read (pure).
 
-``parse_lock`` gives every pin with its sha256 hashes; ``sglang_pin`` the one the launch
-flags are checked against (the controller's flag check reads that wheel's server_args.py).
+``Lock.of(text)`` is the one parsed form of a lock, cached per text (every host of a fleet
+names the same lock): its pins with their sha256 hashes, its header, the version of any
+package (``version``), the ``sglang`` pin the launch flags are checked against, and the
+release id (the text's hash). ``parse_lock`` and ``sglang_pin`` are its two raising readers.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -26,26 +30,37 @@ class Pin:
             f"--hash=sha256:{h}" for h in sorted(self.hashes))
 
 
-def parse_lock(text: str, source: str = "the lock") -> list[Pin]:
-    """Pins of a hashed lock (continuation lines joined); raises DataError for a line that is
-    not pinned with == or a pin without hashes."""
+def _scan(text: str, source: str) -> tuple[tuple[Pin, ...], DataError | None]:
+    """Every ``name==version`` pin (continuation lines joined), and the first problem that
+    makes the text no installable lock: a line not pinned with ==, a pin without hashes."""
     joined = re.sub(r"\\\n", " ", text)
-    pins = []
+    pins, problem = [], None
     for line in joined.splitlines():
         line = line.split("#", 1)[0].strip()
         if not line or line.startswith("-"):
             continue
         m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;]+)", line)
         if not m:
-            raise DataError(key="sglang_lock", what=f"every requirement of {source} pinned with ==",
-                            found=f"`{line[:120]}`", fix="regenerate it: sglang-deploy lock")
+            problem = problem or DataError(
+                key="sglang_lock", what=f"every requirement of {source} pinned with ==",
+                found=f"`{line[:120]}`", fix="regenerate it: sglang-deploy lock")
+            continue
         hashes = frozenset(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
         if not hashes:
-            raise DataError(key="sglang_lock", what=f"hashes for every pin of {source}",
-                            found=f"{m.group(1)} has none",
-                            fix="regenerate the lock with `sglang-deploy lock`")
+            problem = problem or DataError(
+                key="sglang_lock", what=f"hashes for every pin of {source}",
+                found=f"{m.group(1)} has none", fix="regenerate the lock with `sglang-deploy lock`")
         pins.append(Pin(str(canonicalize_name(m.group(1))), m.group(2), hashes))
-    return pins
+    return tuple(pins), problem
+
+
+def parse_lock(text: str, source: str = "the lock") -> list[Pin]:
+    """Pins of a hashed lock; raises DataError for a line that is not pinned with == or a pin
+    without hashes."""
+    lock = Lock.of(text, source)
+    if lock.problem is not None:
+        raise lock.problem
+    return list(lock.pins)
 
 
 def sglang_pin(text: str, source: str = "the lock") -> Pin:
@@ -156,3 +171,38 @@ def with_header(lock_text: str, lines: list[str]) -> str:
     while i < len(body) and body[i].startswith("#"):
         i += 1
     return "\n".join(body[:i] + lines + body[i:]) + "\n"
+
+
+@dataclass(frozen=True)
+class Lock:
+    """A lock's text, parsed once: pins by canonical name, and the header."""
+
+    text: str
+    pins: tuple[Pin, ...]
+    header: LockHeader
+    problem: DataError | None = None  # why it is no installable lock (None: it is)
+
+    @staticmethod
+    def of(text: str, source: str = "the lock") -> Lock:
+        """The parsed lock, once per text (``problem`` says what makes it uninstallable)."""
+        return _parsed(text, source)
+
+    def version(self, *names: str) -> str | None:
+        """The pinned version of the first of NAMES the lock holds (None: none)."""
+        by_name = {p.name: p.version for p in self.pins}
+        for name in names:
+            found = by_name.get(str(canonicalize_name(name)))
+            if found:
+                return found
+        return None
+
+    @property
+    def release_id(self) -> str:
+        """The text's hash: a new lock is a new release folder."""
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str, source: str) -> Lock:
+    pins, problem = _scan(text, source)
+    return Lock(text, pins, parse_header(text), problem)

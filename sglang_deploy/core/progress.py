@@ -8,11 +8,11 @@ A sample is a dict with ``kind`` (``venv`` or ``model``) and ``elapsed_s``; a ve
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
+
+from sglang_deploy.core import lockfile
 
 MARK = "@@progress "
 
@@ -28,11 +28,9 @@ def parse(line: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and "elapsed_s" in value else None
 
 
-@functools.lru_cache(maxsize=8)  # every host of a run asks about the same lock text
 def lock_packages(lock_text: str) -> int:
-    """Packages a lock pins (``name==version`` lines); once per lock text."""
-    return sum(1 for line in lock_text.splitlines()
-               if re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?==", line.strip()))
+    """Packages a lock pins (its one parsed form, ``lockfile.Lock``)."""
+    return len(lockfile.Lock.of(lock_text).pins)
 
 
 def size(n: float | None) -> str:

@@ -14,10 +14,10 @@ a host:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_deploy.core import lockfile
 from sglang_deploy.core.errors import DataError
 from sglang_deploy.core.unit import _compiled, spec_vars, systemd_quote
 
@@ -87,8 +87,7 @@ def router_address(router_host: str, raw: dict, name: str) -> str:
 
 
 def lock_version(text: str, package: str = "smg") -> str | None:
-    m = re.search(rf"^{re.escape(package)}==([^\s\\;]+)", text, re.MULTILINE)
-    return m.group(1) if m else None
+    return lockfile.Lock.of(text).version(package)
 
 
 # ------------------------------------------------------------------------------ unit

@@ -131,7 +131,7 @@ def release_of_lock(text: str, path: str) -> tuple[str, str]:
     """(release id, sglang version) of a lock's TEXT: the id is the text's hash, so a new lock
     is a new release folder. Raises DataError for a lock that is not fully pinned with hashes
     or has no sglang pin (``lockfile.sglang_pin``)."""
-    return sha256_text(text)[:16], lockfile.sglang_pin(text, path).version
+    return lockfile.Lock.of(text, path).release_id, lockfile.sglang_pin(text, path).version
 
 
 # ---------------------------------------------------------------------------------------

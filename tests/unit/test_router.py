@@ -111,7 +111,8 @@ def test_launch_argv_and_unit_keep_the_key_out():
 
 
 def test_lock_version():
-    assert r.lock_version("grpcio==1.0 \\\nsmg==1.13.0 \\\n    --hash=sha256:x\n") == "1.13.0"
+    h = "--hash=sha256:" + "a" * 64
+    assert r.lock_version(f"grpcio==1.0 \\\n    {h}\nsmg==1.13.0 \\\n    {h}\n") == "1.13.0"
     assert r.lock_version("sglang==0.5.12\n") is None
 
 
