@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.errors import UsageError
 
 DEFAULT_PLATFORM = "x86_64-manylinux_2_36"  # Debian 12 (glibc 2.36) on x86_64
 DEFAULT_PYTHON = "3.11"  # Debian 12's python3
@@ -40,6 +39,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.errors import UsageError
+
     if not args.input.is_file():
         raise UsageError(what="INPUT: the top-level pins of a release (locks/NAME.in)",
                          found=f"no file {args.input}",
