@@ -10,9 +10,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sglang_deploy.core.errors import SglangDeployError
-from sglang_deploy.core.sshtarget import cache_archive_command
-
 
 def add_parser(sub) -> None:
     c = sub.add_parser("cache", help="save a host's autotune/JIT cache (restore: rebuild --cache)")
@@ -30,6 +27,8 @@ def failure_message(host: str, cache: str, status: int, stderr: bytes) -> str:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.errors import SglangDeployError
+    from sglang_deploy.core.sshtarget import cache_archive_command
     from sglang_deploy.shell import hostshell
 
     target = Path(args.file)

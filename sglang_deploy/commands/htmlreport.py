@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.core import fleetreport
-from sglang_deploy.core.errors import SglangDeployError
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "report.html.j2"
 STATE_DIR = Path(".sglang-deploy")
@@ -57,6 +56,7 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
             data: list[str] | None = None, with_status: bool = True) -> dict:
     """The report document of INVENTORY's hosts (status read live unless WITH_STATUS off)."""
     from sglang_deploy.commands import status
+    from sglang_deploy.core.errors import SglangDeployError
     from sglang_deploy.shell import runner
 
     hosts = [name for name, _ in runner.inventory_hosts(inventory, cwd)]
@@ -112,6 +112,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.errors import SglangDeployError
+
     try:
         doc = collect(args.inventory, limit=args.limit, data=args.data,
                       with_status=not args.no_status)

@@ -15,7 +15,6 @@ import json
 import sys
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.sshtarget import journal_command
 
 
 def line_count(text: str) -> int:
@@ -48,6 +47,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.sshtarget import journal_command
     from sglang_deploy.shell import hostshell
 
     if args.explain:

@@ -27,7 +27,7 @@ import gevent
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
-from sglang_deploy.core import data, errors, jit
+from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, hosts, lockedflags, pyinfrafast, routing
 from sglang_deploy.shell.plan import PLAN_ENV
@@ -58,7 +58,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
             key = "router_lock" if routing.is_router(each) else "sglang_lock"
             lock = Path(cwd or ".") / getattr(settings, key)
             if not lock.is_file():
-                raise data.DataError(
+                raise errors.DataError(
                     key=key, what=f"the lock file named by `{key}` exists",
                     found=f"no file {lock}",
                     fix=f"fix `{key}` (see locks/*.txt) or make the lock with "
@@ -68,7 +68,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
                 jit.check_lock(_lock_text(str(lock.resolve()), st.st_mtime_ns, st.st_size),
                                settings.sglang_lock, settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
-        except data.DataError as exc:
+        except errors.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
             raise

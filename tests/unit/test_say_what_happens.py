@@ -85,3 +85,33 @@ def test_no_download_no_announcement(tmp_path, monkeypatch):
     notes: list[str] = []
     got = lockedflags.locked_flags(LOCK, note=notes.append)
     assert notes == [] and "(cached)" in got.source
+
+
+# ------------------------------------------------------------------ --help imports no heavy module
+
+HEAVY = ("pyinfra", "pyinfra_cli", "paramiko", "gevent", "rich", "jinja2")
+COMMANDS = ("patch", "doctor", "lock", "wheelhouse", "rollout", "status", "logs", "cache",
+            "rebuild", "bench", "explain-log", "report", "data-table")
+
+
+@pytest.mark.parametrize("argv", [[], *([c] for c in COMMANDS)], ids=lambda a: " ".join(a) or "-")
+def test_help_imports_none_of_what_the_commands_run_on(argv):
+    """`sglang-deploy [CMD] --help` (and building the parser) imports neither pyinfra (with
+    paramiko and gevent: ~0.8 s) nor rich nor jinja2: the command modules import them in
+    the functions that run. Checked in a fresh interpreter, by sys.modules."""
+    import subprocess
+    import sys
+
+    code = ("import contextlib, io, sys\n"
+            "from sglang_deploy.commands import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try:\n"
+            f"        cli.main({[*argv, '--help']!r})\n"
+            "    except SystemExit as exc:\n"
+            "        assert exc.code == 0, exc.code\n"
+            "assert 'usage: sglang-deploy' in out.getvalue()\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=False, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", f"--help imported {r.stdout.strip()}"
