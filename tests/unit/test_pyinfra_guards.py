@@ -110,6 +110,21 @@ def test_a_run_from_another_folder_refuses_before_any_operation(tmp_path, deploy
     assert "Traceback" not in r.both
 
 
+@pytest.mark.parametrize("deploy", ["deploy.py", "rollback.py", "preflight.py"])
+def test_from_the_project_folder_the_deploy_file_runs(tmp_path, deploy):
+    """With config.py loaded the deploy file gets past its guard into its first stage, whose
+    first read on the host (`@local`, --dry) runs a Python that does not exist: nothing runs
+    anywhere, and the error comes from the stage itself."""
+    (tmp_path / "local.py").write_text(
+        'gpu_hosts = ([("@local", {"sglang_model_path": "/srv/models/m", '
+        '"sglang_lock": "locks/testbed.txt", "sglang_system_python": "/nonexistent/python3"})],'
+        ' {})\n')
+    r = pyinfra(tmp_path, "--dry", str(tmp_path / "local.py"), deploy)
+    assert r.returncode != 0, r.both
+    assert "/nonexistent/python3: not found" in r.both
+    assert "config.py was not loaded" not in r.both
+
+
 def test_the_chdir_fix_works(tmp_path, inv):
     """The fix the refusal gives: `--chdir PROJECT` loads the project's config.py (its checks
     then run: here the --limit check)."""
