@@ -79,18 +79,18 @@ def error_line(output: str) -> str:
 #: pip's (urllib3's) words for an index it could not talk to, most specific first, and what
 #: they mean; the host comes from the same message (``host='pypi.org', port=443``)
 _UNREACHABLE = (
-    (re.compile(r"ProxyError|Cannot connect to proxy|Tunnel connection failed", re.I),
+    (re.compile(r"ProxyError|Cannot connect to proxy|Tunnel connection failed", re.IGNORECASE),
      "the proxy cannot be reached"),
     (re.compile(r"NameResolutionError|Failed to resolve|name resolution|Name or service not "
-                r"known|nodename nor servname|getaddrinfo failed|No address associated", re.I),
+                r"known|nodename nor servname|getaddrinfo failed|No address associated", re.IGNORECASE),
      "cannot resolve {host}"),
-    (re.compile(r"Network is unreachable|No route to host", re.I),
+    (re.compile(r"Network is unreachable|No route to host", re.IGNORECASE),
      "network unreachable ({addr})"),
-    (re.compile(r"Connection refused", re.I), "{addr} refused the connection"),
-    (re.compile(r"timed out|ConnectTimeoutError|ReadTimeoutError", re.I),
+    (re.compile(r"Connection refused", re.IGNORECASE), "{addr} refused the connection"),
+    (re.compile(r"timed out|ConnectTimeoutError|ReadTimeoutError", re.IGNORECASE),
      "{addr} did not answer in time"),
     (re.compile(r"Connection reset|Connection aborted|RemoteDisconnected|"
-                r"NewConnectionError|Max retries exceeded", re.I),
+                r"NewConnectionError|Max retries exceeded", re.IGNORECASE),
      "no connection to {addr}"),
 )
 _HOST = re.compile(r"host='([^']+)', port=(\d+)")

@@ -45,7 +45,8 @@ def env(tmp_path) -> dict:
 
 def pyinfra(tmp_path, *argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     r = subprocess.run([str(BIN / "pyinfra"), "-y", *argv], cwd=cwd, env=env(tmp_path),
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
+                       check=False)
     r.both = r.stdout + r.stderr  # type: ignore[attr-defined]
     return r
 
@@ -137,18 +138,24 @@ def test_the_chdir_fix_works(tmp_path, inv):
 def test_a_command_from_another_folder_says_no_group_data_was_found(tmp_path):
     """`sglang-deploy status inventory/prod.py` from another folder: the data of group_data/
     is missing, and the error says that, not "sglang_model_path is required"."""
-    other = tmp_path / "elsewhere"
+    project, other = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "group_data").mkdir(parents=True)
+    (project / "inventory").mkdir()
     other.mkdir()
-    r = subprocess.run([str(BIN / "sglang-deploy"), "status", str(REPO / "inventory" / "prod.py")],
+    (project / "deploy.py").write_text("")
+    (project / "group_data" / "all.py").write_text('sglang_model_path = "/srv/models/m"\n')
+    (project / "inventory" / "prod.py").write_text(f"gpu_hosts = [('gpu-node-1', {NOWHERE!r})]\n")
+    r = subprocess.run([str(BIN / "sglang-deploy"), "status", str(project / "inventory" / "prod.py")],
                        cwd=other, env=env(tmp_path), capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=300)
+                       stdin=subprocess.DEVNULL, timeout=300, check=False)
     assert r.returncode == 2, r.stderr
     line = r.stderr.strip()
     assert line.count("\n") == 0, line
     assert line.startswith("sglang-deploy status: invalid command line: expected a group_data/")
-    assert f"no group_data/ in {other} nor {REPO / 'inventory'}" in line
-    assert f"run sglang-deploy from the project folder (the one with deploy.py and " \
-           f"group_data/): cd {REPO}" in line
+    assert f"no group_data/ in {other} nor {project / 'inventory'}" in line
+    assert "`sglang_model_path` is required" in line  # what the data check found, after that
+    assert ("run sglang-deploy from the project folder (the one with deploy.py and "
+            f"group_data/): cd {project}") in line
 
 
 def test_an_inventory_with_all_its_data_needs_no_group_data(tmp_path, monkeypatch):

@@ -80,7 +80,7 @@ def test_no_download_no_announcement(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SGLANG_DEPLOY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(flagcache, "_MEMORY", {})
-    sha = sorted(lockfile.sglang_pin(LOCK.read_text(), str(LOCK)).hashes)[0]
+    sha = min(lockfile.sglang_pin(LOCK.read_text(), str(LOCK)).hashes)
     flagcache.store(lockedflags.spec_cache(), sha, FlagSpec([], version="0.5.12.post1"))
     notes: list[str] = []
     got = lockedflags.locked_flags(LOCK, note=notes.append)
