@@ -10,7 +10,11 @@ differs; a second run changes nothing and restarts nothing. Hosts of the invento
 
 from pyinfra import host
 
-from sglang_deploy.shell import routerstage, routing, stages
+from sglang_deploy.shell import hooks, routerstage, routing, stages
+
+# Only with this project's config.py (pyinfra reads it from the current folder): every host's
+# data checked before any connection, the deploy lock held. Otherwise stop here, saying so.
+hooks.require_checked(__file__)
 
 if not routing.is_router(host):
     # 1. Pre-flight, before anything is installed: nvidia-smi, device nodes, a CUDA driver-API

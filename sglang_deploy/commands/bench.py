@@ -32,17 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.errors import SglangDeployError, UsageError
-from sglang_deploy.shell.facts import stdin_script
 
 DEPLOY_FILE = Path(__file__).resolve().parent / "bench_deploy.py"
 LOCAL_DIR = Path(".sglang-deploy") / "bench"
 RUN_ID_ENV = "SGLANG_DEPLOY_BENCH_RUN"
 RECORD_VERSION = 1
-
-
-class BenchError(SglangDeployError):
-    title = "benchmark failed"
 
 
 # --------------------------------------------------------------------------- argv
@@ -90,6 +84,8 @@ def plan(settings) -> list[dict]:
 
 def remote_command(settings, secrets_file: str, python: str = "python3") -> str:
     """The shell command that runs remote/bench_run.py (fed on stdin, nothing written)."""
+    from sglang_deploy.shell.facts import stdin_script
+
     args = ["--root", settings.sglang_root,
             "--unit", f"/etc/systemd/system/{settings.sglang_service}.service",
             "--secrets", secrets_file, "--record-dir", record_dir(settings.sglang_root),
@@ -156,6 +152,8 @@ class Level:
 
 def level_figures(raw: dict, expected_prompts: int | None = None) -> Level:
     """One level of bench_run.py's output -> Level (raises BenchError when it failed)."""
+    from sglang_deploy.core.errors import BenchError
+
     c = int(raw.get("concurrency"))
     res = raw.get("result")
     if res is None:
@@ -325,6 +323,8 @@ def bench_host(settings, secrets_file: str, run_id: str | None, cwd: str) -> dic
     """
     from pyinfra import host, logger
 
+    from sglang_deploy.core.errors import BenchError
+
     logger.info(f"{host.print_prefix}bench: concurrency {settings.bench_concurrency} "
                 f"(python -m sglang.bench_serving of the current release)")
     ok, output = host.run_shell_command(remote_command(settings, secrets_file,
@@ -423,6 +423,8 @@ def add_parser(sub) -> None:
 
 def check_ratio(ratio: float | None) -> float | None:
     """--min-throughput-ratio (of bench and rollout): None or a positive finite number."""
+    from sglang_deploy.core.errors import UsageError
+
     if ratio is not None and not (ratio > 0 and math.isfinite(ratio)):
         raise UsageError(what="--min-throughput-ratio: a positive number", found=str(ratio),
                          fix="e.g. --min-throughput-ratio 0.95")

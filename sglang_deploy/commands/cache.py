@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.sshtarget import cache_archive_command
 
 
 def add_parser(sub) -> None:
@@ -35,6 +34,7 @@ def failure_message(host: str, cache: str, status: int, stderr: bytes) -> str:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.sshtarget import cache_archive_command
     from sglang_deploy.shell import hostshell
 
     target = Path(args.file)

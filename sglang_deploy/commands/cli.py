@@ -1,5 +1,9 @@
 """`sglang-deploy`: the tool's own commands beside `pyinfra INVENTORY deploy.py`."""
 
+# `--help` imports the command modules only for their parsers: they import what a command
+# runs on (pyinfra, rich, jinja2: ~0.8 s) inside the functions that run it
+# (tests/unit/test_say_what_happens.py checks that `--help` imports none of them).
+
 from __future__ import annotations
 
 import argparse
@@ -8,7 +12,6 @@ import sys
 import traceback
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.errors import SglangDeployError
 
 # Each module has add_parser(subparsers) and run(args) -> exit status.
 COMMAND_MODULES = (
@@ -76,6 +79,7 @@ def _os_error(exc: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     verbose = getattr(args, "verbose", 0) or 0
+    from sglang_deploy.core.errors import SglangDeployError
     from sglang_deploy.shell import runner
 
     runner.VERBOSITY = verbose

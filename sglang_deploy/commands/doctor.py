@@ -57,7 +57,6 @@ from sglang_deploy.core import preflight
 from sglang_deploy.core.preflight import Check
 from sglang_deploy.remote import CUDA_PROBE
 from sglang_deploy.remote.hoststate import open_test
-from sglang_deploy.shell.facts import GPU_SECTIONS, REMOTE
 
 FILES = {
     **preflight.SNAPSHOT_FILES,
@@ -125,6 +124,8 @@ def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) 
     """Run every command on this machine and save the raw outputs in ``out_dir``: the shell
     commands of the deploy's own snapshot (``GPU_SECTIONS``, after the nvidia-smi table), its
     open test and the CUDA probe."""
+    from sglang_deploy.shell.facts import GPU_SECTIONS, REMOTE
+
     opts = probe or ProbeOptions()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.core import fleetreport
-from sglang_deploy.core.errors import UsageError
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "report.html.j2"
 STATE_DIR = Path(".sglang-deploy")
@@ -92,6 +91,8 @@ def render_html(doc: dict) -> str:
 def check_out(out: str | Path) -> None:
     """--out OUT must name a file in an existing folder: a typo is refused, not silently made
     a folder (the default's folder, the tool's own state folder, is created)."""
+    from sglang_deploy.core.errors import UsageError
+
     folder = Path(out).parent
     if not folder.is_dir():
         raise UsageError(what="--out FILE.html in an existing folder",

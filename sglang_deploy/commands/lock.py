@@ -26,8 +26,6 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.core import lockfile
-from sglang_deploy.core.errors import UsageError
 
 DEFAULT_PLATFORM = "x86_64-manylinux_2_36"  # Debian 12 (glibc 2.36) on x86_64
 DEFAULT_PYTHON = "3.11"  # Debian 12's python3
@@ -37,6 +35,8 @@ def compile_command(src: Path, out: Path, platform: str, python: str,
                     constraint_files: list[str] = ()) -> list[str]:
     """``uv pip compile`` of SRC, with the options of its ``# lock-options:`` lines and
     CONSTRAINT_FILES (``--constraint``)."""
+    from sglang_deploy.core import lockfile
+
     directives = lockfile.parse_input(src.read_text())
     cons = [a for f in constraint_files for a in ("--constraint", str(f))]
     return [shutil.which("uv") or "uv", "pip", "compile", str(src), "--generate-hashes",
@@ -71,12 +71,16 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="with --check: the result as JSON")
 
 
-def _missing(path: Path, what: str) -> UsageError:
+def _missing(path: Path, what: str):
+    from sglang_deploy.core.errors import UsageError
+
     return UsageError(what=what, found=f"no file {path}",
                       fix="pass an existing file (see locks/)")
 
 
 def make_lock(args) -> tuple[int, Path]:
+    from sglang_deploy.core import lockfile
+
     src: Path = args.input
     out = args.output or src.with_suffix(".txt")
     directives = lockfile.parse_input(src.read_text())
@@ -118,6 +122,7 @@ def make_lock(args) -> tuple[int, Path]:
 
 
 def run(args) -> int:
+    from sglang_deploy.core import lockfile
     from sglang_deploy.shell import releasecheck
 
     if not args.input.is_file():

@@ -16,7 +16,6 @@ import sys
 
 from sglang_deploy.commands import common
 from sglang_deploy.commands import explain as explain_log
-from sglang_deploy.core.sshtarget import journal_command
 
 
 def line_count(text: str) -> int:
@@ -49,6 +48,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.sshtarget import journal_command
     from sglang_deploy.shell import hostshell
 
     if args.explain:

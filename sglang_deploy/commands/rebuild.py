@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import hosts, routerctl, runner
 
 
 def add_parser(sub) -> None:
@@ -34,6 +32,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.errors import UsageError
+    from sglang_deploy.shell import hosts, runner
+
     if args.cache and not Path(args.cache).is_file():
         raise UsageError(what="--cache FILE: an archive from `sglang-deploy cache save`",
                          found=f"no file {args.cache}", fix="pass the path of that archive")
@@ -61,6 +62,8 @@ def run(args) -> int:
 def put_back(inventory: str, host: str, data: list[str]) -> None:
     """Only a verified host goes (back) into the router(s): add it and confirm the router
     routes a generation to it (a typed error otherwise)."""
+    from sglang_deploy.shell import routerctl
+
     for r in routerctl.routers(inventory, data=data):
         if host in r.workers:
             r.put_back(host, say=lambda text: print(text, file=sys.stderr))

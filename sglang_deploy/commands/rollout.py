@@ -38,9 +38,6 @@ from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.commands.progress import HostProgress
-from sglang_deploy.core.errors import RolloutError, RouterError, UsageError
-from sglang_deploy.shell import hosts as hostsel
-from sglang_deploy.shell import routerctl, routing, runner
 
 RUNS_DIR = Path(".sglang-deploy/rollouts")
 
@@ -51,6 +48,8 @@ def plan_order(hosts: list[str], canary: str | None = None,
                limit: list[str] | None = None) -> list[str]:
     """Hosts in rollout order: the canary first, then the inventory order (limited: LIMIT
     is the hosts --limit selected)."""
+    from sglang_deploy.core.errors import UsageError
+
     unknown = [h for h in ([canary] if canary else []) + list(limit or []) if h not in hosts]
     if unknown:
         raise UsageError(what="host names from the inventory",
@@ -65,6 +64,8 @@ def plan_order(hosts: list[str], canary: str | None = None,
 
 def batches(order: list[str], size: int, canary: str | None = None) -> list[list[str]]:
     """Batches of SIZE hosts; the canary, if any, alone in the first batch."""
+    from sglang_deploy.core.errors import UsageError
+
     if size < 1:
         raise UsageError(what="--batch of at least 1", found=str(size), fix="use --batch 1 or more")
     out: list[list[str]] = []
@@ -127,6 +128,10 @@ class Rollout:
         self.progress.print(text, self.out)
 
     def run(self, dry: bool = False, report: str | None = None) -> int:
+        from sglang_deploy.core.errors import RouterError
+        from sglang_deploy.shell import hosts as hostsel
+        from sglang_deploy.shell import routerctl, routing, runner
+
         chosen = hostsel.select(self.inventory, self.limit, self.data, cwd=self.cwd)
         serving = {name for name, _ in routing.fleet(self.inventory, self.cwd).workers}
         order = plan_order([h for h in chosen.all_hosts if h in serving], self.canary,
@@ -199,6 +204,8 @@ class Rollout:
     def take_out(self, fronts: list, group: list[str], results: dict) -> bool:
         """Drain GROUP out of every router, waiting for their requests in flight (at most the
         batch is out at once). False (and a failed host, untouched) when a drain fails."""
+        from sglang_deploy.core.errors import RouterError
+
         for r in fronts:
             for name in group:
                 try:
@@ -214,6 +221,8 @@ class Rollout:
 
     def put_back(self, fronts: list, names: list[str], results: dict) -> bool:
         """Add verified hosts back and confirm each router routes to them again."""
+        from sglang_deploy.core.errors import RouterError
+
         ok = True
         for r in fronts:
             for name in names:
@@ -233,6 +242,8 @@ class Rollout:
         return ok
 
     def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
+        from sglang_deploy.shell import runner
+
         reports = run_dir / f"batch{index}-reports"
         self.say(f"[{index}] deploying {', '.join(group)} ...")
         gated = ["verify_promote_known_good=false"] if self.min_throughput_ratio is not None else []
@@ -293,6 +304,7 @@ class Rollout:
 
     def promote(self, name: str) -> None:
         """The gate passed: the verified candidate becomes the host's known-good."""
+        from sglang_deploy.core.errors import RolloutError
         from sglang_deploy.shell import hostshell
 
         target, data = hostshell.target(self.inventory, name, self.cwd)
@@ -308,6 +320,8 @@ class Rollout:
                                fix="re-run the rollout; check the host's sglang_root")
 
     def rollback(self, group: list[str], results: dict, run_dir: Path) -> None:
+        from sglang_deploy.shell import runner
+
         failed = [h for h in group if results[h].status == "failed"]
         self.say(f"HALT: rolling back {', '.join(failed)} to the last known-good configuration ...")
         reports = run_dir / "rollback-reports"
@@ -339,6 +353,8 @@ class Rollout:
             self.say(f"    {name}: {r.status}")
 
     def dry_run(self, order: list[str], run_dir: Path) -> int:
+        from sglang_deploy.shell import runner
+
         plans = Path(tempfile.mkdtemp(prefix="plan-", dir=run_dir))
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,
                                  dry=True, cwd=self.cwd, env={"SGLANG_DEPLOY_PLAN_DIR": str(plans)})

@@ -25,9 +25,6 @@ import tempfile
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.errors import RouterError
-from sglang_deploy.shell import routerctl, routing, runner
-from sglang_deploy.shell.hosts import select
 
 
 def rows_from_plans(hosts: list[str], plans: Path, output: str) -> list[dict]:
@@ -87,6 +84,9 @@ def router_status(inventory: str, cwd: str = ".", data: list[str] | None = None)
     """The front door: the (first) router's ``url`` and its ``workers`` (host, url, state as
     the router reports it, ``absent`` when it does not list the host); ``error`` when the
     router does not answer. None without a ``routers`` group."""
+    from sglang_deploy.core.errors import RouterError
+    from sglang_deploy.shell import routerctl
+
     fronts = routerctl.routers(inventory, cwd, data)
     if not fronts:
         return None
@@ -114,6 +114,9 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
             data: list[str] | None = None) -> list[dict]:
     """Rows of the hosts INVENTORY and LIMIT select (checked before any connection: a missing
     inventory, a limit that matches nothing or bad data raise, exit status 2)."""
+    from sglang_deploy.shell import routing, runner
+    from sglang_deploy.shell.hosts import select
+
     chosen = select(inventory, limit, data, cwd=cwd).hosts
     serving = {name for name, _ in routing.fleet(inventory, cwd).workers}  # not routers
     hosts = [h for h in chosen if h in serving]

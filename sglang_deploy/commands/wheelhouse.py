@@ -18,16 +18,9 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.core import lockfile
-from sglang_deploy.core.errors import SglangDeployError, UsageError
-from sglang_deploy.shell import pipdownload
 from sglang_deploy.shell.pipdownload import DEFAULT_ARCH, DEFAULT_GLIBC, DEFAULT_PYTHON
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-
-
-class WheelhouseError(SglangDeployError):
-    title = "cannot fill the wheelhouse"
 
 
 def fill(lock: Path, dest: Path, *, index: str | None = None, python: str = DEFAULT_PYTHON,
@@ -36,6 +29,10 @@ def fill(lock: Path, dest: Path, *, index: str | None = None, python: str = DEFA
     """Put every wheel of LOCK (and uv) into DEST with pip download.
 
     Returns {"fetched": [new wheel files], "pins": number of pins of the lock}."""
+    from sglang_deploy.core import lockfile
+    from sglang_deploy.core.errors import UsageError, WheelhouseError
+    from sglang_deploy.shell import pipdownload
+
     if not lock.is_file():
         raise UsageError(what="LOCK: a lock file with hashes (locks/NAME.txt)",
                          found=f"no file {lock}", fix="make it with `sglang-deploy lock locks/NAME.in`")
@@ -74,6 +71,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from sglang_deploy.core.errors import UsageError
+
     try:
         glibc = tuple(int(x) for x in args.glibc.split("."))
         if len(glibc) != 2:

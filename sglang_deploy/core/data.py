@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from sglang_deploy.core.errors import DataError, SglangDeployError
+# The typed errors (and with them pyinfra) are imported by the functions that raise them:
+# `sglang-deploy doctor --help` reads KEYS' defaults without importing pyinfra.
 
 # Data keys that belong to pyinfra itself or its connectors: passed through unchecked.
 FOREIGN_PREFIXES = ("ssh_", "_", "local_", "docker_", "chroot_", "winrm_", "terraform_", "vagrant_")
@@ -233,6 +234,8 @@ def _type_name(types: tuple) -> str:
 
 
 def _check_type(key: Key, value: Any) -> None:
+    from sglang_deploy.core.errors import DataError
+
     ok = isinstance(value, key.types)
     if isinstance(value, bool) and bool not in key.types:
         ok = False  # bool is an int in Python: never accept True for a number
@@ -252,6 +255,8 @@ def _check_type(key: Key, value: Any) -> None:
 
 
 def _check_path(name: str, value: str | None) -> None:
+    from sglang_deploy.core.errors import DataError
+
     if value is None:
         return
     if not value.strip() or not PurePosixPath(value).is_absolute() or "\n" in value:
@@ -260,6 +265,8 @@ def _check_path(name: str, value: str | None) -> None:
 
 
 def _check_mapping_of_scalars(name: str, value: dict) -> None:
+    from sglang_deploy.core.errors import DataError
+
     for k, v in value.items():
         if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise DataError(key=name, what=f"`{name}` keys must be environment variable names",
@@ -277,6 +284,8 @@ SECRET_ENV_NAME = re.compile(
 
 
 def _check_no_secrets(name: str, value: dict) -> None:
+    from sglang_deploy.core.errors import DataError
+
     for k in value:
         if SECRET_ENV_NAME.match(k):
             if "HF" in k.upper() or "HUGGING" in k.upper():
@@ -300,6 +309,8 @@ def unknown_keys(raw: dict[str, Any]) -> list[str]:
 
 def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> Settings:
     """Check one host's merged data and return its Settings (raises DataError)."""
+    from sglang_deploy.core.errors import DataError, SglangDeployError
+
     environ = os.environ if environ is None else environ
     for name in unknown_keys(raw):
         close = difflib.get_close_matches(name, KEYS, n=1)

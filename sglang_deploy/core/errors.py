@@ -19,6 +19,7 @@ from typing import Any
 from pyinfra.api.exceptions import PyinfraError
 
 __all__ = [
+    "BenchError",
     "DataError",
     "FlagError",
     "ModelError",
@@ -31,6 +32,7 @@ __all__ = [
     "SglangDeployError",
     "UsageError",
     "VerifyError",
+    "WheelhouseError",
 ]
 
 
@@ -175,3 +177,11 @@ class UsageError(SglangDeployError):
 
 class RouterError(SglangDeployError):
     title = "router (SMG) failed"
+
+
+class BenchError(SglangDeployError):
+    title = "benchmark failed"
+
+
+class WheelhouseError(SglangDeployError):
+    title = "cannot fill the wheelhouse"

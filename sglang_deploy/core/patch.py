@@ -42,32 +42,40 @@ import re
 import sys
 from dataclasses import dataclass
 
-try:  # inside the sglang_deploy package; standalone on a host it is not importable
-    from sglang_deploy.core.errors import PatchError
-except ImportError:  # pragma: no cover - exercised by the standalone-script test
 
-    class PatchError(Exception):  # type: ignore[no-redef]
-        """Standalone stand-in for ``sglang_deploy.core.errors.PatchError`` (same fields/text)."""
+class StandalonePatchError(Exception):
+    """Standalone stand-in for ``sglang_deploy.core.errors.PatchError`` (same fields/text)."""
 
-        title = "cannot patch SGLang"
+    title = "cannot patch SGLang"
 
-        def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
-                     details: dict | None = None) -> None:
-            self.what, self.found, self.fix = what, found, fix
-            self.details = dict(details or {})
-            super().__init__(what)
+    def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
+                 details: dict | None = None) -> None:
+        self.what, self.found, self.fix = what, found, fix
+        self.details = dict(details or {})
+        super().__init__(what)
 
-        def __str__(self) -> str:
-            out = [f"{self.title}: expected {self.what}"]
-            if self.found:
-                out.append("  found:    " + "\n            ".join(str(self.found).splitlines()))
-            if self.fix:
-                out.append("  fix:      " + "\n            ".join(str(self.fix).splitlines()))
-            return "\n".join(out)
+    def __str__(self) -> str:
+        out = [f"{self.title}: expected {self.what}"]
+        if self.found:
+            out.append("  found:    " + "\n            ".join(str(self.found).splitlines()))
+        if self.fix:
+            out.append("  fix:      " + "\n            ".join(str(self.fix).splitlines()))
+        return "\n".join(out)
 
-        def to_dict(self) -> dict:
-            return {"type": "PatchError", "what": self.what, "found": self.found,
-                    "fix": self.fix, **({"details": self.details} if self.details else {})}
+    def to_dict(self) -> dict:
+        return {"type": "PatchError", "what": self.what, "found": self.found,
+                "fix": self.fix, **({"details": self.details} if self.details else {})}
+
+
+def error_type() -> type[Exception]:
+    """The type of this module's errors: the package's typed ``PatchError`` (imported when
+    first needed: it imports pyinfra, which `sglang-deploy patch --help` does without), or,
+    standalone on a host where the package is not importable, ``StandalonePatchError``."""
+    try:
+        from sglang_deploy.core.errors import PatchError
+    except ImportError:  # pragma: no cover - exercised by the standalone-script test
+        return StandalonePatchError
+    return PatchError
 
 
 MARKER = "# sglang-deploy: autotune patch"
@@ -116,7 +124,7 @@ _LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 def patch_error(code: str, *, what: str, found: str = "", fix: str = "") -> Exception:
     """A PatchError; ``what`` is what was expected (rendered "expected <what>"). The error
     code (no-autotune-list, unrecognised, ...) is ``err.code`` and ``err.details["code"]``."""
-    err = PatchError(what=what, found=found or None, fix=fix or None, details={"code": code})
+    err = error_type()(what=what, found=found or None, fix=fix or None, details={"code": code})
     err.code = code  # type: ignore[attr-defined]
     return err
 
@@ -360,7 +368,7 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
     # Self-check: the result parses and reads back as our change, on the same line.
     try:
         again = analyse(new_source, relpath, version=version)
-    except PatchError as exc:  # pragma: no cover - would be a bug in this module
+    except error_type() as exc:  # pragma: no cover - would be a bug in this module
         raise unrecognised(f"the patched text does not verify: {exc}", llines) from None
     if again.state != ALREADY or not again.marker or again.line != n:  # pragma: no cover
         raise unrecognised(f"the patched text reads back as {again.state!r}", llines)

@@ -409,7 +409,7 @@ def _describe(path: str) -> tuple[str, str | None]:
     """(file, version) for an error report, as far as they can be told."""
     try:
         f = locate(path)
-    except (patch.PatchError, OSError):
+    except (patch.error_type(), OSError):
         return str(path), None
     root = _sglang_root(f)
     return str(f), (read_version(root) if root else None)
@@ -425,8 +425,8 @@ def run(args: argparse.Namespace) -> int:
             result = status(args.path)
         else:
             result = apply(args.path, python=args.python, record_path=args.record)
-    except (patch.PatchError, OSError) as err:
-        code = patch.error_code(err) if isinstance(err, patch.PatchError) else "error"
+    except (patch.error_type(), OSError) as err:
+        code = patch.error_code(err) if isinstance(err, patch.error_type()) else "error"
         file, version = _describe(args.path)
         message = str(err)
         print(f"sglang-deploy patch {command}: {code}: {message}", file=sys.stderr)

@@ -5,6 +5,13 @@ pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.in
 after that, so ``install`` wraps this state's ``init``: as soon as the inventory exists, the
 data of EVERY host is checked and a ``DataError`` stops the run there, before
 ``connect_all`` starts any connection (the CLI prints it as a pyinfra error, no traceback).
+The same place refuses what pyinfra itself lets pass with exit status 0 having done nothing:
+an inventory with no host (pyinfra only warns for a missing file) and a ``--limit`` pattern
+that matches no host (``check_selection``).
+
+pyinfra reads ``config.py`` from the current folder only: run from another folder, none of
+this is installed. deploy.py, rollback.py and preflight.py therefore call
+``require_checked`` first, which stops such a run before any operation (``UsageError``).
 """
 
 from __future__ import annotations
@@ -20,9 +27,13 @@ import gevent
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
-from sglang_deploy.core import data, errors, jit
-from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast, routing
+from sglang_deploy.core import errors, jit
+from sglang_deploy.core.errors import UsageError
+from sglang_deploy.shell import deploylock, hosts, lockedflags, pyinfrafast, routing
 from sglang_deploy.shell.plan import PLAN_ENV
+
+#: True once this process's pyinfra run has checked its hosts (``install``'s ``init``)
+_checked = False
 
 
 def _pyinfra_warning(text: str) -> None:
@@ -47,7 +58,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
             key = "router_lock" if routing.is_router(each) else "sglang_lock"
             lock = Path(cwd or ".") / getattr(settings, key)
             if not lock.is_file():
-                raise data.DataError(
+                raise errors.DataError(
                     key=key, what=f"the lock file named by `{key}` exists",
                     found=f"no file {lock}",
                     fix=f"fix `{key}` (see locks/*.txt) or make the lock with "
@@ -57,10 +68,58 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
                 jit.check_lock(_lock_text(str(lock.resolve()), st.st_mtime_ns, st.st_size),
                                settings.sglang_lock, settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
-        except data.DataError as exc:
+        except errors.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
             raise
+
+
+def cli_params() -> dict:
+    """The arguments of the running pyinfra command line (click's context: ``inventory``,
+    ``limit``...), or {} outside the pyinfra CLI."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.params) if ctx is not None else {}
+
+
+def check_selection(inventory, initial_limit, params: dict, cwd: str | None = None) -> None:
+    """Raise a ``UsageError`` where pyinfra would act on no host, or on fewer than asked, and
+    exit 0: INVENTORY has no host (pyinfra makes an empty inventory of a missing file), a
+    ``--limit`` pattern of PARAMS matches no host (``hosts.match``: the hosts and groups
+    there are), or the ``--limit`` / ``--exclude`` selection (INITIAL_LIMIT) is empty."""
+    name = str(params.get("inventory") or "the inventory")
+    if not list(inventory):
+        path = Path(name) if os.path.isabs(name) else Path(cwd or ".", name)
+        if not path.is_file():
+            raise hosts.no_inventory_file(name, path)
+        raise hosts.no_host(name)
+    limit = [str(p) for p in params.get("limit") or ()]
+    if limit:
+        hosts.match(inventory, limit)
+    if initial_limit is not None and not list(initial_limit):
+        raise UsageError(
+            what="--limit / --exclude options that leave at least one host to act on",
+            found=f"--exclude {' '.join(map(str, params.get('exclude') or ())) or '...'} "
+                  "leaves no host",
+            fix=f"choose among the hosts: {', '.join(h.name for h in inventory)}")
+
+
+def require_checked(deploy_file: str) -> None:
+    """Stop a deploy file (before any operation) that runs without this project's
+    ``config.py``: pyinfra loads ``config.py`` from the current folder only, so from another
+    folder no host's data is checked (a launch flag typo goes to the host) and nothing of
+    ``install`` is in place (the deploy lock, FAIL_PERCENT=0)."""
+    if _checked:
+        return
+    project = Path(deploy_file).resolve().parent
+    raise UsageError(
+        what=f"pyinfra run from the project folder {project}, so that its config.py checks "
+             "every host's data (keys, types, secrets, launch flags) before the deploy",
+        found=f"config.py was not loaded (pyinfra reads ./config.py of the current folder, "
+              f"{os.getcwd()}): nothing was checked and nothing was run",
+        fix=f"run the same command from {project} (`cd {project}`), or add "
+            f"`--chdir {project}` to the pyinfra command line")
 
 
 def connection_lost(host) -> bool:
@@ -208,7 +267,8 @@ def install(state) -> None:
     operation order and argument types (``pyinfrafast``), data validation as soon as the
     inventory exists, TCP_NODELAY and then the deploy lock after each connection,
     clear messages for a changed host key and a lost connection, typed errors without
-    tracebacks."""
+    tracebacks; an empty inventory or a --limit matching no host stops the run
+    (``check_selection``), and deploy files may then run (``require_checked``)."""
     pyinfrafast.install()  # before any operation is added
     logger.addFilter(TypedErrorsWithoutTraceback())
 
@@ -220,11 +280,14 @@ def install(state) -> None:
         handlers.append(HoldDeployLock())
     original = state.init
 
-    def init(*args, **kwargs):
-        result = original(*args, **kwargs)
+    def init(inventory, config, initial_limit=None, **kwargs):
+        global _checked
+        result = original(inventory, config, initial_limit=initial_limit, **kwargs)
         for each in handlers:
             state.add_callback_handler(each)
-        validate_inventory(state.inventory, state.cwd)
+        check_selection(inventory, initial_limit, cli_params(), state.cwd)
+        validate_inventory(inventory, state.cwd)
+        _checked = True
         return result
 
     state.init = init

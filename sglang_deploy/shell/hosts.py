@@ -19,7 +19,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from sglang_deploy.core.errors import UsageError
+from sglang_deploy.core.errors import DataError, UsageError
 
 
 @dataclass
@@ -44,6 +44,46 @@ def parse_data(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def no_inventory_file(inventory: str, path: Path) -> UsageError:
+    """INVENTORY (resolved: PATH) is not a file."""
+    return UsageError(what="an inventory file (a pyinfra inventory such as inventory/prod.py)",
+                      found=f"no file {inventory}" + (" (a folder)" if path.is_dir() else ""),
+                      fix="pass the path of an existing inventory file")
+
+
+def group_data_folders(inventory: str, cwd: str | os.PathLike = ".") -> list[Path]:
+    """The group_data/ folders pyinfra's CLI reads for INVENTORY: the current folder's and the
+    inventory file's folder's (``make_inventory_from_files``)."""
+    here = Path(cwd).resolve()
+    beside = Path(here, inventory).resolve().parent
+    return [here / "group_data"] + ([beside / "group_data"] if beside != here else [])
+
+
+def project_of(inventory: str, cwd: str | os.PathLike = ".") -> Path | None:
+    """The nearest folder above INVENTORY that holds deploy.py and group_data/ (a project)."""
+    for folder in Path(cwd, inventory).resolve().parents:
+        if (folder / "deploy.py").is_file() and (folder / "group_data").is_dir():
+            return folder
+    return None
+
+
+def no_group_data(inventory: str, cwd: str | os.PathLike, cause: DataError) -> UsageError:
+    """CAUSE (a host's data) comes from running in a folder with no group_data/."""
+    where = " nor ".join(str(f.parent) for f in group_data_folders(inventory, cwd))
+    project = project_of(inventory, cwd)
+    return UsageError(
+        what="a group_data/ folder (the deploy profile, group_data/all.py) in the current "
+             "folder or beside the inventory, where pyinfra reads it",
+        found=f"no group_data/ in {where}, so the hosts' data is incomplete: {cause.what}",
+        fix="run sglang-deploy from the project folder (the one with deploy.py and "
+            "group_data/)" + (f": cd {project}" if project else ""))
+
+
+def no_host(inventory: str) -> UsageError:
+    return UsageError(what=f"hosts in {inventory}", found="the inventory has no host",
+                      fix="add hosts to the inventory")
+
+
 def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None):
     """pyinfra's Inventory of the file INVENTORY (relative to CWD), no connection."""
     from pyinfra.api import State
@@ -53,9 +93,7 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
     cwd = str(Path(cwd).resolve())
     path = Path(inventory) if os.path.isabs(inventory) else Path(cwd, inventory)
     if not path.is_file():
-        raise UsageError(what="an inventory file (a pyinfra inventory such as inventory/prod.py)",
-                         found=f"no file {inventory}" + (" (a folder)" if path.is_dir() else ""),
-                         fix="pass the path of an existing inventory file")
+        raise no_inventory_file(inventory, path)
     if cwd not in sys.path:
         sys.path.append(cwd)
     ctx_state.set(State())
@@ -107,7 +145,11 @@ def select(inventory: str, limit: Sequence[str] | None = (), data: Sequence[str]
     inv = load(inventory, cwd, parse_data(list(data or ())))
     hosts = match(inv, list(limit), option) if limit else list(inv)
     if not hosts:
-        raise UsageError(what=f"hosts in {inventory}", found="the inventory has no host",
-                         fix="add hosts to the inventory")
-    hooks.validate_inventory(inv, str(Path(cwd).resolve()), _warn)
+        raise no_host(inventory)
+    try:
+        hooks.validate_inventory(inv, str(Path(cwd).resolve()), _warn)
+    except DataError as exc:
+        if not any(f.is_dir() for f in group_data_folders(inventory, cwd)):
+            raise no_group_data(inventory, cwd, exc) from exc
+        raise
     return Selection(hosts=[h.name for h in hosts], all_hosts=[h.name for h in inv])

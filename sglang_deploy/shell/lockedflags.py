@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,40 @@ def find_wheel(pin: lockfile.Pin, folders: list[Path]) -> tuple[Path, str] | Non
     return None
 
 
-def locked_flags(lock: Path, wheelhouse: str | None = None) -> LockedFlags:
-    """The flags of the sglang version LOCK pins (see the module docstring)."""
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def download_note(version: str, dest: Path) -> str:
+    """The one line said before the controller downloads the locked sglang wheel."""
+    return (f"sglang-deploy: downloading the sglang {version} wheel (pip download, once per "
+            f"version) into {dest}, to check the launch flags against it on the controller")
+
+
+def no_wheel_warning(version: str, lock: Path, folders: list[Path], pip_output: str) -> str:
+    """Why no wheel of LOCK's sglang VERSION could be had (offline: "no network", from pip's
+    own output), and the fix."""
+    where = " or ".join(str(f) for f in folders)
+    reason = pipdownload.unreachable(pip_output)
+    if reason:
+        why = (f"no network: pip could not reach the package index ({reason}), and no wheel "
+               f"of sglang=={version} with a hash of {lock} is in {where}")
+        fix = ("fix: make an index reachable (pip's index-url or proxy settings), or put that "
+               f"wheel in {where} (`sglang-deploy wheelhouse {lock} DIR` where there is "
+               "network, then set `sglang_wheelhouse`)")
+    else:
+        why = (f"no wheel of sglang=={version} with a hash of {lock} in {where}, and pip could "
+               f"not download one ({pipdownload.error_line(pip_output)})")
+        fix = ("fix: an index that serves that wheel, or put it in "
+               f"{where} (`sglang-deploy wheelhouse {lock} DIR`)")
+    return (f"the launch flags were not checked on the controller: {why}; the host checks "
+            f"them after the install; {fix}")
+
+
+def locked_flags(lock: Path, wheelhouse: str | None = None,
+                 note: Callable[[str], None] = _stderr) -> LockedFlags:
+    """The flags of the sglang version LOCK pins (see the module docstring). NOTE is told,
+    in one line, before a wheel is downloaded."""
     pin = lockfile.sglang_pin(lock.read_text(), str(lock))
     for sha in sorted(pin.hashes):
         spec = flagcache.load(spec_cache(), sha)
@@ -73,15 +106,13 @@ def locked_flags(lock: Path, wheelhouse: str | None = None) -> LockedFlags:
     folders = ([Path(wheelhouse)] if wheelhouse else []) + [wheel_cache()]
     found = find_wheel(pin, folders)
     if found is None:
+        note(download_note(pin.version, wheel_cache()))
         _, output, _ = pipdownload.download(pin.requirement() + "\n", wheel_cache(), quiet=True,
                                              extra=("--timeout", "20", "--retries", "1"))
         found = find_wheel(pin, [wheel_cache()])
         if found is None:
-            return LockedFlags(pin.version, None, "", warning=(
-                f"the launch flags were not checked on the controller: no wheel of "
-                f"sglang=={pin.version} with a hash of {lock} in "
-                f"{' or '.join(str(f) for f in folders)}, and pip could not download one "
-                f"({pipdownload.error_line(output)}); the host checks them after the install"))
+            return LockedFlags(pin.version, None, "",
+                               warning=no_wheel_warning(pin.version, lock, folders, output))
     wheel, sha = found
     spec = flagmod.spec_from_wheel(wheel, pin.version)
     flagcache.store(spec_cache(), sha, spec)

@@ -9,6 +9,7 @@ The argv is built by pure functions (``platforms``, ``download_argv``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -73,3 +74,39 @@ def error_line(output: str) -> str:
     """pip's own error line (``ERROR: ...``), else the last line of its output."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()] or ["no output"]
     return next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), lines[-1])
+
+
+#: pip's (urllib3's) words for an index it could not talk to, most specific first, and what
+#: they mean; the host comes from the same message (``host='pypi.org', port=443``)
+_UNREACHABLE = (
+    (re.compile(r"ProxyError|Cannot connect to proxy|Tunnel connection failed", re.IGNORECASE),
+     "the proxy cannot be reached"),
+    (re.compile(r"NameResolutionError|Failed to resolve|name resolution|Name or service not "
+                r"known|nodename nor servname|getaddrinfo failed|No address associated", re.IGNORECASE),
+     "cannot resolve {host}"),
+    (re.compile(r"Network is unreachable|No route to host", re.IGNORECASE),
+     "network unreachable ({addr})"),
+    (re.compile(r"Connection refused", re.IGNORECASE), "{addr} refused the connection"),
+    (re.compile(r"timed out|ConnectTimeoutError|ReadTimeoutError", re.IGNORECASE),
+     "{addr} did not answer in time"),
+    (re.compile(r"Connection reset|Connection aborted|RemoteDisconnected|"
+                r"NewConnectionError|Max retries exceeded", re.IGNORECASE),
+     "no connection to {addr}"),
+)
+_HOST = re.compile(r"host='([^']+)', port=(\d+)")
+
+
+def unreachable(output: str) -> str | None:
+    """Why pip could not reach its index, from pip's OUTPUT (its retry warnings and errors:
+    name resolution, refused or unreachable connections, timeouts, proxy), e.g. ``cannot
+    resolve pypi.org``; None when pip talked to an index (then its own error line says what
+    was wrong, e.g. no such version)."""
+    for line in output.splitlines():
+        if not re.search(r"connection broken by|Connection|Error|timed out|resolve", line):
+            continue
+        for pattern, text in _UNREACHABLE:
+            if pattern.search(line):
+                m = _HOST.search(line)
+                return text.format(host=m.group(1) if m else "the index",
+                                   addr=f"{m.group(1)}:{m.group(2)}" if m else "the index")
+    return None

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_deploy.commands import bench, cli
-from sglang_deploy.commands.bench import BenchError
 from sglang_deploy.core import data
+from sglang_deploy.core.errors import BenchError, DataError
 from sglang_deploy.remote import bench_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,11 +153,11 @@ def test_plan_and_remote_command_never_hold_the_key():
 
 
 def test_data_keys_checked():
-    with pytest.raises(data.DataError, match="bench_concurrency"):
+    with pytest.raises(DataError, match="bench_concurrency"):
         settings(bench_concurrency=[4, 4])
-    with pytest.raises(data.DataError, match="bench_concurrency"):
+    with pytest.raises(DataError, match="bench_concurrency"):
         settings(bench_concurrency=[])
-    with pytest.raises(data.DataError, match="bench_dataset"):
+    with pytest.raises(DataError, match="bench_dataset"):
         settings(bench_dataset="sharegpt")
     assert settings().bench_concurrency == [256, 512, 1024]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.commands import cli, wheelhouse
-from sglang_deploy.core.errors import DataError
+from sglang_deploy.core.errors import DataError, WheelhouseError
 from sglang_deploy.core.lockfile import Pin, parse_lock, sglang_pin
 from sglang_deploy.shell import pipdownload
 
@@ -83,7 +83,7 @@ def test_fill_downloads_the_hosts_wheel_whose_hash_is_locked(tmp_path):
 def test_fill_refuses_a_wheel_whose_hash_is_not_in_the_lock(tmp_path):
     lock = tmp_path / "lock.txt"
     lock.write_text(f"idna==3.20 --hash=sha256:{H1}\n")
-    with pytest.raises(wheelhouse.WheelhouseError) as exc:
+    with pytest.raises(WheelhouseError) as exc:
         wheelhouse.fill(lock, tmp_path / "wh")
     assert exc.value.found.startswith("pip download failed: ERROR:"), exc.value.found
     assert "hash" in exc.value.found.lower()

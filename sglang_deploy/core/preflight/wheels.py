@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from sglang_deploy.core import lockfile
 from sglang_deploy.core.preflight.checks import Check, _fail
 
 #: the python a lock is compiled for when its header does not say (``sglang-deploy lock``'s
@@ -52,6 +51,8 @@ def lock_target(lock_text: str, sglang_version: str) -> WheelTarget:
     """The host a lock's wheels need: python from the header's ``--python-version`` (the
     comment lines before the first pin), else :data:`LOCK_PYTHON`; glibc from the sglang pin
     (SGLANG_VERSION, ``lockfile.sglang_pin``)."""
+    from sglang_deploy.core import lockfile  # (its errors import pyinfra: not at --help)
+
     python = lockfile.parse_header(lock_text).python or LOCK_PYTHON
     for line in lock_text.splitlines():
         if line.strip() and not line.startswith("#"):
