@@ -29,7 +29,7 @@ def parse_data(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise UsageError(what="--data KEY=VALUE", found=f"--data {item!r}",
                              fix="write it as KEY=VALUE, e.g. --data verify_timeout_s=1800 "
-                                 "(keys: the data table in README.md)")
+                                 "(keys: the data table in docs/data-keys.md)")
         out[key.strip()] = parse_cli_arg(value)
     return out
 
