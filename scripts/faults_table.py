@@ -47,7 +47,52 @@ ended with exit 0 and `/health` 200. ✓ yes, ✗ no, n/a not applicable.
 """
 
 
-FOOTER = """## Known gaps (read with the table)
+FOOTER = """## What the deploy does about faults
+
+This page lists every fault case (GPU, server, host and network, input,
+security) with what the user saw, the exit code, whether other hosts were untouched, whether
+the host kept serving its previous release and whether a re-run converged, as OBSERVED by
+`tests/integration/test_faults.py`, `test_rollout.py` and `test_security.py` on the testbed.
+The tests only assert behaviour; each case also writes what it observed as a JSON record into
+the records folder (`$SGLANG_DEPLOY_FAULT_RECORDS`, default `.sglang-deploy/faults/`).
+Rendering the table is a step of its own, after a run of those tests (no test needs it):
+
+    .venv/bin/python scripts/faults_table.py [--records DIR] [--prefix tb]
+
+What the deploy does about faults:
+
+- **Deploy lock.** Right after connecting, the deploy takes `flock` on
+  `/run/sglang-deploy/lock` on the host, held by a process whose stdin is a channel of the
+  deploy's own SSH connection, so the kernel frees it when the deploy ends, fails, is killed
+  or loses its connection (a leftover lock file is harmless; `--dry` shows no change for it).
+  A second deploy of the same host stops, naming the holder (`owner.json`: controller,
+  pid, user, start). A holder whose controller process on the same machine is dead is
+  stale: it is taken over with a warning.
+- **Lost connection / killed or failed install.** The failed operation is named with what it
+  left and the fix; a half-made release has no `.complete` marker, is never used, and the
+  next run installs it again. The service keeps its current release.
+- **A server that runs but was never verified**: if it serves (`/health` 200 and the model
+  listed, e.g. started at boot) the next run verifies it as it is, without a restart (a
+  reload costs a model load); if it does not (a failed start, a hang, a deadline passed) the
+  next run restarts and verifies it, so a re-run after the fault is removed converges. A
+  plain deploy does not roll back a failed start by itself (`pyinfra INVENTORY rollback.py
+  --limit HOST` does); `sglang-deploy rollout` rolls the failed host back automatically.
+- **Read-only runs** (`status`, `rollout --dry`) take no deploy lock, so they work while a
+  deploy runs.
+- **Port taken**: the verifier stops at uvicorn's bind error (sglang 0.5.12.post1 binds the
+  port only after loading) with the line and the fix, without waiting for sglang's 120 s
+  warmup timeout.
+- **Changed SSH host key**: the deploy stops naming the host, the inventory's known-hosts file
+  and how to replace the entry after checking the new key out of band.
+- **Hardening.** `systemd-analyze security sglang.service` inside a testbed host (systemd
+  252): exposure **3.2 -> 1.7** (`templates/sglang.service.j2`: system-call filter, hidden
+  foreign processes, IPC removal, umask 0077 added to the existing set). Not possible with
+  GPUs, and why, in the template: `PrivateDevices`, `MemoryDenyWriteExecute` (CUDA's PTX JIT,
+  Triton/FlashInfer JIT, libffi closures), `PrivateNetwork`, `ProcSubset=pid`
+  (`/proc/driver/nvidia`, `/proc/meminfo`). The system-call filter was checked against the
+  simulator, not a real CUDA/NCCL stack.
+
+## Known gaps (read with the table)
 
 - A fault in a NEW server start (autotune crash, out of memory, load hang, deadline passed)
   under a plain `pyinfra ... deploy.py` happens after the restart: the previous server is

@@ -356,12 +356,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def data_overrides(given: dict[str, Any], data: list[str]) -> list[str]:
+    """``--data`` items for an inventory's hosts: the options GIVEN (not None) as their data
+    keys, then DATA."""
+    return [f"{OPTION_KEYS[option]}={json.dumps(value) if isinstance(value, str) else value}"
+            for option, value in given.items() if value is not None] + list(data)
+
+
 def run(args: argparse.Namespace) -> int:
     given = {o: getattr(args, o) for o in OPTION_KEYS}
     if args.inventory is not None:
         from sglang_deploy.commands import doctor_remote
 
-        return doctor_remote.run(args, given)
+        return doctor_remote.run(args, data_overrides(given, args.data), render)
     if args.limit or args.data:
         print("sglang-deploy doctor: --limit and --data need an INVENTORY", file=sys.stderr)
         return 2

@@ -10,20 +10,15 @@ record did not answer or has invalid data: its pyinfra lines are shown instead.
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sglang_deploy.commands.doctor import OPTION_KEYS, render
 from sglang_deploy.shell import runner
 from sglang_deploy.shell.hosts import select
 from sglang_deploy.shell.plan import PLAN_ENV
-
-
-def data_overrides(given: dict[str, Any], data: list[str]) -> list[str]:
-    """``--data`` items: the options given (not None) as their data keys, then DATA."""
-    return [f"{OPTION_KEYS[option]}={json.dumps(value) if isinstance(value, str) else value}"
-            for option, value in given.items() if value is not None] + list(data)
 
 
 def status_of(checks: list[dict]) -> str:
@@ -54,8 +49,15 @@ def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -
         return [host_report(h, Path(tmp), run.output) for h in hosts]
 
 
-def run(args, given: dict[str, Any]) -> int:
-    reports = collect(args.inventory, args.limit, data_overrides(given, args.data))
+def run(args, data: list[str], render: Callable[[dict[str, Any]], None]) -> int:
+    """``doctor INVENTORY``: DATA are the ``--data`` items (the options as data keys, made by
+    ``doctor.data_overrides``); RENDER prints one host's report (``doctor.render``, passed in:
+    ``doctor`` imports this module, not the other way round)."""
+    try:
+        reports = collect(args.inventory, args.limit, data)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"sglang-deploy doctor: {exc}", file=sys.stderr)
+        return 2
     overall = status_of([{"status": r["status"]} for r in reports])
     if args.json:
         print(json.dumps({"status": overall, "hosts": reports}))

@@ -1,9 +1,10 @@
 """Host data: every key this tool reads, its type, default and meaning (pure).
 
-The README's data table is generated from ``KEYS`` (``sglang-deploy data-table``) and a
-test keeps the two equal. ``resolve(raw)`` checks a host's merged data and returns a
-``Settings`` object; it raises ``DataError`` naming the key for anything wrong, before
-any host is contacted (``config.py`` calls it from pyinfra's before-connect hook).
+The data table of docs/data-keys.md is generated from ``KEYS`` (``sglang-deploy data-table``,
+``scripts/readme_table.py``) and a test keeps the two equal. ``resolve(raw)`` checks a host's
+merged data and returns a ``Settings`` object; it raises ``DataError`` naming the key for
+anything wrong, before any host is contacted (``config.py`` calls it from pyinfra's
+before-connect hook).
 """
 
 from __future__ import annotations
@@ -314,7 +315,7 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
     environ = os.environ if environ is None else environ
     for name in unknown_keys(raw):
         close = difflib.get_close_matches(name, KEYS, n=1)
-        hint = f"did you mean `{close[0]}`?" if close else "see the data table in README.md"
+        hint = f"did you mean `{close[0]}`?" if close else "see the data table in docs/data-keys.md"
         raise DataError(key=name, what="every data key must be one this tool knows",
                         found=f"unknown data key `{name}`", fix=f"remove or rename it: {hint}")
     values: dict[str, Any] = {}

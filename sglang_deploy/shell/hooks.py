@@ -29,7 +29,8 @@ from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, hosts, lockedflags, pyinfrafast, routing
+from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast, routing
+from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
 from sglang_deploy.shell.plan import PLAN_ENV
 
 #: True once this process's pyinfra run has checked its hosts (``install``'s ``init``)
@@ -92,11 +93,11 @@ def check_selection(inventory, initial_limit, params: dict, cwd: str | None = No
     if not list(inventory):
         path = Path(name) if os.path.isabs(name) else Path(cwd or ".", name)
         if not path.is_file():
-            raise hosts.no_inventory_file(name, path)
-        raise hosts.no_host(name)
+            raise no_inventory_file(name, path)
+        raise no_host(name)
     limit = [str(p) for p in params.get("limit") or ()]
     if limit:
-        hosts.match(inventory, limit)
+        match(inventory, limit)
     if initial_limit is not None and not list(initial_limit):
         raise UsageError(
             what="--limit / --exclude options that leave at least one host to act on",

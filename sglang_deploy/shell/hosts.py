@@ -7,6 +7,9 @@ pyinfra's rules (a group name gives its hosts, anything else is a glob on host n
 host's data as the deploy will (``hooks.validate_inventory``: keys, types, secrets, the lock,
 the launch flags against the locked sglang). Anything wrong is a ``UsageError`` or
 ``DataError`` (exit status 2) that names what exists, before any host is contacted.
+
+Reading the inventory (``load``, ``match``, ``parse_data``) lives in ``shell.inventory``,
+below the data checks, so that the arrows go one way: ``hosts -> hooks -> ... -> inventory``.
 """
 
 from __future__ import annotations
@@ -15,122 +18,20 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
 
-from sglang_deploy.core.errors import DataError, UsageError
+from sglang_deploy.core.errors import DataError
+# load, match, parse_data: the inventory's own module; kept here for the commands that select
+from sglang_deploy.shell.inventory import (group_data_folders, load, match, no_group_data, no_host,
+                                           parse_data)
+
+__all__ = ["Selection", "load", "match", "parse_data", "select"]
 
 
 @dataclass
 class Selection:
     hosts: list[str]                      # the hosts acted on, in inventory order
     all_hosts: list[str]
-
-
-def parse_data(items: Sequence[str]) -> dict[str, Any]:
-    """``--data K=V`` items -> {K: value}, values parsed as pyinfra's CLI parses them
-    (true/false, integers, JSON, else the string)."""
-    from pyinfra_cli.util import parse_cli_arg
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(what="--data KEY=VALUE", found=f"--data {item!r}",
-                             fix="write it as KEY=VALUE, e.g. --data verify_timeout_s=1800 "
-                                 "(keys: the data table in README.md)")
-        out[key.strip()] = parse_cli_arg(value)
-    return out
-
-
-def no_inventory_file(inventory: str, path: Path) -> UsageError:
-    """INVENTORY (resolved: PATH) is not a file."""
-    return UsageError(what="an inventory file (a pyinfra inventory such as inventory/prod.py)",
-                      found=f"no file {inventory}" + (" (a folder)" if path.is_dir() else ""),
-                      fix="pass the path of an existing inventory file")
-
-
-def group_data_folders(inventory: str, cwd: str | os.PathLike = ".") -> list[Path]:
-    """The group_data/ folders pyinfra's CLI reads for INVENTORY: the current folder's and the
-    inventory file's folder's (``make_inventory_from_files``)."""
-    here = Path(cwd).resolve()
-    beside = Path(here, inventory).resolve().parent
-    return [here / "group_data"] + ([beside / "group_data"] if beside != here else [])
-
-
-def project_of(inventory: str, cwd: str | os.PathLike = ".") -> Path | None:
-    """The nearest folder above INVENTORY that holds deploy.py and group_data/ (a project)."""
-    for folder in Path(cwd, inventory).resolve().parents:
-        if (folder / "deploy.py").is_file() and (folder / "group_data").is_dir():
-            return folder
-    return None
-
-
-def no_group_data(inventory: str, cwd: str | os.PathLike, cause: DataError) -> UsageError:
-    """CAUSE (a host's data) comes from running in a folder with no group_data/."""
-    where = " nor ".join(str(f.parent) for f in group_data_folders(inventory, cwd))
-    project = project_of(inventory, cwd)
-    return UsageError(
-        what="a group_data/ folder (the deploy profile, group_data/all.py) in the current "
-             "folder or beside the inventory, where pyinfra reads it",
-        found=f"no group_data/ in {where}, so the hosts' data is incomplete: {cause.what}",
-        fix="run sglang-deploy from the project folder (the one with deploy.py and "
-            "group_data/)" + (f": cd {project}" if project else ""))
-
-
-def no_host(inventory: str) -> UsageError:
-    return UsageError(what=f"hosts in {inventory}", found="the inventory has no host",
-                      fix="add hosts to the inventory")
-
-
-def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None):
-    """pyinfra's Inventory of the file INVENTORY (relative to CWD), no connection."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    cwd = str(Path(cwd).resolve())
-    path = Path(inventory) if os.path.isabs(inventory) else Path(cwd, inventory)
-    if not path.is_file():
-        raise no_inventory_file(inventory, path)
-    if cwd not in sys.path:
-        sys.path.append(cwd)
-    ctx_state.set(State())
-    try:
-        return make_inventory(str(path), cwd=cwd, override_data=data or {})
-    except Exception as exc:
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        raise UsageError(what=f"an inventory that pyinfra can load ({inventory})",
-                         found=f"{type(exc).__name__}: {text}",
-                         fix="fix the inventory file (try `pyinfra INVENTORY debug-inventory`)"
-                         ) from exc
-
-
-def match(inv, patterns: Sequence[str], option: str = "--limit") -> list:
-    """The hosts of INV that PATTERNS select (pyinfra's ``--limit``), in inventory order;
-    a pattern that matches nothing is a UsageError naming the hosts and groups there are."""
-    from pyinfra.api.exceptions import NoGroupError
-
-    chosen: set = set()
-    unmatched = []
-    for pattern in patterns:
-        try:
-            found = inv.get_group(pattern)
-        except NoGroupError:
-            found = [h for h in inv if fnmatch(h.name, pattern)]
-        if not found:
-            unmatched.append(pattern)
-        chosen.update(found)
-    if unmatched:
-        groups = sorted(g for g in inv.groups if g != "all")
-        raise UsageError(
-            what=f"{option} patterns that match hosts of the inventory (host names, group "
-                 "names or globs such as 'gpu-*')",
-            found=f"nothing matches {', '.join(repr(p) for p in unmatched)}",
-            fix=f"use one of the hosts: {', '.join(h.name for h in inv) or '(none)'}"
-                + (f"; or groups: {', '.join(groups)}" if groups else ""))
-    return [h for h in inv if h in chosen]
 
 
 def _warn(text: str) -> None:
@@ -140,7 +41,7 @@ def _warn(text: str) -> None:
 def select(inventory: str, limit: Sequence[str] | None = (), data: Sequence[str] | None = (),
            cwd: str | os.PathLike = ".", option: str = "--limit") -> Selection:
     """Load INVENTORY with the --data overrides, apply --limit, check every host's data."""
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.shell import hooks  # pyinfra's state callbacks: loaded when used
 
     inv = load(inventory, cwd, parse_data(list(data or ())))
     hosts = match(inv, list(limit), option) if limit else list(inv)

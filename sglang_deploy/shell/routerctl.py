@@ -19,7 +19,7 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import RouterError
 from sglang_deploy.shell import routing
-from sglang_deploy.shell.hosts import parse_data
+from sglang_deploy.shell.inventory import parse_data
 
 
 @dataclass

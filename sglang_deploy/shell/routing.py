@@ -48,7 +48,7 @@ class Fleet:
 
 def fleet(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None) -> Fleet:
     """Read INVENTORY the way pyinfra does (group data included), without connecting."""
-    from sglang_deploy.shell.hosts import load
+    from sglang_deploy.shell.inventory import load
 
     inv = load(inventory, cwd, data)
     workers, routers = [], []

@@ -88,6 +88,6 @@ def run_lines(argv: list[str], on_line: Callable[[str], None] | None = None,
 def inventory_hosts(inventory: str, cwd: str | os.PathLike = ".",
                     data: dict | None = None) -> list[tuple[str, dict]]:
     """(name, merged data) of every host of INVENTORY, in inventory order, no connection."""
-    from sglang_deploy.shell.hosts import load
+    from sglang_deploy.shell.inventory import load
 
     return [(h.name, h.data.dict()) for h in load(inventory, cwd, data)]

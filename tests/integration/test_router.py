@@ -5,8 +5,14 @@ the whole inventory is deployed (servers, then the router). The load test sends 
 OpenAI-API requests through the router at a steady rate (bench/router_load.py) while a
 rollout restarts every host: 0 failed requests with drain, also when a host fails and is
 rolled back; the same rollout with `--no-drain` is the baseline that shows what drain
-prevents (requests the router sent to a stopped server and had to retry). Tests run in file order and build on each other. Figures go to
+prevents (requests the router sent to a stopped server and had to retry). Figures go to
 $ROUTER_LOAD_RESULTS (a JSON file) when set, for bench/run_all.py.
+
+Each test sets up what it needs and passes alone (`pytest -k NAME`), whatever ran before it:
+the module's `routed` fixture boots the router host and deploys once; the `fleet` fixture then
+puts the fleet into the state every test here starts from (its docstring), reading it first
+with `sglang-deploy status` and deploying only when it differs. Each test's docstring says
+what state it needs and what it leaves.
 """
 
 from __future__ import annotations
@@ -149,7 +155,35 @@ def wait_all_workers_ready(testbed, deadline_s: float = 120.0) -> None:
     raise AssertionError(f"the router did not count every worker ready in {deadline_s:.0f} s: {doc}")
 
 
-def test_router_deploy_routes_to_every_worker_and_a_second_run_changes_nothing(routed):
+def fleet_ready(testbed) -> bool:
+    """The fleet is in `fleet`'s state: `status` passes (every server in sync with the
+    module's data and healthy, the router reachable and every worker it knows ready) and the
+    router knows all 3 workers."""
+    r = tool("status", str(testbed.inventory), "--json", *[a for d in DATA for a in ("--data", d)])
+    if r.returncode != 0 or not r.stdout.strip().startswith("{"):
+        return False
+    workers = (json.loads(r.stdout).get("router") or {}).get("workers") or []
+    return len(workers) == 3
+
+
+@pytest.fixture
+def fleet(routed):
+    """The state every test of this module starts from: the 3 servers converged on the
+    module's configuration (the testbed inventory's data + DATA: the seed's flags, no extra
+    environment), each serving the invocation a deploy verified, smg running on the router
+    host, and the router counting every worker ready. Read first (`fleet_ready`); when it
+    differs (a test left a rolled-out environment, a host rolled back, a worker out of the
+    router), the deploy runs and the router is waited for."""
+    if not fleet_ready(routed):
+        r = pyinfra("deploy.py", routed)
+        assert r.returncode == 0, "setting up the routed fleet failed:\n" + (r.stdout + r.stderr)[-4000:]
+        wait_all_workers_ready(routed)
+    return routed
+
+
+def test_router_deploy_routes_to_every_worker_and_a_second_run_changes_nothing(fleet):
+    """Needs: `fleet`. Runs the deploy twice (no change: leaves the fleet as it found it)."""
+    routed = fleet
     url, key, workers = router_of(routed)
     r = pyinfra("deploy.py", routed, "--data", "verify_converged=true")
     out = r.stdout + r.stderr
@@ -170,7 +204,9 @@ def test_router_deploy_routes_to_every_worker_and_a_second_run_changes_nothing(r
     assert f"--host {routed.address(first)}" in w and key not in w
 
 
-def test_status_json_shows_the_router_and_its_workers(routed):
+def test_status_json_shows_the_router_and_its_workers(fleet):
+    """Needs: `fleet` (every worker ready in the router). Read-only."""
+    routed = fleet
     r = tool("status", str(routed.inventory), "--json", *sum((["--data", d] for d in DATA), []))
     doc = json.loads(r.stdout)
     url, _, workers = router_of(routed)
@@ -179,7 +215,10 @@ def test_status_json_shows_the_router_and_its_workers(routed):
     assert {w["host"] for w in doc["router"]["workers"]} == {h["host"] for h in doc["hosts"]}
 
 
-def test_rollout_with_drain_under_load_fails_no_request(routed):
+def test_rollout_with_drain_under_load_fails_no_request(fleet):
+    """Needs: `fleet` (all 3 workers in the router, so each is drained and put back). Leaves
+    the fleet on a new `sglang_env` value (the next `fleet` deploys it back)."""
+    routed = fleet
     r, doc, s = under_load(routed, "drain", data=[f'sglang_env={{"ROLL": "{uuid.uuid4().hex[:6]}"}}'])
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert [h["status"] for h in doc["hosts"]] == ["done"] * 3
@@ -189,7 +228,12 @@ def test_rollout_with_drain_under_load_fails_no_request(routed):
     assert s["router_retries"] == 0, s  # no request was ever sent to a stopping server
 
 
-def test_a_host_that_fails_is_rolled_back_and_put_back_under_load_without_a_failed_request(routed):
+def test_a_host_that_fails_is_rolled_back_and_put_back_under_load_without_a_failed_request(fleet):
+    """Needs: `fleet` (the second server's known-good configuration is the module's, which
+    its rollback restores). Sets the second server's `autotune-crash` scenario for the new
+    flags (undone at the end). Leaves the first server on the new flags and the second rolled
+    back (the next `fleet` deploys the first back)."""
+    routed = fleet
     bad = servers(routed)[1]
     routed.scenario(bad, "autotune-crash", when="--mem-fraction-static 0.81")
     try:
@@ -202,12 +246,9 @@ def test_a_host_that_fails_is_rolled_back_and_put_back_under_load_without_a_fail
     assert hosts[bad]["status"] == "rolled-back" and hosts[bad]["router"] == "back", hosts[bad]
     assert s["during"]["requests"] > 0 and s["during"]["failed"] == 0, s
     assert s["router_retries"] == 0, s
-    # converge the fleet back for the next test
-    r, _ = rollout(routed, data=["sglang_flags=" + json.dumps(SEED_FLAGS)])
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
 
-def test_without_drain_the_router_sends_requests_to_stopped_servers(routed):
+def test_without_drain_the_router_sends_requests_to_stopped_servers(fleet):
     """The baseline: without drain the router keeps sending requests to a server that is
     stopping or stopped, and has to retry them on another worker (a generation may run
     twice; with retries exhausted, or a stream already started, they fail).
@@ -216,7 +257,12 @@ def test_without_drain_the_router_sends_requests_to_stopped_servers(routed):
     (bench/performance-notes.md, router): how many requests meet a stopped server there
     depends on the moment (a simulated port is closed for about a second, and SMG's health
     check takes a stopping server out after a few 503s). What drain prevents is then shown
-    without chance: a server stopped without telling the router still gets its turn."""
+    without chance: a server stopped without telling the router still gets its turn.
+
+    Needs: `fleet` (3 workers ready: the round robin gives the stopped one two turns of six).
+    Leaves the fleet on a new `sglang_env` value and the first server started by hand, not by
+    a deploy (the next `fleet` verifies or deploys it back)."""
+    routed = fleet
     r, doc, s = under_load(routed, "no-drain", "--no-drain",
                            data=[f'sglang_env={{"ROLL": "{uuid.uuid4().hex[:6]}"}}'])
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
@@ -239,7 +285,10 @@ def test_without_drain_the_router_sends_requests_to_stopped_servers(routed):
     assert after["smg_worker_retries_total"] - before["smg_worker_retries_total"] >= 1, (before, after)
 
 
-def test_an_unreachable_router_stops_the_rollout_before_any_host(routed):
+def test_an_unreachable_router_stops_the_rollout_before_any_host(fleet):
+    """Needs: `fleet` (smg running, so that stopping it is the one difference). Stops smg
+    and starts it again; no server is touched."""
+    routed = fleet
     router = router_host(routed)
     routed.ssh(router, "systemctl stop smg", check=True)
     try:

@@ -355,8 +355,8 @@ def test_remote_mode_turns_options_into_data_and_reads_the_plan_records(tmp_path
     from sglang_deploy.commands import doctor_remote
 
     given = {o: None for o in doctor.OPTION_KEYS}
-    assert doctor_remote.data_overrides({**given, "expected_count": 7, "expected_model": "X Y"},
-                                        ["a=1"]) == ["gpu_expected_count=7", 'gpu_expected_model="X Y"', "a=1"]
+    assert doctor.data_overrides({**given, "expected_count": 7, "expected_model": "X Y"},
+                                 ["a=1"]) == ["gpu_expected_count=7", 'gpu_expected_model="X Y"', "a=1"]
     (tmp_path / "h1.preflight.json").write_text(json.dumps(
         {"host": "h1", "checks": [{"name": "gpu-count", "status": "pass", "message": "8 GPUs"},
                                   {"name": "p2p-bandwidth", "status": "fail", "message": "slow"}],

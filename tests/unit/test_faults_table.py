@@ -48,3 +48,11 @@ def test_no_records_is_an_error_naming_the_tests_to_run(tmp_path, capsys):
     assert TABLE["main"](["--records", str(tmp_path), "--out", str(tmp_path / "f.md")]) == 1
     assert "test_faults.py" in capsys.readouterr().err
     assert not (tmp_path / "f.md").exists()
+
+
+def test_the_committed_page_ends_with_the_scripts_footer():
+    """docs/faults.md's hand-written end (what the deploy does about faults, known gaps) is the
+    script's FOOTER, so a re-render keeps it."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "faults.md").read_text()
+    assert page.endswith(TABLE["FOOTER"].rstrip() + "\n")
+    assert "## What the deploy does about faults" in TABLE["FOOTER"]

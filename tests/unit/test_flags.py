@@ -104,9 +104,18 @@ def test_check_shape_names_the_key(mapping, key):
 
 
 def test_check_shape_accepts_good_values():
-    F.check_shape(SEED)
-    F.check_shape({"a": 1, "b": 1.5, "c": "x", "d": None, "e": False, "f": [1, "x"],
-                   "g": {"k": [1, {"n": None}]}})
+    """Every value shape the check allows passes it and renders to the argv words the server
+    gets: None and False drop the flag, True is the bare flag, a list one word per item, a
+    dict one JSON word."""
+    good = {"a": 1, "b": 1.5, "c": "x", "d": None, "e": False, "f": [1, "x"],
+            "g": {"k": [1, {"n": None}]}, "h": True}
+    assert F.check_shape(good) is None
+    assert F.render_flags(good) == ["--a", "1", "--b", "1.5", "--c", "x", "--f", "1", "x",
+                                    "--g", '{"k":[1,{"n":null}]}', "--h"]
+    assert F.check_shape(SEED) is None
+    argv = F.render_flags(SEED)
+    assert [w for w in argv if w.startswith("--")] == sorted(f"--{k}" for k in SEED)
+    assert argv[argv.index("--tp-size") + 1] == "8"
 
 
 def test_normalise_name():
