@@ -92,6 +92,25 @@ What the deploy does about faults:
   (`/proc/driver/nvidia`, `/proc/meminfo`). The system-call filter was checked against the
   simulator, not a real CUDA/NCCL stack.
 
+## The unit's sandbox against the real libraries (tests/integration/test_release_smoke.py)
+
+The suite installs the production lock (`lock --check`: the 9 GB venv with the real torch,
+flashinfer and sglang), bind-mounts it read-only into a testbed host and runs the release
+smoke there under `systemd-run` with every [Service] property of that host's rendered unit
+(`templates/sglang.service.j2`: `ProtectSystem=strict`, `SystemCallFilter=`,
+`RestrictAddressFamilies=`, `DevicePolicy=closed`, ...), as the service user: importing
+torch, flashinfer, `sglang.launch_server` and the model runner, and sglang's parser on the
+seed's flags, must pass. A property that breaks any of them fails the test. What it does not
+cover without a GPU:
+- device ioctls on `/dev/nvidia*` (CUDA context creation, UVM, memory mapping): the GPUs are
+  hidden from the smoke, and the testbed's driver is a stand-in;
+- NCCL's transports (P2P/cuMem handles passed with `pidfd_getfd`, shared memory, sockets
+  between ranks) and the JIT compilers at run time (nvcc, ninja: `jit_check.py` runs them
+  before a start, not under load);
+- the server modules that link the CUDA driver (`http_server`, `scheduler` through
+  sgl_kernel's `common_ops`): on a machine without the driver they stop at the loader.
+The verifier's real start on a GPU host is what proves those.
+
 ## Known gaps (read with the table)
 
 - A fault in a NEW server start (autotune crash, out of memory, load hang, deadline passed)
