@@ -131,6 +131,22 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "needs none; the testbed puts its import stand-ins for torch here."),
     _k("sglang_stop_timeout_s", int, 120, "TimeoutStopSec of the unit.", minimum=1),
     _k("sglang_restart_sec", int, 30, "RestartSec of the unit (Restart=always).", minimum=0),
+    # --- multi-node groups ------------------------------------------------------------------
+    _k("sglang_group", (str, NONE), None,
+       "Name of the multi-node group this host belongs to: the hosts with the same name serve "
+       "one model together (`--nnodes`, `--node-rank`, `--dist-init-addr` are rendered); "
+       "only rank 0 serves HTTP. null: a single-host server."),
+    _k("sglang_node_rank", (int, NONE), None,
+       "This host's `--node-rank` in its group; null: its position among the group's hosts "
+       "in inventory order.", minimum=0),
+    _k("sglang_dist_init_addr", (str, NONE), None,
+       "The IPv4 address of the group's rank-0 host that the other nodes reach "
+       "(`--dist-init-addr`); null: rank 0's `ssh_hostname` when it is an IPv4 address."),
+    _k("sglang_dist_init_port", int, 50000,
+       "The port of `--dist-init-addr` (torch's rendezvous store on rank 0).", minimum=1),
+    _k("sglang_nccl_socket_ifname", (str, NONE), None,
+       "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME of a group's nodes; null: the interface "
+       "that carries the route to `--dist-init-addr` on each node, found on the host."),
     # --- verify -----------------------------------------------------------------------------
     _k("verify_timeout_s", (int, float), 3600, "Overall deadline for the server to become ready.",
        minimum=1),
