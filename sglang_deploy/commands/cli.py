@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
         for added in set(sub.choices) - before:
             sub.choices[added].set_defaults(_module=module)
-    dt = common.add_command(sub, "data-table", help="print the README table of data keys")
+    dt = common.add_command(sub, "data-table", help="print the data-key table (docs/data-keys.md)")
     dt.set_defaults(_run=lambda args: print(importlib.import_module("sglang_deploy.core.data").markdown_table()) or 0)
     return parser
 

@@ -258,7 +258,26 @@ def cmd_state(args) -> dict:
         result["cache_files"] = sum(len(files) for _, _, files in os.walk(args.cache))
     if args.dev_open:
         result["dev_open"] = open_test()
+    if args.route_to:
+        result["route_dev"] = route_dev(args.route_to)
     return result
+
+
+def route_dev(addr: str) -> str | None:
+    """The interface that carries ADDR on this host: the one that holds it (on rank 0 of a
+    multi-node group), else the one its route goes out of (``ip``'s own answer)."""
+    for argv in (["ip", "-o", "-4", "addr", "show", "to", f"{addr}/32"],
+                 ["ip", "-o", "route", "get", addr]):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        words = out.split()
+        if argv[3] == "addr" and len(words) > 1:
+            return words[1]
+        if "dev" in words:
+            return words[words.index("dev") + 1]
+    return None
 
 
 def _secret(path: str | None, name: str) -> str | None:
@@ -350,6 +369,7 @@ def main(argv=None) -> int:
     st.add_argument("--secrets")
     st.add_argument("--path", action="append", help="report kind/owner/mode/sha256 (repeatable)")
     st.add_argument("--cache")
+    st.add_argument("--route-to", help="report the interface that carries this address")
     st.add_argument("--dev-open", action="store_true",
                     help="also the open test of every /dev/nvidia* node (dev_open)")
     po = sub.add_parser("poll")

@@ -115,10 +115,11 @@ class SglangHostState(FactBase):
 
     @staticmethod
     def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
-             cache: str | None = None, paths: tuple = (), dev_open: bool = False) -> list[str]:
+             cache: str | None = None, paths: tuple = (), dev_open: bool = False,
+             route_to: str | None = None) -> list[str]:
         """``hoststate.py state`` and its options."""
         options = [("root", root), ("service", service), ("model", model), ("secrets", secrets),
-                   ("cache", cache), *(("path", p) for p in paths)]
+                   ("cache", cache), *(("path", p) for p in paths), ("route-to", route_to)]
         return (["state"] + [f"--{name}={value}" for name, value in options if value]
                 + (["--dev-open"] if dev_open else []))
 
@@ -178,9 +179,9 @@ class HostSnapshot(FactBase):
 
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = ()) -> str:
+                paths: tuple = (), route_to: str | None = None) -> str:
         state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
-                                     cache=cache, paths=paths, dev_open=True)
+                                     cache=cache, paths=paths, dev_open=True, route_to=route_to)
         return _sections_command({"hoststate.json": stdin_script("hoststate.py", state, python),
                                   **GPU_SECTIONS})
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from sglang_deploy.core import data as datamod
+from sglang_deploy.core import group
 from sglang_deploy.core.router import ROUTER_GROUP, http_url, routed_data, worker_address
 
 
@@ -23,9 +24,28 @@ def has_routers(inventory) -> bool:
 
 
 def raw_data(host, inventory) -> dict:
-    """HOST's merged data, with the worker defaults of a routed fleet applied."""
+    """HOST's merged data, with the worker defaults of a routed fleet applied and, for a node
+    of a multi-node group (``sglang_group``), the group's flags (``--nnodes``,
+    ``--node-rank``, ``--dist-init-addr``) and rank 0's address (``core.group``; a group that
+    cannot work raises DataError here, before any connection)."""
     routed = has_routers(inventory) and not is_router(host)
-    return routed_data(host.data.dict(), host.name, routed)
+    raw = routed_data(host.data.dict(), host.name, routed)
+    name = raw.get("sglang_group")
+    if not name or is_router(host):
+        group.check_no_reserved(host.name, raw)
+        return raw
+    members = [(h.name, routed_data(h.data.dict(), h.name, routed)) for h in inventory
+               if not is_router(h) and h.data.dict().get("sglang_group") == name]
+    g = group.plan(members)[name]
+    return {**raw, "sglang_flags": {**raw.get("sglang_flags", {}), **group.group_flags(g, host.name)},
+            "sglang_dist_init_addr": g.addr}
+
+
+def groups(inventory) -> dict[str, group.Group]:
+    """The multi-node groups of INVENTORY's serving hosts (``core.group.plan``)."""
+    routed = has_routers(inventory)
+    return group.plan([(h.name, routed_data(h.data.dict(), h.name, routed and not is_router(h)))
+                       for h in inventory if not is_router(h)])
 
 
 def worker_url(name: str, raw: dict) -> str:

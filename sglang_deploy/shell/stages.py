@@ -23,6 +23,7 @@ from pyinfra.operations import python, server
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flagcache, jit, modelfetch, preflight, report, service
 from sglang_deploy.core import flags as flagmod
+from sglang_deploy.core import group
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
@@ -59,6 +60,7 @@ class Context:
     p2p_skipped: bool = False
     gpu_snapshot: dict | None = None
     expect: preflight.Expectations | None = None
+    group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
 
     @property
     def venv_python(self) -> str:
@@ -73,7 +75,8 @@ class Context:
         toolchain = jit.toolchain_environment(
             self.settings.sglang_cache_dir, self.layout.venv_bin(self.release_id),
             jit.cuda_home_for(self.lock_text, self.site))
-        return service.service_environment(self.settings, self.nccl_env, toolchain)
+        return service.service_environment(self.settings, {**self.nccl_env, **self.group_env},
+                                           toolchain)
 
     def verify_params(self) -> dict:
         return service.verify_params(self.settings, release_id=self.release_id,
@@ -141,6 +144,24 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
     return checks, matrix
 
 
+def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflight.Check, dict]:
+    """The interface a group's node uses for NCCL/gloo: ``sglang_nccl_socket_ifname``, else
+    the one that carries rank 0's address on this host (none: the node cannot reach it)."""
+    ifname = s.sglang_nccl_socket_ifname or route_dev
+    addr = f"{s.sglang_dist_init_addr}:{s.sglang_dist_init_port}"
+    if not ifname:
+        return preflight.Check(
+            name="group-interface", status="fail",
+            message=f"no interface of this host carries a route to rank 0's {addr} "
+                    f"(group {s.sglang_group})",
+            fix="give the node a route to rank 0's address (same subnet or a gateway), or set "
+                "`sglang_dist_init_addr` to an address of rank 0 it reaches"), {}
+    how = "sglang_nccl_socket_ifname" if s.sglang_nccl_socket_ifname else "the route to rank 0"
+    return preflight.Check(name="group-interface", status="pass",
+                           message=f"group {s.sglang_group}: NCCL/gloo over {ifname} ({how}), "
+                                   f"--dist-init-addr {addr}"), group.group_environment(ifname)
+
+
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
     settings = routing.settings(host, state.inventory)
@@ -150,7 +171,8 @@ def preflight_stage():
     snap = host.get_fact(HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
                          model=settings.sglang_model_path, secrets=layout.secrets_file,
                          python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
-                         paths=layout.state_paths(release_id))
+                         paths=layout.state_paths(release_id),
+                         route_to=settings.sglang_dist_init_addr if settings.sglang_group else None)
     hs = snap["state"]
     if hs is None:
         raise RuntimeSetupError(
@@ -181,6 +203,9 @@ def preflight_stage():
         checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified)
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
+    if settings.sglang_group:
+        check, ctx.group_env = group_interface(settings, hs.get("route_dev"))
+        checks.append(check)
     target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
     checks[:0] = preflight.check_wheel_platform(hs.get("python"), hs.get("glibc"), target,
                                                 system_python=settings.sglang_system_python)

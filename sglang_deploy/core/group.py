@@ -1,0 +1,197 @@
+"""Multi-node groups (pure): hosts that serve one model together.
+
+A host joins a group with one data key, ``sglang_group``. Every node of a group runs the same
+launch flags plus ``--nnodes N --node-rank R --dist-init-addr ADDR:PORT``; only rank 0 serves
+HTTP. ``plan`` reads an inventory's serving hosts (name, merged data), in inventory order, and
+returns each group with its nodes in rank order, or raises ``DataError`` before any
+connection when the group cannot work: ranks that are not 0..N-1, no IPv4 rank-0 address,
+nodes that differ in what must be equal (lock, flags, model, GPU count, ...), or a
+``tp-size`` (x ``pp-size``) that is not nodes x GPUs per node. ``group_flags`` and
+``group_environment`` are what a node's unit gets on top of its own data.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_deploy.core.errors import DataError, UsageError
+
+#: flags the tool renders for a group's node: never written in ``sglang_flags``
+RESERVED_FLAGS = ("nnodes", "node-rank", "dist-init-addr")
+#: data every node of a group must share (compared before connecting)
+SAME = ("sglang_lock", "sglang_flags", "sglang_model_path", "sglang_served_model_name",
+        "gpu_expected_count", "gpu_expected_model", "sglang_dist_init_port",
+        "sglang_autotune_patch", "sglang_launch_command", "sglang_port")
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    nodes: tuple[Node, ...]   # in rank order: nodes[0] is rank 0
+    addr: str                 # rank 0's IPv4 address the other nodes reach
+    port: int
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def rank0(self) -> str:
+        return self.nodes[0].name
+
+    @property
+    def dist_init_addr(self) -> str:
+        return f"{self.addr}:{self.port}"
+
+    def rank_of(self, host: str) -> int:
+        return next(n.rank for n in self.nodes if n.name == host)
+
+    def members(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+
+def _key(raw: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    from sglang_deploy.core.data import KEYS
+
+    return raw.get(name, KEYS[name].default if name in KEYS else default)
+
+
+def reserved_flags(flags: Mapping[str, Any]) -> list[str]:
+    """The group flags a user wrote in ``sglang_flags`` (by their canonical names)."""
+    return [f for f in flags if f.lstrip("-").replace("_", "-") in RESERVED_FLAGS]
+
+
+def check_no_reserved(host: str, raw: Mapping[str, Any]) -> None:
+    """``--nnodes``, ``--node-rank`` and ``--dist-init-addr`` are the tool's to render."""
+    bad = reserved_flags(_key(raw, "sglang_flags") or {})
+    if bad:
+        raise DataError(
+            key="sglang_flags", what="no --nnodes, --node-rank or --dist-init-addr in "
+            f"`sglang_flags` (host {host}): the tool renders them for a group's nodes",
+            found=", ".join(f"`{b}`" for b in bad),
+            fix="remove them and put the hosts in one group: `sglang_group = \"NAME\"` on each "
+                "(ranks follow inventory order, or `sglang_node_rank`; rank 0's address is its "
+                "`ssh_hostname` or `sglang_dist_init_addr`)")
+
+
+def _ipv4(text: str | None) -> str | None:
+    try:
+        return str(ipaddress.IPv4Address(text)) if text else None
+    except ValueError:
+        return None
+
+
+def _parallel(flags: Mapping[str, Any], *names: str) -> int:
+    for name in names:
+        for key in (name, f"--{name}", name.replace("-", "_")):
+            if key in flags and flags[key] not in (None, False):
+                return int(flags[key])
+    return 1
+
+
+def plan(hosts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Group]:
+    """The groups of HOSTS ((name, merged data) of the serving hosts, inventory order)."""
+    by_group: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for name, raw in hosts:
+        check_no_reserved(name, raw)
+        g = raw.get("sglang_group")
+        if g:
+            by_group.setdefault(str(g), []).append((name, raw))
+    return {g: _one(g, members) for g, members in by_group.items()}
+
+
+def _one(gname: str, members: list[tuple[str, Mapping[str, Any]]]) -> Group:
+    names = [n for n, _ in members]
+    if len(members) < 2:
+        raise DataError(key="sglang_group", what=f"at least two hosts in group `{gname}`",
+                        found=f"only {names[0]}",
+                        fix="add the other nodes to the group, or remove `sglang_group` from "
+                            "a host that serves alone")
+    ranks = []
+    for i, (name, raw) in enumerate(members):
+        r = raw.get("sglang_node_rank")
+        ranks.append((i if r is None else int(r), name))
+    ranks.sort()
+    if [r for r, _ in ranks] != list(range(len(members))):
+        raise DataError(key="sglang_node_rank",
+                        what=f"the ranks of group `{gname}` to be 0..{len(members) - 1}, each once",
+                        found=", ".join(f"{n}={r}" for r, n in ranks),
+                        fix="set `sglang_node_rank` on every node of the group or on none "
+                            "(then they follow inventory order)")
+    data = dict(members)
+    first = ranks[0][1]
+    for key in SAME:
+        want = _key(data[first], key)
+        for _, other in ranks[1:]:
+            found = _key(data[other], key)
+            if found != want:
+                raise DataError(
+                    key=key, what=f"the same `{key}` on every node of group `{gname}`",
+                    found=f"{first}: {want!r}; {other}: {found!r}",
+                    fix=f"set `{key}` once for the group (group_data/ or the group's inventory "
+                        "data), not per host")
+    flags = _key(data[first], "sglang_flags") or {}
+    gpus = int(_key(data[first], "gpu_expected_count"))
+    tp, pp = _parallel(flags, "tp-size", "tp"), _parallel(flags, "pp-size", "pp")
+    if tp * pp != len(members) * gpus:
+        raise DataError(
+            key="sglang_flags",
+            what=f"tp-size{' x pp-size' if pp > 1 else ''} of group `{gname}` to equal its "
+                 f"nodes x GPUs per node ({len(members)} x {gpus} = {len(members) * gpus})",
+            found=f"tp-size {tp}" + (f" x pp-size {pp} = {tp * pp}" if pp > 1 else ""),
+            fix=f"set `tp-size` to {len(members) * gpus // pp} in the group's `sglang_flags` "
+                "(or change the group's nodes or `gpu_expected_count`)")
+    addr_raw = data[first].get("sglang_dist_init_addr") or data[first].get("ssh_hostname") \
+        or first
+    addr = _ipv4(str(addr_raw))
+    if addr is None:
+        raise DataError(
+            key="sglang_dist_init_addr",
+            what=f"an IPv4 address of group `{gname}`'s rank 0 ({first}) that the other nodes "
+                 "reach (IPv6 and names hang until the distributed timeout: sglang#7478)",
+            found=repr(addr_raw),
+            fix=f"set `sglang_dist_init_addr = \"A.B.C.D\"` on {first} (or its `ssh_hostname` "
+                "to its IPv4 address)")
+    return Group(gname, tuple(Node(n, r) for r, n in ranks), addr,
+                 int(_key(data[first], "sglang_dist_init_port")))
+
+
+def group_flags(group: Group, host: str) -> dict[str, Any]:
+    """The flags a node of GROUP gets on top of the group's ``sglang_flags``."""
+    return {"nnodes": group.nnodes, "node-rank": group.rank_of(host),
+            "dist-init-addr": group.dist_init_addr}
+
+
+def group_environment(ifname: str | None) -> dict[str, str]:
+    """NCCL's and gloo's interface for the group's traffic (none: their own choice)."""
+    return {"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname} if ifname else {}
+
+
+def group_of(groups: Mapping[str, Group], host: str) -> Group | None:
+    return next((g for g in groups.values() if host in g.members()), None)
+
+
+def check_limit(groups: Mapping[str, Group], selected: Iterable[str],
+                allow_partial: bool = False) -> None:
+    """A selection (``--limit``) that names part of a group is refused unless ALLOW_PARTIAL:
+    a node restarted alone leaves the others waiting for it."""
+    chosen = set(selected)
+    for g in groups.values():
+        inside = [n for n in g.members() if n in chosen]
+        if inside and len(inside) != g.nnodes and not allow_partial:
+            missing = [n for n in g.members() if n not in chosen]
+            raise UsageError(
+                what=f"every node of group `{g.name}` or none of them ({', '.join(g.members())})",
+                found=f"the selection names {', '.join(inside)} but not {', '.join(missing)}",
+                fix=f"add `--limit {' --limit '.join(missing)}` (or `--limit` the group's "
+                    "inventory group); to act on one node on purpose, say so explicitly "
+                    "(--allow-partial-group)")
