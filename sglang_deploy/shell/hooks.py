@@ -73,6 +73,22 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
             raise
+    refuse_groups(routing.groups(inventory))
+
+
+def refuse_groups(groups: dict) -> None:
+    """Multi-node groups are planned and rendered (``core.group``), but the deploy cannot yet
+    start, verify and roll them as one: refuse them before any connection rather than start
+    nodes whose verification would wait for a line only rank 0 prints."""
+    if groups:
+        names = ", ".join(f"{g.name} ({', '.join(g.members())})" for g in groups.values())
+        raise errors.DataError(
+            key="sglang_group",
+            what="single-host servers: multi-node groups are not deployable yet (their start, "
+                 "verification and rollout as one unit are not built)",
+            found=f"group {names}",
+            fix="remove `sglang_group` from these hosts; run a multi-node model by hand for now "
+                "(the rendered flags: `sglang-deploy status` once groups are supported)")
 
 
 def cli_params() -> dict:

@@ -135,3 +135,13 @@ def test_routing_gives_each_node_its_group_flags(tmp_path):
     assert by["n1"].sglang_dist_init_addr == "10.9.0.10"
     assert "nnodes" not in by["solo"].sglang_flags
     assert set(routing.groups(inv)) == {"g"}
+
+
+def test_the_deploy_refuses_groups_before_connecting_until_they_can_be_verified():
+    from sglang_deploy.shell import hooks
+
+    groups = group.plan([("a", _node("10.0.0.5")), ("b", _node("10.0.0.6"))])
+    with pytest.raises(DataError) as exc:
+        hooks.refuse_groups(groups)
+    assert exc.value.key == "sglang_group" and "g1 (a, b)" in exc.value.found
+    hooks.refuse_groups({})

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""A real TCP rendezvous between the nodes of a multi-node group (stdlib only, run by the
+host's system python before any server of the group stops).
+
+    rendezvous.py listen  --bind ADDR --port P [--port Q] --peers N --card JSON --timeout S
+    rendezvous.py connect --addr ADDR --port P [--port Q] --card JSON --timeout S
+
+Rank 0 listens on each port (the dist-init port, and one port of the kernel's ephemeral range
+as NCCL's bootstrap uses) and waits for N peers on each. Every other node connects to each
+port (retrying until the deadline, as torch's store client does) and sends its card: one JSON
+line with its name, release, flags hash, driver version and clock (``time.time()``). Rank 0
+answers with its own card. Each side prints one JSON object: what it saw of every peer
+(address, card, the clock offset measured against its own clock), or the error (``refused``,
+``timeout``, ``unreachable``, ``in use``) per port. Exit status 0 when every exchange
+happened (the cards are compared by the deploy, ``core.group.judge_rendezvous``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import socket
+import sys
+import time
+
+
+def _card_line(card: dict) -> bytes:
+    return (json.dumps({**card, "clock": time.time()}, sort_keys=True) + "\n").encode()
+
+
+def _read_line(conn: socket.socket, deadline: float) -> dict | None:
+    buf = b""
+    while b"\n" not in buf and len(buf) < 65536:
+        conn.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            chunk = conn.recv(4096)
+        except (socket.timeout, OSError):
+            return None
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        out = json.loads(buf.split(b"\n", 1)[0].decode())
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _error(exc: OSError) -> str:
+    if isinstance(exc, socket.timeout):
+        return "timeout"
+    return {errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable",
+            errno.ENETUNREACH: "unreachable", errno.EADDRINUSE: "in use",
+            errno.EADDRNOTAVAIL: "address not on this host"}.get(exc.errno or 0, str(exc))
+
+
+def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    result: dict = {"ok": True, "ports": {}}
+    socks = {}
+    for port in ports:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind, port))
+            s.listen(peers + 4)
+        except OSError as exc:
+            s.close()
+            result["ports"][str(port)] = {"error": _error(exc), "peers": []}
+            result["ok"] = False
+            continue
+        socks[port] = s
+        result["ports"][str(port)] = {"error": None, "peers": []}
+    for port, s in socks.items():
+        seen = result["ports"][str(port)]["peers"]
+        while len(seen) < peers and time.monotonic() < deadline:
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                conn, addr = s.accept()
+            except (socket.timeout, OSError):
+                break
+            with conn:
+                got = _read_line(conn, deadline)
+                now = time.time()
+                try:
+                    conn.sendall(_card_line(card))
+                except OSError:
+                    pass
+            if got is not None:
+                seen.append({"addr": addr[0], "card": got,
+                             "offset_s": round(got.get("clock", now) - now, 3)})
+        if len(seen) < peers:
+            result["ports"][str(port)]["error"] = "timeout"
+            result["ok"] = False
+        s.close()
+    return result
+
+
+def connect(addr: str, ports: list[int], card: dict, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    result: dict = {"ok": True, "ports": {}}
+    for port in ports:
+        last = "timeout"
+        got = None
+        attempts = 0
+        while time.monotonic() < deadline and got is None:
+            attempts += 1
+            try:
+                with socket.create_connection(
+                        (addr, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as c:
+                    sent = time.time()
+                    c.sendall(_card_line(card))
+                    got = _read_line(c, deadline)
+                    received = time.time()
+                    if got is None:
+                        last = "no answer"
+            except OSError as exc:
+                last = _error(exc)
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        entry = {"attempts": attempts, "error": None if got else last, "card": got}
+        if got is not None:  # rank 0's clock against the middle of the round trip here
+            entry["offset_s"] = round(got.get("clock", sent) - (sent + received) / 2, 3)
+        else:
+            result["ok"] = False
+        result["ports"][str(port)] = entry
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("listen", "connect"):
+        s = sub.add_parser(name)
+        s.add_argument("--port", type=int, action="append", required=True)
+        s.add_argument("--card", required=True, help="this node's card (JSON)")
+        s.add_argument("--timeout", type=float, default=30.0)
+        if name == "listen":
+            s.add_argument("--bind", required=True)
+            s.add_argument("--peers", type=int, required=True)
+        else:
+            s.add_argument("--addr", required=True)
+    args = p.parse_args(argv)
+    card = json.loads(args.card)
+    out = listen(args.bind, args.port, args.peers, card, args.timeout) if args.cmd == "listen" \
+        else connect(args.addr, args.port, card, args.timeout)
+    print(json.dumps(out, sort_keys=True), flush=True)
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
