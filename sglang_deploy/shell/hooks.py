@@ -87,8 +87,8 @@ def refuse_groups(groups: dict) -> None:
             what="single-host servers: multi-node groups are not deployable yet (their start, "
                  "verification and rollout as one unit are not built)",
             found=f"group {names}",
-            fix="remove `sglang_group` from these hosts; run a multi-node model by hand for now "
-                "(the rendered flags: `sglang-deploy status` once groups are supported)")
+            fix="remove `sglang_group` from these hosts and deploy them as single-host servers; "
+                "a multi-node model still has to be started by hand")
 
 
 def cli_params() -> dict:
