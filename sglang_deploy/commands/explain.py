@@ -4,7 +4,7 @@ Reads a journal export (`journalctl -u sglang > x.log`, any of journalctl's shor
 a `server.log`, or an excerpt pasted from an issue, and prints the phases seen (with times
 and durations where the log has timestamps), the outcome (ready, failed, incomplete), the
 phase reached, the cause in one line, its fix, and the lines that prove it. `--json` prints
-the analysis (sglang_deploy.core.explain.explain) as JSON. The same parser decides
+the analysis (sglang_deploy.core.logs.explain.explain) as JSON. The same parser decides
 readiness live. Exit status: 0 the server got ready, 1 it failed, 4 the log ends with no
 verdict; input that is no text log (missing, empty, binary, compressed) is refused (2).
 """
@@ -55,7 +55,7 @@ def run(args) -> int:
     from datetime import datetime
     from pathlib import Path
 
-    from sglang_deploy.core.explain import LogInputError, explain, log_text, render_text
+    from sglang_deploy.core.logs.explain import LogInputError, explain, log_text, render_text
 
     if args.file == "-":
         if sys.stdin.isatty():

@@ -5,7 +5,7 @@ One SSH session to HOST (``shell.hostshell``: the deploy's own SSH settings from
 inventory, plus ~/.ssh/config and the agent), running ``journalctl -u UNIT``. With
 ``--follow`` the journal streams until Ctrl-C, across restarts of the service. With
 ``--explain`` the journal since the service's last start is analysed as `explain-log` does
-(``core.explain``: phases, outcome, the cause and its fix). Read-only.
+(``core.logs.explain``: phases, outcome, the cause and its fix). Read-only.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(args) -> int:
     if args.explain:
         from datetime import datetime
 
-        from sglang_deploy.core.explain import explain, render_text
+        from sglang_deploy.core.logs.explain import explain, render_text
 
         if args.follow:
             raise hostshell.HostShellError(what="--explain or --follow", found="both",

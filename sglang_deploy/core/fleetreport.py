@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_deploy.core.logmarkers import PHASES
+from sglang_deploy.core.logs.markers import PHASES
 
 REPORT_VERSION = 1
 STATUS_FIELDS = ("reachable", "unit", "uptime_s", "release", "sglang_version", "patch_state",

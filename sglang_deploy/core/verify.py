@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from sglang_deploy.core.errors import VerifyError
-from sglang_deploy.core.logparse import StartupTracker
+from sglang_deploy.core.logs.parse import StartupTracker
 
 # tracker phase -> deadline key (data: verify_phase_timeouts)
 PHASE_DEADLINE_KEY = {

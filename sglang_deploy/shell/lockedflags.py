@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import flagcache, lockfile, service
 from sglang_deploy.core import flags as flagmod
+from sglang_deploy.core import lockfile, service
 from sglang_deploy.core.errors import DataError, FlagError
+from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.shell import pipdownload
 
 

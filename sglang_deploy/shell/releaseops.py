@@ -15,9 +15,10 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand
 
-from sglang_deploy.core import flagcache, jit, modelfetch, smoke
 from sglang_deploy.core import flags as flagmod
+from sglang_deploy.core import jit, modelfetch, smoke
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
+from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.shell import streamed
 from sglang_deploy.shell.facts import ServerArgsSource
 from sglang_deploy.shell.operations import _sh, private_upload, reported

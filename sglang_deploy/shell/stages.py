@@ -21,12 +21,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import flagcache, jit, modelfetch, preflight, report, service
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import group
+from sglang_deploy.core import group, jit, modelfetch, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
+from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving, wait_serving, wait_until_ready

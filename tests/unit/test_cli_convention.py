@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.commands import cli, common, status
-from sglang_deploy.core import data, flagcache
+from sglang_deploy.core import data
 from sglang_deploy.core.errors import DataError, UsageError
+from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.shell import hosts, lockedflags, runner
 from testbed.wheels import fetch_sglang
 

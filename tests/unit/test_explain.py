@@ -11,9 +11,9 @@ import random
 import pytest
 
 from sglang_deploy.commands.cli import main
-from sglang_deploy.core.explain import explain, render_text
-from sglang_deploy.core.logparse import StartupTracker
-from sglang_deploy.core.logprefix import parse_ts, split_updates, strip_prefix
+from sglang_deploy.core.logs.explain import explain, render_text
+from sglang_deploy.core.logs.parse import StartupTracker
+from sglang_deploy.core.logs.prefix import parse_ts, split_updates, strip_prefix
 
 TS = "2026-03-01 12:00:00"
 

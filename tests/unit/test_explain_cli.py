@@ -14,7 +14,7 @@ import pytest
 
 from sglang_deploy.commands import cli, common
 from sglang_deploy.commands import explain as explain_log
-from sglang_deploy.core.explain import explain, render_text
+from sglang_deploy.core.logs.explain import explain, render_text
 from sglang_deploy.shell import hostshell
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "real"

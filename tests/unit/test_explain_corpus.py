@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from sglang_deploy.core.explain import explain
+from sglang_deploy.core.logs.explain import explain
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "real"
 

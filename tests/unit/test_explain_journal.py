@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.commands.cli import main
-from sglang_deploy.core.explain import explain, render_text
-from sglang_deploy.core.logprefix import timeline
+from sglang_deploy.core.logs.explain import explain, render_text
+from sglang_deploy.core.logs.prefix import timeline
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 REAL, JOURNAL = LOGS / "real", LOGS / "journal"

@@ -1,4 +1,4 @@
-"""The controller's cache of parsed server_args.py files (sglang_deploy.core.flagcache)."""
+"""The controller's cache of parsed server_args.py files (sglang_deploy.core.flags.cache)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sglang_deploy.core import flagcache
 from sglang_deploy.core import flags as F
+from sglang_deploy.core.flags import cache as flagcache
 
 SOURCE = '''
 import argparse

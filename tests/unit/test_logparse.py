@@ -1,4 +1,4 @@
-"""sglang_deploy.core.logparse: markers checked against the REAL wheels, then the tracker on
+"""sglang_deploy.core.logs.parse: markers checked against the REAL wheels, then the tracker on
 synthetic journals (tests/fixtures/logs/*.jsonl, one ``{"ts": s, "line": text}`` per
 journal entry, built from the real log strings: CR-joined tqdm updates, tracebacks from
 several ranks, an API key in the ``server_args=`` line)."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.core import logcauses as C
-from sglang_deploy.core import logparse as L
+from sglang_deploy.core.logs import causes as C
+from sglang_deploy.core.logs import parse as L
 from testbed.wheels import extract_member, fetch_sglang, fetch_wheel
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.core import flagcache
+from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.shell import lockedflags, pipdownload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_the_download_is_announced_in_one_line_and_offline_says_no_network(tmp_p
 def test_no_download_no_announcement(tmp_path, monkeypatch):
     """Flags already parsed for one of the lock's wheels: nothing is downloaded or said."""
     from sglang_deploy.core import lockfile
-    from sglang_deploy.core.flagspec import FlagSpec
+    from sglang_deploy.core.flags.spec import FlagSpec
 
     monkeypatch.setenv("SGLANG_DEPLOY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(flagcache, "_MEMORY", {})

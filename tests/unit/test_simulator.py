@@ -515,7 +515,7 @@ def test_capture_and_autotuner_progress_bars(patched_site, model_dir, tmp_path, 
     ("scheduler-exception", "serving", "scheduler-exception")])
 def test_failure_scenarios_read_as_real_failures(site, model_dir, tmp_path, runs, scenario,
                                                   phase, cause):
-    from sglang_deploy.core.explain import explain
+    from sglang_deploy.core.logs.explain import explain
 
     r = start(runs, tmp_path, site, model_dir, scenario=scenario, flags=["--tp-size", "8"])
     if phase == "serving":

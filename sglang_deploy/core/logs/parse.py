@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_deploy.core.logcauses import (
+from sglang_deploy.core.logs.causes import (
     GENERIC,
     Hit,
     Signature,
@@ -37,9 +37,9 @@ from sglang_deploy.core.logcauses import (
     line_phase,
     match_signature,
 )
-from sglang_deploy.core.logexcerpt import relevant
-from sglang_deploy.core.logmarkers import MARKER_WORDS, PHASES, Marker, markers_for
-from sglang_deploy.core.logprefix import (
+from sglang_deploy.core.logs.excerpt import relevant
+from sglang_deploy.core.logs.markers import MARKER_WORDS, PHASES, Marker, markers_for
+from sglang_deploy.core.logs.prefix import (
     PROGRESS_RE,
     parse_progress,
     redact,

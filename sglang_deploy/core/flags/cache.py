@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from sglang_deploy.core import flagspec as flagmod
+from sglang_deploy.core.flags import spec as flagmod
 
 #: changes whenever the parser does
 PARSER_ID = hashlib.sha256(Path(flagmod.__file__).read_bytes()).hexdigest()[:12]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sglang_deploy.core.logfixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
+from sglang_deploy.core.logs.fixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
 
 __all__ = ["SIGNATURES", "Hit", "Signature", "call_phase", "diagnose", "frame_phase",
            "line_phase", "match_signature"]

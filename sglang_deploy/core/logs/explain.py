@@ -23,9 +23,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.core.logmarkers import PHASES
-from sglang_deploy.core.logparse import StartupTracker
-from sglang_deploy.core.logprefix import strip_prefix, timeline
+from sglang_deploy.core.logs.markers import PHASES
+from sglang_deploy.core.logs.parse import StartupTracker
+from sglang_deploy.core.logs.prefix import strip_prefix, timeline
 
 __all__ = ["DEFAULT_VERSION", "LogInputError", "explain", "log_text", "render_text"]
 

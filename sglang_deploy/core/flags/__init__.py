@@ -17,7 +17,7 @@ Pure module.
   - the output is sorted by flag name, so re-renders are byte-identical and diffs stay small.
 
 * :func:`validate_flags` / :func:`check_flags` check a mapping against a spec (a
-  :class:`FlagSpec` read from SGLang's own declarations: :mod:`sglang_deploy.core.flagspec`,
+  :class:`FlagSpec` read from SGLang's own declarations: :mod:`sglang_deploy.core.flags.spec`,
   whose names this module re-exports).
 
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_deploy.core.errors import FlagError
-from sglang_deploy.core.flagspec import (  # noqa: F401 (re-exported)
+from sglang_deploy.core.flags.spec import (  # noqa: F401 (re-exported)
     ArgInfo,
     FlagSpec,
     parse_server_args,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_deploy.core.logprefix import strip_prefix
+from sglang_deploy.core.logs.prefix import strip_prefix
 
 __all__ = ["relevant"]
 
