@@ -132,7 +132,15 @@ def scratch_venv(lock: Path, python: str) -> Venv:
                   "only-system", str(venv)],
                  [uv(), "pip", "sync", "--require-hashes", "--python", str(venv / "bin/python"),
                   str(lock)]):
-        proc = subprocess.run(argv, stdout=sys.stderr, stderr=sys.stderr, check=False)
+        proc = subprocess.Popen(argv, stdout=sys.stderr, stderr=sys.stderr)
+        while True:  # a line every 10 s: packages in the venv of those the lock pins, size
+            try:
+                proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                have = len(list(venv.glob("lib/python*/site-packages/*.dist-info")))
+                _say(f"installing: {have} of {n} packages, {_gb(_size(venv))}, "
+                     f"{time.monotonic() - t0:.0f} s")
         if proc.returncode != 0:
             raise SglangDeployError(
                 what=f"the lock {lock} installs with uv",
