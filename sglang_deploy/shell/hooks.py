@@ -29,7 +29,7 @@ from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast, routing
+from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
 from sglang_deploy.shell.plan import PLAN_ENV
 
@@ -72,6 +72,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
         except errors.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
+            outcomes.failed(each.name, exc, "data")
             raise
 
 
@@ -177,7 +178,9 @@ class ExplainLostConnection(BaseStateCallback):
             common = os.path.commonprefix(names)
             names = [common.rsplit(" ", 1)[0] + " …" if " " in common else " / ".join(names)]
         address = host.data.get("ssh_hostname") or host.name
-        logger.error(host.print_prefix + lost_connection_message(host.name, address, names[0]))
+        message = lost_connection_message(host.name, address, names[0])
+        logger.error(host.print_prefix + message)
+        outcomes.note_error(host.name, {"type": "ConnectionLost", "message": message})
 
 
 def no_delay(client) -> bool:
@@ -213,6 +216,13 @@ class HoldDeployLock(BaseStateCallback):
         self.held: dict[str, tuple] = {}
 
     def host_connect(self, state, host):  # type: ignore[override]
+        try:
+            self.hold(host)
+        except errors.SglangDeployError as exc:
+            outcomes.failed(host.name, exc, "connect")
+            raise
+
+    def hold(self, host) -> None:
         client = getattr(host.connector, "client", None)
         if client is None or not hasattr(client, "exec_command"):
             return  # not SSH (e.g. @local): nothing to hold
@@ -284,7 +294,9 @@ def install(state) -> None:
     def init(inventory, config, initial_limit=None, **kwargs):
         global _checked
         result = original(inventory, config, initial_limit=initial_limit, **kwargs)
-        for each in handlers:
+        # each host's outcome record (last: the handlers above note what it records)
+        recorder = outcomes.install(state, state.cwd, dry=bool(cli_params().get("dry")))
+        for each in [*handlers, recorder]:
             state.add_callback_handler(each)
         check_selection(inventory, initial_limit, cli_params(), state.cwd)
         validate_inventory(inventory, state.cwd)
