@@ -93,6 +93,7 @@ class HostResult:
     rollback_seconds: float | None = None
     log: str | None = None
     router: str | None = None  # with a router: out (drained) | back (routed to again) | left out
+    rollback: str | None = None  # the rollback's verified action: rolled-back | unchanged
 
 
 def outcome(results: list[HostResult]) -> tuple[bool, str]:
@@ -137,8 +138,8 @@ def after_deploy(o: HostOutcome) -> tuple[str, str, float | None]:
 
 def after_rollback(o: HostOutcome) -> tuple[str, str]:
     """(status, line added to the message) of a failed host after rollback.py: still on its
-    known-good release (not restarted), rolled back, nothing to roll back to (it never passed
-    verification), or ROLLBACK FAILED."""
+    known-good release (not restarted), rolled back, nothing to roll back to (no known-good
+    configuration: ``service.NO_KNOWN_GOOD``), or ROLLBACK FAILED."""
     from sglang_deploy.core.service import NO_KNOWN_GOOD
 
     release = (o.summary or {}).get("release")
@@ -150,8 +151,8 @@ def after_rollback(o: HostOutcome) -> tuple[str, str]:
         return "rolled-back", f"rolled back to release {release}, restarted and verified serving"
     if (o.kind == outcomemod.FAILED and o.error_type() == "RollbackError"
             and ((o.error or {}).get("details") or {}).get("reason") == NO_KNOWN_GOOD):
-        return "failed", ("nothing to roll back to: the host never passed verification "
-                          "(no known-good configuration on it)")
+        return "failed", ("nothing to roll back to: no known-good configuration on the host "
+                          "(no deploy was ever verified there)")
     return "rollback-failed", "ROLLBACK FAILED: " + failure_text(o)
 
 
@@ -303,7 +304,9 @@ class Rollout:
         self.progress.update(group, "deploying")
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=group,
                                  data=[*self.data, "verify_converged=true", *gated], cwd=self.cwd,
-                                 env={outcomes.OUTCOMES_ENV: str(records)},
+                                 env={outcomes.OUTCOMES_ENV: str(records),
+                                      # the summaries, kept per batch (`sglang-deploy report`)
+                                      "SGLANG_DEPLOY_REPORTS": str(run_dir / f"batch{index}-reports")},
                                  on_line=self.progress.feed)
         log = run_dir / f"batch{index}-deploy.log"
         log.write_text(run.output)
@@ -374,7 +377,8 @@ class Rollout:
         records = run_dir / "rollback-outcomes"
         self.progress.update(failed, "rolling back")
         run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, cwd=self.cwd,
-                                 env={outcomes.OUTCOMES_ENV: str(records)},
+                                 env={outcomes.OUTCOMES_ENV: str(records),
+                                      "SGLANG_DEPLOY_REPORTS": str(run_dir / "rollback-reports")},
                                  on_line=self.progress.feed)
         (run_dir / "rollback.log").write_text(run.output)
         got = outcomes.read(records, failed)
@@ -382,6 +386,7 @@ class Rollout:
             r = results[name]
             r.rollback_seconds = round(run.seconds, 2)
             r.status, line = after_rollback(got[name])
+            r.rollback = got[name].action if got[name].verified else None
             r.message += "\n" + line
             if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's own words
                 r.message += "\n" + common.host_error(run.output)
@@ -467,9 +472,8 @@ class Rollout:
 
 def verified_after_rollback(r: HostResult) -> bool:
     """Serving a verified configuration after the rollback: put back into the router. A host
-    that never passed verification, or whose rollback failed, stays out."""
-    return (r.status in ("done", "converged", "rolled-back")
-            or (r.status == "failed" and "still on its known-good release" in r.message))
+    that was never verified, or whose rollback failed, stays out."""
+    return r.status in ("done", "converged", "rolled-back") or r.rollback == "unchanged"
 
 
 def _indent(text: str, prefix: str = "      ") -> str:

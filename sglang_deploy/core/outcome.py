@@ -109,8 +109,8 @@ def decide(host: str, rec: dict | None) -> HostOutcome:
             "start, or it stopped before connecting)"))
     kind = rec.get("outcome")
     stage, error = rec.get("stage"), rec.get("error")
-    common = dict(stage=stage, action=rec.get("action"), error=error,
-                  summary=rec.get("summary"), record=rec)
+    common = {"stage": stage, "action": rec.get("action"), "error": error,
+              "summary": rec.get("summary"), "record": rec}
     if kind == PASSED:
         return HostOutcome(host, PASSED, message=rec.get("note") or "", **common)
     if kind == UNREACHABLE:
