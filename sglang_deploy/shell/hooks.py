@@ -1,5 +1,6 @@
 """pyinfra hooks of deploy.py (installed by config.py): data validation before any connection,
-the host-side deploy lock held for the whole connection, a clear message for a lost connection.
+the host-side deploy lock held for the whole connection, a clear message for a lost connection,
+and each host's outcome record (``shell/outcomes.py``) for the commands that ran pyinfra.
 
 pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.init`` runs
 after that, so ``install`` wraps this state's ``init``: as soon as the inventory exists, the
@@ -278,8 +279,9 @@ def install(state) -> None:
     operation order and argument types (``pyinfrafast``), data validation as soon as the
     inventory exists, TCP_NODELAY and then the deploy lock after each connection,
     clear messages for a changed host key and a lost connection, typed errors without
-    tracebacks; an empty inventory or a --limit matching no host stops the run
-    (``check_selection``), and deploy files may then run (``require_checked``)."""
+    tracebacks, each host's outcome record (``outcomes.Recorder``); an empty inventory or a
+    --limit matching no host stops the run (``check_selection``), and deploy files may then
+    run (``require_checked``)."""
     pyinfrafast.install()  # before any operation is added
     logger.addFilter(TypedErrorsWithoutTraceback())
 

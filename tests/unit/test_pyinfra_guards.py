@@ -36,11 +36,11 @@ def inv(tmp_path) -> str:
 
 def env(tmp_path) -> dict:
     """No wheel download from anywhere but loopback (the data check of a run that gets that
-    far warns instead), an empty flag cache, no pip.conf."""
+    far warns instead), an empty flag cache, no pip.conf, outcome records in TMP_PATH."""
     return {**os.environ, "SGLANG_DEPLOY_CACHE": str(tmp_path / "cache"),
             "SGLANG_DEPLOY_WHEEL_CACHE": str(tmp_path / "wheels"), "PIP_CONFIG_FILE": "/dev/null",
             "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
-            "PYINFRA_PROGRESS": "off"}
+            "PYINFRA_PROGRESS": "off", "SGLANG_DEPLOY_OUTCOMES": str(tmp_path / "outcomes")}
 
 
 def pyinfra(tmp_path, *argv: str, cwd: Path = REPO, **extra: str) -> subprocess.CompletedProcess:
