@@ -6,7 +6,10 @@
   prints the result as JSON on stdout and nothing else goes there; ``-v`` / ``-vv`` pass
   pyinfra's verbosity through (and show tracebacks).
 * The exit statuses (``EXIT_*``) are listed in each command's ``--help`` (``epilog``).
-* ``host_error`` finds the failing host's own error line in a pyinfra run's output.
+* ``host_error`` finds the failing host's own error line in a pyinfra run's output: for
+  display only, where no outcome record says why (pyinfra stopped before any host ran, and
+  the commands not yet on records: rebuild, bench). Outcomes come from the records
+  (``shell/outcomes.py``), never from this text.
 * ``table`` / ``print_table`` / ``console``: rich tables and text; plain ASCII, no colour and no
   padding to a console width when the output is not a terminal.
 """

@@ -4,7 +4,8 @@ One ``pyinfra INVENTORY preflight.py --dry`` run (the deploy's pre-flight stage 
 in parallel) with a plan folder: each host's stage writes every check it made
 (``plan.preflight``: ``<host>.preflight.json``), judged by that host's data exactly as a
 deploy would. Nothing is installed or changed and no deploy lock is taken. A host without a
-record did not answer or has invalid data: its pyinfra lines are shown instead.
+record is explained by its outcome record (``shell/outcomes.py``: unreachable, its typed
+error, or no result), not by pyinfra's printed text.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.shell import runner
 from sglang_deploy.shell.hosts import select
 from sglang_deploy.shell.plan import PLAN_ENV
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.outcome import HostOutcome
 
 
 def status_of(checks: list[dict]) -> str:
@@ -26,13 +30,19 @@ def status_of(checks: list[dict]) -> str:
     return next((s for s in ("fail", "warn", "pass") if s in statuses), "skipped")
 
 
-def host_report(name: str, plans: Path, output: str) -> dict[str, Any]:
-    """One host's report from its plan record, or a failure quoting its pyinfra lines."""
+def host_report(name: str, plans: Path, got: HostOutcome | None = None,
+                fallback: str = "") -> dict[str, Any]:
+    """One host's report from its plan record, or a failure saying why it has none: GOT, its
+    outcome record (unreachable, its typed error, or no result: then FALLBACK, pyinfra's own
+    last error)."""
+    from sglang_deploy.core import outcome
+
     path = plans / f"{name}.preflight.json"
     if not path.exists():
-        lines = [ln.strip() for ln in output.splitlines() if f"[{name}]" in ln or "error" in ln.lower()]
+        got = got or outcome.decide(name, None)
+        error = got.message + (f"\n{fallback}" if got.kind == outcome.MISSING and fallback else "")
         return {"host": name, "mode": "remote", "source": name, "status": "fail", "checks": [],
-                "error": "\n".join(lines[-8:]) or output.strip()[-1500:] or "pyinfra printed nothing"}
+                "error": error}
     record = json.loads(path.read_text())
     return {"host": name, "mode": "remote", "source": name, "status": status_of(record["checks"]),
             "checks": record["checks"], "nccl_env": record.get("nccl_env") or {},
@@ -42,11 +52,18 @@ def host_report(name: str, plans: Path, output: str) -> dict[str, Any]:
 def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -> list[dict]:
     """The report of each host INVENTORY and LIMIT select (pyinfra's --limit rules; the
     inventory, the limit and the data are checked before any connection, exit status 2)."""
+    from sglang_deploy.commands.common import host_error
+    from sglang_deploy.shell import outcomes
+
     hosts = select(inventory, limit, data, cwd=cwd).hosts
     with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
+        plans, records = Path(tmp) / "plans", Path(tmp) / "outcomes"
         run = runner.run_pyinfra(inventory, "preflight.py", limit=hosts, data=data, dry=True,
-                                 cwd=cwd, env={PLAN_ENV: tmp})
-        return [host_report(h, Path(tmp), run.output) for h in hosts]
+                                 cwd=cwd, env={PLAN_ENV: str(plans),
+                                               outcomes.OUTCOMES_ENV: str(records)})
+        got = outcomes.read(records, hosts)
+        fallback = host_error(run.output)
+        return [host_report(h, plans, got[h], fallback) for h in hosts]
 
 
 def run(args, data: list[str], render: Callable[[dict[str, Any]], None]) -> int:

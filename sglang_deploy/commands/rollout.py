@@ -21,14 +21,18 @@ and put back once verified, the router then routing a generation to it; a host r
 is put back once its rollback verified it; a host never verified stays out. ``--no-drain``
 skips all of it.
 
-The pure parts are ``plan_order``, ``batches`` and ``outcome``.
+Each host's result of each pyinfra run comes from the outcome record the run writes for it
+(``shell/outcomes.py``, in ``SGLANG_DEPLOY_OUTCOMES``: passed or failed, the stage, the
+action, the typed error, the verification summary), never from pyinfra's printed text.
+
+The pure parts are ``plan_order``, ``batches``, ``outcome``, and the decisions from the
+records: ``answered``, ``after_deploy`` and ``after_rollback``.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import re
 import shlex
 import sys
 import tempfile
@@ -38,6 +42,8 @@ from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.commands.progress import HostProgress
+from sglang_deploy.core import outcome as outcomemod
+from sglang_deploy.core.outcome import HostOutcome
 
 RUNS_DIR = Path(".sglang-deploy/rollouts")
 
@@ -87,6 +93,7 @@ class HostResult:
     rollback_seconds: float | None = None
     log: str | None = None
     router: str | None = None  # with a router: out (drained) | back (routed to again) | left out
+    rollback: str | None = None  # the rollback's verified action: rolled-back | unchanged
 
 
 def outcome(results: list[HostResult]) -> tuple[bool, str]:
@@ -102,10 +109,51 @@ def outcome(results: list[HostResult]) -> tuple[bool, str]:
     return True, f"rollout complete: {len(results)} host(s) verified"
 
 
-def report_from_reports(batch: list[str], report_dir: Path) -> dict[str, dict]:
-    """Per-host verification summaries written by the deploy (report.emit) in REPORT_DIR."""
-    return {name: json.loads((report_dir / f"{name}.json").read_text()) for name in batch
-            if (report_dir / f"{name}.json").exists()}
+def failure_text(o: HostOutcome) -> str:
+    """What went wrong on a host, from its record: the typed error (expected / found / fix),
+    the connection's error, or why the run left no result for it."""
+    if o.kind == outcomemod.UNREACHABLE:
+        return f"did not answer over SSH: {o.message}"
+    return o.message
+
+
+def answered(outcomes: dict[str, HostOutcome]) -> list[str]:
+    """The hosts of the reachability check (``pyinfra exec -- true``) that did not pass it:
+    not connected, a deploy lock held elsewhere, invalid data, or no record at all."""
+    return [name for name, o in outcomes.items() if not o.passed]
+
+
+def after_deploy(o: HostOutcome) -> tuple[str, str, float | None]:
+    """(status, message, seconds from restart to ready) of a host after its batch's deploy:
+    done / converged only when the verifier passed on it in this run."""
+    if o.verified:
+        s = o.summary or {}
+        status = "converged" if o.action == "converged" else "done"
+        return (status, f"{o.action}; sglang {s.get('sglang_version')} release {s.get('release')}",
+                s.get("time_to_ready_s"))
+    if o.passed:
+        return "failed", "the deploy passed but the verifier did not run on this host", None
+    return "failed", failure_text(o), None
+
+
+def after_rollback(o: HostOutcome) -> tuple[str, str]:
+    """(status, line added to the message) of a failed host after rollback.py: still on its
+    known-good release (not restarted), rolled back, nothing to roll back to (no known-good
+    configuration: ``service.NO_KNOWN_GOOD``), or ROLLBACK FAILED."""
+    from sglang_deploy.core.service import NO_KNOWN_GOOD
+
+    release = (o.summary or {}).get("release")
+    if o.verified and o.action == "unchanged":
+        # nothing had changed yet: it still serves, not restarted
+        return "failed", (f"still on its known-good release {release} (checked serving; "
+                          "nothing to restore, not restarted)")
+    if o.verified:
+        return "rolled-back", f"rolled back to release {release}, restarted and verified serving"
+    if (o.kind == outcomemod.FAILED and o.error_type() == "RollbackError"
+            and ((o.error or {}).get("details") or {}).get("reason") == NO_KNOWN_GOOD):
+        return "failed", ("nothing to roll back to: no known-good configuration on the host "
+                          "(no deploy was ever verified there)")
+    return "rollback-failed", "ROLLBACK FAILED: " + failure_text(o)
 
 
 # ------------------------------------------------------------------------------ shell
@@ -130,7 +178,7 @@ class Rollout:
     def run(self, dry: bool = False, report: str | None = None) -> int:
         from sglang_deploy.core.errors import RouterError
         from sglang_deploy.shell import hosts as hostsel
-        from sglang_deploy.shell import routerctl, routing, runner
+        from sglang_deploy.shell import outcomes, routerctl, routing, runner
 
         chosen = hostsel.select(self.inventory, self.limit, self.data, cwd=self.cwd)
         serving = {name for name, _ in routing.fleet(self.inventory, self.cwd).workers}
@@ -151,20 +199,26 @@ class Rollout:
         t_start = time.monotonic()
         self.progress.start(order)
         self.say("checking that every host answers (SSH, host keys, data) before touching any...")
+        records = run_dir / "reachability-outcomes"
         check = runner.run_pyinfra(self.inventory, ["exec", "--", "true"], limit=order,
-                                   data=self.data, cwd=self.cwd)
+                                   data=self.data, cwd=self.cwd,
+                                   env={outcomes.OUTCOMES_ENV: str(records)})
         (run_dir / "reachability.log").write_text(check.output)
-        if not check.ok or "Grand total   -" in check.output:
-            down = unreachable(check.output)
+        got = outcomes.read(records, order)
+        down = answered(got)
+        if down:
+            unreached = [h for h in down if got[h].kind == outcomemod.UNREACHABLE]
+            stopped = [h for h in down if got[h].kind in (outcomemod.FAILED, outcomemod.UNREACHABLE)]
             self.say("STOPPED before touching any host: "
-                     + (f"{', '.join(down)} did not answer over SSH" if down
+                     + (f"{', '.join(unreached)} did not answer over SSH" if unreached
                         else "not every host answered or its data is invalid")
                      + " (fix it, or leave it out with --limit):")
-            for name in (down or [None]):
-                self.say(_indent((f"{name}: " if name else "")
-                                 + common.host_error(check.output, name)))
+            for name in stopped:
+                self.say(_indent(f"{name}: {got[name].message}"))
+            if not stopped:  # no host's record says why: pyinfra's own error, as it printed it
+                self.say(_indent(common.host_error(check.output)))
             for r in results.values():
-                r.message = (common.host_error(check.output, r.host) if r.host in down
+                r.message = (failure_text(got[r.host]) if r.host in stopped
                              else "not touched: a host did not answer before the rollout")
             return self.finish(results, run_dir, report, t_start,
                                verdict="rollout not started: a host is unreachable or its data "
@@ -242,33 +296,29 @@ class Rollout:
         return ok
 
     def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
-        from sglang_deploy.shell import runner
+        from sglang_deploy.shell import outcomes, runner
 
-        reports = run_dir / f"batch{index}-reports"
+        records = run_dir / f"batch{index}-outcomes"
         self.say(f"[{index}] deploying {', '.join(group)} ...")
         gated = ["verify_promote_known_good=false"] if self.min_throughput_ratio is not None else []
         self.progress.update(group, "deploying")
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=group,
                                  data=[*self.data, "verify_converged=true", *gated], cwd=self.cwd,
-                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)},
+                                 env={outcomes.OUTCOMES_ENV: str(records),
+                                      # the summaries, kept per batch (`sglang-deploy report`)
+                                      "SGLANG_DEPLOY_REPORTS": str(run_dir / f"batch{index}-reports")},
                                  on_line=self.progress.feed)
         log = run_dir / f"batch{index}-deploy.log"
         log.write_text(run.output)
-        summaries = report_from_reports(group, reports)
-        ok = run.ok and len(summaries) == len(group)
+        got = outcomes.read(records, group)
         for name in group:
             r = results[name]
             r.seconds, r.log = round(run.seconds, 2), str(log)
-            s = summaries.get(name)
-            if s and run.ok:
-                r.action = s.get("action")
-                r.status = "converged" if r.action == "converged" else "done"
-                r.restart_to_ready_s = s.get("time_to_ready_s")
-                r.message = f"{r.action}; sglang {s.get('sglang_version')} release {s.get('release')}"
-            else:
-                r.status = "failed"
-                r.message = (common.host_error(run.output, name) if not s
-                             else "batch failed elsewhere")
+            r.status, r.message, r.restart_to_ready_s = after_deploy(got[name])
+            r.action = got[name].action if got[name].verified else None
+            if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's own words
+                r.message += "\n" + common.host_error(run.output)
+        ok = all(results[name].status in ("done", "converged") for name in group)
         for name in group:
             r = results[name]
             self.progress.update(name, r.status)
@@ -320,51 +370,48 @@ class Rollout:
                                fix="re-run the rollout; check the host's sglang_root")
 
     def rollback(self, group: list[str], results: dict, run_dir: Path) -> None:
-        from sglang_deploy.shell import runner
+        from sglang_deploy.shell import outcomes, runner
 
         failed = [h for h in group if results[h].status == "failed"]
         self.say(f"HALT: rolling back {', '.join(failed)} to the last known-good configuration ...")
-        reports = run_dir / "rollback-reports"
+        records = run_dir / "rollback-outcomes"
         self.progress.update(failed, "rolling back")
         run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, cwd=self.cwd,
-                                 env={"SGLANG_DEPLOY_REPORTS": str(reports)},
+                                 env={outcomes.OUTCOMES_ENV: str(records),
+                                      "SGLANG_DEPLOY_REPORTS": str(run_dir / "rollback-reports")},
                                  on_line=self.progress.feed)
         (run_dir / "rollback.log").write_text(run.output)
-        summaries = report_from_reports(failed, reports)
+        got = outcomes.read(records, failed)
         for name in failed:
             r = results[name]
             r.rollback_seconds = round(run.seconds, 2)
-            s = summaries.get(name)
-            if run.ok and s and s.get("action") == "unchanged":
-                r.status = "failed"  # nothing had changed yet: it still serves, not restarted
-                r.message += (f"\nstill on its known-good release {s.get('release')} (checked "
-                              "serving; nothing to restore, not restarted)")
-            elif run.ok and s:
-                r.status = "rolled-back"
-                r.message += f"\nrolled back to release {s.get('release')}, restarted and verified serving"
-            elif "never passed verification" in run.output:
-                r.status = "failed"
-                r.message += ("\nnothing to roll back to: the host never passed verification "
-                              "(no known-good configuration on it)")
-            else:
-                r.status = "rollback-failed"
-                r.message += "\nROLLBACK FAILED: " + common.host_error(run.output, name)
+            r.status, line = after_rollback(got[name])
+            r.rollback = got[name].action if got[name].verified else None
+            r.message += "\n" + line
+            if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's own words
+                r.message += "\n" + common.host_error(run.output)
             self.progress.update(name, r.status)
             self.say(f"    {name}: {r.status}")
 
     def dry_run(self, order: list[str], run_dir: Path) -> int:
-        from sglang_deploy.shell import runner
+        from sglang_deploy.shell import outcomes, runner
+        from sglang_deploy.shell.plan import PLAN_ENV
 
         plans = Path(tempfile.mkdtemp(prefix="plan-", dir=run_dir))
+        records = run_dir / "dry-outcomes"
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,
-                                 dry=True, cwd=self.cwd, env={"SGLANG_DEPLOY_PLAN_DIR": str(plans)})
+                                 dry=True, cwd=self.cwd,
+                                 env={PLAN_ENV: str(plans), outcomes.OUTCOMES_ENV: str(records)})
         (run_dir / "dry.log").write_text(run.output)
+        got = outcomes.read(records, order)
         self.say("plan (nothing was changed):")
         entries = []
         for name in order:
             path = plans / f"{name}.json"
             if not path.exists():
-                error = common.host_error(run.output, name)
+                error = failure_text(got[name])
+                if got[name].kind == outcomemod.MISSING:  # pyinfra's own words
+                    error += "\n" + common.host_error(run.output)
                 entries.append({"host": name, "ok": False, "error": error, "changes": None})
                 self.say(f"  {name}: no plan (unreachable, or its data is invalid):\n"
                          + _indent(error))
@@ -425,14 +472,8 @@ class Rollout:
 
 def verified_after_rollback(r: HostResult) -> bool:
     """Serving a verified configuration after the rollback: put back into the router. A host
-    that never passed verification, or whose rollback failed, stays out."""
-    return (r.status in ("done", "converged", "rolled-back")
-            or (r.status == "failed" and "still on its known-good release" in r.message))
-
-
-def unreachable(output: str) -> list[str]:
-    """Hosts pyinfra could not connect to, from its output (``[host] Could not connect``)."""
-    return re.findall(r"^\s*\[([^\]]+)\] Could not connect", output, re.MULTILINE)
+    that was never verified, or whose rollback failed, stays out."""
+    return r.status in ("done", "converged", "rolled-back") or r.rollback == "unchanged"
 
 
 def _indent(text: str, prefix: str = "      ") -> str:

@@ -5,7 +5,8 @@ stages read each host exactly as a deploy would, and record, without changing an
 the unit's state and uptime, the release and its sglang version, the patch state, one poll
 of ``/health`` and ``/v1/models``, the time of the last successful verification, and the
 drift: the operations a deploy would run now (an empty list means the host is exactly what
-the deploy would make it). A host without a record did not answer or has invalid data.
+the deploy would make it). A host without a plan record is explained by its outcome record
+(``shell/outcomes.py``: unreachable, its typed error, or no result), not by pyinfra's text.
 
 With a ``routers`` group, the router too (``router`` in ``--json``: its ``url`` and its
 ``workers``, each with ``host``, ``url`` and ``state`` as the router reports it).
@@ -19,24 +20,33 @@ nothing or bad --data (nothing contacted).
 from __future__ import annotations
 
 import json
-import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sglang_deploy.commands import common
 
+if TYPE_CHECKING:
+    from sglang_deploy.core.outcome import HostOutcome
 
-def rows_from_plans(hosts: list[str], plans: Path, output: str) -> list[dict]:
-    """Pure-ish: one status row per host from the plan files and the pyinfra output."""
+
+def rows_from_plans(hosts: list[str], plans: Path, outcomes: dict[str, HostOutcome],
+                    fallback: str = "") -> list[dict]:
+    """Pure-ish: one status row per host from the plan files and, for a host without one, its
+    outcome record (OUTCOMES: ``shell.outcomes.read``): unreachable, its error, or no result
+    (then FALLBACK, pyinfra's own last error, is shown)."""
+    from sglang_deploy.core import outcome
+
     rows = []
     for name in hosts:
         path = plans / f"{name}.json"
         if not path.exists():
-            m = re.search(rf"\[{re.escape(name)}\]\s*Could not connect", output)
-            rows.append({"host": name, "reachable": False if m else None,
-                         "problem": common.host_error(output, name),
-                         "in_sync": None, "healthy": False})
+            o = outcomes.get(name) or outcome.decide(name, None)
+            problem = o.message + (f"\n{fallback}" if o.kind == outcome.MISSING and fallback else "")
+            rows.append({"host": name,
+                         "reachable": False if o.kind == outcome.UNREACHABLE else None,
+                         "problem": problem, "in_sync": None, "healthy": False})
             continue
         p = json.loads(path.read_text())
         row = {"host": name, "reachable": True, **{k: v for k, v in p.items() if k != "host"}}
@@ -114,16 +124,20 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
             data: list[str] | None = None) -> list[dict]:
     """Rows of the hosts INVENTORY and LIMIT select (checked before any connection: a missing
     inventory, a limit that matches nothing or bad data raise, exit status 2)."""
-    from sglang_deploy.shell import routing, runner
+    from sglang_deploy.shell import outcomes, routing, runner
     from sglang_deploy.shell.hosts import select
+    from sglang_deploy.shell.plan import PLAN_ENV
 
     chosen = select(inventory, limit, data, cwd=cwd).hosts
     serving = {name for name, _ in routing.fleet(inventory, cwd).workers}  # not routers
     hosts = [h for h in chosen if h in serving]
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
+        plans, records = Path(tmp) / "plans", Path(tmp) / "outcomes"
         run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
-                                 cwd=cwd, env={"SGLANG_DEPLOY_PLAN_DIR": tmp})
-        return rows_from_plans(hosts, Path(tmp), run.output)
+                                 cwd=cwd, env={PLAN_ENV: str(plans),
+                                               outcomes.OUTCOMES_ENV: str(records)})
+        return rows_from_plans(hosts, plans, outcomes.read(records, hosts),
+                               fallback=common.host_error(run.output))
 
 
 def add_parser(sub) -> None:

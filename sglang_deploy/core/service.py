@@ -272,6 +272,10 @@ class RollbackPlan:
     restart: bool
 
 
+#: ``RollbackError.details["reason"]`` of a host that never passed verification
+NO_KNOWN_GOOD = "no-known-good"
+
+
 def rollback_plan(host_name: str, hoststate: Mapping[str, Any], root: str) -> RollbackPlan:
     """What a rollback does on a host, from its state (raises RollbackError when there is
     nothing to roll back to)."""
@@ -281,7 +285,8 @@ def rollback_plan(host_name: str, hoststate: Mapping[str, Any], root: str) -> Ro
             what=f"a known-good configuration on {host_name} ({root}/known-good/)",
             found="none: this host never passed verification",
             fix="nothing to roll back to: fix the cause and deploy it "
-                "(`pyinfra INVENTORY deploy.py --limit HOST`)")
+                "(`pyinfra INVENTORY deploy.py --limit HOST`)",
+            details={"reason": NO_KNOWN_GOOD})
     params = kg["record"]
     if not (hoststate["releases"].get(params["release"]) or {}).get("complete"):
         raise RollbackError(

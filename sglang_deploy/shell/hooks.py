@@ -1,5 +1,6 @@
 """pyinfra hooks of deploy.py (installed by config.py): data validation before any connection,
-the host-side deploy lock held for the whole connection, a clear message for a lost connection.
+the host-side deploy lock held for the whole connection, a clear message for a lost connection,
+and each host's outcome record (``shell/outcomes.py``) for the commands that ran pyinfra.
 
 pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.init`` runs
 after that, so ``install`` wraps this state's ``init``: as soon as the inventory exists, the
@@ -29,7 +30,7 @@ from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast, routing
+from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
 from sglang_deploy.shell.plan import PLAN_ENV
 
@@ -72,6 +73,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
         except errors.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
+            outcomes.failed(each.name, exc, "data")
             raise
     refuse_groups(routing.groups(inventory))
 
@@ -193,7 +195,9 @@ class ExplainLostConnection(BaseStateCallback):
             common = os.path.commonprefix(names)
             names = [common.rsplit(" ", 1)[0] + " …" if " " in common else " / ".join(names)]
         address = host.data.get("ssh_hostname") or host.name
-        logger.error(host.print_prefix + lost_connection_message(host.name, address, names[0]))
+        message = lost_connection_message(host.name, address, names[0])
+        logger.error(host.print_prefix + message)
+        outcomes.note_error(host.name, {"type": "ConnectionLost", "message": message})
 
 
 def no_delay(client) -> bool:
@@ -229,6 +233,13 @@ class HoldDeployLock(BaseStateCallback):
         self.held: dict[str, tuple] = {}
 
     def host_connect(self, state, host):  # type: ignore[override]
+        try:
+            self.hold(host)
+        except errors.SglangDeployError as exc:
+            outcomes.failed(host.name, exc, "connect")
+            raise
+
+    def hold(self, host) -> None:
         client = getattr(host.connector, "client", None)
         if client is None or not hasattr(client, "exec_command"):
             return  # not SSH (e.g. @local): nothing to hold
@@ -284,8 +295,9 @@ def install(state) -> None:
     operation order and argument types (``pyinfrafast``), data validation as soon as the
     inventory exists, TCP_NODELAY and then the deploy lock after each connection,
     clear messages for a changed host key and a lost connection, typed errors without
-    tracebacks; an empty inventory or a --limit matching no host stops the run
-    (``check_selection``), and deploy files may then run (``require_checked``)."""
+    tracebacks, each host's outcome record (``outcomes.Recorder``); an empty inventory or a
+    --limit matching no host stops the run (``check_selection``), and deploy files may then
+    run (``require_checked``)."""
     pyinfrafast.install()  # before any operation is added
     logger.addFilter(TypedErrorsWithoutTraceback())
 
@@ -300,7 +312,9 @@ def install(state) -> None:
     def init(inventory, config, initial_limit=None, **kwargs):
         global _checked
         result = original(inventory, config, initial_limit=initial_limit, **kwargs)
-        for each in handlers:
+        # each host's outcome record (last: the handlers above note what it records)
+        recorder = outcomes.install(state, state.cwd, dry=bool(cli_params().get("dry")))
+        for each in [*handlers, recorder]:
             state.add_callback_handler(each)
         check_selection(inventory, initial_limit, cli_params(), state.cwd)
         validate_inventory(inventory, state.cwd)

@@ -19,21 +19,29 @@ from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.operations import files
 
 from sglang_deploy.core.errors import PreflightError, SglangDeployError
+from sglang_deploy.shell import outcomes
 
 
 def reported(function):
     """Wrap a function run on the host's turn (``python.call``, ``FunctionCommand``): a
     tool error is logged as its own message (expected / found / fix), not as a Python
-    traceback, and fails the operation."""
+    traceback, and fails the operation. Either error, typed or not, is the host's error in its
+    outcome record (``outcomes.note_error``)."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
         except SglangDeployError as exc:
+            outcomes.note_error(host.name, exc)
             logger.error("\n".join(f"{host.print_prefix}{line}" if i == 0 else f"    {line}"
                                    for i, line in enumerate(exc.message.splitlines())))
             raise NestedOperationError(exc.headline()) from exc
+        except NestedOperationError:
+            raise
+        except Exception as exc:
+            outcomes.note_error(host.name, exc)
+            raise
 
     return wrapper
 

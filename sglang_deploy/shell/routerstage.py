@@ -25,7 +25,7 @@ from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import DataError, RouterError
 from sglang_deploy.core.unit import render_secrets_env
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell import releaseops, routing, stages
+from sglang_deploy.shell import outcomes, releaseops, routing, stages
 from sglang_deploy.shell.facts import REMOTE, SglangHostState, stdin_script
 
 SECRETS_DIR = "/etc/smg"
@@ -81,6 +81,7 @@ def servers_done(what: str):
     yield from ()
 
 
+@outcomes.stage("router")
 @deploy("Router: SMG release, key, unit, (re)start, verify")
 def router_stage():
     if routing.has_routers(state.inventory):

@@ -30,7 +30,7 @@ from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving, wait_serving, wait_until_ready
-from sglang_deploy.shell import jitcheck, p2pview, plan, releaseops, routing
+from sglang_deploy.shell import jitcheck, outcomes, p2pview, plan, releaseops, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -162,6 +162,7 @@ def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflig
                                    f"--dist-init-addr {addr}"), group.group_environment(ifname)
 
 
+@outcomes.stage("preflight")
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage():
     settings = routing.settings(host, state.inventory)
@@ -214,6 +215,7 @@ def preflight_stage():
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
 
 
+@outcomes.stage("runtime")
 @deploy("Runtime: user, folders, uv, release venv, autotune patch")
 def runtime_stage():
     ctx = context()
@@ -323,6 +325,7 @@ def _serving_poll(s: datamod.Settings):
                          secrets=service.SECRETS_FILE, python=s.sglang_system_python)
 
 
+@outcomes.stage("service")
 @deploy("Service: launch flags, secrets, systemd unit, (re)start")
 def service_stage():
     ctx = context()
@@ -411,6 +414,7 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
         f"printf '%s\\n' {q(json.dumps(summary, sort_keys=True))} > {q(lay.last_verified)}",
         print_output=False)
     report.emit(summary)
+    outcomes.verified(summary)  # the host's outcome record: its action and this summary
 
 
 def verify_and_record(s: datamod.Settings, params: dict, action: str) -> None:
@@ -444,6 +448,7 @@ def _action(started, restarted) -> str | None:
     return None
 
 
+@outcomes.stage("verify")
 @deploy("Verify: block until the model really serves")
 def verify_stage():
     ctx = context()
@@ -471,6 +476,7 @@ def verify_stage():
         host.noop("the service was not (re)started: nothing to verify")
 
 
+@outcomes.stage("rollback")
 @deploy("Rollback: back to the last known-good configuration")
 def rollback_stage():
     """Restore the unit, secrets and release that last passed verification on this host,

@@ -372,10 +372,14 @@ def test_host_error_gives_pyinfras_own_line_for_the_host():
 
 
 def test_status_row_of_a_silent_host_carries_its_real_error(tmp_path):
-    out = "    [d] Error: sudo: a password is required\n"
-    row = status.rows_from_plans(["d"], tmp_path, out)[0]
-    assert row["problem"] == "Error: sudo: a password is required"
-    assert "see the pyinfra output" not in row["problem"]
+    """No plan record: the host's outcome record says why (its failed command's own words)."""
+    from sglang_deploy.core import outcome
+
+    got = {"d": outcome.decide("d", outcome.record("d", "failed", "preflight", error=outcome.operation_error(
+        "Host state", ["sudo: a password is required"])))}
+    row = status.rows_from_plans(["d"], tmp_path, got, fallback="--> pyinfra error: No hosts remaining!")[0]
+    assert row["problem"] == "the operation `Host state` failed on the host\nsudo: a password is required"
+    assert "see the pyinfra output" not in row["problem"] and "No hosts remaining" not in row["problem"]
 
 
 # ------------------------------------------------------------------ tables

@@ -361,10 +361,16 @@ def test_remote_mode_turns_options_into_data_and_reads_the_plan_records(tmp_path
         {"host": "h1", "checks": [{"name": "gpu-count", "status": "pass", "message": "8 GPUs"},
                                   {"name": "p2p-bandwidth", "status": "fail", "message": "slow"}],
          "nccl_env": {}, "p2p_matrix": "m"}))
-    report = doctor_remote.host_report("h1", tmp_path, "")
+    report = doctor_remote.host_report("h1", tmp_path)
     assert report["status"] == "fail" and report["p2p_matrix"] == "m"
-    missing = doctor_remote.host_report("h2", tmp_path, "[h2] Could not connect (timed out)\n")
-    assert missing["status"] == "fail" and "Could not connect" in missing["error"]
+    from sglang_deploy.core import outcome
+
+    down = outcome.decide("h2", outcome.record(
+        "h2", "unreachable", "connect", error=outcome.unreachable_error("Could not connect (timed out)")))
+    missing = doctor_remote.host_report("h2", tmp_path, down, fallback="pyinfra's words")
+    assert missing["status"] == "fail" and missing["error"] == "Could not connect (timed out)"
+    none = doctor_remote.host_report("h3", tmp_path, outcome.decide("h3", None), "--> pyinfra error: x")
+    assert none["error"].startswith("no outcome record") and none["error"].endswith("pyinfra error: x")
 
 
 def test_limit_without_inventory_is_a_usage_error(capsys):

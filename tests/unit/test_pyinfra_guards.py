@@ -36,15 +36,15 @@ def inv(tmp_path) -> str:
 
 def env(tmp_path) -> dict:
     """No wheel download from anywhere but loopback (the data check of a run that gets that
-    far warns instead), an empty flag cache, no pip.conf."""
+    far warns instead), an empty flag cache, no pip.conf, outcome records in TMP_PATH."""
     return {**os.environ, "SGLANG_DEPLOY_CACHE": str(tmp_path / "cache"),
             "SGLANG_DEPLOY_WHEEL_CACHE": str(tmp_path / "wheels"), "PIP_CONFIG_FILE": "/dev/null",
             "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
-            "PYINFRA_PROGRESS": "off"}
+            "PYINFRA_PROGRESS": "off", "SGLANG_DEPLOY_OUTCOMES": str(tmp_path / "outcomes")}
 
 
-def pyinfra(tmp_path, *argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(BIN / "pyinfra"), "-y", *argv], cwd=cwd, env=env(tmp_path),
+def pyinfra(tmp_path, *argv: str, cwd: Path = REPO, **extra: str) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(BIN / "pyinfra"), "-y", *argv], cwd=cwd, env={**env(tmp_path), **extra},
                        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
                        check=False)
     r.both = r.stdout + r.stderr  # type: ignore[attr-defined]
@@ -169,3 +169,58 @@ def test_an_inventory_with_all_its_data_needs_no_group_data(tmp_path, monkeypatc
         monkeypatch.setenv(key, value)
     chosen = hosts.select("inv.py", ["gpu-node-2"], cwd=tmp_path)
     assert chosen.hosts == ["gpu-node-2"]
+
+
+# ------------------------------------------------------------------ outcome records
+
+def outcome_records(folder: Path) -> dict[str, dict]:
+    import json
+
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def test_a_host_that_cannot_be_reached_leaves_an_unreachable_record(tmp_path, inv):
+    """The connection's failure is the host's record (``Recorder.host_connect_error``); a
+    host outside --limit gets none."""
+    r = pyinfra(tmp_path, inv, "deploy.py", "--limit", "gpu-node-1",
+                SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "o"))
+    assert r.returncode != 0, r.both
+    records = outcome_records(tmp_path / "o")
+    assert list(records) == ["gpu-node-1"]
+    rec = records["gpu-node-1"]
+    assert (rec["outcome"], rec["stage"], rec["error"]["type"]) == ("unreachable", "connect", "unreachable")
+    assert "port 9 on 127.0.0.1" in rec["error"]["message"]
+
+
+def test_a_stage_that_fails_leaves_its_typed_error_and_the_stage(tmp_path):
+    (tmp_path / "local.py").write_text(
+        'gpu_hosts = ([("@local", {"sglang_model_path": "/srv/models/m", '
+        '"sglang_lock": "locks/testbed.txt", "sglang_system_python": "/nonexistent/python3"})],'
+        ' {})\n')
+    r = pyinfra(tmp_path, "--dry", str(tmp_path / "local.py"), "deploy.py",
+                SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "o"))
+    assert r.returncode != 0, r.both
+    rec = outcome_records(tmp_path / "o")["@local"]
+    assert (rec["outcome"], rec["stage"], rec["phase"], rec["dry"]) == ("failed", "preflight", "prepare", True)
+    assert rec["error"]["type"] == "RuntimeSetupError"
+    assert "/nonexistent/python3: not found" in rec["error"]["found"]
+    assert rec["error"]["message"].startswith("runtime setup failed: expected the host-state read")
+
+
+def test_a_finished_run_leaves_passed_and_a_failed_command_its_output(tmp_path):
+    """Any pyinfra run with the project's config.py (here `exec`, as rollout's reachability
+    check): passed once every operation ran; a command that fails: its operation and output."""
+    (tmp_path / "local.py").write_text(
+        'gpu_hosts = ([("@local", {"sglang_model_path": "/srv/models/m", '
+        '"sglang_lock": "locks/testbed.txt"})], {})\n')
+    ok = pyinfra(tmp_path, str(tmp_path / "local.py"), "exec", "--", "true",
+                 SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "ok"))
+    assert ok.returncode == 0, ok.both
+    rec = outcome_records(tmp_path / "ok")["@local"]
+    assert (rec["outcome"], rec["phase"], rec["error"]) == ("passed", "done", None)
+    bad = pyinfra(tmp_path, str(tmp_path / "local.py"), "exec", "--", "echo boom >&2; false",
+                  SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "bad"))
+    assert bad.returncode != 0, bad.both
+    rec = outcome_records(tmp_path / "bad")["@local"]
+    assert (rec["outcome"], rec["phase"], rec["error"]["type"]) == ("failed", "execute", "OperationError")
+    assert rec["error"]["message"].endswith("failed on the host\nboom")

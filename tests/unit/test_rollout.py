@@ -1,15 +1,24 @@
-"""Rollout planning, verdicts and plan/status records (pure parts)."""
+"""Rollout planning, verdicts, its decisions from the outcome records, and plan/status records
+(pure parts)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+from sglang_deploy.commands import common, rollout, status
+from sglang_deploy.commands.progress import HostProgress
+from sglang_deploy.commands.rollout import HostResult, batches, plan_order
+from sglang_deploy.core import outcome
+from sglang_deploy.core.errors import (
+    DataError,
+    RollbackError,
+    RuntimeSetupError,
+    UsageError,
+    VerifyError,
+)
+from sglang_deploy.core.service import NO_KNOWN_GOOD
 from sglang_deploy.shell import plan
-from sglang_deploy.commands import rollout
-from sglang_deploy.commands import status
-from sglang_deploy.commands import common
-from sglang_deploy.core.errors import UsageError
-from sglang_deploy.commands.rollout import HostResult, batches, outcome, plan_order
 
 HOSTS = ["a", "b", "c", "d"]
 
@@ -35,11 +44,12 @@ def test_batches_keep_the_canary_alone():
 
 
 def test_outcome_names_the_halting_host_and_shouts_about_failed_rollbacks():
-    ok, text = outcome([HostResult("a", "done"), HostResult("b", "converged")])
+    verdict = rollout.outcome
+    ok, text = verdict([HostResult("a", "done"), HostResult("b", "converged")])
     assert ok and "2 host(s) verified" in text
-    ok, text = outcome([HostResult("a", "done"), HostResult("b", "rolled-back"), HostResult("c")])
+    ok, text = verdict([HostResult("a", "done"), HostResult("b", "rolled-back"), HostResult("c")])
     assert not ok and "halted at b" in text and "1 host(s) untouched" in text
-    ok, text = outcome([HostResult("a", "rollback-failed"), HostResult("b")])
+    ok, text = verdict([HostResult("a", "rollback-failed"), HostResult("b")])
     assert not ok and text.startswith("ROLLBACK FAILED on a")
 
 
@@ -74,12 +84,21 @@ def test_status_rows_report_drift_unreachable_and_failed_preflight(tmp_path):
                                                  "health": 200, "unit": "active/running"}))
     (tmp_path / "c.json").write_text(json.dumps({"host": "c", "preflight": "fail", "changes": None,
                                                  "failed": [{"name": "cuda-probe", "message": "cuInit 999", "fix": "x"}]}))
-    output = "    [d] Could not connect (timed out)\n"
-    rows = {r["host"]: r for r in status.rows_from_plans(["a", "b", "c", "d"], tmp_path, output)}
+    got = {"d": outcome.decide("d", outcome.record(
+               "d", "unreachable", "connect", error=outcome.unreachable_error("Could not connect (timed out)"))),
+           "e": outcome.decide("e", outcome.record("e", "failed", "preflight", error=outcome.error_of(
+               RuntimeSetupError(what="the host-state read to print JSON", found="not found")))),
+           "f": outcome.decide("f", None)}
+    rows = {r["host"]: r for r in status.rows_from_plans(["a", "b", "c", "d", "e", "f"], tmp_path,
+                                                         got, fallback="--> pyinfra error: boom")}
     assert rows["a"]["in_sync"] is True and rows["a"]["healthy"] is True
     assert rows["b"]["in_sync"] is False and rows["b"]["changes"] == ["Unit /etc/systemd/system/sglang.service"]
     assert rows["c"]["healthy"] is False and "cuInit 999" in rows["c"]["problem"]
-    assert rows["d"]["reachable"] is False and "Could not connect" in rows["d"]["problem"]
+    assert rows["d"]["reachable"] is False and rows["d"]["problem"] == "Could not connect (timed out)"
+    assert rows["e"]["reachable"] is None and rows["e"]["healthy"] is False
+    assert rows["e"]["problem"].startswith("runtime setup failed: expected the host-state read")
+    assert rows["f"]["reachable"] is None and rows["f"]["problem"].startswith("no outcome record")
+    assert rows["f"]["problem"].endswith("\n--> pyinfra error: boom")  # pyinfra's words, shown only
 
 
 def test_error_excerpt_finds_the_verify_error_before_pyinfras_last_words():
@@ -104,8 +123,94 @@ def test_release_pruning_keeps_the_newest_and_never_a_protected_one():
     assert releases_to_prune(rel, keep=5, protected=set()) == []
 
 
-def test_unreachable_hosts_are_named_from_pyinfras_output():
-    out = ("    [tb1] Connected\n"
-           "    [tb3] Could not connect ([Errno None] Unable to connect to port 22 on 10.213.0.13)\n"
-           "--> pyinfra error: Over 0% of hosts failed (33%)\n")
-    assert rollout.unreachable(out) == ["tb3"]
+
+# ------------------------------------------------------------------ decisions from the records
+
+def rec(host, kind, stage="verify", **kw):
+    return outcome.decide(host, outcome.record(host, kind, stage, **kw))
+
+
+VERIFIED = {"release": "r2", "sglang_version": "0.5.12.post1", "time_to_ready_s": 40.0}
+
+
+def test_the_reachability_check_passes_only_hosts_whose_run_passed():
+    got = {"a": rec("a", "passed", "connect"),
+           "b": rec("b", "unreachable", "connect", error=outcome.unreachable_error("timed out")),
+           "c": rec("c", "failed", "data", error=outcome.error_of(DataError(key="k", what="x"))),
+           "d": rec("d", "interrupted", "connect"), "e": outcome.decide("e", None)}
+    assert rollout.answered(got) == ["b", "c", "d", "e"]
+    assert rollout.failure_text(got["b"]) == "did not answer over SSH: timed out"
+
+
+def test_a_deployed_host_is_done_or_converged_only_when_verified_in_this_run():
+    assert rollout.after_deploy(rec("a", "passed", action="restarted", summary=VERIFIED)) == (
+        "done", "restarted; sglang 0.5.12.post1 release r2", 40.0)
+    status, message, _ = rollout.after_deploy(rec("a", "passed", action="converged", summary=VERIFIED))
+    assert status == "converged" and message.startswith("converged;")
+    assert rollout.after_deploy(rec("a", "passed", "router", action="unchanged"))[0] == "failed"
+
+
+def test_a_failed_deploy_carries_the_hosts_own_error():
+    err = outcome.error_of(VerifyError(what="the server to serve", found="exited in phase `autotune`"))
+    status, message, ready = rollout.after_deploy(rec("b", "failed", phase="execute", error=err))
+    assert (status, ready) == ("failed", None)
+    assert message.startswith("verification failed: expected the server to serve") and "autotune" in message
+    status, message, _ = rollout.after_deploy(rec("c", "interrupted", "service",
+                                                   note="the run stopped when b failed"))
+    assert status == "failed" and message.startswith("no result: the run stopped when b failed")
+    assert rollout.after_deploy(outcome.decide("d", None))[0] == "failed"
+
+
+def test_a_rollback_is_judged_by_its_record():
+    assert rollout.after_rollback(rec("b", "passed", action="rolled-back", summary={"release": "r1"})) == (
+        "rolled-back", "rolled back to release r1, restarted and verified serving")
+    status, line = rollout.after_rollback(rec("b", "passed", action="unchanged", summary={"release": "r1"}))
+    assert status == "failed" and line.startswith("still on its known-good release r1")
+    assert rollout.verified_after_rollback(HostResult("b", status, rollback="unchanged"))
+    assert not rollout.verified_after_rollback(HostResult("b", "failed"))
+    never = RollbackError(what="a known-good configuration", found="none",
+                          details={"reason": NO_KNOWN_GOOD})
+    status, line = rollout.after_rollback(rec("b", "failed", "rollback", error=outcome.error_of(never)))
+    assert status == "failed" and line.startswith("nothing to roll back to")
+    broken = RollbackError(what="the known-good release r1 installed", found="its venv is missing")
+    status, line = rollout.after_rollback(rec("b", "failed", "rollback", error=outcome.error_of(broken)))
+    assert status == "rollback-failed" and "its venv is missing" in line
+    status, line = rollout.after_rollback(outcome.decide("b", None))
+    assert status == "rollback-failed" and line.startswith("ROLLBACK FAILED: no outcome record")
+
+
+def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch):
+    """A deploy batch and its rollback, pyinfra's run faked: each run writes records into the
+    folder the rollout names; its printed text says the opposite and is not read."""
+    import io
+
+    from sglang_deploy.shell import outcomes, runner
+
+    runs = []
+
+    def fake(inventory, deploy_file, *, limit=(), env=None, on_line=None, **kw):
+        folder = Path(env[outcomes.OUTCOMES_ENV])
+        runs.append((deploy_file, list(limit)))
+        if deploy_file == "deploy.py":
+            outcomes.write_json(folder, "a", outcome.record(
+                "a", "passed", "verify", action="restarted", summary=VERIFIED))
+            outcomes.write_json(folder, "b", outcome.record("b", "failed", "verify", error=outcome.error_of(
+                VerifyError(what="the server to serve", found="exited in phase `autotune`"))))
+        else:
+            outcomes.write_json(folder, "b", outcome.record(
+                "b", "passed", "rollback", action="rolled-back", summary={"release": "r1"}))
+        text = "    [a] Could not connect\n    Grand total   -\nnever passed verification\n"
+        return runner.Run(argv=[], rc=1 if deploy_file == "deploy.py" else 0, output=text, seconds=2.0)
+
+    monkeypatch.setattr(runner, "run_pyinfra", fake)
+    r = rollout.Rollout(inventory="inv.py", out=io.StringIO(),
+                        progress=HostProgress(out=io.StringIO()))
+    results = {h: HostResult(h) for h in ("a", "b", "c")}
+    assert r.deploy_batch(1, ["a", "b"], results, tmp_path) is False
+    assert (results["a"].status, results["a"].action, results["a"].restart_to_ready_s) == ("done", "restarted", 40.0)
+    assert results["b"].status == "failed" and "phase `autotune`" in results["b"].message
+    r.rollback(["a", "b"], results, tmp_path)
+    assert runs == [("deploy.py", ["a", "b"]), ("rollback.py", ["b"])]
+    assert results["b"].status == "rolled-back" and results["b"].message.endswith("verified serving")
+    assert results["b"].rollback == "rolled-back" and rollout.verified_after_rollback(results["b"])
+    assert results["c"].status == "untouched"
