@@ -14,7 +14,7 @@ from sglang_deploy.commands import bench
 from sglang_deploy.core.service import SECRETS_FILE
 from sglang_deploy.shell import routing
 
-settings = routing.settings(host, state.inventory)
+settings = routing.settings_of(host, state)
 python.call(
     name="Benchmark: python -m sglang.bench_serving per concurrency level, record the figures",
     function=bench.bench_host,

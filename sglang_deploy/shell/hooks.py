@@ -27,6 +27,7 @@ import gevent
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
+from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, lockedflags, pyinfrafast, routing
@@ -47,17 +48,21 @@ def _lock_text(path: str, mtime_ns: int, size: int) -> str:
     return Path(path).read_text()
 
 
-def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning) -> None:
+def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
+                       ) -> dict[str, datamod.Settings]:
     """Resolve every host's data (a routed fleet's workers as ``routing.settings`` gives
     them), check that its lock file exists on the controller and, for a server, that the lock
     pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
     sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
-    here); raise the first ``DataError``, naming the host."""
+    here); raise the first ``DataError``, naming the host. Returns each host's Settings
+    (host name -> Settings): the run resolves them once, here."""
+    resolved: dict[str, datamod.Settings] = {}
     for each in inventory:
         try:
             settings = routing.settings(each, inventory)
             key = "router_lock" if routing.is_router(each) else "sglang_lock"
-            lock = Path(cwd or ".") / getattr(settings, key)
+            lock = Path(cwd or ".") / (settings.router_lock if key == "router_lock"
+                                       else settings.sglang_lock)
             if not lock.is_file():
                 raise errors.DataError(
                     key=key, what=f"the lock file named by `{key}` exists",
@@ -73,6 +78,8 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
             raise
+        resolved[each.name] = settings
+    return resolved
 
 
 def cli_params() -> dict:
@@ -287,7 +294,8 @@ def install(state) -> None:
         for each in handlers:
             state.add_callback_handler(each)
         check_selection(inventory, initial_limit, cli_params(), state.cwd)
-        validate_inventory(inventory, state.cwd)
+        # each host's Settings, resolved once here, are what the stages read
+        routing.remember(state, validate_inventory(inventory, state.cwd))
         _checked = True
         return result
 

@@ -81,16 +81,6 @@ class Context:
                                      patch_state=self.patch_state, nccl_env=self.nccl_env)
 
 
-_CONTEXTS: dict[str, Context] = {}
-
-
-def context() -> Context:
-    ctx = _CONTEXTS.get(host.name)
-    if ctx is None:
-        raise RuntimeError("stages.preflight_stage() must run first")
-    return ctx
-
-
 def lock_info(lock_file: str, key: str = "sglang_lock", parse=service.release_of_lock,
               fix: str = "run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`"
               ) -> tuple[str, str, str]:
@@ -142,8 +132,10 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
 
 
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
-def preflight_stage():
-    settings = routing.settings(host, state.inventory)
+def preflight_stage() -> Context:
+    """The pre-flight of this host; returns its ``Context``, which deploy.py hands to the
+    next stages."""
+    settings = routing.settings_of(host, state)
     layout = Layout.of(settings)
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state and GPU snapshot, run at once
@@ -165,7 +157,6 @@ def preflight_stage():
                       count=settings.gpu_expected_count, model=settings.gpu_expected_model,
                       min_driver=settings.gpu_min_driver, p2p_policy=settings.gpu_p2p_policy,
                       min_gbps=settings.gpu_p2p_min_gbps))
-    _CONTEXTS[host.name] = ctx
 
     record, last_verified = hs.get("p2p_verified"), hs.get("last_verified")
     # Peer copies need GPU memory the running server holds; while it serves, the verdict of
@@ -187,11 +178,11 @@ def preflight_stage():
     p2pview.show(checks, record=kind == "p2p", policy=settings.gpu_p2p_policy)
     plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
+    return ctx
 
 
 @deploy("Runtime: user, folders, uv, release venv, autotune patch")
-def runtime_stage():
-    ctx = context()
+def runtime_stage(ctx: Context):
     s, hs, lay = ctx.settings, ctx.hoststate, ctx.layout
     paths = hs["paths"]  # the host-state read reports every folder and file below
     if s.sglang_user not in hs["users"]:
@@ -299,8 +290,7 @@ def _serving_poll(s: datamod.Settings):
 
 
 @deploy("Service: launch flags, secrets, systemd unit, (re)start")
-def service_stage():
-    ctx = context()
+def service_stage(ctx: Context):
     s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
     rel = hs["releases"].get(ctx.release_id) or {}
     # the controller's cache of parsed ``server_args.py`` files (``flagcache``)
@@ -420,8 +410,7 @@ def _action(started, restarted) -> str | None:
 
 
 @deploy("Verify: block until the model really serves")
-def verify_stage():
-    ctx = context()
+def verify_stage(ctx: Context):
     s = ctx.settings
     started, restarted = ctx.ops["started"], ctx.ops["restarted"]
     may_restart = started.will_change or restarted is not None
@@ -451,7 +440,7 @@ def rollback_stage():
     """Restore the unit, secrets and release that last passed verification on this host,
     restart, and verify by that configuration's own standards. A host that already runs its
     known-good configuration and serves is only checked, never restarted."""
-    s = routing.settings(host, state.inventory)
+    s = routing.settings_of(host, state)
     lay = Layout.of(s)
     hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
                        secrets=lay.secrets_file, python=s.sglang_system_python)
