@@ -103,7 +103,7 @@ def outcome(results: list[HostResult]) -> tuple[bool, str]:
 
 
 def report_from_reports(batch: list[str], report_dir: Path) -> dict[str, dict]:
-    """Per-host verification summaries written by the deploy (report.emit) in REPORT_DIR."""
+    """Per-host verification summaries written by the deploy (reports.emit) in REPORT_DIR."""
     return {name: json.loads((report_dir / f"{name}.json").read_text()) for name in batch
             if (report_dir / f"{name}.json").exists()}
 

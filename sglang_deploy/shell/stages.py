@@ -28,8 +28,8 @@ from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
-from sglang_deploy.core.verify import Verifier, check_serving, wait_serving, wait_until_ready
-from sglang_deploy.shell import jitcheck, p2pview, plan, releaseops, routing
+from sglang_deploy.core.verify import Verifier, check_serving
+from sglang_deploy.shell import jitcheck, p2pview, plan, releaseops, reports, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -39,6 +39,7 @@ from sglang_deploy.shell.facts import (
     ServingProbe,
     SglangHostState,
 )
+from sglang_deploy.shell.verifyloop import wait_serving, wait_until_ready
 
 
 @dataclass
@@ -375,7 +376,7 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
         f"printf '%s\\n' {q(record)} > {q(kg + '/record.tmp')}; mv -f {q(kg + '/record.tmp')} {q(kg + '/record.json')}; "
         f"printf '%s\\n' {q(json.dumps(summary, sort_keys=True))} > {q(lay.last_verified)}",
         print_output=False)
-    report.emit(summary)
+    reports.emit(summary)
 
 
 def verify_and_record(s: datamod.Settings, params: dict, action: str) -> None:

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from sglang_deploy.commands import bench, htmlreport
-from sglang_deploy.core import fleetreport, preflight, report
+from sglang_deploy.core import fleetreport, preflight
+from sglang_deploy.shell import reports as reportfiles
 
 HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
 
@@ -54,7 +55,7 @@ def write_state(root: Path) -> Path:
                                                          {"starting": 2.0, "loading": 20.0})))
     for host, n, slow, bad in (("gpu-a", 8, {(1, 4)}, {(2, 6)}), ("gpu-b", 2, (), ())):
         cells = preflight.p2p_cells(n, None, probe(n, slow, bad), 10.0)
-        report.write_p2p(host, {"host": host, "measured_at": "2026-12-01T09:00:00+00:00",
+        reportfiles.write_p2p(host, {"host": host, "measured_at": "2026-12-01T09:00:00+00:00",
                                 "gpus": n, "min_gbps": 10.0, "policy": "require", "cells": cells,
                                 "checks": [{"name": "p2p-data", "status": "pass", "message": "ok"}]},
                          folder=state / "p2p")
