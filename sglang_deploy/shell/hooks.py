@@ -61,8 +61,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
         try:
             settings = routing.settings(each, inventory)
             key = "router_lock" if routing.is_router(each) else "sglang_lock"
-            lock = Path(cwd or ".") / (settings.router_lock if key == "router_lock"
-                                       else settings.sglang_lock)
+            lock = Path(cwd or ".") / getattr(settings, key)
             if not lock.is_file():
                 raise errors.DataError(
                     key=key, what=f"the lock file named by `{key}` exists",

@@ -30,7 +30,8 @@ def raw_data(host, inventory) -> dict:
 
 def worker_url(name: str, raw: dict) -> str:
     """The URL of serving host NAME (its data RAW), as the router reaches it."""
-    return http_url(worker_address(raw, name), raw.get("sglang_port", datamod.KEYS["sglang_port"].default))
+    port = raw.get("sglang_port", datamod.KEYS["sglang_port"].default)
+    return http_url(worker_address(raw, name), port)
 
 
 def settings(host, inventory) -> datamod.Settings:

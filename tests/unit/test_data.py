@@ -143,7 +143,8 @@ def test_settings_is_a_frozen_dataclass_with_one_typed_field_per_key_and_the_tab
     import dataclasses
 
     fields = {f.name: f for f in dataclasses.fields(data.Settings)}
-    assert set(data.KEYS) <= set(fields) and set(fields) - set(data.KEYS) == {"secrets", "router_key"}
+    assert set(data.KEYS) <= set(fields)
+    assert set(fields) - set(data.KEYS) == {"secrets", "router_key"}
     s = resolve()
     for key in data.KEYS.values():
         assert set(getattr(fields[key.name].type, "__args__", (fields[key.name].type,))) == \
