@@ -1,7 +1,7 @@
 """pyinfra deploy file of `sglang-deploy bench` (run by it as `pyinfra -y INVENTORY THIS_FILE`).
 
 Runs SGLang's benchmark client on each host against its local server and records the
-figures (see sglang_deploy/commands/bench.py). It changes nothing of the deployment: it only writes
+figures (see sglang_deploy/shell/benchhost.py). It changes nothing of the deployment: it only writes
 the record under `<sglang_root>/bench/` and `.sglang-deploy/bench/<host>.jsonl`.
 """
 
@@ -10,16 +10,15 @@ import os
 from pyinfra import host, state
 from pyinfra.operations import python
 
-from sglang_deploy.commands import bench
 from sglang_deploy.core.service import SECRETS_FILE
-from sglang_deploy.shell import routing
+from sglang_deploy.shell import benchhost, routing
 
-settings = routing.settings(host, state.inventory)
+settings = routing.settings_of(host, state)
 python.call(
     name="Benchmark: python -m sglang.bench_serving per concurrency level, record the figures",
-    function=bench.bench_host,
+    function=benchhost.bench_host,
     settings=settings,
     secrets_file=SECRETS_FILE,
-    run_id=os.environ.get(bench.RUN_ID_ENV),
+    run_id=os.environ.get(benchhost.RUN_ID_ENV),
     cwd=state.cwd or ".",
 )

@@ -50,10 +50,10 @@ def read_summaries(state_dir: Path) -> dict[str, list[dict]]:
 
 def read_records(state_dir: Path, hosts: list[str]) -> tuple[dict, dict]:
     """(P2P record per host, benchmark entries per host) from the controller's folders."""
-    from sglang_deploy.commands import bench
+    from sglang_deploy.shell import benchhost
 
     p2p = {h: r for h in hosts if (r := _read_json(state_dir / "p2p" / f"{h}.json"))}
-    runs = {h: bench.read_local(h, state_dir.parent) for h in hosts}
+    runs = {h: benchhost.read_local(h, state_dir.parent) for h in hosts}
     return p2p, runs
 
 

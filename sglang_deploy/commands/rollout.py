@@ -171,6 +171,8 @@ class Rollout:
     out: object = sys.stdout
     json_out: object | None = None  # --json: the report goes here, all else to `out`
     progress: HostProgress = field(default_factory=HostProgress)  # one live line per host
+    #: the inventory loaded once (--data included) with each host's Settings (``run``)
+    selection: object = field(default=None, init=False, repr=False)
 
     def say(self, text: str) -> None:
         self.progress.print(text, self.out)
@@ -180,8 +182,11 @@ class Rollout:
         from sglang_deploy.shell import hosts as hostsel
         from sglang_deploy.shell import outcomes, routerctl, routing, runner
 
-        chosen = hostsel.select(self.inventory, self.limit, self.data, cwd=self.cwd)
-        serving = {name for name, _ in routing.fleet(self.inventory, self.cwd).workers}
+        # the inventory is loaded and every host's data resolved once, here, --data included
+        chosen = self.selection = hostsel.select(self.inventory, self.limit, self.data,
+                                                 cwd=self.cwd)
+        fleet = routing.fleet_of(chosen.inventory)
+        serving = {name for name, _ in fleet.workers}
         order = plan_order([h for h in chosen.all_hosts if h in serving], self.canary,
                            [h for h in chosen.hosts if h in serving] if self.limit else None)
         groups = batches(order, self.batch, self.canary)
@@ -224,7 +229,7 @@ class Rollout:
                                verdict="rollout not started: a host is unreachable or its data "
                                        "is invalid (see above); no host was touched")
 
-        fronts = routerctl.routers(self.inventory, self.cwd, self.data) if self.drain else []
+        fronts = routerctl.routers_of(fleet, chosen.settings) if self.drain else []
         try:
             for r in fronts:  # a router that cannot be reached stops here: no host touched yet
                 self.say(f"router {r.host} ({r.url}): " + ", ".join(
@@ -355,10 +360,12 @@ class Rollout:
     def promote(self, name: str) -> None:
         """The gate passed: the verified candidate becomes the host's known-good."""
         from sglang_deploy.core.errors import RolloutError
+        from sglang_deploy.core.sshtarget import target_from_data
         from sglang_deploy.shell import hostshell
 
-        target, data = hostshell.target(self.inventory, name, self.cwd)
-        root = hostshell.setting(data, "sglang_root")
+        target = target_from_data(name, self.selection.inventory.get_host(name).data.dict(),
+                                  str(Path(self.cwd).resolve()))
+        root = self.selection.settings[name].sglang_root
         q = shlex.quote
         with hostshell.connect(target) as cxn:
             status, _, err = hostshell.run(
@@ -376,7 +383,8 @@ class Rollout:
         self.say(f"HALT: rolling back {', '.join(failed)} to the last known-good configuration ...")
         records = run_dir / "rollback-outcomes"
         self.progress.update(failed, "rolling back")
-        run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, cwd=self.cwd,
+        run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, data=self.data,
+                                 cwd=self.cwd,
                                  env={outcomes.OUTCOMES_ENV: str(records),
                                       "SGLANG_DEPLOY_REPORTS": str(run_dir / "rollback-reports")},
                                  on_line=self.progress.feed)

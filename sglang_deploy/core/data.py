@@ -9,10 +9,13 @@ before-connect hook).
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
+import operator
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -215,33 +218,70 @@ KEYS: dict[str, Key] = {k.name: k for k in [
 
 PHASES = ("starting", "loading", "kv_cache", "autotune", "capture", "http", "warmup")
 
+#: the addresses that keep a server (or the router) off the network
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(address: str) -> bool:
+    return address in LOOPBACK or address.startswith("127.")
+
+
+def check_router_data(values: dict, has_key: bool) -> None:
+    """A router binding a non-loopback address must have an API key (raises DataError)."""
+    from sglang_deploy.core.errors import DataError
+
+    if not is_loopback(values["router_host"]) and not has_key:
+        raise DataError(key="router_host",
+                        what=f"binding the router to {values['router_host']} exposes the API "
+                             "to the network only with a key",
+                        found="no API key (`router_api_key_env` is not set)",
+                        fix="set `router_api_key_env` to the name of a controller environment "
+                            "variable holding the key, or bind `router_host: 127.0.0.1`")
+
+
 _FLAG_KEYS_OWNED = {
     "--host": "sglang_host", "--port": "sglang_port", "--api-key": "sglang_api_key_env",
     "--model-path": "sglang_model_path", "--served-model-name": "sglang_served_model_name",
 }
 
 
-@dataclass
-class Settings:
-    """Resolved data for one host (attributes = key names without changes)."""
+def _annotation(types: tuple) -> Any:
+    """The type annotation of a key's field: its types joined (``str | None``)."""
+    return functools.reduce(operator.or_, types)
 
-    values: dict[str, Any]
-    secrets: dict[str, str] = field(default_factory=dict, repr=False)
-    router_key: str | None = field(default=None, repr=False)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+def _field(key: Key) -> tuple:
+    """One key's field of ``Settings``: required keys have no default, mutable defaults are
+    copied per instance (the table's own value is never shared)."""
+    if key.required:
+        return key.name, _annotation(key.types)
+    if isinstance(key.default, (dict, list)):
+        return key.name, _annotation(key.types), field(
+            default_factory=functools.partial(copy.deepcopy, key.default))
+    return key.name, _annotation(key.types), field(default=key.default)
 
-    @property
-    def served_model_name(self) -> str:
-        return self.values["sglang_served_model_name"] or self.values["sglang_model_path"]
 
-    @property
-    def api_key(self) -> str | None:
-        return self.secrets.get("SGLANG_API_KEY")
+def _served_model_name(self) -> str:
+    return self.sglang_served_model_name or self.sglang_model_path
+
+
+def _api_key(self) -> str | None:
+    return self.secrets.get("SGLANG_API_KEY")
+
+
+#: Resolved data for one host: one typed field per key of ``KEYS`` (its name, type and
+#: default are the table's), plus the secrets read from the controller's environment.
+#: Made by ``resolve``; frozen: a stage reads it, never changes it.
+Settings = make_dataclass(
+    "Settings",
+    [*(_field(key) for key in KEYS.values()),
+     ("secrets", dict[str, str], field(default_factory=dict, repr=False)),
+     ("router_key", str | None, field(default=None, repr=False))],
+    namespace={"__doc__": "Resolved data for one host (attributes = key names without changes).",
+               "__module__": __name__,
+               "served_model_name": property(_served_model_name),
+               "api_key": property(_api_key)},
+    frozen=True, kw_only=True)
 
 
 def _type_name(types: tuple) -> str:
@@ -324,7 +364,7 @@ def unknown_keys(raw: dict[str, Any]) -> list[str]:
     return sorted(k for k in raw if k not in KEYS and not k.startswith(FOREIGN_PREFIXES))
 
 
-def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> Settings:
+def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> "Settings":
     """Check one host's merged data and return its Settings (raises DataError)."""
     from sglang_deploy.core.errors import DataError, SglangDeployError
 
@@ -415,18 +455,16 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
                             found=f"`{var}` contains a newline or NUL",
                             fix=f"set {var} to the secret without newlines")
         secrets[env_name] = secret
-    if (values["sglang_host"] not in ("127.0.0.1", "localhost", "::1")
+    if (values["sglang_host"] not in LOOPBACK
             and "SGLANG_API_KEY" not in secrets and not values["sglang_allow_public_without_key"]):
         raise DataError(key="sglang_host",
                         what=f"binding {values['sglang_host']} exposes the API to the network",
                         found="no API key (`sglang_api_key_env` is not set)",
                         fix="set `sglang_api_key_env`, bind 127.0.0.1, or set "
                             "`sglang_allow_public_without_key: true` deliberately")
-    from sglang_deploy.core import router as routermod
-
     # the router's key is the router's secret, not the server's (its secrets file)
     router_key = secrets.pop("ROUTER_API_KEY", None)
-    routermod.check_router_data(values, router_key is not None)
+    check_router_data(values, router_key is not None)
     endpoint = values["sglang_hf_endpoint"]
     if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
         raise DataError(key="sglang_hf_endpoint", what="an http(s) URL without query",
@@ -435,7 +473,7 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> S
         raise DataError(key="sglang_model_repo", what="downloading needs a repo id",
                         found="sglang_model_download is true but sglang_model_repo is not set",
                         fix="set `sglang_model_repo` (e.g. org/model) or turn the download off")
-    return Settings(values=values, secrets=secrets, router_key=router_key)
+    return Settings(**values, secrets=secrets, router_key=router_key)
 
 
 def markdown_table() -> str:

@@ -1,15 +1,10 @@
-"""Per-host deploy summary: what runs, in what state, and how long startup took."""
+"""Per-host deploy summary: what runs, in what state, and how long startup took (pure).
+
+Writing it (and the P2P matrix) to the controller's report folders: ``shell/reports.py``."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from pathlib import Path
-
-REPORT_DIR = Path(os.environ.get("SGLANG_DEPLOY_REPORTS", ".sglang-deploy/reports"))
-#: the last data-verified P2P matrix of each host (``sglang-deploy report`` draws it)
-P2P_DIR = Path(".sglang-deploy/p2p")
 
 
 def host_summary(name: str, params: dict, decision) -> dict:
@@ -43,21 +38,3 @@ def format_summary(summary: dict) -> str:
             f"`{summary['served_model_name']}`; phases: {phases or 'n/a'}; time to ready "
             f"{summary['time_to_ready_s']}s"
             + (f"; NCCL env {summary['nccl_env']}" if summary["nccl_env"] else ""))
-
-
-def emit(summary: dict) -> None:
-    from pyinfra import logger
-
-    logger.info(format_summary(summary))
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    (REPORT_DIR / f"{summary['host']}.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-
-
-def write_p2p(host: str, record: dict, folder: Path | None = None) -> Path:
-    folder = folder or P2P_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{host}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path

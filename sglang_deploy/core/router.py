@@ -18,19 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_deploy.core import lockfile
+from sglang_deploy.core.data import KEYS, is_loopback
 from sglang_deploy.core.errors import DataError
 from sglang_deploy.core.unit import _compiled, spec_vars, systemd_quote
 
 ROUTER_GROUP = "routers"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARD = ("0.0.0.0", "::")
 TEMPLATE = Path(__file__).resolve().parent.parent.parent / "templates" / "smg.service.j2"
 #: the header SMG sets on every proxied answer: the URL of the worker that served it
 ROUTED_HEADER = "x-smg-routed-worker-id"
-
-
-def is_loopback(address: str) -> bool:
-    return address in LOOPBACK or address.startswith("127.")
 
 
 def worker_address(raw: dict, name: str) -> str:
@@ -50,7 +46,7 @@ def routed_data(raw: dict, name: str, routed: bool) -> dict:
     if not routed:
         return raw
     out = dict(raw)
-    host = out.get("sglang_host", "127.0.0.1")
+    host = out.get("sglang_host", KEYS["sglang_host"].default)
     if isinstance(host, str) and is_loopback(host):
         out["sglang_host"] = worker_address(raw, name)
     router_key = raw.get("router_api_key_env")
@@ -65,17 +61,6 @@ def routed_data(raw: dict, name: str, routed: bool) -> dict:
                         fix="remove `sglang_api_key_env` from the serving hosts' data (it then "
                             "follows `router_api_key_env`) or set both to the same variable")
     return out
-
-
-def check_router_data(values: dict, has_key: bool) -> None:
-    """A router binding a non-loopback address must have an API key (raises DataError)."""
-    if not is_loopback(values["router_host"]) and not has_key:
-        raise DataError(key="router_host",
-                        what=f"binding the router to {values['router_host']} exposes the API "
-                             "to the network only with a key",
-                        found="no API key (`router_api_key_env` is not set)",
-                        fix="set `router_api_key_env` to the name of a controller environment "
-                            "variable holding the key, or bind `router_host: 127.0.0.1`")
 
 
 def router_address(router_host: str, raw: dict, name: str) -> str:

@@ -28,6 +28,7 @@ import gevent
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
+from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
@@ -48,12 +49,15 @@ def _lock_text(path: str, mtime_ns: int, size: int) -> str:
     return Path(path).read_text()
 
 
-def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning) -> None:
+def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
+                       ) -> dict[str, datamod.Settings]:
     """Resolve every host's data (a routed fleet's workers as ``routing.settings`` gives
     them), check that its lock file exists on the controller and, for a server, that the lock
     pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
     sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
-    here); raise the first ``DataError``, naming the host."""
+    here); raise the first ``DataError``, naming the host. Returns each host's Settings
+    (host name -> Settings): the run resolves them once, here."""
+    resolved: dict[str, datamod.Settings] = {}
     for each in inventory:
         try:
             settings = routing.settings(each, inventory)
@@ -75,7 +79,9 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning)
                 exc.what = f"[{each.name}] {exc.what}"
             outcomes.failed(each.name, exc, "data")
             raise
+        resolved[each.name] = settings
     refuse_groups(routing.groups(inventory))
+    return resolved
 
 
 def refuse_groups(groups: dict) -> None:
@@ -317,7 +323,8 @@ def install(state) -> None:
         for each in [*handlers, recorder]:
             state.add_callback_handler(each)
         check_selection(inventory, initial_limit, cli_params(), state.cwd)
-        validate_inventory(inventory, state.cwd)
+        # each host's Settings, resolved once here, are what the stages read
+        routing.remember(state, validate_inventory(inventory, state.cwd))
         _checked = True
         return result
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_deploy.core.errors import DataError
@@ -32,6 +32,10 @@ __all__ = ["Selection", "load", "match", "parse_data", "select"]
 class Selection:
     hosts: list[str]                      # the hosts acted on, in inventory order
     all_hosts: list[str]
+    #: the inventory as loaded (pyinfra ``Inventory``, the --data overrides in), and each
+    #: host's Settings as checked: what a command passes on instead of loading it again
+    inventory: object = field(default=None, repr=False, compare=False)
+    settings: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def _warn(text: str) -> None:
@@ -48,9 +52,10 @@ def select(inventory: str, limit: Sequence[str] | None = (), data: Sequence[str]
     if not hosts:
         raise no_host(inventory)
     try:
-        hooks.validate_inventory(inv, str(Path(cwd).resolve()), _warn)
+        resolved = hooks.validate_inventory(inv, str(Path(cwd).resolve()), _warn)
     except DataError as exc:
         if not any(f.is_dir() for f in group_data_folders(inventory, cwd)):
             raise no_group_data(inventory, cwd, exc) from exc
         raise
-    return Selection(hosts=[h.name for h in hosts], all_hosts=[h.name for h in inv])
+    return Selection(hosts=[h.name for h in hosts], all_hosts=[h.name for h in inv],
+                     inventory=inv, settings=resolved)

@@ -20,7 +20,8 @@ import time
 
 from pyinfra import host, logger
 
-from sglang_deploy.core import preflight, report
+from sglang_deploy.core import preflight
+from sglang_deploy.shell import reports
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +62,7 @@ def show(checks: list, record: bool, policy: str | None = None) -> None:
         return
     logger.info(f"{host.print_prefix}P2P matrix:\n{matrix_text(check.details, colour_terminal())}")
     if record and check.details.get("cells"):
-        report.write_p2p(host.name, {
+        reports.write_p2p(host.name, {
             "host": host.name,
             "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "epoch_s": round(time.time(), 3),

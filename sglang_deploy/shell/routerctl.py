@@ -181,10 +181,15 @@ class Router:
 
 def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> list[Router]:
     """The routers of INVENTORY (none when it has no ``routers`` group)."""
-    fl = routing.fleet(inventory, cwd, data=parse_data(data or []))
+    return routers_of(routing.fleet(inventory, cwd, data=parse_data(data or [])))
+
+
+def routers_of(fl: routing.Fleet, settings: dict | None = None) -> list[Router]:
+    """The routers of a fleet already read (``routing.fleet_of``); SETTINGS: the hosts'
+    Settings already resolved (host name -> Settings), else resolved here."""
     out = []
     for name, raw in fl.routers:
-        s = datamod.resolve(raw)
+        s = (settings or {}).get(name) or datamod.resolve(raw)
         address = routermod.router_address(s.router_host, raw, name)
         workers = {w: routing.worker_url(w, wraw) for w, wraw in fl.workers}
         out.append(Router(host=name, url=routermod.http_url(address, s.router_port),

@@ -88,7 +88,7 @@ def router_stage():
         servers_done(name="Router: after every server's verification", what="servers done")
     if not routing.is_router(host):
         return
-    s = routing.settings(host, state.inventory)
+    s = routing.settings_of(host, state)
     release_id, version, lock_text = stages.lock_info(
         s.router_lock, "router_lock", release_of_lock, fix="run `sglang-deploy lock locks/router.in`")
     root, rel = s.router_root, f"{s.router_root}/releases/{release_id}"

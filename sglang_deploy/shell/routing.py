@@ -50,11 +50,33 @@ def groups(inventory) -> dict[str, group.Group]:
 
 def worker_url(name: str, raw: dict) -> str:
     """The URL of serving host NAME (its data RAW), as the router reaches it."""
-    return http_url(worker_address(raw, name), raw.get("sglang_port", 30000))
+    port = raw.get("sglang_port", datamod.KEYS["sglang_port"].default)
+    return http_url(worker_address(raw, name), port)
 
 
 def settings(host, inventory) -> datamod.Settings:
+    """HOST's data resolved now (``data.resolve``): the hooks' validation, the commands."""
     return datamod.resolve(raw_data(host, inventory))
+
+
+#: the attribute of pyinfra's ``State`` (this project's own) holding this run's Settings
+RESOLVED_ATTR = "sglang_deploy_settings"
+
+
+def remember(state, resolved: dict[str, datamod.Settings]) -> None:
+    """Keep RESOLVED (host name -> Settings, from the hooks' validation before any
+    connection) on this pyinfra run's STATE, for the stages (``settings_of``)."""
+    setattr(state, RESOLVED_ATTR, dict(resolved))
+
+
+def settings_of(host, state) -> datamod.Settings:
+    """HOST's Settings of this pyinfra run: resolved once, by the hooks' validation before any
+    connection (``remember``); resolved here only where no validation ran (a deploy file
+    outside config.py stops earlier, in ``hooks.require_checked``)."""
+    resolved = getattr(state, RESOLVED_ATTR, None) or {}
+    if host.name in resolved:
+        return resolved[host.name]
+    return settings(host, state.inventory)
 
 
 @dataclass
@@ -70,7 +92,11 @@ def fleet(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None
     """Read INVENTORY the way pyinfra does (group data included), without connecting."""
     from sglang_deploy.shell.inventory import load
 
-    inv = load(inventory, cwd, data)
+    return fleet_of(load(inventory, cwd, data))
+
+
+def fleet_of(inv) -> Fleet:
+    """The ``Fleet`` of an inventory already loaded (pyinfra ``Inventory``: INV)."""
     workers, routers = [], []
     for h in inv:
         (routers if is_router(h) else workers).append((h.name, raw_data(h, inv)))

@@ -29,8 +29,8 @@ from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
-from sglang_deploy.core.verify import Verifier, check_serving, wait_serving, wait_until_ready
-from sglang_deploy.shell import jitcheck, outcomes, p2pview, plan, releaseops, routing
+from sglang_deploy.core.verify import Verifier, check_serving
+from sglang_deploy.shell import jitcheck, outcomes, p2pview, plan, releaseops, reports, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -40,6 +40,7 @@ from sglang_deploy.shell.facts import (
     ServingProbe,
     SglangHostState,
 )
+from sglang_deploy.shell.verifyloop import wait_serving, wait_until_ready
 
 
 @dataclass
@@ -82,16 +83,6 @@ class Context:
         return service.verify_params(self.settings, release_id=self.release_id,
                                      sglang_version=self.sglang_version,
                                      patch_state=self.patch_state, nccl_env=self.nccl_env)
-
-
-_CONTEXTS: dict[str, Context] = {}
-
-
-def context() -> Context:
-    ctx = _CONTEXTS.get(host.name)
-    if ctx is None:
-        raise RuntimeError("stages.preflight_stage() must run first")
-    return ctx
 
 
 def lock_info(lock_file: str, key: str = "sglang_lock", parse=service.release_of_lock,
@@ -164,8 +155,10 @@ def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflig
 
 @outcomes.stage("preflight")
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
-def preflight_stage():
-    settings = routing.settings(host, state.inventory)
+def preflight_stage() -> Context:
+    """The pre-flight of this host; returns its ``Context``, which deploy.py hands to the
+    next stages."""
+    settings = routing.settings_of(host, state)
     layout = Layout.of(settings)
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state and GPU snapshot, run at once
@@ -188,7 +181,6 @@ def preflight_stage():
                       count=settings.gpu_expected_count, model=settings.gpu_expected_model,
                       min_driver=settings.gpu_min_driver, p2p_policy=settings.gpu_p2p_policy,
                       min_gbps=settings.gpu_p2p_min_gbps))
-    _CONTEXTS[host.name] = ctx
 
     record, last_verified = hs.get("p2p_verified"), hs.get("last_verified")
     # Peer copies need GPU memory the running server holds; while it serves, the verdict of
@@ -213,12 +205,12 @@ def preflight_stage():
     p2pview.show(checks, record=kind == "p2p", policy=settings.gpu_p2p_policy)
     plan.preflight(host.name, checks, ctx.nccl_env, matrix)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
+    return ctx
 
 
 @outcomes.stage("runtime")
 @deploy("Runtime: user, folders, uv, release venv, autotune patch")
-def runtime_stage():
-    ctx = context()
+def runtime_stage(ctx: Context):
     s, hs, lay = ctx.settings, ctx.hoststate, ctx.layout
     paths = hs["paths"]  # the host-state read reports every folder and file below
     if s.sglang_user not in hs["users"]:
@@ -327,8 +319,7 @@ def _serving_poll(s: datamod.Settings):
 
 @outcomes.stage("service")
 @deploy("Service: launch flags, secrets, systemd unit, (re)start")
-def service_stage():
-    ctx = context()
+def service_stage(ctx: Context):
     s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
     rel = hs["releases"].get(ctx.release_id) or {}
     # the controller's cache of parsed ``server_args.py`` files (``flagcache``)
@@ -413,7 +404,7 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
         f"printf '%s\\n' {q(record)} > {q(kg + '/record.tmp')}; mv -f {q(kg + '/record.tmp')} {q(kg + '/record.json')}; "
         f"printf '%s\\n' {q(json.dumps(summary, sort_keys=True))} > {q(lay.last_verified)}",
         print_output=False)
-    report.emit(summary)
+    reports.emit(summary)
     outcomes.verified(summary)  # the host's outcome record: its action and this summary
 
 
@@ -450,8 +441,7 @@ def _action(started, restarted) -> str | None:
 
 @outcomes.stage("verify")
 @deploy("Verify: block until the model really serves")
-def verify_stage():
-    ctx = context()
+def verify_stage(ctx: Context):
     s = ctx.settings
     started, restarted = ctx.ops["started"], ctx.ops["restarted"]
     may_restart = started.will_change or restarted is not None
@@ -482,7 +472,7 @@ def rollback_stage():
     """Restore the unit, secrets and release that last passed verification on this host,
     restart, and verify by that configuration's own standards. A host that already runs its
     known-good configuration and serves is only checked, never restarted."""
-    s = routing.settings(host, state.inventory)
+    s = routing.settings_of(host, state)
     lay = Layout.of(s)
     hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
                        secrets=lay.secrets_file, python=s.sglang_system_python)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sglang_deploy.commands import bench, htmlreport
-from sglang_deploy.core import fleetreport, preflight, report
+from sglang_deploy.commands import htmlreport
+from sglang_deploy.core import fleetreport, preflight
+from sglang_deploy.shell import benchhost
+from sglang_deploy.shell import reports as reportfiles
 
 HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
 
@@ -54,15 +56,15 @@ def write_state(root: Path) -> Path:
                                                          {"starting": 2.0, "loading": 20.0})))
     for host, n, slow, bad in (("gpu-a", 8, {(1, 4)}, {(2, 6)}), ("gpu-b", 2, (), ())):
         cells = preflight.p2p_cells(n, None, probe(n, slow, bad), 10.0)
-        report.write_p2p(host, {"host": host, "measured_at": "2026-12-01T09:00:00+00:00",
+        reportfiles.write_p2p(host, {"host": host, "measured_at": "2026-12-01T09:00:00+00:00",
                                 "gpus": n, "min_gbps": 10.0, "policy": "require", "cells": cells,
                                 "checks": [{"name": "p2p-data", "status": "pass", "message": "ok"}]},
                          folder=state / "p2p")
     for entry in (bench_entry("gpu-a", "rel1-aaaaaaaaaaaa", 1.0, {"256": 5000.5, "512": 7000.0}),
                   bench_entry("gpu-a", "rel1-aaaaaaaaaaaa", 2.0, {"256": 5100.0, "512": 7100.25}),
                   bench_entry("gpu-a", "rel2-bbbbbbbbbbbb", 3.0, {"256": 5600.0, "512": 8000.0})):
-        bench.append_local("gpu-a", entry, root)
-    bench.append_local("gpu-a", bench_entry("gpu-a", "rel2-bbbbbbbbbbbb", 3.0,
+        benchhost.append_local("gpu-a", entry, root)
+    benchhost.append_local("gpu-a", bench_entry("gpu-a", "rel2-bbbbbbbbbbbb", 3.0,
                                             {"256": 5600.0, "512": 8000.0}), root)  # same run twice
     return state
 

@@ -137,3 +137,35 @@ def test_plain_environment_in_sglang_env_passes():
     env = {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_KEYS_DIR": "/x",
            "TOKENIZERS_PARALLELISM": "false"}
     assert resolve(sglang_env=env).sglang_env == env
+
+
+def test_settings_is_a_frozen_dataclass_with_one_typed_field_per_key_and_the_tables_defaults():
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(data.Settings)}
+    assert set(data.KEYS) <= set(fields)
+    assert set(fields) - set(data.KEYS) == {"secrets", "router_key"}
+    s = resolve()
+    for key in data.KEYS.values():
+        assert set(getattr(fields[key.name].type, "__args__", (fields[key.name].type,))) == \
+            set(key.types), key.name
+        if not key.required:
+            assert getattr(s, key.name) == key.default, key.name
+    assert fields["sglang_port"].type is int and fields["sglang_model_path"].default is \
+        dataclasses.MISSING  # required: no default to fall back on
+    with pytest.raises(AttributeError):
+        s.sglang_portt  # noqa: B018 - a typo is an error, not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.sglang_port = 1
+
+
+def test_the_stages_read_the_settings_the_validation_resolved_not_a_second_resolve(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    from sglang_deploy.shell import routing
+
+    resolved = {"h1": resolve(sglang_port=31000)}
+    state = NS(inventory=None)
+    routing.remember(state, resolved)
+    monkeypatch.setattr(data, "resolve", lambda *a, **k: pytest.fail("resolved a second time"))
+    assert routing.settings_of(NS(name="h1"), state) is resolved["h1"]

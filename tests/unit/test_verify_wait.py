@@ -1,4 +1,4 @@
-"""verify.wait_until_ready (the shell around Verifier) over a fake host: no real waits."""
+"""verifyloop.wait_until_ready (the shell around Verifier) over a fake host: no real waits."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from sglang_deploy.core.verify import Verifier, wait_until_ready
+from sglang_deploy.core.verify import Verifier
+from sglang_deploy.shell.verifyloop import wait_until_ready
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 

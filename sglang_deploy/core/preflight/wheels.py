@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from sglang_deploy.core.data import KEYS
 from sglang_deploy.core.preflight.checks import Check, _fail
 
 #: the python a lock is compiled for when its header does not say (``sglang-deploy lock``'s
@@ -79,7 +80,7 @@ def _version(text: str | None, parts: int = 2) -> tuple[int, ...] | None:
 
 
 def check_python(python: str | None, target: WheelTarget = WheelTarget(),
-                 system_python: str = "/usr/bin/python3") -> Check:
+                 system_python: str = KEYS["sglang_system_python"].default) -> Check:
     """The host's system python (``hoststate.py``'s ``python``, "3.11") against the lock's."""
     want = f"Python {target.python} (the lock is compiled for CPython {target.python})"
     have = _version(python)
@@ -123,6 +124,6 @@ def check_glibc(glibc: str | None, target: WheelTarget = WheelTarget()) -> Check
 
 def check_wheel_platform(python: str | None, glibc: str | None,
                          target: WheelTarget = WheelTarget(),
-                         system_python: str = "/usr/bin/python3") -> list[Check]:
+                         system_python: str = KEYS["sglang_system_python"].default) -> list[Check]:
     """Both checks: ``host-python`` and ``host-glibc``."""
     return [check_python(python, target, system_python), check_glibc(glibc, target)]
