@@ -107,8 +107,8 @@ class Config:
             self._rates_mtime = mtime
             self._apply_rates(read_env_file(self.path))
 
-    def sleep(self, what: str):
-        time.sleep(REAL_DURATIONS[what] * self.time_scale)
+    def sleep(self, what: str, factor: float = 1.0):
+        time.sleep(REAL_DURATIONS[what] * self.time_scale * factor)
 
 
 def read_model(model_path: str) -> dict:
