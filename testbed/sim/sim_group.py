@@ -119,9 +119,9 @@ def rendezvous(sim) -> Group:
                 _write(sys.stderr, _glog(r, "W", "socket.cpp:464") + f"[c10d] The server socket has "
                        f"failed to bind to 0.0.0.0:{port} (errno: {e.errno} - {e.strerror}).\n")
             sim.crash(_DIST + _torch_frames(sim, "store"),
-                      [f"torch.distributed.DistNetworkError: The server socket has failed to listen "
-                       f"on any local network address. port: {port}, useIpv6: false, code: "
-                       f"-{e.errno}, name: EADDRINUSE, message: address already in use"])
+                      [(f"torch.distributed.DistNetworkError: The server socket has failed to listen "
+                        f"on any local network address. port: {port}, useIpv6: false, code: "
+                        f"-{e.errno}, name: EADDRINUSE, message: address already in use")])
         if not rank0.wait_all(deadline):
             with rank0.cond:
                 joined = len(sim.local) * (1 + len(rank0.peers))
@@ -134,7 +134,8 @@ def rendezvous(sim) -> Group:
 
     def refused(e: OSError):
         now = time.monotonic()
-        if last_logged[0] is not None and now - last_logged[0] < mn.CONNECT_LOG_EVERY_S * sim.cfg.time_scale:
+        every = max(mn.CONNECT_LOG_EVERY_S * sim.cfg.time_scale, 5 * mn.CONNECT_RETRY_S)
+        if last_logged[0] is not None and now - last_logged[0] < every:
             return
         last_logged[0] = now
         reason = e.strerror or str(e) or "timed out"
