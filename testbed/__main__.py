@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("host")
     a.add_argument("settings", nargs="+", metavar="KEY=VALUE",
                    help=f"keys: {', '.join(fleet.SIM_ENV_KEYS)}")
-    for verb, what in (("block", "drop TCP to PORT arriving at HOST from the testbed network "
-                                 "(a firewall's DROP: e.g. rank 0's dist-init port)"),
+    for verb, what in (("block", ("drop TCP to PORT arriving at HOST from the testbed network "
+                                  "(a firewall's DROP: e.g. rank 0's dist-init port)")),
                        ("unblock", "undo `block HOST PORT`")):
         a = sub.add_parser(verb, help=what)
         a.add_argument("host")
