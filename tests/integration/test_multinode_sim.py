@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from .helpers import Testbed, run_testbed
+from .helpers import run_testbed
 
 SITE = "/tmp/sglang-site"
 MODEL = "/srv/models/GLM-5-NVFP4"
@@ -27,7 +27,7 @@ HTTP_PORT = 30000
 
 
 @pytest.fixture
-def group2(testbed: Testbed):
+def group2(testbed):
     """TB1 and TB2 recorded as one group (the inventory's view), the wheel unpacked on both;
     afterwards the group is removed again and no simulator is left running."""
     servers = [h["name"] for h in testbed.state["hosts"] if h.get("role") != "router"]
@@ -50,7 +50,7 @@ def group2(testbed: Testbed):
         run_testbed("up", "--hosts", str(len(servers)), "--group", "0", timeout=300)
 
 
-def start_node(tb: Testbed, pids: dict, host: str, rank: int, rank0_addr: str, time_scale: str) -> int:
+def start_node(tb, pids: dict, host: str, rank: int, rank0_addr: str, time_scale: str) -> int:
     """The simulator as node RANK on HOST, in the background; its pid."""
     env = f"/tmp/sim-node{rank}.env"
     argv = ["--model-path", MODEL, "--tp-size", "16", "--nnodes", "2", "--node-rank", str(rank),
@@ -65,11 +65,11 @@ def start_node(tb: Testbed, pids: dict, host: str, rank: int, rank0_addr: str, t
     return pid
 
 
-def log_of(tb: Testbed, host: str, rank: int) -> str:
+def log_of(tb, host: str, rank: int) -> str:
     return tb.ssh(host, f"cat /tmp/sim-node{rank}.log").stdout
 
 
-def running(tb: Testbed, host: str, pid: int) -> bool:
+def running(tb, host: str, pid: int) -> bool:
     return tb.ssh(host, f"kill -0 {pid}").returncode == 0
 
 
