@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("unblock", "undo `block HOST PORT`")):
         a = sub.add_parser(verb, help=what)
         a.add_argument("host")
-        a.add_argument("port", type=int)
+        a.add_argument("port", help="a port, or a range LOW-HIGH (NCCL's bootstrap uses the "
+                                    "ephemeral ports: 32768-60999 by default)")
     a = sub.add_parser("ssh", help="run a command on HOST as root (or an interactive shell)")
     a.add_argument("host")
     a.add_argument("command", nargs=argparse.REMAINDER)
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.host}: " + " ".join(f"{k}={v}" for k, v in env.items()))
         elif args.cmd in ("block", "unblock"):
             ports = (fleet.block if args.cmd == "block" else fleet.unblock)(args.host, args.port)
-            print(f"{args.host}: blocked ports {' '.join(map(str, ports)) or '(none)'}")
+            print(f"{args.host}: blocked ports {' '.join(ports) or '(none)'}")
         elif args.cmd == "ssh":
             state = fleet.current_state()
             h = fleet.find_host(state, args.host)

@@ -547,16 +547,19 @@ def down() -> None:
     log(f"down: {n} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
 
 
-def block(name: str, port: int) -> list[int]:
-    """Drop TCP to PORT arriving at HOST from the testbed network (a firewall's DROP rule on
+def block(name: str, port: str) -> list[str]:
+    """Drop TCP to PORT ("N" or "LOW-HIGH") arriving at HOST from the testbed network (a firewall's DROP rule on
     HOST: e.g. rank 0's dist-init port, so the group's other nodes cannot reach it; their
     connects time out). Returns HOST's blocked ports."""
     _, h = running_host(name)
-    net.block_port(h["netns"], port)
+    try:
+        net.block_port(h["netns"], port)
+    except ValueError as e:
+        raise TestbedError(f"block {name}: {e}") from None
     return net.blocked_ports(h["netns"])
 
 
-def unblock(name: str, port: int) -> list[int]:
+def unblock(name: str, port: str) -> list[str]:
     _, h = running_host(name)
     net.unblock_port(h["netns"], port)
     return net.blocked_ports(h["netns"])

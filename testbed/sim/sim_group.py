@@ -68,8 +68,9 @@ def _glog(rank: int, level: str = "W", where: str = "socket.cpp:752") -> str:
 class Group:
     """This node's side of a rendezvous that succeeded."""
 
-    def __init__(self, sim, rank0: mn.Rank0 | None = None, node: mn.Node | None = None):
-        self.rank0, self.node = rank0, node
+    def __init__(self, sim, rank0: mn.Rank0 | None = None, node: mn.Node | None = None,
+                 nccl_root=None):
+        self.rank0, self.node, self.nccl_root = rank0, node, nccl_root
 
     def captured(self, sim) -> None:
         """After graph capture: node R reports it; rank 0 waits for every node (the capture's
@@ -128,7 +129,10 @@ def rendezvous(sim) -> Group:
             sim.crash(_DIST + _torch_frames(sim, "store"),
                       [mn.C10D_SERVER_TIMEOUT.format(s=int(mn.DIST_TIMEOUT_S), joined=joined,
                                                      world=sim.tp * sim.pp)])
-        return Group(sim, rank0=rank0)
+        root = mn.nccl_root()  # NCCL's bootstrap root: its port goes to every node
+        for conn in list(rank0.peers.values()):
+            conn.sendall(f"nccl {root.getsockname()[1]}\n".encode())
+        return Group(sim, rank0=rank0, nccl_root=root)
 
     last_logged = [None]
 
@@ -151,7 +155,35 @@ def rendezvous(sim) -> Group:
     if node is None:
         sim.crash(_DIST + _torch_frames(sim, "store"),
                   [f"torch.distributed.DistStoreError: rank 0 at {host}:{port} {why}"])
+    nccl_bootstrap(sim, node, host, deadline)
     return Group(sim, node=node)
+
+
+def nccl_bootstrap(sim, node: mn.Node, host: str, deadline: float) -> None:
+    """Node R: rank 0 sends its NCCL root's port once every node joined; connect to it as
+    NCCL's bootstrap does. Unreachable: NCCL's lines on each rank, the DistBackendError."""
+    try:
+        node.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        line = mn._readline(node.sock)
+        node.sock.settimeout(None)
+    except OSError:
+        line = ""
+    if not line.startswith("nccl "):
+        sim.crash(_DIST + _torch_frames(sim, "store"), ["torch.distributed.DistStoreError: Socket Timeout"])
+    port = int(line.split()[1])
+    scale = min(1.0, sim.cfg.time_scale * 20)   # the real 100 ms steps at TIME_SCALE 0.05
+    err = mn.nccl_connect(host, port, step_s=0.1 * scale, attempt_s=max(0.2, 20 * sim.cfg.time_scale))
+    if err is None:
+        return
+    errno, reason = mn.errno_reason(err)
+    name, pid = os.uname().nodename, os.getpid() + 1
+    for i, r in enumerate(sim.local):
+        head = f"{name}:{pid + i}:{pid + i} [{i}] "
+        _write(sys.stdout, "\n" + head + mn.NCCL_WARN_CONNECT.format(
+            addr=host, port=port, errno=errno, reason=reason) + "\n"
+            + "".join(head + x + "\n" for x in mn.NCCL_INFO_TRACE))
+    sim.crash(_DIST[:6] + [(MR, "init_torch_distributed", "initialize_model_parallel(")],
+              [mn.NCCL_ERROR.format(addr=host, port=port, errno=errno, reason=reason)])
 
 
 def node_capture_crash(sim) -> None:

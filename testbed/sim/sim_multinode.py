@@ -266,3 +266,56 @@ def connect(host: str, port: int, node_rank: int, token: str, deadline: float, o
             return Node(s), ""
         s.close()
         return None, "refused: " + (answer.partition(" ")[2].strip() or "connection closed")
+
+
+# --------------------------------------------------------------------------- NCCL bootstrap
+# After the store rendezvous, NCCL's bootstrap: rank 0's root listens on an ephemeral port
+# (the kernel's ip_local_port_range: a firewall between the nodes must let it through), the
+# other ranks connect to it. NCCL retries a refused or timed-out connect 34 times, 100 ms x
+# attempt apart, then fails the communicator init (messages of NCCL's misc/socket.cc and
+# bootstrap.cc, wording as in real logs, e.g. sglang#3820).
+NCCL_RETRIES = 34
+NCCL_WARN_CONNECT = ("misc/socket.cc:533 NCCL WARN socketPollConnect: Connect to {addr}<{port}> "
+                     "returned {errno}({reason}) errno 115(Operation now in progress)")
+NCCL_INFO_TRACE = ("NCCL INFO misc/socket.cc:570 -> 2", "NCCL INFO misc/socket.cc:621 -> 2",
+                   "NCCL INFO bootstrap.cc:285 -> 2", "NCCL INFO init.cc:1534 -> 2",
+                   "NCCL INFO init.cc:1799 -> 2")
+NCCL_ERROR = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/"
+              "c10d/ProcessGroupNCCL.cpp:3353, unhandled system error (run with NCCL_DEBUG=INFO "
+              "for details), NCCL version 2.27.5\nncclSystemError: System call (e.g. socket, "
+              "malloc) or external library call failed or device error. \nLast error:\n"
+              "socketPollConnect: Connect to {addr}<{port}> returned {errno}({reason}) errno "
+              "115(Operation now in progress)")
+
+
+def nccl_root() -> socket.socket:
+    """Rank 0's NCCL bootstrap root: every address, an ephemeral port; accepts and holds."""
+    srv = socket.create_server(("0.0.0.0", 0))
+    held = []
+
+    def accept():
+        while True:
+            conn, _ = srv.accept()
+            held.append(conn)
+    threading.Thread(target=accept, daemon=True).start()
+    return srv
+
+
+def nccl_connect(host: str, port: int, step_s: float, attempt_s: float):
+    """NCCL's bootstrap connect: None when it connected, else the last OSError after
+    NCCL_RETRIES attempts STEP_S x attempt apart (each attempt at most ATTEMPT_S)."""
+    last = None
+    for i in range(1, NCCL_RETRIES + 1):
+        try:
+            socket.create_connection((host, port), timeout=attempt_s).close()
+            return None
+        except OSError as e:
+            last = e
+            time.sleep(step_s * i)
+    return last
+
+
+def errno_reason(e: OSError) -> tuple[int, str]:
+    if isinstance(e, TimeoutError) or e.errno is None:
+        return 110, "Connection timed out"
+    return e.errno, e.strerror or str(e)

@@ -6,7 +6,8 @@ wheelhouse, with the argv a group's nodes get (same flags + --nnodes/--node-rank
 - the rendezvous crosses the testbed network: rank 0 (TB1) serves /health, node 1 (TB2) only
   the dummy health server;
 - with rank 0's dist-init port blocked (`python -m testbed block TB1 PORT`, a DROP) node 1
-  logs c10d's failed connect and dies at the (scaled) distributed timeout, rank 0 never loads.
+  logs c10d's failed connect and dies at the (scaled) distributed timeout, rank 0 never loads;
+- with rank 0's ephemeral ports blocked (NCCL's bootstrap root) node 1 fails with NCCL's lines.
 """
 
 from __future__ import annotations
@@ -112,3 +113,24 @@ def test_blocked_dist_init_port_fails_node1_at_the_timeout(testbed, group2):
             f"while trying to connect to ({rank0}, {DPORT}).") in text
     assert "Received sigquit from a child process" in text
     assert "Load weight begin" not in log_of(testbed, a, 0)
+
+
+def test_blocked_nccl_ports_fail_node1_with_nccls_lines(testbed, group2):
+    """The store rendezvous passes (50000 open) but NCCL's bootstrap root, on an ephemeral port
+    of rank 0, is dropped: node 1 prints NCCL's socketPollConnect lines and the NCCL error."""
+    a, b, pids = group2
+    rank0 = testbed.address(a)
+    for ports in ("32768-49999", "50001-60999"):   # the ephemeral range except the store's port
+        run_testbed("block", a, ports)
+    try:
+        start_node(testbed, pids, a, 0, rank0, "0.005")
+        node1 = start_node(testbed, pids, b, 1, rank0, "0.005")
+        testbed.wait_for("node 1 to exit", lambda: not running(testbed, b, node1), timeout=180)
+    finally:
+        for ports in ("32768-49999", "50001-60999"):
+            run_testbed("unblock", a, ports, check=False)
+    text = log_of(testbed, b, 1)
+    assert f"NCCL WARN socketPollConnect: Connect to {rank0}<" in text
+    assert "returned 110(Connection timed out)" in text
+    assert "torch.distributed.DistBackendError: NCCL error in:" in text
+    assert "Received sigquit from a child process" in text

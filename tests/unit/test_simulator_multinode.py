@@ -187,3 +187,21 @@ def test_node_connects_over_a_real_socket():
     assert r0.wait_lost() == [1]
     with socket.create_connection(("127.0.0.1", port)) as s:  # still listening
         s.sendall(b"junk\n")
+
+
+def test_nccl_bootstrap_connect_and_its_error_lines():
+    """NCCL's bootstrap connect: the root accepts; a closed port fails after NCCL's retries with
+    the errno in NCCL's and torch's wording."""
+    root = mn.nccl_root()
+    assert mn.nccl_connect("127.0.0.1", root.getsockname()[1], step_s=0.0, attempt_s=5) is None
+    closed = free_port()
+    err = mn.nccl_connect("127.0.0.1", closed, step_s=0.0, attempt_s=5)
+    assert isinstance(err, ConnectionRefusedError)
+    errno, reason = mn.errno_reason(err)
+    assert (errno, reason) == (111, "Connection refused")
+    assert mn.errno_reason(TimeoutError("timed out")) == (110, "Connection timed out")
+    warn = mn.NCCL_WARN_CONNECT.format(addr="10.0.0.1", port=closed, errno=errno, reason=reason)
+    assert re.fullmatch(r"misc/socket\.cc:\d+ NCCL WARN socketPollConnect: Connect to 10\.0\.0\.1<\d+> "
+                        r"returned 111\(Connection refused\) errno 115\(Operation now in progress\)", warn)
+    assert "Last error:\nsocketPollConnect: Connect to 10.0.0.1<" in mn.NCCL_ERROR.format(
+        addr="10.0.0.1", port=closed, errno=errno, reason=reason)
