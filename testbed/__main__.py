@@ -84,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{'NAME':8} {'ADDRESS':14} {'PID':>8} {'ALIVE':5} {'SSH':5} GPU / SERVER SCENARIO")
                 for h in st["hosts"]:
+                    blocked = f"  blocked: {' '.join(h['blocked_ports'])}" if h.get("blocked_ports") else ""
                     print(f"{h['name']:8} {h['address']:14} {h['pid'] or '-':>8} {h['alive']!s:5} "
-                          f"{h['ssh']!s:5} {h['gpu_scenario']} / {h['sim_scenario']}")
+                          f"{h['ssh']!s:5} {h['gpu_scenario']} / {h['sim_scenario']}{blocked}")
+                for g in st.get("groups", []):
+                    print(f"group {g['name']}: {' '.join(g['hosts'])}")
         elif args.cmd == "wipe":
             h = fleet.wipe(args.host)
             print(f"wiped {h['name']} ({h['address']}) in {time.monotonic() - t0:.1f}s")
