@@ -7,6 +7,7 @@ writes each host's key there when it creates or wipes the host).
 TESTBED_DATA is the ONLY place where the testbed differs from a production inventory.
 """
 
+import ast
 import json
 import os
 from pathlib import Path
@@ -71,6 +72,28 @@ ROUTER_DATA = {
 }
 
 
+# A multi-node group (`python -m testbed up --hosts 3 --group 2`): its hosts get
+# `sglang_group` and the seed's flags (group_data/all.py) with tp-size = nodes x GPUS_PER_HOST;
+# the rank, dist-init address and port follow the deploy side's defaults (inventory order,
+# rank 0's ssh_hostname, 50000).
+GPUS_PER_HOST = 8
+
+
+def _seed_flags() -> dict:
+    """group_data/all.py's `sglang_flags` literal (read, not imported: it is pyinfra's data)."""
+    path = Path(__file__).resolve().parent.parent / "group_data" / "all.py"
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "sglang_flags"
+                                                for t in node.targets):
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
+def group_data(group: dict) -> dict:
+    return {"sglang_group": group["name"],
+            "sglang_flags": {**_seed_flags(), "tp-size": GPUS_PER_HOST * len(group["hosts"])}}
+
+
 def _load_hosts():
     path = _state_path()
     try:
@@ -85,6 +108,7 @@ def _load_hosts():
     routed = any(h.get("role") == "router" for h in state["hosts"])
     if routed and not os.environ.get(ROUTER_KEY_ENV):
         os.environ[ROUTER_KEY_ENV] = (Path(state["state_dir"]) / "router-key").read_text().strip()
+    in_group = {name: group_data(g) for g in state.get("groups", []) for name in g["hosts"]}
     hosts, routers = [], []
     for h in sorted(state["hosts"], key=lambda h: h["index"]):
         (routers if h.get("role") == "router" else hosts).append((h["name"], {
@@ -96,6 +120,7 @@ def _load_hosts():
             "ssh_connect_retries": 3,
             **TESTBED_DATA,
             **(ROUTER_DATA if routed else {}),
+            **in_group.get(h["name"], {}),
         }))
     return hosts, routers
 

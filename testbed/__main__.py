@@ -1,4 +1,5 @@
-"""`python -m testbed up|down|status|wipe|scenario|ssh` (as root). See testbed/README.md."""
+"""`python -m testbed up|down|status|wipe|scenario|sim-env|block|unblock|ssh` (as root). See
+testbed/README.md."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--no-wheels", action="store_true", help="do not fill the wheelhouse")
     a.add_argument("--router", action="store_true",
                    help="also boot the router host (<prefix>router, inventory group `routers`)")
+    a.add_argument("--group", type=int, metavar="N",
+                   help="the first N hosts form one multi-node group (<prefix>g1: sglang_group and "
+                        "tp-size N x 8 in the inventory); 0 removes the group")
     a = sub.add_parser("down", help="stop and remove every host (keeps the rootfs cache and the key)")
     a.add_argument("--router", action="store_true", help="remove only the router host (`up --router`)")
     a = sub.add_parser("status", help="per host: address, nspawn alive, ssh reachable, scenarios")
@@ -37,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("host")
     a.add_argument("settings", nargs="+", metavar="KEY=VALUE",
                    help=f"keys: {', '.join(fleet.SIM_ENV_KEYS)}")
+    for verb, what in (("block", ("drop TCP to PORT arriving at HOST from the testbed network "
+                                  "(a firewall's DROP: e.g. rank 0's dist-init port)")),
+                       ("unblock", "undo `block HOST PORT`")):
+        a = sub.add_parser(verb, help=what)
+        a.add_argument("host")
+        a.add_argument("port", help="a port, or a range LOW-HIGH (NCCL's bootstrap uses the "
+                                    "ephemeral ports: 32768-60999 by default)")
     a = sub.add_parser("ssh", help="run a command on HOST as root (or an interactive shell)")
     a.add_argument("host")
     a.add_argument("command", nargs=argparse.REMAINDER)
@@ -53,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.hosts < 1:
                 p.error("--hosts must be >= 1")
             state = fleet.up(args.hosts, prefix=args.prefix, wheels=not args.no_wheels,
-                             router=args.router)
+                             router=args.router, group=args.group)
             for h in state["hosts"]:
                 print(f"{h['name']}\t{h['address']}\tpid {h['pid']}")
+            for g in state.get("groups", []):
+                print(f"group {g['name']}: {' '.join(g['hosts'])}")
             print(f"up: {time.monotonic() - t0:.1f}s")
         elif args.cmd == "down" and args.router:
             print("router removed" if fleet.remove_router() else "no router host")
@@ -71,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{'NAME':8} {'ADDRESS':14} {'PID':>8} {'ALIVE':5} {'SSH':5} GPU / SERVER SCENARIO")
                 for h in st["hosts"]:
+                    blocked = f"  blocked: {' '.join(h['blocked_ports'])}" if h.get("blocked_ports") else ""
                     print(f"{h['name']:8} {h['address']:14} {h['pid'] or '-':>8} {h['alive']!s:5} "
-                          f"{h['ssh']!s:5} {h['gpu_scenario']} / {h['sim_scenario']}")
+                          f"{h['ssh']!s:5} {h['gpu_scenario']} / {h['sim_scenario']}{blocked}")
+                for g in st.get("groups", []):
+                    print(f"group {g['name']}: {' '.join(g['hosts'])}")
         elif args.cmd == "wipe":
             h = fleet.wipe(args.host)
             print(f"wiped {h['name']} ({h['address']}) in {time.monotonic() - t0:.1f}s")
@@ -85,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                 p.error("settings must be KEY=VALUE")
             env = fleet.sim_env(args.host, pairs)
             print(f"{args.host}: " + " ".join(f"{k}={v}" for k, v in env.items()))
+        elif args.cmd in ("block", "unblock"):
+            ports = (fleet.block if args.cmd == "block" else fleet.unblock)(args.host, args.port)
+            print(f"{args.host}: blocked ports {' '.join(ports) or '(none)'}")
         elif args.cmd == "ssh":
             state = fleet.current_state()
             h = fleet.find_host(state, args.host)

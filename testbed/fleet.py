@@ -43,7 +43,9 @@ STOP_TIMEOUT = 30.0
 
 GPU_SCENARIOS = (*gpu_build.SCENARIOS, "cgroup-denied")
 SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", "capture-oom",
-                 "rank-fail", "nccl-watchdog", "warmup-502", "scheduler-exception")
+                 "rank-fail", "nccl-watchdog", "warmup-502", "scheduler-exception",
+                 # multi-node groups: act on a node with --node-rank >= 1 (testbed/sim/sim_group.py)
+                 "node-capture-crash", "node-dies-serving")
 
 # TOKENS_PER_S per request, MAX_TOKENS_PER_S for the whole server (the simulated decode
 # throughput that `sglang-deploy bench` measures; low enough that this machine's CPUs are
@@ -428,14 +430,24 @@ def teardown_host(h: dict) -> None:
 
 # --------------------------------------------------------------------------- commands
 
+def group_record(prefix: str, n_hosts: int, size: int) -> dict:
+    """`up --group SIZE`: the first SIZE server hosts form one multi-node group, named
+    <prefix>g1 (inventory/testbed.py gives them `sglang_group` and the group's flags)."""
+    if size < 2 or size > n_hosts:
+        raise TestbedError(f"--group {size}: a group has 2 to --hosts ({n_hosts}) hosts")
+    return {"name": f"{prefix}g1", "hosts": [f"{prefix}{i}" for i in range(1, size + 1)]}
+
+
 def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
-       router: bool = False) -> dict:
+       router: bool = False, group: int | None = None) -> dict:
     t0 = time.monotonic()
     with locked():
         state = load_state() or new_state(prefix)
         if state["prefix"] != prefix:
             raise TestbedError(f"a testbed with prefix {state['prefix']!r} is up in {state_dir()}; "
                                "`down` it first or use its prefix")
+        if group is not None:  # recorded before any host boots: the inventory reads it
+            state["groups"] = [group_record(prefix, n_hosts, group)] if group else []
         base = rootfs.ensure_base()
         if state["base"] != str(base) and any(host_alive(h) for h in state["hosts"]):
             log(f"note: running hosts use an older base ({state['base']}); `down` + `up` to refresh")
@@ -463,6 +475,7 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
             state["hosts"].append(h)
             todo.append(h)
         if not todo:
+            save_state(state)  # a changed --group
             log(f"all {n_hosts} hosts already up ({time.monotonic() - t0:.1f}s)")
             return state
         save_state(state)
@@ -534,6 +547,24 @@ def down() -> None:
     log(f"down: {n} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
 
 
+def block(name: str, port: str) -> list[str]:
+    """Drop TCP to PORT ("N" or "LOW-HIGH") arriving at HOST from the testbed network (a firewall's DROP rule on
+    HOST: e.g. rank 0's dist-init port, so the group's other nodes cannot reach it; their
+    connects time out). Returns HOST's blocked ports."""
+    _, h = running_host(name)
+    try:
+        net.block_port(h["netns"], port)
+    except ValueError as e:
+        raise TestbedError(f"block {name}: {e}") from None
+    return net.blocked_ports(h["netns"])
+
+
+def unblock(name: str, port: str) -> list[str]:
+    _, h = running_host(name)
+    net.unblock_port(h["netns"], port)
+    return net.blocked_ports(h["netns"])
+
+
 def remove_router() -> bool:
     """Stop and remove the router host (`up --router`), keeping the servers: the inventory then
     has no `routers` group again. False when there was none."""
@@ -562,12 +593,14 @@ def status() -> dict:
         etc = Path(h["merged"]) / "etc/testbed"
         return {"name": h["name"], "address": h["address"], "pid": h["pid"], "alive": alive,
                 "ssh": reach, "gpu_scenario": read_env_file(etc / "gpu.env").get("SCENARIO"),
-                "sim_scenario": read_env_file(etc / "sim.env").get("SCENARIO")}
+                "sim_scenario": read_env_file(etc / "sim.env").get("SCENARIO"),
+                "blocked_ports": net.blocked_ports(h["netns"]) if alive else []}
 
     with ThreadPoolExecutor(max_workers=max(1, len(state["hosts"]))) as pool:
         hosts = list(pool.map(one, state["hosts"]))
     return {"up": True, "state_dir": state["state_dir"], "key": state["key"],
-            "known_hosts": state["known_hosts"], "wheelhouse": state["wheelhouse"], "hosts": hosts}
+            "known_hosts": state["known_hosts"], "wheelhouse": state["wheelhouse"], "hosts": hosts,
+            "groups": state.get("groups", [])}
 
 
 def wipe(name: str) -> dict:

@@ -9,6 +9,7 @@ site, they get what they install from the read-only wheelhouse bind mount.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -71,3 +72,40 @@ def delete_host_net(host: str) -> None:
     """Drop v<HOST> and the netns HOST (either may be gone already)."""
     _ip("link", "del", veth_name(host), check=False)
     _ip("netns", "del", host, check=False)
+
+
+# --------------------------------------------------------------------------- port blocks
+#: the blackhole rules of `python -m testbed block` sit before the `local` table, which moves
+#: from priority 0 (the kernel's default) to LOCAL_PREF in the host's own namespace
+BLOCK_PREF, LOCAL_PREF = "5", "10"
+
+
+def block_port(netns: str, port: str, dev: str = "eth0") -> None:
+    """Drop TCP packets to PORT ("N" or a range "LOW-HIGH") arriving on DEV in NETNS, as a firewall's DROP rule does: the
+    other hosts' connects to that port time out (no refusal), the host itself still reaches
+    it over loopback. Policy routing (iproute2 only: the containers and this machine have no
+    nftables/iptables): a blackhole rule matched before the `local` table. Idempotent."""
+    rules = _ip("-n", netns, "rule", "show").stdout
+    if f"{LOCAL_PREF}:\tfrom all lookup local" not in rules:
+        _ip("-n", netns, "rule", "add", "pref", LOCAL_PREF, "lookup", "local")
+    _ip("-n", netns, "rule", "del", "pref", "0", "lookup", "local", check=False)
+    port = str(port)
+    if not re.fullmatch(r"\d+(-\d+)?", port):
+        raise ValueError(f"a port or a range LOW-HIGH, not {port!r}")
+    if port not in blocked_ports(netns):
+        _ip("-n", netns, "rule", "add", "pref", BLOCK_PREF, "iif", dev, "ipproto", "tcp",
+            "dport", port, "blackhole")
+
+
+def unblock_port(netns: str, port: str, dev: str = "eth0") -> None:
+    """Undo block_port for PORT (the moved `local` rule stays: same lookups)."""
+    port = str(port)
+    while port in blocked_ports(netns):
+        _ip("-n", netns, "rule", "del", "pref", BLOCK_PREF, "iif", dev, "ipproto", "tcp",
+            "dport", str(port), "blackhole")
+
+
+def blocked_ports(netns: str) -> list[str]:
+    """The ports and ranges block_port dropped in NETNS."""
+    out = _ip("-n", netns, "rule", "show", check=False).stdout
+    return re.findall(r"ipproto tcp dport (\d+(?:-\d+)?) blackhole", out)

@@ -60,7 +60,7 @@ if not __package__:  # run as /opt/sglang-sim/launch_server.py on a host (or by 
     sys.modules["sglang_sim"] = importlib.util.module_from_spec(_spec)
     __package__ = "sglang_sim"
 
-from . import sim_faults
+from . import sim_faults, sim_group
 from .model import WORDS
 from .sim_config import REAL_DURATIONS, Config, read_model
 from .sim_http import make_handler
@@ -111,6 +111,15 @@ class Sim:
         self.served = getattr(a, "served_model_name", None) or self.model_path
         self.api_key = getattr(a, "api_key", None)
         self.model = read_model(self.model_path)
+        # a multi-node group (--nnodes N --node-rank R --dist-init-addr HOST:PORT): this node
+        # runs the TP ranks R*G .. R*G+G-1 (sim_multinode.py, sim_group.py)
+        self.argv = list(argv)
+        self.nnodes = int(getattr(a, "nnodes", 1) or 1)
+        self.node_rank = int(getattr(a, "node_rank", 0) or 0)
+        self.local = sim_group.local_ranks(self)
+        self.group = None        # sim_group.Group once the rendezvous is done
+        self.peer_lost = None    # node 0: when a node's process ended (monotonic)
+        self.peer_lost_at = 0.0  # ... and in wall-clock time
         self.status = "starting"   # starting -> up
         self.shutting_down = False
         self.inflight: dict[str, float] = {}
@@ -141,7 +150,7 @@ class Sim:
         return p
 
     def all_ranks(self, key: str, **kw):
-        for r in self.rng.sample(range(self.tp), self.tp):
+        for r in self.rng.sample(self.local, len(self.local)):
             log(M(key, **kw), self.prefix(r))
 
     def uv(self, text: str, stream=None) -> None:
@@ -170,7 +179,7 @@ class Sim:
             tb.append(f'  File "{full}", line {lineno}, in {func}')
             tb.append(f"    {code}")
         tb.extend(exc_lines)
-        for r in (self.rng.sample(range(self.tp), self.tp) if ranks is None else ranks):
+        for r in (self.rng.sample(self.local, len(self.local)) if ranks is None else ranks):
             log(M("sched_exc", traceback="\n".join(tb) + "\n"), self.prefix(r))
         log(M("sigquit"))
         self.die(exc_lines[-1])
@@ -202,11 +211,13 @@ class Sim:
         log(M("server_args", server_args=f"ServerArgs({fields})"))
         # each rank process imports torch (pynvml's warning), then inits torch.distributed
         interleave([[(None, PYNVML_WARNING.format(site=self.site)), (self.prefix(r), M("dist_begin"))]
-                    for r in range(self.tp)], self.rng)
+                    for r in self.local], self.rng)
         self.cfg.sleep("dist_init")
+        if self.nnodes > 1:
+            self.group = sim_group.rendezvous(self)
         if self.tp > 1:
             host = os.uname().nodename
-            interleave([nccl_lines(host, os.getpid() + 1, r, self.host) for r in range(self.tp)],
+            interleave([nccl_lines(host, os.getpid() + 1, r, self.host) for r in self.local],
                        self.rng)
         self.all_ranks("dist_end", elapsed=REAL_DURATIONS["dist_init"] * self.cfg.time_scale,
                        usage=0.6)
@@ -214,6 +225,10 @@ class Sim:
         self.alloc_kv()
         self.autotune()
         self.capture_graphs()
+        if self.group:
+            self.group.captured(self)
+        if self.node_rank >= 1:  # engine.py: node_rank >= 1 serves only the dummy health server
+            sim_group.serve_dummy_health(self)
         log(M("max_tokens", tokens=self.kv_tokens, chunked=getattr(a, "chunked_prefill_size", None) or 8192,
               prefill=16384, running=getattr(a, "max_running_requests", None) or 2048,
               ctx=getattr(a, "context_length", None) or self.model["ctx"], mem_label="available_gpu_mem",
@@ -235,9 +250,11 @@ class Sim:
                 while i > hang:  # progress stops; the process stays alive
                     time.sleep(3600)
                 self.cfg.sleep("per_shard")
+            if self.node_rank:  # the bar is torch rank 0's (weight_utils enable_tqdm)
+                continue
             line = tqdm_line(i, n, time.monotonic() - tic)
             _write(sys.stderr, ("\r" + line) if cr else (line + "\n"))
-        if cr:
+        if cr and not self.node_rank:
             _write(sys.stderr, "\n")
         elapsed = time.monotonic() - tic
         usage = self.weight_gb()
@@ -265,7 +282,7 @@ class Sim:
         self.avail_after_kv = self.avail_after_load - kv_gb
         interleave([[(self.prefix(r), M("kv_alloc", tokens=self.kv_tokens, size=kv_gb)),
                      (self.prefix(r), M("pool_end", avail=self.avail_after_kv))]
-                    for r in range(self.tp)], self.rng)
+                    for r in self.local], self.rng)
 
     def autotune_cache_path(self, rank: int) -> str:
         base = Path(os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang")
@@ -289,9 +306,9 @@ class Sim:
         src_mr = (self.sgl / "srt" / "model_executor" / "model_runner.py")
         with_cache = self.vt >= (0, 5, 12) or "Running FlashInfer autotune with cache" in (
             src_mr.read_text() if src_mr.is_file() else "")
-        paths = [self.autotune_cache_path(r) for r in range(self.tp)] if with_cache else []
-        for r in range(self.tp):
-            log(M("autotune_begin_cache", path=paths[r]) if paths else M("autotune_begin"),
+        paths = [self.autotune_cache_path(r) for r in self.local] if with_cache else []
+        for i, r in enumerate(self.local):
+            log(M("autotune_begin_cache", path=paths[i]) if paths else M("autotune_begin"),
                 self.prefix(r))
         if self.cfg.scenario == "autotune-crash":
             self.cfg.sleep("autotune_fail")
@@ -301,6 +318,9 @@ class Sim:
         else:
             # FlashInfer's AutoTuner shows one tqdm bar per tuned op (rank 0's stderr)
             for op in ("trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"):
+                if self.node_rank:
+                    self.cfg.sleep("autotune", 0.5)
+                    continue
                 self.bar([M("autotuner_bar", op=op)] * 14, "autotune", unit="profile", factor=0.5)
             for p in paths:
                 try:
@@ -317,12 +337,19 @@ class Sim:
         max_bs = int(getattr(self.args, "cuda_graph_max_bs", None) or 256)
         all_bs = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 513, 16)]
         bss = [b for b in all_bs if b <= max_bs]
-        log(M("capture_bs", bs=bss), self.prefix(0))
+        if self.node_rank:  # capture_bs and the bar are TP rank 0's (node 0)
+            fail = self.cfg.scenario == "node-capture-crash"
+            self.cfg.sleep("graph", 1 / 3 if fail else 1.0)
+            if fail:
+                sim_group.node_capture_crash(self)
+        else:
+            log(M("capture_bs", bs=bss), self.prefix(0))
         # cuda_graph_runner.capture: tqdm over the batch sizes (largest first) on rank 0
         sizes = list(reversed(bss))
         fail_at = len(sizes) // 3 if self.cfg.scenario == "capture-oom" else None
-        self.bar([M("capturing", bs=b, avail=self.avail_after_kv - 0.02 * i)
-                  for i, b in enumerate(sizes)], "graph", stop_at=fail_at)
+        if not self.node_rank:
+            self.bar([M("capturing", bs=b, avail=self.avail_after_kv - 0.02 * i)
+                      for i, b in enumerate(sizes)], "graph", stop_at=fail_at)
         if fail_at is not None:
             sim_faults.capture_oom(self)
         if self.tp > 1:
@@ -398,6 +425,8 @@ class Sim:
         self.access(client, "POST", "/generate", 200)
         self.status = "up"
         log(M("ready"))
+        if self.group:
+            self.group.ready(self)
         self.write_record(self.cfg.ready_file, {
             "ready_at": time.time(), "ready_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "started_at": self.started, "pid": os.getpid(), "version": self.version,
@@ -457,6 +486,8 @@ class Sim:
     def generate_tokens(self, rid: str, n: int, on_token=None):
         if self.status == "up" and self.cfg.scenario in sim_faults.AFTER_READY:
             sim_faults.after_ready_request(self)
+        while self.peer_lost is not None:  # a node is gone: the collectives never complete
+            time.sleep(3600)
         self.cfg.refresh_rates()
         delay = 1.0 / self.cfg.tokens_per_s if self.cfg.tokens_per_s > 0 else 0.0
         toks = [(" " if i else "") + WORDS[i % len(WORDS)] for i in range(n)]

@@ -2,6 +2,7 @@
 
 /etc/testbed/sim.env (or $TESTBED_SIM_ENV), KEY=VALUE lines:
   SCENARIO=healthy|autotune-crash|load-hang|oom|slow-start (and the failures of sim_faults.py)
+                        (and node-capture-crash|node-dies-serving of a group: sim_group.py)
   SCENARIO_WHEN=        "--flag value": the scenario hits only a server launched with those
                         arguments (a configuration that fails), any other launch is healthy
   TIME_SCALE=0.05       multiplies the real-ish durations below (slow-start: x5 more)
@@ -107,8 +108,8 @@ class Config:
             self._rates_mtime = mtime
             self._apply_rates(read_env_file(self.path))
 
-    def sleep(self, what: str):
-        time.sleep(REAL_DURATIONS[what] * self.time_scale)
+    def sleep(self, what: str, factor: float = 1.0):
+        time.sleep(REAL_DURATIONS[what] * self.time_scale * factor)
 
 
 def read_model(model_path: str) -> dict:

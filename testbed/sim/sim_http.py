@@ -100,6 +100,15 @@ def make_handler(sim):
         def health(self):
             if sim.shutting_down:
                 log(M("health_shutdown"))
+            elif sim.status == "up" and sim.peer_lost is not None:
+                # the health request's generation never comes back (a node of the group is
+                # gone): HEALTH_CHECK_TIMEOUT (20 s, scaled), the error line, 503
+                tic = time.time()
+                time.sleep(20 * sim.cfg.time_scale)
+                log(M("health_failed", timeout=20, tic=time.strftime("%H:%M:%S", time.localtime(tic)),
+                      last=time.strftime("%H:%M:%S", time.localtime(sim.peer_lost_at))))
+                self._send(503)
+                return
             self.ready()
 
         def models(self):

@@ -59,6 +59,11 @@ MESSAGES: dict[str, tuple] = {
                 "sglang/srt/managers/tokenizer_manager.py", None, None),
     "draining": ("Gracefully exiting... Remaining number of requests {n}. Remaining requests remaining_rids={rids}.",
                  "sglang/srt/managers/tokenizer_manager.py", None, None),
+    "health_failed": ("Health check failed. Server couldn't get a response from detokenizer for last "
+                      "{timeout} seconds. tic start time: {tic}. last_heartbeat time: {last}",
+                      "sglang/srt/entrypoints/http_server.py", None, None),
+    "dummy_health": ("Dummy health check server started in background thread at {addr}",
+                     "sglang/srt/utils/common.py", None, None),
     "health_shutdown": ("Health check request received during shutdown. Returning 503.",
                         "sglang/srt/entrypoints/http_server.py", None, None),
     # outside the sglang wheel (uvicorn's default log config; flashinfer's JIT)
