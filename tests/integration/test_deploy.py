@@ -135,7 +135,14 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
     r = deploy(testbed, TB1, "--data", f"sglang_flags={json.dumps(flags)}")
     out = both(r)
     assert r.returncode == 0, out[-4000:]
-    assert sorted(changed(out)) == sorted([
+    ops = changed(out)
+    # new flags: the release is proven with them under the unit's sandbox before the restart
+    smoke = [o for o in ops if o.startswith(
+        "Service: launch flags, secrets, systemd unit, (re)start | Release smoke of ")]
+    assert len(smoke) == 1 and smoke[0].endswith(" under the unit's sandbox"), ops
+    assert ops.index(smoke[0]) < ops.index(
+        "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit changed)")
+    assert sorted(o for o in ops if o not in smoke) == sorted([
         "Service: launch flags, secrets, systemd unit, (re)start | JIT toolchain (nvcc, ninja, c++) in the service's environment",
         "Service: launch flags, secrets, systemd unit, (re)start | Unit /etc/systemd/system/sglang.service",
         "Service: launch flags, secrets, systemd unit, (re)start | systemd daemon-reload",
