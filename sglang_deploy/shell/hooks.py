@@ -17,7 +17,6 @@ this is installed. deploy.py, rollback.py and preflight.py therefore call
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
@@ -29,7 +28,7 @@ from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import errors, jit
+from sglang_deploy.core import errors, jit, lockfile
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
@@ -41,12 +40,6 @@ _checked = False
 
 def _pyinfra_warning(text: str) -> None:
     logger.warning(f"sglang-deploy: {text}")
-
-
-@functools.lru_cache(maxsize=8)
-def _lock_text(path: str, mtime_ns: int, size: int) -> str:
-    """A lock's text, read once per file version (every host of a fleet names the same lock)."""
-    return Path(path).read_text()
 
 
 def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
@@ -70,9 +63,8 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
                     fix=f"fix `{key}` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
             if not routing.is_router(each):  # a server's lock and flags, not the router's
-                st = lock.stat()
-                jit.check_lock(_lock_text(str(lock.resolve()), st.st_mtime_ns, st.st_size),
-                               settings.sglang_lock, settings.sglang_env)
+                jit.check_lock(lockfile.read(lock).text, settings.sglang_lock,
+                               settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
         except errors.DataError as exc:
             if not exc.what.startswith(f"[{each.name}] "):

@@ -22,7 +22,7 @@ from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import group, jit, modelfetch, preflight, report, service
+from sglang_deploy.core import group, jit, lockfile, modelfetch, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
@@ -89,21 +89,14 @@ def lock_info(lock_file: str, key: str = "sglang_lock", parse=service.release_of
               fix: str = "run `sglang-deploy lock locks/NAME.in` or fix `sglang_lock`"
               ) -> tuple[str, str, str]:
     """(release id, version, lock text) of a lock file on the controller, PARSE giving the
-    first two (it raises for a bad lock): read and checked once per run and file version
-    (every host of a fleet names the same lock). KEY and FIX: the data key, for the error."""
+    first two (it raises for a bad lock; every host of a fleet names the same lock, parsed
+    once: ``lockfile.Lock``). KEY and FIX: the data key, for the error."""
     path = Path(state.cwd or ".") / lock_file
     if not path.is_file():
         raise DataError(key=key, what=f"the lock file named by `{key}` exists",
                         found=f"no file {path}", fix=fix)
-    st = path.stat()
-    return _read_lock(parse, str(path), st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-@functools.lru_cache(maxsize=8)
-def _read_lock(parse, path_text: str, mtime_ns: int, size: int, inode: int) -> tuple[str, str, str]:
-    """``lock_info`` of one file version; a bad lock raises (exceptions are not cached)."""
-    text = Path(path_text).read_text()
-    return (*parse(text, path_text), text)
+    text = lockfile.read(path).text  # parsed once per text (``lockfile.Lock``)
+    return (*parse(text, str(path)), text)
 
 
 def put_p2p_record(ctx: Context) -> None:
