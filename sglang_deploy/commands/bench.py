@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,18 +49,23 @@ class BenchOutcome:
 def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd=".",
               on_line=None, data=None) -> list[BenchOutcome]:
     """Run the bench deploy for HOSTS (one pyinfra process) and gate each host."""
+    from sglang_deploy.shell import outcomes as outcomes_mod
     from sglang_deploy.shell import runner
 
     run_id = uuid.uuid4().hex
-    run = runner.run_pyinfra(inventory, str(DEPLOY_FILE), limit=hosts, cwd=cwd, data=data,
-                             env={RUN_ID_ENV: run_id}, on_line=on_line)
+    with tempfile.TemporaryDirectory(prefix="bench-outcomes-") as records:
+        run = runner.run_pyinfra(inventory, str(DEPLOY_FILE), limit=hosts, cwd=cwd, data=data,
+                                 env={RUN_ID_ENV: run_id, outcomes_mod.OUTCOMES_ENV: records},
+                                 on_line=on_line)
+        got = outcomes_mod.read(records, hosts)  # each host's own record, never the text
     outcomes = []
     for name in hosts:
         entry = find_run(name, run_id, cwd)
         if entry is None:
             outcomes.append(BenchOutcome(
                 ok=False, host=name, message=f"{name}: no benchmark result (pyinfra exit status "
-                                             f"{run.rc}):\n" + common.host_error(run.output, name)))
+                                             f"{run.rc}):\n" + (got[name].message
+                                                                 or got[name].kind)))
         else:
             ok, message = gate(entry["current"], entry["previous"], min_ratio)
             outcomes.append(BenchOutcome(ok, message, entry["current"], entry["previous"], name))

@@ -6,10 +6,9 @@
   prints the result as JSON on stdout and nothing else goes there; ``-v`` / ``-vv`` pass
   pyinfra's verbosity through (and show tracebacks).
 * The exit statuses (``EXIT_*``) are listed in each command's ``--help`` (``epilog``).
-* ``host_error`` finds the failing host's own error line in a pyinfra run's output: for
-  display only, where no outcome record says why (pyinfra stopped before any host ran, and
-  the commands not yet on records: rebuild, bench). Outcomes come from the records
-  (``shell/outcomes.py``), never from this text.
+* ``host_error`` shows pyinfra's own error from a run's output, for display only where no
+  host left an outcome record (pyinfra stopped before any host ran). Every command decides
+  each host's outcome from the records (``shell/outcomes.py``), never from this text.
 * ``table`` / ``print_table`` / ``console``: rich tables and text; plain ASCII, no colour and no
   padding to a console width when the output is not a terminal.
 """
@@ -87,11 +86,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TYPED_HEAD = re.compile(r": expected |^GPU pre-flight failed: ")
 
 
-def _prefixed(line: str, host: str) -> str | None:
-    m = re.match(rf"^\s*\[{re.escape(host)}\]\s?(.*)$", line)
-    return m.group(1).strip() if m else None
-
-
 def _typed_block(lines: list[str], start: int, first: str, n: int) -> str:
     block = [first.split("sglang_deploy.core.errors.", 1)[-1].strip()]
     for more in lines[start + 1:]:
@@ -101,18 +95,12 @@ def _typed_block(lines: list[str], start: int, first: str, n: int) -> str:
     return "\n".join(block[:n])
 
 
-def host_error(output: str, host: str | None = None, n: int = 12) -> str:
-    """The real error of HOST (or of the run) in a pyinfra run's OUTPUT, most telling first:
-    the tool's typed error (expected / found / fix) logged for the host, else one logged
-    without a host prefix (a traceback's last line), else pyinfra's own error line for the
-    host (``[host] Error: ...``, ``Could not connect ...``), else pyinfra's ``--> pyinfra
-    error`` line, else the last lines of the output. Never a pointer to a log file."""
+def host_error(output: str, n: int = 12) -> str:
+    """Pyinfra's own error in a run's OUTPUT, for display only where no host left an outcome
+    record (pyinfra stopped before any host ran): the tool's typed error (expected / found /
+    fix) as pyinfra printed it, else pyinfra's ``--> pyinfra error`` line, else the last lines.
+    No decision is taken on it (``shell.outcomes`` records decide)."""
     lines = [_ANSI.sub("", ln) for ln in output.rstrip().splitlines()]
-    if host:
-        for i in range(len(lines) - 1, -1, -1):
-            text = _prefixed(lines[i], host)
-            if text and _TYPED_HEAD.search(text):
-                return _typed_block(lines, i, text, n)
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
         if line.lstrip().startswith("[") or not _TYPED_HEAD.search(line):
@@ -120,16 +108,6 @@ def host_error(output: str, host: str | None = None, n: int = 12) -> str:
         if "sglang_deploy.core.errors." in line or line.startswith("--> pyinfra error") \
                 or not line.startswith(" "):
             return _typed_block(lines, i, line.split("--> pyinfra error: ", 1)[-1], n)
-    if host:
-        mine = [t for t in (_prefixed(ln, host) for ln in lines) if t]
-        errs = [t for t in mine if re.search(
-            r"Could not connect|Error|error|failed|refused|denied|timed out", t)
-            and "Unexpected error in Python callback" not in t]
-        if errs:
-            last = errs[-1]
-            if last.startswith("Error") and len(errs) > 1:
-                return "\n".join(errs[-2:])  # pyinfra: the exception line, then "Error: op"
-            return last
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("--> pyinfra error"):
             return "\n".join(lines[i:i + n])

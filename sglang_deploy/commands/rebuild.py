@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from sglang_deploy.commands import common
@@ -33,7 +34,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from sglang_deploy.core.errors import UsageError
-    from sglang_deploy.shell import hosts, runner
+    from sglang_deploy.shell import hosts, outcomes, runner
 
     if args.cache and not Path(args.cache).is_file():
         raise UsageError(what="--cache FILE: an archive from `sglang-deploy cache save`",
@@ -41,10 +42,14 @@ def run(args) -> int:
     data = list(args.data) + ([f"sglang_cache_seed={args.cache}"] if args.cache else [])
     chosen = hosts.select(args.inventory, [args.host], data, option="HOST")
     show = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    result = runner.run_pyinfra(args.inventory, "deploy.py", limit=chosen.hosts, data=data,
-                                on_line=show)
-    rows = [{"host": name, "ok": result.ok,
-             "error": None if result.ok else common.host_error(result.output, name)}
+    with tempfile.TemporaryDirectory(prefix="rebuild-outcomes-") as records:
+        result = runner.run_pyinfra(args.inventory, "deploy.py", limit=chosen.hosts, data=data,
+                                    on_line=show, env={outcomes.OUTCOMES_ENV: records})
+        got = outcomes.read(records, chosen.hosts)  # each host's own record, never the text
+    # no record at all (pyinfra stopped before the host): pyinfra's own error, as printed
+    rows = [{"host": name, "ok": got[name].passed,
+             "error": None if got[name].passed else got[name].message
+             or f"{got[name].kind}: {common.host_error(result.output)}"}
             for name in chosen.hosts]
     if args.json:
         print(json.dumps({"ok": result.ok, "seconds": round(result.seconds, 2), "hosts": rows},
@@ -52,7 +57,7 @@ def run(args) -> int:
     for row in rows:
         verdict = "rebuilt and verified" if row["ok"] else "rebuild FAILED:\n" + row["error"]
         print(f"{row['host']}: {verdict} ({result.seconds:.1f}s)", file=sys.stderr)
-    if not result.ok:
+    if not result.ok or not all(row["ok"] for row in rows):
         return common.EXIT_FAILED
     for name in chosen.hosts:
         put_back(args.inventory, name, args.data)

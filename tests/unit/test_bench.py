@@ -378,7 +378,8 @@ def test_model_stand_in_tokenizer_is_fixed_and_covers_the_simulator_words(tmp_pa
 
 # ----------------------------------------------------------------------------- command glue
 def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkeypatch):
-    from sglang_deploy.shell import runner
+    from sglang_deploy.core import outcome
+    from sglang_deploy.shell import outcomes, runner
 
     seen = {}
 
@@ -388,7 +389,11 @@ def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkey
         benchhost.append_local("h1", {"run_id": run_id, "host": "h1",
                                   "current": rec("B", c2=400.0), "previous": rec("A", c2=800.0)},
                            cwd)
-        return runner.Run(argv=[], rc=1, output="...\n[h2] pyinfra error: boom\n", seconds=1.0)
+        # h2's own record says why; the printed text is not read
+        outcomes.write_json(Path(env[outcomes.OUTCOMES_ENV]), "h2", outcome.record(
+            "h2", outcome.FAILED, "bench", phase="execute",
+            error={"type": "RuntimeError", "message": "boom"}))
+        return runner.Run(argv=[], rc=1, output="...\n[h2] all fine\n", seconds=1.0)
 
     monkeypatch.setattr(runner, "run_pyinfra", fake_run_pyinfra)
     out = bench.run_hosts("inv.py", ["h1", "h2"], 0.95, cwd=tmp_path)

@@ -234,14 +234,21 @@ def test_rebuild_of_a_host_not_in_the_inventory_fails_before_running(inv, no_pyi
 
 
 def test_rebuild_reports_the_hosts_own_error(inv, monkeypatch, capsys, locked_wheel):
-    out = ("    [a1] Connected\n"
-           "    [a1] GPU pre-flight failed: 7 of 8 GPUs\n"
-           "      found:    7 GPUs (0-6)\n"
-           "      fix:      pass /dev/nvidia7 through\n"
-           "--> pyinfra error: No hosts remaining!\n")
+    """The host's outcome record decides and says why; pyinfra's printed text is not read."""
+    from sglang_deploy.core import outcome
+    from sglang_deploy.core.errors import PreflightError
+    from sglang_deploy.shell import outcomes
+
+    err = PreflightError(what="7 of 8 GPUs", found="7 GPUs (0-6)", fix="pass /dev/nvidia7 through")
+    misleading = "    [a1] Connected\n    [a1] all good\n"
+
+    def fake(*a, env=None, **k):
+        outcomes.write_json(Path(env[outcomes.OUTCOMES_ENV]), "a1", outcome.record(
+            "a1", outcome.FAILED, "preflight", phase="execute", error=outcome.error_of(err)))
+        return runner.Run(argv=[], rc=1, output=misleading, seconds=1.0)
+
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(runner, "run_pyinfra",
-                        lambda *a, **k: runner.Run(argv=[], rc=1, output=out, seconds=1.0))
+    monkeypatch.setattr(runner, "run_pyinfra", fake)
     assert cli.main(["rebuild", inv, "a1", "--json"]) == 1
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
@@ -344,31 +351,17 @@ def test_without_a_wheel_the_check_warns_and_leaves_it_to_the_host(tmp_path, mon
 
 # ------------------------------------------------------------------ the failing host's error
 
-def test_host_error_prefers_the_hosts_typed_error_block():
+def test_host_error_shows_pyinfras_own_error_where_no_record_says_why():
+    """Display only (no outcome is decided on it): the typed block pyinfra printed without a
+    host prefix, else its `--> pyinfra error` line, else the last lines."""
     out = ("    [h1] Connected\n"
-           "    [h2] verification failed: expected the server to answer\n"
-           "      found:    exit status 1\n"
-           "      fix:      read the journal\n"
-           "    [h1] invalid launch flags: expected flags of SGLang 0.5.12.post1\n"
-           "      found:    --tp-sizee is not a flag\n"
+           "sglang_deploy.core.errors.DataError: invalid deploy data: expected a lock\n"
+           "  found:    no file locks/x.txt\n"
            "--> pyinfra error: No hosts remaining!\n")
-    assert common.host_error(out, "h2") == ("verification failed: expected the server to answer\n"
-                                            "      found:    exit status 1\n"
-                                            "      fix:      read the journal")
-    assert common.host_error(out, "h1").endswith("--tp-sizee is not a flag")
-
-
-def test_host_error_gives_pyinfras_own_line_for_the_host():
-    out = ("    [h3] Could not connect (Unable to connect to port 22 on 10.0.0.3)\n"
-           "--> pyinfra error: Over 0% of hosts failed (33%)\n")
-    assert common.host_error(out, "h3") == \
-        "Could not connect (Unable to connect to port 22 on 10.0.0.3)"
-    out = ("    [h1] Starting operation: Runtime | Release\n"
-           "    [h1] OSError: No space left on device\n"
-           "    [h1] Error: executed 3 commands\n")
-    assert common.host_error(out, "h1") == ("OSError: No space left on device\n"
-                                            "Error: executed 3 commands")
-    assert common.host_error("x\n--> pyinfra error: boom\n", "h9").startswith("--> pyinfra error: boom")
+    assert common.host_error(out) == ("DataError: invalid deploy data: expected a lock\n"
+                                      "  found:    no file locks/x.txt")
+    assert common.host_error("x\n--> pyinfra error: boom\n").startswith("--> pyinfra error: boom")
+    assert common.host_error("") == "pyinfra printed nothing"
 
 
 def test_status_row_of_a_silent_host_carries_its_real_error(tmp_path):

@@ -107,7 +107,7 @@ def test_error_excerpt_finds_the_verify_error_before_pyinfras_last_words():
            "  fix:      read the journal\n\n"
            "    [tb2] Unexpected error in Python callback: VerifyError('x',)\n"
            "--> pyinfra error: No hosts remaining!\n")
-    text = common.host_error(out, "tb2")
+    text = common.host_error(out)
     assert text.startswith("VerifyError: verification failed") and "phase `autotune`" in text
     assert "No hosts remaining" not in text
 
