@@ -188,7 +188,7 @@ def flag_sets(lock: Path, inventory: str | None, cwd: str = ".") -> list[FlagSet
         s = routing.settings(h, inv)
         if Path(cwd, s.sglang_lock).resolve() != want and inventory:
             continue
-        argv = flagmod.render_flags(service.flag_map(s, with_api_key=True))
+        argv = flagmod.render_flags(service.flag_map(s))  # never --api-key in argv
         steps = list(s.sglang_smoke)
         key = (tuple(argv), tuple(steps))
         name = "group_data" if not inventory else h.name

@@ -347,7 +347,7 @@ def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flag
     + python: the new release venv's python
     + tool: path of the shipped ``release_smoke.py`` on the host
     + steps: ``sglang_smoke``
-    + flags: the launch flags (the API key as a placeholder, never the key)
+    + flags: the launch flags, without ``--api-key`` (no argv ever names it)
     + env: ``sglang_smoke_env``, over the unit's environment
 
     **Example:**

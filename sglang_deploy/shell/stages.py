@@ -347,7 +347,8 @@ def service_stage(ctx: Context):
                 name=f"Release smoke of {ctx.release_id} under the unit's sandbox",
                 unit_text=unit_text, python=ctx.venv_python, tool=lay.tool("release_smoke.py"),
                 steps=s.sglang_smoke,
-                flags=flagmod.render_flags(service.flag_map(s, with_api_key=True)),
+                # no --api-key, not even a placeholder: argv never names it
+                flags=flagmod.render_flags(service.flag_map(s)),
                 env=s.sglang_smoke_env)
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
                               path=lay.secrets_file, content=secrets_text,

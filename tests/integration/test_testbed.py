@@ -203,7 +203,9 @@ def test_status_json_shape(testbed):
     assert {"state_dir", "key", "known_hosts", "wheelhouse", "hosts"} <= set(st)
     assert [h["name"] for h in st["hosts"]] == testbed.hosts
     for h in st["hosts"]:
-        assert set(h) == {"name", "address", "pid", "alive", "ssh", "gpu_scenario", "sim_scenario"}
+        assert set(h) == {"name", "address", "pid", "alive", "ssh", "gpu_scenario", "sim_scenario",
+                          "blocked_ports"}
+        assert h["blocked_ports"] == []  # `python -m testbed block` was not used
         assert h["alive"] is True and h["ssh"] is True
         assert h["address"] == testbed.address(h["name"])
         assert isinstance(h["pid"], int)
