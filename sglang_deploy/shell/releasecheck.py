@@ -181,18 +181,18 @@ def flag_sets(lock: Path, inventory: str | None, cwd: str = ".") -> list[FlagSet
         ctx_state.set(State())
         inv = make_inventory("@local", cwd=str(Path(cwd).resolve()))
     want = lock.resolve()
+    serving = [(h.name, routing.settings(h, inv)) for h in inv if not routing.is_router(h)]
+    users = [(n, s) for n, s in serving if Path(cwd, s.sglang_lock).resolve() == want]
+    if inventory and serving and not users:
+        # a new lock, checked before the hosts move to it: their flags, as they are
+        _say(f"no host of {inventory} uses {lock} yet: checking it with every host's flags")
     out: dict[tuple, FlagSet] = {}
-    for h in inv:
-        if routing.is_router(h):
-            continue
-        s = routing.settings(h, inv)
-        if Path(cwd, s.sglang_lock).resolve() != want and inventory:
-            continue
+    for name, s in users or serving:
         argv = flagmod.render_flags(service.flag_map(s))  # never --api-key in argv
         steps = list(s.sglang_smoke)
         key = (tuple(argv), tuple(steps))
-        name = "group_data" if not inventory else h.name
-        out.setdefault(key, FlagSet([], argv, steps)).hosts.append(name)
+        out.setdefault(key, FlagSet([], argv, steps)).hosts.append(
+            name if inventory else "group_data")
     return list(out.values())
 
 

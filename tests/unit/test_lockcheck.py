@@ -245,3 +245,44 @@ def test_packages_of_maps_frames_to_installed_distributions():
     names = [p["name"] for p in pkgs]
     assert "packaging" in names
     assert isinstance(types.SimpleNamespace(**pkgs[0]).version, str)
+
+
+# ------------------------------------------------------------------ whose flags are smoked
+
+def _project(tmp_path: Path) -> Path:
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        "sglang_model_path = '/srv/models/m'\nsglang_lock = 'locks/a.txt'\n"
+        "sglang_flags = {'tp-size': 8}\n")
+    (tmp_path / "locks").mkdir()
+    text = (ROOT / "locks/glm5-blackwell.txt").read_text()
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "locks" / name).write_text(text)
+    (tmp_path / "inv.py").write_text(
+        "hosts = [('h1', {}), ('h2', {'sglang_flags': {'tp-size': 4}}),\n"
+        "         ('h3', {'sglang_lock': 'locks/b.txt'})]\n")
+    return tmp_path
+
+
+def test_the_smoke_parses_the_flags_of_the_hosts_that_use_the_lock(tmp_path):
+    from sglang_deploy.shell import releasecheck
+
+    cwd = _project(tmp_path)
+    sets = releasecheck.flag_sets(cwd / "locks/a.txt", "inv.py", str(cwd))
+    assert sorted(fs.hosts for fs in sets) == [["h1"], ["h2"]]  # h3 uses another lock
+    assert {tuple(fs.argv[fs.argv.index("--tp-size"):][:2]) for fs in sets} == {
+        ("--tp-size", "8"), ("--tp-size", "4")}
+    assert all("--api-key" not in fs.argv for fs in sets)
+    # without --inventory: group_data/ alone
+    alone = releasecheck.flag_sets(cwd / "locks/a.txt", None, str(cwd))
+    assert [fs.hosts for fs in alone] == [["group_data"]]
+
+
+def test_a_lock_no_host_uses_yet_is_smoked_with_every_hosts_flags(tmp_path, capsys):
+    from sglang_deploy.shell import releasecheck
+
+    cwd = _project(tmp_path)
+    (cwd / "locks" / "new.txt").write_text((cwd / "locks" / "a.txt").read_text())
+    sets = releasecheck.flag_sets(cwd / "locks/new.txt", "inv.py", str(cwd))
+    assert sorted(h for fs in sets for h in fs.hosts) == ["h1", "h2", "h3"]
+    assert "no host of inv.py uses" in capsys.readouterr().err
