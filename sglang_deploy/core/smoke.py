@@ -9,7 +9,6 @@ before ``current`` flips or the service restarts (``releaseops.release_smoke``).
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
 from sglang_deploy.core.errors import SglangDeployError
@@ -166,6 +165,3 @@ def systemd_run_argv(unit_text: str, argv: Sequence[str], env: Mapping[str, str]
         cmd += ["-p", f"Environment={k}={v}"]
     return [*cmd, "--", *argv]
 
-
-def shell_command(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

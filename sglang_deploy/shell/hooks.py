@@ -72,7 +72,8 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
             outcomes.failed(each.name, exc, "data")
             raise
         resolved[each.name] = settings
-    refuse_groups(routing.groups(inventory))
+    if any(s.sglang_group for s in resolved.values()):  # a plan only where a group is named
+        refuse_groups(routing.groups(inventory))
     return resolved
 
 

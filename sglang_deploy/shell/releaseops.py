@@ -360,4 +360,4 @@ def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flag
     """
     argv = smoke.smoke_argv(python, tool, steps, flags)
     cmd = smoke.systemd_run_argv(unit_text, argv, {"CUDA_VISIBLE_DEVICES": "", **(env or {})})
-    yield FunctionCommand(reported(_smoke_on_host), (smoke.shell_command(cmd),), {})
+    yield FunctionCommand(reported(_smoke_on_host), (_sh(*cmd),), {})

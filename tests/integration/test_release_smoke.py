@@ -6,6 +6,7 @@ bind-mounted read-only at /srv/lockcheck)."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def test_the_production_release_imports_under_the_units_own_sandbox(testbed, dep
                              "sglang.srt.model_executor.model_runner"])
     cmd = smoke.systemd_run_argv(unit, argv, {"CUDA_VISIBLE_DEVICES": ""})
     assert cmd.count("-p") == len(smoke.sandbox_properties(unit)) + 1
-    r = testbed.ssh(TB1, smoke.shell_command(cmd), timeout=900)
+    r = testbed.ssh(TB1, shlex.join(cmd), timeout=900)
     result = smoke.parse_result(r.stdout)
     assert result is not None, (r.stdout + r.stderr)[-3000:]
     assert result["ok"], str(smoke.error_for(result, f"host {TB1} (sandboxed)"))
@@ -97,7 +98,7 @@ def test_the_production_release_imports_under_the_units_own_sandbox(testbed, dep
                      "import sglang.srt.model_executor.model_runner": "passed"}, steps
     # it really ran as the unit's user, inside the unit's sandbox
     probe = smoke.systemd_run_argv(unit, ["/bin/sh", "-c", "id -un; touch /usr/x 2>&1 || true"])
-    seen = testbed.ssh(TB1, smoke.shell_command(probe)).stdout
+    seen = testbed.ssh(TB1, shlex.join(probe)).stdout
     assert seen.splitlines()[0] == "sglang"
     assert "Read-only file system" in seen
 
