@@ -21,6 +21,8 @@ from sglang_deploy.core.errors import DataError, UsageError
 
 #: flags the tool renders for a group's node: never written in ``sglang_flags``
 RESERVED_FLAGS = ("nnodes", "node-rank", "dist-init-addr")
+#: launch flags that differ between a group's nodes by design
+PER_NODE_FLAGS = ("node-rank", "host")
 #: data every node of a group must share (compared before connecting)
 SAME = ("sglang_lock", "sglang_flags", "sglang_model_path", "sglang_served_model_name",
         "gpu_expected_count", "gpu_expected_model", "sglang_dist_init_port",
@@ -193,5 +195,133 @@ def check_limit(groups: Mapping[str, Group], selected: Iterable[str],
                 what=f"every node of group `{g.name}` or none of them ({', '.join(g.members())})",
                 found=f"the selection names {', '.join(inside)} but not {', '.join(missing)}",
                 fix=f"add `--limit {' --limit '.join(missing)}` (or `--limit` the group's "
-                    "inventory group); to act on one node on purpose, say so explicitly "
-                    "(--allow-partial-group)")
+                    "inventory group); to act on part of the group on purpose, say so: "
+                    "SGLANG_DEPLOY_PARTIAL_GROUP=1")
+
+
+# ------------------------------------------------------------------ the group pre-flight
+#: how long the rendezvous waits for every node (seconds): the nodes start it together
+RENDEZVOUS_TIMEOUT_S = 30.0
+#: the largest clock difference between two nodes the group pre-flight accepts (seconds):
+#: logs compared across nodes, TLS and token lifetimes need clocks that agree
+CLOCK_SKEW_MAX_S = 5.0
+#: NCCL's bootstrap root listens on a port of rank 0's ephemeral range (Linux's default)
+EPHEMERAL = (32768, 60999)
+
+
+def probe_port(group: Group, seed: int) -> int:
+    """A port of the ephemeral range, not the dist-init port, chosen once per run (SEED): the
+    rendezvous proves that the other nodes reach rank 0 there, as NCCL's bootstrap must."""
+    lo, hi = EPHEMERAL
+    port = lo + (seed % (hi - lo))
+    return port + 1 if port == group.port else port
+
+
+def card(node: str, rank: int, release: str, flags: Mapping[str, Any], driver: str | None
+         ) -> dict[str, Any]:
+    """What a node tells the others in the rendezvous: its release, its flags' hash (without
+    the per-node ones: ``PER_NODE_FLAGS``) and its driver version (``clock``: by the tool)."""
+    import hashlib
+    import json
+
+    same = {k: v for k, v in flags.items()
+            if k.lstrip("-").replace("_", "-") not in PER_NODE_FLAGS}
+    digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
+    return {"node": node, "rank": rank, "release": release, "flags": digest[:16],
+            "driver": driver}
+
+
+def rendezvous_argv(group: Group, host: str, tool: str, card_: Mapping[str, Any],
+                    probe: int, reach_only: bool, python: str = "python3",
+                    timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> list[str]:
+    """The rendezvous command of HOST: rank 0 listens on its address, the others connect.
+    The dist-init port is exchanged on only when it is free (REACH_ONLY: rank 0's server holds
+    it, and the others only prove that it accepts a connection); the PROBE port always."""
+    import json
+
+    words = [python, tool]
+    ports = [probe] if reach_only else [group.port, probe]
+    if group.rank_of(host) == 0:
+        words += ["listen", "--bind", group.addr, "--peers", str(group.nnodes - 1)]
+    else:
+        words += ["connect", "--addr", group.addr]
+        if reach_only:
+            words += ["--reach", str(group.port)]
+    for p in ports:
+        words += ["--port", str(p)]
+    return words + ["--card", json.dumps(dict(card_), sort_keys=True), "--timeout", f"{timeout_s:g}"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One failure of the group pre-flight: between which nodes, what, and the fix."""
+
+    nodes: tuple[str, ...]
+    message: str
+    fix: str
+
+    def text(self) -> str:
+        return f"{' <-> '.join(self.nodes)}: {self.message}"
+
+
+def _port_fix(group: Group, port: int, kind: str) -> str:
+    return (f"open TCP {port} on {group.rank0} ({group.addr}) to the group's nodes ({kind}): "
+            "nftables/ufw/iptables on rank 0 and any firewall between the hosts; check "
+            "`sglang_dist_init_addr` is rank 0's address on the network the nodes share")
+
+
+def judge_rendezvous(group: Group, results: Mapping[str, Mapping[str, Any] | None],
+                     cards: Mapping[str, Mapping[str, Any]],
+                     clock_skew_max_s: float = CLOCK_SKEW_MAX_S) -> list[Problem]:
+    """Pure: the group pre-flight's verdict. RESULTS: node -> the rendezvous tool's JSON (None
+    when the node gave none); CARDS: node -> its card (``card``). Every node must share rank
+    0's release, flags and driver, have reached rank 0 on every port, and keep its clock
+    within CLOCK_SKEW_MAX_S of rank 0's. Returns the problems, each naming its nodes and fix."""
+    problems: list[Problem] = []
+    r0 = group.rank0
+    want = cards.get(r0) or {}
+    for node in group.members()[1:]:
+        c = cards.get(node) or {}
+        for key, label, fix in (
+                ("release", "releases", "deploy the same `sglang_lock` to every node (one deploy "
+                                        "of all the group's nodes converges them)"),
+                ("flags", "launch flags", "set `sglang_flags` once for the group"),
+                ("driver", "NVIDIA driver versions",
+                 "install the same driver on every node's host: NCCL across nodes needs the same "
+                 "CUDA/NCCL stack")):
+            if c.get(key) != want.get(key):
+                problems.append(Problem((node, r0), f"{label} differ: {node} has {c.get(key)!r}, "
+                                                    f"{r0} has {want.get(key)!r}", fix))
+    mine = results.get(r0)
+    if mine is None:
+        problems.append(Problem((r0,), "rank 0's rendezvous gave no result",
+                                f"read {r0}'s error above"))
+    else:
+        for port, entry in sorted((mine.get("ports") or {}).items()):
+            if entry.get("error") not in (None, "timeout"):
+                problems.append(Problem(
+                    (r0,), f"rank 0 cannot listen on {group.addr}:{port}: {entry['error']}",
+                    f"free TCP {port} on {r0} (`ss -ltnp 'sport = :{port}'`) or set "
+                    f"`sglang_dist_init_port`; if {group.addr} is not {r0}'s address, fix "
+                    "`sglang_dist_init_addr`"))
+    for node in group.members()[1:]:
+        out = results.get(node)
+        if out is None:
+            problems.append(Problem((node, r0), "the node gave no rendezvous result",
+                                    f"read {node}'s error above"))
+            continue
+        for port, entry in sorted((out.get("ports") or {}).items(), key=lambda kv: int(kv[0])):
+            kind = ("torch's rendezvous store, --dist-init-addr" if int(port) == group.port
+                    else "NCCL's bootstrap port range, the kernel's ephemeral ports")
+            if entry.get("error"):
+                problems.append(Problem(
+                    (node, r0), f"{node} cannot reach {group.addr}:{port} ({kind}): "
+                                f"{entry['error']} after {entry.get('attempts', '?')} attempt(s)",
+                    _port_fix(group, int(port), kind)))
+                continue
+            off = entry.get("offset_s")
+            if off is not None and abs(off) > clock_skew_max_s:
+                problems.append(Problem(
+                    (node, r0), f"clocks differ by {abs(off):.1f}s (bound {clock_skew_max_s:g}s)",
+                    "run NTP (chrony or systemd-timesyncd) on every node of the group"))
+    return problems

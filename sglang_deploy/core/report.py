@@ -27,6 +27,13 @@ def host_summary(name: str, params: dict, decision) -> dict:
 
 
 def format_summary(summary: dict) -> str:
+    if summary.get("node_rank"):  # a group's node of rank >= 1: up, it serves through rank 0
+        how = ("not restarted" if summary.get("action") in ("converged", "unchanged")
+               else f"up after {summary['time_to_ready_s']}s")
+        return (f"UP {summary['host']}: node {summary['node_rank']} of group "
+                f"{summary['group']}, sglang {summary['sglang_version']} (release "
+                f"{summary['release']}), autotune patch {summary['patch_state']}; {how} "
+                "(unit running, /health 200; the API is served by rank 0)")
     if summary.get("action") in ("converged", "unchanged"):
         return (f"SERVING {summary['host']}: sglang {summary['sglang_version']} (release "
                 f"{summary['release']}), autotune patch {summary['patch_state']}, serving "

@@ -44,6 +44,9 @@ class Verifier:
     overall_timeout_s: float
     phase_timeouts: dict
     require_generate: bool = True
+    #: a group's node of rank >= 1: it never serves the API; it is up when its dummy health
+    #: server answers /health 200, which SGLang starts only once its schedulers are ready
+    worker: bool = False
     started_at: float | None = None
     invocation: str | None = None
     tracker: StartupTracker = None  # type: ignore[assignment]
@@ -125,6 +128,16 @@ class Verifier:
                 f"not ready after {elapsed:.0f}s (verify_timeout_s {self.overall_timeout_s})",
                 service, progress=self.progress_text(now))
 
+        if self.worker:
+            health = poll.get("health") or {}
+            if health.get("status") != 200:
+                return Decision("wait", self.progress_text(now))
+            return Decision("ready", f"node up after {now - self.started_at:.1f}s: its "
+                                     "schedulers are ready (/health 200)", {
+                "phase_durations": self.tracker.phase_durations,
+                "time_to_ready_s": round(now - self.started_at, 2),
+                "invocation": self.invocation,
+            })
         if not self.tracker.ready_seen:
             return Decision("wait", self.progress_text(now))
         # the log says ready: now the API must agree
@@ -161,7 +174,7 @@ class Verifier:
         return self._fail(message, service)
 
     def wants_http(self) -> bool:
-        return bool(self.tracker.ready_seen)
+        return self.worker or bool(self.tracker.ready_seen)
 
     def progress_text(self, now: float) -> str:
         prog = self.tracker.shard_progress
@@ -196,9 +209,11 @@ def poll_command(tool: str, service: str, port: int, host_addr: str, cursor: str
     return shlex.join(args)
 
 
-def check_serving(poll: dict, served_model_name: str, require_generate: bool) -> Decision:
+def check_serving(poll: dict, served_model_name: str, require_generate: bool,
+                  worker: bool = False) -> Decision:
     """Pure: does a server that was NOT restarted serve? One poll (with --http) decides:
-    wait (not yet answering), ready, or fail (unit down, wrong model, generation refused)."""
+    wait (not yet answering), ready, or fail (unit down, wrong model, generation refused).
+    WORKER: a group's node of rank >= 1, up when its unit runs and /health answers 200."""
     service = poll.get("service", {})
     state = f"{service.get('ActiveState')}/{service.get('SubState')}"
     details = {"state": state, "invocation": service.get("InvocationID") or None,
@@ -208,6 +223,9 @@ def check_serving(poll: dict, served_model_name: str, require_generate: bool) ->
     health = poll.get("health") or {}
     if health.get("status") != 200:
         return Decision("wait", f"/health answers {health.get('status') or health.get('error')}", details)
+    if worker:
+        return Decision("ready", "node up (not restarted): /health 200",
+                        {**details, "phase_durations": {}, "time_to_ready_s": None})
     models = poll.get("models") or {}
     ids = _model_ids(models)
     if models.get("status") != 200 or served_model_name not in ids:

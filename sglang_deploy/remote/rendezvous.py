@@ -3,7 +3,7 @@
 host's system python before any server of the group stops).
 
     rendezvous.py listen  --bind ADDR --port P [--port Q] --peers N --card JSON --timeout S
-    rendezvous.py connect --addr ADDR --port P [--port Q] --card JSON --timeout S
+    rendezvous.py connect --addr ADDR --port P [--port Q] [--reach R] --card JSON --timeout S
 
 Rank 0 listens on each port (the dist-init port, and one port of the kernel's ephemeral range
 as NCCL's bootstrap uses) and waits for N peers on each. Every other node connects to each
@@ -11,7 +11,9 @@ port (retrying until the deadline, as torch's store client does) and sends its c
 line with its name, release, flags hash, driver version and clock (``time.time()``). Rank 0
 answers with its own card. Each side prints one JSON object: what it saw of every peer
 (address, card, the clock offset measured against its own clock), or the error (``refused``,
-``timeout``, ``unreachable``, ``in use``) per port. Exit status 0 when every exchange
+``timeout``, ``unreachable``, ``in use``) per port. ``--reach R``: only a TCP connect to
+port R, no card (rank 0's running server holds its dist-init port: a card would be garbage
+to torch's store). Exit status 0 when every exchange
 happened (the cards are compared by the deploy, ``core.group.judge_rendezvous``).
 """
 
@@ -97,9 +99,28 @@ def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float) 
     return result
 
 
-def connect(addr: str, ports: list[int], card: dict, timeout: float) -> dict:
+def reach(addr: str, port: int, deadline: float) -> dict:
+    """A TCP connect to ADDR:PORT, retried until DEADLINE; nothing is sent."""
+    last, attempts = "timeout", 0
+    while time.monotonic() < deadline:
+        attempts += 1
+        try:
+            socket.create_connection(
+                (addr, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
+            return {"attempts": attempts, "error": None, "card": None, "reach_only": True}
+        except OSError as exc:
+            last = _error(exc)
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    return {"attempts": attempts, "error": last, "card": None, "reach_only": True}
+
+
+def connect(addr: str, ports: list[int], card: dict, timeout: float,
+            reach_ports: list[int] = ()) -> dict:
     deadline = time.monotonic() + timeout
     result: dict = {"ok": True, "ports": {}}
+    for port in reach_ports:
+        result["ports"][str(port)] = reach(addr, port, deadline)
+        result["ok"] = result["ok"] and result["ports"][str(port)]["error"] is None
     for port in ports:
         last = "timeout"
         got = None
@@ -140,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--peers", type=int, required=True)
         else:
             s.add_argument("--addr", required=True)
+            s.add_argument("--reach", type=int, action="append", default=[],
+                           help="only a TCP connect to this port (no card)")
     args = p.parse_args(argv)
     card = json.loads(args.card)
     out = listen(args.bind, args.port, args.peers, card, args.timeout) if args.cmd == "listen" \
-        else connect(args.addr, args.port, card, args.timeout)
+        else connect(args.addr, args.port, card, args.timeout, args.reach)
     print(json.dumps(out, sort_keys=True), flush=True)
     return 0 if out["ok"] else 1
 

@@ -72,24 +72,23 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
             outcomes.failed(each.name, exc, "data")
             raise
         resolved[each.name] = settings
-    if any(s.sglang_group for s in resolved.values()):  # a plan only where a group is named
-        refuse_groups(routing.groups(inventory))
     return resolved
 
 
-def refuse_groups(groups: dict) -> None:
-    """Multi-node groups are planned and rendered (``core.group``), but the deploy cannot yet
-    start, verify and roll them as one: refuse them before any connection rather than start
-    nodes whose verification would wait for a line only rank 0 prints."""
-    if groups:
-        names = ", ".join(f"{g.name} ({', '.join(g.members())})" for g in groups.values())
-        raise errors.DataError(
-            key="sglang_group",
-            what="single-host servers: multi-node groups are not deployable yet (their start, "
-                 "verification and rollout as one unit are not built)",
-            found=f"group {names}",
-            fix="remove `sglang_group` from these hosts and deploy them as single-host servers; "
-                "a multi-node model still has to be started by hand")
+#: set to 1 to act on part of a multi-node group on purpose (``--limit`` naming some nodes)
+PARTIAL_GROUP_ENV = "SGLANG_DEPLOY_PARTIAL_GROUP"
+
+
+def check_group_selection(inventory, resolved: dict[str, datamod.Settings],
+                          initial_limit) -> None:
+    """A ``--limit`` that names part of a multi-node group is refused before any connection
+    (its nodes start and stop as one), unless PARTIAL_GROUP_ENV says so on purpose."""
+    if initial_limit is None or not any(s.sglang_group for s in resolved.values()):
+        return
+    from sglang_deploy.core import group
+
+    group.check_limit(routing.groups(inventory), [h.name for h in initial_limit],
+                      allow_partial=os.environ.get(PARTIAL_GROUP_ENV) == "1")
 
 
 def cli_params() -> dict:
@@ -317,7 +316,9 @@ def install(state) -> None:
             state.add_callback_handler(each)
         check_selection(inventory, initial_limit, cli_params(), state.cwd)
         # each host's Settings, resolved once here, are what the stages read
-        routing.remember(state, validate_inventory(inventory, state.cwd))
+        resolved = validate_inventory(inventory, state.cwd)
+        check_group_selection(inventory, resolved, initial_limit)
+        routing.remember(state, resolved)
         _checked = True
         return result
 

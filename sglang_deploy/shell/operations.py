@@ -192,14 +192,17 @@ def daemon_reload():
     yield "systemctl daemon-reload"
 
 
-def enabled_and_started(service: str, unit, svc: dict):
+def enabled_and_started(service: str, unit, svc: dict, start: bool = True):
     """What every unit the deploy keeps gets: enabled at boot, systemd reloaded when its unit
-    file (UNIT, the ``file_content`` operation) changes, started when not running. SVC is the
-    unit's ``systemctl show`` state from the host-state read. Returns the start operation."""
+    file (UNIT, the ``file_content`` operation) changes, started when not running (unless
+    START is false: a group's node starts with its group). SVC is the unit's ``systemctl
+    show`` state from the host-state read. Returns the start operation (None: not START)."""
     service_enabled(name=f"Enable {service}", service=service,
                     unit_file_state=svc.get("UnitFileState") or None)
     if unit.will_change:
         daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
+    if not start:
+        return None
     return service_started(name=f"Start {service}", service=service,
                            active_state=svc.get("ActiveState") or None,
                            sub_state=svc.get("SubState") or None)

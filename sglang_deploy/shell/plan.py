@@ -47,6 +47,8 @@ def changes(state, host) -> list[str]:
     """Names of the host's operations that would change something, in order."""
     out = []
     for op_hash, data in state.ops.get(host, {}).items():
+        if getattr(data.global_arguments.get("_if"), "group_gate", False):
+            continue  # a group's decision (``groupops.Gate``): its nodes' reasons are recorded
         if data.operation_meta.will_change:
             names = sorted(state.op_meta[op_hash].names)
             # "Stage | Operation" -> "Operation"
@@ -88,7 +90,8 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
     }
 
 
-def record(state, host, ctx, serving: dict | None) -> None:
-    """Record the host's drift and state (``ServingProbe``: SERVING)."""
+def record(state, host, ctx, serving: dict | None, extra: dict | None = None) -> None:
+    """Record the host's drift and state (``ServingProbe``: SERVING); EXTRA: more fields (a
+    group's node: ``groupops.group_fields``)."""
     _write(host.name, {"host": host.name, "preflight": "pass", "changes": changes(state, host),
-                       **status_fields(ctx.hoststate, serving, ctx.release_id)})
+                       **status_fields(ctx.hoststate, serving, ctx.release_id), **(extra or {})})

@@ -191,7 +191,7 @@ def routers_of(fl: routing.Fleet, settings: dict | None = None) -> list[Router]:
     for name, raw in fl.routers:
         s = (settings or {}).get(name) or datamod.resolve(raw)
         address = routermod.router_address(s.router_host, raw, name)
-        workers = {w: routing.worker_url(w, wraw) for w, wraw in fl.workers}
+        workers = {w: routing.worker_url(w, wraw) for w, wraw in routing.router_workers(fl)}
         out.append(Router(host=name, url=routermod.http_url(address, s.router_port),
                           key=s.router_key, model=s.served_model_name, workers=workers,
                           drain_timeout_s=float(s.rollout_drain_timeout_s),

@@ -47,9 +47,10 @@ def release_of_lock(text: str, path: str) -> tuple[str, str]:
 
 
 def workers() -> list[str]:
-    """The URLs of the inventory's serving hosts, as the router reaches them."""
-    return [routing.worker_url(h.name, routing.raw_data(h, state.inventory))
-            for h in state.inventory if not routing.is_router(h)]
+    """The URLs of the inventory's serving hosts, as the router reaches them (of a
+    multi-node group, rank 0 only: ``routing.router_workers``)."""
+    return [routing.worker_url(n, raw)
+            for n, raw in routing.router_workers(routing.fleet_of(state.inventory))]
 
 
 def home(s) -> str:

@@ -41,6 +41,24 @@ def raw_data(host, inventory) -> dict:
             "sglang_dist_init_addr": g.addr}
 
 
+def host_group(host, inventory) -> group.Group | None:
+    """The multi-node group HOST is a node of (None: it serves alone, or routes)."""
+    name = host.data.dict().get("sglang_group")
+    if not name or is_router(host):
+        return None
+    routed = has_routers(inventory)
+    members = [(h.name, routed_data(h.data.dict(), h.name, routed)) for h in inventory
+               if not is_router(h) and h.data.dict().get("sglang_group") == name]
+    return group.plan(members)[name]
+
+
+def router_workers(fleet: Fleet) -> list[tuple[str, dict]]:
+    """The hosts a router lists: every serving host but a group's nodes of rank >= 1 (only
+    rank 0 of a group serves HTTP)."""
+    return [(n, raw) for n, raw in fleet.workers
+            if int((raw.get("sglang_flags") or {}).get("node-rank") or 0) == 0]
+
+
 def groups(inventory) -> dict[str, group.Group]:
     """The multi-node groups of INVENTORY's serving hosts (``core.group.plan``)."""
     routed = has_routers(inventory)

@@ -22,7 +22,7 @@ from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import group, jit, lockfile, modelfetch, preflight, report, service
+from sglang_deploy.core import group, jit, lockfile, modelfetch, nvsmi, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
@@ -30,7 +30,8 @@ from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving
-from sglang_deploy.shell import jitcheck, outcomes, p2pview, plan, releaseops, reports, routing
+from sglang_deploy.shell import groupops, jitcheck, outcomes, p2pview, plan, releaseops, reports
+from sglang_deploy.shell import routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -62,6 +63,7 @@ class Context:
     gpu_snapshot: dict | None = None
     expect: preflight.Expectations | None = None
     group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
+    group: group.Group | None = None  # the multi-node group this host is a node of
 
     @property
     def venv_python(self) -> str:
@@ -190,6 +192,7 @@ def preflight_stage() -> Context:
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
+        ctx.group = routing.host_group(host, state.inventory)
         check, ctx.group_env = group_interface(settings, hs.get("route_dev"))
         checks.append(check)
     target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
@@ -350,6 +353,14 @@ def service_stage(ctx: Context):
                 # no --api-key, not even a placeholder: argv never names it
                 flags=flagmod.render_flags(service.flag_map(s)),
                 env=s.sglang_smoke_env)
+    run = None
+    if ctx.group is not None:  # registered for the group's decision, then its pre-flight
+        run = group_registered(ctx, reasons)
+        python.call(name=f"Group pre-flight: rendezvous of group {ctx.group.name}",
+                    function=ops.reported(functools.partial(
+                        groupops.rendezvous, run, lay.tool("rendezvous.py"),
+                        s.sglang_system_python)),
+                    _if=groupops.Gate(run, "restart"))
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
                               path=lay.secrets_file, content=secrets_text,
                               present_sha256=hs.get("secrets_sha256"))
@@ -358,6 +369,15 @@ def service_stage(ctx: Context):
     link = ops.symlink(name=f"{lay.current} -> release {ctx.release_id}", path=lay.current,
                        target=lay.release_dir(ctx.release_id), present=hs["paths"].get(lay.current))
     svc = hs["service"]
+    if run is not None:  # a group's node starts with its group, never alone
+        ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
+        go = groupops.Gate(run, "go")
+        groupops.group_service(name=f"Stop {s.sglang_service}: group {ctx.group.name} restarts "
+                                    "as one", service=s.sglang_service, action="stop", _if=go)
+        groupops.group_service(name=f"Start {s.sglang_service} with group {ctx.group.name}",
+                               service=s.sglang_service, action="start", _if=go)
+        ctx.ops.update(unit=unit, secrets=secrets, link=link, started=None, restarted=None)
+        return
     started = ops.enabled_and_started(s.sglang_service, unit, svc)
     triggers = {"unit": unit, "secrets": secrets, **{k: ctx.ops[k] for k in service.RESTART_TRIGGERS
                                                       if k in ctx.ops}}
@@ -381,6 +401,25 @@ def service_stage(ctx: Context):
     ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
 
 
+def group_registered(ctx: Context, reasons: list[str]) -> groupops.GroupRun:
+    """Register this node's wish to (re)start and its card with its group's run."""
+    hs, s = ctx.hoststate, ctx.settings
+    svc = hs["service"]
+    wants = list(reasons)
+    active = svc.get("ActiveState") == "active"
+    if not active:
+        wants.append("not running")
+    elif not wants and service.runs_unverified(svc, hs.get("last_verified"), False):
+        wants.append("running, never verified")
+    query = ((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out") or ""
+    rows = nvsmi.parse_query_csv(query) if query.strip() else []
+    run = groupops.run_of(state, ctx.group)
+    run.register(host.name, wants, active, group.card(
+        host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(s),
+        rows[0].get("driver_version") if rows else None))
+    return run
+
+
 def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
     """Keep what was just verified on the host: the summary, and the known-good copy of the
     unit and secrets that a rollback restores (root only)."""
@@ -402,26 +441,33 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
     outcomes.verified(summary)  # the host's outcome record: its action and this summary
 
 
-def verify_and_record(s: datamod.Settings, params: dict, action: str) -> None:
+def verify_and_record(s: datamod.Settings, params: dict, action: str,
+                      watch: groupops.Watch | None = None) -> None:
     """Verify, then keep the result: a started server from its log until it is ready, a
-    running one (``converged``, ``unchanged``) by its API (raises VerifyError)."""
+    running one (``converged``, ``unchanged``) by its API (raises VerifyError). WATCH: this
+    host is a node of a group being verified as one (a node of rank >= 1 is up when its
+    /health answers, and waits for rank 0)."""
+    worker = watch is not None and watch.run.worker(watch.node)
     probe = {"tool": f"{Layout.of(s).tools}/hoststate.py", "service": s.sglang_service,
              "port": s.sglang_port, "host_addr": service.probe_address(s.sglang_host),
              "secrets": service.SECRETS_FILE, "poll_s": s.verify_poll_s}
     if action in ("converged", "unchanged"):
         result = wait_serving(host, served_model_name=params["served_model_name"],
-                              require_generate=s.verify_generate,
+                              require_generate=s.verify_generate, worker=worker,
                               timeout_s=s.verify_phase_timeouts["http"], **probe)
     else:
         verifier = Verifier(
             sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
             cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
             overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
-            require_generate=s.verify_generate)
-        result = wait_until_ready(host, verifier, **probe,
+            require_generate=s.verify_generate, worker=worker)
+        result = wait_until_ready(host, verifier, **probe, watch=watch,
                                   log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"))
     summary = report.host_summary(host.name, params, result)
     summary["action"] = action
+    if watch is not None:
+        summary["group"] = watch.run.group.name
+        summary["node_rank"] = watch.run.group.rank_of(watch.node)
     record_verified(s, params, summary)
 
 
@@ -436,6 +482,22 @@ def _action(started, restarted) -> str | None:
 @outcomes.stage("verify")
 @deploy("Verify: block until the model really serves")
 def verify_stage(ctx: Context):
+    # One line per kind of check, whatever the host: pyinfra runs one operation on every host
+    # at once, so single hosts and a group's nodes are verified side by side, not in turn.
+    after_start, running = (group_checks if ctx.group is not None else single_checks)(ctx)
+    if after_start is not None:
+        name, function, gate = after_start
+        python.call(name=name, function=ops.reported(function), **gate)
+    if running is not None:
+        name, function, gate = running
+        python.call(name=name, function=ops.reported(function), **gate)
+    if after_start is None and running is None:
+        host.noop("the service was not (re)started: nothing to verify")
+
+
+def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
+    """A single server's checks: (name, function, ``_if``) of its verification after a
+    (re)start, and of a running server's (either None)."""
     s = ctx.settings
     started, restarted = ctx.ops["started"], ctx.ops["restarted"]
     may_restart = started.will_change or restarted is not None
@@ -445,19 +507,43 @@ def verify_stage(ctx: Context):
     def verify(action: str | None = None) -> None:
         verify_and_record(s, ctx.verify_params(), action or _action(started, restarted))
 
+    after_start = running = None
     if may_restart:
-        python.call(name="Verify startup, API and a one-token generation",
-                    function=ops.reported(verify),
-                    _if=lambda: _action(started, restarted) is not None)
+        after_start = ("Verify startup, API and a one-token generation", verify,
+                       {"_if": lambda: _action(started, restarted) is not None})
     if ctx.verify_running:
-        python.call(name="Verify the running server (never verified, serving: not restarted)",
-                    function=ops.reported(functools.partial(verify, "converged")))
+        running = ("Verify the running server (never verified, serving: not restarted)",
+                   functools.partial(verify, "converged"), {})
     elif s.verify_converged:
-        python.call(name="Verify the running server still serves (converged host)",
-                    function=ops.reported(functools.partial(verify, "converged")),
-                    _if=lambda: _action(started, restarted) is None)
-    elif not may_restart:
-        host.noop("the service was not (re)started: nothing to verify")
+        running = ("Verify the running server still serves (converged host)",
+                   functools.partial(verify, "converged"),
+                   {"_if": lambda: _action(started, restarted) is None})
+    return after_start, running
+
+
+def group_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
+    """A group's node: verified with its group when the group restarts (every node at once,
+    fail-fast: ``groupops``), else checked as it runs when ``verify_converged``."""
+    s, g = ctx.settings, ctx.group
+    run = groupops.run_of(state, g)
+    if plan.plan_dir() is not None:
+        plan.record(state, host, ctx, _serving_poll(s), extra=groupops.group_fields(run, host.name))
+    was_active = ctx.hoststate["service"].get("ActiveState") == "active"
+
+    def verify(watch: groupops.Watch) -> None:
+        verify_and_record(s, ctx.verify_params(), "restarted" if was_active else "started",
+                          watch)
+
+    after_start = (f"Verify group {g.name} as one: rank 0 serves, every node up",
+                   functools.partial(groupops.verify_node, run, s.sglang_service, verify),
+                   {"_if": groupops.Gate(run, "go")})
+    running = None
+    if s.verify_converged:
+        running = (f"Verify the running node (group {g.name}, not restarted)",
+                   lambda: verify_and_record(s, ctx.verify_params(), "converged",
+                                             groupops.Watch(run, host.name)),
+                   {"_if": groupops.Gate(run, "idle")})
+    return after_start, running
 
 
 @outcomes.stage("rollback")

@@ -17,13 +17,20 @@ from sglang_deploy.core.verify import Decision, Verifier, check_serving, poll_co
 
 def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port: int,
                      host_addr: str, secrets: str, poll_s: float, log=None,
-                     clock=time.time, sleep=None) -> Decision:
-    """Poll the host until the verifier decides; raise VerifyError on failure."""
+                     clock=time.time, sleep=None, watch=None) -> Decision:
+    """Poll the host until the verifier decides; raise VerifyError on failure.
+
+    WATCH (a node of a multi-node group, ``shell.groupops.Watch``): before each poll
+    ``watch.abort()`` gives the error to raise when another node failed; a ready decision is
+    kept only when ``watch.hold(decision)`` gives None, else its text is waited on."""
     import gevent
 
     sleep = sleep or gevent.sleep
     cursor, last_shown, last_text = None, 0.0, ""
     while True:
+        stop = watch.abort() if watch is not None else None
+        if stop is not None:
+            raise stop
         asked_http = verifier.wants_http()
         cmd = poll_command(tool, service, port, host_addr, cursor, verifier.invocation,
                            asked_http, verifier.require_generate, secrets)
@@ -36,7 +43,10 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
         cursor = poll.get("cursor") or cursor
         decision = verifier.observe(poll)
         if decision.kind == "ready":
-            return decision
+            waiting = watch.hold(decision) if watch is not None else None
+            if waiting is None:
+                return decision
+            decision = Decision("wait", waiting)
         if decision.kind == "fail":
             d = decision.details
             lines = "\n".join(f"    {line}" for line in d.get("log", [])[-40:])
@@ -61,18 +71,21 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
 
 def wait_serving(host, *, tool: str, service: str, port: int, host_addr: str, secrets: str,
                  served_model_name: str, require_generate: bool, timeout_s: float,
-                 poll_s: float, clock=time.monotonic, sleep=None) -> Decision:
-    """Poll a running server until it serves, or raise VerifyError at the deadline."""
+                 poll_s: float, clock=time.monotonic, sleep=None, worker: bool = False
+                 ) -> Decision:
+    """Poll a running server until it serves, or raise VerifyError at the deadline (WORKER:
+    a group's node of rank >= 1, up with its unit running and /health 200)."""
     import gevent
 
     sleep = sleep or gevent.sleep
     deadline = clock() + timeout_s
     while True:
-        cmd = poll_command(tool, service, port, host_addr, None, None, True, require_generate,
+        generate = require_generate and not worker
+        cmd = poll_command(tool, service, port, host_addr, None, None, True, generate,
                            secrets, journal=False)
         ok, output = host.run_shell_command(cmd, print_output=False)
         decision = (check_serving(json.loads(output.stdout.strip().splitlines()[-1]),
-                                  served_model_name, require_generate)
+                                  served_model_name, generate, worker=worker)
                     if ok else Decision("wait", f"poll failed: {output.stderr[-300:]}"))
         if decision.kind == "ready":
             return decision

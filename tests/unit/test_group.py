@@ -137,11 +137,28 @@ def test_routing_gives_each_node_its_group_flags(tmp_path):
     assert set(routing.groups(inv)) == {"g"}
 
 
-def test_the_deploy_refuses_groups_before_connecting_until_they_can_be_verified():
-    from sglang_deploy.shell import hooks
+def test_a_limit_naming_part_of_a_group_is_refused_unless_said_on_purpose(tmp_path, monkeypatch):
+    from sglang_deploy.core.errors import UsageError
+    from sglang_deploy.shell import hooks, routing
+    from sglang_deploy.shell.inventory import load
 
-    groups = group.plan([("a", _node("10.0.0.5")), ("b", _node("10.0.0.6"))])
-    with pytest.raises(DataError) as exc:
-        hooks.refuse_groups(groups)
-    assert exc.value.key == "sglang_group" and "g1 (a, b)" in exc.value.found
-    hooks.refuse_groups({})
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text(
+        "sglang_model_path = '/srv/models/m'\nsglang_flags = {'tp-size': 16}\n")
+    (tmp_path / "inv.py").write_text(
+        "hosts = [('n0', {'ssh_hostname': '10.9.0.10', 'sglang_group': 'g'}),\n"
+        "         ('n1', {'ssh_hostname': '10.9.0.11', 'sglang_group': 'g'}),\n"
+        "         ('solo', {'ssh_hostname': '10.9.0.12', 'sglang_flags': {'tp-size': 8}})]\n")
+    inv = load("inv.py", tmp_path)
+    resolved = {h.name: routing.settings(h, inv) for h in inv}
+    by = {h.name: h for h in inv}
+    monkeypatch.delenv(hooks.PARTIAL_GROUP_ENV, raising=False)
+    hooks.check_group_selection(inv, resolved, None)  # no --limit: every node
+    hooks.check_group_selection(inv, resolved, [by["n0"], by["n1"]])
+    hooks.check_group_selection(inv, resolved, [by["solo"]])
+    with pytest.raises(UsageError) as exc:
+        hooks.check_group_selection(inv, resolved, [by["n1"], by["solo"]])
+    assert "n1" in exc.value.found and "n0" in exc.value.found
+    assert hooks.PARTIAL_GROUP_ENV in exc.value.fix
+    monkeypatch.setenv(hooks.PARTIAL_GROUP_ENV, "1")
+    hooks.check_group_selection(inv, resolved, [by["n1"]])
