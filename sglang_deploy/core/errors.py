@@ -22,6 +22,7 @@ __all__ = [
     "BenchError",
     "DataError",
     "FlagError",
+    "GroupPreflightError",
     "ModelError",
     "PatchError",
     "PreflightError",
@@ -109,6 +110,13 @@ class PreflightError(SglangDeployError):
     """A host failed the GPU/driver/LXC pre-flight. ``checks`` holds the failing checks."""
 
     title = "GPU pre-flight failed"
+
+
+class GroupPreflightError(PreflightError):
+    """A multi-node group failed its pre-flight (the rendezvous between its nodes, their
+    releases, flags, drivers and clocks) before any of its servers stopped."""
+
+    title = "group pre-flight failed"
 
     def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
                  checks: list[Any] | None = None, details: dict[str, Any] | None = None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import selectors
 import socket
 import sys
 import time
@@ -74,77 +75,91 @@ def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float) 
             continue
         socks[port] = s
         result["ports"][str(port)] = {"error": None, "peers": []}
+    # every port at once: a port that nobody reaches does not starve the others
+    sel = selectors.DefaultSelector()
     for port, s in socks.items():
-        seen = result["ports"][str(port)]["peers"]
-        while len(seen) < peers and time.monotonic() < deadline:
-            s.settimeout(max(0.1, deadline - time.monotonic()))
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, port)
+    pending = {port for port in socks if peers > 0}
+    while pending and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=max(0.05, min(1.0, deadline - time.monotonic()))):
+            port = key.data
             try:
-                conn, addr = s.accept()
-            except (socket.timeout, OSError):
-                break
+                conn, addr = key.fileobj.accept()
+            except OSError:
+                continue
+            conn.setblocking(True)
             with conn:
-                got = _read_line(conn, deadline)
+                got = _read_line(conn, min(deadline, time.monotonic() + 5.0))
                 now = time.time()
                 try:
                     conn.sendall(_card_line(card))
                 except OSError:
                     pass
+            seen = result["ports"][str(port)]["peers"]
             if got is not None:
                 seen.append({"addr": addr[0], "card": got,
                              "offset_s": round(got.get("clock", now) - now, 3)})
-        if len(seen) < peers:
+            if len(seen) >= peers:
+                pending.discard(port)
+    for port, s in socks.items():
+        if len(result["ports"][str(port)]["peers"]) < peers:
             result["ports"][str(port)]["error"] = "timeout"
             result["ok"] = False
         s.close()
+    sel.close()
     return result
 
 
-def reach(addr: str, port: int, deadline: float) -> dict:
-    """A TCP connect to ADDR:PORT, retried until DEADLINE; nothing is sent."""
-    last, attempts = "timeout", 0
-    while time.monotonic() < deadline:
-        attempts += 1
-        try:
-            socket.create_connection(
-                (addr, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
-            return {"attempts": attempts, "error": None, "card": None, "reach_only": True}
-        except OSError as exc:
-            last = _error(exc)
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-    return {"attempts": attempts, "error": last, "card": None, "reach_only": True}
+def _exchange(addr: str, port: int, card: dict | None, deadline: float) -> dict:
+    """One attempt on ADDR:PORT: connect and, with a CARD, send it and read rank 0's."""
+    with socket.create_connection(
+            (addr, port), timeout=max(0.1, min(3.0, deadline - time.monotonic()))) as c:
+        if card is None:
+            return {"error": None, "card": None, "reach_only": True}
+        sent = time.time()
+        c.sendall(_card_line(card))
+        got = _read_line(c, deadline)
+        received = time.time()
+    if got is None:
+        return {"error": "no answer", "card": None}
+    # rank 0's clock against the middle of the round trip here
+    return {"error": None, "card": got,
+            "offset_s": round(got.get("clock", sent) - (sent + received) / 2, 3)}
 
 
 def connect(addr: str, ports: list[int], card: dict, timeout: float,
             reach_ports: list[int] = ()) -> dict:
+    """Each port of PORTS (a card exchange) and REACH_PORTS (a TCP connect only) tried in
+    turn, retried until it answers or the deadline: one port that nobody reaches does not
+    starve the others."""
     deadline = time.monotonic() + timeout
-    result: dict = {"ok": True, "ports": {}}
-    for port in reach_ports:
-        result["ports"][str(port)] = reach(addr, port, deadline)
-        result["ok"] = result["ok"] and result["ports"][str(port)]["error"] is None
-    for port in ports:
-        last = "timeout"
-        got = None
-        attempts = 0
-        while time.monotonic() < deadline and got is None:
-            attempts += 1
+    todo = [(p, None) for p in reach_ports] + [(p, card) for p in ports]
+    attempts = {p: 0 for p, _ in todo}
+    last = {p: "timeout" for p, _ in todo}
+    done: dict[int, dict] = {}
+    while len(done) < len(todo) and time.monotonic() < deadline:
+        for port, what in todo:
+            if port in done or time.monotonic() >= deadline:
+                continue
+            attempts[port] += 1
             try:
-                with socket.create_connection(
-                        (addr, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as c:
-                    sent = time.time()
-                    c.sendall(_card_line(card))
-                    got = _read_line(c, deadline)
-                    received = time.time()
-                    if got is None:
-                        last = "no answer"
+                got = _exchange(addr, port, what, deadline)
             except OSError as exc:
-                last = _error(exc)
-                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        entry = {"attempts": attempts, "error": None if got else last, "card": got}
-        if got is not None:  # rank 0's clock against the middle of the round trip here
-            entry["offset_s"] = round(got.get("clock", sent) - (sent + received) / 2, 3)
-        else:
-            result["ok"] = False
-        result["ports"][str(port)] = entry
+                last[port] = _error(exc)
+                continue
+            if got["error"] is None:
+                done[port] = got
+            else:
+                last[port] = got["error"]
+        if len(done) < len(todo):
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    result: dict = {"ok": len(done) == len(todo), "ports": {}}
+    for port, what in todo:
+        entry = done.get(port) or {"error": last[port], "card": None}
+        if what is None:
+            entry["reach_only"] = True
+        result["ports"][str(port)] = {**entry, "attempts": attempts[port]}
     return result
 
 

@@ -37,7 +37,7 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core.errors import PreflightError, VerifyError
+from sglang_deploy.core.errors import GroupPreflightError, VerifyError
 from sglang_deploy.shell.operations import _sh
 
 #: state id and group name -> the group's run
@@ -148,7 +148,7 @@ def rendezvous(run: GroupRun, tool: str, python: str) -> None:
         run.problems = groupmod.judge_rendezvous(g, run.results, run.cards)
     if run.problems:
         fixes = list(dict.fromkeys(p.fix for p in run.problems))
-        raise PreflightError(
+        raise GroupPreflightError(
             what=f"the pre-flight of group {g.name} ({', '.join(g.members())}) passes before "
                  "any of its servers stops: every node reaches rank 0 "
                  f"{g.addr} on {g.port} (dist-init) and {run.probe} (NCCL's range), same "
