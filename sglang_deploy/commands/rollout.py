@@ -21,6 +21,11 @@ and put back once verified, the router then routing a generation to it; a host r
 is put back once its rollback verified it; a host never verified stays out. ``--no-drain``
 skips all of it.
 
+A multi-node group (``sglang_group``) is one unit of all this: its nodes are in one batch
+(a --batch counts the group once), only its rank 0 is drained and put back (the router's
+worker), its nodes restart and verify as one (deploy.py) and, when any node fails, the
+whole group is rolled back. A ``--limit`` naming part of a group is refused.
+
 Each host's result of each pyinfra run comes from the outcome record the run writes for it
 (``shell/outcomes.py``, in ``SGLANG_DEPLOY_OUTCOMES``: passed or failed, the stage, the
 action, the typed error, the verification summary), never from pyinfra's printed text.
@@ -68,17 +73,26 @@ def plan_order(hosts: list[str], canary: str | None = None,
     return ([canary] if canary else []) + [h for h in chosen if h != canary]
 
 
-def batches(order: list[str], size: int, canary: str | None = None) -> list[list[str]]:
-    """Batches of SIZE hosts; the canary, if any, alone in the first batch."""
+def batches(order: list[str], size: int, canary: str | None = None,
+            units: dict[str, list[str]] | None = None) -> list[list[str]]:
+    """Batches of SIZE units; the canary's unit, if any, alone in the first batch. A unit is
+    one host, or every node of a multi-node group (UNITS: host -> its group's nodes in rank
+    order), which is drained, restarted, verified and rolled back as one."""
     from sglang_deploy.core.errors import UsageError
 
     if size < 1:
         raise UsageError(what="--batch of at least 1", found=str(size), fix="use --batch 1 or more")
+    units = units or {}
+    rest: list[list[str]] = []
+    for h in order:
+        unit = [n for n in units.get(h, [h]) if n in order]
+        if unit not in rest:
+            rest.append(unit)
     out: list[list[str]] = []
-    rest = list(order)
     if canary:
-        out.append([rest.pop(0)])
-    out += [rest[i:i + size] for i in range(0, len(rest), size)]
+        out.append(rest.pop(0))
+    for i in range(0, len(rest), size):
+        out.append([h for unit in rest[i:i + size] for h in unit])
     return out
 
 
@@ -173,6 +187,8 @@ class Rollout:
     progress: HostProgress = field(default_factory=HostProgress)  # one live line per host
     #: the inventory loaded once (--data included) with each host's Settings (``run``)
     selection: object = field(default=None, init=False, repr=False)
+    #: host -> the nodes of its multi-node group, in rank order (``run``; none: single hosts)
+    units: dict = field(default_factory=dict, init=False, repr=False)
 
     def say(self, text: str) -> None:
         self.progress.print(text, self.out)
@@ -180,6 +196,7 @@ class Rollout:
     def run(self, dry: bool = False, report: str | None = None) -> int:
         from sglang_deploy.core.errors import RouterError
         from sglang_deploy.shell import hosts as hostsel
+        from sglang_deploy.core import group as groupmod
         from sglang_deploy.shell import outcomes, routerctl, routing, runner
 
         # the inventory is loaded and every host's data resolved once, here, --data included
@@ -189,7 +206,11 @@ class Rollout:
         serving = {name for name, _ in fleet.workers}
         order = plan_order([h for h in chosen.all_hosts if h in serving], self.canary,
                            [h for h in chosen.hosts if h in serving] if self.limit else None)
-        groups = batches(order, self.batch, self.canary)
+        self.units = {h: g.members() for g in routing.groups(chosen.inventory).values()
+                      for h in g.members()}
+        if self.limit:  # a multi-node group is rolled whole (its nodes start as one)
+            groupmod.check_limit(routing.groups(chosen.inventory), order)
+        groups = batches(order, self.batch, self.canary, self.units)
         self.say(f"rollout order ({len(order)} hosts, batch {self.batch}"
                  + (f", canary {self.canary}" if self.canary else "") + "):")
         for i, group in enumerate(groups, 1):
@@ -266,7 +287,7 @@ class Rollout:
         from sglang_deploy.core.errors import RouterError
 
         for r in fronts:
-            for name in group:
+            for name in [n for n in group if n in r.workers]:  # a group: its rank 0
                 try:
                     r.drain(name, say=self.say)
                     results[name].router = "out"
@@ -284,7 +305,7 @@ class Rollout:
 
         ok = True
         for r in fronts:
-            for name in names:
+            for name in [n for n in names if n in r.workers]:  # a group: its rank 0
                 try:
                     r.put_back(name, say=self.say)
                     results[name].router = "back"
@@ -344,9 +365,12 @@ class Rollout:
     def gate_batch(self, group: list[str], results: dict) -> bool:
         from sglang_deploy.commands import bench
 
+        units = self.units
         for name in group:
             if results[name].status != "done":
                 continue  # a converged host runs what it ran before
+            if units.get(name, [name])[0] != name:
+                continue  # a group's node of rank >= 1: its group is measured through rank 0
             got = bench.run_and_gate(self.inventory, name, self.min_throughput_ratio,
                                      cwd=self.cwd, data=self.data)
             self.say(f"    {name}: throughput gate: {got.message}")
@@ -354,7 +378,8 @@ class Rollout:
                 results[name].status = "failed"
                 results[name].message = f"throughput gate: {got.message}"
                 return False
-            self.promote(name)
+            for node in units.get(name, [name]):  # a group: every node's configuration
+                self.promote(node)
         return True
 
     def promote(self, name: str) -> None:
@@ -380,6 +405,9 @@ class Rollout:
         from sglang_deploy.shell import outcomes, runner
 
         failed = [h for h in group if results[h].status == "failed"]
+        # a multi-node group rolls back whole: its nodes run one configuration
+        failed = [h for h in group
+                  if any(n in failed for n in self.units.get(h, [h]))]
         self.say(f"HALT: rolling back {', '.join(failed)} to the last known-good configuration ...")
         records = run_dir / "rollback-outcomes"
         self.progress.update(failed, "rolling back")

@@ -111,13 +111,6 @@ class PreflightError(SglangDeployError):
 
     title = "GPU pre-flight failed"
 
-
-class GroupPreflightError(PreflightError):
-    """A multi-node group failed its pre-flight (the rendezvous between its nodes, their
-    releases, flags, drivers and clocks) before any of its servers stopped."""
-
-    title = "group pre-flight failed"
-
     def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
                  checks: list[Any] | None = None, details: dict[str, Any] | None = None) -> None:
         self.checks = list(checks or [])
@@ -125,6 +118,13 @@ class GroupPreflightError(PreflightError):
 
     def headline(self) -> str:
         return f"{self.title}: {self.what}"
+
+
+class GroupPreflightError(PreflightError):
+    """A multi-node group failed its pre-flight (the rendezvous between its nodes, their
+    releases, flags, drivers and clocks) before any of its servers stopped."""
+
+    title = "group pre-flight failed"
 
 
 class DataError(SglangDeployError):

@@ -560,6 +560,9 @@ def rollback_stage():
     ops.known_good_restored(
         name=f"Known-good configuration (release {rb.params['release']})", layout=lay,
         release=rb.params["release"], restore=rb.restore)
+    g = routing.host_group(host, state.inventory) if s.sglang_group else None
+    if g is not None:
+        return rollback_group_node(s, g, hs, rb)
     restart = None
     if rb.restart:
         restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
@@ -568,3 +571,30 @@ def rollback_stage():
                 function=ops.reported(lambda: verify_and_record(
                     s, rb.params, "rolled-back" if restart is not None and restart.did_change()
                     else "unchanged")))
+
+
+def rollback_group_node(s: datamod.Settings, g: group.Group, hs: dict, rb) -> None:
+    """A group's node goes back with its group: when any node restores something or does not
+    run, every node stops, then starts, on its known-good configuration, and the group is
+    verified as one (fail-fast); else each node is checked as it runs. The known-good
+    configuration was verified as a group: no rendezvous first."""
+    run = groupops.run_of(state, g)
+    active = (hs.get("service") or {}).get("ActiveState") == "active"
+    run.register(host.name, (["known-good restored"] if rb.restart else [])
+                 + ([] if active else ["not running"]), active, {})
+    run.problems = []
+    go = groupops.Gate(run, "go")
+    groupops.group_service(name=f"Stop {s.sglang_service}: group {g.name} goes back as one",
+                           service=s.sglang_service, action="stop", _if=go)
+    groupops.group_service(name=f"Start {s.sglang_service} on the known-good configuration "
+                                f"with group {g.name}", service=s.sglang_service,
+                           action="start", _if=go)
+    python.call(name=f"Verify group {g.name} on its known-good configuration, as one",
+                function=ops.reported(functools.partial(
+                    groupops.verify_node, run, s.sglang_service,
+                    lambda watch: verify_and_record(s, rb.params, "rolled-back", watch))),
+                _if=go)
+    python.call(name="Verify the known-good configuration serves (group not restarted)",
+                function=ops.reported(lambda: verify_and_record(
+                    s, rb.params, "unchanged", groupops.Watch(run, host.name))),
+                _if=groupops.Gate(run, "idle"))
