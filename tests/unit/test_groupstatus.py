@@ -1,6 +1,8 @@
-"""Multi-node groups in `status` (core/groupstatus.py, commands/status.py): a group judged
-as one unit from its nodes' status rows, a node of rank >= 1 judged by its unit and /health
-only (it serves no /v1/models), the JSON shape, the text table and the exit status. No pyinfra run: rows and plan files are written by the tests."""
+"""Multi-node groups in `status` and the report (core/groupstatus.py, commands/status.py,
+core/fleetreport.py): a group judged as one unit from its nodes' status rows, a node of rank
+>= 1 judged by its unit and /health only (it serves no /v1/models), the JSON shape, the text
+table, the exit status and the report's groups. No pyinfra run: rows and plan files are
+written by the tests."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.commands import cli, status
-from sglang_deploy.core import groupstatus
+from sglang_deploy.commands import cli, htmlreport, status
+from sglang_deploy.core import fleetreport, groupstatus
 from sglang_deploy.core.group import Group, Node
 from sglang_deploy.shell import hosts, plan, runner
 from sglang_deploy.shell.plan import PLAN_ENV
@@ -249,3 +251,35 @@ def test_collect_status_polls_the_whole_group_of_a_limited_node_in_rank_order(tm
     assert groupstatus.states(rows, groups) == [
         {"name": "g1", "nodes": ["n0", "n1"], "dist_init_addr": "10.0.0.4:50000",
          "state": "serving", "problem": None}]
+
+
+# ------------------------------------------------------------------ the report
+
+
+def test_report_shows_a_group_as_a_unit():
+    order = groupstatus.ordered(["solo", "a", "b", "c"], GROUPS)
+    rows = groupstatus.annotate([serving_row("solo"), worker_row("a", unit="failed/failed"),
+                                 serving_row("b"), worker_row("c")], GROUPS)
+    doc = fleetreport.build("inv.py", order, rows, {}, {}, {}, "now", GROUPS)
+    assert [(h["host"], h["group"], h["node_rank"]) for h in doc["hosts"]] == [
+        ("solo", None, None), ("b", "g1", 0), ("a", "g1", 1), ("c", "g1", 2)]
+    assert doc["groups"] == [{"name": "g1", "nodes": ["b", "a", "c"],
+                              "dist_init_addr": "10.0.0.2:50000", "state": "degraded",
+                              "problem": "a (rank 1): unit failed/failed"}]
+    page = htmlreport.render_html(doc)
+    assert '<tr data-group="g1">' in page and 'class="state-degraded">degraded<' in page
+    assert '<td data-field="group">g1/1</td>' in page and '<td data-field="group">-</td>' in page
+    assert page.index('id="host-b"') < page.index('id="host-a"') < page.index('id="host-c"')
+    json.dumps(doc)
+
+
+def test_report_without_status_knows_its_groups_but_not_their_state():
+    doc = fleetreport.build("inv.py", ["b", "a", "c"], None, {}, {}, {}, "now", GROUPS)
+    assert doc["groups"][0]["state"] == "unknown" and doc["groups"][0]["nodes"] == ["b", "a", "c"]
+    assert doc["hosts"][0]["group"] == "g1" and doc["hosts"][0]["node_rank"] == 0
+
+
+def test_report_without_groups_has_none():
+    doc = fleetreport.build("inv.py", ["solo"], [serving_row("solo")], {}, {}, {}, "now")
+    assert doc["groups"] == [] and doc["hosts"][0]["group"] is None
+    assert 'id="groups"' not in htmlreport.render_html(doc)
