@@ -16,11 +16,13 @@ judges it (``core.groupstatus``; ``unknown`` when status was not collected).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.core import groupstatus
-from sglang_deploy.core.group import Group
 from sglang_deploy.core.logs.markers import PHASES
+
+if TYPE_CHECKING:  # core.group imports core.errors, which imports pyinfra: not for --help
+    from sglang_deploy.core.group import Group
 
 REPORT_VERSION = 1
 STATUS_FIELDS = ("reachable", "unit", "uptime_s", "release", "sglang_version", "patch_state",

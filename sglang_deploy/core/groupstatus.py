@@ -15,12 +15,18 @@ what is wrong with each (None when serving). Status rows are the ``status`` comm
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sglang_deploy.core.group import Group, group_of
+if TYPE_CHECKING:  # core.group imports core.errors, which imports pyinfra: not for --help
+    from sglang_deploy.core.group import Group
 
 SERVING, DEGRADED, DOWN = "serving", "degraded", "down"
 STATES = (SERVING, DEGRADED, DOWN)
+
+
+def group_of(groups: Mapping[str, Group], host: str) -> Group | None:
+    """The group HOST is a node of (``core.group.group_of``, without importing it)."""
+    return next((g for g in groups.values() if host in g.members()), None)
 
 
 def node_fields(groups: Mapping[str, Group], host: str) -> dict[str, Any]:
