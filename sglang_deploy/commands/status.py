@@ -65,7 +65,9 @@ def rows_from_plans(hosts: list[str], plans: Path, outcomes: dict[str, HostOutco
             row["problem"] = "pre-flight fails: " + "; ".join(f"{c['name']}: {c['message']}" for c in p["failed"])
             row["in_sync"], row["healthy"] = None, False
         else:
-            row["in_sync"] = not p["changes"]
+            # a group's node: what would restart its group is kept out of ``changes``
+            # (``plan.changes``) and recorded as its ``group_wants``: drift all the same
+            row["in_sync"] = not p["changes"] and not p.get("group_wants")
             row["healthy"] = p.get("health") == 200 and p.get("unit") == "active/running"
         rows.append(row)
     return rows
@@ -94,7 +96,9 @@ def render(rows: list[dict], out=None) -> None:
                           "no" if r.get("reachable") is False else ("yes" if r.get("reachable") else "?"),
                           "", "", "", "", "", "", "", "", _one_line(r.get("problem", "")))
             continue
-        drift = "in sync" if r["in_sync"] else f"{len(r['changes'])} change(s): " + "; ".join(r["changes"][:4])
+        items = [*(r.get("changes") or []),
+                 *(f"restarts its group: {w}" for w in r.get("group_wants") or [])]
+        drift = "in sync" if r["in_sync"] else f"{len(items)} change(s): " + "; ".join(items[:4])
         table.add_row(r["host"], _group_cell(r), "yes", r.get("unit") or "-",
                       _fmt_uptime(r.get("uptime_s")),
                       r.get("release") or "-", r.get("sglang_version") or "-",

@@ -6,6 +6,7 @@ written by the tests."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -146,6 +147,22 @@ def test_a_worker_poll_without_v1_models_makes_a_healthy_row(tmp_path):
     assert row["healthy"] is True and row["in_sync"] is True
     not_json = {**poll, "models": {"status": 404, "body": "404: Not Found"}}
     assert plan.status_fields({}, not_json, "r1")["models"] == []
+
+
+def test_what_would_restart_a_nodes_group_is_drift(tmp_path):
+    """A group's node records what would restart its group as ``group_wants`` (its gated
+    operations are not in ``changes``): the row is not in sync, and the table says why."""
+    base = {"preflight": "pass", "changes": [], "unit": "active/running", "health": 200,
+            "group": "g1", "node_rank": 1, "group_nodes": ["b", "a"]}
+    (tmp_path / "a.json").write_text(json.dumps({"host": "a", **base,
+                                                 "group_wants": ["a new release"]}))
+    (tmp_path / "b.json").write_text(json.dumps({"host": "b", **base, "group_wants": []}))
+    rows = by_name(status.rows_from_plans(["a", "b"], tmp_path, {}))
+    assert rows["a"]["in_sync"] is False and rows["a"]["healthy"] is True
+    assert rows["b"]["in_sync"] is True
+    buf = io.StringIO()
+    status.render([rows["a"]], buf)
+    assert buf.getvalue().splitlines()[2].endswith("1 change(s): restarts its group: a new release")
 
 
 # ------------------------------------------------------------------ the command
