@@ -7,6 +7,10 @@ host's last data-verified P2P matrix as a heatmap, each host's last startup by p
 its benchmark history per configuration. Everything on the page is drawn from the JSON
 document that ``--json`` prints (``core.fleetreport.build``), which is embedded in the page.
 
+A multi-node group (``sglang_group``) is shown as a unit: its nodes together, rank 0 first,
+and the group's state as `status` judges it; a ``--limit`` that names part of a group shows
+the whole group (as `status` does).
+
 ``--limit`` follows pyinfra's rules (host names, group names, globs); the inventory, the
 limit, ``--data`` and an ``--out`` folder that does not exist are refused (exit status 2)
 before any connection. Exit status: 0 when the page (or the JSON) was written, 2 on a usage
@@ -63,15 +67,20 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
     host names, group names, globs; one that matches nothing is a UsageError, exit 2), with
     their status read live (checked as `status` checks it) unless WITH_STATUS is off."""
     from sglang_deploy.commands import status
+    from sglang_deploy.core import groupstatus
+    from sglang_deploy.shell import routing
     from sglang_deploy.shell.hosts import load, match, parse_data
 
     inv = load(inventory, cwd, parse_data(list(data or ())))
-    hosts = [h.name for h in (match(inv, list(limit)) if limit else inv)]
+    groups = routing.groups(inv)
+    chosen = groupstatus.widen((h.name for h in (match(inv, list(limit)) if limit else inv)), groups)
+    hosts = groupstatus.ordered([h.name for h in inv if h.name in chosen], groups)
     rows = status.collect(inventory, cwd=cwd, limit=limit, data=data) if with_status else None
     state_dir = Path(cwd) / STATE_DIR
     p2p, runs = read_records(state_dir, hosts)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    return fleetreport.build(inventory, hosts, rows, read_summaries(state_dir), p2p, runs, now)
+    return fleetreport.build(inventory, hosts, rows, read_summaries(state_dir), p2p, runs, now,
+                             groups)
 
 
 def render_html(doc: dict) -> str:

@@ -8,13 +8,23 @@ drift: the operations a deploy would run now (an empty list means the host is ex
 the deploy would make it). A host without a plan record is explained by its outcome record
 (``shell/outcomes.py``: unreachable, its typed error, or no result), not by pyinfra's text.
 
+Multi-node groups (hosts with the same ``sglang_group``, ``core.group``) are shown as units
+(``core.groupstatus``): each host row names its ``group`` and ``node_rank`` (null for a
+single host), a group's nodes stand together in rank order, and a ``--limit`` that names part
+of a group looks at the whole group. A node of rank >= 1 serves only SGLang's health server:
+it is healthy when its unit is active/running and ``/health`` answers 200 (it has no
+``/v1/models``). A group is ``serving`` when rank 0 is healthy and every other node is,
+``degraded`` when rank 0 is healthy and a node is not, ``down`` otherwise; ``problem`` names
+the nodes and what is wrong.
+
 With a ``routers`` group, the router too (``router`` in ``--json``: its ``url`` and its
 ``workers``, each with ``host``, ``url`` and ``state`` as the router reports it).
-``--json`` prints ``{"hosts": [...], "router": {...} or null}``.
+``--json`` prints ``{"hosts": [...], "groups": [{"name", "nodes", "dist_init_addr",
+"state", "problem"}], "router": {...} or null}``.
 
-Exit status: 0 when every host is reachable, in sync and healthy (and, with a router, every
-serving host is ready in it); 1 otherwise; 2 for a missing inventory, a --limit that matches
-nothing or bad --data (nothing contacted).
+Exit status: 0 when every host is reachable, in sync and healthy, every group is serving
+(and, with a router, every serving host is ready in it); 1 otherwise; 2 for a missing
+inventory, a --limit that matches nothing or bad --data (nothing contacted).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import TYPE_CHECKING
 from sglang_deploy.commands import common
 
 if TYPE_CHECKING:
+    from sglang_deploy.core.group import Group
     from sglang_deploy.core.outcome import HostOutcome
 
 
@@ -54,7 +65,9 @@ def rows_from_plans(hosts: list[str], plans: Path, outcomes: dict[str, HostOutco
             row["problem"] = "pre-flight fails: " + "; ".join(f"{c['name']}: {c['message']}" for c in p["failed"])
             row["in_sync"], row["healthy"] = None, False
         else:
-            row["in_sync"] = not p["changes"]
+            # a group's node: what would restart its group is kept out of ``changes``
+            # (``plan.changes``) and recorded as its ``group_wants``: drift all the same
+            row["in_sync"] = not p["changes"] and not p.get("group_wants")
             row["healthy"] = p.get("health") == 200 and p.get("unit") == "active/running"
         rows.append(row)
     return rows
@@ -68,22 +81,39 @@ def _fmt_uptime(s) -> str:
         f"{s // 3600}h{s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m{s % 60}s")
 
 
+def _group_cell(r: dict) -> str:
+    """``NAME/RANK`` of a group's node, ``-`` for a single host."""
+    return f"{r['group']}/{r.get('node_rank')}" if r.get("group") else "-"
+
+
 def render(rows: list[dict], out=None) -> None:
-    table = common.table(("host", "reachable", "unit", "uptime", "release", "sglang", "patch",
-                          "health", "model", "last verified", "drift"),
+    table = common.table(("host", "group", "reachable", "unit", "uptime", "release", "sglang",
+                          "patch", "health", "model", "last verified", "drift"),
                          title="sglang-deploy status", out=out)
     for r in rows:
         if r.get("reachable") is not True or r.get("preflight") == "fail":
-            table.add_row(r["host"], "no" if r.get("reachable") is False else ("yes" if r.get("reachable") else "?"),
+            table.add_row(r["host"], _group_cell(r),
+                          "no" if r.get("reachable") is False else ("yes" if r.get("reachable") else "?"),
                           "", "", "", "", "", "", "", "", _one_line(r.get("problem", "")))
             continue
-        drift = "in sync" if r["in_sync"] else f"{len(r['changes'])} change(s): " + "; ".join(r["changes"][:4])
-        table.add_row(r["host"], "yes", r.get("unit") or "-", _fmt_uptime(r.get("uptime_s")),
+        items = [*(r.get("changes") or []),
+                 *(f"restarts its group: {w}" for w in r.get("group_wants") or [])]
+        drift = "in sync" if r["in_sync"] else f"{len(items)} change(s): " + "; ".join(items[:4])
+        table.add_row(r["host"], _group_cell(r), "yes", r.get("unit") or "-",
+                      _fmt_uptime(r.get("uptime_s")),
                       r.get("release") or "-", r.get("sglang_version") or "-",
                       r.get("patch_state") or "-", str(r.get("health") or "down"),
                       ", ".join(r.get("models") or []) or "-", r.get("last_verified") or "never",
                       drift)
     common.print_table(table, out)
+
+
+def render_groups(groups: list[dict], out=None) -> None:
+    """One line per group: its nodes in rank order, rank 0's address, its state and why."""
+    for g in groups:
+        print(f"group {g['name']} ({', '.join(g['nodes'])}; dist-init {g['dist_init_addr']}): "
+              f"{g['state']}" + (f": {g['problem']}" if g.get("problem") else ""),
+              file=out or sys.stdout)
 
 
 def _one_line(text: str) -> str:
@@ -120,48 +150,86 @@ def render_router(router: dict | None, out=None) -> None:
               file=out or sys.stdout)
 
 
-def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
-            data: list[str] | None = None) -> list[dict]:
-    """Rows of the hosts INVENTORY and LIMIT select (checked before any connection: a missing
-    inventory, a limit that matches nothing or bad data raise, exit status 2)."""
+def collect_status(inventory: str, cwd: str = ".", limit: list[str] | None = None,
+                   data: list[str] | None = None) -> tuple[list[dict], dict[str, Group]]:
+    """(rows, groups) of the hosts INVENTORY and LIMIT select (checked before any connection:
+    a missing inventory, a limit that matches nothing or bad data raise, exit status 2). A
+    limit that names part of a multi-node group selects the whole group; each row carries
+    its ``group`` and ``node_rank``, a group's nodes stand together in rank order."""
+    from sglang_deploy.core import groupstatus
     from sglang_deploy.shell import outcomes, routing, runner
     from sglang_deploy.shell.hosts import select
     from sglang_deploy.shell.plan import PLAN_ENV
 
-    chosen = select(inventory, limit, data, cwd=cwd).hosts
-    serving = {name for name, _ in routing.fleet(inventory, cwd).workers}  # not routers
-    hosts = [h for h in chosen if h in serving]
+    sel = select(inventory, limit, data, cwd=cwd)
+    groups = routing.groups(sel.inventory)
+    chosen = groupstatus.widen(sel.hosts, groups)
+    serving = [h.name for h in sel.inventory if not routing.is_router(h)]  # not routers
+    hosts = groupstatus.ordered([h for h in serving if h in chosen], groups)
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
         plans, records = Path(tmp) / "plans", Path(tmp) / "outcomes"
         run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
                                  cwd=cwd, env={PLAN_ENV: str(plans),
                                                outcomes.OUTCOMES_ENV: str(records)})
-        return rows_from_plans(hosts, plans, outcomes.read(records, hosts),
+        rows = rows_from_plans(hosts, plans, outcomes.read(records, hosts),
                                fallback=common.host_error(run.output))
+    return groupstatus.annotate(rows, groups), groups
+
+
+def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
+            data: list[str] | None = None) -> list[dict]:
+    """The rows of ``collect_status``."""
+    return collect_status(inventory, cwd, limit, data)[0]
+
+
+def ok(rows: list[dict], groups: list[dict], router: dict | None) -> bool:
+    """Pure: every host in sync and healthy, every group serving, every routed host ready."""
+    from sglang_deploy.core.groupstatus import SERVING
+
+    routed = router is None or (not router["error"] and all(
+        w["state"] == "ready" for w in router["workers"] if w["host"]))
+    return (routed and all(r.get("in_sync") and r.get("healthy") for r in rows)
+            and all(g["state"] == SERVING for g in groups))
+
+
+DESCRIPTION = """\
+One row per host: unit, release, patch, health, drift (read-only).
+
+A multi-node group (hosts with the same sglang_group) is one unit: each row names its
+group/rank, and one line per group says serving (rank 0 healthy, every other node's unit
+active/running with /health 200; those nodes have no /v1/models), degraded (rank 0
+healthy, a node not) or down. A --limit that names part of a group shows the whole group."""
 
 
 def add_parser(sub) -> None:
     p = common.add_command(sub, "status",
-                           help="one row per host: unit, release, patch, health, drift (read-only)",
-                           failed="a host is unreachable, unhealthy or drifted")
+                           help="one row per host: unit, release, patch, health, drift; one line "
+                                "per multi-node group: serving, degraded or down (read-only)",
+                           description=DESCRIPTION,
+                           failed="a host is unreachable, unhealthy or drifted, or a group is not "
+                                  "serving")
     common.add_inventory(p)
     common.add_limit(p)
-    common.add_json(p, 'one document, {"hosts": [one object per host], "router": null (no '
-                       'routers group) or {"host", "url", "error", "workers": [{"host", "url", '
-                       '"state"}]}},')
+    common.add_json(p, 'one document, {"hosts": [one object per host, with "group" and '
+                       '"node_rank" (null: a single host)], "groups": [{"name", "nodes" (rank '
+                       'order), "dist_init_addr", "state" (serving, degraded or down), '
+                       '"problem"}], "router": null (no routers group) or {"host", "url", '
+                       '"error", "workers": [{"host", "url", "state"}]}},')
     common.add_data(p)
 
 
 def run(args) -> int:
-    rows = collect(args.inventory, limit=args.limit, data=args.data)
+    from sglang_deploy.core import groupstatus
+
+    rows, groups = collect_status(args.inventory, limit=args.limit, data=args.data)
+    states = groupstatus.states(rows, groups)
     router = router_status(args.inventory, data=args.data)
     if args.json:
-        json.dump({"hosts": rows, "router": router}, sys.stdout, indent=2, sort_keys=True)
+        json.dump({"hosts": rows, "groups": states, "router": router}, sys.stdout, indent=2,
+                  sort_keys=True)
         sys.stdout.write("\n")
     else:
         render(rows)
+        render_groups(states)
         render_router(router)
-    routed = router is None or (not router["error"] and all(
-        w["state"] == "ready" for w in router["workers"] if w["host"]))
-    ok = routed and all(r.get("in_sync") and r.get("healthy") for r in rows)
-    return common.EXIT_OK if ok else common.EXIT_FAILED
+    return common.EXIT_OK if ok(rows, states, router) else common.EXIT_FAILED

@@ -6,14 +6,23 @@ last data-verified P2P matrix (``.sglang-deploy/p2p/``) and the benchmark record
 (``.sglang-deploy/bench/<host>.jsonl``). :func:`build` turns them into ONE JSON document
 (what ``--json`` prints); the HTML page is drawn from that document only, with the chart
 geometry of :func:`timeline_bars` and :func:`bench_chart`.
+
+A multi-node group (``core.group``) is shown as a unit: its nodes stand together in the
+``hosts`` list, rank 0 first (the caller's order, ``core.groupstatus.ordered``), each host
+names its ``group`` and ``node_rank``, and ``groups`` holds each group's state as `status`
+judges it (``core.groupstatus``; ``unknown`` when status was not collected).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sglang_deploy.core import groupstatus
 from sglang_deploy.core.logs.markers import PHASES
+
+if TYPE_CHECKING:  # core.group imports core.errors, which imports pyinfra: not for --help
+    from sglang_deploy.core.group import Group
 
 REPORT_VERSION = 1
 STATUS_FIELDS = ("reachable", "unit", "uptime_s", "release", "sglang_version", "patch_state",
@@ -78,7 +87,8 @@ def bench_history(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def host_entry(name: str, row: Mapping[str, Any] | None, p2p: Mapping[str, Any] | None,
-               summaries: Sequence[Mapping[str, Any]], bench: Sequence[Mapping[str, Any]]) -> dict:
+               summaries: Sequence[Mapping[str, Any]], bench: Sequence[Mapping[str, Any]],
+               groups: Mapping[str, Group] | None = None) -> dict:
     latest, startup = verifications(summaries)
     status = {k: (row or {}).get(k) for k in STATUS_FIELDS}
     status["state"] = ("unknown" if row is None else "unreachable" if row.get("reachable") is not True
@@ -86,6 +96,7 @@ def host_entry(name: str, row: Mapping[str, Any] | None, p2p: Mapping[str, Any] 
                        else "drifted" if row.get("healthy") else "unhealthy")
     return {
         "host": name,
+        **groupstatus.node_fields(groups or {}, name),
         "status": status,
         "p2p": None if not p2p else {k: p2p.get(k) for k in ("measured_at", "gpus", "min_gbps",
                                                             "policy", "cells", "checks")},
@@ -98,18 +109,26 @@ def host_entry(name: str, row: Mapping[str, Any] | None, p2p: Mapping[str, Any] 
 def build(inventory: str, hosts: Sequence[str], rows: Sequence[Mapping[str, Any]] | None,
           summaries: Mapping[str, Sequence[Mapping[str, Any]]],
           p2p: Mapping[str, Mapping[str, Any]], bench: Mapping[str, Sequence[Mapping[str, Any]]],
-          generated_at: str) -> dict[str, Any]:
-    """The report document. ROWS: `status` rows (None: status not collected)."""
+          generated_at: str, groups: Mapping[str, Group] | None = None) -> dict[str, Any]:
+    """The report document. ROWS: `status` rows (None: status not collected); GROUPS: the
+    inventory's multi-node groups (``core.group.plan``), HOSTS already in the order to show."""
     by_host = {r["host"]: r for r in rows or []}
+    groups = groups or {}
     entries = [host_entry(h, by_host.get(h) if rows is not None else None, p2p.get(h),
-                          summaries.get(h) or [], bench.get(h) or []) for h in hosts]
+                          summaries.get(h) or [], bench.get(h) or [], groups) for h in hosts]
     states = [e["status"]["state"] for e in entries]
+    shown = [g for g in groups.values() if set(g.members()) & set(hosts)]
+    if rows is not None:
+        group_states = groupstatus.states([by_host[h] for h in hosts if h in by_host],
+                                          {g.name: g for g in shown})
+    else:
+        group_states = [groupstatus.unknown(g) for g in shown]
     return {"version": REPORT_VERSION, "inventory": inventory, "generated_at": generated_at,
             "status_collected": rows is not None,
             "summary": {"hosts": len(entries), **{s: states.count(s) for s in
                                                   ("healthy", "drifted", "unhealthy", "unreachable",
                                                    "unknown")}},
-            "hosts": entries}
+            "hosts": entries, "groups": group_states}
 
 
 # ------------------------------------------------------------------------- chart geometry

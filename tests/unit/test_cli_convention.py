@@ -410,9 +410,9 @@ def test_status_table_when_not_a_terminal():
     buf = io.StringIO()
     status.render(rows, buf)
     lines = _plain(buf.getvalue())
-    assert lines[0] == "sglang-deploy status" and lines[1].split()[:3] == ["host", "reachable", "unit"]
-    assert lines[2].split()[:2] == ["a1", "no"] and lines[2].endswith("127.0.0.1)")
-    assert lines[3].split() == ["a2", "yes", "active/running", "1m40s", "r1", "0.5", "applied",
+    assert lines[0] == "sglang-deploy status" and lines[1].split()[:4] == ["host", "group", "reachable", "unit"]
+    assert lines[2].split()[:3] == ["a1", "-", "no"] and lines[2].endswith("127.0.0.1)")
+    assert lines[3].split() == ["a2", "-", "yes", "active/running", "1m40s", "r1", "0.5", "applied",
                                 "200", "m", "t", "in", "sync"]
 
 
@@ -508,13 +508,15 @@ def test_status_json_help_describes_what_it_prints(inv, monkeypatch, capsys):
     rows = [{"host": "a1", "reachable": True, "in_sync": True, "healthy": True}]
     router = {"host": "r1", "url": "http://r1:30000", "error": None,
               "workers": [{"host": "a1", "url": "http://a1:30000", "state": "ready"}]}
-    monkeypatch.setattr(status, "collect", lambda *a, **k: rows)
+    monkeypatch.setattr(status, "collect_status", lambda *a, **k: (rows, {}))
     monkeypatch.setattr(status, "router_status", lambda *a, **k: router)
     assert cli.main(["status", inv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     help_text = " ".join(COMMANDS["status"].format_help().split())
-    assert '{"hosts": [one object per host], "router": null (no routers group) or {' in help_text
-    assert set(doc) == {"hosts", "router"} and doc["hosts"] == rows
+    assert '{"hosts": [one object per host, with "group" and "node_rank"' in help_text
+    assert '"groups": [{"name", "nodes" (rank order), "dist_init_addr", "state"' in help_text
+    assert '"router": null (no routers group) or {' in help_text
+    assert set(doc) == {"hosts", "groups", "router"} and doc["hosts"] == rows and doc["groups"] == []
     for key in (*doc["router"], *doc["router"]["workers"][0]):
         assert f'"{key}"' in help_text
 
