@@ -53,3 +53,29 @@ def test_a_port_in_use_is_named():
         port = busy.getsockname()[1]
         out = rendezvous.listen("127.0.0.1", [port], 1, {"name": "n0"}, 0.3)
     assert out["ports"][str(port)]["error"] == "in use"
+
+
+def test_a_port_nobody_reaches_does_not_starve_the_other_port():
+    dead, live = _free_port(), _free_port()
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("rank0", rendezvous.listen(
+        "127.0.0.1", [live], 1, {"name": "n0"}, 3.0)))
+    t.start()
+    node = rendezvous.connect("127.0.0.1", [live], {"name": "n1"}, 2.0, reach_ports=[dead])
+    t.join(10)
+    assert node["ports"][str(live)]["card"]["name"] == "n0"
+    assert node["ports"][str(dead)]["error"] == "refused" and node["ports"][str(dead)]["reach_only"]
+    assert not node["ok"] and out["rank0"]["ok"]
+
+
+def test_reach_only_connects_without_sending_a_card():
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        node = rendezvous.connect("127.0.0.1", [], {"name": "n1"}, 2.0, reach_ports=[port])
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(1.0)
+            assert conn.recv(10) == b""   # connected and closed: nothing sent to the store
+    assert node["ok"] and node["ports"][str(port)]["error"] is None
