@@ -14,3 +14,5 @@ _base = runpy.run_path(str(Path(__file__).resolve().parents[2] / "inventory" / "
 _over = json.loads(os.environ.get("FAULT_HOST_DATA") or "{}")
 
 testbed = [(name, {**data, **_over.get(name, {})}) for name, data in _base["testbed"]]
+if "routers" in _base:  # a testbed with the router (`up --router`): the same routed fleet
+    routers = _base["routers"]

@@ -1,0 +1,195 @@
+"""A multi-node group on the testbed (`python -m testbed up --hosts 3 --group 2 --router`): tb1
+(rank 0) and tb2 (rank 1) serve one model, tb3 alone, all three behind the router.
+
+- the deploy verifies the group as one (rank 0 serves, node 1 up), the router lists rank 0
+  and tb3 only, `status --json` shows the group serving, and a second run changes nothing;
+- a rollout under a steady load through the router restarts the group as one step with no
+  failed request;
+- rank 0's dist-init port blocked: the group pre-flight fails naming the node pair and the
+  port, and no node of the group is stopped;
+- a node crashing in CUDA graph capture: the group fails fast, naming the node and the cause,
+  and every node is stopped (nothing waits for NCCL's timeouts);
+- a node on another lock: refused before any connection.
+
+Each test sets up what it needs (the `group` fixture redeploys when the group does not serve).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bench import router_load
+
+from .helpers import REPO, both, run_testbed
+
+BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
+PYINFRA = str(BIN / "pyinfra")
+FAULT_INVENTORY = Path(__file__).with_name("fault_inventory.py")
+DATA = ["gpu_p2p_min_gbps=0.05"]
+SEED_FLAGS = {"tp-size": 16, "quantization": "modelopt_fp4",
+              "moe-runner-backend": "flashinfer_cutlass",
+              "enable-flashinfer-allreduce-fusion": True, "disable-cuda-graph": True,
+              "trust-remote-code": True}
+
+
+def deploy(testbed, *args: str, inventory=None, env=None, timeout: float = 900):
+    argv = [PYINFRA, "-y", str(inventory or testbed.inventory), "deploy.py", *args]
+    for d in DATA:
+        argv += ["--data", d]
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    testbed.log.append(r)
+    return r
+
+
+def tool(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "sglang-deploy"), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def status(testbed) -> tuple[int, dict]:
+    r = tool("status", str(testbed.inventory), "--json", *[a for d in DATA for a in ("--data", d)])
+    return r.returncode, (json.loads(r.stdout) if r.stdout.strip().startswith("{") else {})
+
+
+def invocation(testbed, host: str) -> str:
+    return testbed.ssh(host, "systemctl show -p InvocationID --value sglang.service",
+                       check=True).stdout.strip()
+
+
+def active(testbed, host: str) -> str:
+    return testbed.ssh(host, "systemctl is-active sglang.service").stdout.strip()
+
+
+def changed(out: str) -> list[str]:
+    import re
+
+    rows = []
+    for line in out.splitlines():
+        m = re.match(r"\s{4}(.+?)\s{2,}(\d+)\s+([\d-]+)\s+([\d-]+)\s+([\d-]+)\s*$", line)
+        if m and m.group(3) != "-" and m.group(1).strip() != "Grand total":
+            rows.append(m.group(1).strip())
+    return rows
+
+
+@pytest.fixture(scope="module")
+def grouped(testbed):
+    """3 hosts (tb1, tb2 one group) and the router; removed again when the module ends."""
+    try:
+        run_testbed("up", "--hosts", "3", "--group", "2", "--router", timeout=900)
+        testbed.reload()
+        yield testbed
+    finally:
+        run_testbed("down", "--router", timeout=300)
+        run_testbed("up", "--hosts", "3", "--group", "0", timeout=300)
+        testbed.reload()
+
+
+@pytest.fixture
+def group(grouped):
+    """The fleet converged and serving: (rank 0, rank 1, the single host)."""
+    tb = grouped
+    g = json.loads(run_testbed("status", "--json").stdout)["groups"][0]["hosts"]
+    single = next(h["name"] for h in tb.state["hosts"]
+                  if h.get("role") != "router" and h["name"] not in g)
+    rc, doc = status(tb)
+    if rc != 0:
+        r = deploy(tb)
+        assert r.returncode == 0, both(r)[-5000:]
+    return g[0], g[1], single
+
+
+def test_a_group_and_a_single_host_behind_the_router_deploy_verify_and_converge(group, grouped):
+    rank0, rank1, single = group
+    r = deploy(grouped)
+    assert r.returncode == 0, both(r)[-4000:]
+    assert changed(r.stdout + r.stderr) == [], both(r)[-3000:]   # converged: nothing changes
+    rc, doc = status(grouped)
+    assert rc == 0, doc
+    [g] = doc["groups"]
+    assert g["nodes"] == [rank0, rank1] and g["state"] == "serving"
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert (rows[rank0]["group"], rows[rank0]["node_rank"]) == (g["name"], 0)
+    assert (rows[rank1]["group"], rows[rank1]["node_rank"]) == (g["name"], 1)
+    assert rows[single]["group"] is None
+    listed = {w["host"] for w in doc["router"]["workers"]}
+    assert listed == {rank0, single}   # only rank 0 of the group serves HTTP
+
+
+def test_a_rollout_under_load_restarts_the_group_as_one_step_without_a_failed_request(group, grouped):
+    rank0, rank1, single = group
+    st = grouped.state
+    router = next(h for h in st["hosts"] if h.get("role") == "router")
+    key = (Path(st["state_dir"]) / "router-key").read_text().strip()
+    before = {h: invocation(grouped, h) for h in (rank0, rank1)}
+    report = REPO / ".sglang-deploy" / f"group-rollout-{uuid.uuid4().hex[:8]}.json"
+    report.parent.mkdir(exist_ok=True)
+    data = [*DATA, f'sglang_env={{"ROLL": "{uuid.uuid4().hex[:6]}"}}']
+
+    def roll():
+        return tool("rollout", str(grouped.inventory), "--report", str(report),
+                    *[a for d in data for a in ("--data", d)])
+
+    result, r = router_load.run_through(f"http://{router['address']}:30000", key, "glm-5", roll)
+    s = result.summary()
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "1. " + ", ".join([rank0, rank1]) in r.stdout   # the group is one step
+    doc = json.loads(report.read_text())
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert {hosts[h]["status"] for h in (rank0, rank1, single)} == {"done"}
+    assert hosts[rank0]["router"] == "back" and hosts[rank1]["router"] is None
+    assert all(invocation(grouped, h) != before[h] for h in (rank0, rank1))
+    assert s["during"]["requests"] > 0 and s["during"]["failed"] == 0, s
+    assert s["before"]["failed"] == 0, s
+
+
+def test_rank_0_unreachable_fails_the_group_preflight_and_stops_no_node(group, grouped):
+    rank0, rank1, _ = group
+    before = {h: invocation(grouped, h) for h in (rank0, rank1)}
+    run_testbed("block", rank0, "50000")
+    try:
+        r = deploy(grouped, "--limit", rank0, "--limit", rank1, "--data",
+                   f'sglang_env={{"BLOCKED": "{uuid.uuid4().hex[:6]}"}}')
+    finally:
+        run_testbed("unblock", rank0, "50000", check=False)
+    out = both(r)
+    assert r.returncode != 0
+    assert "group pre-flight failed" in out
+    assert f"{rank1} <-> {rank0}: {rank1} cannot reach" in out and ":50000 (torch's rendezvous" in out
+    assert f"open TCP 50000 on {rank0}" in out
+    assert {h: invocation(grouped, h) for h in (rank0, rank1)} == before   # nothing stopped
+
+
+def test_a_node_crashing_in_capture_fails_the_group_fast_and_stops_every_node(group, grouped):
+    rank0, rank1, _ = group
+    flags = {k: v for k, v in SEED_FLAGS.items() if k != "disable-cuda-graph"}
+    grouped.scenario(rank1, "node-capture-crash")
+    try:
+        r = deploy(grouped, "--limit", rank0, "--limit", rank1, inventory=FAULT_INVENTORY,
+                   env={"FAULT_HOST_DATA": json.dumps({h: {"sglang_flags": flags}
+                                                       for h in (rank0, rank1)})})
+        out = both(r)
+        assert r.returncode != 0
+        assert "Capture cuda graph failed" in out and "phase `capture`" in out
+        assert f"node {rank1} failed: the server exited in phase `capture`" in out
+        assert f"{rank0} was stopped with the group" in out
+        assert active(grouped, rank0) != "active" and active(grouped, rank1) != "active"
+    finally:
+        grouped.scenario(rank1, "healthy")
+
+
+def test_a_node_on_another_lock_is_refused_before_any_connection(group, grouped):
+    rank0, rank1, _ = group
+    r = deploy(grouped, "--limit", rank0, "--limit", rank1, inventory=FAULT_INVENTORY,
+               env={"FAULT_HOST_DATA": json.dumps({rank1: {"sglang_lock": "locks/glm5-blackwell.txt"}})})
+    out = both(r)
+    assert r.returncode != 0
+    assert f"the same `sglang_lock` on every node of group" in out
+    assert "locks/glm5-blackwell.txt" in out
+    assert "Connecting to hosts" not in out
