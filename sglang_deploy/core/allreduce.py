@@ -236,6 +236,10 @@ def _failure_fix(result: Mapping[str, Any], spec: Spec, env: Mapping[str, str],
     """The fix for a failed run, by the stage it failed in and what it raised."""
     stage, kind = result.get("stage"), result.get("error_type") or ""
     text = str(result.get("error") or "").lower()
+    if stage is None and kind == "Timeout":
+        return ("The script did not keep its own deadline and was ended from outside: a process "
+                "stuck in the GPU driver (`nvidia-smi` hangs too; `dmesg` shows Xid errors) or "
+                "a stalled `import torch` (its output's tail is above).")
     if stage == "import" or kind in ("ImportError", "ModuleNotFoundError"):
         return VENV_FIX.format(python=python)
     if stage == "devices":
@@ -249,8 +253,9 @@ def _failure_fix(result: Mapping[str, Any], spec: Spec, env: Mapping[str, str],
             return RENDEZVOUS_FIX.format(addr=spec.addr, port=spec.port,
                                          what="`sglang_dist_init_port` + "
                                               f"{PORT_OFFSET}, the rendezvous of the check")
-        return ("torch's rendezvous store on 127.0.0.1 failed: " + str(result.get("error") or "")
-                + " (a port taken meanwhile: run the deploy again)")
+        return ("torch's rendezvous on 127.0.0.1 did not complete: a rank that never got "
+                "there (its own failure comes first, or it hung setting up its GPU: "
+                "`nvidia-smi` on the host), or the port was taken meanwhile (run it again).")
     if stage == "verify":
         return ("Data corruption between GPUs: " + _p2p_hints(env)
                 + " Confirm with NCCL_P2P_DISABLE=1 (`gpu_p2p_policy: adapt`).")
@@ -302,8 +307,10 @@ def judge(result: Mapping[str, Any], spec: Spec, min_busbw_gbps: float | None = 
                               "(`gpu_allreduce_min_busbw_gbps`)",
                      found=f"{_fmt(busbw)} GB/s",
                      fix=_link_fix(spec, env) + "\n" + debug
-                     + "\nOr lower `gpu_allreduce_min_busbw_gbps` if this is what the hardware "
-                       "gives (compare nccl-tests' all_reduce_perf busbw).",
+                     + "\nOr lower `gpu_allreduce_min_busbw_gbps` to what this hardware gives "
+                       "with the service's NCCL settings (compare nccl-tests' all_reduce_perf "
+                       "busbw; NCCL's defaults can give far less than a tuned setup: 8x RTX PRO "
+                       "6000 on PCIe Gen5 about 22 GB/s against 37-42 GB/s tuned).",
                      details=details)
     bound = (f"bound {_fmt(min_busbw_gbps)} GB/s" if min_busbw_gbps is not None
              else "no bound set (`gpu_allreduce_min_busbw_gbps`)")
@@ -314,6 +321,5 @@ def judge(result: Mapping[str, Any], spec: Spec, min_busbw_gbps: float | None = 
 def error_for(host: str, check: Check) -> PreflightError:
     """The typed error that stops HOST when the check failed."""
     return PreflightError(what=f"the NCCL all-reduce check passes on {host} before the server "
-                               "(re)starts",
-                          found=f"{check.message}\n  expected: {check.expected}",
-                          fix=check.fix, checks=[check])
+                               f"(re)starts: {check.expected}",
+                          found=check.message, fix=check.fix, checks=[check])

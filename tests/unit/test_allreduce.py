@@ -372,7 +372,7 @@ FAILED = {"check": "allreduce", "ok": False, "timeout": False}
     (NODE, {"rank": 9, "stage": "warm-up", "error_type": "Timeout", "timeout": True,
             "error": "still in stage warm-up at the deadline"}, "another node of the group"),
     (ONE, {"error_type": "Timeout", "timeout": True, "error": "ran past its deadline",
-           "tail": "last words"}, "NCCL_DEBUG=INFO"),
+           "tail": "last words"}, "Xid"),
 ])
 def test_failures_name_the_rank_stage_and_a_fix(spec, result, words):
     check = allreduce.judge({**FAILED, **result}, spec, 30)
