@@ -66,6 +66,20 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "deploy will not restart it: then reuse the verdict of the last full test recorded on "
        "the host (and skip the CUDA probe while it serves the invocation a deploy verified). "
        "`always`: probe and copy on every deploy.", choices=("auto", "always")),
+    _k("gpu_allreduce_check", bool, False,
+       "Before the server (re)starts (its GPUs free), run a short NCCL all-reduce "
+       "(torch.distributed in the release venv, one process per GPU) over the host's GPUs, "
+       "and across the nodes of a multi-node group together: it must complete with the right "
+       "sum, and its bus bandwidth (nccl-tests' busbw) meet `gpu_allreduce_min_busbw_gbps`. A "
+       "group's rank 0 hosts its rendezvous on `sglang_dist_init_port` + 1."),
+    _k("gpu_allreduce_min_busbw_gbps", (int, float, NONE), None,
+       "Lowest acceptable all-reduce bus bandwidth, GB/s (nccl-tests' busbw, "
+       "`all_reduce_perf`'s column); null: only that the all-reduce completes.", minimum=0),
+    _k("gpu_allreduce_mib", int, 256, "Size of the all-reduced tensor (float32) per GPU, MiB.",
+       minimum=1),
+    _k("gpu_allreduce_timeout_s", (int, float), 120,
+       "Deadline of the whole all-reduce check on a host (torch import, rendezvous, NCCL set-up, "
+       "the all-reduces), seconds.", minimum=10),
     # --- runtime ----------------------------------------------------------------------------
     _k("sglang_lock", str, "locks/glm5-blackwell.txt",
        "Lock file (on the controller, relative to the deploy folder): the exact packages, with "

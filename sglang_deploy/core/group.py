@@ -26,7 +26,9 @@ PER_NODE_FLAGS = ("node-rank", "host")
 #: data every node of a group must share (compared before connecting)
 SAME = ("sglang_lock", "sglang_flags", "sglang_model_path", "sglang_served_model_name",
         "gpu_expected_count", "gpu_expected_model", "sglang_dist_init_port",
-        "sglang_autotune_patch", "sglang_launch_command", "sglang_port")
+        "sglang_autotune_patch", "sglang_launch_command", "sglang_port",
+        # the nodes all-reduce together: all or none, the same tensor, the same deadline
+        "gpu_allreduce_check", "gpu_allreduce_mib", "gpu_allreduce_timeout_s")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
 #: scripts shipped to ROOT/tools (patch.py from sglang_deploy/core, the others from remote/;
 #: patch_tool.py imports the patch.py beside it)
 TOOLS = ("patch.py", "patch_tool.py", "launch.py", "hoststate.py", "model_fetch.py",
-         "jit_check.py", "progress_watch.py", "release_smoke.py", "rendezvous.py")
+         "jit_check.py", "progress_watch.py", "release_smoke.py", "rendezvous.py",
+         "allreduce_check.py")
 #: what, having changed in this run, restarts the server (besides the unit and the secrets)
 RESTART_TRIGGERS = ("release", "patch", "model")
 
