@@ -30,7 +30,7 @@ from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving
-from sglang_deploy.shell import groupops, jitcheck, outcomes, p2pview, plan, releaseops, reports
+from sglang_deploy.shell import allreduce, groupops, jitcheck, outcomes, p2pview, plan, releaseops, reports
 from sglang_deploy.shell import routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
@@ -353,6 +353,8 @@ def service_stage(ctx: Context):
                 # no --api-key, not even a placeholder: argv never names it
                 flags=flagmod.render_flags(service.flag_map(s)),
                 env=s.sglang_smoke_env)
+        if hs["service"].get("ActiveState") != "active":  # the GPUs are free: no server yet
+            allreduce.add_allreduce_check(ctx)
     run = None
     if ctx.group is not None:  # registered for the group's decision, then its pre-flight
         run = group_registered(ctx, reasons)
@@ -374,6 +376,8 @@ def service_stage(ctx: Context):
         go = groupops.Gate(run, "go")
         groupops.group_service(name=f"Stop {s.sglang_service}: group {ctx.group.name} restarts "
                                     "as one", service=s.sglang_service, action="stop", _if=go)
+        # the optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU free
+        allreduce.add_allreduce_check(ctx, group=ctx.group, when=go)
         groupops.group_service(name=f"Start {s.sglang_service} with group {ctx.group.name}",
                                service=s.sglang_service, action="start", _if=go)
         ctx.ops.update(unit=unit, secrets=secrets, link=link, started=None, restarted=None)
