@@ -26,7 +26,7 @@ import pytest
 
 from bench import router_load
 
-from .helpers import REPO, both, run_testbed
+from .helpers import REPO, both, changed, run_testbed
 
 BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
 PYINFRA = str(BIN / "pyinfra")
@@ -65,17 +65,6 @@ def invocation(testbed, host: str) -> str:
 
 def active(testbed, host: str) -> str:
     return testbed.ssh(host, "systemctl is-active sglang.service").stdout.strip()
-
-
-def changed(out: str) -> list[str]:
-    import re
-
-    rows = []
-    for line in out.splitlines():
-        m = re.match(r"\s{4}(.+?)\s{2,}(\d+)\s+([\d-]+)\s+([\d-]+)\s+([\d-]+)\s*$", line)
-        if m and m.group(3) != "-" and m.group(1).strip() != "Grand total":
-            rows.append(m.group(1).strip())
-    return rows
 
 
 @pytest.fixture(scope="module")
