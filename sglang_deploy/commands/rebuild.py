@@ -8,6 +8,10 @@ so the rebuilt host does not pay for autotune and JIT again. It is the plain dep
 to HOST, with ``sglang_cache_seed`` set: nothing here differs from a first install. With a
 ``routers`` group, the host is put (back) into the router only once the deploy verified it,
 and the router must then route a generation to it.
+
+A node of a multi-node group is rebuilt with its group: the deploy runs on every node of the
+group (the others converge: nothing to install), and the group pre-flight, restart and
+verification run as one, since the rebuilt node cannot join a group that is already up.
 """
 
 from __future__ import annotations
@@ -32,25 +36,35 @@ def add_parser(sub) -> None:
     common.add_json(p)
 
 
+def with_groups(hosts: list[str], nodes: dict[str, list[str]]) -> list[str]:
+    """HOSTS, each with every node of its multi-node group (NODES: host -> its group's nodes
+    in rank order), in order, each once."""
+    return list(dict.fromkeys(n for h in hosts for n in nodes.get(h, [h])))
+
+
 def run(args) -> int:
     from sglang_deploy.core.errors import UsageError
-    from sglang_deploy.shell import hosts, outcomes, runner
+    from sglang_deploy.shell import hosts, outcomes, routing, runner
 
     if args.cache and not Path(args.cache).is_file():
         raise UsageError(what="--cache FILE: an archive from `sglang-deploy cache save`",
                          found=f"no file {args.cache}", fix="pass the path of that archive")
     data = list(args.data) + ([f"sglang_cache_seed={args.cache}"] if args.cache else [])
     chosen = hosts.select(args.inventory, [args.host], data, option="HOST")
+    # a group's node comes back with its whole group (its nodes start as one)
+    nodes = {h: g.members() for g in routing.groups(chosen.inventory).values()
+             for h in g.members()}
+    limit = with_groups(chosen.hosts, nodes)
     show = (lambda line: print(line, file=sys.stderr)) if args.json else print
     with tempfile.TemporaryDirectory(prefix="rebuild-outcomes-") as records:
-        result = runner.run_pyinfra(args.inventory, "deploy.py", limit=chosen.hosts, data=data,
+        result = runner.run_pyinfra(args.inventory, "deploy.py", limit=limit, data=data,
                                     on_line=show, env={outcomes.OUTCOMES_ENV: records})
-        got = outcomes.read(records, chosen.hosts)  # each host's own record, never the text
+        got = outcomes.read(records, limit)  # each host's own record, never the text
     # no record at all (pyinfra stopped before the host): pyinfra's own error, as printed
     rows = [{"host": name, "ok": got[name].passed,
              "error": None if got[name].passed else got[name].message
              or f"{got[name].kind}: {common.host_error(result.output)}"}
-            for name in chosen.hosts]
+            for name in limit]
     if args.json:
         print(json.dumps({"ok": result.ok, "seconds": round(result.seconds, 2), "hosts": rows},
                          indent=2))
@@ -59,7 +73,7 @@ def run(args) -> int:
         print(f"{row['host']}: {verdict} ({result.seconds:.1f}s)", file=sys.stderr)
     if not result.ok or not all(row["ok"] for row in rows):
         return common.EXIT_FAILED
-    for name in chosen.hosts:
+    for name in limit:  # a group: its rank 0 (the router's worker; put_back skips the others)
         put_back(args.inventory, name, args.data)
     return common.EXIT_OK
 

@@ -138,7 +138,7 @@ def rendezvous(run: GroupRun, tool: str, python: str) -> None:
     g, node = run.group, host.name
     argv = groupmod.rendezvous_argv(g, node, tool, run.cards[node], run.probe,
                                     reach_only=run.active.get(g.rank0, False), python=python)
-    ok, output = host.run_shell_command(_sh(*argv), print_output=False)
+    _, output = host.run_shell_command(_sh(*argv), print_output=False)
     run.results[node] = _parse(output.stdout) if output is not None else None
     if run.results[node] is None:
         logger.warning(f"{host.print_prefix}rendezvous gave no result: "

@@ -179,6 +179,6 @@ def test_a_node_on_another_lock_is_refused_before_any_connection(group, grouped)
                env={"FAULT_HOST_DATA": json.dumps({rank1: {"sglang_lock": "locks/glm5-blackwell.txt"}})})
     out = both(r)
     assert r.returncode != 0
-    assert f"the same `sglang_lock` on every node of group" in out
+    assert "the same `sglang_lock` on every node of group" in out
     assert "locks/glm5-blackwell.txt" in out
     assert "Connecting to hosts" not in out

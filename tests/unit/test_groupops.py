@@ -199,3 +199,12 @@ def test_router_workers_are_rank_0_of_a_group_and_single_hosts():
     fl = Fleet(workers=[("a", {"sglang_flags": {"node-rank": 0}}),
                         ("b", {"sglang_flags": {"node-rank": 1}}), ("c", {})], routers=[])
     assert [n for n, _ in router_workers(fl)] == ["a", "c"]
+
+
+def test_rebuilding_a_groups_node_deploys_its_whole_group():
+    from sglang_deploy.commands.rebuild import with_groups
+
+    nodes = {"a": ["a", "b"], "b": ["a", "b"]}
+    assert with_groups(["b"], nodes) == ["a", "b"]
+    assert with_groups(["c", "b", "a"], nodes) == ["c", "a", "b"]
+    assert with_groups(["c"], nodes) == ["c"]
