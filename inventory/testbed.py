@@ -48,6 +48,10 @@ TESTBED_DATA = {
     # on the production lock, and the suite runs that under the unit's sandbox).
     "sglang_smoke": ["import"],
     "sglang_smoke_env": {"PYTHONPATH": "/opt/sglang-sim/standins"},
+    # The all-reduce check (`gpu_allreduce_check`, off unless a test turns it on): no NCCL
+    # here, so a torch stand-in whose all-reduce is a real TCP sum between the ranks, across
+    # the group's hosts too (testbed/sim/allreduce_standin).
+    "gpu_allreduce_env": {"PYTHONPATH": "/opt/sglang-sim/allreduce_standin"},
 }
 
 

@@ -77,6 +77,10 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "`all_reduce_perf`'s column); null: only that the all-reduce completes.", minimum=0),
     _k("gpu_allreduce_mib", int, 256, "Size of the all-reduced tensor (float32) per GPU, MiB.",
        minimum=1),
+    _k("gpu_allreduce_env", dict, {},
+       "Extra environment of the all-reduce check (over the service's), e.g. "
+       "`{\"NCCL_DEBUG\": \"INFO\"}` or `NCCL_IB_HCA`. The testbed puts its torch stand-in "
+       "here (a TCP sum, no NCCL)."),
     _k("gpu_allreduce_timeout_s", (int, float), 120,
        "Deadline of the whole all-reduce check on a host (torch import, rendezvous, NCCL set-up, "
        "the all-reduces), seconds.", minimum=10),
@@ -408,6 +412,8 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> "
     _check_no_secrets("sglang_env", values["sglang_env"])
     _check_mapping_of_scalars("bench_env", values["bench_env"])
     _check_mapping_of_scalars("sglang_smoke_env", values["sglang_smoke_env"])
+    _check_mapping_of_scalars("gpu_allreduce_env", values["gpu_allreduce_env"])
+    _check_no_secrets("gpu_allreduce_env", values["gpu_allreduce_env"])
     _check_no_secrets("sglang_smoke_env", values["sglang_smoke_env"])
     steps = values["sglang_smoke"]
     if not all(s in ("import", "flags", "entrypoints") for s in steps):

@@ -19,14 +19,14 @@ def add_allreduce_check(ctx, *, group=None, when=None):
     ``_if`` (a callable; for a group it must be true on every node or on none).
 
     The operation runs the script with the service's environment (``ctx.environment()``: the
-    NCCL settings the server gets), judges its output and raises ``PreflightError`` (expected,
+    NCCL settings the server gets) and ``gpu_allreduce_env`` over it, judges its output and raises ``PreflightError`` (expected,
     found, fix) when it fails; a pass is logged with the measured bus bandwidth. Adds nothing
     and returns None when ``gpu_allreduce_check`` is off; else the operation's meta."""
     s = ctx.settings
     if not s.gpu_allreduce_check:
         return None
     spec = allreduce.spec_of(s, group=group, host=host.name)
-    env = dict(ctx.environment())
+    env = {**dict(ctx.environment()), **{k: str(v) for k, v in s.gpu_allreduce_env.items()}}
     python_path, tool = ctx.venv_python, ctx.layout.tool(allreduce.TOOL)
     command = allreduce.command(python_path, tool, spec, env)
 

@@ -182,3 +182,85 @@ def test_a_node_on_another_lock_is_refused_before_any_connection(group, grouped)
     assert "the same `sglang_lock` on every node of group" in out
     assert "locks/glm5-blackwell.txt" in out
     assert "Connecting to hosts" not in out
+
+
+def test_the_allreduce_check_runs_across_the_groups_nodes_while_they_are_stopped(group, grouped):
+    """`gpu_allreduce_check` on a group that restarts: one operation on both nodes at once,
+    between the group's stop and start, 16 ranks over the testbed network (the torch
+    stand-in of `gpu_allreduce_env`: a real TCP sum, no NCCL), then the group serves."""
+    rank0, rank1, single = group
+    before = invocation(grouped, single)
+    r = deploy(grouped, "--limit", rank0, "--limit", rank1, "--data", "gpu_allreduce_check=true",
+               "--data", f'sglang_env={{"ALLREDUCE": "{uuid.uuid4().hex[:6]}"}}')
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    assert "All-reduce (NCCL) over 16 GPUs of group" in out
+    for h in (rank0, rank1):
+        assert any(f"[{h}]" in line and "all-reduce over 16 GPUs" in line
+                   for line in out.splitlines()), out[-4000:]
+    order = [line for line in out.splitlines() if "--> Starting operation" in line]
+    stop = next(i for i, line in enumerate(order) if "restarts as one" in line)
+    check = next(i for i, line in enumerate(order) if "All-reduce (NCCL)" in line)
+    start = next(i for i, line in enumerate(order) if "with group" in line and "Start" in line)
+    assert stop < check < start
+    rc, doc = status(grouped)
+    assert doc["groups"][0]["state"] == "serving", doc
+    assert invocation(grouped, single) == before   # outside the run: untouched
+
+
+def test_a_failing_allreduce_names_the_rank_and_leaves_the_group_stopped(group, grouped):
+    """Rank 0's all-reduce rendezvous port (dist-init port + 1) dropped: node 1's ranks
+    cannot connect; the check fails within its deadline naming the failure, on the nodes
+    that were stopped for it (documented: the group stays down until the next deploy)."""
+    rank0, rank1, _ = group
+    run_testbed("block", rank0, "50001")
+    try:
+        r = deploy(grouped, "--limit", rank0, "--limit", rank1, "--data", "gpu_allreduce_check=true",
+                   "--data", "gpu_allreduce_timeout_s=15",
+                   "--data", f'sglang_env={{"ALLREDUCE": "{uuid.uuid4().hex[:6]}"}}')
+    finally:
+        run_testbed("unblock", rank0, "50001", check=False)
+    out = both(r)
+    assert r.returncode != 0
+    assert "the NCCL all-reduce over" in out and "failed" in out
+    assert "NCCL_DEBUG=INFO" in out        # the fix repeats the command by hand
+    assert active(grouped, rank0) != "active" and active(grouped, rank1) != "active"
+
+
+def test_rebuild_of_a_groups_node_brings_the_group_back_as_one(group, grouped):
+    rank0, rank1, _ = group
+    before = invocation(grouped, rank0)
+    grouped.wipe(rank1)
+    r = tool("rebuild", str(grouped.inventory), rank1, "--json",
+             *[a for d in DATA for a in ("--data", d)])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    doc = json.loads(r.stdout)
+    assert [(h["host"], h["ok"]) for h in doc["hosts"]] == [(rank0, True), (rank1, True)]
+    assert invocation(grouped, rank0) != before   # the group restarted as one
+    rc, st = status(grouped)
+    assert st["groups"][0]["state"] == "serving", st
+
+
+def test_a_group_that_fails_in_a_rollout_is_rolled_back_whole(group, grouped):
+    """Rank 0 fails with the new flags (the `rank-fail` scenario only for launches with
+    `--mem-fraction-static 0.71`): the group fails fast, the rollout halts and rolls both
+    nodes back to their known-good configuration; the single host is not touched."""
+    rank0, rank1, single = group
+    before = invocation(grouped, single)
+    grouped.scenario(rank0, "rank-fail", when="--mem-fraction-static 0.71")
+    report = REPO / ".sglang-deploy" / f"group-rollback-{uuid.uuid4().hex[:8]}.json"
+    report.parent.mkdir(exist_ok=True)
+    flags = json.dumps({**SEED_FLAGS, "mem-fraction-static": 0.71})
+    try:
+        r = tool("rollout", str(grouped.inventory), "--report", str(report),
+                 *[a for d in [*DATA, f"sglang_flags={flags}"] for a in ("--data", d)])
+    finally:
+        grouped.scenario(rank0, "healthy")
+    assert r.returncode != 0
+    doc = json.loads(report.read_text())
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert hosts[rank0]["status"] == "rolled-back" and hosts[rank1]["status"] == "rolled-back", doc
+    assert hosts[single]["status"] == "untouched"
+    assert invocation(grouped, single) == before
+    rc, st = status(grouped)
+    assert st["groups"][0]["state"] == "serving", st
