@@ -234,23 +234,19 @@ def card(node: str, rank: int, release: str, flags: Mapping[str, Any], driver: s
 
 
 def rendezvous_argv(group: Group, host: str, tool: str, card_: Mapping[str, Any],
-                    probe: int, reach_only: bool, python: str = "python3",
+                    probe: int, python: str = "python3",
                     timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> list[str]:
     """The rendezvous command of HOST: rank 0 listens on its address, the others connect.
-    The dist-init port is exchanged on only when it is free (REACH_ONLY: rank 0's server holds
-    it, and the others only prove that it accepts a connection); the PROBE port always."""
+    Cards are exchanged on the PROBE port; the dist-init port is only reached (a TCP connect:
+    rank 0's running server may hold it, and torch's store must not be written to)."""
     import json
 
     words = [python, tool]
-    ports = [probe] if reach_only else [group.port, probe]
     if group.rank_of(host) == 0:
         words += ["listen", "--bind", group.addr, "--peers", str(group.nnodes - 1)]
     else:
         words += ["connect", "--addr", group.addr]
-        if reach_only:
-            words += ["--reach", str(group.port)]
-    for p in ports:
-        words += ["--port", str(p)]
+    words += ["--reach", str(group.port), "--port", str(probe)]
     return words + ["--card", json.dumps(dict(card_), sort_keys=True), "--timeout", f"{timeout_s:g}"]
 
 
@@ -273,12 +269,14 @@ def _port_fix(group: Group, port: int, kind: str) -> str:
 
 
 def judge_rendezvous(group: Group, results: Mapping[str, Mapping[str, Any] | None],
-                     cards: Mapping[str, Mapping[str, Any]],
+                     cards: Mapping[str, Mapping[str, Any]], rank0_running: bool = False,
                      clock_skew_max_s: float = CLOCK_SKEW_MAX_S) -> list[Problem]:
     """Pure: the group pre-flight's verdict. RESULTS: node -> the rendezvous tool's JSON (None
     when the node gave none); CARDS: node -> its card (``card``). Every node must share rank
     0's release, flags and driver, have reached rank 0 on every port, and keep its clock
-    within CLOCK_SKEW_MAX_S of rank 0's. Returns the problems, each naming its nodes and fix."""
+    within CLOCK_SKEW_MAX_S of rank 0's. RANK0_RUNNING: rank 0's unit runs (or is starting),
+    so its dist-init port in use is its own server's. Returns the problems, each naming its
+    nodes and fix."""
     problems: list[Problem] = []
     r0 = group.rank0
     want = cards.get(r0) or {}
@@ -300,12 +298,15 @@ def judge_rendezvous(group: Group, results: Mapping[str, Mapping[str, Any] | Non
                                 f"read {r0}'s error above"))
     else:
         for port, entry in sorted((mine.get("ports") or {}).items()):
-            if entry.get("error") not in (None, "timeout"):
-                problems.append(Problem(
-                    (r0,), f"rank 0 cannot listen on {group.addr}:{port}: {entry['error']}",
-                    f"free TCP {port} on {r0} (`ss -ltnp 'sport = :{port}'`) or set "
-                    f"`sglang_dist_init_port`; if {group.addr} is not {r0}'s address, fix "
-                    "`sglang_dist_init_addr`"))
+            error = entry.get("error")
+            if error in (None, "timeout") or (error == "in use" and int(port) == group.port
+                                              and rank0_running):
+                continue  # the dist-init port held by rank 0's own server: the others reach it
+            problems.append(Problem(
+                (r0,), f"rank 0 cannot listen on {group.addr}:{port}: {error}",
+                f"free TCP {port} on {r0} (`ss -ltnp 'sport = :{port}'`) or set "
+                f"`sglang_dist_init_port`; if {group.addr} is not {r0}'s address, fix "
+                "`sglang_dist_init_addr`"))
     for node in group.members()[1:]:
         out = results.get(node)
         if out is None:

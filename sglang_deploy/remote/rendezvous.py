@@ -2,19 +2,20 @@
 """A real TCP rendezvous between the nodes of a multi-node group (stdlib only, run by the
 host's system python before any server of the group stops).
 
-    rendezvous.py listen  --bind ADDR --port P [--port Q] --peers N --card JSON --timeout S
-    rendezvous.py connect --addr ADDR --port P [--port Q] [--reach R] --card JSON --timeout S
+    rendezvous.py listen  --bind ADDR --port P [--reach R] --peers N --card JSON --timeout S
+    rendezvous.py connect --addr ADDR --port P [--reach R] --card JSON --timeout S
 
-Rank 0 listens on each port (the dist-init port, and one port of the kernel's ephemeral range
-as NCCL's bootstrap uses) and waits for N peers on each. Every other node connects to each
-port (retrying until the deadline, as torch's store client does) and sends its card: one JSON
-line with its name, release, flags hash, driver version and clock (``time.time()``). Rank 0
-answers with its own card. Each side prints one JSON object: what it saw of every peer
-(address, card, the clock offset measured against its own clock), or the error (``refused``,
-``timeout``, ``unreachable``, ``in use``) per port. ``--reach R``: only a TCP connect to
-port R, no card (rank 0's running server holds its dist-init port: a card would be garbage
-to torch's store). Exit status 0 when every exchange
-happened (the cards are compared by the deploy, ``core.group.judge_rendezvous``).
+Rank 0 listens on each port: the card ports (``--port``: one port of the kernel's ephemeral
+range, as NCCL's bootstrap uses) and the reach ports (``--reach``: the dist-init port), and
+waits for N peers on each. Every other node connects to each port, retrying until the
+deadline (as torch's store client does), all ports in turn. On a card port it sends its card
+(one JSON line: its name, release, flags hash, driver version and clock, ``time.time()``) and
+rank 0 answers with its own; on a reach port it only connects and closes: that port may be
+held by rank 0's running server, and a card would be garbage to torch's store. Each side
+prints one JSON object: what it saw of every peer (address, card, the clock offset measured
+against its own clock), or the error (``refused``, ``timeout``, ``unreachable``, ``in use``)
+per port. Exit status 0 when every exchange happened (the deploy judges the result with the
+cards, ``core.group.judge_rendezvous``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ def _error(exc: OSError) -> str:
             errno.EADDRNOTAVAIL: "address not on this host"}.get(exc.errno or 0, str(exc))
 
 
-def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float) -> dict:
+def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float,
+           reach_ports: list[int] = ()) -> dict:
+    """Rank 0: PORTS exchange cards with each peer; REACH_PORTS only count the peers that
+    connect (nothing is read: the others only reach them, as they reach a running server's
+    store there). A port in use is reported as such (``in use``)."""
     deadline = time.monotonic() + timeout
     result: dict = {"ok": True, "ports": {}}
     socks = {}
-    for port in ports:
+    reach_only = set(reach_ports)
+    for port in [*reach_ports, *ports]:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -88,6 +94,13 @@ def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float) 
                 conn, addr = key.fileobj.accept()
             except OSError:
                 continue
+            seen = result["ports"][str(port)]["peers"]
+            if port in reach_only:
+                conn.close()
+                seen.append({"addr": addr[0], "reach_only": True})
+                if len(seen) >= peers:
+                    pending.discard(port)
+                continue
             conn.setblocking(True)
             with conn:
                 got = _read_line(conn, min(deadline, time.monotonic() + 5.0))
@@ -96,7 +109,6 @@ def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float) 
                     conn.sendall(_card_line(card))
                 except OSError:
                     pass
-            seen = result["ports"][str(port)]["peers"]
             if got is not None:
                 seen.append({"addr": addr[0], "card": got,
                              "offset_s": round(got.get("clock", now) - now, 3)})
@@ -171,16 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--port", type=int, action="append", required=True)
         s.add_argument("--card", required=True, help="this node's card (JSON)")
         s.add_argument("--timeout", type=float, default=30.0)
+        s.add_argument("--reach", type=int, action="append", default=[],
+                       help="a port only reached (a TCP connect, no card)")
         if name == "listen":
             s.add_argument("--bind", required=True)
             s.add_argument("--peers", type=int, required=True)
         else:
             s.add_argument("--addr", required=True)
-            s.add_argument("--reach", type=int, action="append", default=[],
-                           help="only a TCP connect to this port (no card)")
     args = p.parse_args(argv)
     card = json.loads(args.card)
-    out = listen(args.bind, args.port, args.peers, card, args.timeout) if args.cmd == "listen" \
+    out = listen(args.bind, args.port, args.peers, card, args.timeout, args.reach) \
+        if args.cmd == "listen" \
         else connect(args.addr, args.port, card, args.timeout, args.reach)
     print(json.dumps(out, sort_keys=True), flush=True)
     return 0 if out["ok"] else 1

@@ -51,7 +51,7 @@ class GroupRun:
     group: groupmod.Group
     probe: int                                   # the NCCL-range port of the rendezvous
     wants: dict[str, list[str]] = field(default_factory=dict)   # node -> its own reasons
-    active: dict[str, bool] = field(default_factory=dict)       # node -> its unit runs now
+    running: dict[str, bool] = field(default_factory=dict)      # node -> unit up or starting
     cards: dict[str, dict] = field(default_factory=dict)
     results: dict[str, dict | None] = field(default_factory=dict)  # rendezvous outputs
     problems: list[groupmod.Problem] | None = None               # judged once, when all in
@@ -59,8 +59,8 @@ class GroupRun:
     failed: tuple[str, str] | None = None                        # (node, why), the first
     ready: bool = False
 
-    def register(self, node: str, wants: list[str], active: bool, card: dict) -> None:
-        self.wants[node], self.active[node], self.cards[node] = list(wants), active, card
+    def register(self, node: str, wants: list[str], running: bool, card: dict) -> None:
+        self.wants[node], self.running[node], self.cards[node] = list(wants), running, card
 
     def restarting(self) -> bool:
         """Does the group restart in this run (any node wants it)? Complete once every node
@@ -136,8 +136,7 @@ def rendezvous(run: GroupRun, tool: str, python: str) -> None:
     tool, then the verdict on every node's result; raises ``PreflightError`` naming each
     node pair that failed and the fix."""
     g, node = run.group, host.name
-    argv = groupmod.rendezvous_argv(g, node, tool, run.cards[node], run.probe,
-                                    reach_only=run.active.get(g.rank0, False), python=python)
+    argv = groupmod.rendezvous_argv(g, node, tool, run.cards[node], run.probe, python=python)
     _, output = host.run_shell_command(_sh(*argv), print_output=False)
     run.results[node] = _parse(output.stdout) if output is not None else None
     if run.results[node] is None:
@@ -145,7 +144,8 @@ def rendezvous(run: GroupRun, tool: str, python: str) -> None:
                        f"{(output.stderr if output is not None else '')[-300:]}")
     _wait_for(run, lambda: len(run.results) == g.nnodes, groupmod.RENDEZVOUS_TIMEOUT_S + 15)
     if run.problems is None:
-        run.problems = groupmod.judge_rendezvous(g, run.results, run.cards)
+        run.problems = groupmod.judge_rendezvous(g, run.results, run.cards,
+                                                 rank0_running=run.running.get(g.rank0, False))
     if run.problems:
         fixes = list(dict.fromkeys(p.fix for p in run.problems))
         raise GroupPreflightError(

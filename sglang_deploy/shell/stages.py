@@ -418,7 +418,8 @@ def group_registered(ctx: Context, reasons: list[str]) -> groupops.GroupRun:
     query = ((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out") or ""
     rows = nvsmi.parse_query_csv(query) if query.strip() else []
     run = groupops.run_of(state, ctx.group)
-    run.register(host.name, wants, active, group.card(
+    running = svc.get("ActiveState") in ("active", "activating", "reloading")
+    run.register(host.name, wants, running, group.card(
         host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(s),
         rows[0].get("driver_version") if rows else None))
     return run

@@ -73,14 +73,23 @@ def test_a_node_without_result_and_rank0_that_cannot_listen_are_named():
     assert "n1 <-> n0: the node gave no rendezvous result" in text
 
 
-def test_the_rendezvous_command_only_reaches_a_dist_init_port_rank_0s_server_holds():
+def test_the_rendezvous_command_only_reaches_the_dist_init_port_and_swaps_cards_on_the_probe():
     g = _group()
-    free0 = group.rendezvous_argv(g, "n0", "/t/rendezvous.py", {"node": "n0"}, 40000, False)
-    assert free0[2:8] == ["listen", "--bind", "10.0.0.10", "--peers", "1", "--port"]
-    assert free0.count("--port") == 2 and "--reach" not in free0
-    held1 = group.rendezvous_argv(g, "n1", "/t/rendezvous.py", {"node": "n1"}, 40000, True)
-    assert held1[held1.index("--reach") + 1] == "50000"
-    assert held1.count("--port") == 1 and held1[held1.index("--port") + 1] == "40000"
+    r0 = group.rendezvous_argv(g, "n0", "/t/rendezvous.py", {"node": "n0"}, 40000)
+    assert r0[2:7] == ["listen", "--bind", "10.0.0.10", "--peers", "1"]
+    n1 = group.rendezvous_argv(g, "n1", "/t/rendezvous.py", {"node": "n1"}, 40000)
+    assert n1[2:5] == ["connect", "--addr", "10.0.0.10"]
+    for argv in (r0, n1):
+        assert argv[argv.index("--reach") + 1] == "50000"
+        assert argv.count("--port") == 1 and argv[argv.index("--port") + 1] == "40000"
+
+
+def test_rank_0s_dist_init_port_in_use_is_its_own_server_only_while_its_unit_runs():
+    results = _ok_results()
+    results["n0"]["ports"]["50000"] = {"error": "in use", "peers": []}
+    assert group.judge_rendezvous(_group(), results, _cards(), rank0_running=True) == []
+    [p] = group.judge_rendezvous(_group(), results, _cards(), rank0_running=False)
+    assert "rank 0 cannot listen on 10.0.0.10:50000: in use" in p.text()
 
 
 def test_the_probe_port_is_in_the_ephemeral_range_and_never_the_dist_init_port():

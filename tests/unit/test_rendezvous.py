@@ -79,3 +79,16 @@ def test_reach_only_connects_without_sending_a_card():
             conn.settimeout(1.0)
             assert conn.recv(10) == b""   # connected and closed: nothing sent to the store
     assert node["ok"] and node["ports"][str(port)]["error"] is None
+
+
+def test_rank_0_counts_the_nodes_that_reach_a_reach_port_without_reading_a_card():
+    reach, cards = _free_port(), _free_port()
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("rank0", rendezvous.listen(
+        "127.0.0.1", [cards], 1, {"name": "n0"}, 5.0, reach_ports=[reach])))
+    t.start()
+    node = rendezvous.connect("127.0.0.1", [cards], {"name": "n1"}, 5.0, reach_ports=[reach])
+    t.join(10)
+    assert node["ok"] and out["rank0"]["ok"], (node, out)
+    assert out["rank0"]["ports"][str(reach)]["peers"] == [{"addr": "127.0.0.1", "reach_only": True}]
+    assert out["rank0"]["ports"][str(cards)]["peers"][0]["card"]["name"] == "n1"
