@@ -264,3 +264,22 @@ def test_a_group_that_fails_in_a_rollout_is_rolled_back_whole(group, grouped):
     assert invocation(grouped, single) == before
     rc, st = status(grouped)
     assert st["groups"][0]["state"] == "serving", st
+
+
+def test_a_node_lost_while_serving_shows_in_status_and_the_next_deploy_restarts_its_group(group, grouped):
+    """Node 1's server gone (its unit stopped: rank 0 then loses its peer, as when a node
+    dies): `status` says the group does not serve and names the node; the next deploy
+    restarts the group as one (rank 0 too, whatever state its unit is in) and it serves."""
+    rank0, rank1, _ = group
+    before = invocation(grouped, rank0)
+    grouped.ssh(rank1, "systemctl stop sglang.service", check=True)
+    rc, doc = status(grouped)
+    assert rc == 1 and doc["groups"][0]["state"] != "serving", doc
+    assert rank1 in (doc["groups"][0]["problem"] or ""), doc
+    r = deploy(grouped, "--limit", rank0, "--limit", rank1)
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    assert "rendezvous passed" in out
+    assert invocation(grouped, rank0) != before
+    rc, doc = status(grouped)
+    assert rc == 0 and doc["groups"][0]["state"] == "serving", doc
