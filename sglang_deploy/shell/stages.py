@@ -30,8 +30,8 @@ from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving
-from sglang_deploy.shell import allreduce, groupops, jitcheck, outcomes, p2pview, plan, releaseops, reports
-from sglang_deploy.shell import routing
+from sglang_deploy.shell import allreduce, groupops, jitcheck, outcomes, p2pview, plan
+from sglang_deploy.shell import releaseops, reports, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
