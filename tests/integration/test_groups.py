@@ -169,6 +169,11 @@ def test_a_node_crashing_in_capture_fails_the_group_fast_and_stops_every_node(gr
         assert f"node {rank1} failed: the server exited in phase `capture`" in out
         assert f"{rank0} was stopped with the group" in out
         assert active(grouped, rank0) != "active" and active(grouped, rank1) != "active"
+        # the node's own journal, read and explained per node
+        lg = tool("logs", str(grouped.inventory), rank1, "--explain", "--json")
+        assert lg.returncode == 1, (lg.stdout + lg.stderr)[-3000:]
+        got = json.loads(lg.stdout)
+        assert (got["outcome"], got["phase"], got["cause"]) == ("failed", "capture", "cuda-oom"), got
     finally:
         grouped.scenario(rank1, "healthy")
 
