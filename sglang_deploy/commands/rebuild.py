@@ -44,6 +44,7 @@ def with_groups(hosts: list[str], nodes: dict[str, list[str]]) -> list[str]:
 
 def run(args) -> int:
     from sglang_deploy.core.errors import UsageError
+    from sglang_deploy.core import group
     from sglang_deploy.shell import hosts, outcomes, routing, runner
 
     if args.cache and not Path(args.cache).is_file():
@@ -52,9 +53,7 @@ def run(args) -> int:
     data = list(args.data) + ([f"sglang_cache_seed={args.cache}"] if args.cache else [])
     chosen = hosts.select(args.inventory, [args.host], data, option="HOST")
     # a group's node comes back with its whole group (its nodes start as one)
-    nodes = {h: g.members() for g in routing.groups(chosen.inventory).values()
-             for h in g.members()}
-    limit = with_groups(chosen.hosts, nodes)
+    limit = with_groups(chosen.hosts, group.units(routing.groups(chosen.inventory)))
     show = (lambda line: print(line, file=sys.stderr)) if args.json else print
     with tempfile.TemporaryDirectory(prefix="rebuild-outcomes-") as records:
         result = runner.run_pyinfra(args.inventory, "deploy.py", limit=limit, data=data,

@@ -206,10 +206,10 @@ class Rollout:
         serving = {name for name, _ in fleet.workers}
         order = plan_order([h for h in chosen.all_hosts if h in serving], self.canary,
                            [h for h in chosen.hosts if h in serving] if self.limit else None)
-        self.units = {h: g.members() for g in routing.groups(chosen.inventory).values()
-                      for h in g.members()}
+        planned = routing.groups(chosen.inventory)
+        self.units = groupmod.units(planned)
         if self.limit:  # a multi-node group is rolled whole (its nodes start as one)
-            groupmod.check_limit(routing.groups(chosen.inventory), order)
+            groupmod.check_limit(planned, order)
         groups = batches(order, self.batch, self.canary, self.units)
         self.say(f"rollout order ({len(order)} hosts, batch {self.batch}"
                  + (f", canary {self.canary}" if self.canary else "") + "):")

@@ -184,6 +184,12 @@ def group_of(groups: Mapping[str, Group], host: str) -> Group | None:
     return next((g for g in groups.values() if host in g.members()), None)
 
 
+def units(groups: Mapping[str, Group]) -> dict[str, list[str]]:
+    """Each node of GROUPS -> its group's nodes in rank order: the unit a rollout and a
+    rebuild act on."""
+    return {h: g.members() for g in groups.values() for h in g.members()}
+
+
 def check_limit(groups: Mapping[str, Group], selected: Iterable[str],
                 allow_partial: bool = False) -> None:
     """A selection (``--limit``) that names part of a group is refused unless ALLOW_PARTIAL:

@@ -121,7 +121,7 @@ def _parse(stdout: str) -> dict | None:
     return None
 
 
-def _wait_for(run: GroupRun, done, timeout_s: float, sleep=None) -> None:
+def _wait_for(done, timeout_s: float, sleep=None) -> None:
     """Wait (cooperatively) until DONE() or TIMEOUT_S: the other nodes' greenlets fill the run."""
     import gevent
 
@@ -142,7 +142,7 @@ def rendezvous(run: GroupRun, tool: str, python: str) -> None:
     if run.results[node] is None:
         logger.warning(f"{host.print_prefix}rendezvous gave no result: "
                        f"{(output.stderr if output is not None else '')[-300:]}")
-    _wait_for(run, lambda: len(run.results) == g.nnodes, groupmod.RENDEZVOUS_TIMEOUT_S + 15)
+    _wait_for(lambda: len(run.results) == g.nnodes, groupmod.RENDEZVOUS_TIMEOUT_S + 15)
     if run.problems is None:
         run.problems = groupmod.judge_rendezvous(g, run.results, run.cards,
                                                  rank0_running=run.running.get(g.rank0, False))

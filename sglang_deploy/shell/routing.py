@@ -30,13 +30,10 @@ def raw_data(host, inventory) -> dict:
     cannot work raises DataError here, before any connection)."""
     routed = has_routers(inventory) and not is_router(host)
     raw = routed_data(host.data.dict(), host.name, routed)
-    name = raw.get("sglang_group")
-    if not name or is_router(host):
+    g = host_group(host, inventory)
+    if g is None:
         group.check_no_reserved(host.name, raw)
         return raw
-    members = [(h.name, routed_data(h.data.dict(), h.name, routed)) for h in inventory
-               if not is_router(h) and h.data.dict().get("sglang_group") == name]
-    g = group.plan(members)[name]
     return {**raw, "sglang_flags": {**raw.get("sglang_flags", {}), **group.group_flags(g, host.name)},
             "sglang_dist_init_addr": g.addr}
 

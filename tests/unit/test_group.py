@@ -118,16 +118,21 @@ def test_group_environment_names_one_interface_for_nccl_and_gloo():
     assert group.group_environment(None) == {}
 
 
-def test_routing_gives_each_node_its_group_flags(tmp_path):
+def _group_and_solo(tmp_path):
+    """An inventory of two nodes of group `g` (n0, n1: tp-size 16) and one single host."""
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "all.py").write_text(
         "sglang_model_path = '/srv/models/m'\n"
-        f"sglang_flags = {{'tp-size': 16, 'trust-remote-code': True}}\n")
+        "sglang_flags = {'tp-size': 16, 'trust-remote-code': True}\n")
     (tmp_path / "inv.py").write_text(
         "hosts = [('n0', {'ssh_hostname': '10.9.0.10', 'sglang_group': 'g'}),\n"
         "         ('n1', {'ssh_hostname': '10.9.0.11', 'sglang_group': 'g'}),\n"
         "         ('solo', {'ssh_hostname': '10.9.0.12', 'sglang_flags': {'tp-size': 8}})]\n")
-    inv = load("inv.py", tmp_path)
+    return load("inv.py", tmp_path)
+
+
+def test_routing_gives_each_node_its_group_flags(tmp_path):
+    inv = _group_and_solo(tmp_path)
     by = {h.name: routing.settings(h, inv) for h in inv}
     assert by["n1"].sglang_flags == {"tp-size": 16, "trust-remote-code": True, "nnodes": 2,
                                      "node-rank": 1, "dist-init-addr": "10.9.0.10:50000"}
@@ -138,18 +143,9 @@ def test_routing_gives_each_node_its_group_flags(tmp_path):
 
 
 def test_a_limit_naming_part_of_a_group_is_refused_unless_said_on_purpose(tmp_path, monkeypatch):
-    from sglang_deploy.core.errors import UsageError
-    from sglang_deploy.shell import hooks, routing
-    from sglang_deploy.shell.inventory import load
+    from sglang_deploy.shell import hooks
 
-    (tmp_path / "group_data").mkdir()
-    (tmp_path / "group_data" / "all.py").write_text(
-        "sglang_model_path = '/srv/models/m'\nsglang_flags = {'tp-size': 16}\n")
-    (tmp_path / "inv.py").write_text(
-        "hosts = [('n0', {'ssh_hostname': '10.9.0.10', 'sglang_group': 'g'}),\n"
-        "         ('n1', {'ssh_hostname': '10.9.0.11', 'sglang_group': 'g'}),\n"
-        "         ('solo', {'ssh_hostname': '10.9.0.12', 'sglang_flags': {'tp-size': 8}})]\n")
-    inv = load("inv.py", tmp_path)
+    inv = _group_and_solo(tmp_path)
     resolved = {h.name: routing.settings(h, inv) for h in inv}
     by = {h.name: h for h in inv}
     monkeypatch.delenv(hooks.PARTIAL_GROUP_ENV, raising=False)

@@ -217,3 +217,9 @@ def test_rebuilding_a_groups_node_deploys_its_whole_group():
     assert with_groups(["b"], nodes) == ["a", "b"]
     assert with_groups(["c", "b", "a"], nodes) == ["c", "a", "b"]
     assert with_groups(["c"], nodes) == ["c"]
+
+
+def test_each_node_maps_to_its_groups_nodes_in_rank_order():
+    g = _group(3)
+    assert group.units({"g1": g}) == {n: ["n0", "n1", "n2"] for n in ("n0", "n1", "n2")}
+    assert group.units({}) == {}
