@@ -440,12 +440,18 @@ def test_p2p_slow_pairs_named():
     assert c.status == "pass" and "min 6.3" in c.message
 
 
-def test_p2p_single_gpu_or_nothing_skips():
+def test_p2p_single_gpu_has_no_pair_to_test_and_nothing_skips():
     topo = nvsmi.parse_topo_matrix(raw("37_"))
     checks, env = preflight.check_p2p(topo, None, None, None, "require", 10)
-    assert by_name(checks)["p2p-support"].status == "skipped" and env == {}
+    for name in ("p2p-support", "p2p-data", "p2p-bandwidth"):
+        assert by_name(checks)[name].status == "pass", name
+        assert by_name(checks)[name].message == "one GPU: no pair to test"
+    assert env == {}
+    checks, env = preflight.check_p2p(None, None, None, None, "require", 10, expected_count=1)
+    assert by_name(checks)["p2p-data"].message == "one GPU: no pair to test"
     checks, env = preflight.check_p2p(None, None, None, None, "require", 10, expected_count=8)
     assert {c.status for c in checks} == {"skipped"}
+    assert by_name(checks)["p2p-data"].message == "no P2P information (topo -m/-p2p or CUDA probe)"
 
 
 def test_p2p_policy_is_validated():
