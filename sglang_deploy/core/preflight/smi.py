@@ -10,6 +10,7 @@ from sglang_deploy.core.nvsmi import (
     SmiFailure,
     classify_smi_error,
     driver_version_tuple,
+    plain_text,
 )
 from sglang_deploy.core.preflight.checks import (
     HOST_VERSION_HINT,
@@ -81,7 +82,8 @@ SMI_DIAGNOSES: dict[SmiFailure, tuple[str, str]] = {
 
 
 def _first_lines(text: str, n: int = 3) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    """The first N non-blank lines of an output, as plain text (no terminal escapes)."""
+    lines = [ln.strip() for ln in plain_text(text).splitlines() if ln.strip()]
     return " / ".join(lines[:n]) if lines else "(no output)"
 
 
