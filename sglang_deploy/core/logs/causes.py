@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from sglang_deploy.core.logs.fixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
 
-__all__ = ["SIGNATURES", "Hit", "Signature", "call_phase", "diagnose", "frame_phase",
-           "line_phase", "match_signature"]
+__all__ = ["SIGNATURES", "ExcLine", "Hit", "Signature", "call_phase", "diagnose",
+           "frame_phase", "line_phase", "match_signature"]
 
 SPECIFIC, EVIDENCE, NCCL, WHERE, GENERIC, TEARDOWN = 30, 25, 22, 20, 10, 0
 
@@ -399,19 +399,34 @@ class Hit:
     phase: str | None = None   # the phase the line proves (its own signature's, else another's)
 
 
+@dataclass(frozen=True)
+class ExcLine:
+    """An exception line as the tracker saw it (``ValueError: ...``, also behind a rank's
+    prefix), with where it was raised: the innermost frame printed above it and that
+    frame's code line, when a traceback came with it."""
+
+    line: str                   # redacted, as shown
+    after_ready: bool
+    text: str                   # without its prefixes
+    where: str | None = None    # "sglang/srt/x.py:12, in func"
+    code: str | None = None     # the frame's source line ("assert x == 1")
+    rank: str | None = None     # the prefix's rank ("TP3"), when it had one
+
+
 def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
-             exc_lines: list[tuple[str, bool, str]], *, bare_traceback: bool,
+             exc_lines: list[ExcLine], *, bare_traceback: bool,
              phase_reached: str | None, weak_phase: str | None = None) -> dict:
     """The failure from what a tracker collected: ``hits`` (signature matches),
     ``frames`` (``(phase, innermost_first, after_ready)`` of traceback frames that
-    mark a phase), ``exc_lines`` (``(line, after_ready, text without its prefixes)``
-    of exception lines), ``bare_traceback`` (a traceback with no verdict counts as a
-    failure), ``phase_reached`` (by the markers, None if none seen), ``weak_phase`` (of a
-    frame that marks a phase only when nothing else does).
+    mark a phase), ``exc_lines`` (:class:`ExcLine`), ``bare_traceback`` (a traceback with
+    no verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen),
+    ``weak_phase`` (of a frame that marks a phase only when nothing else does).
 
-    The cause is the heaviest signature (earliest among equals); the phase: ``serving``
-    if the first fatal line came after ready, else the outermost frame that marks a phase,
-    else a line that proves one, else the phase reached, else the cause's usual phase."""
+    The cause is the heaviest signature (earliest among equals); when none names one and
+    the start failed on an exception nothing catalogued matches, the cause is that
+    exception itself (:func:`_uncatalogued`). The phase: ``serving`` if the first fatal
+    line came after ready, else the outermost frame that marks a phase, else a line that
+    proves one, else the phase reached, else the cause's usual phase."""
     # SGLang's teardown kills its process tree: a SIGKILL after it names no cause
     teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), float("inf"))
     hits = [h for h in hits if h.sig.name != "sigkill" or h.index < teardown]
@@ -427,14 +442,16 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
     phase = "serving" if after_ready else (
         _frames_phase(frames) or (proven.phase if proven else None) or phase_reached
         or weak_phase or (best.sig.default_phase if best else None))
-    exc, exc_text = next(((line, text) for line, ar, text in exc_lines
-                          if ar == after_ready), (None, None))
+    exc = next((e for e in exc_lines if e.after_ready == after_ready), None)
+    exc_text = exc.text if exc else None
+    error = None
     if best is not None and best.sig.weight > GENERIC:
         cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
         if detail.endswith("(most recent call last):"):
             detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
+        error = None if cause is not None or after_ready else _uncatalogued(exc_lines)
         if cause is None:
             cause = "scheduler-exception" if any(
                 h.sig.cause == "scheduler-exception" for h in cands) else "other"
@@ -444,11 +461,45 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
         detail = exc_text or (best.msg.strip() if best else None)
     if detail and detail.endswith("(most recent call last):"):
         detail = None   # the header of a traceback whose end was cut off says nothing more
-    shown = [h.line for h in (best, first_fatal) if h is not None] + [exc]
+    shown = [h.line for h in (best, first_fatal) if h is not None] + [exc.line if exc else None]
+    if error is not None:
+        shown.insert(0, error["line"])
+        cause, summary, detail = error["type"], error["summary"], None
     evidence = list(dict.fromkeys(x for x in shown if x))
+    fix = PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause)
     return {"failed": True, "phase": phase, "cause": cause,
             "summary": summary + (f": {detail[:240]}" if detail else ""),
-            "fix": PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause), "evidence": evidence}
+            "fix": fix if error is None else _uncatalogued_fix(error, phase),
+            "evidence": evidence, "error": error}
+
+
+def _uncatalogued(exc_lines: list[ExcLine]) -> dict | None:
+    """The first exception before ready that no signature names (not a warning, not the
+    teardown's own `scheduler died` message), as the log prints it: ``type``, ``message``,
+    ``where`` it was raised (the innermost frame, its code line), the ``rank`` that
+    raised it, and a ``summary`` of them. None when there is none."""
+    for e in exc_lines:
+        kind, _, message = e.text.partition(":")
+        if e.after_ready or kind.endswith("Warning") or match_signature(e.text) is not None:
+            continue
+        message = message.strip()
+        where = e.where
+        if e.code and (not message or kind == "AssertionError"):
+            where = f"{where}: `{e.code[:160]}`" if where else f"`{e.code[:160]}`"
+        summary = (message[:240] or "(no message)") + (f" (raised in {where})" if where else "") \
+            + (f" on {e.rank}" if e.rank else "")
+        return {"type": kind, "message": message, "where": e.where, "code": e.code,
+                "rank": e.rank, "line": e.line, "summary": summary}
+    return None
+
+
+def _uncatalogued_fix(error: dict, phase: str | None) -> str:
+    where = f" raised in {error['where']}" if error.get("where") else ""
+    return (f"no catalogued cause matches it: the {error['type']}{where} is the first error "
+            f"the server printed{f' (phase {phase})' if phase else ''}. Most often a launch "
+            "flag, the model and the SGLang version do not go together: check the flags for "
+            "this model and version, or roll back to the known-good configuration; report it "
+            "with its traceback (the lines below)")
 
 
 def _frames_phase(frames: list[tuple[str, bool, bool]]) -> str | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from sglang_deploy.core.logs.causes import (
     GENERIC,
+    ExcLine,
     Hit,
     Signature,
     call_phase,
@@ -61,6 +62,9 @@ _CHAINED = ("The above exception was the direct cause of the following exception
 # the last line of a traceback: "torch.OutOfMemoryError: CUDA out of memory", "KeyError: 'x'"
 _EXC_RE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
                      r"Warning)\b(?::|$)")
+# a traceback frame's place: `File "/opt/venv/.../sglang/srt/x.py", line 12, in func`
+_WHERE_RE = re.compile(r'File "([^"]*)", line (\d+),? in (\S+)')
+_SHORT_PATH_RE = re.compile(r"^.*?(?:/site-packages/|/dist-packages/|/python/(?=sglang/))")
 _RANK_PREFIX_RE = re.compile(r"(?:TP|DP|PP|EP|ATTN_CP|MOE_DP|gpu_id=|rank)\d+|gpu_id=\d+")
 _RING, _MAX_BLOCK, _MAX_RELEVANT = 200, 120, 80   # recent lines, traceback lines, excerpt
 
@@ -110,7 +114,9 @@ class StartupTracker:
         self._n = 0
         self.hits: list[Hit] = []           # every line that matched a cause signature
         self._frames: list[tuple[str, bool, bool]] = []  # (phase, inner-first, after ready)
-        self._exc_lines: list[tuple[str, bool, str]] = []
+        self._exc_lines: list[ExcLine] = []
+        self._where: tuple[str, str | None] | None = None  # the last frame and its code
+        self._tb_rank: str | None = None    # the rank whose traceback is being printed
         self._ranks: dict[str, None] = {}
         self._decoding = False              # a `Decode batch` stats line was seen
         self._weak_phase: str | None = None  # of the first weak frame that raised
@@ -208,6 +214,7 @@ class StartupTracker:
             else:
                 self._close_block()
                 self._tb_current = [shown]
+                self._tb_rank = rank
                 if rank is not None and sig is None and _RANK_PREFIX_RE.search(rank):
                     events += self._hit(_TB_SIG, msg, ts, shown)
                 elif not self.ready_seen:
@@ -218,7 +225,12 @@ class StartupTracker:
             else:
                 self._close_block()
         prev_frame, self._prev_frame = self._prev_frame, False
+        if prev_frame and self._where is not None and 'File "' not in msg:
+            self._where = (self._where[0], msg.strip())  # the frame's code line
         if 'File "' in msg:
+            if (m := _WHERE_RE.search(msg)) is not None:
+                path = _SHORT_PATH_RE.sub("", m.group(1))
+                self._where = (f"{redact(path)}:{m.group(2)}, in {m.group(3)}", None)
             fp = frame_phase(msg)
             if fp is not None:
                 self._prev_frame = not fp[1]
@@ -234,7 +246,11 @@ class StartupTracker:
             if phase is not None and len(self._frames) < 4000:
                 self._frames.append((phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            self._exc_lines.append((shown, self._serving, redact(msg).strip()))
+            where, code = self._where or (None, None)
+            self._exc_lines.append(ExcLine(shown, self._serving, redact(msg).strip(), where,
+                                           redact(code) if code else None,
+                                           rank or (self._tb_rank if self._tb_current else None)))
+            self._where = None
             if self._last_frame_weak and self._weak_phase is None and not self._serving:
                 self._weak_phase = self._last_frame_weak
             self._last_frame_weak = None
