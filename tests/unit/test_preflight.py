@@ -827,3 +827,11 @@ def test_a_verified_server_stands_for_the_probe_checks():
     assert by_name["cuda-init"].status == "pass"
     msg = by_name["cuda-init"].message
     assert "abc123def456" in msg and "2026-12-03T04:01:58" in msg and "before any restart" in msg
+
+
+def test_an_empty_gpu_list_fails_the_count_and_skips_the_driver():
+    """nvidia-smi answered with no row (exit 0): no crash, the count check says why."""
+    for min_driver in (None, "580.0"):
+        checks = by_name(preflight.check_smi([], None, None, min_driver))
+        assert checks["gpu-count"].status == "fail" and checks["gpu-count"].fix
+        assert checks["driver-version"].status == "skipped"

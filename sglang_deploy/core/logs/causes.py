@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sglang_deploy.core.logs.firsterror import ExcLine, first_error, first_error_fix
 from sglang_deploy.core.logs.fixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
 
-__all__ = ["SIGNATURES", "ExcLine", "Hit", "Signature", "call_phase", "diagnose",
-           "frame_phase", "line_phase", "match_signature"]
+__all__ = ["SIGNATURES", "Hit", "Signature", "call_phase", "diagnose", "frame_phase",
+           "line_phase", "match_signature"]
 
 SPECIFIC, EVIDENCE, NCCL, WHERE, GENERIC, TEARDOWN = 30, 25, 22, 20, 10, 0
 
@@ -399,20 +400,6 @@ class Hit:
     phase: str | None = None   # the phase the line proves (its own signature's, else another's)
 
 
-@dataclass(frozen=True)
-class ExcLine:
-    """An exception line as the tracker saw it (``ValueError: ...``, also behind a rank's
-    prefix), with where it was raised: the innermost frame printed above it and that
-    frame's code line, when a traceback came with it."""
-
-    line: str                   # redacted, as shown
-    after_ready: bool
-    text: str                   # without its prefixes
-    where: str | None = None    # "sglang/srt/x.py:12, in func"
-    code: str | None = None     # the frame's source line ("assert x == 1")
-    rank: str | None = None     # the prefix's rank ("TP3"), when it had one
-
-
 def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
              exc_lines: list[ExcLine], *, bare_traceback: bool,
              phase_reached: str | None, weak_phase: str | None = None) -> dict:
@@ -424,7 +411,7 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
 
     The cause is the heaviest signature (earliest among equals); when none names one and
     the start failed on an exception nothing catalogued matches, the cause is that
-    exception itself (:func:`_uncatalogued`). The phase: ``serving`` if the first fatal
+    exception itself (:func:`firsterror.first_error`). The phase: ``serving`` if the first fatal
     line came after ready, else the outermost frame that marks a phase, else a line that
     proves one, else the phase reached, else the cause's usual phase."""
     # SGLang's teardown kills its process tree: a SIGKILL after it names no cause
@@ -451,7 +438,8 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
             detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
-        error = None if cause is not None or after_ready else _uncatalogued(exc_lines)
+        error = None if cause is not None or after_ready else first_error(
+            exc_lines, lambda text: match_signature(text) is not None)
         if cause is None:
             cause = "scheduler-exception" if any(
                 h.sig.cause == "scheduler-exception" for h in cands) else "other"
@@ -469,37 +457,8 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
     fix = PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause)
     return {"failed": True, "phase": phase, "cause": cause,
             "summary": summary + (f": {detail[:240]}" if detail else ""),
-            "fix": fix if error is None else _uncatalogued_fix(error, phase),
+            "fix": fix if error is None else first_error_fix(error, phase),
             "evidence": evidence, "error": error}
-
-
-def _uncatalogued(exc_lines: list[ExcLine]) -> dict | None:
-    """The first exception before ready that no signature names (not a warning, not the
-    teardown's own `scheduler died` message), as the log prints it: ``type``, ``message``,
-    ``where`` it was raised (the innermost frame, its code line), the ``rank`` that
-    raised it, and a ``summary`` of them. None when there is none."""
-    for e in exc_lines:
-        kind, _, message = e.text.partition(":")
-        if e.after_ready or kind.endswith("Warning") or match_signature(e.text) is not None:
-            continue
-        message = message.strip()
-        where = e.where
-        if e.code and (not message or kind == "AssertionError"):
-            where = f"{where}: `{e.code[:160]}`" if where else f"`{e.code[:160]}`"
-        summary = (message[:240] or "(no message)") + (f" (raised in {where})" if where else "") \
-            + (f" on {e.rank}" if e.rank else "")
-        return {"type": kind, "message": message, "where": e.where, "code": e.code,
-                "rank": e.rank, "line": e.line, "summary": summary}
-    return None
-
-
-def _uncatalogued_fix(error: dict, phase: str | None) -> str:
-    where = f" raised in {error['where']}" if error.get("where") else ""
-    return (f"no catalogued cause matches it: the {error['type']}{where} is the first error "
-            f"the server printed{f' (phase {phase})' if phase else ''}. Most often a launch "
-            "flag, the model and the SGLang version do not go together: check the flags for "
-            "this model and version, or roll back to the known-good configuration; report it "
-            "with its traceback (the lines below)")
 
 
 def _frames_phase(frames: list[tuple[str, bool, bool]]) -> str | None:

@@ -29,7 +29,6 @@ from typing import Any
 
 from sglang_deploy.core.logs.causes import (
     GENERIC,
-    ExcLine,
     Hit,
     Signature,
     call_phase,
@@ -39,6 +38,7 @@ from sglang_deploy.core.logs.causes import (
     match_signature,
 )
 from sglang_deploy.core.logs.excerpt import relevant
+from sglang_deploy.core.logs.firsterror import ExcLine
 from sglang_deploy.core.logs.markers import MARKER_WORDS, PHASES, Marker, markers_for
 from sglang_deploy.core.logs.prefix import (
     PROGRESS_RE,
@@ -225,12 +225,8 @@ class StartupTracker:
             else:
                 self._close_block()
         prev_frame, self._prev_frame = self._prev_frame, False
-        if prev_frame and self._where is not None and 'File "' not in msg:
-            self._where = (self._where[0], msg.strip())  # the frame's code line
+        self._note_where(msg, prev_frame)
         if 'File "' in msg:
-            if (m := _WHERE_RE.search(msg)) is not None:
-                path = _SHORT_PATH_RE.sub("", m.group(1))
-                self._where = (f"{redact(path)}:{m.group(2)}, in {m.group(3)}", None)
             fp = frame_phase(msg)
             if fp is not None:
                 self._prev_frame = not fp[1]
@@ -246,11 +242,7 @@ class StartupTracker:
             if phase is not None and len(self._frames) < 4000:
                 self._frames.append((phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            where, code = self._where or (None, None)
-            self._exc_lines.append(ExcLine(shown, self._serving, redact(msg).strip(), where,
-                                           redact(code) if code else None,
-                                           rank or (self._tb_rank if self._tb_current else None)))
-            self._where = None
+            self._note_exception(msg, shown, rank)
             if self._last_frame_weak and self._weak_phase is None and not self._serving:
                 self._weak_phase = self._last_frame_weak
             self._last_frame_weak = None
@@ -276,6 +268,24 @@ class StartupTracker:
         if ts_text is not None and self.phase_entered_text.get(self.phase, "") is None:
             self.phase_entered_text[self.phase] = ts_text
         return events
+
+    def _note_where(self, msg: str, prev_frame: bool) -> None:
+        """Keep the last traceback frame's place (``sglang/srt/x.py:12, in func``) and its
+        code line, for the exception line that follows them."""
+        if 'File "' in msg:
+            if (m := _WHERE_RE.search(msg)) is not None:
+                path = _SHORT_PATH_RE.sub("", m.group(1))
+                self._where = (f"{redact(path)}:{m.group(2)}, in {m.group(3)}", None)
+        elif prev_frame and self._where is not None and not _EXC_RE.match(msg):
+            self._where = (self._where[0], msg.strip())
+
+    def _note_exception(self, msg: str, shown: str, rank: str | None) -> None:
+        """An exception line, with where it was raised and the rank whose traceback it ends."""
+        where, code = self._where or (None, None)
+        self._exc_lines.append(ExcLine(shown, self._serving, redact(msg).strip(), where,
+                                       redact(code) if code else None,
+                                       rank or (self._tb_rank if self._tb_current else None)))
+        self._where = None
 
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
         if len(self.hits) < 500:
