@@ -143,7 +143,7 @@ def test_doctor_from_the_h200_folder():
     checks = checks_of(report)
     assert report["status"] == "fail"
     assert [n for n, c in checks.items() if c["status"] != "pass"] == ["host-python"]
-    assert checks["topology"]["message"] == "1 GPUs; links: none"
+    assert checks["topology"]["message"] == "1 GPU; links: none"
     assert report["facts"]["topology"]["gpus"] == ["GPU0"]
     for name in ("p2p-support", "p2p-data", "p2p-bandwidth"):
         assert checks[name]["message"] == "one GPU: no pair to test"
@@ -162,6 +162,6 @@ def test_doctor_cli_from_the_h200_folder_prints_no_escape(capsys):
                    "--expected-model", "NVIDIA H200"])
     out = capsys.readouterr().out
     assert rc != 0 and "\x1b" not in out
-    assert re.search(r"^pass +topology +1 GPUs", out, re.MULTILINE)
+    assert re.search(r"^pass +topology +1 GPU; links: none", out, re.MULTILINE)
     assert re.search(r"^fail +host-python", out, re.MULTILINE)
     assert "--python-version 3.12" in out

@@ -250,7 +250,7 @@ def _topology_check(topo: TopoMatrix | None) -> Check:
     if topo is None:
         return Check("topology", "skipped", "no `nvidia-smi topo -m` output")
     return Check("topology", "pass",
-                 f"{topo.gpu_count} GPUs; links: "
+                 f"{topo.gpu_count} GPU{'s' * (topo.gpu_count != 1)}; links: "
                  + (", ".join(f"{k} x{v}" for k, v in topo.link_counts().items()) or "none"),
                  details={"links": topo.link_counts(), "nics": topo.nics})
 

@@ -120,7 +120,7 @@ def check_smi(
             indices.append(int(row.get("index") or pos))
         except ValueError:
             indices.append(pos)
-    return [Check("nvidia-smi", "pass", f"nvidia-smi answered ({len(rows)} GPU rows)"),
+    return [Check("nvidia-smi", "pass", f"nvidia-smi answered ({len(rows)} GPU row{'s' * (len(rows) != 1)})"),
             _count_check(indices, expected_count),
             _model_check(indices, [row.get("name") or "?" for row in rows], expected_model),
             _driver_check(sorted({row.get("driver_version") or "?" for row in rows}), min_driver)]
@@ -167,7 +167,8 @@ def _count_check(indices: list[int], expected_count: int | None) -> Check:
             found=f"{count} GPUs ({_ranges(indices)})",
             details={"count": count},
         )
-    return Check("gpu-count", "pass", f"{count} GPUs ({_ranges(indices)})", details={"count": count})
+    return Check("gpu-count", "pass", f"{count} GPU{'s' * (count != 1)} ({_ranges(indices)})",
+                 details={"count": count})
 
 
 def _model_check(indices: list[int], gpu_names: list[str], expected_model: str | None) -> Check:
@@ -335,7 +336,8 @@ def _gpu_nodes_check(nodes: Mapping[str, DevNode], expected_count: int | None) -
         return Check("dev-nvidia-gpus", "warn",
                      f"GPU nodes with a major other than {NVIDIA_MAJOR}: {wrong_major}",
                      expected=f"major {NVIDIA_MAJOR}", found=str(wrong_major))
-    return Check("dev-nvidia-gpus", "pass", f"{len(good)} GPU nodes (/dev/nvidia{{{_ranges(good)}}})")
+    return Check("dev-nvidia-gpus", "pass", f"{len(good)} GPU node{'s' * (len(good) != 1)} "
+                 f"(/dev/nvidia{{{_ranges(good)}}})")
 
 
 def _ctl_check(ctl: DevNode | None) -> Check:
