@@ -727,6 +727,15 @@ def test_p2p_record_only_from_a_passed_full_test():
     assert p2p_record([Check("p2p-data", "fail", ""), passed[1]], {}, "require") is None
 
 
+def test_one_gpu_leaves_a_record_of_one_gpu():
+    from sglang_deploy.core.preflight import p2p_record
+
+    topo = nvsmi.parse_topo_matrix(raw("37_"))
+    checks, env = preflight.check_p2p(topo, None, None, None, "require", 10)
+    assert p2p_record(checks, env, "require") == {
+        "gpus": 1, "policy": "require", "nccl_env": {}, "verified": ["p2p-data", "p2p-bandwidth"]}
+
+
 def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
     from sglang_deploy.core.preflight import Check, use_p2p_record
 

@@ -212,7 +212,7 @@ def check_p2p(
     n = max(gpu_ids) + 1 if gpu_ids else 0  # GPU indices are 0..n-1
     checks = [_topology_check(topo)]
     if n == 1 or (n == 0 and expected_count == 1):
-        checks += [Check(name, "pass", "one GPU: no pair to test")
+        checks += [Check(name, "pass", "one GPU: no pair to test", details={"gpus": 1})
                    for name in ("p2p-support", "p2p-data", "p2p-bandwidth")]
         return checks, env
     if n < 2:
@@ -378,7 +378,8 @@ def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> 
     if any(by_name.get(n) is None or by_name[n].status != "pass" for n in P2P_RECORD_CHECKS):
         return None
     matrix = by_name.get("p2p-matrix")
-    return {"gpus": (matrix.details.get("gpus") if matrix else None), "policy": policy,
+    gpus = (matrix or by_name["p2p-data"]).details.get("gpus")  # one GPU: no matrix
+    return {"gpus": gpus, "policy": policy,
             "nccl_env": dict(sorted(env.items())), "verified": list(P2P_RECORD_CHECKS)}
 
 
