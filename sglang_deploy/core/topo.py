@@ -23,6 +23,8 @@ _ESCAPES = re.compile(
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
     r"|\x1b[ -/]*[0-~]?"
 )
+#: a line end of a text that went through a terminal once or twice (CRLF, CR CR LF)
+_CR_LF = re.compile(r"\r+\n")
 #: control characters other than tab and newline (a BEL, a backspace, a NUL from a pipe)
 _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -30,10 +32,10 @@ _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 def plain_text(text: str) -> str:
     """What nvidia-smi printed, as the parsers read it: terminal escape sequences removed
     (driver 580 underlines the header rows of ``topo -m`` and ``topo -p2p`` with ``ESC[4m ...
-    ESC[0m`` even into a pipe), CRLF and lone CR as newlines, other control characters and a
+    ESC[0m`` even into a pipe), CRLF (also CR CR LF) and a lone CR as newlines, other control characters and a
     byte-order mark dropped. Tabs, blanks and empty cells stay as printed."""
     text = _ESCAPES.sub("", text.lstrip("\ufeff"))
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _CR_LF.sub("\n", text).replace("\r", "\n")
     return _CONTROLS.sub("", text)
 
 

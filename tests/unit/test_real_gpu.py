@@ -28,8 +28,8 @@ def sample(prefix: str) -> str:
     return path.read_text()
 
 
-def crlf(text: str) -> str:
-    return text.replace("\n", "\r\n")
+def crlf(text: str, ending: str = "\r\n") -> str:
+    return text.replace("\n", ending)
 
 
 def underline_header(text: str, style: str = "\x1b[4m", reset: str = "\x1b[0m") -> str:
@@ -55,11 +55,12 @@ def test_plain_text_removes_every_escape_sequence_and_keeps_the_cells():
     assert plain_text("\x1b]0;nvidia-smi\x07GPU0\x1b]8;;x\x1b\\ok") == "GPU0ok"  # OSC
     assert plain_text("\x1b(BGPU0\x1b=\x9b0m") == "GPU0"  # charset, keypad, 8-bit CSI
     assert plain_text("\ufeffa\r\nb\rc\x00\x07\x08\n") == "a\nb\nc\n"
+    assert plain_text("a\r\r\nb\r\n") == "a\nb\n"  # CRLF through a terminal twice
     assert plain_text("GPU0\t X \t0-15\t0\t\tN/A   \n") == "GPU0\t X \t0-15\t0\t\tN/A   \n"
 
 
 def test_topo_m_of_the_h200():
-    for text in (real("topo-m.txt"), crlf(real("topo-m.txt"))):
+    for text in (real("topo-m.txt"), crlf(real("topo-m.txt")), crlf(real("topo-m.txt"), "\r\r\n")):
         topo = nvsmi.parse_topo_matrix(text)
         assert topo.gpus == ["GPU0"] and topo.nics == []
         assert topo.links == {(0, 0): "X"}
