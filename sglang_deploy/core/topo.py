@@ -32,8 +32,9 @@ _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 def plain_text(text: str) -> str:
     """What nvidia-smi printed, as the parsers read it: terminal escape sequences removed
     (driver 580 underlines the header rows of ``topo -m`` and ``topo -p2p`` with ``ESC[4m ...
-    ESC[0m`` even into a pipe), CRLF (also CR CR LF) and a lone CR as newlines, other control characters and a
-    byte-order mark dropped. Tabs, blanks and empty cells stay as printed."""
+    ESC[0m`` even into a pipe), CRLF (also CR CR LF) and a lone CR as newlines, other
+    control characters and a byte-order mark dropped. Tabs, blanks and empty cells stay as
+    printed."""
     text = _ESCAPES.sub("", text.lstrip("\ufeff"))
     text = _CR_LF.sub("\n", text).replace("\r", "\n")
     return _CONTROLS.sub("", text)

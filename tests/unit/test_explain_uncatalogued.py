@@ -11,7 +11,7 @@ VENV = "/opt/venv/lib/python3.11/site-packages"
 
 # a chained traceback of a scheduler while the weights load: the KeyError is the first error
 CHAINED = [
-    f"[2026-03-01 12:00:00 TP0] Load weight begin. avail mem=94.12 GB",
+    "[2026-03-01 12:00:00 TP0] Load weight begin. avail mem=94.12 GB",
     f"[{TS} TP0] Scheduler hit an exception: Traceback (most recent call last):",
     f'  File "{VENV}/sglang/srt/managers/scheduler.py", line 3118, in run_scheduler_process',
     "    scheduler = Scheduler(",
@@ -37,11 +37,11 @@ CHAINED = [
 # torch's per-rank prefix, a bare assert while the process groups are set up
 RANK_ASSERT = [
     "[rank3]: Traceback (most recent call last):",
-    f'[rank3]:   File "{VENV}/sglang/srt/model_executor/model_runner.py", line 402, in '
-    "init_torch_distributed",
+    (f'[rank3]:   File "{VENV}/sglang/srt/model_executor/model_runner.py", line 402, in '
+    "init_torch_distributed"),
     "[rank3]:     initialize_model_parallel(",
-    f'[rank3]:   File "{VENV}/sglang/srt/distributed/parallel_state.py", line 1310, in '
-    "initialize_model_parallel",
+    (f'[rank3]:   File "{VENV}/sglang/srt/distributed/parallel_state.py", line 1310, in '
+    "initialize_model_parallel"),
     "[rank3]:     assert num_experts % expert_model_parallel_size == 0",
     "[rank3]: AssertionError",
 ]
@@ -71,24 +71,24 @@ def test_a_bare_assert_of_a_rank_shows_its_code_line():
 
 
 def test_warnings_and_the_teardowns_own_message_are_not_the_cause():
-    lines = ([f"[{TS} TP1] UserWarning: TypedStorage is deprecated. It will be removed in the "
-              "future and UntypedStorage will be the only storage class."]
+    lines = ([(f"[{TS} TP1] UserWarning: TypedStorage is deprecated. It will be removed in the "
+              "future and UntypedStorage will be the only storage class.")]
              + [x.replace("TP0", "TP1") for x in CHAINED[1:12]]
-             + [f"[{TS}] RuntimeError: Rank 1 scheduler died during initialization (exit code: "
-                "1)"])
+             + [(f"[{TS}] RuntimeError: Rank 1 scheduler died during initialization (exit code: "
+                "1)")])
     r = explain(lines)
     assert r["cause"] == "KeyError" and r["error"]["rank"] == "TP1"
 
 
 def test_the_teardown_alone_stays_other():
-    r = explain([f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit "
-                 "code: -3)."])
+    r = explain([(f"[{TS}] RuntimeError: Rank 0 scheduler died during initialization (exit "
+                 "code: -3).")])
     assert r["cause"] == "other" and r["error"] is None
 
 
 def test_a_known_cause_keeps_its_name():
-    lines = CHAINED[:9] + ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                           "2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"]
+    lines = CHAINED[:9] + [("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                           "2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")]
     r = explain(lines)
     assert r["cause"] == "cuda-oom" and r["error"] is None
 

@@ -113,12 +113,12 @@ def test_the_glibc_minimum_follows_the_sglang_pin(version, glibc):
 
 
 @pytest.mark.parametrize(("python", "glibc", "command"), [
-    ("3.12", "2.39", "sglang-deploy lock --python-version 3.12 locks/NAME.in "
-                     "--output locks/NAME-py312.txt"),
-    ("3.12.3", None, "sglang-deploy lock --python-version 3.12 locks/NAME.in "
-                     "--output locks/NAME-py312.txt"),
-    ("3.10", "2.35", "sglang-deploy lock --python-version 3.10 --platform x86_64-manylinux_2_35 "
-                     "locks/NAME.in --output locks/NAME-py310.txt"),
+    ("3.12", "2.39", ("sglang-deploy lock --python-version 3.12 locks/NAME.in "
+                     "--output locks/NAME-py312.txt")),
+    ("3.12.3", None, ("sglang-deploy lock --python-version 3.12 locks/NAME.in "
+                     "--output locks/NAME-py312.txt")),
+    ("3.10", "2.35", ("sglang-deploy lock --python-version 3.10 --platform x86_64-manylinux_2_35 "
+                     "locks/NAME.in --output locks/NAME-py310.txt")),
 ])
 def test_another_python_is_told_to_make_a_lock_for_it(python, glibc, command):
     check = check_python(python, TARGET, system_python="/usr/bin/python3", glibc=glibc)
