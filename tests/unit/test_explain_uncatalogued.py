@@ -102,3 +102,16 @@ def test_an_unknown_exception_while_serving_stays_a_scheduler_exception():
     r = explain(lines)
     assert (r["phase"], r["cause"]) == ("serving", "scheduler-exception") and r["error"] is None
     assert "too many values to unpack" in r["summary"]
+
+
+def test_the_live_verifier_names_it_too():
+    """The deploy's verifier reads the journal with the same tracker: its failure names the
+    exception, not a generic cause."""
+    from sglang_deploy.core.logs.parse import StartupTracker
+
+    tracker = StartupTracker("0.5.12.post1", expect_autotune=True, cuda_graph=True)
+    for n, line in enumerate(CHAINED):
+        tracker.feed(line, float(n))
+    d = tracker.diagnosis()
+    assert d["failed"] and d["cause"] == "KeyError" and d["phase"] == "loading"
+    assert "glm4_moe.py:1423, in load_weights" in d["summary"]
