@@ -49,6 +49,12 @@ def host_data(inventory: str, name: str, cwd: str = ".") -> dict:
     naming the hosts there are, before any connection."""
     hosts = dict(runner.inventory_hosts(inventory, cwd))  # a missing file: UsageError
     if name not in hosts:
+        nodes = [h for h, d in hosts.items() if str(d.get("sglang_group") or "") == name]
+        if nodes:  # a multi-node group's name: each node has its own journal
+            raise UsageError(what=f"HOST: one host of the inventory {inventory}",
+                             found=f"{name!r} is a multi-node group (sglang_group) of "
+                                   f"{len(nodes)} nodes",
+                             fix=f"name one of its nodes: {', '.join(nodes)}")
         raise UsageError(what=f"HOST: one host of the inventory {inventory}",
                          found=f"{name!r} is not in the inventory",
                          fix=f"use one of the hosts: {', '.join(hosts) or '(none)'}")
