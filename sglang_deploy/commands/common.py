@@ -137,11 +137,13 @@ def table(columns: Iterable[str], title: str | None = None, out=None):
 
     tty = _tty(out or sys.stdout)
     if tty:
-        t = Table(title=title, box=box.SIMPLE_HEAD)
+        t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True)
     else:
         t = Table(title=title, box=None, pad_edge=False, show_edge=False, title_justify="left")
     for col in columns:
-        t.add_column(col, no_wrap=not tty)
+        # on a terminal a cell too long for its column wraps (folded inside a word), never
+        # cut with an ellipsis
+        t.add_column(col, no_wrap=not tty, overflow="fold")
     return t
 
 
