@@ -91,3 +91,11 @@ def test_limit_takes_a_multi_node_groups_name_in_sglang_deploy_commands(tmp_path
     with pytest.raises(UsageError) as exc:
         hosts.select(inv, ["g2"])
     assert "or multi-node groups (sglang_group): g1" in exc.value.fix
+
+
+def test_logs_of_a_groups_name_names_its_nodes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    assert cli.main(["logs", _inventory(tmp_path, NODE, NODE), "g1"]) == 2
+    err = capsys.readouterr().err
+    assert "'g1' is a multi-node group (sglang_group) of 2 nodes" in err
+    assert "name one of its nodes: gpu-node-1, gpu-node-2" in err
