@@ -11,10 +11,10 @@ accumulates in memory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
-import contextlib
 import select
 import signal
 import socket

@@ -31,8 +31,8 @@ CASES = {
     "group tp-size": (TP8, TP8,
                       "[gpu-node-1] invalid data: sglang_flags: expected tp-size of group `g1`"),
     "rank on one node": ({**NODE, "sglang_node_rank": 0}, NODE,
-                         "[gpu-node-1] invalid data: sglang_node_rank: expected "
-                         "`sglang_node_rank` on every node of group `g1` or on none"),
+                         ("[gpu-node-1] invalid data: sglang_node_rank: expected "
+                          "`sglang_node_rank` on every node of group `g1` or on none")),
     "IPv6 rank 0": ({**NODE, "sglang_dist_init_addr": "fd00::1"}, NODE,
                     "[gpu-node-1] invalid data: sglang_dist_init_addr: expected an IPv4 address"),
 }
