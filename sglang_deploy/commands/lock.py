@@ -100,6 +100,23 @@ def _is_lock(text: str) -> bool:
     return "--hash=sha256:" in text
 
 
+def check_platform(platform: str) -> None:
+    """A --platform of a Linux host image (``ARCH-manylinux_2_NN``, uv's values), else a
+    usage error naming the values accepted (before uv runs)."""
+    import re
+
+    from sglang_deploy.core.errors import UsageError
+
+    m = re.fullmatch(r"(x86_64|aarch64)-manylinux_2_(\d+)", platform)
+    if m is None or not 17 <= int(m.group(2)) <= 40:
+        raise UsageError(what="--platform ARCH-manylinux_2_NN: ARCH x86_64 or aarch64, NN the "
+                              "hosts' glibc minor version from 17 to 40",
+                         found=f"--platform {platform}",
+                         fix="e.g. x86_64-manylinux_2_36 (Debian 12) or x86_64-manylinux_2_39 "
+                             "(Ubuntu 24.04); docs/releases.md, \"A lock for another host "
+                             "image\"")
+
+
 def refuse_wrong_input(args) -> None:
     """A lock given to make a lock (it would be resolved as requirements and overwritten,
     its header's bounds lost), an output that is the input, or an input to --check that is
@@ -183,6 +200,7 @@ def run(args) -> int:
     if args.check:
         return releasecheck.main(args.input, inventory=args.inventory, python=args.python,
                                  as_json=args.json)
+    check_platform(args.platform)
     rc, out = make_lock(args)
     if rc != common.EXIT_OK or args.no_check:
         return rc

@@ -135,3 +135,13 @@ def test_a_lock_for_another_image_names_the_command_that_makes_it_again(locks, m
     assert lines[1] == ("#    sglang-deploy lock locks/router.in --platform x86_64-manylinux_2_39"
                         " --python-version 3.12 --output locks/router-ubuntu2404.txt")
     assert lines[2] == "# sglang-deploy lock: platform x86_64-manylinux_2_39, python 3.12"
+
+
+@pytest.mark.parametrize("platform", ["linux", "x86_64-manylinux_2_12", "ppc64le-manylinux_2_36"])
+def test_a_platform_that_is_no_linux_host_image_is_refused_naming_the_values(locks, capsys,
+                                                                             platform):
+    rc = cli.main(["lock", "locks/router.in", "--platform", platform, "--no-check"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "ARCH x86_64 or aarch64" in err and "x86_64-manylinux_2_39 (Ubuntu 24.04)" in err
+    assert not (locks.parent / "uv-argv").exists()
