@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 
@@ -76,7 +77,33 @@ def _os_error(exc: OSError) -> str:
     return f"cannot use{name}: {what}; fix: {fix}"
 
 
+#: the exit status of a command whose reader closed the pipe early (a shell's 128 + SIGPIPE)
+EXIT_CLOSED_PIPE = 141
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout (or stderr) went away (`| head`): end quietly. What is still
+    buffered goes to /dev/null, so the interpreter's last flush does not report it either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # no real file (a test's capture): nothing to flush
+            pass
+    return EXIT_CLOSED_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command, ended quietly when its output pipe is closed early."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     verbose = getattr(args, "verbose", 0) or 0
     from sglang_deploy.core.errors import SglangDeployError
@@ -93,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"{prog}: {exc.one_line()}", file=sys.stderr)
         return exc.exit_status
+    except BrokenPipeError:
+        raise
     except OSError as exc:
         if verbose:
             traceback.print_exc()

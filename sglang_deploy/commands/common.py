@@ -1,7 +1,8 @@
 """The one command-line convention of every ``sglang-deploy`` command, shared.
 
 * ``INVENTORY`` is positional; ``--limit PATTERN`` follows pyinfra's rules (host name, group
-  name, glob; ``shell.hosts.select``) and one that matches nothing is an error (exit 2);
+  name, glob; ``shell.hosts.select``), a multi-node group's ``sglang_group`` name selects its
+  nodes (plain pyinfra too: ``shell.hooks``), and one that matches nothing is an error (exit 2);
   ``--data K=V`` is checked like the inventory's data before any connection; ``--json``
   prints the result as JSON on stdout and nothing else goes there; ``-v`` / ``-vv`` pass
   pyinfra's verbosity through (and show tracebacks).
@@ -66,7 +67,8 @@ def add_inventory(p: argparse.ArgumentParser) -> None:
 def add_limit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", action="append", default=[], metavar="PATTERN",
                    help="only these hosts: a host name, a group name or a glob (pyinfra's "
-                        "--limit rules); repeatable")
+                        "--limit rules), or a multi-node group's name (sglang_group); "
+                        "repeatable")
 
 
 def add_data(p: argparse.ArgumentParser) -> None:
@@ -135,11 +137,13 @@ def table(columns: Iterable[str], title: str | None = None, out=None):
 
     tty = _tty(out or sys.stdout)
     if tty:
-        t = Table(title=title, box=box.SIMPLE_HEAD)
+        t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True)
     else:
         t = Table(title=title, box=None, pad_edge=False, show_edge=False, title_justify="left")
     for col in columns:
-        t.add_column(col, no_wrap=not tty)
+        # on a terminal a cell too long for its column wraps (folded inside a word), never
+        # cut with an ellipsis
+        t.add_column(col, no_wrap=not tty, overflow="fold")
     return t
 
 

@@ -144,7 +144,8 @@ def run(args) -> int:
             out.parent.mkdir(parents=True)
             print(f"report: created the folder {out.parent}/", file=sys.stderr)
         path = write(doc, out)
-        print(f"report: {path} ({doc['summary']['hosts']} hosts)", file=sys.stderr)
+        n = doc["summary"]["hosts"]
+        print(f"report: {path} ({n} host{'' if n == 1 else 's'})", file=sys.stderr)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

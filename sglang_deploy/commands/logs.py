@@ -62,6 +62,10 @@ def run(args) -> int:
                                                "the journal (--follow), one at a time")
         journal = hostshell.journal_since_last_start(args.inventory, args.host)
         result = explain(journal.splitlines(), year=datetime.now().year)
+        if result.get("worker"):  # a group's node of rank >= 1: named with its group
+            _, data = hostshell.target(args.inventory, args.host)
+            result = explain(journal.splitlines(), year=datetime.now().year,
+                             group=hostshell.setting(data, "sglang_group"))
         if args.json:
             print(json.dumps(result, indent=2, ensure_ascii=False))
         else:

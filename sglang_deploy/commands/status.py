@@ -86,26 +86,65 @@ def _group_cell(r: dict) -> str:
     return f"{r['group']}/{r.get('node_rank')}" if r.get("group") else "-"
 
 
-def render(rows: list[dict], out=None) -> None:
-    table = common.table(("host", "group", "reachable", "unit", "uptime", "release", "sglang",
-                          "patch", "health", "model", "last verified", "drift"),
+#: the columns; on a terminal (not --wide) the short headers, so that a row fits 120 columns
+COLUMNS = ("host", "group", "reachable", "unit", "uptime", "release", "sglang", "patch",
+           "health", "model", "last verified", "drift")
+SHORT = {"reachable": "ssh", "uptime": "up", "last verified": "verified"}
+
+
+def short_cells(r: dict) -> dict:
+    """The short forms of a terminal's table: the unit's sub-state alone where it is active
+    (``running``), the release's first 8 characters, the verification's ``MM-DD HH:MM``
+    (UTC, as recorded)."""
+    unit = r.get("unit") or "-"
+    active, _, sub = unit.partition("/")
+    verified = r.get("last_verified") or "never"
+    if len(verified) >= 16 and verified[4] == "-" and verified[10] == "T":
+        verified = f"{verified[5:10]} {verified[11:16]}"
+    return {"unit": sub if active == "active" and sub else active,
+            "release": (r.get("release") or "-")[:8], "last verified": verified}
+
+
+def _drift(r: dict) -> str:
+    items = [*(r.get("changes") or []),
+             *(f"restarts its group: {w}" for w in r.get("group_wants") or [])]
+    return "in sync" if r["in_sync"] else f"{len(items)} change(s): " + "; ".join(items[:4])
+
+
+def render(rows: list[dict], out=None, wide: bool = False) -> None:
+    """The table; on a terminal (unless WIDE) short headers and values (``short_cells``), and
+    a host's drift or problem on its own line under the table, so that a row fits a
+    120-column terminal and no value is cut. Piped: every value whole, one row per line."""
+    short = common.is_terminal(out) and not wide
+    table = common.table([SHORT.get(c, c) if short else c for c in COLUMNS],
                          title="sglang-deploy status", out=out)
+    below = []
     for r in rows:
         if r.get("reachable") is not True or r.get("preflight") == "fail":
+            problem = _one_line(r.get("problem", ""))
+            if short:
+                below.append(f"{r['host']}: {problem}")
             table.add_row(r["host"], _group_cell(r),
                           "no" if r.get("reachable") is False else ("yes" if r.get("reachable") else "?"),
-                          "", "", "", "", "", "", "", "", _one_line(r.get("problem", "")))
+                          "", "", "", "", "", "", "", "", "see below" if short else problem)
             continue
-        items = [*(r.get("changes") or []),
-                 *(f"restarts its group: {w}" for w in r.get("group_wants") or [])]
-        drift = "in sync" if r["in_sync"] else f"{len(items)} change(s): " + "; ".join(items[:4])
-        table.add_row(r["host"], _group_cell(r), "yes", r.get("unit") or "-",
+        drift = _drift(r)
+        if short and not r["in_sync"]:
+            below.append(f"{r['host']}: {drift}")
+            drift = drift.split(":", 1)[0]
+        cells = short_cells(r) if short else {
+            "unit": r.get("unit") or "-", "release": r.get("release") or "-",
+            "last verified": r.get("last_verified") or "never"}
+        table.add_row(r["host"], _group_cell(r), "yes", cells["unit"],
                       _fmt_uptime(r.get("uptime_s")),
-                      r.get("release") or "-", r.get("sglang_version") or "-",
+                      cells["release"], r.get("sglang_version") or "-",
                       r.get("patch_state") or "-", str(r.get("health") or "down"),
-                      ", ".join(r.get("models") or []) or "-", r.get("last_verified") or "never",
+                      ", ".join(r.get("models") or []) or "-", cells["last verified"],
                       drift)
     common.print_table(table, out)
+    console = common.console(out)
+    for line in below:  # wrapped at the terminal's width
+        console.print(line, markup=False, overflow="fold")
 
 
 def render_groups(groups: list[dict], out=None) -> None:
@@ -216,6 +255,10 @@ def add_parser(sub) -> None:
                        '"problem"}], "router": null (no routers group) or {"host", "url", '
                        '"error", "workers": [{"host", "url", "state"}]}},')
     common.add_data(p)
+    p.add_argument("--wide", action="store_true",
+                   help="on a terminal, every value whole (default: short forms that fit 120 "
+                        "columns: the unit's state, the release's first 8 characters, the "
+                        "verification's MM-DD HH:MM)")
 
 
 def run(args) -> int:
@@ -229,7 +272,7 @@ def run(args) -> int:
                   sort_keys=True)
         sys.stdout.write("\n")
     else:
-        render(rows)
+        render(rows, wide=args.wide)
         render_groups(states)
         render_router(router)
     return common.EXIT_OK if ok(rows, states, router) else common.EXIT_FAILED

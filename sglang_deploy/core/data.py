@@ -158,8 +158,8 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "one model together (`--nnodes`, `--node-rank`, `--dist-init-addr` are rendered); "
        "only rank 0 serves HTTP. null: a single-host server."),
     _k("sglang_node_rank", (int, NONE), None,
-       "This host's `--node-rank` in its group; null: its position among the group's hosts "
-       "in inventory order.", minimum=0),
+       "This host's `--node-rank` in its group, set on every node of the group or on none; "
+       "null on all: their positions in inventory order.", minimum=0),
     _k("sglang_dist_init_addr", (str, NONE), None,
        "The IPv4 address of the group's rank-0 host that the other nodes reach "
        "(`--dist-init-addr`); null: rank 0's `ssh_hostname` when it is an IPv4 address."),

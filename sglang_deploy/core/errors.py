@@ -128,9 +128,11 @@ class GroupPreflightError(PreflightError):
 
 
 class DataError(SglangDeployError):
-    """Bad group data / inventory value. ``key`` names the offending data key."""
+    """Bad group data / inventory value. ``key`` names the offending data key. Its headline
+    reads as an input error, the host first: ``[tb1] invalid data: KEY: expected ...`` (the
+    host's tag, ``[NAME] `` at the start of ``what``, is moved to the front)."""
 
-    title = "invalid deploy data"
+    title = "invalid data"
     exit_status = 2
 
     def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
@@ -139,8 +141,12 @@ class DataError(SglangDeployError):
         super().__init__(what, found, fix, details=details)
 
     def headline(self) -> str:
-        where = f" `{self.key}`" if self.key else ""
-        return f"{self.title}{where}: expected {self.what}"
+        host, what = "", self.what
+        if what.startswith("[") and "] " in what:
+            tag, rest = what.split("] ", 1)
+            host, what = f"{tag}] ", rest
+        where = f": {self.key}" if self.key else ""
+        return f"{host}{self.title}{where}: expected {what}"
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "key": self.key}

@@ -113,6 +113,29 @@ def plan(hosts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Group]:
     return {g: _one(g, members) for g, members in by_group.items()}
 
 
+def _ranks(gname: str, members: list[tuple[str, Mapping[str, Any]]]) -> list[tuple[int, str]]:
+    """(rank, node) of a group's MEMBERS, rank order: `sglang_node_rank` set on every node
+    (0..N-1, each once) or on none (inventory order)."""
+    given = {name: raw.get("sglang_node_rank") for name, raw in members}
+    unset = [n for n, r in given.items() if r is None]
+    if unset and len(unset) != len(members):
+        set_on = ", ".join(f"{n}={r}" for n, r in given.items() if r is not None)
+        raise DataError(key="sglang_node_rank",
+                        what=f"`sglang_node_rank` on every node of group `{gname}` or on none",
+                        found=f"set on {set_on}; not on {', '.join(unset)}",
+                        fix=f"set it on {', '.join(unset)} too, or remove it from every node "
+                            "(then the ranks follow inventory order)")
+    ranks = sorted((i if r is None else int(r), n) for i, (n, r) in enumerate(given.items()))
+    if [r for r, _ in ranks] != list(range(len(members))):
+        raise DataError(key="sglang_node_rank",
+                        what=f"the ranks of group `{gname}` to be 0..{len(members) - 1}, each once",
+                        found=", ".join(f"{n}={r}" for r, n in ranks),
+                        fix="give each node of the group its own `sglang_node_rank`, 0 to "
+                            f"{len(members) - 1}, or remove it from every node (then the ranks "
+                            "follow inventory order)")
+    return ranks
+
+
 def _one(gname: str, members: list[tuple[str, Mapping[str, Any]]]) -> Group:
     names = [n for n, _ in members]
     if len(members) < 2:
@@ -120,17 +143,7 @@ def _one(gname: str, members: list[tuple[str, Mapping[str, Any]]]) -> Group:
                         found=f"only {names[0]}",
                         fix="add the other nodes to the group, or remove `sglang_group` from "
                             "a host that serves alone")
-    ranks = []
-    for i, (name, raw) in enumerate(members):
-        r = raw.get("sglang_node_rank")
-        ranks.append((i if r is None else int(r), name))
-    ranks.sort()
-    if [r for r, _ in ranks] != list(range(len(members))):
-        raise DataError(key="sglang_node_rank",
-                        what=f"the ranks of group `{gname}` to be 0..{len(members) - 1}, each once",
-                        found=", ".join(f"{n}={r}" for r, n in ranks),
-                        fix="set `sglang_node_rank` on every node of the group or on none "
-                            "(then they follow inventory order)")
+    ranks = _ranks(gname, members)
     data = dict(members)
     first = ranks[0][1]
     for key in SAME:
@@ -202,8 +215,8 @@ def check_limit(groups: Mapping[str, Group], selected: Iterable[str],
             raise UsageError(
                 what=f"every node of group `{g.name}` or none of them ({', '.join(g.members())})",
                 found=f"the selection names {', '.join(inside)} but not {', '.join(missing)}",
-                fix=f"add `--limit {' --limit '.join(missing)}` (or `--limit` the group's "
-                    "inventory group); to act on part of the group on purpose, say so: "
+                fix=f"add `--limit {' --limit '.join(missing)}`, or name the whole group: "
+                    f"`--limit {g.name}`; to act on part of the group on purpose, say so: "
                     "SGLANG_DEPLOY_PARTIAL_GROUP=1")
 
 

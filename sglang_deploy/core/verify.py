@@ -143,7 +143,7 @@ class Verifier:
         # the log says ready: now the API must agree
         health = poll.get("health") or {}
         if health.get("status") != 200:
-            return Decision("wait", f"log says ready; /health answers {health.get('status') or health.get('error')}")
+            return Decision("wait", f"log says ready; {_health_text(health)}")
         models = poll.get("models") or {}
         if models.get("status") != 200:
             return self._http_failed(
@@ -181,6 +181,15 @@ class Verifier:
         shards = (f", shards {prog[0]}/{prog[1]} ({prog[2]}%)"
                   if prog and self.tracker.phase == "loading" else "")
         return f"phase {self.tracker.phase}{shards}, elapsed {now - (self.started_at or now):.0f}s"
+
+
+def _health_text(health: dict) -> str:
+    """What /health said: its status, the error of a request that got no answer, or (the
+    poll that first sees the ready line asks nothing yet) that it is asked next."""
+    if not health:
+        return "checking /health next"
+    answer = health.get("status") or health.get("error") or "no answer"
+    return f"/health answers {answer}"
 
 
 def _model_ids(models: dict) -> list:
@@ -222,7 +231,7 @@ def check_serving(poll: dict, served_model_name: str, require_generate: bool,
         return Decision("fail", f"the unit is {state}, not active/running", details)
     health = poll.get("health") or {}
     if health.get("status") != 200:
-        return Decision("wait", f"/health answers {health.get('status') or health.get('error')}", details)
+        return Decision("wait", _health_text(health), details)
     if worker:
         return Decision("ready", "node up (not restarted): /health 200",
                         {**details, "phase_durations": {}, "time_to_ready_s": None})

@@ -31,7 +31,7 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit, lockfile
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
-from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
+from sglang_deploy.shell.inventory import match, no_host, no_inventory_file, with_group_limits
 from sglang_deploy.shell.plan import PLAN_ENV
 
 #: True once this process's pyinfra run has checked its hosts (``install``'s ``init``)
@@ -288,6 +288,46 @@ class TypedErrorsWithoutTraceback(logging.Filter):
                     and any(f": {name}(" in text for name in errors.__all__))
 
 
+def _group_limit(inventory, initial_limit):
+    """``--limit GROUP`` of a multi-node group's name (``sglang_group``) selects its nodes,
+    as ``sglang-deploy --limit`` does (``inventory.with_group_limits``)."""
+    params = cli_params()
+    limit = [str(p) for p in params.get("limit") or ()]
+    if not limit:
+        return initial_limit
+    exclude = [str(p) for p in params.get("exclude") or ()]
+    return with_group_limits(inventory, initial_limit, limit, exclude)
+
+
+class NoLimitWarnings(logging.Filter):
+    """pyinfra's `No host matches found for --limit pattern: X` comes before the hooks know
+    the inventory: X may be a multi-node group's name (``_group_limit``), and a pattern that
+    matches nothing stops the run with its own error (``check_selection``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return "No host matches found for --limit pattern" not in record.getMessage()
+        except Exception:  # noqa: BLE001 - never break logging
+            return True
+
+
+def _check_input(state, inventory, initial_limit) -> None:
+    """The selection and every host's data; an input error ends the run as one (its own
+    text, exit status 2: ``inputerror``), not as pyinfra's error in a source file."""
+    from sglang_deploy.shell import inputerror
+
+    try:
+        check_selection(inventory, initial_limit, cli_params(), state.cwd)
+        # each host's Settings, resolved once here, are what the stages read
+        resolved = validate_inventory(inventory, state.cwd)
+        check_group_selection(inventory, resolved, initial_limit)
+        routing.remember(state, resolved)
+    except errors.SglangDeployError as exc:
+        if not inputerror.is_input_error(exc):
+            raise
+        raise inputerror.InputError(exc) from exc
+
+
 def install(state) -> None:
     """Install every hook on ``state`` (before ``State.init``): pyinfra's cheap
     operation order and argument types (``pyinfrafast``), data validation as soon as the
@@ -298,6 +338,7 @@ def install(state) -> None:
     run (``require_checked``)."""
     pyinfrafast.install()  # before any operation is added
     logger.addFilter(TypedErrorsWithoutTraceback())
+    logger.addFilter(NoLimitWarnings())
 
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()
@@ -309,16 +350,13 @@ def install(state) -> None:
 
     def init(inventory, config, initial_limit=None, **kwargs):
         global _checked
+        initial_limit = _group_limit(inventory, initial_limit)
         result = original(inventory, config, initial_limit=initial_limit, **kwargs)
         # each host's outcome record (last: the handlers above note what it records)
         recorder = outcomes.install(state, state.cwd, dry=bool(cli_params().get("dry")))
         for each in [*handlers, recorder]:
             state.add_callback_handler(each)
-        check_selection(inventory, initial_limit, cli_params(), state.cwd)
-        # each host's Settings, resolved once here, are what the stages read
-        resolved = validate_inventory(inventory, state.cwd)
-        check_group_selection(inventory, resolved, initial_limit)
-        routing.remember(state, resolved)
+        _check_input(state, inventory, initial_limit)
         _checked = True
         return result
 

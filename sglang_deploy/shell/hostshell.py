@@ -11,10 +11,12 @@ accumulates in memory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
 import select
+import signal
 import socket
 import sys
 import time
@@ -47,6 +49,12 @@ def host_data(inventory: str, name: str, cwd: str = ".") -> dict:
     naming the hosts there are, before any connection."""
     hosts = dict(runner.inventory_hosts(inventory, cwd))  # a missing file: UsageError
     if name not in hosts:
+        nodes = [h for h, d in hosts.items() if str(d.get("sglang_group") or "") == name]
+        if nodes:  # a multi-node group's name: each node has its own journal
+            raise UsageError(what=f"HOST: one host of the inventory {inventory}",
+                             found=f"{name!r} is a multi-node group (sglang_group) of "
+                                   f"{len(nodes)} nodes",
+                             fix=f"name one of its nodes: {', '.join(nodes)}")
         raise UsageError(what=f"HOST: one host of the inventory {inventory}",
                          found=f"{name!r} is not in the inventory",
                          fix=f"use one of the hosts: {', '.join(hosts) or '(none)'}")
@@ -210,6 +218,28 @@ def connect(t: SshTarget):
             time.sleep(random.uniform(0.1, 0.5))
 
 
+@contextlib.contextmanager
+def _ctrl_c_pipe():
+    """A pipe that becomes readable on Ctrl-C, instead of KeyboardInterrupt raised in
+    whichever thread runs then: under pyinfra's gevent that is often paramiko's transport,
+    whose trace gevent prints (and the wait on the channel never ends). None outside the
+    main thread, where Ctrl-C is not ours to take."""
+    try:
+        read_end, write_end = os.pipe()
+        previous = signal.signal(signal.SIGINT, lambda *_: os.write(write_end, b"\0"))
+    except ValueError:  # not the main thread
+        os.close(read_end)
+        os.close(write_end)
+        yield None
+        return
+    try:
+        yield read_end
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        os.close(read_end)
+        os.close(write_end)
+
+
 def stream(cxn, command: str, out: BinaryIO, err: BinaryIO | None = None,
            timeout: float | None = None) -> tuple[int, bytes]:
     """Run COMMAND (no pty), copy its stdout to OUT as it comes; (exit status, stderr tail).
@@ -236,33 +266,44 @@ def stream(cxn, command: str, out: BinaryIO, err: BinaryIO | None = None,
                 err.flush()
 
     deadline = None if timeout is None else time.monotonic() + timeout
+    with _ctrl_c_pipe() as ctrl_c:
+        try:
+            return _copy(chan, command, out, take_stderr, deadline, ctrl_c, cxn, timeout), \
+                bytes(tail)
+        except KeyboardInterrupt:
+            return 130, bytes(tail)
+        except BrokenPipeError:
+            return 0, bytes(tail)
+        finally:
+            chan.close()
+
+
+def _copy(chan, command: str, out: BinaryIO, take_stderr, deadline: float | None,
+          ctrl_c: int | None, cxn, timeout: float | None) -> tuple[int, bytes]:
+    """``stream``'s loop: the command's exit status, 130 once CTRL_C is readable."""
     last = b""
-    try:
-        chan.exec_command(command)
-        while True:
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                raise HostShellError(
-                    what=f"`{command[:80]}` on {cxn.host} to finish within {timeout:.0f} s",
-                    found=f"still running; last output: {last[-200:].decode('utf-8', 'replace')!r}",
-                    fix="check the host's load and its journal")
-            # the channel's pipe is ready on stdout, stderr or EOF
-            select.select([chan], [], [], wait)
-            take_stderr()
-            if chan.recv_ready():
-                last = chan.recv(65536)
-                out.write(last)
-                out.flush()
-            elif chan.eof_received or chan.closed:
-                break
+    chan.exec_command(command)
+    while True:
+        wait = None if deadline is None else deadline - time.monotonic()
+        if wait is not None and wait <= 0:
+            raise HostShellError(
+                what=f"`{command[:80]}` on {cxn.host} to finish within {timeout:.0f} s",
+                found=f"still running; last output: {last[-200:].decode('utf-8', 'replace')!r}",
+                fix="check the host's load and its journal")
+        # the channel's pipe is ready on stdout, stderr or EOF (or Ctrl-C was pressed)
+        ready, _, _ = select.select([chan] + ([ctrl_c] if ctrl_c is not None else []), [], [],
+                                    wait)
+        if ctrl_c is not None and ctrl_c in ready:
+            return 130
         take_stderr()
-        return chan.recv_exit_status(), bytes(tail)
-    except KeyboardInterrupt:
-        return 130, bytes(tail)
-    except BrokenPipeError:
-        return 0, bytes(tail)
-    finally:
-        chan.close()
+        if chan.recv_ready():
+            last = chan.recv(65536)
+            out.write(last)
+            out.flush()
+        elif chan.eof_received or chan.closed:
+            break
+    take_stderr()
+    return chan.recv_exit_status()
 
 
 def run(cxn, command: str, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str, str]:

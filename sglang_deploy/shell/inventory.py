@@ -97,27 +97,55 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
                          ) from exc
 
 
-def match(inv, patterns: Sequence[str], option: str = "--limit") -> list:
-    """The hosts of INV that PATTERNS select (pyinfra's ``--limit``), in inventory order;
-    a pattern that matches nothing is a UsageError naming the hosts and groups there are."""
+def group_members(inv, name: str) -> list:
+    """The nodes of the multi-node group NAME (their ``sglang_group``), inventory order."""
+    return [h for h in inv if str(h.data.get("sglang_group") or "") == name]
+
+
+def _pattern_hosts(inv, pattern: str) -> list:
+    """pyinfra's --limit rule for one pattern (an inventory group, else a glob on host
+    names), and a multi-node group's name (``sglang_group``) as its nodes."""
     from pyinfra.api.exceptions import NoGroupError
 
+    try:
+        found = list(inv.get_group(pattern))
+    except NoGroupError:
+        found = [h for h in inv if fnmatch(h.name, pattern)]
+    return found or group_members(inv, pattern)
+
+
+def match(inv, patterns: Sequence[str], option: str = "--limit") -> list:
+    """The hosts of INV that PATTERNS select (pyinfra's ``--limit``, and a multi-node
+    group's ``sglang_group`` name), in inventory order; a pattern that matches nothing is a
+    UsageError naming the hosts and groups there are."""
     chosen: set = set()
     unmatched = []
     for pattern in patterns:
-        try:
-            found = inv.get_group(pattern)
-        except NoGroupError:
-            found = [h for h in inv if fnmatch(h.name, pattern)]
+        found = _pattern_hosts(inv, pattern)
         if not found:
             unmatched.append(pattern)
         chosen.update(found)
     if unmatched:
         groups = sorted(g for g in inv.groups if g != "all")
+        multi = sorted({str(h.data.get("sglang_group")) for h in inv
+                        if h.data.get("sglang_group")})
         raise UsageError(
             what=f"{option} patterns that match hosts of the inventory (host names, group "
                  "names or globs such as 'gpu-*')",
             found=f"nothing matches {', '.join(repr(p) for p in unmatched)}",
             fix=f"use one of the hosts: {', '.join(h.name for h in inv) or '(none)'}"
-                + (f"; or groups: {', '.join(groups)}" if groups else ""))
+                + (f"; or groups: {', '.join(groups)}" if groups else "")
+                + (f"; or multi-node groups (sglang_group): {', '.join(multi)}" if multi else ""))
     return [h for h in inv if h in chosen]
+
+
+def with_group_limits(inv, initial_limit, limit: Sequence[str], exclude: Sequence[str]):
+    """pyinfra's own ``--limit`` / ``--exclude`` selection INITIAL_LIMIT, with the nodes of
+    each multi-node group that a LIMIT pattern names by its ``sglang_group`` (pyinfra knows
+    only inventory groups: it matched none for it); EXCLUDE still applies."""
+    extra = [h for p in limit for h in group_members(inv, p)]
+    if not extra:
+        return initial_limit
+    excluded = {h for p in exclude for h in _pattern_hosts(inv, p)}
+    chosen = set(initial_limit or ()) | set(extra)
+    return [h for h in inv if h in chosen and h not in excluded]

@@ -280,7 +280,9 @@ def main(lock: Path, inventory: str | None = None, python: str | None = None,
     result["ok"] = True
     result["seconds"] = round(time.monotonic() - t0, 1)
     install = "reused (cached)" if result["cached"] else f"installed in {result['install_s']:.0f} s"
-    _say(f"{lock}: PASSED in {result['seconds']:.0f} s; venv {install}, "
+    # a partial lock ran neither the smoke nor `uv pip check`: it is installed, not PASSED
+    verdict = "installed (smoke not applicable)" if result["partial"] else "PASSED"
+    _say(f"{lock}: {verdict} in {result['seconds']:.0f} s; venv {install}, "
          f"{_gb(result['size_bytes'])}")
     if as_json:
         print(json.dumps(result, sort_keys=True))

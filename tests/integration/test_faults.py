@@ -189,7 +189,7 @@ def test_bad_input_stops_before_any_host_is_contacted(testbed, case):
                  notes="no host contacted (`Connected` absent); re-run: one run without the bad "
                        "value (test_after_bad_input_a_rerun_converges_without_change)",
                  rerun_record=INPUT_RERUN)
-    assert r.returncode != 0, out[-2000:]
+    assert r.returncode == 2, out[-2000:]  # an input error's status, as the commands'
     assert "Connected" not in out, "validation must happen before any connection"
     for w in words:
         assert w in out, (w, out[-2000:])

@@ -3,7 +3,8 @@ the group is one unit.
 
 - a --limit naming the rank-1 node alone shows both nodes, rank 0 first, each with its
   group and rank, and the group `serving` (the rank-1 node has no /v1/models and is not
-  judged by it);
+  judged by it); the group's name is a --limit too; the rank-1 node's journal is explained
+  as a ready worker of rank 1 of that group;
 - with the rank-1 node's unit stopped, the group is not serving, its problem names that
   node, and status exits 1 (the text output says so on the group's line).
 
@@ -42,6 +43,7 @@ def deployed_group(testbed):
     try:
         r = pyinfra_deploy([rank0, rank1])
         assert r.returncode == 0, both(r)[-4000:]
+        assert "answers None" not in both(r)  # each wait names what /health said
         yield rank0, rank1
     finally:
         testbed.ssh(rank1, "systemctl start sglang.service")
@@ -62,6 +64,18 @@ def test_status_shows_a_group_as_one_unit(testbed, deployed_group):
                               "dist_init_addr": f"{testbed.address(rank0)}:50000",
                               "state": "serving", "problem": None}]
     assert r.returncode == 0, both(r)
+
+    # the group's name, as status shows it, is a --limit of its own
+    by_name = json.loads(status(testbed, "--limit", name, "--json").stdout)
+    assert [h["host"] for h in by_name["hosts"]] == [rank0, rank1]
+    # the rank-1 node's own journal: a worker, ready once its dummy health server started
+    lg = subprocess.run([str(BIN / "sglang-deploy"), "logs", str(testbed.inventory), rank1,
+                         "--explain", "--json"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600, check=False, stdin=subprocess.DEVNULL)
+    assert lg.returncode == 0, both(lg)
+    explained = json.loads(lg.stdout)
+    assert explained["outcome"] == "ready" and explained["worker"]["node_rank"] == 1
+    assert explained["summary"].startswith(f"worker of rank 1 of group {name} (2 nodes, ")
 
     testbed.ssh(rank1, "systemctl stop sglang.service", check=True)
     r = status(testbed, "--json")

@@ -160,7 +160,7 @@ def test_typed_input_error_is_one_line_with_the_fix_and_exit_2(monkeypatch, caps
     assert cli.main(["status", "inv.py"]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "Traceback" not in err
-    assert err.startswith("sglang-deploy status: invalid deploy data `sglang_port`")
+    assert err.startswith("sglang-deploy status: invalid data: sglang_port: expected")
     assert "found: str 'x'" in err and "fix: set it to a number" in err
 
 
@@ -284,7 +284,7 @@ def test_data_is_checked_like_the_inventorys_before_any_connection(inv, no_pyinf
     monkeypatch.chdir(REPO)
     assert cli.main(["status", inv, "--data", item]) == 2
     err = capsys.readouterr().err
-    assert "invalid deploy data" in err and words in err and "[a1]" in err
+    assert err.startswith("sglang-deploy status: [a1] invalid data: ") and words in err
 
 
 # ------------------------------------------------------------------ the controller flag check

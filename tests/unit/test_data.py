@@ -104,15 +104,16 @@ def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection(
     from pyinfra.api import Config, Inventory, State
 
     from sglang_deploy.shell import hooks
-    from sglang_deploy.core.errors import DataError
+    from sglang_deploy.shell.inputerror import InputError
 
     good = {"sglang_model_path": "/srv/models/m"}
     inventory = Inventory(([("h1", good), ("h2", {**good, "sglang_portt": 1})], {}))
     state = State()
     hooks.install(state)  # as config.py does: before State.init
-    with pytest.raises(DataError) as err:
+    with pytest.raises(InputError) as err:  # pyinfra's CLI ends the run with it, exit 2
         state.init(inventory, Config())
-    assert "[h2]" in str(err.value) and "sglang_portt" in str(err.value)
+    assert err.value.exit_code == 2
+    assert str(err.value).startswith("[h2] invalid data: sglang_portt: expected")
     assert not any(h.connected for h in inventory)
 
 

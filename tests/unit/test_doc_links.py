@@ -104,3 +104,17 @@ def test_the_readme_is_a_front_page():
     assert len(lines) <= 200
     text = "\n".join(lines)
     assert "    bash scripts/demo.sh" in text and "    bash scripts/test.sh" in text
+
+
+#: a section named in prose: `README's "Heading"`, `(README, "Heading")`
+PROSE_SECTION = re.compile(r"README(?:'s|,) \"([^\"]+)\"")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_readme_section_named_in_prose_is_one_of_its_headings(page):
+    headings = {HEADING.match(line).group(2).lower()
+                for line in (ROOT / "README.md").read_text().splitlines() if HEADING.match(line)}
+    named = [m.group(1) for line in prose_lines(page.read_text())
+             for m in PROSE_SECTION.finditer(line)]
+    missing = [n for n in named if not any(h.startswith(n.lower()) for h in headings)]
+    assert not missing, f"{page.name} names README sections that are not there: {missing}"

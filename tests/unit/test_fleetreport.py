@@ -99,3 +99,15 @@ def test_cli_registers_report():
 
     args = cli.build_parser().parse_args(["report", "inv.py", "--out", "x.html", "--json"])
     assert args._module is htmlreport and args.out == "x.html" and args.json
+
+
+def test_report_counts_one_host_in_the_singular(tmp_path, monkeypatch, capsys):
+    from sglang_deploy.commands import cli
+
+    state = tmp_path / ".sglang-deploy"
+    state.mkdir()
+    doc = fleetreport.build("inv.py", ["h1"], None, htmlreport.read_summaries(state), {}, {}, "now")
+    monkeypatch.setattr(htmlreport, "collect", lambda *a, **k: doc)
+    out = tmp_path / "r.html"
+    assert cli.main(["report", "inventory/testbed.py", "--out", str(out), "--no-status"]) == 0
+    assert capsys.readouterr().err == f"report: {out} (1 host)\n"

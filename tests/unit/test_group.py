@@ -47,8 +47,7 @@ def test_port_and_address_of_rank0():
     assert (g.rank0, g.dist_init_addr) == ("b", "192.0.2.7:6000")
 
 
-@pytest.mark.parametrize("ranks, found", [((0, 0), "a=0, b=0"), ((0, 2), "a=0, b=2"),
-                                          ((1, None), "b=1, a=1")])
+@pytest.mark.parametrize("ranks, found", [((0, 0), "a=0, b=0"), ((0, 2), "a=0, b=2")])
 def test_ranks_must_be_0_to_n_minus_1(ranks, found):
     a, b = ranks
     with pytest.raises(DataError) as exc:
@@ -56,6 +55,16 @@ def test_ranks_must_be_0_to_n_minus_1(ranks, found):
                     ("b", _node("10.0.0.6", **({} if b is None else {"sglang_node_rank": b})))])
     assert exc.value.key == "sglang_node_rank"
     assert set(found.split(", ")) <= set(exc.value.found.split(", "))
+
+
+@pytest.mark.parametrize("a", [0, 1])
+def test_a_rank_set_on_some_nodes_only_is_refused_and_no_implicit_rank_is_shown(a):
+    with pytest.raises(DataError) as exc:
+        group.plan([("a", _node("10.0.0.5", sglang_node_rank=a)), ("b", _node("10.0.0.6"))])
+    assert exc.value.key == "sglang_node_rank"
+    assert exc.value.what == "`sglang_node_rank` on every node of group `g1` or on none"
+    assert exc.value.found == f"set on a={a}; not on b"
+    assert "b=" not in exc.value.found
 
 
 def test_a_group_of_one_host_is_refused():

@@ -85,3 +85,23 @@ def test_an_api_failure_without_a_crash_still_fails_on_the_next_poll():
     d = v.observe({**poll, "now": 100.6})
     assert d.kind == "fail" and "/v1/models answers 503" in d.message
     assert d.details["phase"] == "serving" and d.details["cause"] is None
+
+
+def test_the_poll_that_first_sees_the_ready_line_says_health_is_asked_next_not_none():
+    service = {"ActiveState": "active", "SubState": "running", "InvocationID": "inv1"}
+    models = {"status": 200, "body": json.dumps({"data": [{"id": "glm-5"}]})}
+    host = FakeHost([
+        {"now": 100.0, "service": service, "journal": journal("healthy-0.5.12.post1.jsonl")},
+        {"now": 100.1, "service": service, "journal": [], "health": {"status": 200},
+         "models": models, "generate": {"status": 200, "body": "{}"}},
+    ])
+    verifier = Verifier(sglang_version="0.5.12.post1", expect_autotune=True, cuda_graph=False,
+                        served_model_name="glm-5", overall_timeout_s=60, phase_timeouts={})
+    shown, ticks = [], iter(range(5, 1000, 5))
+    decision = wait_until_ready(host, verifier, tool="/t/hoststate.py", service="sglang", port=30000,
+                                host_addr="127.0.0.1", secrets="/etc/sglang/secrets.env", poll_s=0.5,
+                                clock=lambda: float(next(ticks)), sleep=lambda s: None,
+                                log=shown.append)
+    assert decision.kind == "ready"
+    assert "log says ready; checking /health next" in shown
+    assert not any("None" in line for line in shown)

@@ -9,7 +9,10 @@ and returns::
      after ready, or None>, "cause": <cause id or None>, "summary": <one line>, "fix": ...,
      "phases": [{"name", "at", "duration_s"}], "relevant_lines": [...], "ranks": [...],
      "parallel": {"tp_size", "dp_size", "pp_size", "nnodes"} of the log's server args, or
-     None}
+     None, "worker": {"node_rank", "nnodes", "group", "rank0_addr", "health_at"} or None}
+
+A group's node of rank >= 1 (``worker``) never prints the ready line: it is ``ready`` once
+its dummy health server started (SGLang starts it when the node's schedulers are ready).
 
 ``incomplete``: the text ends with no verdict (an excerpt, or a server still starting or
 hung). ``render_text`` prints it for a person; ``log_text`` turns the bytes of a file into
@@ -85,9 +88,11 @@ def log_text(data: bytes, source: str = "standard input") -> str:
 
 
 def explain(lines: Iterable[str], version: str | None = None, *,
-            year: int | None = None) -> dict[str, Any]:
+            year: int | None = None, group: str | None = None) -> dict[str, Any]:
     """Analyse a whole log; see the module docstring for the result. ``year``: the year of
-    dates printed without one when the log has no full date (``logprefix.timeline``)."""
+    dates printed without one when the log has no full date (``logprefix.timeline``).
+    ``group``: the ``sglang_group`` of the host whose log it is (named in a worker's
+    explanation)."""
     tracker = StartupTracker(version or DEFAULT_VERSION, expect_autotune=False,
                              cuda_graph=True, strict_order=False)
     text = [raw.rstrip("\n") for raw in lines]
@@ -101,10 +106,16 @@ def explain(lines: Iterable[str], version: str | None = None, *,
             last_ts = ts
         tracker.feed(line, last_ts if last_ts is not None else 0.0)
     d = tracker.diagnosis(offline=True)
+    worker = _worker(text, group)
     if d["failed"]:
         outcome, phase = "failed", d["phase"]
     elif tracker.ready_seen:
         outcome, phase = "ready", "ready"
+    elif worker is not None:
+        # a node of rank >= 1 never prints the ready line (rank 0 serves the API): its
+        # schedulers are ready when it starts its dummy health server
+        outcome, phase = "ready", "ready"
+        d = {**d, "summary": worker_summary(worker)}
     else:
         outcome, phase = "incomplete", tracker.phase_reached
         # a line that proves a later phase (a warmup request's answer, the KV cache
@@ -124,7 +135,41 @@ def explain(lines: Iterable[str], version: str | None = None, *,
         "version": version,
         # the uncatalogued exception that is the cause (type, message, where, code, rank)
         "error": d.get("error"),
+        "worker": worker if outcome == "ready" else None,
     }
+
+
+_DUMMY_HEALTH_RE = re.compile(r"Dummy health check server started in background thread at (\S+)")
+_NODE_ARG_RE = re.compile(r"(?:^|, ?)(node_rank|nnodes|dist_init_addr)=('[^']*'|\d+|None)")
+
+
+def _worker(text: list[str], group: str | None) -> dict[str, Any] | None:
+    """A node of rank >= 1 whose dummy health server started (engine.py: such a node serves
+    only that, once its schedulers are ready): its rank, group and the health address."""
+    addr = next((m.group(1) for x in reversed(text) if (m := _DUMMY_HEALTH_RE.search(x))), None)
+    if addr is None:
+        return None
+    line = next((x for x in reversed(text) if _SERVER_ARGS in x), "")
+    args = {k: v.strip("'") for k, v in _NODE_ARG_RE.findall(line.split(_SERVER_ARGS, 1)[-1])}
+    rank = int(args["node_rank"]) if args.get("node_rank", "").isdigit() else None
+    if rank == 0:
+        return None
+    nnodes = int(args["nnodes"]) if args.get("nnodes", "").isdigit() else None
+    rank0 = args.get("dist_init_addr") if args.get("dist_init_addr") != "None" else None
+    return {"node_rank": rank, "nnodes": nnodes, "group": group, "rank0_addr": rank0,
+            "health_at": addr}
+
+
+def worker_summary(w: dict[str, Any]) -> str:
+    """``worker of rank 1 of group tbg1 (2 nodes, rank 0 at ADDR)``: what the node is, and
+    why it is ready without a ready line."""
+    of = f"group {w['group']}" if w.get("group") else "its group"
+    about = ", ".join(filter(None, [f"{w['nnodes']} nodes" if w.get("nnodes") else None,
+                                    f"rank 0 at {w['rank0_addr']}" if w.get("rank0_addr") else None]))
+    rank = w["node_rank"] if w.get("node_rank") is not None else ">= 1"
+    return (f"worker of rank {rank} of {of}{f' ({about})' if about else ''}: its schedulers "
+            f"are ready and its dummy health server started at {w['health_at']}; rank 0 "
+            "serves the API")
 
 
 _SERVER_ARGS = "server_args=ServerArgs("
@@ -158,9 +203,21 @@ def _phases(tracker: StartupTracker, stamped: bool, last_ts: float | None) -> li
     return out
 
 
+def _joined(lines: list[str]) -> list[str]:
+    """LINES with a wrapper's prefix alone (journald's `DATE HOST python3[PID]: `, split
+    from the server's own prefix that followed it) put back before the line it introduces."""
+    out: list[str] = []
+    for line in lines:
+        if out and not strip_prefix(out[-1])[2].strip():
+            out[-1] += line
+        else:
+            out.append(line)
+    return out
+
+
 def _relevant(tracker: StartupTracker, d: dict, outcome: str, limit: int = 14) -> list[str]:
     if outcome != "failed":
-        return tracker.recent_lines(5)
+        return _joined(tracker.recent_lines(12))[-5:]
     out: list[str] = list(d["evidence"])
     blocks = tracker.tracebacks()
     if blocks:
@@ -189,6 +246,8 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append("phases seen: none (no startup marker in the text)")
     lines.append(f"outcome:     {result['outcome']}")
     lines.append(f"phase:       {result['phase'] or 'unknown'}")
+    if result.get("worker"):
+        lines.append(f"role:        {result['summary']}")
     if result["outcome"] == "failed":
         lines.append(f"cause:       {result['cause']}: {result['summary']}")
         lines.append(f"fix:         {result['fix']}")
