@@ -69,7 +69,7 @@ class StandalonePatchError(Exception):
 
 def error_type() -> type[Exception]:
     """The type of this module's errors: the package's typed ``PatchError`` (imported when
-    first needed: it imports pyinfra, which `sglang-deploy patch --help` does without), or,
+    first needed), or,
     standalone on a host where the package is not importable, ``StandalonePatchError``."""
     try:
         from sglang_deploy.core.errors import PatchError

@@ -30,7 +30,8 @@ from pyinfra.api.state import BaseStateCallback
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit, lockfile
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
+from sglang_deploy.shell import (deploylock, lockedflags, outcomes, pyinfraerror, pyinfrafast,
+                                  routing)
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
 from sglang_deploy.shell.plan import PLAN_ENV
 
@@ -130,13 +131,13 @@ def require_checked(deploy_file: str) -> None:
     if _checked:
         return
     project = Path(deploy_file).resolve().parent
-    raise UsageError(
+    raise pyinfraerror.for_pyinfra(UsageError(
         what=f"pyinfra run from the project folder {project}, so that its config.py checks "
              "every host's data (keys, types, secrets, launch flags) before the deploy",
         found=f"config.py was not loaded (pyinfra reads ./config.py of the current folder, "
               f"{os.getcwd()}): nothing was checked and nothing was run",
         fix=f"run the same command from {project} (`cd {project}`), or add "
-            f"`--chdir {project}` to the pyinfra command line")
+            f"`--chdir {project}` to the pyinfra command line"))
 
 
 def connection_lost(host) -> bool:
@@ -235,7 +236,7 @@ class HoldDeployLock(BaseStateCallback):
             self.hold(host)
         except errors.SglangDeployError as exc:
             outcomes.failed(host.name, exc, "connect")
-            raise
+            raise pyinfraerror.for_pyinfra(exc) from exc
 
     def hold(self, host) -> None:
         client = getattr(host.connector, "client", None)
@@ -301,12 +302,13 @@ def install(state) -> None:
 
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()
-    hub.NOT_ERROR = (*hub.NOT_ERROR, deploylock.SglangDeployError)
+    hub.NOT_ERROR = (*hub.NOT_ERROR, pyinfraerror.ToolError)
     handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay()]
     if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
         handlers.append(HoldDeployLock())
     original = state.init
 
+    @pyinfraerror.translated()
     def init(inventory, config, initial_limit=None, **kwargs):
         global _checked
         result = original(inventory, config, initial_limit=initial_limit, **kwargs)

@@ -102,6 +102,7 @@ def test_group_data_seed_profile_is_valid():
 
 def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection():
     from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.exceptions import PyinfraError
 
     from sglang_deploy.shell import hooks
     from sglang_deploy.core.errors import DataError
@@ -110,8 +111,9 @@ def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection(
     inventory = Inventory(([("h1", good), ("h2", {**good, "sglang_portt": 1})], {}))
     state = State()
     hooks.install(state)  # as config.py does: before State.init
-    with pytest.raises(DataError) as err:
+    with pytest.raises(PyinfraError) as err:  # pyinfra's kind: its CLI reports it, no traceback
         state.init(inventory, Config())
+    assert isinstance(err.value.error, DataError)
     assert "[h2]" in str(err.value) and "sglang_portt" in str(err.value)
     assert not any(h.connected for h in inventory)
 
