@@ -26,7 +26,6 @@ import sys
 import tempfile
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.core.throughput import TABLE_COLUMNS, gate, table_rows

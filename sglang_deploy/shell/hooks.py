@@ -30,10 +30,10 @@ from pyinfra.api.state import BaseStateCallback
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit, lockfile
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import (deploylock, lockedflags, outcomes, pyinfraerror, pyinfrafast,
-                                  routing)
+from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
 from sglang_deploy.shell.plan import PLAN_ENV
+from sglang_deploy.shell.pyinfraerror import ToolError, for_pyinfra, translated
 
 #: True once this process's pyinfra run has checked its hosts (``install``'s ``init``)
 _checked = False
@@ -131,7 +131,7 @@ def require_checked(deploy_file: str) -> None:
     if _checked:
         return
     project = Path(deploy_file).resolve().parent
-    raise pyinfraerror.for_pyinfra(UsageError(
+    raise for_pyinfra(UsageError(
         what=f"pyinfra run from the project folder {project}, so that its config.py checks "
              "every host's data (keys, types, secrets, launch flags) before the deploy",
         found=f"config.py was not loaded (pyinfra reads ./config.py of the current folder, "
@@ -236,7 +236,7 @@ class HoldDeployLock(BaseStateCallback):
             self.hold(host)
         except errors.SglangDeployError as exc:
             outcomes.failed(host.name, exc, "connect")
-            raise pyinfraerror.for_pyinfra(exc) from exc
+            raise for_pyinfra(exc) from exc
 
     def hold(self, host) -> None:
         client = getattr(host.connector, "client", None)
@@ -302,13 +302,13 @@ def install(state) -> None:
 
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()
-    hub.NOT_ERROR = (*hub.NOT_ERROR, pyinfraerror.ToolError)
+    hub.NOT_ERROR = (*hub.NOT_ERROR, ToolError)
     handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay()]
     if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
         handlers.append(HoldDeployLock())
     original = state.init
 
-    @pyinfraerror.translated()
+    @translated()
     def init(inventory, config, initial_limit=None, **kwargs):
         global _checked
         result = original(inventory, config, initial_limit=initial_limit, **kwargs)
