@@ -28,10 +28,11 @@ from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import errors, jit, lockfile
+from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file
+from sglang_deploy.shell.lockfiles import read as read_lock
 from sglang_deploy.shell.plan import PLAN_ENV
 from sglang_deploy.shell.pyinfraerror import ToolError, for_pyinfra, translated
 
@@ -64,7 +65,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
                     fix=f"fix `{key}` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
             if not routing.is_router(each):  # a server's lock and flags, not the router's
-                jit.check_lock(lockfile.read(lock).text, settings.sglang_lock,
+                jit.check_lock(read_lock(lock).text, settings.sglang_lock,
                                settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
         except errors.DataError as exc:
