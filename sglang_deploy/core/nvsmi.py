@@ -6,6 +6,9 @@ Shaped on real outputs (tests/fixtures/nvidia-smi/, see SOURCES.md there):
 * ``topo -m`` / ``topo -mp``, ``topo -p2p r|w|n|a|p``     -> :mod:`sglang_deploy.core.topo`
 * the default table (``nvidia-smi`` without arguments)    -> :func:`parse_smi_table`
 * the text and exit code of a failed call                 -> :func:`classify_smi_error`
+
+Each reads the bytes real drivers print (:func:`topo.plain_text`): escape sequences (driver
+580 underlines the header rows of ``topo``), CRLF, trailing blanks.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from sglang_deploy.core.topo import (  # noqa: F401 (re-exported: the nvidia-smi
     TopoMatrix,
     parse_p2p_matrix,
     parse_topo_matrix,
+    plain_text,
 )
 
 #: the fields the deploy asks nvidia-smi for (order matters: the CSV is positional)
@@ -80,7 +84,7 @@ def parse_query_csv(text: str, fields: Iterable[str] | None = QUERY_FIELDS) -> l
     """
     names: list[str] | None = list(fields) if fields is not None else None
     rows: list[dict[str, str | None]] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(plain_text(text).splitlines(), 1):
         if not line.strip():
             continue
         cells = next(csv.reader([line], skipinitialspace=True))
@@ -182,7 +186,7 @@ def parse_smi_table(text: str) -> SmiTable:
     """
     table = SmiTable()
     last: SmiTableGpu | None = None  # the GPU whose memory row comes next
-    for line in text.splitlines():
+    for line in plain_text(text).splitlines():
         if m := _TABLE_HEADER.search(line):
             table.driver_version, table.cuda_version = m.group("driver"), m.group("cuda")
         elif m := _GPU_ROW.match(line):
@@ -250,7 +254,7 @@ def classify_smi_error(text: str, exit_code: int | None) -> SmiFailure | None:
     a non-zero exit without a known message is :attr:`SmiFailure.UNKNOWN`. ``exit_code``
     None means "not recorded": then only the text decides.
     """
-    low = (text or "").lower()
+    low = plain_text(text or "").lower()
     for pattern, kind in _FAILURE_PATTERNS:
         if pattern.search(low):
             return kind

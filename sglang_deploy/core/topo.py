@@ -14,6 +14,33 @@ class ParseError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------
+# the bytes real drivers print
+
+#: terminal escape sequences: CSI (``ESC[4m``, ``ESC[0m``, ``ESC[1;32m``, ``ESC[K``... also the
+#: 8-bit ``0x9b`` form), OSC (``ESC]...BEL`` or ``ESC]...ESC\``) and the two-byte escapes
+_ESCAPES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[ -/]*[0-~]?"
+)
+#: a line end of a text that went through a terminal once or twice (CRLF, CR CR LF)
+_CR_LF = re.compile(r"\r+\n")
+#: control characters other than tab and newline (a BEL, a backspace, a NUL from a pipe)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def plain_text(text: str) -> str:
+    """What nvidia-smi printed, as the parsers read it: terminal escape sequences removed
+    (driver 580 underlines the header rows of ``topo -m`` and ``topo -p2p`` with ``ESC[4m ...
+    ESC[0m`` even into a pipe), CRLF (also CR CR LF) and a lone CR as newlines, other
+    control characters and a byte-order mark dropped. Tabs, blanks and empty cells stay as
+    printed."""
+    text = _ESCAPES.sub("", text.lstrip("\ufeff"))
+    text = _CR_LF.sub("\n", text).replace("\r", "\n")
+    return _CONTROLS.sub("", text)
+
+
+# ---------------------------------------------------------------------------------------
 # topo -m
 
 _TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
@@ -67,34 +94,23 @@ def _na(value: str) -> str | None:
 def parse_topo_matrix(text: str) -> TopoMatrix:
     """Parse the first matrix of ``nvidia-smi topo -m`` (or ``-mp``).
 
-    Copes with tab- and space-separated pastes, trailing tabs/spaces, empty and ``N/A``
-    cells, missing ``NUMA Affinity``/``GPU NUMA ID`` columns, NIC rows/columns, text before
-    the matrix (a shell prompt, ``NVIDIA Topology:``), and the ``Legend``/``NIC Legend``.
+    Reads what real drivers print (:func:`plain_text`: the escape sequences around the
+    header row, CRLF), tab- and space-separated pastes, trailing tabs/spaces, empty and
+    ``N/A`` cells, missing ``NUMA Affinity``/``GPU NUMA ID`` columns, NIC rows/columns, text
+    before the matrix (a shell prompt, ``NVIDIA Topology:``), and the ``Legend``/``NIC Legend``.
     Raises :class:`ParseError` when no GPU matrix is found or a GPU row is incomplete.
     """
-    lines = text.splitlines()
-    header_at = None
-    for n, line in enumerate(lines):
-        cells = [c.strip() for c in _HEADER_SPLIT.split(line.strip())]
-        # a header row starts with whitespace; tolerate a stripped one ("GPU0\tGPU1\tCPU...")
-        if cells[0] == "GPU0" and (line[:1].isspace()
-                                   or len(cells) > 1 and not _known_code(cells[1])):
-            header_at = n
-            break
-    if header_at is None:
-        raise ParseError("no `nvidia-smi topo -m` matrix found (no header row with GPU0)")
-
+    lines = plain_text(text).splitlines()
+    header_at = _topo_header_at(lines)
     header = [c.strip() for c in _HEADER_SPLIT.split(lines[header_at].strip()) if c.strip()]
     trailing_at = next((k for k, name in enumerate(header) if name in _TRAILING_COLUMNS),
                        len(header))
-    devices = header[:trailing_at]
-    trailing = header[trailing_at:]
+    devices, trailing = header[:trailing_at], header[trailing_at:]
     topo = TopoMatrix()
     topo.gpus = [d for d in devices if _GPU_LABEL.match(d)]
     topo.nics = [d for d in devices if not _GPU_LABEL.match(d)]
     if not topo.gpus:
         raise ParseError("`topo -m` header has no GPU columns")
-
     seen_rows: set[str] = set()
     for line in lines[header_at + 1:]:
         if not line.strip() or line.strip().startswith("Legend"):
@@ -104,42 +120,51 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
         if label not in devices or label in seen_rows:
             break
         seen_rows.add(label)
-        cells = tokens[1:]
-        gm = _GPU_LABEL.match(label)
-        if gm:
-            if len(cells) < len(devices):
-                raise ParseError(
-                    f"`topo -m` row {label}: expected {len(devices)} link cells, found {len(cells)}"
-                )
-            i = int(gm.group(1))
-            p2p_like = [c for c in cells[: len(devices)] if c in P2P_CODES]
-            if p2p_like:
-                raise ParseError(
-                    f"`topo -m` row {label} holds P2P status codes ({', '.join(p2p_like)}): "
-                    "this is `nvidia-smi topo -p2p` output"
-                )
-            for col, code in zip(devices, cells):
-                cm = _GPU_LABEL.match(col)
-                if cm:
-                    topo.links[(i, int(cm.group(1)))] = _norm_code(code)
-                else:
-                    topo.nic_links[(label, col)] = _norm_code(code)
-            values = {col: _na(value) for col, value in zip(trailing, cells[len(devices):])}
-            topo.cpu_affinity[i] = values.get("CPU Affinity")
-            if "NUMA Affinity" in trailing:
-                topo.numa_affinity[i] = values.get("NUMA Affinity")
-            if "GPU NUMA ID" in trailing:
-                topo.gpu_numa_id[i] = values.get("GPU NUMA ID")
-        else:
-            # NIC rows may be cut short (pastes); keep what is there
-            for col, code in zip(devices, cells):
+        if _GPU_LABEL.match(label):
+            _read_gpu_row(topo, label, tokens[1:], devices, trailing)
+        else:  # NIC rows may be cut short (pastes); keep what is there
+            for col, code in zip(devices, tokens[1:]):
                 topo.nic_links[(label, col)] = _norm_code(code)
-
     missing = [g for g in topo.gpus if g not in seen_rows]
     if missing:
         raise ParseError(f"`topo -m` matrix has no row for {', '.join(missing)}")
-
     return topo
+
+
+def _topo_header_at(lines: list[str]) -> int:
+    """Index of the header row (``GPU0`` first): it starts with white space; a stripped one
+    (``GPU0\tGPU1\tCPU...``) is told from a GPU row by its second cell, not a link code."""
+    for n, line in enumerate(lines):
+        cells = [c.strip() for c in _HEADER_SPLIT.split(line.strip())]
+        if cells[0] == "GPU0" and (line[:1].isspace()
+                                   or len(cells) > 1 and not _known_code(cells[1])):
+            return n
+    raise ParseError("no `nvidia-smi topo -m` matrix found (no header row with GPU0)")
+
+
+def _read_gpu_row(topo: TopoMatrix, label: str, cells: list[str], devices: list[str],
+                  trailing: list[str]) -> None:
+    """One GPU row: its link codes (GPUs and NICs), then the affinity columns."""
+    if len(cells) < len(devices):
+        raise ParseError(
+            f"`topo -m` row {label}: expected {len(devices)} link cells, found {len(cells)}")
+    i = int(_GPU_LABEL.match(label).group(1))  # type: ignore[union-attr]
+    p2p_like = [c for c in cells[: len(devices)] if c in P2P_CODES]
+    if p2p_like:
+        raise ParseError(f"`topo -m` row {label} holds P2P status codes ({', '.join(p2p_like)}): "
+                         "this is `nvidia-smi topo -p2p` output")
+    for col, code in zip(devices, cells):
+        cm = _GPU_LABEL.match(col)
+        if cm:
+            topo.links[(i, int(cm.group(1)))] = _norm_code(code)
+        else:
+            topo.nic_links[(label, col)] = _norm_code(code)
+    values = {col: _na(value) for col, value in zip(trailing, cells[len(devices):])}
+    topo.cpu_affinity[i] = values.get("CPU Affinity")
+    if "NUMA Affinity" in trailing:
+        topo.numa_affinity[i] = values.get("NUMA Affinity")
+    if "GPU NUMA ID" in trailing:
+        topo.gpu_numa_id[i] = values.get("GPU NUMA ID")
 
 
 def _known_code(cell: str) -> bool:
@@ -165,10 +190,11 @@ def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
     """Parse ``nvidia-smi topo -p2p <cap>``: ``{(i, j): code}`` for every ordered pair i != j.
 
     Rows start with a space and cells are tab-separated with a trailing tab in the real
-    output; any whitespace works. Unknown codes are kept verbatim (callers treat anything
-    but ``OK`` as "not supported"). Raises :class:`ParseError` when there is no matrix.
+    output, the header row between escape sequences (:func:`plain_text`); any whitespace
+    works. Unknown codes are kept verbatim (callers treat anything but ``OK`` as "not
+    supported"). Raises :class:`ParseError` when there is no matrix.
     """
-    lines = text.splitlines()
+    lines = plain_text(text).splitlines()
     header: list[int] | None = None
     result: dict[tuple[int, int], str] = {}
     for line in lines:

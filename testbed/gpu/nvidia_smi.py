@@ -271,9 +271,16 @@ def nvml_version(driver: str) -> str:
     return ".".join(driver.split(".")[:2])
 
 
+#: driver 580 underlines the header rows of topo -m and topo -p2p, even into a pipe (the H200
+#: capture, tests/fixtures/real-gpu/: '\tESC[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+#: ESC[0m' and ' \tESC[4mGPU0\tESC[0m')
+UNDERLINE, RESET = "\x1b[4m", "\x1b[0m"
+
+
 def render_topo_m(m: Machine) -> str:
     names = [f"GPU{g.index}" for g in m.gpus]
-    lines = ["\t" + "\t".join(names + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])]
+    header = "\t".join(names + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+    lines = ["\t" + UNDERLINE + header + RESET]
     for g in m.gpus:
         cells = [" X " if h is g else "NODE" if h.socket == g.socket else "SYS" for h in m.gpus]
         cells += [m.cpu_affinity(g.socket), str(g.socket), "", "N/A"]
@@ -284,7 +291,7 @@ def render_topo_m(m: Machine) -> str:
 def render_p2p(m: Machine, cap: str) -> str:
     # PCIe cards: no NVLink (n), no P2P atomics over PCIe (a)
     other = "NS" if cap in ("n", "a") or m.scenario == "p2p-unsupported" else "OK"
-    lines = [" \t" + "".join(f"GPU{g.index}\t" for g in m.gpus)]
+    lines = [" \t" + UNDERLINE + "".join(f"GPU{g.index}\t" for g in m.gpus) + RESET]
     for a in m.gpus:
         lines.append(f" GPU{a.index}\t" + "".join(("X" if b is a else other) + "\t" for b in m.gpus))
     return "\n".join(lines) + "\n\n" + P2P_LEGEND

@@ -282,7 +282,7 @@ CASES = {
                                    + ["ValueError: unexpected key in the checkpoint's index"] + TEARDOWN
                                    + ["sglang.service: Main process exited, code=killed, status=9/KILL",
                                       "sglang.service: Failed with result 'signal'."],
-                                   "loading", "scheduler-exception"),
+                                   "loading", "ValueError"),
     "port-in-use": (_startup()[:-3] + [("ERROR:    [Errno 98] error while attempting to bind on address "
                                        "('127.0.0.1', 30000): address already in use")], "http", "port-in-use"),
     "model-load": (["ValueError: Model architectures ['FooForCausalLM'] are not supported for now."],
@@ -517,8 +517,9 @@ def test_an_unknown_error_is_not_called_a_native_crash():
     r = explain(["Traceback (most recent call last):",
                  '  File "/usr/lib/python3.10/multiprocessing/process.py", line 108, in run',
                  "ValueError: think_end_token must encode to exactly one token"])
-    assert r["outcome"] == "failed" and r["cause"] == "other"
+    assert r["outcome"] == "failed" and r["cause"] == "ValueError"
     assert "native crash" not in r["summary"] and "think_end_token" in r["summary"]
+    assert "multiprocessing/process.py:108, in run" in r["summary"]
 
 
 def test_a_refused_peer_gets_no_p2p_hint():

@@ -41,6 +41,11 @@ def sample(name: str) -> list[str]:
     return lines
 
 
+def real_gpu(name: str) -> list[str]:
+    """Lines of a file of the H200 capture (tests/fixtures/real-gpu/h200-1gpu-driver580/)."""
+    return (FIX / "real-gpu" / "h200-1gpu-driver580" / name).read_text().split("\n")
+
+
 def legend(lines: list[str]) -> list[str]:
     i = lines.index("Legend:")
     out = lines[i:]
@@ -227,11 +232,14 @@ def test_topo_m_like_real(host: Host) -> None:
     r = host.smi("topo", "-m")
     assert r.returncode == 0
     out = r.stdout.split("\n")
-    # header: starts with a tab, same trailing columns as the real one
-    assert real[0].startswith("\t") and out[0].startswith("\t")
-    assert out[0].split("\t")[-3:] == real[0].split("\t")[-3:] == \
-        ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
-    assert out[0].split("\t")[1:9] == [f"GPU{i}" for i in range(8)]
+    # header: starts with a tab, between ESC[4m and ESC[0m as driver 580 prints it (the H200)
+    h200 = real_gpu("topo-m.txt")[0]
+    assert h200 == "\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
+    assert out[0] == "\t\x1b[4m" + "".join(f"GPU{i}\t" for i in range(8)) + \
+        "CPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
+    # same trailing columns as the real ones
+    assert real[0].split("\t")[-3:] == ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    assert out[0].removesuffix("\x1b[0m").split("\t")[-3:] == real[0].split("\t")[-3:]
     # rows: GPUn, cells, affinity, numa, '', 'N/A' -- like 'GPU0\t X \tPHB\t0-63\t0\t\tN/A'
     real_cells = real[1].split("\t")
     assert real_cells[1] == " X " and real_cells[-2:] == ["", "N/A"]
@@ -255,9 +263,10 @@ def test_topo_p2p_like_real(host: Host) -> None:
         r = host.smi(*args)
         assert r.returncode == 0, args
         out = r.stdout.split("\n")
-        # real: ' \tGPU0\tGPU1\t' / ' GPU0\tX\tGNS\t'
+        # real: ' \tGPU0\tGPU1\t' / ' GPU0\tX\tGNS\t'; driver 580 underlines the header
         assert real[0] == " \tGPU0\tGPU1\t" and real[1].startswith(" GPU0\tX\t")
-        assert out[0] == " \t" + "".join(f"GPU{i}\t" for i in range(8))
+        assert real_gpu("topo-p2p-r.txt")[:2] == [" \t\x1b[4mGPU0\t\x1b[0m", " GPU0\tX\t"]
+        assert out[0] == " \t\x1b[4m" + "".join(f"GPU{i}\t" for i in range(8)) + "\x1b[0m"
         for i in range(8):
             cells = out[1 + i].split("\t")
             assert cells[0] == f" GPU{i}" and cells[-1] == "" and len(cells) == 10
@@ -267,6 +276,21 @@ def test_topo_p2p_like_real(host: Host) -> None:
         assert legend(out) == legend(real)
     r = host.smi("topo", "-p2p", "n")
     assert "OK" not in r.stdout.split("Legend")[0]
+
+
+@pytest.mark.parametrize("count", [8, 1])
+def test_the_deploys_readers_read_the_standins_escaped_headers(host: Host, count: int) -> None:
+    from sglang_deploy.core import nvsmi
+
+    host.write(GPU_COUNT=str(count))
+    topo_out = host.smi("topo", "-m").stdout
+    p2p_out = host.smi("topo", "-p2p", "r").stdout
+    assert topo_out.count("\x1b[4m") == p2p_out.count("\x1b[4m") == 1
+    topo = nvsmi.parse_topo_matrix(topo_out)
+    assert topo.gpus == [f"GPU{i}" for i in range(count)] and topo.nics == []
+    assert topo.gpu_numa_id == {i: None for i in range(count)}
+    p2p = nvsmi.parse_p2p_matrix(p2p_out)
+    assert p2p == {(i, j): "OK" for i in range(count) for j in range(count) if i != j}
 
 
 def test_topo_bad_capability(host: Host) -> None:
@@ -355,7 +379,7 @@ def test_replay_dir(host: Host, tmp_path: Path) -> None:
     # no topo-p2p-w.txt: behaves as normal (here: the scenario)
     assert host.smi("topo", "-p2p", "w").returncode == 18
     host.write(SCENARIO="healthy")
-    assert host.smi("topo", "-p2p", "w").stdout.startswith(" \tGPU0\t")
+    assert host.smi("topo", "-p2p", "w").stdout.startswith(" \t\x1b[4mGPU0\t")
 
 
 def test_script_runs_via_shebang(host: Host, tmp_path: Path) -> None:

@@ -440,12 +440,18 @@ def test_p2p_slow_pairs_named():
     assert c.status == "pass" and "min 6.3" in c.message
 
 
-def test_p2p_single_gpu_or_nothing_skips():
+def test_p2p_single_gpu_has_no_pair_to_test_and_nothing_skips():
     topo = nvsmi.parse_topo_matrix(raw("37_"))
     checks, env = preflight.check_p2p(topo, None, None, None, "require", 10)
-    assert by_name(checks)["p2p-support"].status == "skipped" and env == {}
+    for name in ("p2p-support", "p2p-data", "p2p-bandwidth"):
+        assert by_name(checks)[name].status == "pass", name
+        assert by_name(checks)[name].message == "one GPU: no pair to test"
+    assert env == {}
+    checks, env = preflight.check_p2p(None, None, None, None, "require", 10, expected_count=1)
+    assert by_name(checks)["p2p-data"].message == "one GPU: no pair to test"
     checks, env = preflight.check_p2p(None, None, None, None, "require", 10, expected_count=8)
     assert {c.status for c in checks} == {"skipped"}
+    assert by_name(checks)["p2p-data"].message == "no P2P information (topo -m/-p2p or CUDA probe)"
 
 
 def test_p2p_policy_is_validated():
@@ -721,6 +727,15 @@ def test_p2p_record_only_from_a_passed_full_test():
     assert p2p_record([Check("p2p-data", "fail", ""), passed[1]], {}, "require") is None
 
 
+def test_one_gpu_leaves_a_record_of_one_gpu():
+    from sglang_deploy.core.preflight import p2p_record
+
+    topo = nvsmi.parse_topo_matrix(raw("37_"))
+    checks, env = preflight.check_p2p(topo, None, None, None, "require", 10)
+    assert p2p_record(checks, env, "require") == {
+        "gpus": 1, "policy": "require", "nccl_env": {}, "verified": ["p2p-data", "p2p-bandwidth"]}
+
+
 def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
     from sglang_deploy.core.preflight import Check, use_p2p_record
 
@@ -821,3 +836,11 @@ def test_a_verified_server_stands_for_the_probe_checks():
     assert by_name["cuda-init"].status == "pass"
     msg = by_name["cuda-init"].message
     assert "abc123def456" in msg and "2026-12-03T04:01:58" in msg and "before any restart" in msg
+
+
+def test_an_empty_gpu_list_fails_the_count_and_skips_the_driver():
+    """nvidia-smi answered with no row (exit 0): no crash, the count check says why."""
+    for min_driver in (None, "580.0"):
+        checks = by_name(preflight.check_smi([], None, None, min_driver))
+        assert checks["gpu-count"].status == "fail" and checks["gpu-count"].fix
+        assert checks["driver-version"].status == "skipped"

@@ -124,3 +124,26 @@ def test_it_says_how_to_reach_the_server_with_the_key_off_the_command_line():
     for line in curls:  # never the key (or its variable) in curl's own arguments
         assert "SGLANG_API_KEY" not in line and "Bearer" not in line, line
     assert "router_api_key_env" in DOC
+
+
+def test_the_common_images_table_follows_the_preflights_own_rules():
+    """Each image's row says what `host-python` and `host-glibc` (the same functions) say of
+    its python and glibc against the default lock: nothing to do when both pass, else the
+    command of host-python's fix and the data key to point at the new lock."""
+    lock = REPO / datamod.KEYS["sglang_lock"].default
+    text = lock.read_text()
+    _, version = service.release_of_lock(text, str(lock))
+    target = preflight.lock_target(text, version)
+    rows = re.findall(r"^\| ((?:Debian|Ubuntu) [\d.]+) \([a-z]+\) \| (\d+\.\d+) \| (\d+\.\d+) \| "
+                      r"(.+) \|$", DOC, re.MULTILINE)
+    assert [r[0] for r in rows] == ["Debian 12", "Ubuntu 22.04", "Ubuntu 24.04"]
+    for image, python, glibc, todo in rows:
+        py_check, libc_check = preflight.check_wheel_platform(python, glibc, target)
+        assert libc_check.status == "pass", image  # else the row would name another image
+        if py_check.status == "pass":
+            assert todo.startswith("nothing"), image
+            continue
+        command = wheels.lock_command(python, glibc)
+        assert command and f"`{command}`" in py_check.fix and f"`{command}`" in todo, image
+        new_lock = command.split("--output ")[1]
+        assert f"`sglang_lock` to `{new_lock}`" in todo and "`sglang_lock`" in py_check.fix

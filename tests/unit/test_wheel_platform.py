@@ -110,3 +110,28 @@ def test_the_locks_header_names_its_python_when_it_records_one():
 ])
 def test_the_glibc_minimum_follows_the_sglang_pin(version, glibc):
     assert lock_target("", version).min_glibc == glibc
+
+
+@pytest.mark.parametrize(("python", "glibc", "command"), [
+    ("3.12", "2.39", ("sglang-deploy lock --python-version 3.12 locks/NAME.in "
+                     "--output locks/NAME-py312.txt")),
+    ("3.12.3", None, ("sglang-deploy lock --python-version 3.12 locks/NAME.in "
+                     "--output locks/NAME-py312.txt")),
+    ("3.10", "2.35", ("sglang-deploy lock --python-version 3.10 --platform x86_64-manylinux_2_35 "
+                     "locks/NAME.in --output locks/NAME-py310.txt")),
+])
+def test_another_python_is_told_to_make_a_lock_for_it(python, glibc, command):
+    check = check_python(python, TARGET, system_python="/usr/bin/python3", glibc=glibc)
+    assert_actionable(check)
+    assert f"`{command}`" in check.fix
+    assert "the data key `sglang_lock`" in check.fix
+    assert "Or install CPython 3.11" in check.fix and "sglang_system_python" in check.fix
+    assert check_wheel_platform(python, glibc, TARGET)[0].fix == check.fix
+
+
+@pytest.mark.parametrize("python", ["2.7", "3.9", None, "three"])
+def test_no_lock_is_offered_for_a_python_sglang_cannot_run_on(python):
+    check = check_python(python, TARGET, system_python="/usr/bin/python3")
+    assert_actionable(check)
+    assert "sglang-deploy lock" not in check.fix
+    assert check.fix.startswith("Install CPython 3.11")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sglang_deploy.core.logs.firsterror import ExcLine, first_error, first_error_fix
 from sglang_deploy.core.logs.fixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
 
 __all__ = ["SIGNATURES", "Hit", "Signature", "call_phase", "diagnose", "frame_phase",
@@ -400,18 +401,19 @@ class Hit:
 
 
 def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
-             exc_lines: list[tuple[str, bool, str]], *, bare_traceback: bool,
+             exc_lines: list[ExcLine], *, bare_traceback: bool,
              phase_reached: str | None, weak_phase: str | None = None) -> dict:
     """The failure from what a tracker collected: ``hits`` (signature matches),
     ``frames`` (``(phase, innermost_first, after_ready)`` of traceback frames that
-    mark a phase), ``exc_lines`` (``(line, after_ready, text without its prefixes)``
-    of exception lines), ``bare_traceback`` (a traceback with no verdict counts as a
-    failure), ``phase_reached`` (by the markers, None if none seen), ``weak_phase`` (of a
-    frame that marks a phase only when nothing else does).
+    mark a phase), ``exc_lines`` (:class:`ExcLine`), ``bare_traceback`` (a traceback with
+    no verdict counts as a failure), ``phase_reached`` (by the markers, None if none seen),
+    ``weak_phase`` (of a frame that marks a phase only when nothing else does).
 
-    The cause is the heaviest signature (earliest among equals); the phase: ``serving``
-    if the first fatal line came after ready, else the outermost frame that marks a phase,
-    else a line that proves one, else the phase reached, else the cause's usual phase."""
+    The cause is the heaviest signature (earliest among equals); when none names one and
+    the start failed on an exception nothing catalogued matches, the cause is that
+    exception itself (:func:`firsterror.first_error`). The phase: ``serving`` if the first fatal
+    line came after ready, else the outermost frame that marks a phase, else a line that
+    proves one, else the phase reached, else the cause's usual phase."""
     # SGLang's teardown kills its process tree: a SIGKILL after it names no cause
     teardown = next((h.index for h in hits if h.sig.name == "sigquit-teardown"), float("inf"))
     hits = [h for h in hits if h.sig.name != "sigkill" or h.index < teardown]
@@ -427,14 +429,17 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
     phase = "serving" if after_ready else (
         _frames_phase(frames) or (proven.phase if proven else None) or phase_reached
         or weak_phase or (best.sig.default_phase if best else None))
-    exc, exc_text = next(((line, text) for line, ar, text in exc_lines
-                          if ar == after_ready), (None, None))
+    exc = next((e for e in exc_lines if e.after_ready == after_ready), None)
+    exc_text = exc.text if exc else None
+    error = None
     if best is not None and best.sig.weight > GENERIC:
         cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
         if detail.endswith("(most recent call last):"):
             detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
+        error = None if cause is not None or after_ready else first_error(
+            exc_lines, lambda text: match_signature(text) is not None)
         if cause is None:
             cause = "scheduler-exception" if any(
                 h.sig.cause == "scheduler-exception" for h in cands) else "other"
@@ -444,11 +449,16 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
         detail = exc_text or (best.msg.strip() if best else None)
     if detail and detail.endswith("(most recent call last):"):
         detail = None   # the header of a traceback whose end was cut off says nothing more
-    shown = [h.line for h in (best, first_fatal) if h is not None] + [exc]
+    shown = [h.line for h in (best, first_fatal) if h is not None] + [exc.line if exc else None]
+    if error is not None:
+        shown.insert(0, error["line"])
+        cause, summary, detail = error["type"], error["summary"], None
     evidence = list(dict.fromkeys(x for x in shown if x))
+    fix = PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause)
     return {"failed": True, "phase": phase, "cause": cause,
             "summary": summary + (f": {detail[:240]}" if detail else ""),
-            "fix": PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause), "evidence": evidence}
+            "fix": fix if error is None else first_error_fix(error, phase),
+            "evidence": evidence, "error": error}
 
 
 def _frames_phase(frames: list[tuple[str, bool, bool]]) -> str | None:

@@ -122,6 +122,8 @@ def explain(lines: Iterable[str], version: str | None = None, *,
         "ranks": sorted(tracker.ranks, key=_natural),
         "parallel": _parallel(text),
         "version": version,
+        # the uncatalogued exception that is the cause (type, message, where, code, rank)
+        "error": d.get("error"),
     }
 
 

@@ -38,6 +38,7 @@ from sglang_deploy.core.logs.causes import (
     match_signature,
 )
 from sglang_deploy.core.logs.excerpt import relevant
+from sglang_deploy.core.logs.firsterror import ExcLine
 from sglang_deploy.core.logs.markers import MARKER_WORDS, PHASES, Marker, markers_for
 from sglang_deploy.core.logs.prefix import (
     PROGRESS_RE,
@@ -61,6 +62,9 @@ _CHAINED = ("The above exception was the direct cause of the following exception
 # the last line of a traceback: "torch.OutOfMemoryError: CUDA out of memory", "KeyError: 'x'"
 _EXC_RE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|"
                      r"Warning)\b(?::|$)")
+# a traceback frame's place: `File "/opt/venv/.../sglang/srt/x.py", line 12, in func`
+_WHERE_RE = re.compile(r'File "([^"]*)", line (\d+),? in (\S+)')
+_SHORT_PATH_RE = re.compile(r"^.*?(?:/site-packages/|/dist-packages/|/python/(?=sglang/))")
 _RANK_PREFIX_RE = re.compile(r"(?:TP|DP|PP|EP|ATTN_CP|MOE_DP|gpu_id=|rank)\d+|gpu_id=\d+")
 _RING, _MAX_BLOCK, _MAX_RELEVANT = 200, 120, 80   # recent lines, traceback lines, excerpt
 
@@ -110,7 +114,9 @@ class StartupTracker:
         self._n = 0
         self.hits: list[Hit] = []           # every line that matched a cause signature
         self._frames: list[tuple[str, bool, bool]] = []  # (phase, inner-first, after ready)
-        self._exc_lines: list[tuple[str, bool, str]] = []
+        self._exc_lines: list[ExcLine] = []
+        self._where: tuple[str, str | None] | None = None  # the last frame and its code
+        self._tb_rank: str | None = None    # the rank whose traceback is being printed
         self._ranks: dict[str, None] = {}
         self._decoding = False              # a `Decode batch` stats line was seen
         self._weak_phase: str | None = None  # of the first weak frame that raised
@@ -198,7 +204,7 @@ class StartupTracker:
             self._decoding = True
         sig = match_signature(msg)
         events = self._traceback_line(msg, ts_text, rank, sig, ts, shown)
-        self._frame_line(msg, shown)
+        self._frame_line(msg, shown, rank)
         events += self._signature_line(sig, msg, ts, shown)
         events += self._marker_line(msg, ts, shown)
         if ts_text is not None and self.phase_entered_text.get(self.phase, "") is None:
@@ -217,6 +223,7 @@ class StartupTracker:
                 return []
             self._close_block()
             self._tb_current = [shown]
+            self._tb_rank = rank
             if rank is not None and sig is None and _RANK_PREFIX_RE.search(rank):
                 return self._hit(_TB_SIG, msg, ts, shown)
             if not self.ready_seen:
@@ -228,10 +235,12 @@ class StartupTracker:
                 self._close_block()
         return []
 
-    def _frame_line(self, msg: str, shown: str) -> None:
+    def _frame_line(self, msg: str, shown: str, rank: str | None) -> None:
         """A traceback's frame (``File "..."``), the code line after it, or its exception
-        line: the phases the frames name, the exception lines."""
+        line: the phases the frames name, the exception lines (with where they were raised
+        and the RANK whose traceback they end)."""
         prev_frame, self._prev_frame = self._prev_frame, False
+        self._note_where(msg, prev_frame)
         if 'File "' in msg:
             fp = frame_phase(msg)
             if fp is not None:
@@ -248,7 +257,7 @@ class StartupTracker:
             if phase is not None and len(self._frames) < 4000:
                 self._frames.append((phase, False, self._serving))
         elif msg[:1].isalpha() and _EXC_RE.match(msg) and len(self._exc_lines) < 200:
-            self._exc_lines.append((shown, self._serving, redact(msg).strip()))
+            self._note_exception(msg, shown, rank)
             if self._last_frame_weak and self._weak_phase is None and not self._serving:
                 self._weak_phase = self._last_frame_weak
             self._last_frame_weak = None
@@ -279,6 +288,24 @@ class StartupTracker:
         if bar is not None and self._phase_idx < _IDX[bar]:
             return self._enter(bar, ts, shown)
         return []
+
+    def _note_where(self, msg: str, prev_frame: bool) -> None:
+        """Keep the last traceback frame's place (``sglang/srt/x.py:12, in func``) and its
+        code line, for the exception line that follows them."""
+        if 'File "' in msg:
+            if (m := _WHERE_RE.search(msg)) is not None:
+                path = _SHORT_PATH_RE.sub("", m.group(1))
+                self._where = (f"{redact(path)}:{m.group(2)}, in {m.group(3)}", None)
+        elif prev_frame and self._where is not None and not _EXC_RE.match(msg):
+            self._where = (self._where[0], msg.strip())
+
+    def _note_exception(self, msg: str, shown: str, rank: str | None) -> None:
+        """An exception line, with where it was raised and the rank whose traceback it ends."""
+        where, code = self._where or (None, None)
+        self._exc_lines.append(ExcLine(shown, self._serving, redact(msg).strip(), where,
+                                       redact(code) if code else None,
+                                       rank or (self._tb_rank if self._tb_current else None)))
+        self._where = None
 
     def _hit(self, sig: Signature, msg: str, ts: float, shown: str) -> list[Event]:
         if len(self.hits) < 500:

@@ -144,7 +144,7 @@ def check_cuda_probe(
             + "\nAlso check that CUDA_VISIBLE_DEVICES is unset or lists every GPU.",
             count=count))
     else:
-        checks.append(Check("cuda-devices", "pass", f"{count} CUDA devices: {summary}",
+        checks.append(Check("cuda-devices", "pass", f"{count} CUDA device{'s' * (count != 1)}: {summary}",
                             details={"count": count}))
     return checks
 

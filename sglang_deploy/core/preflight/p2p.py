@@ -201,38 +201,66 @@ def check_p2p(
     * ``p2p-matrix`` - informational, ``details["matrix"]`` holds :func:`plain_matrix`.
 
     The GPUs are those the inputs name (a missing GPU is the count checks' business);
-    ``expected_count`` is accepted for symmetry and recorded in the matrix check.
+    ``expected_count`` is recorded in the matrix check. One GPU has no pair to test: the
+    three checks pass and say so.
     """
     if policy not in ("require", "adapt"):
         raise ValueError(f"p2p policy must be 'require' or 'adapt', not {policy!r}")
-    checks: list[Check] = []
     env: dict[str, str] = {}
     probe_p2p = list(probe_p2p or [])
-    gpu_ids: set[int] = set()
-    if topo is not None:
-        gpu_ids.update(topo.gpu_indices)
+    gpu_ids = _gpu_ids(topo, p2p_read, p2p_write, probe_p2p)
+    n = max(gpu_ids) + 1 if gpu_ids else 0  # GPU indices are 0..n-1
+    checks = [_topology_check(topo)]
+    if n == 1 or (n == 0 and expected_count == 1):
+        checks += [Check(name, "pass", "one GPU: no pair to test", details={"gpus": 1})
+                   for name in ("p2p-support", "p2p-data", "p2p-bandwidth")]
+        return checks, env
+    if n < 2:
+        checks += [Check(name, "skipped", "no P2P information (topo -m/-p2p or CUDA probe)")
+                   for name in ("p2p-support", "p2p-data", "p2p-bandwidth")]
+        return checks, env
+    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+    by_pair = {(int(e["src"]), int(e["dst"])): e for e in probe_p2p}
+    checks += _support_checks(pairs, p2p_read, p2p_write, by_pair, policy, env)
+    checks.append(_data_check(pairs, by_pair))
+    checks.append(_bandwidth_check(by_pair, min_gbps))
+    if probe_p2p or p2p_read is not None:
+        cells = p2p_cells(n, p2p_read, probe_p2p, min_gbps)
+        checks.append(Check("p2p-matrix", "pass", f"{n}x{n} pair matrix in details",
+                            details={"matrix": plain_matrix(cells, n, min_gbps), "cells": cells,
+                                     "min_gbps": min_gbps, "gpus": n,
+                                     "expected_count": expected_count}))
+    return checks, env
+
+
+def _gpu_ids(topo: TopoMatrix | None, p2p_read: Mapping[tuple[int, int], str] | None,
+             p2p_write: Mapping[tuple[int, int], str] | None,
+             probe_p2p: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Every GPU index the inputs name."""
+    gpu_ids: set[int] = set(topo.gpu_indices) if topo is not None else set()
     for matrix in (p2p_read, p2p_write):
         for i, j in (matrix or {}):
             gpu_ids.update((i, j))
     for e in probe_p2p:
         gpu_ids.update((int(e["src"]), int(e["dst"])))
-    n = max(gpu_ids) + 1 if gpu_ids else 0  # GPU indices are 0..n-1
-    if topo is not None:
-        checks.append(Check("topology", "pass",
-                            f"{topo.gpu_count} GPUs; links: "
-                            + (", ".join(f"{k} x{v}" for k, v in topo.link_counts().items()) or "none"),
-                            details={"links": topo.link_counts(), "nics": topo.nics}))
-    else:
-        checks.append(Check("topology", "skipped", "no `nvidia-smi topo -m` output"))
+    return gpu_ids
 
-    if n < 2:
-        reason = "fewer than two GPUs" if gpu_ids else "no P2P information (topo -m/-p2p or CUDA probe)"
-        checks += [Check(name, "skipped", reason)
-                   for name in ("p2p-support", "p2p-data", "p2p-bandwidth")]
-        return checks, env
-    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
 
-    # --- support
+def _topology_check(topo: TopoMatrix | None) -> Check:
+    if topo is None:
+        return Check("topology", "skipped", "no `nvidia-smi topo -m` output")
+    return Check("topology", "pass",
+                 f"{topo.gpu_count} GPU{'s' * (topo.gpu_count != 1)}; links: "
+                 + (", ".join(f"{k} x{v}" for k, v in topo.link_counts().items()) or "none"),
+                 details={"links": topo.link_counts(), "nics": topo.nics})
+
+
+def _support_checks(pairs: list[tuple[int, int]], p2p_read: Mapping[tuple[int, int], str] | None,
+                    p2p_write: Mapping[tuple[int, int], str] | None,
+                    by_pair: Mapping[tuple[int, int], Mapping[str, Any]], policy: str,
+                    env: dict[str, str]) -> list[Check]:
+    """``p2p-support`` (nvidia-smi's read/write matrices and CUDA's peer access) and, when
+    they disagree, ``p2p-consistency``. Policy 'adapt' puts NCCL_P2P_DISABLE in ENV."""
     unsupported: dict[tuple[int, int], str] = {}
     sources = []
     for label, matrix in (("read", p2p_read), ("write", p2p_write)):
@@ -243,104 +271,101 @@ def check_p2p(
             code = matrix.get(pair)
             if code != "OK":
                 unsupported.setdefault(pair, f"{label} {code or 'missing'}")
-    by_pair = {(int(e["src"]), int(e["dst"])): e for e in probe_p2p}
-    if probe_p2p:
+    if by_pair:
         sources.append("CUDA")
         for pair, e in by_pair.items():
             if e.get("can_access") is False:
                 unsupported.setdefault(pair, "CUDA: no peer access")
             elif e.get("error") and "cuCtxEnablePeerAccess" in str(e.get("error")):
                 unsupported.setdefault(pair, "CUDA: enabling peer access failed")
+    checks = [_support_check(pairs, unsupported, sources, policy, env)]
     smi_ok = {p for p in pairs if (p2p_read or {}).get(p) == "OK"} if p2p_read is not None else set()
-    cuda_no = {p for p, e in by_pair.items() if e.get("can_access") is False}
-    disagree = sorted(smi_ok & cuda_no)
-    if not sources:
-        checks.append(Check("p2p-support", "skipped", "no P2P information (topo -p2p or CUDA probe)"))
-    elif unsupported:
-        found = _pairs_text(unsupported, unsupported)
-        if policy == "require":
-            checks.append(_fail(
-                "p2p-support", f"P2P unavailable on {len(unsupported)} of {len(pairs)} GPU pairs",
-                expected="P2P between every GPU pair (policy 'require')", found=found, fix=P2P_FIX,
-                pairs=[list(p) for p in sorted(unsupported)]))
-        else:
-            env["NCCL_P2P_DISABLE"] = "1"
-            checks.append(Check(
-                "p2p-support", "warn",
-                f"P2P unavailable on {len(unsupported)} of {len(pairs)} GPU pairs: running with "
-                "NCCL_P2P_DISABLE=1 (policy 'adapt'; all-reduce goes through host memory)",
-                expected="P2P between every GPU pair", found=found, fix=P2P_FIX,
-                details={"pairs": [list(p) for p in sorted(unsupported)], "nccl_env": dict(env)}))
-    else:
-        checks.append(Check("p2p-support", "pass",
-                            f"P2P reported on all {len(pairs)} pairs ({', '.join(sources)})"))
+    disagree = sorted(smi_ok & {p for p, e in by_pair.items() if e.get("can_access") is False})
     if disagree:
         checks.append(Check("p2p-consistency", "warn",
                             "nvidia-smi reports P2P OK but CUDA cannot access the peer on "
                             + _pairs_text(disagree),
                             found=_pairs_text(disagree)))
+    return checks
 
-    # --- data
-    if not probe_p2p:
-        checks.append(Check("p2p-data", "skipped", "CUDA probe did not run the P2P copy test"))
-    else:
-        bad = sorted(p for p, e in by_pair.items() if e.get("verified") is False)
-        errored = {p: str(e.get("error")) for p, e in by_pair.items()
-                   if e.get("verified") is None and e.get("error")}
-        untested = sorted(p for p in pairs if p not in by_pair)
-        if bad or errored or untested:
-            parts = []
-            if bad:
-                parts.append("data differs after copy: " + _pairs_text(bad))
-            if errored:
-                parts.append("copy failed: " + _pairs_text(errored, errored))
-            if untested:
-                parts.append("not tested (probe stopped): " + _pairs_text(untested))
-            checks.append(_fail(
-                "p2p-data",
-                f"GPU-to-GPU copies are broken on {len(bad) + len(errored) + len(untested)} pairs"
-                + (" (silent corruption)" if bad else ""),
-                expected="bytes copied GPU->GPU arrive unchanged on every pair",
-                found="; ".join(parts),
-                fix="Do not serve from this host: corrupt or failing peer copies break tensor "
-                "parallelism whatever NCCL does. " + P2P_FIX.split(" Or set")[0]
-                + " Check the host's dmesg for IOMMU/AER errors.",
-                corrupt=[list(p) for p in bad], failed=[list(p) for p in errored],
-                untested=[list(p) for p in untested]))
-        else:
-            checks.append(Check("p2p-data", "pass", f"data verified on all {len(by_pair)} pairs"))
 
-    # --- bandwidth
+def _support_check(pairs: list[tuple[int, int]], unsupported: Mapping[tuple[int, int], str],
+                   sources: list[str], policy: str, env: dict[str, str]) -> Check:
+    if not sources:
+        return Check("p2p-support", "skipped", "no P2P information (topo -p2p or CUDA probe)")
+    if not unsupported:
+        return Check("p2p-support", "pass",
+                     f"P2P reported on all {len(pairs)} pairs ({', '.join(sources)})")
+    found = _pairs_text(unsupported, unsupported)
+    if policy == "require":
+        return _fail(
+            "p2p-support", f"P2P unavailable on {len(unsupported)} of {len(pairs)} GPU pairs",
+            expected="P2P between every GPU pair (policy 'require')", found=found, fix=P2P_FIX,
+            pairs=[list(p) for p in sorted(unsupported)])
+    env["NCCL_P2P_DISABLE"] = "1"
+    return Check(
+        "p2p-support", "warn",
+        f"P2P unavailable on {len(unsupported)} of {len(pairs)} GPU pairs: running with "
+        "NCCL_P2P_DISABLE=1 (policy 'adapt'; all-reduce goes through host memory)",
+        expected="P2P between every GPU pair", found=found, fix=P2P_FIX,
+        details={"pairs": [list(p) for p in sorted(unsupported)], "nccl_env": dict(env)})
+
+
+def _data_check(pairs: list[tuple[int, int]],
+                by_pair: Mapping[tuple[int, int], Mapping[str, Any]]) -> Check:
+    """``p2p-data``: corrupt, failed or untested pairs fail."""
+    if not by_pair:
+        return Check("p2p-data", "skipped", "CUDA probe did not run the P2P copy test")
+    bad = sorted(p for p, e in by_pair.items() if e.get("verified") is False)
+    errored = {p: str(e.get("error")) for p, e in by_pair.items()
+               if e.get("verified") is None and e.get("error")}
+    untested = sorted(p for p in pairs if p not in by_pair)
+    if not (bad or errored or untested):
+        return Check("p2p-data", "pass", f"data verified on all {len(by_pair)} pairs")
+    parts = []
+    if bad:
+        parts.append("data differs after copy: " + _pairs_text(bad))
+    if errored:
+        parts.append("copy failed: " + _pairs_text(errored, errored))
+    if untested:
+        parts.append("not tested (probe stopped): " + _pairs_text(untested))
+    return _fail(
+        "p2p-data",
+        f"GPU-to-GPU copies are broken on {len(bad) + len(errored) + len(untested)} pairs"
+        + (" (silent corruption)" if bad else ""),
+        expected="bytes copied GPU->GPU arrive unchanged on every pair",
+        found="; ".join(parts),
+        fix="Do not serve from this host: corrupt or failing peer copies break tensor "
+        "parallelism whatever NCCL does. " + P2P_FIX.split(" Or set")[0]
+        + " Check the host's dmesg for IOMMU/AER errors.",
+        corrupt=[list(p) for p in bad], failed=[list(p) for p in errored],
+        untested=[list(p) for p in untested])
+
+
+def _bandwidth_check(by_pair: Mapping[tuple[int, int], Mapping[str, Any]],
+                     min_gbps: float | None) -> Check:
+    """``p2p-bandwidth``: the measured pairs against MIN_GBPS."""
     measured = {p: float(e["gbps"]) for p, e in by_pair.items() if e.get("gbps") is not None}
     if not measured:
-        checks.append(Check("p2p-bandwidth", "skipped", "no bandwidth measured"))
-    else:
-        values = sorted(measured.values())
-        stats = {"min": values[0], "median": statistics.median(values), "max": values[-1]}
-        stat_text = f"min {stats['min']:.1f}, median {stats['median']:.1f}, max {stats['max']:.1f} GB/s"
-        slow = {p: v for p, v in measured.items() if min_gbps is not None and v < min_gbps}
-        if slow:
-            paths = {p: f"{v:.1f} GB/s" + ("" if by_pair[p].get("can_access") else ", via host")
-                     for p, v in slow.items()}
-            checks.append(_fail(
-                "p2p-bandwidth", f"{len(slow)} pairs below {min_gbps:g} GB/s",
-                expected=f">= {min_gbps:g} GB/s on every pair", found=_pairs_text(slow, paths),
-                fix="Check the PCIe links on the host (`nvidia-smi -q | grep -A3 'Link Width'`, "
-                "`lspci -vv` LnkSta: degraded width/speed), that P2P is really used (a 'CAN access "
-                "peer' GPU pair can still copy slowly when IOMMU/ACS force traffic through the root "
-                "complex), or lower the minimum if the hardware cannot do better.",
-                slow=[list(p) for p in sorted(slow)], **stats))
-        else:
-            checks.append(Check("p2p-bandwidth", "pass", stat_text + (
-                f" (>= {min_gbps:g})" if min_gbps is not None else ""), details=stats))
-
-    if probe_p2p or p2p_read is not None:
-        cells = p2p_cells(n, p2p_read, probe_p2p, min_gbps)
-        checks.append(Check("p2p-matrix", "pass", f"{n}x{n} pair matrix in details",
-                            details={"matrix": plain_matrix(cells, n, min_gbps), "cells": cells,
-                                     "min_gbps": min_gbps, "gpus": n,
-                                     "expected_count": expected_count}))
-    return checks, env
+        return Check("p2p-bandwidth", "skipped", "no bandwidth measured")
+    values = sorted(measured.values())
+    stats = {"min": values[0], "median": statistics.median(values), "max": values[-1]}
+    slow = {p: v for p, v in measured.items() if min_gbps is not None and v < min_gbps}
+    if not slow:
+        return Check("p2p-bandwidth", "pass",
+                     f"min {stats['min']:.1f}, median {stats['median']:.1f}, max "
+                     f"{stats['max']:.1f} GB/s"
+                     + (f" (>= {min_gbps:g})" if min_gbps is not None else ""), details=stats)
+    paths = {p: f"{v:.1f} GB/s" + ("" if by_pair[p].get("can_access") else ", via host")
+             for p, v in slow.items()}
+    return _fail(
+        "p2p-bandwidth", f"{len(slow)} pairs below {min_gbps:g} GB/s",
+        expected=f">= {min_gbps:g} GB/s on every pair", found=_pairs_text(slow, paths),
+        fix="Check the PCIe links on the host (`nvidia-smi -q | grep -A3 'Link Width'`, "
+        "`lspci -vv` LnkSta: degraded width/speed), that P2P is really used (a 'CAN access "
+        "peer' GPU pair can still copy slowly when IOMMU/ACS force traffic through the root "
+        "complex), or lower the minimum if the hardware cannot do better.",
+        slow=[list(p) for p in sorted(slow)], **stats)
 
 
 P2P_RECORD_CHECKS = ("p2p-data", "p2p-bandwidth")
@@ -353,7 +378,8 @@ def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> 
     if any(by_name.get(n) is None or by_name[n].status != "pass" for n in P2P_RECORD_CHECKS):
         return None
     matrix = by_name.get("p2p-matrix")
-    return {"gpus": (matrix.details.get("gpus") if matrix else None), "policy": policy,
+    gpus = (matrix or by_name["p2p-data"]).details.get("gpus")  # one GPU: no matrix
+    return {"gpus": gpus, "policy": policy,
             "nccl_env": dict(sorted(env.items())), "verified": list(P2P_RECORD_CHECKS)}
 
 

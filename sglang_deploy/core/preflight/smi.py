@@ -10,6 +10,7 @@ from sglang_deploy.core.nvsmi import (
     SmiFailure,
     classify_smi_error,
     driver_version_tuple,
+    plain_text,
 )
 from sglang_deploy.core.preflight.checks import (
     HOST_VERSION_HINT,
@@ -81,7 +82,8 @@ SMI_DIAGNOSES: dict[SmiFailure, tuple[str, str]] = {
 
 
 def _first_lines(text: str, n: int = 3) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    """The first N non-blank lines of an output, as plain text (no terminal escapes)."""
+    lines = [ln.strip() for ln in plain_text(text).splitlines() if ln.strip()]
     return " / ".join(lines[:n]) if lines else "(no output)"
 
 
@@ -109,122 +111,115 @@ def check_smi(
     count/model/driver checks are skipped. ``expected_model`` is the exact name every GPU
     must report (runs of white space aside): "RTX PRO 6000 Blackwell" accepts no edition.
     """
-    checks: list[Check] = []
-    names = ("gpu-count", "gpu-model", "driver-version")
     failure = classify_smi_error(error_text or "", exit_code) if (rows is None or exit_code) else None
     if rows is None or failure is not None:
-        kind = failure or SmiFailure.UNKNOWN
-        message, fix = SMI_DIAGNOSES[kind]
-        checks.append(
-            _fail(
-                "nvidia-smi",
-                message,
-                expected="nvidia-smi lists the GPUs",
-                found=f"exit code {exit_code if exit_code is not None else '?'}: {_first_lines(error_text or '')}",
-                fix=fix,
-                kind=kind.value,
-            )
-        )
-        checks += [Check(n, "skipped", "nvidia-smi did not answer") for n in names]
-        return checks
-    checks.append(Check("nvidia-smi", "pass", f"nvidia-smi answered ({len(rows)} GPU rows)"))
-
+        return _smi_failed(failure or SmiFailure.UNKNOWN, error_text, exit_code)
     indices = []
     for pos, row in enumerate(rows):
         try:
             indices.append(int(row.get("index") or pos))
         except ValueError:
             indices.append(pos)
-    count = len(rows)
+    return [Check("nvidia-smi", "pass", f"nvidia-smi answered ({len(rows)} GPU row{'s' * (len(rows) != 1)})"),
+            _count_check(indices, expected_count),
+            _model_check(indices, [row.get("name") or "?" for row in rows], expected_model),
+            _driver_check(sorted({row.get("driver_version") or "?" for row in rows}), min_driver)]
+
+
+def _smi_failed(kind: SmiFailure, error_text: str | None, exit_code: int | None) -> list[Check]:
+    """nvidia-smi did not answer: its failure, named, and the checks that needed it skipped."""
+    message, fix = SMI_DIAGNOSES[kind]
+    found = f"exit code {exit_code if exit_code is not None else '?'}: {_first_lines(error_text or '')}"
+    return [_fail("nvidia-smi", message, expected="nvidia-smi lists the GPUs", found=found,
+                  fix=fix, kind=kind.value)] + [
+        Check(n, "skipped", "nvidia-smi did not answer")
+        for n in ("gpu-count", "gpu-model", "driver-version")]
+
+
+def _count_check(indices: list[int], expected_count: int | None) -> Check:
+    """``gpu-count``: fewer GPUs than expected fail (with the nodes to pass in, or the profile
+    to shrink); more only warn."""
+    count = len(indices)
     if expected_count is None and count == 0:
-        checks.append(_fail("gpu-count", "no GPU listed", expected="at least 1 GPU",
-                            found="0 GPUs", fix=SMI_DIAGNOSES[SmiFailure.NO_DEVICES][1]))
-    elif expected_count is not None and count < expected_count:
+        return _fail("gpu-count", "no GPU listed", expected="at least 1 GPU",
+                     found="0 GPUs", fix=SMI_DIAGNOSES[SmiFailure.NO_DEVICES][1])
+    if expected_count is not None and count < expected_count:
         missing = [f"/dev/nvidia{i}" for i in range(expected_count) if i not in indices]
-        checks.append(
-            _fail(
-                "gpu-count",
-                f"{count} of {expected_count} GPUs visible",
-                expected=f"{expected_count} GPUs",
-                found=f"{count} GPUs" + (f" (indices {_ranges(indices)})" if indices else ""),
-                fix=gpu_nodes_fix(missing or [f"/dev/nvidia{count}"]) + (
-                    f"\nIf the host has only {count} GPUs, the profile does not fit it: set "
-                    f"`gpu_expected_count = {count}` and a `tp-size` of at most {count} in "
-                    "`sglang_flags` (group_data/all.py, or the host's data in the inventory), "
-                    "and a model that fits them" if count else ""),
-                count=count,
-            )
+        return _fail(
+            "gpu-count",
+            f"{count} of {expected_count} GPUs visible",
+            expected=f"{expected_count} GPUs",
+            found=f"{count} GPUs" + (f" (indices {_ranges(indices)})" if indices else ""),
+            fix=gpu_nodes_fix(missing or [f"/dev/nvidia{count}"]) + (
+                f"\nIf the host has only {count} GPUs, the profile does not fit it: set "
+                f"`gpu_expected_count = {count}` and a `tp-size` of at most {count} in "
+                "`sglang_flags` (group_data/all.py, or the host's data in the inventory), "
+                "and a model that fits them" if count else ""),
+            count=count,
         )
-    elif expected_count is not None and count > expected_count:
-        checks.append(
-            Check(
-                "gpu-count",
-                "warn",
-                f"{count} GPUs visible, {expected_count} expected: the server uses "
-                f"{expected_count}; set the expected count if the others are meant for it",
-                expected=f"{expected_count} GPUs",
-                found=f"{count} GPUs ({_ranges(indices)})",
-                details={"count": count},
-            )
+    if expected_count is not None and count > expected_count:
+        return Check(
+            "gpu-count",
+            "warn",
+            f"{count} GPUs visible, {expected_count} expected: the server uses "
+            f"{expected_count}; set the expected count if the others are meant for it",
+            expected=f"{expected_count} GPUs",
+            found=f"{count} GPUs ({_ranges(indices)})",
+            details={"count": count},
         )
-    else:
-        checks.append(Check("gpu-count", "pass", f"{count} GPUs ({_ranges(indices)})",
-                            details={"count": count}))
+    return Check("gpu-count", "pass", f"{count} GPU{'s' * (count != 1)} ({_ranges(indices)})",
+                 details={"count": count})
 
-    gpu_names = [row.get("name") or "?" for row in rows]
+
+def _model_check(indices: list[int], gpu_names: list[str], expected_model: str | None) -> Check:
+    """``gpu-model``: every GPU reports EXPECTED_MODEL (runs of white space aside)."""
     models = sorted(set(gpu_names))
-    if expected_model:
-        want = " ".join(expected_model.split())
-        wrong = [(i, n) for i, n in zip(indices, gpu_names) if " ".join(n.split()) != want]
-        if wrong:
-            found = "; ".join(f"GPU{i}: {n}" for i, n in wrong)
-            checks.append(
-                _fail(
-                    "gpu-model",
-                    f"{len(wrong)} GPU(s) are not {expected_model}",
-                    expected=f"every GPU is {expected_model}",
-                    found=found,
-                    fix="Deploy to a host with the expected GPUs, or change the profile: "
-                    "`gpu_expected_model` (the exact name nvidia-smi reports; None accepts any) "
-                    "and the launch profile sized for the old GPUs (`sglang_flags`, the "
-                    "model) in group_data/all.py or the host's data in the inventory.",
-                    names=models,
-                )
-            )
-        else:
-            checks.append(Check("gpu-model", "pass", f"all GPUs are {models[0]}"
-                                if len(models) == 1 else f"GPUs match {expected_model}"))
-    else:
-        checks.append(Check("gpu-model", "pass", ", ".join(models) or "no GPUs",
-                            details={"names": models}))
+    if not expected_model:
+        return Check("gpu-model", "pass", ", ".join(models) or "no GPUs", details={"names": models})
+    want = " ".join(expected_model.split())
+    wrong = [(i, n) for i, n in zip(indices, gpu_names) if " ".join(n.split()) != want]
+    if not wrong:
+        return Check("gpu-model", "pass", f"all GPUs are {models[0]}"
+                     if len(models) == 1 else f"GPUs match {expected_model}")
+    return _fail(
+        "gpu-model",
+        f"{len(wrong)} GPU(s) are not {expected_model}",
+        expected=f"every GPU is {expected_model}",
+        found="; ".join(f"GPU{i}: {n}" for i, n in wrong),
+        fix="Deploy to a host with the expected GPUs, or change the profile: "
+        "`gpu_expected_model` (the exact name nvidia-smi reports; None accepts any) "
+        "and the launch profile sized for the old GPUs (`sglang_flags`, the "
+        "model) in group_data/all.py or the host's data in the inventory.",
+        names=models,
+    )
 
-    versions = sorted({row.get("driver_version") or "?" for row in rows})
+
+def _driver_check(versions: list[str], min_driver: str | None) -> Check:
+    """``driver-version``: every GPU's driver at least MIN_DRIVER; without one, the same
+    driver on every GPU (a warning otherwise)."""
     listed = ", ".join(versions)
-    if min_driver:
-        try:
-            floor = driver_version_tuple(min_driver)
-        except ValueError:
-            floor = None
-        if floor is None or any(_older(v, floor) for v in versions):
-            checks.append(
-                _fail(
-                    "driver-version",
-                    f"driver {listed} is older than {min_driver}"
-                    if floor is not None else f"cannot compare driver versions with {min_driver!r}",
-                    expected=f"NVIDIA driver >= {min_driver}",
-                    found=listed,
-                    fix="Upgrade the driver on the LXC host (the kernel module is the host's), "
-                    "then install the same version's userspace in the container. " + USERSPACE_FIX,
-                )
-            )
-        else:
-            checks.append(Check("driver-version", "pass", f"driver {listed} >= {min_driver}"))
-    elif len(versions) > 1:
-        checks.append(Check("driver-version", "warn", f"GPUs report different drivers: {listed}",
-                            found=listed))
-    else:
-        checks.append(Check("driver-version", "pass", f"driver {versions[0]}"))
-    return checks
+    if not versions:
+        return Check("driver-version", "skipped", "no GPU listed")
+    if not min_driver:
+        if len(versions) > 1:
+            return Check("driver-version", "warn", f"GPUs report different drivers: {listed}",
+                         found=listed)
+        return Check("driver-version", "pass", f"driver {versions[0]}")
+    try:
+        floor = driver_version_tuple(min_driver)
+    except ValueError:
+        floor = None
+    if floor is not None and not any(_older(v, floor) for v in versions):
+        return Check("driver-version", "pass", f"driver {listed} >= {min_driver}")
+    return _fail(
+        "driver-version",
+        f"driver {listed} is older than {min_driver}"
+        if floor is not None else f"cannot compare driver versions with {min_driver!r}",
+        expected=f"NVIDIA driver >= {min_driver}",
+        found=listed,
+        fix="Upgrade the driver on the LXC host (the kernel module is the host's), "
+        "then install the same version's userspace in the container. " + USERSPACE_FIX,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -304,9 +299,21 @@ def check_device_nodes(listing: str, expected_count: int | None,
     opened: ``EPERM`` means the device cgroup denies it.
     """
     nodes = parse_dev_listing(listing)
-    checks: list[Check] = []
     uvm_major = uvm_major_of(nodes)
+    checks = [_gpu_nodes_check(nodes, expected_count), _ctl_check(nodes.get("/dev/nvidiactl")),
+              _uvm_check(nodes.get("/dev/nvidia-uvm"), uvm_major),
+              _uvm_tools_check(nodes.get("/dev/nvidia-uvm-tools"), uvm_major)]
+    if not open_errors:
+        checks.append(Check("dev-cgroup", "skipped",
+                            "open test not run" if open_errors is None else "no node to open"))
+        return checks
+    checks.append(check_open_results(open_errors, nodes, expected_count))
+    return checks
 
+
+def _gpu_nodes_check(nodes: Mapping[str, DevNode], expected_count: int | None) -> Check:
+    """``dev-nvidia-gpus``: /dev/nvidia0..N-1 are character devices (an empty file is a
+    skipped bind mount's placeholder)."""
     gpu_nodes = {int(m.group(1)): n for p, n in nodes.items() if (m := _GPU_NODE.match(p))}
     good = sorted(i for i, n in gpu_nodes.items() if n.kind == "c")
     placeholders = sorted(i for i, n in gpu_nodes.items() if n.kind != "c")
@@ -316,68 +323,61 @@ def check_device_nodes(listing: str, expected_count: int | None,
         found = f"{len(good)} GPU nodes" + (f" (/dev/nvidia{{{_ranges(good)}}})" if good else "")
         if placeholders:
             found += "; " + "; ".join(SKIPPED_MOUNT.format(path=f"/dev/nvidia{i}") for i in placeholders)
-        checks.append(_fail(
+        return _fail(
             "dev-nvidia-gpus",
             f"missing GPU device nodes: {', '.join(f'/dev/nvidia{i}' for i in missing)}",
             expected=f"/dev/nvidia0../dev/nvidia{want[-1]} as character devices {NVIDIA_MAJOR}:N",
             found=found,
             fix=gpu_nodes_fix([f"/dev/nvidia{i}" for i in missing]),
             missing=missing,
-        ))
-    else:
-        wrong_major = [i for i in good if gpu_nodes[i].major not in (None, NVIDIA_MAJOR)]
-        if wrong_major:
-            checks.append(Check("dev-nvidia-gpus", "warn",
-                                f"GPU nodes with a major other than {NVIDIA_MAJOR}: {wrong_major}",
-                                expected=f"major {NVIDIA_MAJOR}", found=str(wrong_major)))
-        else:
-            checks.append(Check("dev-nvidia-gpus", "pass", f"{len(good)} GPU nodes (/dev/nvidia{{{_ranges(good)}}})"))
+        )
+    wrong_major = [i for i in good if gpu_nodes[i].major not in (None, NVIDIA_MAJOR)]
+    if wrong_major:
+        return Check("dev-nvidia-gpus", "warn",
+                     f"GPU nodes with a major other than {NVIDIA_MAJOR}: {wrong_major}",
+                     expected=f"major {NVIDIA_MAJOR}", found=str(wrong_major))
+    return Check("dev-nvidia-gpus", "pass", f"{len(good)} GPU node{'s' * (len(good) != 1)} "
+                 f"(/dev/nvidia{{{_ranges(good)}}})")
 
-    ctl = nodes.get("/dev/nvidiactl")
-    if ctl is None or ctl.kind != "c":
-        checks.append(_fail(
-            "dev-nvidiactl",
-            "/dev/nvidiactl is missing" if ctl is None else SKIPPED_MOUNT.format(path="/dev/nvidiactl"),
-            expected=f"/dev/nvidiactl, character device {NVIDIA_MAJOR}:{NVIDIACTL_MINOR}",
-            found="absent" if ctl is None else f"{ctl.mode}",
-            fix=gpu_nodes_fix(["/dev/nvidiactl"]),
-        ))
-    else:
-        checks.append(Check("dev-nvidiactl", "pass", f"/dev/nvidiactl {ctl.major}:{ctl.minor}"))
 
-    uvm = nodes.get("/dev/nvidia-uvm")
-    if uvm is None or uvm.kind != "c":
-        why = ("/dev/nvidia-uvm is missing: CUDA cannot initialise without it (cuInit returns "
-               "999 CUDA_ERROR_UNKNOWN) although nvidia-smi works"
-               if uvm is None else SKIPPED_MOUNT.format(path="/dev/nvidia-uvm"))
-        checks.append(_fail(
-            "dev-nvidia-uvm",
-            why,
-            expected="/dev/nvidia-uvm, a character device (major of nvidia-uvm)",
-            found="absent" if uvm is None else f"{uvm.mode} (regular file)",
-            fix=uvm_fix(uvm_major),
-        ))
-    else:
-        checks.append(Check("dev-nvidia-uvm", "pass", f"/dev/nvidia-uvm {uvm.major}:{uvm.minor}"))
+def _ctl_check(ctl: DevNode | None) -> Check:
+    if ctl is not None and ctl.kind == "c":
+        return Check("dev-nvidiactl", "pass", f"/dev/nvidiactl {ctl.major}:{ctl.minor}")
+    return _fail(
+        "dev-nvidiactl",
+        "/dev/nvidiactl is missing" if ctl is None else SKIPPED_MOUNT.format(path="/dev/nvidiactl"),
+        expected=f"/dev/nvidiactl, character device {NVIDIA_MAJOR}:{NVIDIACTL_MINOR}",
+        found="absent" if ctl is None else f"{ctl.mode}",
+        fix=gpu_nodes_fix(["/dev/nvidiactl"]),
+    )
 
-    tools = nodes.get("/dev/nvidia-uvm-tools")
-    if tools is None or tools.kind != "c":
-        checks.append(Check(
-            "dev-nvidia-uvm-tools", "warn",
-            "/dev/nvidia-uvm-tools is missing (CUDA runs without it; profilers and some "
-            "tools need it)",
-            fix="\n".join(uvm_fix(uvm_major).splitlines()[:4]),
-            expected="/dev/nvidia-uvm-tools", found="absent" if tools is None else "regular file",
-        ))
-    else:
-        checks.append(Check("dev-nvidia-uvm-tools", "pass", f"/dev/nvidia-uvm-tools {tools.major}:{tools.minor}"))
 
-    if not open_errors:
-        checks.append(Check("dev-cgroup", "skipped",
-                            "open test not run" if open_errors is None else "no node to open"))
-        return checks
-    checks.append(check_open_results(open_errors, nodes, expected_count))
-    return checks
+def _uvm_check(uvm: DevNode | None, uvm_major: int | None) -> Check:
+    if uvm is not None and uvm.kind == "c":
+        return Check("dev-nvidia-uvm", "pass", f"/dev/nvidia-uvm {uvm.major}:{uvm.minor}")
+    why = ("/dev/nvidia-uvm is missing: CUDA cannot initialise without it (cuInit returns "
+           "999 CUDA_ERROR_UNKNOWN) although nvidia-smi works"
+           if uvm is None else SKIPPED_MOUNT.format(path="/dev/nvidia-uvm"))
+    return _fail(
+        "dev-nvidia-uvm",
+        why,
+        expected="/dev/nvidia-uvm, a character device (major of nvidia-uvm)",
+        found="absent" if uvm is None else f"{uvm.mode} (regular file)",
+        fix=uvm_fix(uvm_major),
+    )
+
+
+def _uvm_tools_check(tools: DevNode | None, uvm_major: int | None) -> Check:
+    if tools is not None and tools.kind == "c":
+        return Check("dev-nvidia-uvm-tools", "pass",
+                     f"/dev/nvidia-uvm-tools {tools.major}:{tools.minor}")
+    return Check(
+        "dev-nvidia-uvm-tools", "warn",
+        "/dev/nvidia-uvm-tools is missing (CUDA runs without it; profilers and some "
+        "tools need it)",
+        fix="\n".join(uvm_fix(uvm_major).splitlines()[:4]),
+        expected="/dev/nvidia-uvm-tools", found="absent" if tools is None else "regular file",
+    )
 
 
 #: errno (name or number) of a failed open() -> its kind. EPERM: the device cgroup refused
@@ -421,49 +421,17 @@ def check_open_results(open_errors: Mapping[str, str | None],
     kinds: dict[str, list[str]] = {}
     for path, error in sorted(open_errors.items()):
         kinds.setdefault(classify_open(error), []).append(path)
-
-    def found_of(paths: list[str]) -> str:
-        return "; ".join(f"{p}: {open_errors[p]}" for p in paths)
-
-    uvm_major = uvm_major_of(nodes)
     expected = "every /dev/nvidia* node can be opened (read-write)"
     if kinds.get("denied") or kinds.get("access"):
-        denied = kinds.get("denied", []) + kinds.get("access", [])
-        # the container needs both families; the uvm major is read from the node itself
-        majors: set[int | str] = {NVIDIA_MAJOR} if uvm_major is None else {NVIDIA_MAJOR, uvm_major}
-        for path in denied:
-            node = nodes.get(path)
-            majors.add(node.major if node and node.major is not None else (
-                NVIDIA_MAJOR if _GPU_NODE.match(path) or path == "/dev/nvidiactl" else "<uvm-major>"))
-        allow = cgroup_fix(sorted(majors, key=str))
-        if kinds.get("denied"):
-            message = ("the container's device cgroup denies opening "
-                       + ", ".join(kinds["denied"]) + " (EPERM)")
-            fix = allow
-            if kinds.get("access"):
-                message += "; permission denied (EACCES) on " + ", ".join(kinds["access"])
-        else:
-            message = ("opening " + ", ".join(kinds["access"]) + " is refused (EACCES): the "
-                       "node's mode/owner, or the container's device cgroup")
-            fix = ("EACCES: give the nodes mode `crw-rw-rw-` on the LXC host before the bind "
-                   "mount (unprivileged containers see them as nobody:nogroup, which is fine "
-                   "with that mode); if the mode is right, the device cgroup refuses them:\n"
-                   + allow)
-        details = {"denied": sorted(kinds.get("denied", [])),
-                   "refused": sorted(kinds.get("access", []))}
-        if not any(required_node(p, expected_count) for p in denied):
-            return Check("dev-cgroup", "warn", message + " (nodes CUDA does not need)",
-                         fix=fix, expected=expected, found=found_of(denied), details=details)
-        return _fail("dev-cgroup", message, expected=expected, found=found_of(denied), fix=fix,
-                     **details)
+        return _refused_check(kinds, open_errors, nodes, expected_count)
     if kinds.get("missing"):
         return _fail("dev-cgroup", "NVIDIA device nodes vanished while being opened (ENOENT)",
-                     expected=expected, found=found_of(kinds["missing"]),
+                     expected=expected, found=_open_found(open_errors, kinds["missing"]),
                      fix=gpu_nodes_fix(kinds["missing"]), missing=kinds["missing"])
     if kinds.get("other"):
+        found = _open_found(open_errors, kinds["other"])
         return Check("dev-cgroup", "warn", "some NVIDIA device nodes fail to open for another "
-                     "reason: " + found_of(kinds["other"]), expected=expected,
-                     found=found_of(kinds["other"]),
+                     "reason: " + found, expected=expected, found=found,
                      fix="compare `ls -l /dev/nvidia*` inside the container and on the host")
     permitted = len(open_errors)
     no_device = kinds.get("no-device", [])
@@ -475,3 +443,41 @@ def check_open_results(open_errors: Mapping[str, str | None],
     return Check("dev-cgroup", "pass", f"all {permitted} nodes open read-write")
 
 
+def _open_found(open_errors: Mapping[str, str | None], paths: list[str]) -> str:
+    return "; ".join(f"{p}: {open_errors[p]}" for p in paths)
+
+
+def _refused_check(kinds: Mapping[str, list[str]], open_errors: Mapping[str, str | None],
+                   nodes: Mapping[str, DevNode], expected_count: int | None) -> Check:
+    """EPERM (the device cgroup) or EACCES (mode/owner, or the cgroup): the allow lines for
+    the real majors; a warning when CUDA needs none of the refused nodes."""
+    expected = "every /dev/nvidia* node can be opened (read-write)"
+    denied = kinds.get("denied", []) + kinds.get("access", [])
+    # the container needs both families; the uvm major is read from the node itself
+    uvm_major = uvm_major_of(nodes)
+    majors: set[int | str] = {NVIDIA_MAJOR} if uvm_major is None else {NVIDIA_MAJOR, uvm_major}
+    for path in denied:
+        node = nodes.get(path)
+        majors.add(node.major if node and node.major is not None else (
+            NVIDIA_MAJOR if _GPU_NODE.match(path) or path == "/dev/nvidiactl" else "<uvm-major>"))
+    allow = cgroup_fix(sorted(majors, key=str))
+    if kinds.get("denied"):
+        message = ("the container's device cgroup denies opening "
+                   + ", ".join(kinds["denied"]) + " (EPERM)")
+        fix = allow
+        if kinds.get("access"):
+            message += "; permission denied (EACCES) on " + ", ".join(kinds["access"])
+    else:
+        message = ("opening " + ", ".join(kinds["access"]) + " is refused (EACCES): the "
+                   "node's mode/owner, or the container's device cgroup")
+        fix = ("EACCES: give the nodes mode `crw-rw-rw-` on the LXC host before the bind "
+               "mount (unprivileged containers see them as nobody:nogroup, which is fine "
+               "with that mode); if the mode is right, the device cgroup refuses them:\n"
+               + allow)
+    details = {"denied": sorted(kinds.get("denied", [])),
+               "refused": sorted(kinds.get("access", []))}
+    found = _open_found(open_errors, denied)
+    if not any(required_node(p, expected_count) for p in denied):
+        return Check("dev-cgroup", "warn", message + " (nodes CUDA does not need)",
+                     fix=fix, expected=expected, found=found, details=details)
+    return _fail("dev-cgroup", message, expected=expected, found=found, fix=fix, **details)

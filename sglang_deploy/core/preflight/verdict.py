@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from sglang_deploy.core.nvsmi import (
     ParseError,
+    TopoMatrix,
     classify_smi_error,
     gpus_from_query,
     parse_p2p_matrix,
@@ -117,7 +118,6 @@ def evaluate(
     """
     facts = facts if facts is not None else {}
     checks = _smi_section_checks(snapshot, expect, facts)
-
     dev_text, _ = _section(snapshot, "dev")
     open_text, _ = _section(snapshot, "open")
     if dev_text is None:
@@ -133,35 +133,8 @@ def evaluate(
     checks += check_cuda_probe(probe, expect.count, dev_text)
     _blame_the_cgroup(checks)
 
-    def smi_failed(text: str, rc: int | None) -> bool:
-        return bool(rc) or classify_smi_error(text, None) is not None
-
-    topo = None
-    extra: list[Check] = []
-    topo_text, topo_rc = _section(snapshot, "topo")
-    if topo_text is not None and smi_failed(topo_text, topo_rc):
-        extra.append(Check("topology", "skipped", f"`nvidia-smi topo -m` failed: {_first_lines(topo_text, 1)}"))
-    elif topo_text is not None:
-        try:
-            topo = parse_topo_matrix(topo_text)
-            facts["topology"] = {"gpus": topo.gpus, "links": topo.link_counts(), "nics": topo.nics}
-        except ParseError as exc:
-            extra.append(Check("topology", "warn", f"cannot read `nvidia-smi topo -m`: {exc}",
-                               found=_first_lines(topo_text, 2)))
-    matrices: dict[str, dict[tuple[int, int], str] | None] = {"p2p_r": None, "p2p_w": None}
-    for key in matrices:
-        text, rc = _section(snapshot, key)
-        if text is None:
-            continue
-        label = f"topo-p2p-{key[-1]}"
-        if smi_failed(text, rc):
-            extra.append(Check(label, "skipped", f"`nvidia-smi topo -p2p {key[-1]}` failed: {_first_lines(text, 1)}"))
-            continue
-        try:
-            matrices[key] = parse_p2p_matrix(text)
-        except ParseError as exc:
-            extra.append(Check(label, "warn", f"cannot read `nvidia-smi topo -p2p {key[-1]}`: {exc}",
-                               found=_first_lines(text, 2)))
+    topo, extra = _read_topology(snapshot, facts)
+    matrices = {key: _read_p2p(snapshot, key, extra) for key in ("p2p_r", "p2p_w")}
     p2p_pairs = probe.get("p2p") if probe else None
     p2p_checks, env = check_p2p(topo, matrices["p2p_r"], matrices["p2p_w"], p2p_pairs,
                                 policy=expect.p2p_policy, min_gbps=expect.min_gbps,
@@ -171,6 +144,47 @@ def evaluate(
     checks += extra + p2p_checks
     matrix = next((c.details.get("matrix") for c in checks if c.name == "p2p-matrix"), None)
     return checks, env, matrix
+
+
+def _smi_failed(text: str, rc: int | None) -> bool:
+    return bool(rc) or classify_smi_error(text, None) is not None
+
+
+def _read_topology(snapshot: Mapping[str, Any],
+                   facts: dict[str, Any]) -> tuple[TopoMatrix | None, list[Check]]:
+    """``topo -m`` parsed (its facts recorded), or None and the check that says why."""
+    text, rc = _section(snapshot, "topo")
+    if text is None:
+        return None, []
+    if _smi_failed(text, rc):
+        return None, [Check("topology", "skipped",
+                            f"`nvidia-smi topo -m` failed: {_first_lines(text, 1)}")]
+    try:
+        topo = parse_topo_matrix(text)
+    except ParseError as exc:
+        return None, [Check("topology", "warn", f"cannot read `nvidia-smi topo -m`: {exc}",
+                            found=_first_lines(text, 2))]
+    facts["topology"] = {"gpus": topo.gpus, "links": topo.link_counts(), "nics": topo.nics}
+    return topo, []
+
+
+def _read_p2p(snapshot: Mapping[str, Any], key: str,
+              extra: list[Check]) -> dict[tuple[int, int], str] | None:
+    """``topo -p2p r|w`` parsed, or None (a check saying why goes to EXTRA)."""
+    text, rc = _section(snapshot, key)
+    if text is None:
+        return None
+    label = f"topo-p2p-{key[-1]}"
+    if _smi_failed(text, rc):
+        extra.append(Check(label, "skipped",
+                           f"`nvidia-smi topo -p2p {key[-1]}` failed: {_first_lines(text, 1)}"))
+        return None
+    try:
+        return parse_p2p_matrix(text)
+    except ParseError as exc:
+        extra.append(Check(label, "warn", f"cannot read `nvidia-smi topo -p2p {key[-1]}`: {exc}",
+                           found=_first_lines(text, 2)))
+        return None
 
 
 def _blame_the_cgroup(checks: list[Check]) -> None:

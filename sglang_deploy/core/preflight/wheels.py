@@ -35,6 +35,12 @@ LOCK_PYTHON = "3.11"
 SGLANG_GLIBC = "2.34"
 SGLANG_GLIBC_SINCE = "0.5.11"
 
+#: the glibc of ``sglang-deploy lock``'s default platform (commands/lock.py DEFAULT_PLATFORM,
+#: ``x86_64-manylinux_2_36``): a host with an older glibc needs a lock made for its own
+LOCK_PLATFORM_GLIBC = "2.36"
+#: the oldest python sglang supports (its ``requires-python``): no lock can be made for older
+SGLANG_MIN_PYTHON = "3.10"
+
 _HEADER_PYTHON = re.compile(r"--python-version[ =]+(\d+\.\d+)")
 
 
@@ -79,16 +85,46 @@ def _version(text: str | None, parts: int = 2) -> tuple[int, ...] | None:
     return numbers[:parts] if len(numbers) >= parts else None
 
 
+def lock_command(python: str, glibc: str | None = None) -> str | None:
+    """The command that makes a lock for a host with PYTHON ("3.12") and GLIBC ("2.35"), or
+    None when sglang cannot run on that python (older than :data:`SGLANG_MIN_PYTHON`, or not
+    a version). The platform is named only when the host's glibc is older than the one
+    ``sglang-deploy lock`` assumes (:data:`LOCK_PLATFORM_GLIBC`)."""
+    have = _version(python)
+    if have is None or have < _version(SGLANG_MIN_PYTHON):
+        return None
+    minor = ".".join(map(str, have))
+    platform = ""
+    libc = _version(glibc)
+    if libc is not None and libc < _version(LOCK_PLATFORM_GLIBC):
+        platform = f" --platform x86_64-manylinux_{libc[0]}_{libc[1]}"
+    return (f"sglang-deploy lock --python-version {minor}{platform} locks/NAME.in "
+            f"--output locks/NAME-py{minor.replace('.', '')}.txt")
+
+
 def check_python(python: str | None, target: WheelTarget = WheelTarget(),
-                 system_python: str = KEYS["sglang_system_python"].default) -> Check:
-    """The host's system python (``hoststate.py``'s ``python``, "3.11") against the lock's."""
+                 system_python: str = KEYS["sglang_system_python"].default,
+                 glibc: str | None = None) -> Check:
+    """The host's system python (``hoststate.py``'s ``python``, "3.11") against the lock's.
+    A host whose python differs is told first how to make a lock for its own python
+    (:func:`lock_command`; GLIBC, the host's, picks the platform), else to install the
+    lock's."""
     want = f"Python {target.python} (the lock is compiled for CPython {target.python})"
     have = _version(python)
     if have is not None and have == _version(target.python):
         return Check("host-python", "pass", f"Python {python} ({system_python}), as the lock needs")
-    fix = (f"Install CPython {target.python} on the host (Debian 12's python3 is 3.11) and "
-           f"point `sglang_system_python` at it (now {system_python}); the release venv is "
-           "made from that python")
+    install = (f"install CPython {target.python} on the host (Debian 12's python3 is 3.11) and "
+               f"point `sglang_system_python` at it (now {system_python}); the release venv is "
+               "made from that python")
+    command = lock_command(python or "", glibc)
+    if command:
+        fix = (f"Make a lock for the host's Python {'.'.join(map(str, have))}: `{command}` "
+               "(locks/NAME.in: the input of the lock in use), then point the data key "
+               "`sglang_lock` at the new lock (group_data/all.py, or the host's data in the "
+               f"inventory; `sglang-deploy lock --check` proves it). Or {install}")
+    else:
+        fix = install[0].upper() + install[1:] + (
+            f" (sglang needs Python >= {SGLANG_MIN_PYTHON})" if have is not None else "")
     if have is None:
         return _fail("host-python", f"the version of {system_python} is unknown",
                      expected=want, found=f"unknown ({python!r})", fix=fix)
@@ -126,4 +162,4 @@ def check_wheel_platform(python: str | None, glibc: str | None,
                          target: WheelTarget = WheelTarget(),
                          system_python: str = KEYS["sglang_system_python"].default) -> list[Check]:
     """Both checks: ``host-python`` and ``host-glibc``."""
-    return [check_python(python, target, system_python), check_glibc(glibc, target)]
+    return [check_python(python, target, system_python, glibc), check_glibc(glibc, target)]
