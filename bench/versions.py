@@ -26,6 +26,7 @@ import json
 import subprocess
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from bench.common import (
@@ -67,10 +68,11 @@ def veth_bytes(host: str) -> int:
 
 
 def cli_argv(code: Path) -> list[str]:
-    """`sglang-deploy` of a checkout (the module moved with the layout by layer)."""
-    module = "sglang_deploy.commands.cli" if (code / "sglang_deploy" / "commands").is_dir() \
-        else "sglang_deploy.cli"
-    return [PY, "-c", f"import sys; from {module} import main; sys.exit(main())"]
+    """`sglang-deploy` of a checkout: the entry point its pyproject.toml declares (the console
+    script's), so that no module of the tool is named here."""
+    target = tomllib.loads((code / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = target["sglang-deploy"].partition(":")
+    return [PY, "-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
 
 
 def rollout_overhead(code: Path, hosts: list[str]) -> list[float]:

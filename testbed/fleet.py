@@ -233,7 +233,7 @@ def ensure_wheelhouse(state: dict, router: bool) -> None:
     """Every wheel of locks/testbed.txt (and locks/router.txt with a router: the real smg
     wheel) and the uv wheel, filled by the tool's own `sglang-deploy wheelhouse` code (the
     hosts install offline from it)."""
-    from sglang_deploy.commands import wheelhouse
+    from sglang_deploy.shell import wheelhouse
 
     wh = Path(state["wheelhouse"])
     for lock in ("testbed.txt", "router.txt") if router else ("testbed.txt",):

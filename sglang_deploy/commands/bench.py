@@ -12,9 +12,9 @@ a new configuration), kept on the host (`<sglang_root>/bench/<identity>.json`) a
 below R x the previous figure fails the command (exit 1); the rollout calls
 `run_and_gate` and rolls back on such a failure.
 
-Pure core (`core/bench.py`): `bench_argv`, `parse_summary`, `level_figures`, `make_record`,
-`pick_previous`, `gate`, `table_rows`. Host side (`shell/benchhost.py`): `bench_host` (runs
-inside `pyinfra INVENTORY sglang_deploy/commands/bench_deploy.py`, through
+Pure core (`core/throughput.py`): `bench_argv`, `parse_summary`, `level_figures`, `make_record`,
+`pick_previous`, `gate`, `table_rows`. Host side (`shell/throughputhost.py`): `bench_host` (runs
+inside `pyinfra INVENTORY throughput_bench.py`, through
 `runner.run_pyinfra`) and the local records. This module: the command (`run_hosts`, `run`).
 """
 
@@ -26,13 +26,13 @@ import sys
 import tempfile
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.core.bench import TABLE_COLUMNS, gate, table_rows
-from sglang_deploy.shell.benchhost import RUN_ID_ENV, find_run
+from sglang_deploy.core.throughput import TABLE_COLUMNS, gate, table_rows
+from sglang_deploy.shell.throughputhost import RUN_ID_ENV, find_run
 
-DEPLOY_FILE = Path(__file__).resolve().parent / "bench_deploy.py"
+#: the deploy file it runs (beside deploy.py, in the deploy folder: the current one)
+DEPLOY_FILE = "throughput_bench.py"
 
 
 # --------------------------------------------------------------------------- the command
@@ -54,7 +54,7 @@ def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd="."
 
     run_id = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="bench-outcomes-") as records:
-        run = runner.run_pyinfra(inventory, str(DEPLOY_FILE), limit=hosts, cwd=cwd, data=data,
+        run = runner.run_pyinfra(inventory, DEPLOY_FILE, limit=hosts, cwd=cwd, data=data,
                                  env={RUN_ID_ENV: run_id, outcomes_mod.OUTCOMES_ENV: records},
                                  on_line=on_line)
         got = outcomes_mod.read(records, hosts)  # each host's own record, never the text

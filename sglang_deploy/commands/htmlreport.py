@@ -54,10 +54,10 @@ def read_summaries(state_dir: Path) -> dict[str, list[dict]]:
 
 def read_records(state_dir: Path, hosts: list[str]) -> tuple[dict, dict]:
     """(P2P record per host, benchmark entries per host) from the controller's folders."""
-    from sglang_deploy.shell import benchhost
+    from sglang_deploy.shell import throughputhost
 
     p2p = {h: r for h in hosts if (r := _read_json(state_dir / "p2p" / f"{h}.json"))}
-    runs = {h: benchhost.read_local(h, state_dir.parent) for h in hosts}
+    runs = {h: throughputhost.read_local(h, state_dir.parent) for h in hosts}
     return p2p, runs
 
 

@@ -4,7 +4,8 @@ For air-gapped sites, or an index that no longer serves an old version: hosts wh
 sets ``sglang_wheelhouse`` install the release venv (``uv pip sync --offline --no-index
 --find-links``) and uv itself from that folder, without reaching any index.
 
-pip's own ``pip download --require-hashes`` does the work (``shell.pipdownload``): for each
+pip's own ``pip download --require-hashes`` does the work (``shell.wheelhouse.fill``, through
+``shell.pipdownload``): for each
 pin of the lock the one wheel that fits the HOSTS (CPython version and glibc platform,
 default Debian 12 x86_64) and whose sha256 is one of the lock's hashes, so the host's
 ``--require-hashes`` install accepts it; then uv's own wheel (for the tool venv), checked
@@ -21,39 +22,6 @@ from sglang_deploy.commands import common
 from sglang_deploy.shell.pipdownload import DEFAULT_ARCH, DEFAULT_GLIBC, DEFAULT_PYTHON
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-
-
-def fill(lock: Path, dest: Path, *, index: str | None = None, python: str = DEFAULT_PYTHON,
-         glibc: tuple[int, int] = DEFAULT_GLIBC, arch: str = DEFAULT_ARCH,
-         uv_version: str | None = None, log=lambda msg: None) -> dict:
-    """Put every wheel of LOCK (and uv) into DEST with pip download.
-
-    Returns {"fetched": [new wheel files], "pins": number of pins of the lock}."""
-    from sglang_deploy.core import lockfile
-    from sglang_deploy.core.errors import UsageError, WheelhouseError
-    from sglang_deploy.shell import pipdownload
-
-    if not lock.is_file():
-        raise UsageError(what="LOCK: a lock file with hashes (locks/NAME.txt)",
-                         found=f"no file {lock}", fix="make it with `sglang-deploy lock locks/NAME.in`")
-    pins = lockfile.parse_lock(lock.read_text(), str(lock))
-    kw = {"python": python, "glibc": glibc, "arch": arch, "index_url": index, "on_line": log}
-    steps = [("".join(p.requirement() + "\n" for p in pins), True, f"the {len(pins)} pins of {lock}")]
-    if uv_version:
-        steps.append((f"uv=={uv_version}\n", False, f"uv=={uv_version}"))
-    fetched: list[str] = []
-    for requirements, hashed, what in steps:
-        rc, output, new = pipdownload.download(requirements, dest, require_hashes=hashed, **kw)
-        fetched += new
-        if rc != 0:
-            raise WheelhouseError(
-                what=f"a wheel for CPython {python} on manylinux glibc {glibc[0]}.{glibc[1]} "
-                     f"{arch} whose hash is in the lock, for {what}",
-                found=f"pip download failed: {pipdownload.error_line(output)}",
-                fix="pin versions that publish such wheels (or build them and add them by "
-                    "hand: an offline host cannot build sdists); check --index-url and the "
-                    "network")
-    return {"fetched": fetched, "pins": len(pins) + (1 if uv_version else 0)}
 
 
 def add_parser(sub) -> None:
@@ -79,6 +47,8 @@ def run(args) -> int:
             raise ValueError
     except ValueError:
         raise UsageError(what="--glibc X.Y", found=repr(args.glibc), fix="e.g. --glibc 2.36") from None
+    from sglang_deploy.shell.wheelhouse import fill
+
     result = fill(args.lock, args.dest, index=args.index_url, python=args.python_version,
                   glibc=glibc, arch=args.arch, uv_version=args.uv_version or None,
                   log=lambda m: print(m, file=sys.stderr))

@@ -1,10 +1,11 @@
 """Host data: every key this tool reads, its type, default and meaning (pure).
 
 The data table of docs/data-keys.md is generated from ``KEYS`` (``sglang-deploy data-table``,
-``scripts/readme_table.py``) and a test keeps the two equal. ``resolve(raw)`` checks a host's
-merged data and returns a ``Settings`` object; it raises ``DataError`` naming the key for
-anything wrong, before any host is contacted (``config.py`` calls it from pyinfra's
-before-connect hook).
+``scripts/readme_table.py``) and a test keeps the two equal. ``RULES``, beside them, declare
+what a value must be beyond its type and what one key asks of another (``datarules``).
+``resolve(raw, environ)`` checks a host's merged data and returns a ``Settings`` object; it
+raises ``DataError`` naming the key for anything wrong, before any host is contacted
+(``config.py`` calls it from pyinfra's before-connect hook).
 """
 
 from __future__ import annotations
@@ -13,20 +14,15 @@ import copy
 import difflib
 import functools
 import operator
-import os
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, make_dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
-# The typed errors (and with them pyinfra) are imported by the functions that raise them:
-# `sglang-deploy doctor --help` reads KEYS' defaults without importing pyinfra.
+from sglang_deploy.core import datarules as rules
+from sglang_deploy.core.errors import DataError
 
 # Data keys that belong to pyinfra itself or its connectors: passed through unchecked.
 FOREIGN_PREFIXES = ("ssh_", "_", "local_", "docker_", "chroot_", "winrm_", "terraform_", "vagrant_")
-
-_SCALAR = (str, int, float, bool)
-
 
 @dataclass(frozen=True)
 class Key:
@@ -244,23 +240,51 @@ def is_loopback(address: str) -> bool:
     return address in LOOPBACK or address.startswith("127.")
 
 
-def check_router_data(values: dict, has_key: bool) -> None:
-    """A router binding a non-loopback address must have an API key (raises DataError)."""
-    from sglang_deploy.core.errors import DataError
-
-    if not is_loopback(values["router_host"]) and not has_key:
-        raise DataError(key="router_host",
-                        what=f"binding the router to {values['router_host']} exposes the API "
-                             "to the network only with a key",
-                        found="no API key (`router_api_key_env` is not set)",
-                        fix="set `router_api_key_env` to the name of a controller environment "
-                            "variable holding the key, or bind `router_host: 127.0.0.1`")
-
-
 _FLAG_KEYS_OWNED = {
     "--host": "sglang_host", "--port": "sglang_port", "--api-key": "sglang_api_key_env",
     "--model-path": "sglang_model_path", "--served-model-name": "sglang_served_model_name",
 }
+
+#: What the values must be beyond their types, and what one key asks of another, checked in
+#: this order after every key's type (``datarules.check``; ansible's argument_spec).
+RULES = (
+    rules.Each(("sglang_model_path", "sglang_root", "sglang_cache_dir", "sglang_home",
+                "sglang_wheelhouse", "sglang_system_python", "router_root"), rules.absolute_path),
+    rules.Each(("sglang_env",), rules.env_mapping),
+    rules.Each(("sglang_env",), rules.no_secrets),
+    rules.Each(("bench_env", "sglang_smoke_env", "gpu_allreduce_env"), rules.env_mapping),
+    rules.Each(("gpu_allreduce_env", "sglang_smoke_env"), rules.no_secrets),
+    rules.Each(("sglang_smoke",), rules.elements_in("import", "flags", "entrypoints")),
+    rules.Each(("bench_concurrency",), rules.distinct_positive_ints),
+    rules.Each(("sglang_user", "sglang_service", "router_user", "router_service"),
+               rules.plain_name),
+    rules.Each(("sglang_launch_command",), rules.non_empty_strings),
+    rules.Each(("verify_phase_timeouts",), rules.phase_timeouts(PHASES)),
+    rules.Each(("sglang_flags",), rules.launch_flags(_FLAG_KEYS_OWNED)),
+    rules.Secrets((("sglang_api_key_env", "SGLANG_API_KEY"), ("sglang_hf_token_env", "HF_TOKEN"),
+                   ("router_api_key_env", "ROUTER_API_KEY"))),
+    rules.RequiredIf(
+        "sglang_host", when=lambda host: host not in LOOPBACK,
+        one_of=("secret:SGLANG_API_KEY", "sglang_allow_public_without_key"),
+        what="binding {value} exposes the API to the network",
+        found="no API key (`sglang_api_key_env` is not set)",
+        fix="set `sglang_api_key_env`, bind 127.0.0.1, or set "
+            "`sglang_allow_public_without_key: true` deliberately"),
+    # the router's key is the router's secret, not the server's (its own secrets file)
+    rules.RequiredIf(
+        "router_host", when=lambda host: not is_loopback(host), one_of=("secret:ROUTER_API_KEY",),
+        what="binding the router to {value} exposes the API to the network only with a key",
+        found="no API key (`router_api_key_env` is not set)",
+        fix="set `router_api_key_env` to the name of a controller environment variable holding "
+            "the key, or bind `router_host: 127.0.0.1`"),
+    rules.Each(("sglang_hf_endpoint",), rules.http_url),
+    rules.RequiredIf(
+        "sglang_model_download", when=bool, one_of=("sglang_model_repo",),
+        what="downloading needs a repo id",
+        found="sglang_model_download is true but sglang_model_repo is not set",
+        fix="set `sglang_model_repo` (e.g. org/model) or turn the download off",
+        names="sglang_model_repo"),
+)
 
 
 def _annotation(types: tuple) -> Any:
@@ -309,8 +333,6 @@ def _type_name(types: tuple) -> str:
 
 
 def _check_type(key: Key, value: Any) -> None:
-    from sglang_deploy.core.errors import DataError
-
     ok = isinstance(value, key.types)
     if isinstance(value, bool) and bool not in key.types:
         ok = False  # bool is an int in Python: never accept True for a number
@@ -329,64 +351,12 @@ def _check_type(key: Key, value: Any) -> None:
                         found=repr(value), fix=f"set `{key.name}` to a value >= {key.minimum}")
 
 
-def _check_path(name: str, value: str | None) -> None:
-    from sglang_deploy.core.errors import DataError
-
-    if value is None:
-        return
-    if not value.strip() or not PurePosixPath(value).is_absolute() or "\n" in value:
-        raise DataError(key=name, what=f"`{name}` must be an absolute path on the host",
-                        found=repr(value), fix=f"set `{name}` to an absolute path like /srv/models/NAME")
-
-
-def _check_mapping_of_scalars(name: str, value: dict) -> None:
-    from sglang_deploy.core.errors import DataError
-
-    for k, v in value.items():
-        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            raise DataError(key=name, what=f"`{name}` keys must be environment variable names",
-                            found=repr(k), fix=f"rename the key {k!r} in `{name}`")
-        if not isinstance(v, _SCALAR) or "\n" in str(v):
-            raise DataError(key=name, what=f"`{name}.{k}` must be a one-line scalar",
-                            found=repr(v), fix=f"set `{name}.{k}` to a string or number")
-
-
-#: environment variable names that hold secrets: refused in `sglang_env` (they would land in
-#: the unit file, readable by every local user); the `*_env` keys carry them instead
-SECRET_ENV_NAME = re.compile(
-    r"^(HF_TOKEN|HUGGING_FACE_HUB_TOKEN|HUGGINGFACE_TOKEN|(.*_)?(KEY|TOKEN|SECRET|PASSWORD|PASSWD))$",
-    re.IGNORECASE)
-
-
-def _check_no_secrets(name: str, value: dict) -> None:
-    from sglang_deploy.core.errors import DataError
-
-    for k in value:
-        if SECRET_ENV_NAME.match(k):
-            if "HF" in k.upper() or "HUGGING" in k.upper():
-                fix = ("remove it and set `sglang_hf_token_env` to the name of a controller "
-                       "environment variable holding the token")
-            elif "API_KEY" in k.upper():
-                fix = ("remove it and set `sglang_api_key_env` to the name of a controller "
-                       "environment variable holding the key")
-            else:
-                fix = ("remove it: secrets are never data; the API key goes through "
-                       "`sglang_api_key_env`, the Hugging Face token through "
-                       "`sglang_hf_token_env` (root-only secrets file)")
-            raise DataError(key=name, what=f"no secret in `{name}` (it lands in the unit file, "
-                                           "readable by every local user)",
-                            found=f"`{k}` in `{name}`", fix=fix)
-
-
 def unknown_keys(raw: dict[str, Any]) -> list[str]:
     return sorted(k for k in raw if k not in KEYS and not k.startswith(FOREIGN_PREFIXES))
 
 
-def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> "Settings":
-    """Check one host's merged data and return its Settings (raises DataError)."""
-    from sglang_deploy.core.errors import DataError, SglangDeployError
-
-    environ = os.environ if environ is None else environ
+def _typed_values(raw: dict[str, Any]) -> dict[str, Any]:
+    """Every key's value (the raw one, else its default), each of the key's type."""
     for name in unknown_keys(raw):
         close = difflib.get_close_matches(name, KEYS, n=1)
         hint = f"did you mean `{close[0]}`?" if close else "see the data table in docs/data-keys.md"
@@ -404,95 +374,15 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> "
         if not (value is None and NONE in key.types):
             _check_type(key, value)
         values[key.name] = value
+    return values
 
-    for name in ("sglang_model_path", "sglang_root", "sglang_cache_dir", "sglang_home",
-                 "sglang_wheelhouse", "sglang_system_python", "router_root"):
-        _check_path(name, values[name])
-    _check_mapping_of_scalars("sglang_env", values["sglang_env"])
-    _check_no_secrets("sglang_env", values["sglang_env"])
-    _check_mapping_of_scalars("bench_env", values["bench_env"])
-    _check_mapping_of_scalars("sglang_smoke_env", values["sglang_smoke_env"])
-    _check_mapping_of_scalars("gpu_allreduce_env", values["gpu_allreduce_env"])
-    _check_no_secrets("gpu_allreduce_env", values["gpu_allreduce_env"])
-    _check_no_secrets("sglang_smoke_env", values["sglang_smoke_env"])
-    steps = values["sglang_smoke"]
-    if not all(s in ("import", "flags", "entrypoints") for s in steps):
-        raise DataError(key="sglang_smoke", what="a list of steps of import, flags, entrypoints",
-                        found=repr(steps), fix='e.g. ["import", "flags", "entrypoints"]')
-    levels = values["bench_concurrency"]
-    if not levels or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
-                             for c in levels) or len(set(levels)) != len(levels):
-        raise DataError(key="bench_concurrency", what="a list of distinct positive integers",
-                        found=repr(levels), fix="e.g. [256, 512, 1024]")
-    for name in ("sglang_user", "sglang_service", "router_user", "router_service"):
-        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", values[name]):
-            raise DataError(key=name, what=f"`{name}` must be a plain lower-case name",
-                            found=repr(values[name]),
-                            fix=f"set `{name}` to e.g. `{KEYS[name].default}`")
-    if not all(isinstance(x, str) and x for x in values["sglang_launch_command"]):
-        raise DataError(key="sglang_launch_command", what="a list of non-empty strings",
-                        found=repr(values["sglang_launch_command"]),
-                        fix="e.g. [\"-m\", \"sglang.launch_server\"]")
-    phases = values["verify_phase_timeouts"]
-    for ph, secs in phases.items():
-        if ph not in PHASES:
-            raise DataError(key="verify_phase_timeouts", what=f"phases are {', '.join(PHASES)}",
-                            found=f"unknown phase {ph!r}", fix="rename or remove it")
-        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or secs <= 0:
-            raise DataError(key="verify_phase_timeouts", what=f"`{ph}` must be a positive number",
-                            found=repr(secs), fix=f"set verify_phase_timeouts.{ph} to seconds > 0")
-    values["verify_phase_timeouts"] = {**KEYS["verify_phase_timeouts"].default, **phases}
 
-    from sglang_deploy.core import flags as flagmod  # shape of the launch flags
-
-    try:
-        flagmod.check_shape(values["sglang_flags"])
-    except SglangDeployError as exc:
-        raise DataError(key="sglang_flags", what=f"well-formed launch flags ({exc.what})",
-                        found=exc.found, fix=exc.fix) from exc
-    for flag in map(flagmod.normalise_name, values["sglang_flags"]):
-        if flag in _FLAG_KEYS_OWNED:
-            owner = _FLAG_KEYS_OWNED[flag]
-            raise DataError(key="sglang_flags", what=f"`{flag}` is set through `{owner}`",
-                            found=f"`{flag}` in sglang_flags",
-                            fix=f"remove it from sglang_flags and set `{owner}`")
-
-    secrets: dict[str, str] = {}
-    for key_name, env_name in (("sglang_api_key_env", "SGLANG_API_KEY"),
-                               ("sglang_hf_token_env", "HF_TOKEN"),
-                               ("router_api_key_env", "ROUTER_API_KEY")):
-        var = values[key_name]
-        if var is None:
-            continue
-        secret = environ.get(var)
-        if not secret:
-            raise DataError(key=key_name, what=f"the secret named by `{key_name}` must be set",
-                            found=f"environment variable `{var}` is not set on the controller",
-                            fix=f"export {var}=... in the shell that runs the deploy "
-                                f"(never put the secret itself into data files)")
-        if "\n" in secret or "\0" in secret:
-            raise DataError(key=key_name, what="a secret must be one line",
-                            found=f"`{var}` contains a newline or NUL",
-                            fix=f"set {var} to the secret without newlines")
-        secrets[env_name] = secret
-    if (values["sglang_host"] not in LOOPBACK
-            and "SGLANG_API_KEY" not in secrets and not values["sglang_allow_public_without_key"]):
-        raise DataError(key="sglang_host",
-                        what=f"binding {values['sglang_host']} exposes the API to the network",
-                        found="no API key (`sglang_api_key_env` is not set)",
-                        fix="set `sglang_api_key_env`, bind 127.0.0.1, or set "
-                            "`sglang_allow_public_without_key: true` deliberately")
-    # the router's key is the router's secret, not the server's (its secrets file)
+def resolve(raw: dict[str, Any], environ: Mapping[str, str]) -> "Settings":
+    """Check one host's merged data and return its Settings (raises DataError). ENVIRON: the
+    controller's environment, where the secrets that ``*_env`` keys name are read."""
+    values = _typed_values(raw)
+    secrets = rules.check(RULES, values, environ, {k.name: k.default for k in KEYS.values()})
     router_key = secrets.pop("ROUTER_API_KEY", None)
-    check_router_data(values, router_key is not None)
-    endpoint = values["sglang_hf_endpoint"]
-    if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", endpoint):
-        raise DataError(key="sglang_hf_endpoint", what="an http(s) URL without query",
-                        found=repr(endpoint), fix="e.g. https://hf-mirror.example.org or null")
-    if values["sglang_model_download"] and not values["sglang_model_repo"]:
-        raise DataError(key="sglang_model_repo", what="downloading needs a repo id",
-                        found="sglang_model_download is true but sglang_model_repo is not set",
-                        fix="set `sglang_model_repo` (e.g. org/model) or turn the download off")
     return Settings(**values, secrets=secrets, router_key=router_key)
 
 

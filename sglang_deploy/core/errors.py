@@ -8,15 +8,14 @@ deploy prints something an operator can act on without reading a traceback::
       found:    7 GPUs (0-6)
       fix:      add `lxc.mount.entry: /dev/nvidia7 dev/nvidia7 none bind,optional,create=file`
 
-They derive from pyinfra's ``PyinfraError`` so that pyinfra reports them as ordinary
-operation/deploy failures.
+Plain exceptions (core imports no pyinfra): the shell translates one that leaves this tool's
+code into pyinfra's hands (``shell/pyinfraerror.py``), so that pyinfra reports it as an
+ordinary deploy failure, its own text and no traceback.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from pyinfra.api.exceptions import PyinfraError
 
 __all__ = [
     "BenchError",
@@ -46,7 +45,7 @@ def _indent(text: str, prefix: str) -> str:
     return ("\n" + prefix).join(lines)
 
 
-class SglangDeployError(PyinfraError):
+class SglangDeployError(Exception):
     """Base class: ``what`` was expected, ``found`` is what is there, ``fix`` is what to do."""
 
     title = "sglang-deploy error"
@@ -69,7 +68,7 @@ class SglangDeployError(PyinfraError):
 
     @property
     def message(self) -> str:
-        """The full text (pyinfra's CLI shows ``exc.message`` when it reports the error)."""
+        """The full text (what pyinfra's CLI shows of a translated error, ``shell/pyinfraerror.py``)."""
         return str(self)
 
     def lines(self) -> list[str]:

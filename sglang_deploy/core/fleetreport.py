@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sglang_deploy.core import groupstatus
 from sglang_deploy.core.logs.markers import PHASES
 
-if TYPE_CHECKING:  # core.group imports core.errors, which imports pyinfra: not for --help
+if TYPE_CHECKING:  # for the annotations only
     from sglang_deploy.core.group import Group
 
 REPORT_VERSION = 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # core.group imports core.errors, which imports pyinfra: not for --help
+if TYPE_CHECKING:  # for the annotations only
     from sglang_deploy.core.group import Group
 
 SERVING, DEGRADED, DOWN = "serving", "degraded", "down"

@@ -202,13 +202,6 @@ class Lock:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
 
-def read(path) -> Lock:
-    """The lock file at PATH (its text read now; parsed once per text, ``Lock.of``)."""
-    from pathlib import Path
-
-    return Lock.of(Path(path).read_text(), str(path))
-
-
 @functools.lru_cache(maxsize=16)
 def _parsed(text: str, source: str) -> Lock:
     pins, problem = _scan(text, source)

@@ -69,7 +69,7 @@ class StandalonePatchError(Exception):
 
 def error_type() -> type[Exception]:
     """The type of this module's errors: the package's typed ``PatchError`` (imported when
-    first needed: it imports pyinfra, which `sglang-deploy patch --help` does without), or,
+    first needed), or,
     standalone on a host where the package is not importable, ``StandalonePatchError``."""
     try:
         from sglang_deploy.core.errors import PatchError
@@ -204,174 +204,207 @@ def _is_backend_list(node: ast.AST) -> bool:
     )
 
 
-def analyse(source: str, relpath: str = "<source>", *, version: str | None = None) -> PatchPlan:
-    """Locate the MoE autotune allow-list in SOURCE and say what the patch would do.
+@dataclass
+class _Reading:
+    """One source under analysis: its text, lines and names, for the errors and the plan."""
 
-    Raises PatchError with ``code`` ``no-autotune-list`` (no list: SGLang <= 0.5.6.post2)
-    or ``unrecognised`` (the function exists but its shape is not one we know)."""
-    label = f"SGLang {version}" if version else "this SGLang"
-    where = f"{relpath}" + (f" (SGLang {version})" if version else "")
+    source: str
+    relpath: str
+    version: str | None
+    qualname: str = ""
 
-    def unrecognised(found: str, lines: tuple[int, int] | None = None) -> Exception:
+    def __post_init__(self) -> None:
+        self.lines = _split_lines(self.source)
+        self.label = f"SGLang {self.version}" if self.version else "this SGLang"
+        self.where = f"{self.relpath}" + (f" (SGLang {self.version})" if self.version else "")
+
+    def line(self, n: int) -> str:
+        return _strip_eol(self.lines[n - 1])
+
+    def unrecognised(self, found: str, lines: tuple[int, int] | None = None) -> Exception:
         at = f" (lines {lines[0]}-{lines[1]})" if lines else ""
         return patch_error(
             UNRECOGNISED,
-            what=f"the FlashInfer autotune allow-list in {where} in a known shape (a list "
+            what=f"the FlashInfer autotune allow-list in {self.where} in a known shape (a list "
             'of flashinfer_* MoE backends with "flashinfer_cutlass" commented out under its '
             "TODO, or enabled); other shapes are refused, never guessed",
             found=found + at,
-            fix=f"inspect {relpath}{at} by hand; {SUPPORTED}. Pin a known version, teach "
+            fix=f"inspect {self.relpath}{at} by hand; {SUPPORTED}. Pin a known version, teach "
             "sglang_deploy/core/patch.py this layout, or turn the autotune patch off for this "
             "profile",
         )
 
+    def plan(self, state: str, n: int, message: str, *, new_line: str | None = None,
+             new_source: str | None = None, diff: str = "", marker: bool = False) -> PatchPlan:
+        old_line = self.line(n)
+        return PatchPlan(state=state, relpath=self.relpath, function=self.qualname, line=n,
+                         old_line=old_line, new_line=new_line or old_line,
+                         new_source=self.source if new_source is None else new_source,
+                         diff=diff, message=message, marker=marker)
+
+
+def _parse(r: _Reading) -> ast.Module:
     try:
-        tree = ast.parse(source, filename=relpath)
+        return ast.parse(r.source, filename=r.relpath)
     except SyntaxError as exc:
         raise patch_error(
             UNRECOGNISED,
-            what=f"{where} to parse with Python {sys.version.split()[0]}",
+            what=f"{r.where} to parse with Python {sys.version.split()[0]}",
             found=f"SyntaxError: {exc.msg} (line {exc.lineno})",
             fix="run the patch with the release venv's python (the standalone script: "
             "`python patch_tool.py status SITE_PACKAGES`), which can parse its own sglang",
         ) from None
 
+
+def _predicate(r: _Reading, tree: ast.Module) -> ast.AST:
+    """The one definition of the autotune predicate (its qualname into R)."""
     funcs = _find_functions(tree)
     if not funcs:
         raise patch_error(
             NO_LIST,
             what=_NO_LIST_WHAT,
-            found=f"{label}: neither {METHOD_NAME}() (a method) nor {FUNCTION_NAME}() (a "
-            f"module function) is defined in {relpath}; SGLang <= 0.5.5.post3 has no "
+            found=f"{r.label}: neither {METHOD_NAME}() (a method) nor {FUNCTION_NAME}() (a "
+            f"module function) is defined in {r.relpath}; SGLang <= 0.5.5.post3 has no "
             "FlashInfer autotune at all",
             fix=_NO_LIST_FIX,
         )
     if len(funcs) > 1:
         names = ", ".join(f"{q} (line {n.lineno})" for q, n in funcs)  # type: ignore[attr-defined]
-        raise unrecognised(f"the autotune predicate is defined {len(funcs)} times: {names}")
+        raise r.unrecognised(f"the autotune predicate is defined {len(funcs)} times: {names}")
+    r.qualname, func = funcs[0]
+    return func
 
-    qualname, func = funcs[0]
-    flines = (func.lineno, func.end_lineno or func.lineno)  # type: ignore[attr-defined]
-    lines = _split_lines(source)
-    body_text = "".join(lines[flines[0] - 1 : flines[1]])
 
+def _backend_list(r: _Reading, func: ast.AST, flines: tuple[int, int]) -> ast.List:
+    """The one list of flashinfer_* backends inside FUNC (lines FLINES)."""
     candidates = [n for n in ast.walk(func) if _is_backend_list(n)]
     if not candidates:
-        if "enable_flashinfer_autotune" in body_text:
+        if "enable_flashinfer_autotune" in "".join(r.lines[flines[0] - 1 : flines[1]]):
             raise patch_error(
                 NO_LIST,
                 what=_NO_LIST_WHAT,
-                found=f"{label}: {qualname}() in {relpath} (lines {flines[0]}-{flines[1]}) "
+                found=f"{r.label}: {r.qualname}() in {r.relpath} (lines {flines[0]}-{flines[1]}) "
                 "uses the opt-in --enable-flashinfer-autotune scheme of 0.5.6.x and has no "
                 "MoE backend list",
                 fix=_NO_LIST_FIX,
             )
-        raise unrecognised(f"{qualname}() has no list of flashinfer_* backends", flines)
+        raise r.unrecognised(f"{r.qualname}() has no list of flashinfer_* backends", flines)
     if len(candidates) > 1:
-        raise unrecognised(
-            f"{qualname}() has {len(candidates)} lists of flashinfer_* backends "
+        raise r.unrecognised(
+            f"{r.qualname}() has {len(candidates)} lists of flashinfer_* backends "
             f"(lines {', '.join(str(c.lineno) for c in candidates)}): which one is meant is "
             "ambiguous",
             flines,
         )
-    lst = candidates[0]
-    llines = (lst.lineno, lst.end_lineno or lst.lineno)  # type: ignore[attr-defined]
-    elt_lines = sorted({e.lineno for e in lst.elts})  # type: ignore[attr-defined]
-    enabled = [e for e in lst.elts if e.value == BACKEND]  # type: ignore[attr-defined]
+    return candidates[0]  # type: ignore[return-value]
 
-    # The list's interior lines (between the brackets), as (lineno, text without eol).
-    interior = [(n, _strip_eol(lines[n - 1])) for n in range(llines[0], llines[1] + 1)]
-    commented = [(n, t) for n, t in interior if _COMMENTED_RE.match(t)]
-    marked = [(n, t) for n, t in interior if MARKER in t]
 
-    def plan(state: str, n: int, message: str, *, new_line: str | None = None,
-             new_source: str = source, diff: str = "", marker: bool = False) -> PatchPlan:
-        old_line = _strip_eol(lines[n - 1])
-        return PatchPlan(state=state, relpath=relpath, function=qualname, line=n,
-                         old_line=old_line, new_line=new_line or old_line,
-                         new_source=new_source, diff=diff, message=message, marker=marker)
-
-    if enabled:
-        if len(enabled) > 1 or commented:
-            raise unrecognised(
-                f'"{BACKEND}" appears {len(enabled)} time(s) enabled and {len(commented)} '
-                f"time(s) commented out in the list of {qualname}()",
-                llines,
-            )
-        n = enabled[0].lineno
-        if len([e for e in lst.elts if e.lineno == n]) != 1:  # type: ignore[attr-defined]
-            raise unrecognised(f'"{BACKEND}" shares line {n} with other list items', llines)
-        if any(m != n for m, _ in marked):
-            raise unrecognised(
-                f"the marker {MARKER!r} is on line(s) "
-                f"{', '.join(str(m) for m, _ in marked if m != n)}, not on the "
-                f'"{BACKEND}" item (line {n})',
-                llines,
-            )
-        if marked:
-            return plan(ALREADY, n, f'"{BACKEND}" enabled by sglang-deploy ({relpath}:{n})',
-                        marker=True)
-        above = _strip_eol(lines[n - 2]) if n >= 2 else ""
-        if _TODO_RE.match(above):
-            return plan(ALREADY, n, f'"{BACKEND}" enabled under the TODO ({relpath}:{n}; no sglang-deploy '
-                        "marker: it was uncommented by hand or another tool)")
-        return plan(UPSTREAM, n, f'"{BACKEND}" is autotuned upstream ({qualname}, {relpath}:{n}): '
-                    "nothing to patch")
-
+def _plan_enabled(r: _Reading, lst: ast.List, enabled: list, commented: list, marked: list,
+                  llines: tuple[int, int]) -> PatchPlan:
+    """The backend is an item of the list: ours (the marker), by hand, or upstream's."""
+    if len(enabled) > 1 or commented:
+        raise r.unrecognised(
+            f'"{BACKEND}" appears {len(enabled)} time(s) enabled and {len(commented)} '
+            f"time(s) commented out in the list of {r.qualname}()",
+            llines,
+        )
+    n = enabled[0].lineno
+    if len([e for e in lst.elts if e.lineno == n]) != 1:
+        raise r.unrecognised(f'"{BACKEND}" shares line {n} with other list items', llines)
+    if any(m != n for m, _ in marked):
+        raise r.unrecognised(
+            f"the marker {MARKER!r} is on line(s) "
+            f"{', '.join(str(m) for m, _ in marked if m != n)}, not on the "
+            f'"{BACKEND}" item (line {n})',
+            llines,
+        )
     if marked:
-        raise unrecognised(
+        return r.plan(ALREADY, n, f'"{BACKEND}" enabled by sglang-deploy ({r.relpath}:{n})',
+                      marker=True)
+    above = r.line(n - 1) if n >= 2 else ""
+    if _TODO_RE.match(above):
+        return r.plan(ALREADY, n, f'"{BACKEND}" enabled under the TODO ({r.relpath}:{n}; no '
+                      "sglang-deploy marker: it was uncommented by hand or another tool)")
+    return r.plan(UPSTREAM, n, f'"{BACKEND}" is autotuned upstream ({r.qualname}, '
+                  f"{r.relpath}:{n}): nothing to patch")
+
+
+def _commented_line(r: _Reading, lst: ast.List, commented: list, marked: list,
+                    llines: tuple[int, int], flines: tuple[int, int]) -> tuple[int, str]:
+    """The one commented-out backend line (number, indentation), in a list of one item per
+    line at its indentation, under the TODO comment."""
+    if marked:
+        raise r.unrecognised(
             f"the marker {MARKER!r} is present (line {marked[0][0]}) but "
             f'"{BACKEND}" is not an item of the list',
             llines,
         )
     if not commented:
-        raise unrecognised(
-            f'"{BACKEND}" is neither an item of nor commented out in the list of {qualname}() '
+        raise r.unrecognised(
+            f'"{BACKEND}" is neither an item of nor commented out in the list of {r.qualname}() '
             f"(lines {llines[0]}-{llines[1]})",
             flines,
         )
     if len(commented) > 1:
-        raise unrecognised(
+        raise r.unrecognised(
             f'"{BACKEND}" is commented out {len(commented)} times '
             f"(lines {', '.join(str(n) for n, _ in commented)})",
             llines,
         )
     n, text = commented[0]
     indent = _indent(text)
-    item_indents = {_indent(_strip_eol(lines[m - 1])) for m in elt_lines}
-    if (
-        llines[0] in elt_lines
-        or llines[1] in elt_lines
-        or len(elt_lines) != len(lst.elts)
-        or item_indents != {indent}
-    ):
-        raise unrecognised(
-            f"the list items of {qualname}() are not one per line at the indentation of the "
+    elt_lines = sorted({e.lineno for e in lst.elts})
+    item_indents = {_indent(r.line(m)) for m in elt_lines}
+    if (llines[0] in elt_lines or llines[1] in elt_lines or len(elt_lines) != len(lst.elts)
+            or item_indents != {indent}):
+        raise r.unrecognised(
+            f"the list items of {r.qualname}() are not one per line at the indentation of the "
             f"commented-out line {n} ({len(indent)} columns)",
             llines,
         )
-    above = _strip_eol(lines[n - 2])
+    above = r.line(n - 1)
     m = _TODO_RE.match(above)
     if not m or m.group("indent") != indent:
-        raise unrecognised(
+        raise r.unrecognised(
             f'line {n - 1}, above the commented-out "{BACKEND}" (line {n}), is not the '
             f"flashinfer_cutlass TODO comment: {above.strip()!r}",
             llines,
         )
+    return n, indent
+
+
+def analyse(source: str, relpath: str = "<source>", *, version: str | None = None) -> PatchPlan:
+    """Locate the MoE autotune allow-list in SOURCE and say what the patch would do.
+
+    Raises PatchError with ``code`` ``no-autotune-list`` (no list: SGLang <= 0.5.6.post2)
+    or ``unrecognised`` (the function exists but its shape is not one we know)."""
+    r = _Reading(source, relpath, version)
+    func = _predicate(r, _parse(r))
+    flines = (func.lineno, func.end_lineno or func.lineno)  # type: ignore[attr-defined]
+    lst = _backend_list(r, func, flines)
+    llines = (lst.lineno, lst.end_lineno or lst.lineno)
+    enabled = [e for e in lst.elts if e.value == BACKEND]  # type: ignore[attr-defined]
+    # The list's interior lines (between the brackets), as (lineno, text without eol).
+    interior = [(n, r.line(n)) for n in range(llines[0], llines[1] + 1)]
+    commented = [(n, t) for n, t in interior if _COMMENTED_RE.match(t)]
+    marked = [(n, t) for n, t in interior if MARKER in t]
+    if enabled:
+        return _plan_enabled(r, lst, enabled, commented, marked, llines)
+    n, indent = _commented_line(r, lst, commented, marked, llines, flines)
     new_line = f'{indent}"{BACKEND}",  {MARKER}'
-    new_lines = list(lines)
-    new_lines[n - 1] = new_line + _eol(lines[n - 1])
+    new_lines = list(r.lines)
+    new_lines[n - 1] = new_line + _eol(r.lines[n - 1])
     new_source = "".join(new_lines)
-    result = plan(NEEDED, n, f'"{BACKEND}" is commented out in {qualname}() ({relpath}:{n}): '
-                  "the patch uncomments it", new_line=new_line, new_source=new_source,
-                  diff=_unified_diff(lines, new_lines, relpath))
+    result = r.plan(NEEDED, n, f'"{BACKEND}" is commented out in {r.qualname}() ({relpath}:{n}): '
+                    "the patch uncomments it", new_line=new_line, new_source=new_source,
+                    diff=_unified_diff(r.lines, new_lines, relpath))
     # Self-check: the result parses and reads back as our change, on the same line.
     try:
         again = analyse(new_source, relpath, version=version)
     except error_type() as exc:  # pragma: no cover - would be a bug in this module
-        raise unrecognised(f"the patched text does not verify: {exc}", llines) from None
+        raise r.unrecognised(f"the patched text does not verify: {exc}", llines) from None
     if again.state != ALREADY or not again.marker or again.line != n:  # pragma: no cover
-        raise unrecognised(f"the patched text reads back as {again.state!r}", llines)
+        raise r.unrecognised(f"the patched text reads back as {again.state!r}", llines)
     return result
 
 

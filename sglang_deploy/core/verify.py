@@ -96,7 +96,18 @@ class Verifier:
         violation = next((e for e in events if e.kind == "violation"), None)
         if self.tracker.phase != self.last_phase:
             self.last_phase, self.phase_since = self.tracker.phase, now
+        failed = self._crashed(service, inv, violation) or self._overdue(now, service)
+        if failed is not None:
+            return failed
+        if self.worker:
+            return self._worker_ready(poll, now)
+        if not self.tracker.ready_seen:
+            return Decision("wait", self.progress_text(now))
+        return self._api_ready(poll, now, service)
 
+    def _crashed(self, service: dict, inv: str | None, violation) -> Decision | None:
+        """A failure the service or its lines show: startup out of order, a restart, an
+        exit, a fatal line."""
         if violation is not None:
             return self._fail(f"startup out of order: {violation.message}", service)
         if inv and self.invocation and inv != self.invocation:
@@ -114,7 +125,10 @@ class Verifier:
             # the process may still be dying: report now, the lines are conclusive
             return self._fail(f"fatal error in phase `{self.failure_phase()}`"
                               f"{self._crash_text()}", service)
+        return None
 
+    def _overdue(self, now: float, service: dict) -> Decision | None:
+        """A phase's deadline or the overall one passed."""
         elapsed = now - self.started_at
         key = PHASE_DEADLINE_KEY.get(self.tracker.phase, "warmup")
         limit = self.phase_timeouts.get(key)
@@ -127,20 +141,25 @@ class Verifier:
             return self._fail(
                 f"not ready after {elapsed:.0f}s (verify_timeout_s {self.overall_timeout_s})",
                 service, progress=self.progress_text(now))
+        return None
 
-        if self.worker:
-            health = poll.get("health") or {}
-            if health.get("status") != 200:
-                return Decision("wait", self.progress_text(now))
-            return Decision("ready", f"node up after {now - self.started_at:.1f}s: its "
-                                     "schedulers are ready (/health 200)", {
-                "phase_durations": self.tracker.phase_durations,
-                "time_to_ready_s": round(now - self.started_at, 2),
-                "invocation": self.invocation,
-            })
-        if not self.tracker.ready_seen:
+    def _ready(self, message: str, now: float) -> Decision:
+        return Decision("ready", message, {
+            "phase_durations": self.tracker.phase_durations,
+            "time_to_ready_s": round(now - self.started_at, 2),
+            "invocation": self.invocation,
+        })
+
+    def _worker_ready(self, poll: dict, now: float) -> Decision:
+        """A group's node of rank >= 1 is up when its /health answers 200."""
+        health = poll.get("health") or {}
+        if health.get("status") != 200:
             return Decision("wait", self.progress_text(now))
-        # the log says ready: now the API must agree
+        return self._ready(f"node up after {now - self.started_at:.1f}s: its "
+                           "schedulers are ready (/health 200)", now)
+
+    def _api_ready(self, poll: dict, now: float, service: dict) -> Decision:
+        """The log says ready: now the API must agree (health, models, a generation)."""
         health = poll.get("health") or {}
         if health.get("status") != 200:
             return Decision("wait", f"log says ready; {_health_text(health)}")
@@ -158,11 +177,7 @@ class Verifier:
                 return self._http_failed(
                     f"a one-token generation failed: {gen.get('status') or gen.get('error')} "
                     f"{gen.get('body', '')[:200]}", service)
-        return Decision("ready", f"ready after {now - self.started_at:.1f}s", {
-            "phase_durations": self.tracker.phase_durations,
-            "time_to_ready_s": round(now - self.started_at, 2),
-            "invocation": self.invocation,
-        })
+        return self._ready(f"ready after {now - self.started_at:.1f}s", now)
 
     def _http_failed(self, message: str, service: dict) -> Decision:
         """An API check failed after the ready line. The poll read the journal BEFORE

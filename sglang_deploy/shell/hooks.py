@@ -28,11 +28,13 @@ from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import errors, jit, lockfile
+from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file, with_group_limits
+from sglang_deploy.shell.lockfiles import read as read_lock
 from sglang_deploy.shell.plan import PLAN_ENV
+from sglang_deploy.shell.pyinfraerror import ToolError, for_pyinfra, translated
 
 #: True once this process's pyinfra run has checked its hosts (``install``'s ``init``)
 _checked = False
@@ -63,7 +65,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
                     fix=f"fix `{key}` (see locks/*.txt) or make the lock with "
                         "`sglang-deploy lock locks/NAME.in`")
             if not routing.is_router(each):  # a server's lock and flags, not the router's
-                jit.check_lock(lockfile.read(lock).text, settings.sglang_lock,
+                jit.check_lock(read_lock(lock).text, settings.sglang_lock,
                                settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
         except errors.DataError as exc:
@@ -130,13 +132,13 @@ def require_checked(deploy_file: str) -> None:
     if _checked:
         return
     project = Path(deploy_file).resolve().parent
-    raise UsageError(
+    raise for_pyinfra(UsageError(
         what=f"pyinfra run from the project folder {project}, so that its config.py checks "
              "every host's data (keys, types, secrets, launch flags) before the deploy",
         found=f"config.py was not loaded (pyinfra reads ./config.py of the current folder, "
               f"{os.getcwd()}): nothing was checked and nothing was run",
         fix=f"run the same command from {project} (`cd {project}`), or add "
-            f"`--chdir {project}` to the pyinfra command line")
+            f"`--chdir {project}` to the pyinfra command line"))
 
 
 def connection_lost(host) -> bool:
@@ -235,7 +237,7 @@ class HoldDeployLock(BaseStateCallback):
             self.hold(host)
         except errors.SglangDeployError as exc:
             outcomes.failed(host.name, exc, "connect")
-            raise
+            raise for_pyinfra(exc) from exc
 
     def hold(self, host) -> None:
         client = getattr(host.connector, "client", None)
@@ -342,12 +344,13 @@ def install(state) -> None:
 
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()
-    hub.NOT_ERROR = (*hub.NOT_ERROR, deploylock.SglangDeployError)
+    hub.NOT_ERROR = (*hub.NOT_ERROR, ToolError)
     handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay()]
     if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
         handlers.append(HoldDeployLock())
     original = state.init
 
+    @translated()
     def init(inventory, config, initial_limit=None, **kwargs):
         global _checked
         initial_limit = _group_limit(inventory, initial_limit)

@@ -25,8 +25,7 @@ from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import lockfile, service
 from sglang_deploy.core.errors import DataError, FlagError
-from sglang_deploy.core.flags import cache as flagcache
-from sglang_deploy.shell import pipdownload
+from sglang_deploy.shell import flagcache, pipdownload
 
 
 def cache_root() -> Path:

@@ -35,6 +35,8 @@ from typing import Any
 from pyinfra.api.state import BaseStateCallback, StateStage
 
 from sglang_deploy.core import outcome
+from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.shell import pyinfraerror
 
 OUTCOMES_ENV = "SGLANG_DEPLOY_OUTCOMES"
 DEFAULT_DIR = Path(".sglang-deploy/outcomes")
@@ -219,20 +221,24 @@ def install(state, cwd: str | None, dry: bool) -> Recorder:
 def stage(name: str):
     """Decorate a stage (a ``@deploy`` function): the host's record names it as the stage
     reached, its operations run under its name, and an exception while it prepares them is
-    the host's failure."""
+    the host's failure (one of ours raised on to pyinfra as its own kind: ``pyinfraerror``)."""
 
     def decorate(function):
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
             rec = _recorder
             if rec is None:
-                return function(*args, **kwargs)
+                with pyinfraerror.translated():
+                    return function(*args, **kwargs)
             from pyinfra import host
 
             before = len(host.op_hash_order)
             rec.enter(host.name, name)
             try:
                 return function(*args, **kwargs)
+            except SglangDeployError as exc:
+                rec.failed(host.name, exc, name)
+                raise pyinfraerror.for_pyinfra(exc) from exc
             except Exception as exc:
                 rec.failed(host.name, exc, name)
                 raise

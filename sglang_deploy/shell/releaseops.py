@@ -18,8 +18,7 @@ from pyinfra.api.command import FileUploadCommand
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import jit, modelfetch, smoke
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
-from sglang_deploy.core.flags import cache as flagcache
-from sglang_deploy.shell import streamed
+from sglang_deploy.shell import flagcache, streamed
 from sglang_deploy.shell.facts import ServerArgsSource
 from sglang_deploy.shell.operations import _sh, private_upload, reported
 

@@ -15,7 +15,6 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from sglang_deploy.core import data as datamod
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import RouterError
 from sglang_deploy.shell import routing
@@ -189,7 +188,7 @@ def routers_of(fl: routing.Fleet, settings: dict | None = None) -> list[Router]:
     Settings already resolved (host name -> Settings), else resolved here."""
     out = []
     for name, raw in fl.routers:
-        s = (settings or {}).get(name) or datamod.resolve(raw)
+        s = (settings or {}).get(name) or routing.resolve(raw)
         address = routermod.router_address(s.router_host, raw, name)
         workers = {w: routing.worker_url(w, wraw) for w, wraw in routing.router_workers(fl)}
         out.append(Router(host=name, url=routermod.http_url(address, s.router_port),

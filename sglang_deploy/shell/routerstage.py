@@ -101,6 +101,20 @@ def router_stage():
     if hs is None:
         raise RouterError(what=f"the host-state read on {host.name} to print JSON",
                           found="no output", fix=f"check `{s.sglang_system_python}` runs there")
+    release = _release(s, hs, tools, release_id, version, lock_text)
+    secrets = ops.secret_file(
+        name=f"Router key {SECRETS_FILE} (0600, root)", path=SECRETS_FILE,
+        content=render_secrets_env({"SMG_API_KEY": s.router_key} if s.router_key else {}),
+        present_sha256=hs.get("secrets_sha256"))
+    urls = workers()
+    unit, link = _unit_and_link(s, hs, release_id, version, urls)
+    _started_and_verified(s, hs, unit, [unit, secrets, release, link], urls)
+
+
+def _release(s, hs: dict, tools: list, release_id: str, version: str, lock_text: str):
+    """The router's user, folders, tools, tool venv and release venv (the old ones pruned);
+    returns the release venv's operation."""
+    root, rel = s.router_root, f"{s.router_root}/releases/{release_id}"
     present = hs["paths"]
     if s.router_user not in hs["users"]:
         server.user(name=f"Router user {s.router_user}", user=s.router_user, system=True,
@@ -126,11 +140,12 @@ def router_stage():
     releaseops.releases_pruned(name="Old router releases (keep 3)", root=root,
                         releases={**hs["releases"], release_id: {"installed_at": "now"}}, keep=3,
                         protected={r for r in (release_id, hs.get("current")) if r})
-    secrets = ops.secret_file(
-        name=f"Router key {SECRETS_FILE} (0600, root)", path=SECRETS_FILE,
-        content=render_secrets_env({"SMG_API_KEY": s.router_key} if s.router_key else {}),
-        present_sha256=hs.get("secrets_sha256"))
-    urls = workers()
+    return release
+
+
+def _unit_and_link(s, hs: dict, release_id: str, version: str, urls: list[str]) -> tuple:
+    """The router's unit (listing the worker URLS) and its `current` link: their operations."""
+    root, present = s.router_root, hs["paths"]
     argv = routermod.launch_argv(
         python=f"{root}/current/venv/bin/python", launcher=f"{root}/tools/{LAUNCHER}", host=s.router_host,
         port=s.router_port, policy=s.router_policy, workers=urls,
@@ -141,10 +156,17 @@ def router_stage():
     unit = ops.file_content(name=f"Unit {unit_path(s)}", src=StringIO(unit_text),
                             dest=unit_path(s), mode="644", present=present.get(unit_path(s)))
     link = ops.symlink(name=f"{root}/current -> router release {release_id}",
-                       path=f"{root}/current", target=rel, present=present.get(f"{root}/current"))
+                       path=f"{root}/current", target=f"{root}/releases/{release_id}",
+                       present=present.get(f"{root}/current"))
+    return unit, link
+
+
+def _started_and_verified(s, hs: dict, unit, triggers: list, urls: list[str]) -> None:
+    """The router enabled and started, restarted when a TRIGGER changes, and verified when
+    (re)started, when asked (verify_converged), and when the running router is not the one
+    that last passed (a failed or interrupted deploy left it unverified)."""
     svc = hs["service"]
     started = ops.enabled_and_started(s.router_service, unit, svc)
-    triggers = [unit, secrets, release, link]
     restarted = None
     if any(t.will_change for t in triggers) and not started.will_change:
         restarted = ops.service_restarted(
@@ -154,8 +176,6 @@ def router_stage():
              "model": s.served_model_name, "timeout_s": s.router_verify_timeout_s,
              "host": "127.0.0.1" if s.router_host in routermod.WILDCARD else s.router_host,
              "poll_s": s.verify_poll_s}
-    # verified when (re)started, when asked (verify_converged), and when the running router
-    # is not the one that last passed (a failed or interrupted deploy left it unverified)
     verified = (hs.get("last_verified") or {}).get("invocation")
     unverified = not svc.get("InvocationID") or verified != svc.get("InvocationID")
     if started.will_change or restarted is not None or s.verify_converged or unverified:

@@ -71,7 +71,12 @@ def worker_url(name: str, raw: dict) -> str:
 
 def settings(host, inventory) -> datamod.Settings:
     """HOST's data resolved now (``data.resolve``): the hooks' validation, the commands."""
-    return datamod.resolve(raw_data(host, inventory))
+    return resolve(raw_data(host, inventory))
+
+
+def resolve(raw: dict) -> datamod.Settings:
+    """RAW data resolved, its secrets read from this controller's environment."""
+    return datamod.resolve(raw, os.environ)
 
 
 #: the attribute of pyinfra's ``State`` (this project's own) holding this run's Settings

@@ -22,16 +22,15 @@ from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import group, jit, lockfile, modelfetch, nvsmi, preflight, report, service
+from sglang_deploy.core import group, jit, modelfetch, nvsmi, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
-from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving
 from sglang_deploy.shell import allreduce, groupops, jitcheck, outcomes, p2pview, plan
-from sglang_deploy.shell import releaseops, reports, routing
+from sglang_deploy.shell import flagcache, lockfiles, releaseops, reports, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -97,7 +96,7 @@ def lock_info(lock_file: str, key: str = "sglang_lock", parse=service.release_of
     if not path.is_file():
         raise DataError(key=key, what=f"the lock file named by `{key}` exists",
                         found=f"no file {path}", fix=fix)
-    text = lockfile.read(path).text  # parsed once per text (``lockfile.Lock``)
+    text = lockfiles.read(path).text  # parsed once per text (``lockfile.Lock``)
     return (*parse(text, str(path)), text)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sglang_deploy.commands import htmlreport
 from sglang_deploy.core import fleetreport, preflight
-from sglang_deploy.shell import benchhost
+from sglang_deploy.shell import throughputhost
 from sglang_deploy.shell import reports as reportfiles
 
 HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
@@ -63,8 +63,8 @@ def write_state(root: Path) -> Path:
     for entry in (bench_entry("gpu-a", "rel1-aaaaaaaaaaaa", 1.0, {"256": 5000.5, "512": 7000.0}),
                   bench_entry("gpu-a", "rel1-aaaaaaaaaaaa", 2.0, {"256": 5100.0, "512": 7100.25}),
                   bench_entry("gpu-a", "rel2-bbbbbbbbbbbb", 3.0, {"256": 5600.0, "512": 8000.0})):
-        benchhost.append_local("gpu-a", entry, root)
-    benchhost.append_local("gpu-a", bench_entry("gpu-a", "rel2-bbbbbbbbbbbb", 3.0,
+        throughputhost.append_local("gpu-a", entry, root)
+    throughputhost.append_local("gpu-a", bench_entry("gpu-a", "rel2-bbbbbbbbbbbb", 3.0,
                                             {"256": 5600.0, "512": 8000.0}), root)  # same run twice
     return state
 

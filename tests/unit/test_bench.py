@@ -19,11 +19,11 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_deploy.commands import bench, cli
-from sglang_deploy.core import bench as benchcore
+from sglang_deploy.core import throughput
 from sglang_deploy.core import data
 from sglang_deploy.core.errors import BenchError, DataError
 from sglang_deploy.remote import bench_run
-from sglang_deploy.shell import benchhost
+from sglang_deploy.shell import throughputhost
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
@@ -40,7 +40,7 @@ def settings(**over):
 
 # ----------------------------------------------------------------------------- parsing
 def test_summary_of_the_real_output():
-    s = benchcore.parse_summary(STDOUT)
+    s = throughput.parse_summary(STDOUT)
     assert s["Output token throughput (tok/s)"] == 988.34
     assert s["Successful requests"] == 32
     assert s["Max request concurrency"] == 4
@@ -50,7 +50,7 @@ def test_summary_of_the_real_output():
 
 
 def test_summary_missing_is_empty():
-    assert benchcore.parse_summary("Namespace(...)\n#Input tokens: 10\nTraceback ...\n") == {}
+    assert throughput.parse_summary("Namespace(...)\n#Input tokens: 10\nTraceback ...\n") == {}
 
 
 def test_result_line_drops_server_info_and_reads_infinity():
@@ -76,30 +76,30 @@ def level(result=None, rc=0, stdout="", stderr="", c=4):
 
 
 def test_level_from_the_output_file():
-    lv = benchcore.level_figures(level(bench_run.read_result(JSONL)), expected_prompts=32)
+    lv = throughput.level_figures(level(bench_run.read_result(JSONL)), expected_prompts=32)
     assert lv.concurrency == 4 and lv.output_tok_s == pytest.approx(988.34, abs=0.01)
     assert lv.completed == 32 and lv.total_output_tokens == 4096
 
 
 def test_level_falls_back_to_the_printed_summary():
-    lv = benchcore.level_figures(level(None, stdout=STDOUT), expected_prompts=32)
+    lv = throughput.level_figures(level(None, stdout=STDOUT), expected_prompts=32)
     assert lv.output_tok_s == 988.34 and lv.completed == 32
 
 
 def test_level_failure_says_why_with_the_output():
     with pytest.raises(BenchError) as e:
-        benchcore.level_figures(level(None, rc=1, stdout="Server at http://127.0.0.1:30000/v1/models "
+        throughput.level_figures(level(None, rc=1, stdout="Server at http://127.0.0.1:30000/v1/models "
                                                     "is not ready. Exiting."))
     text = str(e.value)
     assert "concurrency 4" in text and "exit status 1" in text and "is not ready" in text
     with pytest.raises(BenchError, match="timed out"):
-        benchcore.level_figures(level(None, rc=None))
+        throughput.level_figures(level(None, rc=None))
 
 
 def test_level_with_failed_requests_fails():
     r = bench_run.read_result(JSONL)
     with pytest.raises(BenchError, match="32 of 40 succeeded"):
-        benchcore.level_figures(level(r), expected_prompts=40)
+        throughput.level_figures(level(r), expected_prompts=40)
 
 
 # ----------------------------------------------------------------------------- argv
@@ -120,7 +120,7 @@ def bench_serving_flags():
 
 def test_argv_uses_only_real_flags(bench_serving_flags):
     flags, src = bench_serving_flags
-    argv = benchcore.bench_argv(256, host="127.0.0.1", port=30000, model_path="/srv/m",
+    argv = throughput.bench_argv(256, host="127.0.0.1", port=30000, model_path="/srv/m",
                             served_name="glm-5", dataset="random-ids", input_len=1024,
                             output_len=1024, prompts=None, request_rate=None)
     used = [a for a in argv if a.startswith("--")]
@@ -134,7 +134,7 @@ def test_argv_uses_only_real_flags(bench_serving_flags):
 
 
 def test_argv_choices_and_rate():
-    argv = benchcore.bench_argv(8, host="0.0.0.0", port=31000, model_path="/m", served_name="n",
+    argv = throughput.bench_argv(8, host="0.0.0.0", port=31000, model_path="/m", served_name="n",
                             dataset="random", input_len=5, output_len=7, prompts=3,
                             request_rate=2.5)
     assert argv[argv.index("--host") + 1] == "127.0.0.1"  # a wildcard bind is reached locally
@@ -147,9 +147,9 @@ def test_plan_and_remote_command_never_hold_the_key():
     s = settings(sglang_api_key_env="KEY_VAR", bench_concurrency=[2, 4],
                  bench_env={"PYTHONPATH": "/x"})
     assert s.api_key == "sk-very-secret"
-    p = benchcore.plan(s)
+    p = throughput.plan(s)
     assert [lv["concurrency"] for lv in p] == [2, 4]
-    cmd = benchhost.remote_command(s, "/etc/sglang/secrets.env")
+    cmd = throughputhost.remote_command(s, "/etc/sglang/secrets.env")
     assert "sk-very-secret" not in cmd
     assert "--env PYTHONPATH=/x" in cmd and "/etc/systemd/system/sglang.service" in cmd
 
@@ -174,8 +174,8 @@ def rec(identity="A", t=1.0, **tok):
 
 
 def test_record_identity_and_figures():
-    lv = benchcore.Level(concurrency=4, output_tok_s=988.3449)
-    r = benchcore.make_record("h1", IDENT, [lv], {"dataset": "random-ids"}, now=0, run_id="x")
+    lv = throughput.Level(concurrency=4, output_tok_s=988.3449)
+    r = throughput.make_record("h1", IDENT, [lv], {"dataset": "random-ids"}, now=0, run_id="x")
     assert r["identity"] == "0123456789abcdef-" + "ab" * 6
     assert r["output_tok_s"] == {"4": 988.34}
     assert r["time_iso"] == "1970-01-01T00:00:00Z" and r["run_id"] == "x"
@@ -183,18 +183,18 @@ def test_record_identity_and_figures():
 
 def test_previous_is_the_latest_other_identity():
     records = [rec("A", 1), rec("B", 3), rec("C", 2), rec("C", 9), {"junk": 1}]
-    assert benchcore.pick_previous(records, "C")["identity"] == "B"
-    assert benchcore.pick_previous(records, "B")["identity"] == "C"
-    assert benchcore.pick_previous([rec("A", 1)], "A") is None
+    assert throughput.pick_previous(records, "C")["identity"] == "B"
+    assert throughput.pick_previous(records, "B")["identity"] == "C"
+    assert throughput.pick_previous([rec("A", 1)], "A") is None
 
 
 def test_gate_passes_same_speed():
-    ok, msg = benchcore.gate(rec("B", c2=790.0, c4=980.0), rec("A", c2=800.0, c4=990.0), 0.95)
+    ok, msg = throughput.gate(rec("B", c2=790.0, c4=980.0), rec("A", c2=800.0, c4=990.0), 0.95)
     assert ok and "holds" in msg and "0.988" in msg
 
 
 def test_gate_rejects_a_slower_release():
-    ok, msg = benchcore.gate(rec("B", c2=400.0, c4=495.0), rec("A", c2=800.0, c4=990.0), 0.95)
+    ok, msg = throughput.gate(rec("B", c2=400.0, c4=495.0), rec("A", c2=800.0, c4=990.0), 0.95)
     assert not ok
     assert "dropped below 0.95" in msg and "A -> B" in msg
     assert "concurrency 2: 400.0 tok/s vs 800.0 tok/s, ratio 0.500 (drop of 50.0%)" in msg
@@ -204,38 +204,38 @@ def test_gate_rejects_a_slower_release():
 def test_gate_says_when_the_benchmark_parameters_differ():
     cur = {**rec("B", c2=800.0), "params": {"output_len": 128, "input_len": 32}}
     prev = {**rec("A", c2=800.0), "params": {"output_len": 64, "input_len": 32}}
-    ok, msg = benchcore.gate(cur, prev, 0.95)
+    ok, msg = throughput.gate(cur, prev, 0.95)
     assert ok and "benchmark parameters differ: output_len 64 -> 128" in msg
 
 
 def test_gate_one_level_below_fails():
-    ok, msg = benchcore.gate(rec("B", c2=800.0, c4=900.0), rec("A", c2=800.0, c4=990.0), 0.95)
+    ok, msg = throughput.gate(rec("B", c2=800.0, c4=900.0), rec("A", c2=800.0, c4=990.0), 0.95)
     assert not ok and "concurrency 4" in msg and "concurrency 2:" not in msg
 
 
 def test_gate_without_previous_or_common_levels_or_ratio():
-    assert benchcore.gate(rec("B", c2=1.0), None, 0.95)[0]
-    ok, msg = benchcore.gate(rec("B", c8=1.0), rec("A", c2=5.0), 0.95)
+    assert throughput.gate(rec("B", c2=1.0), None, 0.95)[0]
+    ok, msg = throughput.gate(rec("B", c8=1.0), rec("A", c2=5.0), 0.95)
     assert ok and "no concurrency level in common" in msg
-    ok, msg = benchcore.gate(rec("B", c2=1.0), rec("A", c2=5.0), None)
+    ok, msg = throughput.gate(rec("B", c2=1.0), rec("A", c2=5.0), None)
     assert ok and "x0.200" in msg
 
 
 def test_table_rows():
-    rows = benchcore.table_rows([(rec("B", c2=400.0, c4=495.0), rec("A", c2=800.0)),
+    rows = throughput.table_rows([(rec("B", c2=400.0, c4=495.0), rec("A", c2=800.0)),
                              ({**rec("Z", c2=7.0), "host": "h2"}, None)])
     assert [r[:5] for r in rows] == [("h1", "2", "400.0", "800.0", "0.500"),
                                      ("h1", "4", "495.0", "-", "-"),
                                      ("h2", "2", "7.0", "-", "-")]
-    assert len(benchcore.TABLE_COLUMNS) == len(rows[0])
+    assert len(throughput.TABLE_COLUMNS) == len(rows[0])
 
 
 def test_local_records_roundtrip(tmp_path):
-    benchhost.append_local("h1", {"run_id": "a", "current": rec("A")}, tmp_path)
-    benchhost.append_local("h1", {"run_id": "b", "current": rec("B")}, tmp_path)
-    assert benchhost.find_run("h1", "a", tmp_path)["current"]["identity"] == "A"
-    assert benchhost.find_run("h1", "zz", tmp_path) is None
-    assert benchhost.find_run("h2", "a", tmp_path) is None
+    throughputhost.append_local("h1", {"run_id": "a", "current": rec("A")}, tmp_path)
+    throughputhost.append_local("h1", {"run_id": "b", "current": rec("B")}, tmp_path)
+    assert throughputhost.find_run("h1", "a", tmp_path)["current"]["identity"] == "A"
+    assert throughputhost.find_run("h1", "zz", tmp_path) is None
+    assert throughputhost.find_run("h2", "a", tmp_path) is None
 
 
 def test_cli_lists_bench():
@@ -298,7 +298,7 @@ def test_remote_runner_passes_the_key_by_env_and_never_returns_it(tmp_path):
     assert "server_info" not in first["result"]
     assert first["result"]["offline"] == "1" and first["result"]["extra"] == "1"
     assert "sk-x" not in " ".join(first["result"]["argv"])
-    lv = [benchcore.level_figures(x) for x in res["levels"]]
+    lv = [throughput.level_figures(x) for x in res["levels"]]
     assert [x.output_tok_s for x in lv] == [200.0, 400.0]
     assert not list((tmp_path / "opt").rglob("*.jsonl"))     # no output file left behind
 
@@ -309,7 +309,7 @@ def test_remote_runner_stops_at_a_failed_level(tmp_path):
     res, _ = run_remote(tmp_path, plan)
     assert len(res["levels"]) == 1 and res["levels"][0]["rc"] == 3
     with pytest.raises(BenchError, match="exit status 3"):
-        benchcore.level_figures(res["levels"][0])
+        throughput.level_figures(res["levels"][0])
 
 
 def test_remote_runner_without_a_release(tmp_path):
@@ -386,7 +386,7 @@ def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkey
     def fake_run_pyinfra(inventory, deploy_file, *, limit, cwd, env, on_line=None, **kw):
         seen.update(inventory=inventory, deploy_file=deploy_file, limit=limit, env=env)
         run_id = env[bench.RUN_ID_ENV]
-        benchhost.append_local("h1", {"run_id": run_id, "host": "h1",
+        throughputhost.append_local("h1", {"run_id": run_id, "host": "h1",
                                   "current": rec("B", c2=400.0), "previous": rec("A", c2=800.0)},
                            cwd)
         # h2's own record says why; the printed text is not read

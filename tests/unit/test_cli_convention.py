@@ -15,8 +15,7 @@ import pytest
 from sglang_deploy.commands import cli, common, status
 from sglang_deploy.core import data
 from sglang_deploy.core.errors import DataError, UsageError
-from sglang_deploy.core.flags import cache as flagcache
-from sglang_deploy.shell import hosts, lockedflags, runner
+from sglang_deploy.shell import flagcache, hosts, lockedflags, runner
 from testbed.wheels import fetch_sglang
 
 REPO = Path(__file__).resolve().parents[2]

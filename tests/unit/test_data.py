@@ -102,7 +102,6 @@ def test_group_data_seed_profile_is_valid():
 
 def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection():
     from pyinfra.api import Config, Inventory, State
-
     from sglang_deploy.shell import hooks
     from sglang_deploy.shell.inputerror import InputError
 

@@ -1,4 +1,4 @@
-"""The controller's cache of parsed server_args.py files (sglang_deploy.core.flags.cache)."""
+"""The controller's cache of parsed server_args.py files (sglang_deploy.shell.flagcache)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sglang_deploy.core import flags as F
-from sglang_deploy.core.flags import cache as flagcache
+from sglang_deploy.shell import flagcache
 
 SOURCE = '''
 import argparse

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.core.flags import cache as flagcache
-from sglang_deploy.shell import lockedflags, pipdownload
+from sglang_deploy.shell import flagcache, lockedflags, pipdownload
 
 REPO = Path(__file__).resolve().parents[2]
 PIP = REPO / "tests" / "fixtures" / "pip"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.commands import cli, wheelhouse
+from sglang_deploy.commands import cli
 from sglang_deploy.core.errors import DataError, WheelhouseError
 from sglang_deploy.core.lockfile import Pin, parse_lock, sglang_pin
-from sglang_deploy.shell import pipdownload
+from sglang_deploy.shell import pipdownload, wheelhouse
 
 REPO = Path(__file__).resolve().parents[2]
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64

@@ -285,45 +285,62 @@ def validate_flags(mapping: Mapping[str, Any], spec: FlagSpec, version: str | No
         dests[info.dest] = name
         if value is None or value is False:
             continue  # omitted
-        if info.deprecated:
-            hint = f"use {info.new_flag} instead" if info.new_flag else info.help.strip()
-            msg = f"{name} is deprecated in SGLang {version}"
-            if info.no_effect:
-                msg += " and has no effect"
-            problems.append(Problem("warning", key, name, msg, hint[:300]))
-        if not info.takes_value:
-            if value is not True:
-                problems.append(Problem("error", key, name,
-                                        f"{name} is a bare flag and takes no value "
-                                        f"(got {value!r})",
-                                        f"write `{key}: true` to set it, `false` to omit it"))
-            continue
-        if value is True:
-            if not info.value_optional:
-                problems.append(Problem("error", key, name, f"{name} needs a value "
-                                        "(got true)", f"write `{key}: <value>`"))
-            continue
-        items = list(value) if isinstance(value, (list, tuple)) else [value]
-        if isinstance(value, (list, tuple)) and not info.is_list:
-            problems.append(Problem("error", key, name,
-                                    f"{name} takes one value, not a list",
-                                    f"write a single value for `{key}`"))
-            continue
-        for item in items:
-            if not _convertible(item, info.type):
-                problems.append(Problem("error", key, name,
-                                        f"{name} expects {info.type}, got {item!r}",
-                                        f"write a {info.type} value"))
-                break
-            if info.choices is not None and not _in_choices(item, info.choices):
-                sugg = _close(str(item), [str(c) for c in info.choices])
-                fix = (f"did you mean {sugg[0]!r}? " if sugg else "") + \
-                    "valid: " + ", ".join(str(c) for c in info.choices)[:600]
-                problems.append(Problem("error", key, name,
-                                        f"{item!r} is not a valid value of {name} in SGLang "
-                                        f"{version}", fix))
-                break
+        problems += _value_problems(key, name, value, info, version)
     return problems
+
+
+def _value_problems(key: str, name: str, value: Any, info, version: str) -> list[Problem]:
+    """What is wrong with VALUE of flag NAME (written KEY; INFO its declaration): deprecation,
+    its shape (bare, value, list), each item's type and choices."""
+    problems: list[Problem] = []
+    if info.deprecated:
+        hint = f"use {info.new_flag} instead" if info.new_flag else info.help.strip()
+        msg = f"{name} is deprecated in SGLang {version}"
+        if info.no_effect:
+            msg += " and has no effect"
+        problems.append(Problem("warning", key, name, msg, hint[:300]))
+    shape = _shape_problem(key, name, value, info)
+    if shape is not None or not info.takes_value or value is True:
+        return problems + ([shape] if shape is not None else [])
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        wrong = _item_problem(key, name, item, info, version)
+        if wrong is not None:
+            return problems + [wrong]
+    return problems
+
+
+def _shape_problem(key: str, name: str, value: Any, info) -> Problem | None:
+    """A bare flag given a value, a value flag given none, a list for a single value."""
+    if not info.takes_value:
+        if value is not True:
+            return Problem("error", key, name,
+                           f"{name} is a bare flag and takes no value (got {value!r})",
+                           f"write `{key}: true` to set it, `false` to omit it")
+        return None
+    if value is True:
+        if not info.value_optional:
+            return Problem("error", key, name, f"{name} needs a value (got true)",
+                           f"write `{key}: <value>`")
+        return None
+    if isinstance(value, (list, tuple)) and not info.is_list:
+        return Problem("error", key, name, f"{name} takes one value, not a list",
+                       f"write a single value for `{key}`")
+    return None
+
+
+def _item_problem(key: str, name: str, item: Any, info, version: str) -> Problem | None:
+    """One value of flag NAME not of its type, or not one of its choices."""
+    if not _convertible(item, info.type):
+        return Problem("error", key, name, f"{name} expects {info.type}, got {item!r}",
+                       f"write a {info.type} value")
+    if info.choices is not None and not _in_choices(item, info.choices):
+        sugg = _close(str(item), [str(c) for c in info.choices])
+        fix = (f"did you mean {sugg[0]!r}? " if sugg else "") + \
+            "valid: " + ", ".join(str(c) for c in info.choices)[:600]
+        return Problem("error", key, name,
+                       f"{item!r} is not a valid value of {name} in SGLang {version}", fix)
+    return None
 
 
 def _unknown(key: str, name: str, spec: FlagSpec, version: str,

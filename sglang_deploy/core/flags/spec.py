@@ -325,35 +325,69 @@ def _unwrap_optional(node: ast.AST) -> ast.AST:
     return rest[0] if len(rest) == 1 else node
 
 
-def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | None:
-    base, parts = _subscript_parts(ann)
-    if base not in ("A", "Annotated") or len(parts) < 2:
-        return None
-    typ_node, meta = parts[0], parts[1:]
-    arg: dict[str, ast.AST] | None = None
-    help_text = ""
+def _field_arg(meta: list[ast.AST]) -> tuple[dict[str, ast.AST], str] | None:
+    """The ``Arg(...)`` keywords of a field's metadata (or none, for a plain help string) and
+    its help text; None when the field has neither (``Derived(...)``, ``NS(...)``)."""
     for m in meta:
         if isinstance(m, ast.Constant) and isinstance(m.value, str):
-            arg, help_text = {}, m.value
-            break
+            return {}, m.value
         if isinstance(m, ast.Call) and _dotted(m.func) in ("Arg", "arg_utils.Arg"):
             arg = {k.arg: k.value for k in m.keywords if k.arg}
-            help_text = _text(arg.get("help"))
-            break
-    if arg is None:
-        return None  # Derived(...) / NS(...) only: not a CLI flag
-    if isinstance(arg.get("no_cli"), ast.Constant) and arg["no_cli"].value is True:
-        return None
+            return arg, _text(arg.get("help"))
+    return None
+
+
+def _field_opts(name: str, arg: dict[str, ast.AST], names: _Names) -> list[str]:
+    """The option strings of field NAME: its CLI name and aliases."""
     cli_name = _text(arg["cli_name"]) if "cli_name" in arg else "--" + name.replace("_", "-")
     aliases: list[str] = []
     if "aliases" in arg:
         val = names.resolve(arg["aliases"])
         if isinstance(val, list):
             aliases = [a for a in val if isinstance(a, str)]
-    opts = [cli_name, *aliases]
-    action = None
-    nargs: str | int | None = None
-    typ: str | None = None
+    return [cli_name, *aliases]
+
+
+def _typed_field(typ_node: ast.AST, arg: dict[str, ast.AST], names: _Names,
+                 choices: tuple | None) -> tuple[str | None, str | int | None, str | None, tuple | None]:
+    """(action, nargs, type, choices) of a field without an explicit action: from its type
+    annotation (Literal, list, bool, a scalar)."""
+    action = nargs = typ = None
+    inner = _unwrap_optional(typ_node)
+    inner_base, inner_parts = (_subscript_parts(inner) if isinstance(inner, ast.Subscript)
+                               else (None, []))
+    if "type_parser" in arg:
+        typ = _dotted(arg["type_parser"])
+    if inner_base == "Literal":
+        lit = names.resolve(ast.List(elts=inner_parts, ctx=ast.Load()))
+        if choices is None and isinstance(lit, list):
+            choices = tuple(lit)
+        typ = typ or (type(lit[0]).__name__ if isinstance(lit, list) and lit else "str")
+    elif inner_base in ("list", "List") and "type_parser" not in arg:
+        nargs = _literal_nargs(arg.get("nargs")) or "+"
+        elem = _dotted(inner_parts[0]) if inner_parts else "str"
+        typ = elem if elem in ("int", "float", "str") else "str"
+    elif _dotted(inner) == "bool":
+        action = "store_true"
+    else:
+        nargs = _literal_nargs(arg.get("nargs"))
+        if typ is None:
+            d = _dotted(inner)
+            typ = d if d in ("int", "float", "str") else "str"
+    return action, nargs, typ, choices
+
+
+def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | None:
+    base, parts = _subscript_parts(ann)
+    if base not in ("A", "Annotated") or len(parts) < 2:
+        return None
+    found = _field_arg(parts[1:])
+    if found is None:
+        return None  # Derived(...) / NS(...) only: not a CLI flag
+    arg, help_text = found
+    if isinstance(arg.get("no_cli"), ast.Constant) and arg["no_cli"].value is True:
+        return None
+    opts = _field_opts(name, arg, names)
     choices = names.resolve(arg["choices"]) if "choices" in arg else None
     choices = tuple(choices) if isinstance(choices, list) else None
     kwargs = arg.get("action_kwargs")
@@ -361,34 +395,12 @@ def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | 
                  if isinstance(k, ast.Constant)} if isinstance(kwargs, ast.Dict) else {}
     if "action" in arg:
         action = _action(arg["action"])
-        if "nargs" in action_kw:
-            nargs = _literal_nargs(action_kw["nargs"])
-        if "type" in action_kw:
-            typ = _dotted(action_kw["type"])
+        nargs = _literal_nargs(action_kw["nargs"]) if "nargs" in action_kw else None
+        typ = _dotted(action_kw["type"]) if "type" in action_kw else None
         if action == "BooleanOptionalAction":
             opts += ["--no-" + o[2:] for o in opts if o.startswith("--")]
     else:
-        inner = _unwrap_optional(typ_node)
-        inner_base, inner_parts = (_subscript_parts(inner) if isinstance(inner, ast.Subscript)
-                                   else (None, []))
-        if "type_parser" in arg:
-            typ = _dotted(arg["type_parser"])
-        if inner_base == "Literal":
-            lit = names.resolve(ast.List(elts=inner_parts, ctx=ast.Load()))
-            if choices is None and isinstance(lit, list):
-                choices = tuple(lit)
-            typ = typ or (type(lit[0]).__name__ if isinstance(lit, list) and lit else "str")
-        elif inner_base in ("list", "List") and "type_parser" not in arg:
-            nargs = _literal_nargs(arg.get("nargs")) or "+"
-            elem = _dotted(inner_parts[0]) if inner_parts else "str"
-            typ = elem if elem in ("int", "float", "str") else "str"
-        elif _dotted(inner) == "bool":
-            action = "store_true"
-        else:
-            nargs = _literal_nargs(arg.get("nargs"))
-            if typ is None:
-                d = _dotted(inner)
-                typ = d if d in ("int", "float", "str") else "str"
+        action, nargs, typ, choices = _typed_field(parts[0], arg, names, choices)
     return ArgInfo(tuple(opts), name, action, nargs, choices, typ, help_text,
                    _deprecated(action, help_text), _text(action_kw.get("new_flag")) or None,
                    "dataclass")

@@ -60,43 +60,16 @@ def markers_for(version: str) -> list[Marker]:
       captures use the same ``Capture ... graph begin|end`` shape.
     """
     v = _v(version)
-    ms: list[Marker] = [
+    cap_src, cap_path = _capture_source(v)
+    return [
         Marker("loading", re.compile(r"^Load weight begin\b|^Loading model from \d+ "
                                       r"safetensors files"), "Load weight begin. avail mem=",
                path=_MR),
         Marker("loaded", re.compile(r"^Load weight end\b"), "Load weight end. ", path=_MR),
-    ]
-    if v >= (0, 5, 18):
-        kv_src = "'is allocated'}. dtype: {self.dtype}, "
-    elif v >= (0, 5, 17):
-        kv_src = "{cache_name} is allocated. dtype: {self.dtype}, "
-    elif v >= (0, 5, 13):
-        kv_src = "KV Cache is allocated. dtype: {self.dtype}, #tokens: "
-    else:
-        kv_src = "KV Cache is allocated. #tokens: "
-    ms.append(Marker("kv_cache", _KV_RE, kv_src, path=_POOL))
-    if v >= (0, 5, 15):
-        at_path = "sglang/srt/model_executor/runner/flashinfer_autotune.py"
-    elif v >= (0, 5, 14):
-        at_path = "sglang/srt/model_executor/runner/base_runner.py"
-    else:
-        at_path = _MR
-    at_src = ("Running FlashInfer autotune with cache: %s" if v >= (0, 5, 12)
-              else "Running FlashInfer autotune...")
-    ms += [
-        Marker("autotune", re.compile(r"^Running FlashInfer autotune\b"), at_src, path=at_path),
-        Marker("autotuned", re.compile(r"^FlashInfer autotune completed\."),
-               "FlashInfer autotune completed.", path=at_path),
-    ]
-    if v >= (0, 5, 16):
-        cap = ("Capture {capture_name} {graph_backend[model_runner.device]} ", _SETUP)
-    elif v >= (0, 5, 14):
-        cap = ("Capture {capture_name} {graph_backend[self.device]} ", _MR)
-    else:
-        cap = ("Capture {graph_backend[self.device]} ", _MR)
-    ms += [
-        Marker("capture", _CAP_BEGIN_RE, cap[0] + "begin. ", path=cap[1]),
-        Marker("captured", _CAP_END_RE, cap[0] + "end. ", path=cap[1]),
+        Marker("kv_cache", _KV_RE, _kv_source(v), path=_POOL),
+        *_autotune_markers(v),
+        Marker("capture", _CAP_BEGIN_RE, cap_src + "begin. ", path=cap_path),
+        Marker("captured", _CAP_END_RE, cap_src + "end. ", path=cap_path),
         Marker("http", re.compile(r"Uvicorn running on\b"),
                "Uvicorn running on", origin="uvicorn", path="uvicorn/server.py"),
         # warmup: _execute_server_warmup polls /model_info, then POSTs /generate
@@ -107,4 +80,40 @@ def markers_for(version: str) -> list[Marker]:
                "The server is fired up and ready to roll!",
                path="sglang/srt/entrypoints/http_server.py"),
     ]
-    return ms
+
+
+def _kv_source(v: tuple[int, ...]) -> str:
+    """The KV-cache line's source text in version V."""
+    if v >= (0, 5, 18):
+        return "'is allocated'}. dtype: {self.dtype}, "
+    if v >= (0, 5, 17):
+        return "{cache_name} is allocated. dtype: {self.dtype}, "
+    if v >= (0, 5, 13):
+        return "KV Cache is allocated. dtype: {self.dtype}, #tokens: "
+    return "KV Cache is allocated. #tokens: "
+
+
+def _autotune_markers(v: tuple[int, ...]) -> list[Marker]:
+    """The autotune start and end markers of version V (their file moved twice)."""
+    if v >= (0, 5, 15):
+        at_path = "sglang/srt/model_executor/runner/flashinfer_autotune.py"
+    elif v >= (0, 5, 14):
+        at_path = "sglang/srt/model_executor/runner/base_runner.py"
+    else:
+        at_path = _MR
+    at_src = ("Running FlashInfer autotune with cache: %s" if v >= (0, 5, 12)
+              else "Running FlashInfer autotune...")
+    return [
+        Marker("autotune", re.compile(r"^Running FlashInfer autotune\b"), at_src, path=at_path),
+        Marker("autotuned", re.compile(r"^FlashInfer autotune completed\."),
+               "FlashInfer autotune completed.", path=at_path),
+    ]
+
+
+def _capture_source(v: tuple[int, ...]) -> tuple[str, str]:
+    """(the graph capture lines' source text before begin/end, its file) in version V."""
+    if v >= (0, 5, 16):
+        return "Capture {capture_name} {graph_backend[model_runner.device]} ", _SETUP
+    if v >= (0, 5, 14):
+        return "Capture {capture_name} {graph_backend[self.device]} ", _MR
+    return "Capture {graph_backend[self.device]} ", _MR

@@ -192,7 +192,6 @@ class StartupTracker:
         return events
 
     def _feed_piece(self, raw: str, ts: float) -> list[Event]:
-        events: list[Event] = []
         self._n += 1
         ts_text, rank, msg = strip_prefix(raw)
         if ts_text:
@@ -204,26 +203,42 @@ class StartupTracker:
         if msg.startswith(("Decode batch.", "Decode batch,")):
             self._decoding = True
         sig = match_signature(msg)
-        # traceback blocks: start at "Traceback (most recent call last):" (possibly inside
-        # "Scheduler hit an exception: Traceback ..."), continue over unprefixed lines
+        events = self._traceback_line(msg, ts_text, rank, sig, ts, shown)
+        self._frame_line(msg, shown, rank)
+        events += self._signature_line(sig, msg, ts, shown)
+        events += self._marker_line(msg, ts, shown)
+        if ts_text is not None and self.phase_entered_text.get(self.phase, "") is None:
+            self.phase_entered_text[self.phase] = ts_text
+        return events
+
+    def _traceback_line(self, msg: str, ts_text: str | None, rank: str | None,
+                        sig: Signature | None, ts: float, shown: str) -> list[Event]:
+        """Traceback blocks: start at "Traceback (most recent call last):" (possibly inside
+        "Scheduler hit an exception: Traceback ..."), continue over unprefixed lines."""
         if _TRACEBACK in msg:
             chained = self._tb_current is not None and ts_text is None and any(
                 c in "".join(self._tb_current[-3:]) for c in _CHAINED)
             if chained:
                 self._block_append(shown)
-            else:
-                self._close_block()
-                self._tb_current = [shown]
-                self._tb_rank = rank
-                if rank is not None and sig is None and _RANK_PREFIX_RE.search(rank):
-                    events += self._hit(_TB_SIG, msg, ts, shown)
-                elif not self.ready_seen:
-                    self._traceback_before_ready = True
+                return []
+            self._close_block()
+            self._tb_current = [shown]
+            self._tb_rank = rank
+            if rank is not None and sig is None and _RANK_PREFIX_RE.search(rank):
+                return self._hit(_TB_SIG, msg, ts, shown)
+            if not self.ready_seen:
+                self._traceback_before_ready = True
         elif self._tb_current is not None:
             if ts_text is None:
                 self._block_append(shown)
             else:
                 self._close_block()
+        return []
+
+    def _frame_line(self, msg: str, shown: str, rank: str | None) -> None:
+        """A traceback's frame (``File "..."``), the code line after it, or its exception
+        line: the phases the frames name, the exception lines (with where they were raised
+        and the RANK whose traceback they end)."""
         prev_frame, self._prev_frame = self._prev_frame, False
         self._note_where(msg, prev_frame)
         if 'File "' in msg:
@@ -246,28 +261,33 @@ class StartupTracker:
             if self._last_frame_weak and self._weak_phase is None and not self._serving:
                 self._weak_phase = self._last_frame_weak
             self._last_frame_weak = None
+
+    def _signature_line(self, sig: Signature | None, msg: str, ts: float,
+                        shown: str) -> list[Event]:
+        """A known failure signature's hit, or an NCCL warning (once per text)."""
         if sig is not None:
-            events += self._hit(sig, msg, ts, shown)
-        elif "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
+            return self._hit(sig, msg, ts, shown)
+        if "NCCL WARN" in msg and _NCCL_WARN_RE.search(msg):
             key = "nccl-warn|" + msg[:120]
             if key not in self._reported:
                 self._reported.add(key)
                 self._nonfatal_lines.append(shown)
-                events.append(Event("warning", "nccl-warn: NCCL printed a warning", ts,
-                                    self.phase, shown, {"signature": "nccl-warn"}))
+                return [Event("warning", "nccl-warn: NCCL printed a warning", ts,
+                              self.phase, shown, {"signature": "nccl-warn"})]
+        return []
+
+    def _marker_line(self, msg: str, ts: float, shown: str) -> list[Event]:
+        """A phase marker, or a capture/autotune progress bar entering its phase."""
         if MARKER_WORDS.search(msg) is not None:
             for marker in self._markers:
                 if marker.pattern.search(msg):
-                    events += self._on_marker(marker, msg, ts, shown)
-                    break
-        else:
-            bar = "capture" if _CAPTURE_BAR_RE.match(msg) else \
-                "autotune" if _AUTOTUNE_BAR_RE.match(msg) else None
-            if bar is not None and self._phase_idx < _IDX[bar]:
-                events += self._enter(bar, ts, shown)
-        if ts_text is not None and self.phase_entered_text.get(self.phase, "") is None:
-            self.phase_entered_text[self.phase] = ts_text
-        return events
+                    return self._on_marker(marker, msg, ts, shown)
+            return []
+        bar = "capture" if _CAPTURE_BAR_RE.match(msg) else \
+            "autotune" if _AUTOTUNE_BAR_RE.match(msg) else None
+        if bar is not None and self._phase_idx < _IDX[bar]:
+            return self._enter(bar, ts, shown)
+        return []
 
     def _note_where(self, msg: str, prev_frame: bool) -> None:
         """Keep the last traceback frame's place (``sglang/srt/x.py:12, in func``) and its

@@ -4,7 +4,7 @@ Reading the flag declarations of a ``server_args.py`` (a large file) costs contr
 and fetching it costs its size per host per run. Every host of a release has the same file,
 and a release never changes it, so the host reports the file's sha256 (in the host-state
 round trip) and the controller reuses the spec it parsed before from a file with that
-sha256. The key also names the parser (a hash of ``flagspec.py``), so a changed parser
+sha256. The key also names the parser (a hash of ``core/flags/spec.py``), so a changed parser
 never reads an old entry. A missing, unreadable or corrupt entry is a miss, never an error.
 The controller's check before connecting (``shell.lockedflags``) keeps its entries the same
 way, keyed by the sha256 of the locked sglang WHEEL they were read from.
@@ -23,6 +23,8 @@ from sglang_deploy.core.flags import spec as flagmod
 #: changes whenever the parser does
 PARSER_ID = hashlib.sha256(Path(flagmod.__file__).read_bytes()).hexdigest()[:12]
 
+#: a cache: the specs this process parsed or read, by sha256 (every host of a release reports
+#: the same file: one parse or one read per run, not one per host)
 _MEMORY: dict[str, flagmod.FlagSpec] = {}
 
 

@@ -1,5 +1,5 @@
-"""The host side of `sglang-deploy bench` (I/O around ``core.bench``): ``bench_host`` runs
-inside `pyinfra INVENTORY sglang_deploy/commands/bench_deploy.py` (``python.call``), runs
+"""The host side of `sglang-deploy bench` (I/O around ``core.throughput``): ``bench_host`` runs
+inside `pyinfra INVENTORY throughput_bench.py` (``python.call``), runs
 remote/bench_run.py on the host and writes the records, on the host and on the controller
 (``.sglang-deploy/bench/<host>.jsonl``: ``append_local``, ``read_local``, ``find_run``).
 """
@@ -11,7 +11,7 @@ import os
 import shlex
 from pathlib import Path
 
-from sglang_deploy.core.bench import (
+from sglang_deploy.core.throughput import (
     level_figures,
     make_record,
     num_prompts,

@@ -1,0 +1,26 @@
+"""SGLang's throughput benchmark: the deploy file of `sglang-deploy bench`.
+
+    pyinfra -y INVENTORY throughput_bench.py     # what `sglang-deploy bench INVENTORY` runs
+
+Runs SGLang's benchmark client on each host against its local server and records the
+figures (see sglang_deploy/shell/throughputhost.py). It changes nothing of the deployment: it
+only writes the record under `<sglang_root>/bench/` and `.sglang-deploy/bench/<host>.jsonl`.
+"""
+
+import os
+
+from pyinfra import host, state
+from pyinfra.operations import python
+
+from sglang_deploy.core.service import SECRETS_FILE
+from sglang_deploy.shell import routing, throughputhost
+
+settings = routing.settings_of(host, state)
+python.call(
+    name="Benchmark: python -m sglang.bench_serving per concurrency level, record the figures",
+    function=throughputhost.bench_host,
+    settings=settings,
+    secrets_file=SECRETS_FILE,
+    run_id=os.environ.get(throughputhost.RUN_ID_ENV),
+    cwd=state.cwd or ".",
+)
