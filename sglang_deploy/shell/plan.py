@@ -20,6 +20,18 @@ def plan_dir() -> Path | None:
     return Path(value) if value else None
 
 
+def read_only() -> bool:
+    """Whether this pyinfra run only plans: ``--dry`` (``deploy.py --dry``, ``rollout --dry``)
+    or a plan folder (``status``, ``report``). A read-only run never touches a serving host's
+    GPUs (``preflight.probe_plan``)."""
+    if plan_dir() is not None:
+        return True
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.params.get("dry"))
+
+
 def _write(name: str, record: dict) -> None:
     d = plan_dir()
     assert d is not None

@@ -1,0 +1,167 @@
+"""Which hardening is really in force (``core.hardening``), and the release smoke's sandbox
+step that observes it (``remote/release_smoke.py``: the GPUs' doors, not their memory)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sglang_deploy.core import hardening, smoke
+from sglang_deploy.remote import release_smoke as rs
+
+ENFORCED = {
+    "status": {"NoNewPrivs": "1", "Seccomp": "2", "CapBnd": "0000000000000000"},
+    "devices": {"/dev/nvidia0": "ok", "/dev/nvidiactl": "ok"},
+    "outside": {"/dev/net/tun": "refused"},
+    "write_outside": {"path": "/opt/sglang/releases/r/venv", "result": "refused-readonly"},
+    "cuda": {"library": "libcuda.so.1", "init": 0, "count": 8},
+}
+# an unprivileged LXC container: systemd cannot load BPF device programs, says nothing
+UNPRIVILEGED = {**ENFORCED, "outside": {"/dev/net/tun": "ok"}}
+
+LISTING = """crw-rw-rw- 1 root root 195,   0 Dec  4 10:00 /dev/nvidia0
+crw-rw-rw- 1 root root 195,   1 Dec  4 10:00 /dev/nvidia1
+crw-rw-rw- 1 root root 195, 255 Dec  4 10:00 /dev/nvidiactl
+crw-rw-rw- 1 root root 510,   0 Dec  4 10:00 /dev/nvidia-uvm
+
+/dev/nvidia-caps:
+cr-------- 1 root root 234,   1 Dec  4 10:00 /dev/nvidia-caps/nvidia-cap1
+drwxr-xr-x 2 root root 80 Dec  4 10:00 /dev/nvidia-caps
+"""
+
+
+def _by_name(props):
+    return {p["name"]: p for p in props}
+
+
+def test_every_property_in_force_where_the_sandbox_applied():
+    props = _by_name(hardening.judge(ENFORCED))
+    assert set(props) == set(hardening.PROPERTIES)
+    assert all(p["in_force"] is True for p in props.values()), props
+    assert "/dev/net/tun refused" in props["DevicePolicy"]["found"]
+
+
+def test_device_policy_not_in_force_in_an_unprivileged_container_says_why_and_what_to_do():
+    rec = hardening.record(UNPRIVILEGED, "r1", "2026-12-04T19:00:00+00:00")
+    s = hardening.summary(rec)
+    assert [p["name"] for p in s["not_in_force"]] == ["DevicePolicy"]
+    gap = s["not_in_force"][0]
+    assert "unprivileged container" in gap["why"] and "23198" in gap["why"]
+    assert "/dev/net/tun opened" in gap["found"]
+    assert "lxc.cgroup2.devices.allow" in gap["fix"]
+    assert "DevicePolicy" not in s["in_force"] and "NoNewPrivileges" in s["in_force"]
+    (line,) = hardening.lines("hb1", s)
+    assert line.startswith("hb1: DevicePolicy not in force: the container's systemd cannot")
+
+
+@pytest.mark.parametrize("change, name", [
+    ({"status": {"NoNewPrivs": "0", "Seccomp": "2", "CapBnd": "0"}}, "NoNewPrivileges"),
+    ({"status": {"NoNewPrivs": "1", "Seccomp": "0", "CapBnd": "0"}}, "SystemCallFilter"),
+    ({"status": {"NoNewPrivs": "1", "Seccomp": "2", "CapBnd": "000001ffffffffff"}},
+     "CapabilityBoundingSet"),
+    ({"write_outside": {"path": "/opt", "result": "written"}}, "ProtectSystem"),
+    ({"write_outside": {"path": "/opt", "result": "refused EACCES"}}, "ProtectSystem"),
+])
+def test_each_property_not_in_force(change, name):
+    s = hardening.summary(hardening.record({**ENFORCED, **change}, "r", "t"))
+    assert [p["name"] for p in s["not_in_force"]] == [name]
+    assert s["not_in_force"][0]["fix"]
+
+
+def test_cannot_tell_without_a_node_outside_device_allow():
+    s = hardening.summary(hardening.record({**ENFORCED, "outside": {}}, "r", "t"))
+    assert s["unknown"] == ["DevicePolicy"] and not s["not_in_force"]
+
+
+def test_no_record_no_summary():
+    assert hardening.summary(None) is None and hardening.lines("h", None) == []
+
+
+def test_smoke_devices_are_the_character_nodes_of_the_preflight_listing():
+    assert hardening.smoke_devices(LISTING) == [
+        "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm",
+        "/dev/nvidia-caps/nvidia-cap1"]
+    assert hardening.smoke_devices(None) == []
+
+
+def test_smoke_argv_passes_the_doors_only_with_devices():
+    argv = smoke.smoke_argv("py", "t.py", ["import"], ["--tp-size", "8"],
+                            devices=["/dev/nvidia0"], device_allow=("/dev/nvidia0", "/dev/x"))
+    assert argv == ["py", "t.py", "--steps", "import", "--device", "/dev/nvidia0",
+                    "--device-allow", "/dev/nvidia0", "--device-allow", "/dev/x", "--",
+                    "--tp-size", "8"]
+    assert "--device-allow" not in smoke.smoke_argv("py", "t.py", ["import"], [],
+                                                    device_allow=("/dev/x",))
+
+
+# ------------------------------------------------------------------ the smoke's sandbox step
+
+def test_door_problems_name_a_refused_node_and_whether_device_allow_lists_it():
+    box = {"devices": {"/dev/nvidia0": "ok", "/dev/nvidia8": "refused",
+                       "/dev/nvidiactl": "refused", "/dev/nvidia-caps/nvidia-cap2": "refused"},
+           "device_allow": ["/dev/nvidia0", "/dev/nvidiactl"], "cuda": {}}
+    assert rs.door_problems(box) == [
+        "/dev/nvidia8: refused (the unit's DeviceAllow does not list it)",
+        "/dev/nvidiactl: refused"]  # nvidia-caps: outside by design, not a door of the server
+    box = {**box, "devices": {"/dev/nvidia0": "ok"},
+           "cuda": {"library": "libcuda.so.1", "init": 999}}
+    assert rs.door_problems(box) == ["cuInit returned 999 under the unit's sandbox"]
+
+
+def test_open_node_tells_refused_from_missing_and_from_a_node_without_its_driver(tmp_path):
+    assert rs.open_node("/dev/null") == "ok"
+    assert rs.open_node(str(tmp_path / "absent")) == "missing"
+    if os.geteuid() != 0:  # root opens a 0000 file
+        locked = tmp_path / "locked"
+        locked.write_text("")
+        locked.chmod(0)
+        assert rs.open_node(str(locked)) == "refused"
+
+
+def test_write_outside_tells_a_read_only_mount_from_permissions(tmp_path, monkeypatch):
+    assert rs.write_outside(str(tmp_path)) == "written"
+    assert list(tmp_path.iterdir()) == []  # removed again
+
+    def refuse(code):
+        def mkstemp(**_):
+            raise OSError(code, os.strerror(code))
+        return mkstemp
+
+    monkeypatch.setattr(rs.tempfile, "mkstemp", refuse(errno.EROFS))
+    assert rs.write_outside(str(tmp_path)) == "refused-readonly"
+    monkeypatch.setattr(rs.tempfile, "mkstemp", refuse(errno.EACCES))
+    assert rs.write_outside(str(tmp_path)) == "refused EACCES"
+
+
+def test_the_sandbox_step_runs_first_and_its_failure_stops_the_smoke(monkeypatch):
+    monkeypatch.setattr(rs, "cuda_in_child", lambda: {"library": None, "error": "absent"})
+    result = rs.run(["import"], [], [], devices=["/dev/null-not-there"], allowed=[])
+    # not a node the server needs: the step passes, and the import runs next
+    assert [s["step"] for s in result["steps"]][:2] == ["sandbox", "import"]
+    assert result["steps"][0]["status"] == "passed"
+    assert result["sandbox"]["devices"] == {"/dev/null-not-there": "missing"}
+    monkeypatch.setattr(rs, "open_node", lambda path: "refused")
+    result = rs.run(["import"], [], [], devices=["/dev/nvidia3"], allowed=["/dev/nvidia0"])
+    assert not result["ok"] and [s["step"] for s in result["steps"]] == ["sandbox"]
+    assert result["error"]["message"] == \
+        "/dev/nvidia3: refused (the unit's DeviceAllow does not list it)"
+    err = smoke.error_for(result, "host hb1")
+    assert "/dev/nvidia3" in err.found and "sandbox" in err.what and "DeviceAllow" in err.fix
+
+
+def test_the_smoke_says_which_step_runs_and_cuda_count_runs_without_a_driver():
+    out = subprocess.run([sys.executable, rs.__file__, "--cuda-count"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    got = json.loads(out)
+    assert set(got) & {"library", "error"}
+    # a smoke without sglang: the import step announces itself, then fails
+    proc = subprocess.run([sys.executable, rs.__file__, "--steps", "import"],
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "release smoke: import: import sglang ..."
+    assert smoke.parse_result(proc.stdout)["error"]["step"] == "import"
