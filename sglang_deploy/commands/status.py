@@ -19,8 +19,12 @@ the nodes and what is wrong.
 
 With a ``routers`` group, the router too (``router`` in ``--json``: its ``url`` and its
 ``workers``, each with ``host``, ``url`` and ``state`` as the router reports it).
-``--json`` prints ``{"hosts": [...], "groups": [{"name", "nodes", "dist_init_addr",
+```--json`` prints ``{"hosts": [...], "groups": [{"name", "nodes", "dist_init_addr",
 "state", "problem"}], "router": {...} or null}``.
+
+Each host's ``hardening`` (``core.hardening.summary``, null before a release smoke ran under
+the unit's sandbox there): the properties in force, those not in force with why and the fix,
+and those it cannot tell; the text output lists the ones not in force under the table.
 
 Exit status: 0 when every host is reachable, in sync and healthy, every group is serving
 (and, with a router, every serving host is ready in it); 1 otherwise; 2 for a missing
@@ -106,6 +110,16 @@ def render(rows: list[dict], out=None) -> None:
                       ", ".join(r.get("models") or []) or "-", r.get("last_verified") or "never",
                       drift)
     common.print_table(table, out)
+
+
+def render_hardening(rows: list[dict], out=None) -> None:
+    """Under the table, one line per host and property of the unit's hardening that is not in
+    force there (``core.hardening``: what the release smoke saw), with why and the fix."""
+    from sglang_deploy.core import hardening
+
+    for r in rows:
+        for line in hardening.lines(r["host"], r.get("hardening")):
+            print(f"hardening: {line}", file=out or sys.stdout)
 
 
 def render_groups(groups: list[dict], out=None) -> None:
@@ -230,6 +244,7 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         render(rows)
+        render_hardening(rows)
         render_groups(states)
         render_router(router)
     return common.EXIT_OK if ok(rows, states, router) else common.EXIT_FAILED

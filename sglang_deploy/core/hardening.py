@@ -82,11 +82,11 @@ def _cap_empty(value: str | None) -> bool | None:
 def _devices(sandbox: Mapping[str, Any]) -> tuple[bool | None, str]:
     outside = dict(sandbox.get("outside") or {})
     if not outside:
-        return None, "no device node outside DeviceAllow to try on this host"
+        return None, "no device node outside DeviceAllow that opens without the sandbox"
     opened = sorted(d for d, seen in outside.items() if seen == "ok")
     if opened:
         return False, f"{', '.join(opened)} opened although DeviceAllow does not list it"
-    return True, f"{', '.join(sorted(outside))} refused"
+    return True, "; ".join(f"{d} {seen}" for d, seen in sorted(outside.items()))
 
 
 def _writes(sandbox: Mapping[str, Any]) -> tuple[bool | None, str]:

@@ -60,17 +60,29 @@ def parse_result(stdout: str) -> dict | None:
 
 def smoke_argv(python: str, tool: str, steps: Sequence[str], flags: Sequence[str],
                modules: Sequence[str] = (), devices: Sequence[str] = (),
-               device_allow: Sequence[str] = ()) -> list[str]:
+               device_allow: Sequence[str] = (), outside: Sequence[str] = ()) -> list[str]:
     """The smoke's command line: PYTHON TOOL --steps ... [--module M]... [--device NODE]...
-    [--device-allow NODE]... -- FLAGS (DEVICES: the nodes its ``sandbox`` step opens)."""
+    [--device-allow NODE]... [--outside NODE]... -- FLAGS (DEVICES: the nodes its ``sandbox``
+    step opens; OUTSIDE: those outside DeviceAllow that opened in the control run)."""
     argv = [python, tool, "--steps", ",".join(steps)]
     for m in modules:
         argv += ["--module", m]
-    for d in devices:
-        argv += ["--device", d]
-    for d in device_allow if devices else ():
-        argv += ["--device-allow", d]
+    if devices:
+        argv += _doors(devices, device_allow)
+        for d in outside:
+            argv += ["--outside", d]
     return [*argv, "--", *flags]
+
+
+def _doors(devices: Sequence[str], device_allow: Sequence[str]) -> list[str]:
+    return [*(a for d in devices for a in ("--device", d)),
+            *(a for d in device_allow for a in ("--device-allow", d))]
+
+
+def control_argv(python: str, tool: str, devices: Sequence[str],
+                 device_allow: Sequence[str]) -> list[str]:
+    """The smoke's control run, outside the sandbox: which nodes outside DEVICE_ALLOW open."""
+    return [python, tool, "--control", *_doors(devices, device_allow)]
 
 
 def _bound(bound: str) -> str:

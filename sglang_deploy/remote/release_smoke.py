@@ -21,7 +21,8 @@ GPUs' doors and not their memory: it opens every NODE read-write and closes it, 
 ``cuInit`` + ``cuDeviceGetCount`` through libcuda.so.1 in a child process that sees the GPUs
 (ctypes; no context, no GPU memory: safe while the old release serves), and reads what the
 process really got from its sandbox: ``NoNewPrivs``, ``Seccomp``, ``CapBnd``, ``CapEff`` from
-/proc/self/status, whether a device node outside DeviceAllow is refused, and whether a write
+/proc/self/status, whether the device nodes outside DeviceAllow that opened in a control run
+outside the sandbox (``--control``, then ``--outside NODE``) are refused, and whether a write
 outside ReadWritePaths (the venv, ``sys.prefix``) is refused by a read-only mount (EROFS).
 What it saw is ``sandbox`` in the result (``core.hardening`` judges it); a node the server
 needs that the sandbox refuses fails the step.
@@ -176,12 +177,12 @@ def progress(text: str) -> None:
 
 def open_node(path: str) -> str:
     """"ok" (opened, or the kernel got past the device cgroup: ENXIO/ENODEV, a node without
-    its driver), "refused" (EPERM/EACCES), "missing", or "error ERRNO"."""
+    its driver), "refused EPERM" or "refused EACCES", "missing", or "error ERRNO"."""
     try:
         os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
     except OSError as exc:
         if exc.errno in _REFUSED:
-            return "refused"
+            return f"refused {errno.errorcode[exc.errno]}"
         if exc.errno == errno.ENOENT:
             return "missing"
         if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EIO, errno.EBUSY):
@@ -242,17 +243,19 @@ def cuda_in_child() -> dict:
     return {"error": f"no result (exit status {proc.returncode}): {proc.stderr.strip()[-300:]}"}
 
 
-def outside_nodes(devices: list[str], allowed: list[str]) -> list[str]:
-    """Nodes to try that DeviceAllow does not list: found GPU-side nodes first, then the
-    world-usable ones this host has."""
-    found = [d for d in devices if d not in allowed]
-    return found or [d for d in _OUTSIDE if os.path.exists(d)]
+def control(devices: list[str], allowed: list[str]) -> list[str]:
+    """Outside the sandbox (``--control``, as root): the nodes that DeviceAllow does not list
+    and that open here (found GPU-side nodes, then world-usable ones): under the sandbox a
+    refusal of one of them is the sandbox's doing."""
+    candidates = [d for d in devices if d not in allowed] + [d for d in _OUTSIDE
+                                                               if d not in devices]
+    return [d for d in candidates if open_node(d) == "ok"]
 
 
-def sandbox(devices: list[str], allowed: list[str]) -> dict:
-    """What the process really got (see the module's text)."""
+def sandbox(devices: list[str], allowed: list[str], outside: list[str]) -> dict:
+    """What the process really got (see the module's text); OUTSIDE: ``control``'s nodes."""
     doors = {d: open_node(d) for d in devices}
-    outside = {d: doors.get(d) or open_node(d) for d in outside_nodes(devices, allowed)}
+    outside = {d: doors.get(d) or open_node(d) for d in outside}
     return {"status": proc_status(), "devices": doors, "device_allow": list(allowed),
             "outside": outside, "write_outside": {"path": sys.prefix,
                                                   "result": write_outside(sys.prefix)},
@@ -286,7 +289,8 @@ class DoorsRefused(Exception):
 
 
 def run(steps: list[str], flags: list[str], modules: list[str],
-        devices: list[str] | None = None, allowed: list[str] | None = None) -> dict:
+        devices: list[str] | None = None, allowed: list[str] | None = None,
+        outside: list[str] | None = None) -> dict:
     result: dict = {"ok": True, "sglang_version": None, "steps": [], "error": None,
                     "sandbox": None}
 
@@ -303,7 +307,7 @@ def run(steps: list[str], flags: list[str], modules: list[str],
     if devices:
         t0 = time.monotonic()
         progress(f"sandbox: opening {len(devices)} device nodes, cuInit + cuDeviceGetCount ...")
-        box = result["sandbox"] = sandbox(devices, list(allowed or ()))
+        box = result["sandbox"] = sandbox(devices, list(allowed or ()), list(outside or ()))
         problems = door_problems(box)
         if problems:
             return fail("sandbox", DoorsRefused("; ".join(problems)), t0)
@@ -364,11 +368,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="a device node the server needs or the pre-flight found (sandbox step)")
     p.add_argument("--device-allow", action="append", default=[],
                    help="a node of the unit's DeviceAllow list")
+    p.add_argument("--outside", action="append", default=[],
+                   help="a node outside DeviceAllow that opened outside the sandbox (--control)")
+    p.add_argument("--control", action="store_true",
+                   help="outside the sandbox: print the nodes to try as --outside, as JSON")
     p.add_argument("--cuda-count", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the launch flags")
     args = p.parse_args(argv)
     if args.cuda_count:  # the child of ``cuda_in_child``
         print(json.dumps(cuda_count()), flush=True)
+        return 0
+    if args.control:
+        print(json.dumps({"outside": control(args.device, args.device_allow)}), flush=True)
         return 0
     steps = [s for s in args.steps.split(",") if s]
     bad = [s for s in steps if s not in STEPS]
@@ -381,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = sys.stderr
     try:
         result = run(steps, flags, args.module or list(ENTRYPOINTS), args.device,
-                     args.device_allow)
+                     args.device_allow, args.outside)
     finally:
         sys.stdout = out
     print(json.dumps(result, sort_keys=True), flush=True)

@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+from sglang_deploy.core import hardening
+
 PLAN_ENV = "SGLANG_DEPLOY_PLAN_DIR"
 
 
@@ -99,6 +101,8 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
         "health": health,
         "models": models,
         "last_verified": verified.get("verified_at"),
+        # what the last release smoke saw of the unit's sandbox (``core.hardening``)
+        "hardening": hardening.summary(hoststate.get("hardening")),
     }
 
 

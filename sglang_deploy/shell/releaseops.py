@@ -334,14 +334,29 @@ def smoke_doors(ctx) -> dict:
             "record": ctx.layout.hardening_record, "release": ctx.release_id}
 
 
-def _smoke_on_host(command: str, record: str | None = None, release: str = "") -> None:
+def _control(command: str | None) -> list[str]:
+    """The smoke's control run outside the sandbox (``release_smoke.py --control``): the nodes
+    outside DeviceAllow that open without it."""
+    if not command:
+        return []
+    _, output = host.run_shell_command(command, print_output=False)
+    try:
+        return list(json.loads(output.stdout.strip().splitlines()[-1])["outside"])
+    except (ValueError, IndexError, KeyError, TypeError):
+        return []
+
+
+def _smoke_on_host(command, control: str | None = None, record: str | None = None,
+                   release: str = "") -> None:
+    """COMMAND: the smoke's command line, from the nodes to try outside DeviceAllow (the
+    CONTROL run's); RECORD: where the host keeps what the smoke saw of the sandbox."""
     prefix = host.print_prefix  # the progress callback runs outside the host's context
 
     def on_line(line: str) -> None:
         if line.startswith(smoke.PROGRESS):
             logger.info(f"{prefix}{line}")
 
-    _, output = streamed.run_streamed(command, on_line)
+    _, output = streamed.run_streamed(command(_control(control)), on_line)
     result = smoke.parse_result(output.stdout)
     if record and result and result.get("sandbox"):
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -391,7 +406,13 @@ def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flag
                       device_allow=("/dev/nvidia0", "/dev/nvidiactl"),
                       record="/opt/sglang/hardening.json", release="3f2a...")
     """
-    argv = smoke.smoke_argv(python, tool, steps, flags, devices=devices or (),
-                            device_allow=device_allow)
-    cmd = smoke.systemd_run_argv(unit_text, argv, {"CUDA_VISIBLE_DEVICES": "", **(env or {})})
-    yield FunctionCommand(reported(_smoke_on_host), (_sh(*cmd), record, release), {})
+    def command(outside: list[str]) -> str:
+        argv = smoke.smoke_argv(python, tool, steps, flags, devices=devices or (),
+                                device_allow=device_allow, outside=outside)
+        return _sh(*smoke.systemd_run_argv(unit_text, argv,
+                                           {"CUDA_VISIBLE_DEVICES": "", **(env or {})}))
+
+    control = None
+    if devices:
+        control = _sh(*smoke.control_argv(python, tool, devices, device_allow))
+    yield FunctionCommand(reported(_smoke_on_host), (command, control, record, release), {})

@@ -17,7 +17,7 @@ from sglang_deploy.remote import release_smoke as rs
 ENFORCED = {
     "status": {"NoNewPrivs": "1", "Seccomp": "2", "CapBnd": "0000000000000000"},
     "devices": {"/dev/nvidia0": "ok", "/dev/nvidiactl": "ok"},
-    "outside": {"/dev/net/tun": "refused"},
+    "outside": {"/dev/net/tun": "refused EPERM"},
     "write_outside": {"path": "/opt/sglang/releases/r/venv", "result": "refused-readonly"},
     "cuda": {"library": "libcuda.so.1", "init": 0, "count": 8},
 }
@@ -43,7 +43,7 @@ def test_every_property_in_force_where_the_sandbox_applied():
     props = _by_name(hardening.judge(ENFORCED))
     assert set(props) == set(hardening.PROPERTIES)
     assert all(p["in_force"] is True for p in props.values()), props
-    assert "/dev/net/tun refused" in props["DevicePolicy"]["found"]
+    assert props["DevicePolicy"]["found"] == "/dev/net/tun refused EPERM"
 
 
 def test_device_policy_not_in_force_in_an_unprivileged_container_says_why_and_what_to_do():
@@ -95,6 +95,8 @@ def test_smoke_argv_passes_the_doors_only_with_devices():
     assert argv == ["py", "t.py", "--steps", "import", "--device", "/dev/nvidia0",
                     "--device-allow", "/dev/nvidia0", "--device-allow", "/dev/x", "--",
                     "--tp-size", "8"]
+    assert smoke.control_argv("py", "t.py", ["/dev/a"], ["/dev/b"]) == [
+        "py", "t.py", "--control", "--device", "/dev/a", "--device-allow", "/dev/b"]
     assert "--device-allow" not in smoke.smoke_argv("py", "t.py", ["import"], [],
                                                     device_allow=("/dev/x",))
 
@@ -102,12 +104,13 @@ def test_smoke_argv_passes_the_doors_only_with_devices():
 # ------------------------------------------------------------------ the smoke's sandbox step
 
 def test_door_problems_name_a_refused_node_and_whether_device_allow_lists_it():
-    box = {"devices": {"/dev/nvidia0": "ok", "/dev/nvidia8": "refused",
-                       "/dev/nvidiactl": "refused", "/dev/nvidia-caps/nvidia-cap2": "refused"},
+    box = {"devices": {"/dev/nvidia0": "ok", "/dev/nvidia8": "refused EPERM",
+                       "/dev/nvidiactl": "refused EPERM",
+                       "/dev/nvidia-caps/nvidia-cap2": "refused EPERM"},
            "device_allow": ["/dev/nvidia0", "/dev/nvidiactl"], "cuda": {}}
     assert rs.door_problems(box) == [
-        "/dev/nvidia8: refused (the unit's DeviceAllow does not list it)",
-        "/dev/nvidiactl: refused"]  # nvidia-caps: outside by design, not a door of the server
+        "/dev/nvidia8: refused EPERM (the unit's DeviceAllow does not list it)",
+        "/dev/nvidiactl: refused EPERM"]  # nvidia-caps: outside by design, not a door of the server
     box = {**box, "devices": {"/dev/nvidia0": "ok"},
            "cuda": {"library": "libcuda.so.1", "init": 999}}
     assert rs.door_problems(box) == ["cuInit returned 999 under the unit's sandbox"]
@@ -120,7 +123,7 @@ def test_open_node_tells_refused_from_missing_and_from_a_node_without_its_driver
         locked = tmp_path / "locked"
         locked.write_text("")
         locked.chmod(0)
-        assert rs.open_node(str(locked)) == "refused"
+        assert rs.open_node(str(locked)) == "refused EACCES"
 
 
 def test_write_outside_tells_a_read_only_mount_from_permissions(tmp_path, monkeypatch):
@@ -138,6 +141,13 @@ def test_write_outside_tells_a_read_only_mount_from_permissions(tmp_path, monkey
     assert rs.write_outside(str(tmp_path)) == "refused EACCES"
 
 
+def test_the_control_run_names_the_nodes_outside_device_allow_that_open(monkeypatch):
+    seen = {"/dev/nvidia-caps/nvidia-cap2": "ok", "/dev/net/tun": "ok", "/dev/fuse": "missing"}
+    monkeypatch.setattr(rs, "open_node", lambda path: seen.get(path, "ok"))
+    assert rs.control(["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap2"], ["/dev/nvidia0"]) == [
+        "/dev/nvidia-caps/nvidia-cap2", "/dev/net/tun"]
+
+
 def test_the_sandbox_step_runs_first_and_its_failure_stops_the_smoke(monkeypatch):
     monkeypatch.setattr(rs, "cuda_in_child", lambda: {"library": None, "error": "absent"})
     result = rs.run(["import"], [], [], devices=["/dev/null-not-there"], allowed=[])
@@ -145,11 +155,11 @@ def test_the_sandbox_step_runs_first_and_its_failure_stops_the_smoke(monkeypatch
     assert [s["step"] for s in result["steps"]][:2] == ["sandbox", "import"]
     assert result["steps"][0]["status"] == "passed"
     assert result["sandbox"]["devices"] == {"/dev/null-not-there": "missing"}
-    monkeypatch.setattr(rs, "open_node", lambda path: "refused")
+    monkeypatch.setattr(rs, "open_node", lambda path: "refused EPERM")
     result = rs.run(["import"], [], [], devices=["/dev/nvidia3"], allowed=["/dev/nvidia0"])
     assert not result["ok"] and [s["step"] for s in result["steps"]] == ["sandbox"]
     assert result["error"]["message"] == \
-        "/dev/nvidia3: refused (the unit's DeviceAllow does not list it)"
+        "/dev/nvidia3: refused EPERM (the unit's DeviceAllow does not list it)"
     err = smoke.error_for(result, "host hb1")
     assert "/dev/nvidia3" in err.found and "sandbox" in err.what and "DeviceAllow" in err.fix
 
@@ -165,3 +175,34 @@ def test_the_smoke_says_which_step_runs_and_cuda_count_runs_without_a_driver():
     lines = proc.stdout.splitlines()
     assert lines[0] == "release smoke: import: import sglang ..."
     assert smoke.parse_result(proc.stdout)["error"]["step"] == "import"
+
+
+# ------------------------------------------------------------------ status and report show it
+
+def _row(host: str, sandbox: dict | None) -> dict:
+    rec = hardening.record(sandbox, "r1", "2026-12-04T19:00:00+00:00") if sandbox else None
+    return {"host": host, "reachable": True, "unit": "active/running", "health": 200,
+            "in_sync": True, "healthy": True, "changes": [], "models": ["m"],
+            "hardening": hardening.summary(rec)}
+
+
+def test_status_lists_the_properties_not_in_force_under_the_table(capsys):
+    from sglang_deploy.commands import status
+
+    status.render_hardening([_row("hb1", ENFORCED), _row("hb2", UNPRIVILEGED), _row("hb3", None)])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("hardening: hb2: DevicePolicy not in force: ")
+    assert "unprivileged container" in out[0] and "fix: " in out[0]
+
+
+def test_the_report_shows_the_properties_not_in_force():
+    from sglang_deploy.commands import htmlreport
+    from sglang_deploy.core import fleetreport
+
+    doc = fleetreport.build("inv.py", ["hb1", "hb2"], [_row("hb1", ENFORCED),
+                                                        _row("hb2", UNPRIVILEGED)],
+                            {}, {}, {}, "2026-12-04T19:00:00+00:00")
+    assert doc["hosts"][1]["status"]["hardening"]["not_in_force"][0]["name"] == "DevicePolicy"
+    html = htmlreport.render_html(doc)
+    assert html.count('class="hardening"') == 1
+    assert 'data-host="hb2" data-property="DevicePolicy"' in html
