@@ -294,6 +294,7 @@ def _populate(state: dict, h: dict, libcuda: Path) -> str:
     # GPU stand-ins (design.md, "Inside a testbed host").
     _write(root / "etc/testbed/gpu.env", gpu_build.render_gpu_env())
     _write(root / "etc/testbed/sim.env", SIM_ENV_DEFAULT)
+    _write(root / "var/log/testbed-gpu-peer-copies", "")  # libcuda's count of peer copies
     _write(root / "usr/lib/testbed-gpu/nvidia_smi.py", gpu_build.NVIDIA_SMI.read_bytes())
     _write(root / "usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755)
     libdir = root / "usr/lib/x86_64-linux-gnu"

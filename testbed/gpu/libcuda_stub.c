@@ -487,12 +487,12 @@ EXPORT CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_
 }
 
 /* Every copy between two devices appends one line to $TESTBED_PEER_COPIES (default
- * /var/log/testbed-gpu-peer-copies), so a test can count them: a read-only command must
- * make none on a serving host. Best effort: a file that cannot be written counts nothing. */
+ * /var/log/testbed-gpu-peer-copies) when that file exists (the testbed makes it in each
+ * host), so a test can count them: a read-only command must make none on a serving host. */
 static void count_peer_copy(void) {
     const char *path = getenv("TESTBED_PEER_COPIES");
     int fd = open(path && *path ? path : "/var/log/testbed-gpu-peer-copies",
-                  O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+                  O_WRONLY | O_APPEND | O_CLOEXEC);
     if (fd < 0) return;
     char line[32];
     int n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
