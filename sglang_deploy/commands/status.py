@@ -209,6 +209,10 @@ def ok(rows: list[dict], groups: list[dict], router: dict | None) -> bool:
 DESCRIPTION = """\
 One row per host: unit, release, patch, health, drift (read-only).
 
+Under the table, one line per host and property of the unit's sandbox that is not in force
+there (what the last release smoke saw), with why and the fix. No CUDA probe and no peer
+copies run on a serving host.
+
 A multi-node group (hosts with the same sglang_group) is one unit: each row names its
 group/rank, and one line per group says serving (rank 0 healthy, every other node's unit
 active/running with /health 200; those nodes have no /v1/models), degraded (rank 0
@@ -228,7 +232,9 @@ def add_parser(sub) -> None:
                        '"node_rank" (null: a single host)], "groups": [{"name", "nodes" (rank '
                        'order), "dist_init_addr", "state" (serving, degraded or down), '
                        '"problem"}], "router": null (no routers group) or {"host", "url", '
-                       '"error", "workers": [{"host", "url", "state"}]}},')
+                       '"error", "workers": [{"host", "url", "state"}]}}; each host\'s '
+                       '"hardening": {"in_force", "not_in_force" [{"name", "why", "fix", '
+                       '"found"}], "unknown", "checked_at", "release"} or null,')
     common.add_data(p)
 
 

@@ -206,3 +206,18 @@ def test_the_report_shows_the_properties_not_in_force():
     html = htmlreport.render_html(doc)
     assert html.count('class="hardening"') == 1
     assert 'data-host="hb2" data-property="DevicePolicy"' in html
+
+
+def test_lock_check_says_which_step_of_the_smoke_runs(tmp_path, capsys):
+    from pathlib import Path
+
+    from sglang_deploy.shell import releasecheck
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").symlink_to(sys.executable)
+    venv = releasecheck.Venv(Path(tmp_path), False, 0.0, 0)
+    # whether sglang imports in this venv or not, the step says that it starts
+    result, _ = releasecheck.run_smoke(venv, releasecheck.FlagSet(["h"], [], ["import"]))
+    err = capsys.readouterr().err
+    assert "lock --check: release smoke: import: import sglang ..." in err
+    assert result is not None and result["steps"][0]["step"] == "import"
