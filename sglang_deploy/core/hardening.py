@@ -37,25 +37,25 @@ PROPERTIES: dict[str, tuple[str, str, str]] = {
         "check the container's systemd (`systemd-analyze security sglang`) and its kernel"),
     "SystemCallFilter": (
         "a seccomp filter (Seccomp: 2)",
-        "no seccomp filter on the process: the container's kernel or its LXC seccomp policy "
-        "does not let systemd install one",
-        "allow seccomp filters in the container (a kernel with CONFIG_SECCOMP_FILTER; LXC: "
-        "lxc.seccomp.allow_nesting = 1)"),
+        ("no seccomp filter on the process: the container's kernel or its LXC seccomp policy "
+         "does not let systemd install one"),
+        ("allow seccomp filters in the container (a kernel with CONFIG_SECCOMP_FILTER; LXC: "
+         "lxc.seccomp.allow_nesting = 1)")),
     "CapabilityBoundingSet": (
         "an empty capability bounding set (CapBnd: 0)",
         "the process keeps capabilities in its bounding set",
-        "check that the unit's CapabilityBoundingSet= is empty and the container's systemd "
-        "applies it"),
+        ("check that the unit's CapabilityBoundingSet= is empty and the container's systemd "
+         "applies it")),
     "DevicePolicy": (
         "device nodes outside DeviceAllow refused",
         WHY_DEVICES,
         DEVICE_FIX),
     "ProtectSystem": (
         "a write outside ReadWritePaths refused by a read-only mount (EROFS)",
-        "a write outside ReadWritePaths was not refused by a read-only mount: the container's "
-        "systemd cannot set up the service's mount namespace",
-        "allow mount namespaces for the container's systemd (LXC: features: nesting=1, or an "
-        "AppArmor profile that allows the mounts)"),
+        ("a write outside ReadWritePaths was not refused by a read-only mount: the container's "
+         "systemd cannot set up the service's mount namespace"),
+        ("allow mount namespaces for the container's systemd (LXC: features: nesting=1, or an "
+         "AppArmor profile that allows the mounts)")),
 }
 
 

@@ -284,6 +284,17 @@ def _error(step: str, exc: BaseException) -> dict:
             "frames": frames, "packages": packages_of(exc)}
 
 
+def sandbox_step(devices: list[str], allowed: list[str] | None,
+                 outside: list[str] | None) -> tuple[dict, list[str], str]:
+    """(what the sandbox gave, the door problems, the step's detail)."""
+    progress(f"sandbox: opening {len(devices)} device nodes, cuInit + cuDeviceGetCount ...")
+    box = sandbox(devices, list(allowed or ()), list(outside or ()))
+    count = (box.get("cuda") or {}).get("count")
+    detail = f"{len(devices)} nodes opened" + (f", {count} CUDA devices" if count is not None
+                                               else ", no libcuda here")
+    return box, door_problems(box), detail
+
+
 class DoorsRefused(Exception):
     """A node the server needs is refused by the unit's sandbox, or CUDA does not start."""
 
@@ -306,14 +317,10 @@ def run(steps: list[str], flags: list[str], modules: list[str],
 
     if devices:
         t0 = time.monotonic()
-        progress(f"sandbox: opening {len(devices)} device nodes, cuInit + cuDeviceGetCount ...")
-        box = result["sandbox"] = sandbox(devices, list(allowed or ()), list(outside or ()))
-        problems = door_problems(box)
+        result["sandbox"], problems, detail = sandbox_step(devices, allowed, outside)
         if problems:
             return fail("sandbox", DoorsRefused("; ".join(problems)), t0)
-        count = (box.get("cuda") or {}).get("count")
-        done("sandbox", "passed", f"{len(devices)} nodes opened"
-             + (f", {count} CUDA devices" if count is not None else ", no libcuda here"), t0)
+        done("sandbox", "passed", detail, t0)
 
     t0 = time.monotonic()
     progress("import: import sglang ...")

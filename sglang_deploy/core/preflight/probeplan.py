@@ -1,5 +1,6 @@
-"""Which CUDA probe a deploy runs, from the host state (pure), and the checks that stand in for
-the probe when a verified server serves."""
+"""Which CUDA probe a deploy runs, from the host state (pure), the checks that stand in for
+the probe when a verified server serves (or a read-only command leaves a serving host's GPUs
+alone), and whether P2P is retested before a restart."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ def probe_plan(service: Mapping[str, Any], last_verified: Mapping[str, Any] | No
       ``deploy.py --dry``) and the service serves: a read-only command never touches the GPUs
       a server holds, whatever ``gpu_p2p_test`` says; the real deploy retests P2P before it
       restarts that server (``retest_before_restart``);
-
     - ``"p2p"``: init, devices and the data-verified peer copies: ``gpu_p2p_test: always``,
       or the service is not serving, or no full P2P test has passed on this host yet;
     - ``"basic"``: init and devices: the service serves and the last P2P verdict stands, but
@@ -25,7 +25,7 @@ def probe_plan(service: Mapping[str, Any], last_verified: Mapping[str, Any] | No
     - ``"none"``: the service serves the very invocation a deploy verified
       (``last_verified.invocation`` is its ``InvocationID``). That server initialised CUDA on
       these GPUs and serves from them, which proves more than the probe does; a run that
-      would restart it probes first, with the peer copies (``stages.full_p2p_check``).
+      would restart it probes first, with the peer copies (``retest_before_restart``).
 
     ``service``: the ``systemctl show`` properties; ``last_verified``/``p2p_verified``: the
     host's records (None when absent)."""
