@@ -150,6 +150,12 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("sglang_smoke_env", dict, {},
        "Extra environment of the release smoke on the hosts only (over the unit's). Production "
        "needs none; the testbed puts its import stand-ins for torch here."),
+    _k("sglang_hardening_required", list, [],
+       "Properties of the unit's sandbox that must be in force on the host (of "
+       "NoNewPrivileges, SystemCallFilter, CapabilityBoundingSet, DevicePolicy, ProtectSystem): "
+       "the release smoke fails before the switch, naming the property, where one is not, e.g. "
+       "`[\"DevicePolicy\"]` on a host whose container's systemd cannot apply it. Default: "
+       "shown by `status`, not enforced."),
     _k("sglang_stop_timeout_s", int, 120, "TimeoutStopSec of the unit.", minimum=1),
     _k("sglang_restart_sec", int, 30, "RestartSec of the unit (Restart=always).", minimum=0),
     # --- multi-node groups ------------------------------------------------------------------
@@ -415,6 +421,13 @@ def resolve(raw: dict[str, Any], environ: os._Environ | dict | None = None) -> "
     _check_mapping_of_scalars("gpu_allreduce_env", values["gpu_allreduce_env"])
     _check_no_secrets("gpu_allreduce_env", values["gpu_allreduce_env"])
     _check_no_secrets("sglang_smoke_env", values["sglang_smoke_env"])
+    from sglang_deploy.core import hardening
+
+    unknown = [n for n in values["sglang_hardening_required"] if n not in hardening.PROPERTIES]
+    if unknown:
+        raise DataError(key="sglang_hardening_required",
+                        what=f"properties of {', '.join(hardening.PROPERTIES)}",
+                        found=repr(unknown), fix='e.g. ["DevicePolicy"]')
     steps = values["sglang_smoke"]
     if not all(s in ("import", "flags", "entrypoints") for s in steps):
         raise DataError(key="sglang_smoke", what="a list of steps of import, flags, entrypoints",

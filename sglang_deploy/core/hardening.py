@@ -150,3 +150,24 @@ def lines(host: str, hardening: Mapping[str, Any] | None) -> list[str]:
         return []
     return [f"{host}: {p['name']} not in force: {p['why']} ({p['found']}); fix: {p['fix']}"
             for p in hardening.get("not_in_force") or []]
+
+
+def required_error(rec: Mapping[str, Any], required: list[str], host: str):
+    """The error when a property of REQUIRED (``sglang_hardening_required``) is not proven in
+    force on HOST by the smoke's record REC (not in force, or cannot tell); None when all are."""
+    from sglang_deploy.core.smoke import SmokeError
+
+    props = {p["name"]: p for p in rec.get("properties") or []}
+    short = [props.get(n) or {"name": n, "in_force": None, "found": "not observed"}
+             for n in required if (props.get(n) or {}).get("in_force") is not True]
+    if not short:
+        return None
+    found = [f"{p['name']}: " + (f"not in force: {p.get('why')} ({p['found']})"
+                                 if p["in_force"] is False else f"cannot tell ({p['found']})")
+             for p in short]
+    fixes = [f"{p['name']}: {PROPERTIES[p['name']][2]}" for p in short]
+    return SmokeError(
+        what=f"the hardening `sglang_hardening_required` names is in force under the unit's "
+             f"sandbox on host {host}",
+        found="\n".join(found),
+        fix="\n".join(fixes) + "\n(or drop the property from `sglang_hardening_required`)")

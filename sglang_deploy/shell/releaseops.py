@@ -331,7 +331,8 @@ def smoke_doors(ctx) -> dict:
     listing = ((ctx.gpu_snapshot or {}).get("dev-nvidia.txt") or {}).get("out")
     return {"devices": hardening.smoke_devices(listing),
             "device_allow": device_allow(ctx.settings.gpu_expected_count),
-            "record": ctx.layout.hardening_record, "release": ctx.release_id}
+            "record": ctx.layout.hardening_record, "release": ctx.release_id,
+            "required": tuple(ctx.settings.sglang_hardening_required)}
 
 
 def _control(command: str | None) -> list[str]:
@@ -347,9 +348,10 @@ def _control(command: str | None) -> list[str]:
 
 
 def _smoke_on_host(command, control: str | None = None, record: str | None = None,
-                   release: str = "") -> None:
+                   release: str = "", required: tuple[str, ...] = ()) -> None:
     """COMMAND: the smoke's command line, from the nodes to try outside DeviceAllow (the
-    CONTROL run's); RECORD: where the host keeps what the smoke saw of the sandbox."""
+    CONTROL run's); RECORD: where the host keeps what the smoke saw of the sandbox; REQUIRED:
+    the properties that must be in force there (``sglang_hardening_required``)."""
     prefix = host.print_prefix  # the progress callback runs outside the host's context
 
     def on_line(line: str) -> None:
@@ -358,6 +360,7 @@ def _smoke_on_host(command, control: str | None = None, record: str | None = Non
 
     _, output = streamed.run_streamed(command(_control(control)), on_line)
     result = smoke.parse_result(output.stdout)
+    rec = None
     if record and result and result.get("sandbox"):
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         rec = hardening.record(result["sandbox"], release, now)
@@ -366,6 +369,9 @@ def _smoke_on_host(command, control: str | None = None, record: str | None = Non
             logger.warning(f"{prefix}hardening: {line}")
     if result is None or not result.get("ok"):
         raise smoke.error_for(result, f"host {host.name}", output.stdout + "\n" + output.stderr)
+    error = hardening.required_error(rec or {}, list(required), host.name)
+    if error is not None:
+        raise error
     logger.info(f"{prefix}release smoke: {smoke.summary(result)}")
 
 
@@ -373,7 +379,7 @@ def _smoke_on_host(command, control: str | None = None, record: str | None = Non
 def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flags: list[str],
                   env: dict | None = None, devices: list[str] | None = None,
                   device_allow: tuple[str, ...] = (), record: str | None = None,
-                  release: str = ""):
+                  release: str = "", required: tuple[str, ...] = ()):
     """
     Prove the new release before it goes live: ``release_smoke.py`` (``import sglang``,
     sglang's own parser on the launch flags, the server's entry modules) run by the release
@@ -394,6 +400,7 @@ def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flag
     + device_allow: the unit's DeviceAllow nodes
     + record: where the host keeps what the smoke saw (``Layout.hardening_record``)
     + release: the release id, for that record
+    + required: ``sglang_hardening_required``: properties that must be in force (else it fails)
 
     **Example:**
 
@@ -415,4 +422,5 @@ def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flag
     control = None
     if devices:
         control = _sh(*smoke.control_argv(python, tool, devices, device_allow))
-    yield FunctionCommand(reported(_smoke_on_host), (command, control, record, release), {})
+    yield FunctionCommand(reported(_smoke_on_host),
+                          (command, control, record, release, tuple(required)), {})

@@ -63,7 +63,8 @@ def test_the_smoke_opens_the_gpu_nodes_and_status_shows_the_hardening_in_force(
         testbed, serving_host):
     """Needs: TB1 (default: its systemd cannot apply DevicePolicy) and TB2, booted so that
     its systemd applies DevicePolicy, both serving; leaves both serving with
-    sglang_restart_sec=39 and TB2 booted as the other hosts."""
+    sglang_restart_sec=39 and TB2 booted as the other hosts. Also: a property required by
+    `sglang_hardening_required` that is not in force fails the smoke on TB1."""
     run_testbed("cgroup", TB2, "unified", timeout=300)
     try:
         serving_host(TB1, TB2)
@@ -78,6 +79,16 @@ def test_the_smoke_opens_the_gpu_nodes_and_status_shows_the_hardening_in_force(
         text = _status("--limit", TB1, "--limit", TB2, "--data", "sglang_restart_sec=39").stdout
         assert f"hardening: {TB1}: DevicePolicy not in force: " in text
         assert f"hardening: {TB2}:" not in text
+
+        # required where it is not in force: the smoke fails before the switch, naming it
+        pid = testbed.ssh(TB1, "systemctl show -p MainPID --value sglang").stdout.strip()
+        r = pyinfra_deploy([TB1], "--data", "sglang_restart_sec=40",
+                           "--data", 'sglang_hardening_required=["DevicePolicy"]')
+        out = both(r)
+        assert r.returncode != 0, out[-3000:]
+        assert "found:    DevicePolicy: not in force: the container's systemd cannot" in out
+        assert testbed.ssh(TB1, "systemctl show -p MainPID --value sglang").stdout.strip() == pid
+        assert "RestartSec=39" in testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service").stdout
 
         # a GPU node the unit's DeviceAllow does not list: refused under the sandbox
         testbed.ssh(TB2, "mknod -m 666 /dev/nvidia8 c 195 8", check=True)

@@ -221,3 +221,29 @@ def test_lock_check_says_which_step_of_the_smoke_runs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "lock --check: release smoke: import: import sglang ..." in err
     assert result is not None and result["steps"][0]["step"] == "import"
+
+
+def test_a_required_property_not_in_force_is_an_error_naming_it():
+    rec = hardening.record(UNPRIVILEGED, "r1", "t")
+    assert hardening.required_error(rec, [], "hb1") is None
+    assert hardening.required_error(rec, ["NoNewPrivileges"], "hb1") is None
+    err = hardening.required_error(rec, ["DevicePolicy", "NoNewPrivileges"], "hb1")
+    assert "sglang_hardening_required" in err.what and "hb1" in err.what
+    assert err.found.startswith("DevicePolicy: not in force: the container's systemd cannot")
+    assert err.fix.startswith("DevicePolicy: let the container's systemd apply device rules")
+    # no record (the smoke saw nothing of the sandbox): not proven, an error too
+    err = hardening.required_error({}, ["ProtectSystem"], "hb1")
+    assert err.found == "ProtectSystem: cannot tell (not observed)"
+
+
+def test_the_data_key_names_only_known_properties():
+    from sglang_deploy.core import data
+    from sglang_deploy.core.errors import DataError
+
+    base = {"sglang_model_path": "/srv/models/m", "ssh_hostname": "10.0.0.1"}
+    assert data.resolve(base, environ={}).sglang_hardening_required == []  # shown, not enforced
+    assert data.resolve({**base, "sglang_hardening_required": ["DevicePolicy"]},
+                        environ={}).sglang_hardening_required == ["DevicePolicy"]
+    with pytest.raises(DataError) as e:
+        data.resolve({**base, "sglang_hardening_required": ["DevicePolcy"]}, environ={})
+    assert e.value.key == "sglang_hardening_required"
