@@ -78,7 +78,13 @@ What the deploy does about faults:
   plain deploy does not roll back a failed start by itself (`pyinfra INVENTORY rollback.py
   --limit HOST` does); `sglang-deploy rollout` rolls the failed host back automatically.
 - **Read-only runs** (`status`, `rollout --dry`) take no deploy lock, so they work while a
-  deploy runs.
+  deploy runs; they (and `report`, `deploy.py --dry`) run no CUDA probe and no peer copies
+  on a serving host: the plan says `P2P will be retested before the restart`.
+- **A GPU node the sandbox refuses** (missing from `DeviceAllow`, or denied by the
+  container's device cgroup): the release smoke fails before the switch naming the node;
+  the old release keeps serving, same process. A sandbox property that systemd cannot apply
+  in the container (`DevicePolicy` in an unprivileged LXC container) does not fail the
+  deploy: `status` and `report` show it as not in force, with why and the fix.
 - **Port taken**: the verifier stops at uvicorn's bind error (sglang 0.5.12.post1 binds the
   port only after loading) with the line and the fix, without waiting for sglang's 120 s
   warmup timeout.
@@ -102,8 +108,9 @@ smoke there under `systemd-run` with every [Service] property of that host's ren
 torch, flashinfer, `sglang.launch_server` and the model runner, and sglang's parser on the
 seed's flags, must pass. A property that breaks any of them fails the test. What it does not
 cover without a GPU:
-- device ioctls on `/dev/nvidia*` (CUDA context creation, UVM, memory mapping): the GPUs are
-  hidden from the smoke, and the testbed's driver is a stand-in;
+- device ioctls on `/dev/nvidia*` beyond `cuInit` + `cuDeviceGetCount` (CUDA context
+  creation, UVM, memory mapping): the smoke's `sandbox` step only opens the nodes and
+  initialises the driver, and the testbed's driver is a stand-in;
 - NCCL's transports (P2P/cuMem handles passed with `pidfd_getfd`, shared memory, sockets
   between ranks) and the JIT compilers at run time (nvcc, ninja: `jit_check.py` runs them
   before a start, not under load);

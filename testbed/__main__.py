@@ -1,4 +1,4 @@
-"""`python -m testbed up|down|status|wipe|scenario|sim-env|block|unblock|ssh` (as root). See
+"""`python -m testbed up|down|status|wipe|cgroup|scenario|sim-env|block|unblock|ssh` (as root). See
 testbed/README.md."""
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--json", action="store_true")
     a = sub.add_parser("wipe", help="replace HOST by a blank one (new overlay, new host key)")
     a.add_argument("host")
+    a = sub.add_parser("cgroup", help="reboot HOST keeping its overlay, its container's "
+                                      "systemd able (unified) or not (legacy, the default) to "
+                                      "apply DevicePolicy")
+    a.add_argument("host")
+    a.add_argument("mode", choices=("legacy", "unified"))
     a = sub.add_parser("scenario", help="set a GPU or server scenario on HOST")
     a.add_argument("host")
     a.add_argument("name", choices=sorted(set(fleet.GPU_SCENARIOS) | set(fleet.SIM_SCENARIOS)))
@@ -92,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "wipe":
             h = fleet.wipe(args.host)
             print(f"wiped {h['name']} ({h['address']}) in {time.monotonic() - t0:.1f}s")
+        elif args.cmd == "cgroup":
+            h = fleet.cgroup(args.host, args.mode)
+            print(f"{h['name']}: cgroup {args.mode} ({time.monotonic() - t0:.1f}s)")
         elif args.cmd == "scenario":
             fleet.scenario(args.host, args.name, when=args.when or "")
             print(f"{args.host}: scenario {args.name}")

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from testbed import TestbedError, log, net, procs, rootfs
+from testbed import cgroupmode
 from testbed.gpu import build as gpu_build
 from testbed.sim.model import make_model_dir
 from testbed.sim.sim_config import read_env_file
@@ -293,6 +294,7 @@ def _populate(state: dict, h: dict, libcuda: Path) -> str:
     # GPU stand-ins (design.md, "Inside a testbed host").
     _write(root / "etc/testbed/gpu.env", gpu_build.render_gpu_env())
     _write(root / "etc/testbed/sim.env", SIM_ENV_DEFAULT)
+    _write(root / "var/log/testbed-gpu-peer-copies", "")  # libcuda's count of peer copies
     _write(root / "usr/lib/testbed-gpu/nvidia_smi.py", gpu_build.NVIDIA_SMI.read_bytes())
     _write(root / "usr/bin/nvidia-smi", SMI_LAUNCHER, 0o755)
     libdir = root / "usr/lib/x86_64-linux-gnu"
@@ -321,6 +323,11 @@ def create_host(state: dict, h: dict, libcuda: Path) -> None:
         check=True, capture_output=True, text=True,
     )
     _known_hosts_replace(state, h["address"], _populate(state, h, libcuda))
+    start_nspawn(state, h)
+
+
+def start_nspawn(state: dict, h: dict) -> None:
+    """Boot the host's container on its overlay (kept as it is), in its own netns."""
     net.ensure_host_net(h["netns"], state["bridge"], f"{h['address']}/24", state["gateway"])
     cmd = [
         "systemd-nspawn", "-D", h["merged"], "-b",
@@ -331,10 +338,11 @@ def create_host(state: dict, h: dict, libcuda: Path) -> None:
         f"--bind-ro={_lockcheck_dir(state)}:/srv/lockcheck",
         "--link-journal=no", "--resolv-conf=off", "--timezone=off",
         "--console=read-only",
+        *cgroupmode.nspawn_options(h),
     ]
     with open(h["console"], "ab") as out:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+                             start_new_session=True, env=cgroupmode.nspawn_env(h))
     h["pid"] = p.pid
     h["started"] = time.time()
     # until the fork has exec'd nspawn (or it died)
@@ -594,6 +602,7 @@ def status() -> dict:
         return {"name": h["name"], "address": h["address"], "pid": h["pid"], "alive": alive,
                 "ssh": reach, "gpu_scenario": read_env_file(etc / "gpu.env").get("SCENARIO"),
                 "sim_scenario": read_env_file(etc / "sim.env").get("SCENARIO"),
+                "cgroup": cgroupmode.mode(h),
                 "blocked_ports": net.blocked_ports(h["netns"]) if alive else []}
 
     with ThreadPoolExecutor(max_workers=max(1, len(state["hosts"]))) as pool:
@@ -613,6 +622,24 @@ def wipe(name: str) -> dict:
         save_state(state)
         wait_host(state, h)
     log(f"wipe: {h['name']} blank and up in {time.monotonic() - t0:.1f}s")
+    return h
+
+
+def cgroup(name: str, new_mode: str) -> dict:
+    """Reboot HOST with its container in cgroup mode NEW_MODE (``cgroupmode``), its overlay
+    (deployment, records) kept; nothing happens when it already runs so."""
+    if new_mode not in cgroupmode.MODES:
+        raise TestbedError(f"cgroup mode {new_mode!r}: one of {', '.join(cgroupmode.MODES)}")
+    with locked():
+        state = current_state()
+        h = find_host(state, name)
+        if cgroupmode.mode(h) == new_mode and host_alive(h):
+            return h
+        stop_hosts([h])
+        h["cgroup"] = new_mode
+        start_nspawn(state, h)
+        save_state(state)
+        wait_host(state, h)
     return h
 
 

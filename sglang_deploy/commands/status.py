@@ -19,8 +19,12 @@ the nodes and what is wrong.
 
 With a ``routers`` group, the router too (``router`` in ``--json``: its ``url`` and its
 ``workers``, each with ``host``, ``url`` and ``state`` as the router reports it).
-``--json`` prints ``{"hosts": [...], "groups": [{"name", "nodes", "dist_init_addr",
+```--json`` prints ``{"hosts": [...], "groups": [{"name", "nodes", "dist_init_addr",
 "state", "problem"}], "router": {...} or null}``.
+
+Each host's ``hardening`` (``core.hardening.summary``, null before a release smoke ran under
+the unit's sandbox there): the properties in force, those not in force with why and the fix,
+and those it cannot tell; the text output lists the ones not in force under the table.
 
 Exit status: 0 when every host is reachable, in sync and healthy, every group is serving
 (and, with a router, every serving host is ready in it); 1 otherwise; 2 for a missing
@@ -147,6 +151,16 @@ def render(rows: list[dict], out=None, wide: bool = False) -> None:
         console.print(line, markup=False, overflow="fold")
 
 
+def render_hardening(rows: list[dict], out=None) -> None:
+    """Under the table, one line per host and property of the unit's hardening that is not in
+    force there (``core.hardening``: what the release smoke saw), with why and the fix."""
+    from sglang_deploy.core import hardening
+
+    for r in rows:
+        for line in hardening.lines(r["host"], r.get("hardening")):
+            print(f"hardening: {line}", file=out or sys.stdout)
+
+
 def render_groups(groups: list[dict], out=None) -> None:
     """One line per group: its nodes in rank order, rank 0's address, its state and why."""
     for g in groups:
@@ -234,6 +248,10 @@ def ok(rows: list[dict], groups: list[dict], router: dict | None) -> bool:
 DESCRIPTION = """\
 One row per host: unit, release, patch, health, drift (read-only).
 
+Under the table, one line per host and property of the unit's sandbox that is not in force
+there (what the last release smoke saw), with why and the fix. No CUDA probe and no peer
+copies run on a serving host.
+
 A multi-node group (hosts with the same sglang_group) is one unit: each row names its
 group/rank, and one line per group says serving (rank 0 healthy, every other node's unit
 active/running with /health 200; those nodes have no /v1/models), degraded (rank 0
@@ -253,7 +271,9 @@ def add_parser(sub) -> None:
                        '"node_rank" (null: a single host)], "groups": [{"name", "nodes" (rank '
                        'order), "dist_init_addr", "state" (serving, degraded or down), '
                        '"problem"}], "router": null (no routers group) or {"host", "url", '
-                       '"error", "workers": [{"host", "url", "state"}]}},')
+                       '"error", "workers": [{"host", "url", "state"}]}}; each host\'s '
+                       '"hardening": {"in_force", "not_in_force" [{"name", "why", "fix", '
+                       '"found"}], "unknown", "checked_at", "release"} or null,')
     common.add_data(p)
     p.add_argument("--wide", action="store_true",
                    help="on a terminal, every value whole (default: short forms that fit 120 "
@@ -273,6 +293,7 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         render(rows, wide=args.wide)
+        render_hardening(rows)
         render_groups(states)
         render_router(router)
     return common.EXIT_OK if ok(rows, states, router) else common.EXIT_FAILED

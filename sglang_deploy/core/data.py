@@ -146,6 +146,12 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("sglang_smoke_env", dict, {},
        "Extra environment of the release smoke on the hosts only (over the unit's). Production "
        "needs none; the testbed puts its import stand-ins for torch here."),
+    _k("sglang_hardening_required", list, [],
+       "Properties of the unit's sandbox that must be in force on the host (of "
+       "NoNewPrivileges, SystemCallFilter, CapabilityBoundingSet, DevicePolicy, ProtectSystem): "
+       "the release smoke fails before the switch, naming the property, where one is not, e.g. "
+       "`[\"DevicePolicy\"]` on a host whose container's systemd cannot apply it. Default: "
+       "shown by `status`, not enforced."),
     _k("sglang_stop_timeout_s", int, 120, "TimeoutStopSec of the unit.", minimum=1),
     _k("sglang_restart_sec", int, 30, "RestartSec of the unit (Restart=always).", minimum=0),
     # --- multi-node groups ------------------------------------------------------------------
@@ -247,6 +253,16 @@ _FLAG_KEYS_OWNED = {
 
 #: What the values must be beyond their types, and what one key asks of another, checked in
 #: this order after every key's type (``datarules.check``; ansible's argument_spec).
+def _hardening_names(name: str, value: list, default: Any = None) -> None:
+    """Every name is a sandbox property the release smoke judges (``core.hardening``)."""
+    from sglang_deploy.core import hardening
+
+    unknown = [n for n in value if n not in hardening.PROPERTIES]
+    if unknown:
+        raise DataError(key=name, what=f"properties of {', '.join(hardening.PROPERTIES)}",
+                        found=repr(unknown), fix='e.g. ["DevicePolicy"]')
+
+
 RULES = (
     rules.Each(("sglang_model_path", "sglang_root", "sglang_cache_dir", "sglang_home",
                 "sglang_wheelhouse", "sglang_system_python", "router_root"), rules.absolute_path),
@@ -255,6 +271,7 @@ RULES = (
     rules.Each(("bench_env", "sglang_smoke_env", "gpu_allreduce_env"), rules.env_mapping),
     rules.Each(("gpu_allreduce_env", "sglang_smoke_env"), rules.no_secrets),
     rules.Each(("sglang_smoke",), rules.elements_in("import", "flags", "entrypoints")),
+    rules.Each(("sglang_hardening_required",), _hardening_names),
     rules.Each(("bench_concurrency",), rules.distinct_positive_ints),
     rules.Each(("sglang_user", "sglang_service", "router_user", "router_service"),
                rules.plain_name),

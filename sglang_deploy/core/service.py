@@ -81,6 +81,11 @@ class Layout:
         return f"{self.root}/p2p-verified.json"
 
     @property
+    def hardening_record(self) -> str:
+        """What the release smoke saw of the unit's sandbox (``core.hardening.record``)."""
+        return f"{self.root}/hardening.json"
+
+    @property
     def last_verified(self) -> str:
         return f"{self.root}/last-verified.json"
 

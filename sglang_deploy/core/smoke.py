@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from sglang_deploy.core.errors import SglangDeployError
 
 STEPS = ("import", "flags", "entrypoints")
+#: how each of the smoke's progress lines starts (``release_smoke.progress``)
+PROGRESS = "release smoke: "
 
 #: [Service] settings of the unit that are about the process's lifecycle, not its sandbox
 #: or environment: everything else of the rendered unit is passed to ``systemd-run -p``.
@@ -29,6 +31,11 @@ FIX = ("pin or constrain the package that breaks the import (a `# constraint: NA
        "locks/NAME.in` again and `sglang-deploy lock --check locks/NAME.txt`")
 FLAGS_FIX = ("fix the flag in `sglang_flags` (group_data/ or the inventory): the error is "
              "sglang's own parser's")
+
+SANDBOX_FIX = ("a node the pre-flight found but the unit's DeviceAllow does not list: make the "
+               "GPUs the container sees match `gpu_expected_count` (the unit allows /dev/nvidia0.."
+               "N-1, nvidiactl, nvidia-uvm, nvidia-uvm-tools); a listed node refused: the "
+               "container's device cgroup denies it (the LXC host's devices.allow lines)")
 
 
 class SmokeError(SglangDeployError):
@@ -52,12 +59,30 @@ def parse_result(stdout: str) -> dict | None:
 
 
 def smoke_argv(python: str, tool: str, steps: Sequence[str], flags: Sequence[str],
-               modules: Sequence[str] = ()) -> list[str]:
-    """The smoke's command line: PYTHON TOOL --steps ... [--module M]... -- FLAGS."""
+               modules: Sequence[str] = (), devices: Sequence[str] = (),
+               device_allow: Sequence[str] = (), outside: Sequence[str] = ()) -> list[str]:
+    """The smoke's command line: PYTHON TOOL --steps ... [--module M]... [--device NODE]...
+    [--device-allow NODE]... [--outside NODE]... -- FLAGS (DEVICES: the nodes its ``sandbox``
+    step opens; OUTSIDE: those outside DeviceAllow that opened in the control run)."""
     argv = [python, tool, "--steps", ",".join(steps)]
     for m in modules:
         argv += ["--module", m]
+    if devices:
+        argv += _doors(devices, device_allow)
+        for d in outside:
+            argv += ["--outside", d]
     return [*argv, "--", *flags]
+
+
+def _doors(devices: Sequence[str], device_allow: Sequence[str]) -> list[str]:
+    return [*(a for d in devices for a in ("--device", d)),
+            *(a for d in device_allow for a in ("--device-allow", d))]
+
+
+def control_argv(python: str, tool: str, devices: Sequence[str],
+                 device_allow: Sequence[str]) -> list[str]:
+    """The smoke's control run, outside the sandbox: which nodes outside DEVICE_ALLOW open."""
+    return [python, tool, "--control", *_doors(devices, device_allow)]
 
 
 def _bound(bound: str) -> str:
@@ -98,6 +123,10 @@ def error_for(result: Mapping | None, where: str, output: str = "") -> SmokeErro
     if step == "flags":
         return SmokeError(what=f"sglang accepts the launch flags on {where}",
                           found=argparse_error(message), fix=FLAGS_FIX)
+    if step == "sandbox":
+        return SmokeError(what=f"the unit's sandbox lets the server open the GPUs' device nodes "
+                               f"and initialise CUDA on {where}",
+                          found=message, fix=SANDBOX_FIX, details={"smoke": dict(result)})
     frames = err.get("frames") or []
     found = [f"{err.get('type', 'Error')}: {message.strip().splitlines()[-1] if message.strip() else ''}"]
     if frames:

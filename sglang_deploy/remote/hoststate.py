@@ -250,6 +250,7 @@ def cmd_state(args) -> dict:
         "known_good": known_good(root),
         "unit_sha256": sha256_file(f"/etc/systemd/system/{args.service}.service"),
         "p2p_verified": read_json(os.path.join(root, "p2p-verified.json")),
+        "hardening": read_json(os.path.join(root, "hardening.json")),
         "monotonic_now": time.monotonic(),  # systemd's *TimestampMonotonic use the same clock
     }
     if args.model:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import posixpath
 import shlex
 from io import StringIO
@@ -360,3 +361,13 @@ def symlink(path: str, target: str, present: dict | None):
         host.noop(f"{path} -> {target}")
         return
     yield from files.link._inner(path=path, target=target)
+
+
+def write_json_record(path: str, record: dict) -> None:
+    """On the host's turn (a ``python.call`` or ``FunctionCommand``): RECORD as JSON in PATH
+    (0644, replaced atomically), like the deploy's other records under its root."""
+    q = shlex.quote
+    text = json.dumps(record, sort_keys=True)
+    host.run_shell_command(f"set -e; printf '%s\\n' {q(text)} > {q(path + '.tmp')}; "
+                           f"chmod 644 {q(path + '.tmp')}; mv -f {q(path + '.tmp')} {q(path)}",
+                           print_output=False)

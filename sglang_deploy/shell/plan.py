@@ -12,12 +12,26 @@ import json
 import os
 from pathlib import Path
 
+from sglang_deploy.core import hardening
+
 PLAN_ENV = "SGLANG_DEPLOY_PLAN_DIR"
 
 
 def plan_dir() -> Path | None:
     value = os.environ.get(PLAN_ENV)
     return Path(value) if value else None
+
+
+def read_only() -> bool:
+    """Whether this pyinfra run only plans: ``--dry`` (``deploy.py --dry``, ``rollout --dry``)
+    or a plan folder (``status``, ``report``). A read-only run never touches a serving host's
+    GPUs (``preflight.probe_plan``)."""
+    if plan_dir() is not None:
+        return True
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.params.get("dry"))
 
 
 def _write(name: str, record: dict) -> None:
@@ -87,6 +101,8 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
         "health": health,
         "models": models,
         "last_verified": verified.get("verified_at"),
+        # what the last release smoke saw of the unit's sandbox (``core.hardening``)
+        "hardening": hardening.summary(hoststate.get("hardening")),
     }
 
 

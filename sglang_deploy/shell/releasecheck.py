@@ -21,6 +21,7 @@ import platform as pyplatform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,11 +198,22 @@ def flag_sets(lock: Path, inventory: str | None, cwd: str = ".") -> list[FlagSet
 
 
 def run_smoke(venv: Venv, fs: FlagSet) -> tuple[dict | None, str]:
+    """The smoke in VENV with FS's flags; each of its progress lines is said as it arrives
+    (which step runs: the import of sglang's server modules takes tens of seconds)."""
     argv = smoke.smoke_argv(venv.python, str(SMOKE_TOOL), fs.steps, fs.argv)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    return smoke.parse_result(proc.stdout), proc.stdout + proc.stderr
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if line.startswith(smoke.PROGRESS):
+                _say(line.rstrip("\n"))
+        proc.wait()
+        err.seek(0)
+        stdout = "".join(out)
+        return smoke.parse_result(stdout), stdout + err.read()
 
 
 def pip_check(venv: Venv) -> tuple[int, str]:

@@ -16,11 +16,12 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand
 
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import jit, modelfetch, smoke
+from sglang_deploy.core import hardening, jit, modelfetch, smoke
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
+from sglang_deploy.core.unit import device_allow
 from sglang_deploy.shell import flagcache, streamed
 from sglang_deploy.shell.facts import ServerArgsSource
-from sglang_deploy.shell.operations import _sh, private_upload, reported
+from sglang_deploy.shell.operations import _sh, private_upload, reported, write_json_record
 
 
 def _source(wheelhouse: str | None, index_url: str | None) -> list[str]:
@@ -322,25 +323,71 @@ def model_download(spec: modelfetch.FetchSpec, complete: bool, token: str | None
 
 
 
-def _smoke_on_host(command: str) -> None:
-    _, output = host.run_shell_command(command, print_output=False,
-                                       print_input=host.state.print_input)
+def smoke_doors(ctx) -> dict:
+    """The smoke's door arguments for CTX's host (``stages.Context``): the /dev/nvidia* nodes
+    its pre-flight listed, the unit's DeviceAllow list, where the host keeps what the smoke
+    sees of the sandbox, and the release."""
+    listing = ((ctx.gpu_snapshot or {}).get("dev-nvidia.txt") or {}).get("out")
+    return {"devices": hardening.smoke_devices(listing),
+            "device_allow": device_allow(ctx.settings.gpu_expected_count),
+            "record": ctx.layout.hardening_record, "release": ctx.release_id,
+            "required": tuple(ctx.settings.sglang_hardening_required)}
+
+
+def _control(command: str | None) -> list[str]:
+    """The smoke's control run outside the sandbox (``release_smoke.py --control``): the nodes
+    outside DeviceAllow that open without it."""
+    if not command:
+        return []
+    _, output = host.run_shell_command(command, print_output=False)
+    try:
+        return list(json.loads(output.stdout.strip().splitlines()[-1])["outside"])
+    except (ValueError, IndexError, KeyError, TypeError):
+        return []
+
+
+def _smoke_on_host(command, control: str | None = None, record: str | None = None,
+                   release: str = "", required: tuple[str, ...] = ()) -> None:
+    """COMMAND: the smoke's command line, from the nodes to try outside DeviceAllow (the
+    CONTROL run's); RECORD: where the host keeps what the smoke saw of the sandbox; REQUIRED:
+    the properties that must be in force there (``sglang_hardening_required``)."""
+    prefix = host.print_prefix  # the progress callback runs outside the host's context
+
+    def on_line(line: str) -> None:
+        if line.startswith(smoke.PROGRESS):
+            logger.info(f"{prefix}{line}")
+
+    _, output = streamed.run_streamed(command(_control(control)), on_line)
     result = smoke.parse_result(output.stdout)
+    rec = None
+    if record and result and result.get("sandbox"):
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        rec = hardening.record(result["sandbox"], release, now)
+        write_json_record(record, rec)
+        for line in hardening.lines(host.name, hardening.summary(rec)):
+            logger.warning(f"{prefix}hardening: {line}")
     if result is None or not result.get("ok"):
         raise smoke.error_for(result, f"host {host.name}", output.stdout + "\n" + output.stderr)
-    logger.info(f"{host.print_prefix}release smoke: {smoke.summary(result)}")
+    error = hardening.required_error(rec or {}, list(required), host.name)
+    if error is not None:
+        raise error
+    logger.info(f"{prefix}release smoke: {smoke.summary(result)}")
 
 
 @operation()
 def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flags: list[str],
-                  env: dict | None = None):
+                  env: dict | None = None, devices: list[str] | None = None,
+                  device_allow: tuple[str, ...] = (), record: str | None = None,
+                  release: str = "", required: tuple[str, ...] = ()):
     """
     Prove the new release before it goes live: ``release_smoke.py`` (``import sglang``,
     sglang's own parser on the launch flags, the server's entry modules) run by the release
     venv's python under the unit's own sandbox, user and environment (``systemd-run`` with
     every non-lifecycle [Service] setting of the rendered unit), the GPUs hidden from it. A
     failure stops the host before ``current`` flips or the service restarts: the previous
-    release keeps serving.
+    release keeps serving. With DEVICES it first touches the GPUs' doors under that sandbox
+    (opens every node, cuInit + cuDeviceGetCount; no context, no GPU memory) and reads which
+    hardening is really in force, kept in RECORD on the host (``core.hardening``).
 
     + unit_text: the rendered unit of the new release
     + python: the new release venv's python
@@ -348,6 +395,11 @@ def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flag
     + steps: ``sglang_smoke``
     + flags: the launch flags, without ``--api-key`` (no argv ever names it)
     + env: ``sglang_smoke_env``, over the unit's environment
+    + devices: the /dev/nvidia* nodes the pre-flight found (``hardening.smoke_devices``)
+    + device_allow: the unit's DeviceAllow nodes
+    + record: where the host keeps what the smoke saw (``Layout.hardening_record``)
+    + release: the release id, for that record
+    + required: ``sglang_hardening_required``: properties that must be in force (else it fails)
 
     **Example:**
 
@@ -355,8 +407,19 @@ def release_smoke(unit_text: str, python: str, tool: str, steps: list[str], flag
 
         release_smoke(unit_text=unit, python=".../venv/bin/python",
                       tool="/opt/sglang/tools/release_smoke.py",
-                      steps=["import", "flags", "entrypoints"], flags=["--tp-size", "8"])
+                      steps=["import", "flags", "entrypoints"], flags=["--tp-size", "8"],
+                      devices=["/dev/nvidia0", "/dev/nvidiactl"],
+                      device_allow=("/dev/nvidia0", "/dev/nvidiactl"),
+                      record="/opt/sglang/hardening.json", release="3f2a...")
     """
-    argv = smoke.smoke_argv(python, tool, steps, flags)
-    cmd = smoke.systemd_run_argv(unit_text, argv, {"CUDA_VISIBLE_DEVICES": "", **(env or {})})
-    yield FunctionCommand(reported(_smoke_on_host), (_sh(*cmd),), {})
+    def command(outside: list[str]) -> str:
+        argv = smoke.smoke_argv(python, tool, steps, flags, devices=devices or (),
+                                device_allow=device_allow, outside=outside)
+        return _sh(*smoke.systemd_run_argv(unit_text, argv,
+                                           {"CUDA_VISIBLE_DEVICES": "", **(env or {})}))
+
+    control = None
+    if devices:
+        control = _sh(*smoke.control_argv(python, tool, devices, device_allow))
+    yield FunctionCommand(reported(_smoke_on_host),
+                          (command, control, record, release, tuple(required)), {})

@@ -30,7 +30,7 @@ from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving
 from sglang_deploy.shell import allreduce, groupops, jitcheck, outcomes, p2pview, plan
-from sglang_deploy.shell import flagcache, lockfiles, releaseops, reports, routing
+from sglang_deploy.shell import flagcache, lockfiles, p2pretest, releaseops, reports, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -180,14 +180,16 @@ def preflight_stage() -> Context:
     # Peer copies need GPU memory the running server holds; while it serves, the verdict of
     # the last full test on this host stands, and while it serves a verified invocation, so
     # does that server for the probe itself.
-    kind = preflight.probe_plan(hs["service"], last_verified, record, settings.gpu_p2p_test)
+    kind = preflight.probe_plan(hs["service"], last_verified, record, settings.gpu_p2p_test,
+                                read_only=plan.read_only())
     ctx.p2p_skipped = kind != "p2p"
     checks, matrix = run_probe(ctx, kind)
-    if ctx.p2p_skipped:
+    if ctx.p2p_skipped and record:
         checks, ctx.nccl_env = preflight.use_p2p_record(checks, ctx.nccl_env, record,
                                                         settings.sglang_service)
     if kind == "none":
-        checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified)
+        checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified,
+                                               record, read_only=plan.read_only())
     checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
@@ -296,16 +298,6 @@ def restart_reasons(ctx: Context, unit_text: str, secrets_text: str) -> list[str
         changing=[k for k in service.RESTART_TRIGGERS if k in ctx.ops and ctx.ops[k].will_change])
 
 
-def full_p2p_check(ctx: Context) -> None:
-    """The data-verified peer copies, then the pre-flight verdict again (raises if it fails)."""
-    checks, matrix = run_probe(ctx, "p2p")
-    p2pview.show(checks, record=True, policy=ctx.settings.gpu_p2p_policy)
-    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
-    ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
-    put_p2p_record(ctx)
-    ctx.p2p_skipped = False
-
-
 def _serving_poll(s: datamod.Settings):
     return host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
                          host_addr=service.probe_address(s.sglang_host),
@@ -330,12 +322,10 @@ def service_stage(ctx: Context):
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
     reasons = restart_reasons(ctx, unit_text, secrets_text)
-    if ctx.p2p_skipped and reasons:
-        # The server is about to be replaced: the copies skipped in pre-flight (it was
-        # serving) run now, still before any operation executes; a failure stops here.
-        full_p2p_check(ctx)
-        unit_text = unit_for(ctx)
-        reasons = restart_reasons(ctx, unit_text, secrets_text)
+    if preflight.retest_before_restart(ctx.p2p_skipped, reasons):
+        # the server is about to be replaced: the copies skipped in pre-flight (it was
+        # serving) run first, when the deploy executes (a dry run's plan only names them)
+        p2pretest.add_retest(ctx, run_probe)
     if hs["service"].get("ActiveState") != "active" or reasons:
         # the server will (re)start: its JIT compilers are checked first, in its environment
         jitcheck.jit_toolchain_check(
@@ -351,7 +341,7 @@ def service_stage(ctx: Context):
                 steps=s.sglang_smoke,
                 # no --api-key, not even a placeholder: argv never names it
                 flags=flagmod.render_flags(service.flag_map(s)),
-                env=s.sglang_smoke_env)
+                env=s.sglang_smoke_env, **releaseops.smoke_doors(ctx))
         if hs["service"].get("ActiveState") != "active":  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
     run = None

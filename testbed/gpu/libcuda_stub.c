@@ -486,6 +486,20 @@ EXPORT CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_
     return CUDA_SUCCESS;
 }
 
+/* Every copy between two devices appends one line to $TESTBED_PEER_COPIES (default
+ * /var/log/testbed-gpu-peer-copies) when that file exists (the testbed makes it in each
+ * host), so a test can count them: a read-only command must make none on a serving host. */
+static void count_peer_copy(void) {
+    const char *path = getenv("TESTBED_PEER_COPIES");
+    int fd = open(path && *path ? path : "/var/log/testbed-gpu-peer-copies",
+                  O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return;
+    char line[32];
+    int n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+    if (n > 0 && write(fd, line, (size_t)n) < 0) { /* best effort */ }
+    close(fd);
+}
+
 /* Works without enabled peer access, as on real hardware (staged through the host). */
 EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                                      CUcontext srcContext, size_t ByteCount) {
@@ -494,7 +508,10 @@ EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext
     int dd = owner((uintptr_t)dstDevice, ByteCount), sd = owner((uintptr_t)srcDevice, ByteCount);
     if (dd != dstContext->dev || sd != srcContext->dev) return CUDA_ERROR_INVALID_VALUE;
     if (ByteCount == 0) return CUDA_SUCCESS;
-    if (dd != sd) peer_copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+    if (dd != sd) {
+        count_peer_copy();
+        peer_copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+    }
     else memmove((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
     return CUDA_SUCCESS;
 }

@@ -204,8 +204,9 @@ def test_status_json_shape(testbed):
     assert [h["name"] for h in st["hosts"]] == testbed.hosts
     for h in st["hosts"]:
         assert set(h) == {"name", "address", "pid", "alive", "ssh", "gpu_scenario", "sim_scenario",
-                          "blocked_ports"}
+                          "cgroup", "blocked_ports"}
         assert h["blocked_ports"] == []  # `python -m testbed block` was not used
+        assert h["cgroup"] == "legacy"  # `python -m testbed cgroup` left every host as booted
         assert h["alive"] is True and h["ssh"] is True
         assert h["address"] == testbed.address(h["name"])
         assert isinstance(h["pid"], int)

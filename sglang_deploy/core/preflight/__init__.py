@@ -34,7 +34,12 @@ from sglang_deploy.core.preflight.p2p import (
     rich_matrix,
     use_p2p_record,
 )
-from sglang_deploy.core.preflight.probeplan import probe_plan, use_verified_server
+from sglang_deploy.core.preflight.probeplan import (
+    RETEST_NOTE,
+    probe_plan,
+    retest_before_restart,
+    use_verified_server,
+)
 from sglang_deploy.core.preflight.smi import (
     SMI_DIAGNOSES,
     DevNode,
@@ -51,11 +56,11 @@ from sglang_deploy.core.preflight.verdict import SNAPSHOT_FILES, Expectations, c
 from sglang_deploy.core.preflight.wheels import WheelTarget, check_wheel_platform, lock_target
 
 __all__ = [
-    "NVIDIA_MAJOR", "SMI_DIAGNOSES", "SNAPSHOT_FILES", "STATUSES", "Check", "DevNode",
+    "NVIDIA_MAJOR", "RETEST_NOTE", "SMI_DIAGNOSES", "SNAPSHOT_FILES", "STATUSES", "Check", "DevNode",
     "Expectations", "Status", "cgroup_fix", "check_cuda_probe", "check_device_nodes",
     "check_model", "check_open_results", "check_p2p", "check_smi", "classify_open",
     "diagnose_cuda_error", "evaluate", "gpu_nodes_fix", "p2p_record", "parse_dev_listing",
-    "parse_open_results", "probe_plan", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
+    "parse_open_results", "probe_plan", "p2p_cells", "retest_before_restart", "plain_matrix", "rich_matrix", "required_node",
     "summarise", "use_p2p_record", "use_verified_server", "uvm_fix", "uvm_major_of",
     "WheelTarget", "check_wheel_platform", "lock_target",
 ]

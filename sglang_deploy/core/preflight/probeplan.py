@@ -1,17 +1,23 @@
-"""Which CUDA probe a deploy runs, from the host state (pure), and the checks that stand in for
-the probe when a verified server serves."""
+"""Which CUDA probe a deploy runs, from the host state (pure), the checks that stand in for
+the probe when a verified server serves (or a read-only command leaves a serving host's GPUs
+alone), and whether P2P is retested before a restart."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from sglang_deploy.core.preflight.checks import Check
 
 
 def probe_plan(service: Mapping[str, Any], last_verified: Mapping[str, Any] | None,
-               p2p_verified: Mapping[str, Any] | None, p2p_test: str) -> str:
+               p2p_verified: Mapping[str, Any] | None, p2p_test: str,
+               read_only: bool = False) -> str:
     """Which CUDA probe the pre-flight runs, from the host-state read:
 
+    - ``"none"`` first of all when READ_ONLY (``status``, ``rollout --dry``, ``report``,
+      ``deploy.py --dry``) and the service serves: a read-only command never touches the GPUs
+      a server holds, whatever ``gpu_p2p_test`` says; the real deploy retests P2P before it
+      restarts that server (``retest_before_restart``);
     - ``"p2p"``: init, devices and the data-verified peer copies: ``gpu_p2p_test: always``,
       or the service is not serving, or no full P2P test has passed on this host yet;
     - ``"basic"``: init and devices: the service serves and the last P2P verdict stands, but
@@ -19,11 +25,13 @@ def probe_plan(service: Mapping[str, Any], last_verified: Mapping[str, Any] | No
     - ``"none"``: the service serves the very invocation a deploy verified
       (``last_verified.invocation`` is its ``InvocationID``). That server initialised CUDA on
       these GPUs and serves from them, which proves more than the probe does; a run that
-      would restart it probes first, with the peer copies (``stages.full_p2p_check``).
+      would restart it probes first, with the peer copies (``retest_before_restart``).
 
     ``service``: the ``systemctl show`` properties; ``last_verified``/``p2p_verified``: the
     host's records (None when absent)."""
     serving = service.get("ActiveState") == "active" and service.get("SubState") == "running"
+    if read_only and serving:
+        return "none"
     if p2p_test == "always" or not (serving and p2p_verified):
         return "p2p"
     invocation = service.get("InvocationID")
@@ -32,19 +40,44 @@ def probe_plan(service: Mapping[str, Any], last_verified: Mapping[str, Any] | No
     return "basic"
 
 
+def retest_before_restart(p2p_skipped: bool, restart_reasons: Sequence[str]) -> bool:
+    """Whether the deploy retests P2P (the probe with the peer copies) before it restarts the
+    service: the pre-flight skipped the copies (the server was serving) and the service is
+    about to be replaced. The retest is an operation: it runs when the deploy executes, never
+    while a read-only command (a dry run) prepares its plan, which shows ``RETEST_NOTE``."""
+    return p2p_skipped and bool(restart_reasons)
+
+
+RETEST_NOTE = "P2P will be retested before the restart"
 CUDA_PROBE_CHECKS = ("cuda-init", "cuda-devices")
+P2P_COPY_CHECKS = ("p2p-data", "p2p-bandwidth")
 
 
 def use_verified_server(checks: list[Check], service: str,
-                        last_verified: Mapping[str, Any]) -> list[Check]:
-    """Checks when the CUDA probe did not run because SERVICE serves a verified invocation
-    (``probe_plan`` said ``"none"``): its server stands for the probe's init and device checks."""
+                        last_verified: Mapping[str, Any] | None,
+                        p2p_verified: Mapping[str, Any] | None = None,
+                        read_only: bool = False) -> list[Check]:
+    """Checks when the CUDA probe did not run (``probe_plan`` said ``"none"``): SERVICE serves
+    a verified invocation, whose server stands for the probe's init and device checks, or
+    (READ_ONLY) a read-only command left a serving host's GPUs alone. Without a recorded P2P
+    verdict (P2P_VERIFIED None) the copy checks say when they will run."""
     kept = [c for c in checks if c.name not in CUDA_PROBE_CHECKS]
-    invocation = str(last_verified.get("invocation") or "?")
-    kept.append(Check("cuda-init", "pass",
-                      f"CUDA probe skipped while {service} serves invocation {invocation[:12]}, "
-                      f"verified at {last_verified.get('verified_at', '?')}: its server runs CUDA "
-                      f"on these GPUs; the probe runs, with the peer copies, before any restart"))
+    invocation = str((last_verified or {}).get("invocation") or "?")
+    if read_only:
+        kept.append(Check("cuda-init", "pass",
+                          f"CUDA probe not run: a read-only command leaves the GPUs of the "
+                          f"serving {service} alone; {RETEST_NOTE}"))
+    else:
+        kept.append(Check("cuda-init", "pass",
+                          f"CUDA probe skipped while {service} serves invocation {invocation[:12]}, "
+                          f"verified at {(last_verified or {}).get('verified_at', '?')}: its "
+                          f"server runs CUDA on these GPUs; the probe runs, with the peer copies, "
+                          f"before any restart"))
+    if read_only and p2p_verified is None:
+        kept = [c for c in kept if c.name not in P2P_COPY_CHECKS]
+        kept.append(Check("p2p-data", "pass",
+                          f"peer copies not run while {service} serves (no P2P test recorded on "
+                          f"this host yet); {RETEST_NOTE}"))
     return kept
 
 

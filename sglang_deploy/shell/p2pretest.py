@@ -1,0 +1,55 @@
+"""The P2P retest before a serving host's restart: the CUDA probe with the peer copies, run
+as an operation when the deploy executes, after the decision to restart and before the unit,
+the ``current`` link or the service change.
+
+The pre-flight skips the copies while the server serves (its GPU memory is the server's,
+``preflight.probe_plan``); a deploy that will replace that server proves P2P first. Being an
+operation, it never runs in a read-only command (``status``, ``rollout --dry``, ``report``,
+``deploy.py --dry``): their plan shows it as ``preflight.RETEST_NOTE``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from pyinfra import host
+from pyinfra.operations import python
+
+from sglang_deploy.core import preflight
+from sglang_deploy.core.errors import PreflightError
+from sglang_deploy.shell import operations as ops
+from sglang_deploy.shell import p2pview
+
+
+def add_retest(ctx, run_probe: Callable) -> None:
+    """Add the retest of CTX's host (``stages.Context``); RUN_PROBE: ``stages.run_probe``."""
+    name = (f"{preflight.RETEST_NOTE} of {ctx.settings.sglang_service} (peer copies on every "
+            "GPU pair)")
+    python.call(name=name, function=ops.reported(functools.partial(
+        retest, ctx, run_probe, dict(ctx.nccl_env))))
+
+
+def retest(ctx, run_probe: Callable, rendered_env: dict) -> None:
+    """On the host's turn: the probe with the peer copies, its matrix, the new verdict kept
+    on the host; raises when P2P fails, or when the verdict asks for another NCCL environment
+    than the unit was rendered with (RENDERED_ENV: from the last recorded test)."""
+    s = ctx.settings
+    checks, _ = run_probe(ctx, "p2p")
+    p2pview.show(checks, record=True, policy=s.gpu_p2p_policy)
+    if ctx.p2p_record is not None:
+        ops.write_json_record(ctx.layout.p2p_record, ctx.p2p_record)
+    ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}")
+    ctx.p2p_skipped = False
+    if dict(ctx.nccl_env) != rendered_env:
+        raise PreflightError(
+            what=f"the P2P verdict {s.sglang_service}'s new unit was rendered with (the last "
+                 f"recorded test on {host.name}) to still hold",
+            found=f"the retest asks for NCCL environment {_env(ctx.nccl_env)}, the unit has "
+                  f"{_env(rendered_env)}; nothing was changed, the old server still serves",
+            fix="run the deploy again: the new verdict is recorded on the host and the next "
+                "run renders the unit with it")
+
+
+def _env(env: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(none)"

@@ -1,0 +1,70 @@
+"""Read-only commands stay read-only: no CUDA probe and no peer copies on a serving host
+(``preflight.probe_plan`` with ``read_only``), the retest before a restart is an operation
+(``preflight.retest_before_restart``), and the plan says so (``preflight.RETEST_NOTE``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_deploy.core import preflight
+from sglang_deploy.shell import plan
+
+SERVING = {"ActiveState": "active", "SubState": "running", "InvocationID": "abc123"}
+STOPPED = {"ActiveState": "inactive", "SubState": "dead"}
+RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data", "p2p-bandwidth"]}
+
+
+@pytest.mark.parametrize("last_verified, record, p2p_test, deploy", [
+    ({"invocation": "abc123"}, RECORD, "auto", "none"),  # verified and recorded
+    ({"invocation": "older"}, RECORD, "auto", "basic"),  # running, never verified
+    (None, None, "auto", "p2p"),                         # no P2P test recorded yet
+    ({"invocation": "abc123"}, RECORD, "always", "p2p"),  # asked to copy every time
+])
+def test_a_read_only_command_never_probes_a_serving_host(last_verified, record, p2p_test, deploy):
+    assert preflight.probe_plan(SERVING, last_verified, record, p2p_test, read_only=True) == "none"
+    # the same host, deployed for real: the deploy's own probe stays as it was
+    assert preflight.probe_plan(SERVING, last_verified, record, p2p_test) == deploy
+
+
+def test_a_read_only_command_still_probes_a_host_that_does_not_serve():
+    # nothing holds the GPUs: the plan shows what the pre-flight really finds
+    assert preflight.probe_plan(STOPPED, None, None, "auto", read_only=True) == "p2p"
+
+
+@pytest.mark.parametrize("skipped, reasons, want", [
+    (True, ["unit"], True), (True, [], False), (False, ["release"], False)])
+def test_retest_before_restart(skipped, reasons, want):
+    assert preflight.retest_before_restart(skipped, reasons) is want
+
+
+def test_read_only_checks_say_the_probe_was_not_run_and_when_p2p_is_retested():
+    checks = [preflight.Check("gpu-count", "pass", "8 GPUs"),
+              *preflight.check_cuda_probe(None, 8),
+              preflight.Check("p2p-data", "skipped", "no probe")]
+    got = {c.name: c for c in preflight.use_verified_server(
+        checks, "sglang", {"invocation": "older"}, None, read_only=True)}
+    assert got["cuda-init"].status == "pass"
+    assert "read-only" in got["cuda-init"].message
+    assert preflight.RETEST_NOTE in got["cuda-init"].message
+    assert got["p2p-data"].status == "pass" and preflight.RETEST_NOTE in got["p2p-data"].message
+    # a recorded verdict keeps its own p2p checks (``use_p2p_record`` wrote them)
+    kept = {c.name: c for c in preflight.use_verified_server(
+        checks, "sglang", {"invocation": "older"}, RECORD, read_only=True)}
+    assert kept["p2p-data"].message == "no probe"
+
+
+def test_plan_read_only_with_a_plan_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv(plan.PLAN_ENV, raising=False)
+    assert plan.read_only() is False  # no pyinfra command line here, no plan folder
+    monkeypatch.setenv(plan.PLAN_ENV, str(tmp_path))
+    assert plan.read_only() is True
+
+
+def test_plan_read_only_with_pyinfras_dry_flag(monkeypatch):
+    import click
+
+    monkeypatch.delenv(plan.PLAN_ENV, raising=False)
+    for dry in (True, False):
+        with click.Context(click.Command("pyinfra"), obj=None) as ctx:
+            ctx.params["dry"] = dry
+            assert plan.read_only() is dry
