@@ -60,7 +60,6 @@ ENTRYPOINTS = ("sglang.launch_server", "sglang.srt.entrypoints.http_server",
                "sglang.srt.managers.scheduler", "sglang.srt.model_executor.model_runner")
 NO_ACCELERATOR = "No accelerator (CUDA, XPU, HPU, NPU, MUSA, MPS) is available."
 LIBCUDA_ABSENT = "libcuda.so.1: cannot open shared object file: No such file or directory"
-_STDOUT = sys.stdout  # the real stdout (``main`` points sys.stdout at stderr while it runs)
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(\(?[^;]*?\)?)\s*(;.*)?$")
 
 
@@ -171,8 +170,9 @@ _REFUSED = (errno.EPERM, errno.EACCES)
 
 
 def progress(text: str) -> None:
-    """One progress line on stdout (the caller shows it as it arrives)."""
-    print(f"release smoke: {text}", file=_STDOUT, flush=True)
+    """One progress line on the process's real stdout (``main`` points ``sys.stdout`` at
+    stderr while the steps run; the caller shows the line as it arrives)."""
+    print(f"release smoke: {text}", file=sys.__stdout__, flush=True)
 
 
 def open_node(path: str) -> str:
@@ -394,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown step(s) {', '.join(bad)}; choose from {', '.join(STEPS)}")
     flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
     # Nothing that the server's import prints (warnings, logging) may mix into the JSON.
-    global _STDOUT
-    out = _STDOUT = sys.stdout
+    out = sys.stdout
     sys.stdout = sys.stderr
     try:
         result = run(steps, flags, args.module or list(ENTRYPOINTS), args.device,
