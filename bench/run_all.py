@@ -111,6 +111,8 @@ def _fmt(x, unit="s"):
         return f"{x:.0f}"
     if unit == "bytes":
         return f"{x / 1000:.1f} KB"
+    if unit == "installs":
+        return f"{x:.2f} installs"
     return f"{x:.3f} s" if abs(x) < 10 else f"{x:.1f} s"
 
 

@@ -31,6 +31,10 @@ from bench.common import PY, ROOT, Figure, log, median, state, testbed
 INVENTORY = "inventory/testbed.py"
 DATA = ["gpu_p2p_min_gbps=0.05"]
 HOSTS = 3
+#: said beside the figures: the testbed's 3 hosts share the controller's cores
+SHARED = ("measured on a 2-core machine shared with 5 other sessions' testbeds and tests, "
+          "its 3 hosts installing on the same 2 cores (a real fleet's hosts install each on "
+          "its own CPUs, disk and network)")
 
 
 def router_of() -> tuple[str, str]:
@@ -108,12 +112,18 @@ def _hosts(runs: list[dict], case: str, key: str) -> list[float]:
     return [h[key] for r in runs for h in r[case]["doc"]["hosts"]]
 
 
-def figures(runs: list[dict]) -> list[Figure]:
+def install_s(run: dict) -> float:
+    """One run's install: the median over hosts of a host's deploy step with --no-stage minus
+    its step when staged (what staging took out of the time a host is out of the router)."""
+    return median([a["seconds"] - b["seconds"] for a, b in
+                   zip(run["nostage"]["doc"]["hosts"], run["staged"]["doc"]["hosts"])])
+
+
+def figures(runs: list[dict], shared: str = SHARED) -> list[Figure]:
     total = [r["staged"]["doc"]["seconds"] for r in runs]
     total_off = [r["nostage"]["doc"]["seconds"] for r in runs]
-    install = median([a - b for a, b in zip(_hosts(runs, "nostage", "seconds"),
-                                            _hosts(runs, "staged", "seconds"))])
-    bound = median(total_off) - (HOSTS - 1) * install
+    installs = [install_s(r) for r in runs]
+    saved = [(off - on) / i for off, on, i in zip(total_off, total, installs)]
     stage_s = [r["staged"]["doc"]["hosts"][0]["stage_seconds"] for r in runs]
     out_staged = _hosts(runs, "staged", "out_of_router_s")
     load = [r["staged"]["load"]["during"] for r in runs]
@@ -121,13 +131,19 @@ def figures(runs: list[dict]) -> list[Figure]:
         Figure(key="stage_total", unit="s",
                name=f"Rollout of a new release, {HOSTS} hosts under load: total, staged",
                samples=total, baseline_name="same with --no-stage", baseline_samples=total_off,
-               goal=f"<= --no-stage - {HOSTS - 1} installs ({bound:.1f} s)",
-               goal_kind="ratio_max", goal_value=round(bound / median(total_off), 4),
-               notes=f"an install (a host's deploy step with --no-stage minus its step when "
-                     f"staged, median) {install:.1f} s; the staging run of all {HOSTS} hosts at "
-                     f"once {', '.join(f'{x:.1f} s' for x in stage_s)}; the testbed's release is "
+               notes=f"{shared}; the staging run of all {HOSTS} hosts at once "
+                     f"{', '.join(f'{x:.1f} s' for x in stage_s)}; the testbed's release is "
                      "installed offline from the wheelhouse (a real one: 196 packages, 9.6 GB)",
-               extra={"install_s": install, "stage_s": stage_s}),
+               extra={"stage_s": stage_s}),
+        Figure(key="stage_saved", unit="installs",
+               name=f"Time a staged rollout saves, in installs ({HOSTS} hosts, same run)",
+               samples=saved, goal=f">= {HOSTS - 1} installs", goal_kind="value_min",
+               goal_value=HOSTS - 1,
+               notes="per run: (total with --no-stage - total staged) / that run's install (the "
+                     "median over hosts of a host's deploy step with --no-stage minus its step "
+                     "when staged: install, JIT check and smoke); installs "
+                     + ", ".join(f"{x:.1f} s" for x in installs) + f"; {shared}",
+               extra={"install_s": installs}),
         Figure(key="stage_out", unit="s",
                name="A host's time out of the router, new release staged",
                samples=out_staged, baseline_name="a config-only change (new sglang_env)",
@@ -144,4 +160,3 @@ def figures(runs: list[dict]) -> list[Figure]:
                notes=f"{router_load.RATE:g} req/s through the router; "
                      f"{sum(x['requests'] for x in load)} requests during the staged rollouts"),
     ]
-
