@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -18,6 +19,7 @@ from pathlib import Path
 from bench import router_load
 
 from .helpers import REPO
+from .test_model_download import TOKEN, download_data, mirror  # noqa: F401
 from .test_release_smoke import _broken_lock
 from .test_router import (  # noqa: F401  (the fixtures)
     BIN,
@@ -137,3 +139,34 @@ def test_a_rollout_killed_after_its_first_drain_is_seen_and_converges_on_a_rerun
     wait_all_workers_ready(fleet, deadline_s=60)
     s = result.summary()
     assert s["during"]["requests"] > 0 and s["during"]["failed"] == 0, s
+
+
+def test_a_new_model_is_downloaded_on_every_host_before_the_first_drain(
+        fleet, mirror, tmp_path, monkeypatch):
+    """Needs: `fleet`. A rollout to a new `sglang_model_path`, downloaded (the stand-in Hub of
+    test_model_download.py): the staging run fetches it on every host, with its progress,
+    before any host leaves the router; the old model's folder stays. Leaves the fleet on the
+    new model path (the next `fleet` deploys it back)."""
+    monkeypatch.setenv("TB_HF_TOKEN", TOKEN)
+    old = serving_model(fleet)
+    path = f"/srv/models/staged-{uuid.uuid4().hex[:6]}/GLM-5-NVFP4"
+    data = [d for d in download_data(mirror) if d.startswith(("sglang_model", "sglang_hf"))]
+    r, doc = rollout(fleet, data=[*data, f"sglang_model_path={path}"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert out.index("staged in") < out.index("draining")
+    staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+    for h in servers(fleet):
+        assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
+        assert fleet.ssh(h, f"test -f {path}/model-00004-of-00004.safetensors").returncode == 0
+        assert fleet.ssh(h, f"test -d {old[h]}").returncode == 0  # the old model is kept
+    assert [(h["status"], h["router"]) for h in doc["hosts"]] == [("done", "back")] * 3
+
+
+def serving_model(testbed) -> dict:
+    """Per server: the --model-path of its unit."""
+    out = {}
+    for h in servers(testbed):
+        unit = testbed.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
+        out[h] = re.search(r"--model-path (\S+)", unit).group(1)
+    return out
