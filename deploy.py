@@ -6,11 +6,16 @@
 The operator's checklist, in order. Every stage reads the host first and changes only what
 differs; a second run changes nothing and restarts nothing. Hosts of the inventory group
 `routers` run only stage 5; every other host serves and runs stages 1-4.
+
+pyinfra runs each operation on every host before the next, and every operation that does not
+touch the server (install, patch, model, JIT check, smoke) comes before the first that does:
+no host restarts before every host has staged. With SGLANG_DEPLOY_STAGE_ONLY=1 (the rollout's
+staging run, ``shell/staging.py``) the run stops there: nothing serving is touched.
 """
 
 from pyinfra import host
 
-from sglang_deploy.shell import hooks, routerstage, routing, stages
+from sglang_deploy.shell import hooks, routerstage, routing, stages, staging
 
 # Only with this project's config.py (pyinfra reads it from the current folder): every host's
 # data checked before any connection, the deploy lock held. Otherwise stop here, saying so.
@@ -28,8 +33,10 @@ if not routing.is_router(host):
 
     # 3. Service: launch flags checked against the installed sglang, secrets in a root-only
     #    file, the systemd unit; restart only when something that affects the server changed.
+    #    Staging only: the checks (flags, JIT toolchain, release smoke), then stop.
     stages.service_stage(ctx)
 
+if not routing.is_router(host) and not staging.stage_only():
     # 4. Verify: follow the journal and systemd until the model really serves (autotune seen,
     #    /health 200, /v1/models, a one-token generation), or fail fast saying why.
     stages.verify_stage(ctx)
@@ -37,4 +44,5 @@ if not routing.is_router(host):
 # 5. Router (group `routers` only), after every server is verified: SMG from its lock, its key
 #    in a root-only file, the unit listing the serving hosts; verified by a generation routed
 #    through it to each of them.
-routerstage.router_stage()
+if not staging.stage_only():
+    routerstage.router_stage()

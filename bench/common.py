@@ -49,7 +49,7 @@ class Figure:
     baseline_name: str | None = None
     baseline_samples: list = field(default_factory=list)
     goal: str | None = None           # human text, e.g. "<= 2x baseline"
-    goal_kind: str | None = None      # "ratio_max" | "value_max" | None
+    goal_kind: str | None = None      # "ratio_max" | "value_max" | "value_min" | None
     goal_value: float | None = None
     notes: str = ""
     measured: bool = True
@@ -78,6 +78,8 @@ class Figure:
             return None if self.ratio is None else self.ratio <= self.goal_value
         if self.goal_kind == "value_max":
             return self.median < self.goal_value
+        if self.goal_kind == "value_min":
+            return self.median >= self.goal_value
         return None
 
     def to_json(self) -> dict:

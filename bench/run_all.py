@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import ROOT, log, plural
 
-SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection")
+SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage")
 
 
 def git_commit() -> str:
@@ -111,6 +111,8 @@ def _fmt(x, unit="s"):
         return f"{x:.0f}"
     if unit == "bytes":
         return f"{x / 1000:.1f} KB"
+    if unit == "installs":
+        return f"{x:.2f} installs"
     return f"{x:.3f} s" if abs(x) < 10 else f"{x:.1f} s"
 
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from sglang_deploy.core.errors import ModelError
 from sglang_deploy.core.preflight import check_model
+from sglang_deploy.core.staging import DISK_HEADROOM_BYTES, model_disk_error
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 #: exit code of coreutils `timeout` when the deadline passed
@@ -33,6 +34,8 @@ class FetchSpec:
     endpoint: str | None = None
     timeout_s: int = 86400
     token_env: str | None = None  # name of the controller variable (for messages only)
+    #: bytes kept free beyond the model's missing bytes, checked before the download
+    headroom: int = DISK_HEADROOM_BYTES
 
 
 def model_complete(model: Mapping[str, Any] | None, path: str) -> bool:
@@ -52,6 +55,8 @@ def fetch_command(spec: FetchSpec) -> str:
         args += ["--endpoint", spec.endpoint]
     if spec.token_file:
         args += ["--token-file", spec.token_file]
+    if spec.headroom:
+        args += ["--headroom", str(int(spec.headroom))]
     cmd = f"timeout --signal=TERM --kill-after=30 {int(spec.timeout_s)} {shlex.join(args)}; rc=$?"
     if spec.token_file:
         cmd += f"; rm -f {shlex.quote(spec.token_file)}"
@@ -112,6 +117,13 @@ def diagnose(spec: FetchSpec, result: Mapping[str, Any] | None, rc: int | None,
                 f"run `{spec.python} {spec.tool} --repo {spec.repo} --dest {spec.path}` on "
                 "the host by hand")
     error = result.get("error")
+    space = (error or {}).get("space") or {}
+    if error and error.get("code") == "NOSPACE_BEFORE" and space:
+        short = model_disk_error(spec.path, space.get("need_bytes"),
+                                 space.get("present_bytes") or 0, space.get("free_bytes"),
+                                 space.get("headroom", spec.headroom))
+        if short is not None:
+            return short
     if error:
         return ModelError(what=what, found=_error_found(error), fix=_error_fix(spec, error),
                           details={"error": dict(error)})

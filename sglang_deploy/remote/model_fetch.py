@@ -59,8 +59,11 @@ def describe(exc: BaseException, token: str | None) -> dict:
     message = " ".join(str(exc).split())[:800]
     if token:
         message = message.replace(token, "<redacted>")
-    return {"type": type(exc).__name__, "types": names, "status": status, "code": code,
-            "message": message}
+    out = {"type": type(exc).__name__, "types": names, "status": status, "code": code,
+           "message": message}
+    if isinstance(exc, NoSpaceForModel):
+        out.update(code="NOSPACE_BEFORE", space=exc.space)
+    return out
 
 
 def _repo_sizes(api, repo: str, revision: str) -> dict[str, int] | None:
@@ -105,8 +108,31 @@ def download_measure(dest: str, sizes: dict[str, int] | None):
     return measure
 
 
+class NoSpaceForModel(Exception):
+    """The disk under the destination cannot hold the model's missing bytes + headroom."""
+
+    def __init__(self, space: dict):
+        super().__init__(f"{space['free_bytes']} bytes free, {space['need_bytes']} needed "
+                         f"({space['present_bytes']} already there) + {space['headroom']} headroom")
+        self.space = space
+
+
+def disk_space(dest: str, sizes: dict[str, int], headroom: int) -> dict:
+    """The figures of the disk-space check before a download: the model's full size, what
+    of it is already in DEST at full size, the free bytes of DEST's file system."""
+    present = 0
+    for name, size in sizes.items():
+        try:
+            present += size if os.path.getsize(os.path.join(dest, name)) == size else 0
+        except OSError:
+            pass
+    st = os.statvfs(dest)
+    return {"need_bytes": sum(sizes.values()), "present_bytes": present,
+            "free_bytes": st.f_bavail * st.f_frsize, "headroom": headroom}
+
+
 def fetch(repo: str, revision: str, dest: str, endpoint: str | None, token: str | None,
-          workers: int = 8, every: float = 5.0) -> dict:
+          workers: int = 8, every: float = 5.0, headroom: int = 0) -> dict:
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ.pop("HF_TOKEN", None)  # only the token given here counts
@@ -118,8 +144,12 @@ def fetch(repo: str, revision: str, dest: str, endpoint: str | None, token: str 
     # its real cause (snapshot_download would fall back to a partial local folder).
     info = api.model_info(repo, revision=revision)
     commit = info.sha
-    reporter = Reporter(download_measure(dest, _repo_sizes(api, repo, commit or revision)),
-                        every, "model")
+    sizes = _repo_sizes(api, repo, commit or revision)
+    if headroom and sizes:  # before a byte is fetched: the serving model's files are kept
+        space = disk_space(dest, sizes, headroom)
+        if space["need_bytes"] - space["present_bytes"] + headroom > space["free_bytes"]:
+            raise NoSpaceForModel(space)
+    reporter = Reporter(download_measure(dest, sizes), every, "model")
     reporter.start()
     try:
         path = snapshot_download(
@@ -145,6 +175,9 @@ def main(argv=None) -> int:
     parser.add_argument("--token-file")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--every", type=float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--headroom", type=int, default=0,
+                        help="bytes that must stay free beyond the model's missing bytes "
+                             "(checked before the download; 0: not checked)")
     args = parser.parse_args(argv)
     os.umask(0o022)
     result: dict = {"ok": True, "commit": None, "files": 0, "error": None}
@@ -152,7 +185,7 @@ def main(argv=None) -> int:
     try:
         token = _read_token(args.token_file)
         result.update(fetch(args.repo, args.revision, args.dest, args.endpoint, token,
-                            args.workers, args.every))
+                            args.workers, args.every, args.headroom))
     except Exception as exc:  # noqa: BLE001 - every failure is reported, typed, to the caller
         result["ok"] = False
         result["error"] = describe(exc, token)

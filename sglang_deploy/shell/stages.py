@@ -21,7 +21,6 @@ from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import group, jit, modelfetch, nvsmi, preflight, report, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
@@ -29,8 +28,8 @@ from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving
-from sglang_deploy.shell import allreduce, groupops, jitcheck, outcomes, p2pview, plan
-from sglang_deploy.shell import flagcache, lockfiles, p2pretest, releaseops, reports, routing
+from sglang_deploy.shell import allreduce, flagcache, groupops, lockfiles, outcomes, p2pretest
+from sglang_deploy.shell import p2pview, plan, releaseops, reports, routing, staging
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -159,7 +158,8 @@ def preflight_stage() -> Context:
     snap = host.get_fact(HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
                          model=settings.sglang_model_path, secrets=layout.secrets_file,
                          python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
-                         paths=layout.state_paths(release_id),
+                         paths=(*layout.state_paths(release_id),
+                                staging.record_path(layout, release_id)),
                          route_to=settings.sglang_dist_init_addr if settings.sglang_group else None)
     hs = snap["state"]
     if hs is None:
@@ -322,26 +322,16 @@ def service_stage(ctx: Context):
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
     reasons = restart_reasons(ctx, unit_text, secrets_text)
+    if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
+        staging.checks_before_start(ctx, unit_text, reasons)
+        return
     if preflight.retest_before_restart(ctx.p2p_skipped, reasons):
         # the server is about to be replaced: the copies skipped in pre-flight (it was
         # serving) run first, when the deploy executes (a dry run's plan only names them)
         p2pretest.add_retest(ctx, run_probe)
     if hs["service"].get("ActiveState") != "active" or reasons:
-        # the server will (re)start: its JIT compilers are checked first, in its environment
-        jitcheck.jit_toolchain_check(
-            name="JIT toolchain (nvcc, ninja, c++) in the service's environment",
-            python=ctx.venv_python, tool=lay.tool("jit_check.py"), site=ctx.site,
-            env=dict(ctx.environment()), venv_bin=lay.venv_bin(ctx.release_id),
-            caps=jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out")))
-        if set(reasons) - {"secrets"} or hs["service"].get("ActiveState") != "active":
-            # a new release or new flags: proven under the unit's sandbox before the switch
-            releaseops.release_smoke(
-                name=f"Release smoke of {ctx.release_id} under the unit's sandbox",
-                unit_text=unit_text, python=ctx.venv_python, tool=lay.tool("release_smoke.py"),
-                steps=s.sglang_smoke,
-                # no --api-key, not even a placeholder: argv never names it
-                flags=flagmod.render_flags(service.flag_map(s)),
-                env=s.sglang_smoke_env, **releaseops.smoke_doors(ctx))
+        # the server will (re)start: its JIT compilers and the release checked first
+        staging.checks_before_start(ctx, unit_text, reasons)
         if hs["service"].get("ActiveState") != "active":  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
     run = None

@@ -143,3 +143,30 @@ def test_data_keys_revision_endpoint_and_their_checks():
     with pytest.raises(DataError) as exc:
         data.resolve({**base, "sglang_hf_endpoint": "huggingface.co"}, environ={})
     assert exc.value.key == "sglang_hf_endpoint"
+
+
+# ------------------------------------------------------------------ disk space, before the download
+
+def test_the_download_states_its_headroom_and_a_short_disk_is_reported_with_its_figures():
+    words = shlex.split(modelfetch.fetch_command(spec()).split(";")[0])
+    assert words[words.index("--headroom") + 1] == str(modelfetch.DISK_HEADROOM_BYTES)
+    gib = 1024 ** 3
+    space = {"need_bytes": 100 * gib, "present_bytes": 10 * gib, "free_bytes": 50 * gib,
+             "headroom": 2 * gib}
+    err = modelfetch.diagnose(spec(), {"ok": False, "error": {
+        "type": "NoSpaceForModel", "code": "NOSPACE_BEFORE", "message": "x", "space": space}}, 3)
+    assert isinstance(err, ModelError)
+    assert "90.0 GiB still to fetch" in err.what and "50.0 GiB free (42.0 GiB short)" in err.found
+    assert "/srv/models/m" in err.fix and "free 42.0 GiB" in err.fix
+
+
+def test_the_host_measures_the_model_already_there_and_the_free_bytes(tmp_path):
+    (tmp_path / "a.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "b.safetensors").write_bytes(b"x" * 3)  # truncated: not counted
+    got = model_fetch.disk_space(str(tmp_path), {"a.safetensors": 10, "b.safetensors": 7,
+                                                 "c.safetensors": 5}, headroom=1)
+    assert got["need_bytes"] == 22 and got["present_bytes"] == 10 and got["headroom"] == 1
+    assert got["free_bytes"] > 0
+    exc = model_fetch.NoSpaceForModel({**got, "free_bytes": 1})
+    described = model_fetch.describe(exc, None)
+    assert described["code"] == "NOSPACE_BEFORE" and described["space"]["free_bytes"] == 1

@@ -215,3 +215,91 @@ def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch)
     assert results["b"].status == "rolled-back" and results["b"].message.endswith("verified serving")
     assert results["b"].rollback == "rolled-back" and rollout.verified_after_rollback(results["b"])
     assert results["c"].status == "untouched"
+
+
+# ------------------------------------------------------------------ staging before the drain
+
+def test_staging_is_judged_by_its_record():
+    assert rollout.after_staging(rec("a", "passed", "service")) is None
+    err = outcome.error_of(VerifyError(what="`import sglang` works", found="No module named 'x'"))
+    why = rollout.after_staging(rec("b", "failed", "service", error=err))
+    assert why.startswith("staging failed (nothing drained, still serving its release)")
+    assert "No module named 'x'" in why
+    assert rollout.after_staging(outcome.decide("c", None)).startswith("staging failed")
+
+
+class FakeRouter:
+    def __init__(self, names):
+        self.workers = {n: f"http://{n}:30000" for n in names}
+        self.calls = []
+
+    def drain(self, name, say):
+        self.calls.append(("drain", name))
+
+    def put_back(self, name, say):
+        self.calls.append(("put_back", name))
+
+
+def fake_runs(monkeypatch, stage_fails=()):
+    """pyinfra faked: the staging run fails on STAGE_FAILS; every deploy verifies."""
+    from sglang_deploy.shell import outcomes, runner, staging
+
+    runs = []
+
+    def fake(inventory, deploy_file, *, limit=(), env=None, on_line=None, **kw):
+        folder = Path(env[outcomes.OUTCOMES_ENV])
+        runs.append((deploy_file, list(limit), env.get(staging.STAGE_ENV),
+                     env.get(staging.STAGED_ENV)))
+        for h in limit:
+            if env.get(staging.STAGE_ENV) and h in stage_fails:
+                rec_ = outcome.record(h, "failed", "service", error=outcome.error_of(
+                    VerifyError(what="`import sglang` works", found="No module named 'x'")))
+            elif env.get(staging.STAGE_ENV) or deploy_file != "deploy.py":
+                rec_ = outcome.record(h, "passed", "service")
+            else:
+                rec_ = outcome.record(h, "passed", "verify", action="restarted", summary=VERIFIED)
+            outcomes.write_json(folder, h, rec_)
+        return runner.Run(argv=[], rc=0, output="", seconds=2.0)
+
+    monkeypatch.setattr(runner, "run_pyinfra", fake)
+    return runs
+
+
+def a_rollout(**kw):
+    import io
+
+    return rollout.Rollout(inventory="inv.py", out=io.StringIO(),
+                           progress=HostProgress(out=io.StringIO()), **kw)
+
+
+def test_a_host_that_fails_staging_stops_the_rollout_before_any_drain(tmp_path, monkeypatch):
+    runs = fake_runs(monkeypatch, stage_fails={"b"})
+    r, front = a_rollout(), FakeRouter(["a", "b", "c"])
+    results = {h: HostResult(h) for h in ("a", "b", "c")}
+    verdict = r.stage_all(["a", "b", "c"], results, tmp_path)
+    assert verdict.startswith("rollout stopped before any drain: staging failed on b")
+    assert runs == [("deploy.py", ["a", "b", "c"], "1", None)]  # one run, all hosts at once
+    assert results["b"].status == "failed" and "No module named 'x'" in results["b"].message
+    assert results["a"].status == "untouched" and results["a"].message.startswith("staged, not")
+    assert front.calls == [] and all(x.router is None for x in results.values())
+
+
+def test_after_staging_each_batch_only_rolls_and_trusts_the_staging_record(tmp_path, monkeypatch):
+    runs = fake_runs(monkeypatch)
+    r, front = a_rollout(), FakeRouter(["a", "b"])
+    results = {h: HostResult(h) for h in ("a", "b")}
+    assert r.stage_all(["a", "b"], results, tmp_path) is None
+    r.roll([front], [["a"], ["b"]], results, tmp_path)
+    assert runs[1:] == [("deploy.py", ["a"], None, "1"), ("deploy.py", ["b"], None, "1")]
+    assert front.calls == [("drain", "a"), ("put_back", "a"), ("drain", "b"), ("put_back", "b")]
+    assert all(x.status == "done" and x.router == "back" and x.out_of_router_s is not None
+               and x.stage_seconds == 2.0 for x in results.values())
+
+
+def test_no_stage_rolls_without_the_staging_record(tmp_path, monkeypatch):
+    runs = fake_runs(monkeypatch)
+    r = a_rollout(stage=False)
+    results = {"a": HostResult("a")}
+    r.roll([], [["a"]], results, tmp_path)
+    assert runs == [("deploy.py", ["a"], None, None)]
+    assert results["a"].status == "done" and results["a"].out_of_router_s is None

@@ -1,0 +1,172 @@
+"""Rollouts that stage before they drain, and a controller that dies mid-rollout: the router
+(SMG) in front of 3 testbed hosts, under a steady load through it (bench/router_load.py).
+
+Uses test_router.py's `routed` (the router host booted, the fleet deployed) and `fleet` (the
+3 servers converged on the module's configuration, every worker ready in the router)
+fixtures: each test here starts from `fleet` and passes alone (`pytest -k NAME`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+from bench import router_load
+
+from .helpers import REPO
+from .test_model_download import TOKEN, download_data, mirror  # noqa: F401
+from .test_release_smoke import _broken_lock
+from .test_router import (  # noqa: F401  (the fixtures)
+    BIN,
+    DATA,
+    fleet,
+    routed,
+    rollout,
+    router_of,
+    servers,
+    tool,
+    wait_all_workers_ready,
+)
+
+
+def new_release(tmp_path: Path) -> Path:
+    """A lock that differs from the testbed's by a comment line: a new release id (installed
+    offline from the wheelhouse, as the testbed's)."""
+    path = tmp_path / f"release-{uuid.uuid4().hex[:8]}.txt"
+    path.write_text((REPO / "locks/testbed.txt").read_text() + f"# staged rollout {path.name}\n")
+    return path
+
+
+def serving_state(testbed) -> dict:
+    """Per server: the release behind `current` and the server's MainPID."""
+    return {h: testbed.ssh(h, "readlink /opt/sglang/current; systemctl show -p MainPID --value "
+                              "sglang", check=True).stdout.split() for h in servers(testbed)}
+
+
+def test_a_host_that_fails_staging_stops_the_rollout_before_any_drain(fleet, tmp_path):
+    """Needs: `fleet`. A release that installs and does not import (its smoke fails on every
+    host while staging): the rollout stops before any drain. Leaves the fleet as it was."""
+    before = serving_state(fleet)
+    r, doc = rollout(fleet, data=[f"sglang_lock={_broken_lock(tmp_path)}"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-4000:]
+    assert "staging FAILED" in out and "No module named 'pybase64'" in out
+    assert "draining" not in out  # no host left the router
+    assert "rollout stopped before any drain" in doc["verdict"]
+    assert [h["router"] for h in doc["hosts"]] == [None] * 3
+    assert all(h["status"] == "failed" and h["message"].startswith("staging failed")
+               for h in doc["hosts"]), doc["hosts"]
+    assert serving_state(fleet) == before  # same release, same server process on each
+    rc, st = status_json(fleet)  # in sync, and the router counts every worker ready
+    assert rc == 0 and [w["state"] for w in st["router"]["workers"]] == ["ready"] * 3, st
+
+
+def test_a_new_release_is_staged_everywhere_then_rolled_under_load(fleet, tmp_path):
+    """Needs: `fleet`. Leaves the fleet on a new release (the next `fleet` deploys it back)."""
+    url, key, _ = router_of(fleet)
+    lock = new_release(tmp_path)
+    result, (r, doc) = router_load.run_through(
+        url, key, "glm-5", lambda: rollout(fleet, data=[f"sglang_lock={lock}"]))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    s = result.summary()
+    assert s["during"]["requests"] > 0 and s["during"]["failed"] == 0, s
+    # every host staged, in one run, before the first drain
+    assert out.index("staged in") < out.index("draining")
+    assert len({h["stage_seconds"] for h in doc["hosts"]}) == 1
+    assert [(h["status"], h["router"]) for h in doc["hosts"]] == [("done", "back")] * 3
+    assert all(h["out_of_router_s"] for h in doc["hosts"])
+    # the rolling runs found the release installed and its smoke proven
+    batch = Path(doc["hosts"][0]["log"]).with_name("batch1-deploy.log").read_text()
+    assert "Release smoke" not in batch and "JIT toolchain" not in batch
+
+
+def status_json(testbed) -> tuple[int, dict]:
+    r = tool("status", str(testbed.inventory), "--json", *[a for d in DATA for a in ("--data", d)])
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+
+
+def rollout_killed_after_first_drain(testbed, argv: list[str]) -> str:
+    """Start the rollout, SIGKILL it (its whole process group: the controller is gone, its
+    pyinfra child too) as soon as it says its first host is drained; its output."""
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "drained in" in line:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    return "".join(lines)
+
+
+def test_a_rollout_killed_after_its_first_drain_is_seen_and_converges_on_a_rerun(fleet):
+    """Needs: `fleet`. Under load: the rollout is killed right after its first drain; `status`
+    then exits 1 and names that host absent from the router; the same rollout run again
+    converges (every host back, every worker ready); no request fails. Leaves the fleet on a
+    new `sglang_env` value (the next `fleet` deploys it back)."""
+    url, key, _ = router_of(fleet)
+    env = f'sglang_env={{"ROLL": "{uuid.uuid4().hex[:6]}"}}'
+    argv = [str(BIN / "sglang-deploy"), "rollout", str(fleet.inventory)]
+    for d in [*DATA, env]:
+        argv += ["--data", d]
+    first = servers(fleet)[0]
+    seen = {}
+
+    def killed_then_rerun():
+        seen["killed"] = rollout_killed_after_first_drain(fleet, argv)
+        seen["status"] = status_json(fleet)
+        return rollout(fleet, data=[env])
+
+    result, (r, doc) = router_load.run_through(url, key, "glm-5", killed_then_rerun)
+    assert f"{first}: drained in" in seen["killed"], seen["killed"][-3000:]
+    rc, st = seen["status"]
+    assert rc == 1, st
+    workers = {w["host"]: w["state"] for w in (st.get("router") or {}).get("workers") or []}
+    assert workers.get(first) == "absent", st.get("router")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert [h["router"] for h in doc["hosts"]] == ["back"] * 3
+    wait_all_workers_ready(fleet, deadline_s=60)
+    s = result.summary()
+    assert s["during"]["requests"] > 0 and s["during"]["failed"] == 0, s
+
+
+def test_a_new_model_is_downloaded_on_every_host_before_the_first_drain(
+        fleet, mirror, tmp_path, monkeypatch):
+    """Needs: `fleet`. A rollout to a new `sglang_model_path`, downloaded (the stand-in Hub of
+    test_model_download.py): the staging run fetches it on every host, with its progress,
+    before any host leaves the router; the old model's folder stays. Leaves the fleet on the
+    new model path (the next `fleet` deploys it back)."""
+    monkeypatch.setenv("TB_HF_TOKEN", TOKEN)
+    old = serving_model(fleet)
+    path = f"/srv/models/staged-{uuid.uuid4().hex[:6]}/GLM-5-NVFP4"
+    data = [d for d in download_data(mirror) if d.startswith(("sglang_model", "sglang_hf"))]
+    r, doc = rollout(fleet, data=[*data, f"sglang_model_path={path}"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert out.index("staged in") < out.index("draining")
+    staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+    for h in servers(fleet):
+        assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
+        assert fleet.ssh(h, f"test -f {path}/model-00004-of-00004.safetensors").returncode == 0
+        assert fleet.ssh(h, f"test -d {old[h]}").returncode == 0  # the old model is kept
+    assert [(h["status"], h["router"]) for h in doc["hosts"]] == [("done", "back")] * 3
+
+
+def serving_model(testbed) -> dict:
+    """Per server: the --model-path of its unit."""
+    out = {}
+    for h in servers(testbed):
+        unit = testbed.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
+        out[h] = re.search(r"--model-path (\S+)", unit).group(1)
+    return out
