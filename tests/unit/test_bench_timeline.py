@@ -3,12 +3,16 @@ sampling of bench.common.run_timed that feeds them."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from bench.common import run_timed
 from bench.timeline import busy, phases
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # the lines a `pyinfra -vv` no-op run prints at each phase boundary (offset s, wall, text)
 LINES = [
@@ -54,16 +58,31 @@ def test_busy_averages_over_the_window():
     assert busy(samples, 0.25, 0.28) == (None, None)  # fewer than two samples inside
 
 
+#: run_timed in a fresh interpreter, as bench/ runs it: in this process another test may have
+#: imported pyinfra's CLI, whose gevent monkey-patching reaps children behind ``os.wait4``
+_TIMED = """
+import json, sys
+from bench.common import run_timed
+burn = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.3: pass\\nprint('done')"
+t = run_timed([sys.executable, "-c", burn], sample_s=0.01)
+idle = run_timed([sys.executable, "-c", "pass"])
+print(json.dumps({"ok": t.ok, "last": t.lines[-1][2], "samples": t.cpu_samples,
+                  "idle_samples": idle.cpu_samples}))
+"""
+
+
 def test_run_timed_samples_the_child_and_the_machine():
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint('done')"
-    t = run_timed([sys.executable, "-c", burn], sample_s=0.01)
-    assert t.ok and t.lines[-1][2] == "done"
-    assert len(t.cpu_samples) >= 5
-    offsets = [s[0] for s in t.cpu_samples]
+    out = subprocess.run([sys.executable, "-c", _TIMED], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    t = json.loads(out.splitlines()[-1])
+    assert t["ok"] and t["last"] == "done"
+    samples = t["samples"]
+    assert len(samples) >= 5
+    offsets = [s[0] for s in samples]
     assert offsets == sorted(offsets)
     # the child's own CPU as sampled grows to (most of) what it burned; the machine's busy
     # time includes it
-    first, last = t.cpu_samples[0], t.cpu_samples[-1]
+    first, last = samples[0], samples[-1]
     assert last[2] - first[2] >= 0.15
     assert last[1] - first[1] >= last[2] - first[2] - 0.05
-    assert run_timed([sys.executable, "-c", "pass"]).cpu_samples == []  # only when asked
+    assert t["idle_samples"] == []  # only when asked
