@@ -5,7 +5,8 @@ Every test sets up what it needs through these fixtures, so it passes when selec
 (`-k`) and whatever ran before it: a fixture READS the host's real state first and acts only
 when it differs (cheap when an earlier test left the host right). Shared constants and
 helpers (host names TB1..TB3, SEED_FLAGS, pyinfra_deploy, the fault records) are in
-tests/integration/helpers.py; test modules never import each other.
+tests/integration/helpers.py, the router tests' fleet in routedfleet.py, the stand-in
+Hugging Face endpoint in hubmirror.py; test modules never import each other.
 
 - `testbed` (session): `python -m testbed up --hosts $TESTBED_HOSTS` (default 3) once, then
   `down` at the end (unless TESTBED_KEEP=1). Yields helpers.Testbed: hosts, address, ssh,

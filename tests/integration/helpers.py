@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_deploy.core import lockfile
 from testbed import fleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -291,3 +292,14 @@ def view(testbed, host: str) -> dict:
     """What must not change on a host that is not the target (or that must keep serving)."""
     s = testbed.host_state(host, check=False)
     return {k: s.get(k, "") for k in ("invocation", "unit", "current", "health")}
+
+
+def broken_lock(tmp_path: Path) -> Path:
+    """The testbed lock without pybase64, which `import sglang` needs: a release that
+    installs cleanly (offline, from the wheelhouse) and does not import."""
+    text = (REPO / "locks/testbed.txt").read_text()
+    pins = [p for p in lockfile.parse_lock(text) if p.name != "pybase64"]
+    assert len(pins) == len(lockfile.parse_lock(text)) - 1
+    out = tmp_path / "testbed-broken.txt"
+    out.write_text("".join(f"{p.requirement()}\n" for p in pins))
+    return out

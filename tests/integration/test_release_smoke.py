@@ -10,10 +10,10 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from sglang_deploy.core import lockfile, smoke
+from sglang_deploy.core import smoke
 from sglang_deploy.shell import releasecheck
 
-from .helpers import BIN, REPO, TB1, TB2, both, pyinfra_deploy
+from .helpers import BIN, REPO, TB1, TB2, both, broken_lock, pyinfra_deploy
 
 PROD_LOCK = REPO / "locks/glm5-blackwell.txt"
 
@@ -26,23 +26,12 @@ def _main_pid(testbed, host: str) -> str:
     return testbed.ssh(host, "systemctl show -p MainPID --value sglang", check=True).stdout.strip()
 
 
-def _broken_lock(tmp_path: Path) -> Path:
-    """The testbed lock without pybase64, which `import sglang` needs: a release that
-    installs cleanly (offline, from the wheelhouse) and does not import."""
-    text = (REPO / "locks/testbed.txt").read_text()
-    pins = [p for p in lockfile.parse_lock(text) if p.name != "pybase64"]
-    assert len(pins) == len(lockfile.parse_lock(text)) - 1
-    out = tmp_path / "testbed-broken.txt"
-    out.write_text("".join(f"{p.requirement()}\n" for p in pins))
-    return out
-
-
 def test_a_release_that_does_not_import_leaves_the_previous_release_serving(
         testbed, deployed_host, tmp_path):
     """Needs: TB1 deployed and serving (any configuration); leaves it so."""
     deployed_host(TB1)
     current, pid = _current(testbed, TB1), _main_pid(testbed, TB1)
-    r = pyinfra_deploy([TB1], "--data", f"sglang_lock={_broken_lock(tmp_path)}")
+    r = pyinfra_deploy([TB1], "--data", f"sglang_lock={broken_lock(tmp_path)}")
     out = both(r)
     assert r.returncode != 0, out[-3000:]
     assert "release smoke failed: expected `import sglang` works in the release venv on host" in out
@@ -125,7 +114,7 @@ def test_a_rollout_stops_at_the_first_host_whose_release_does_not_import(
     report = tmp_path / "rollout.json"
     r = subprocess.run([str(BIN / "sglang-deploy"), "rollout", str(testbed.inventory),
                         "--limit", TB1, "--limit", TB2, "--report", str(report),
-                        "--data", f"sglang_lock={_broken_lock(tmp_path)}"],
+                        "--data", f"sglang_lock={broken_lock(tmp_path)}"],
                        cwd=REPO, capture_output=True, text=True, timeout=1800)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]

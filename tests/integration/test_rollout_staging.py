@@ -18,15 +18,14 @@ from pathlib import Path
 
 from bench import router_load
 
-from .helpers import REPO
-from .test_model_download import TOKEN, download_data, mirror  # noqa: F401
-from .test_release_smoke import _broken_lock
-from .test_router import (  # noqa: F401  (the fixtures)
+from .helpers import REPO, broken_lock
+from .hubmirror import TOKEN, download_data, mirror  # noqa: F401  (`mirror` is a fixture)
+from .routedfleet import (  # noqa: F401  (`routed` and `fleet` are fixtures)
     BIN,
     DATA,
     fleet,
-    routed,
     rollout,
+    routed,
     router_of,
     servers,
     tool,
@@ -52,7 +51,7 @@ def test_a_host_that_fails_staging_stops_the_rollout_before_any_drain(fleet, tmp
     """Needs: `fleet`. A release that installs and does not import (its smoke fails on every
     host while staging): the rollout stops before any drain. Leaves the fleet as it was."""
     before = serving_state(fleet)
-    r, doc = rollout(fleet, data=[f"sglang_lock={_broken_lock(tmp_path)}"])
+    r, doc = rollout(fleet, data=[f"sglang_lock={broken_lock(tmp_path)}"])
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-4000:]
     assert "staging FAILED" in out and "No module named 'pybase64'" in out
