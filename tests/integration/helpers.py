@@ -213,7 +213,7 @@ def error_lines(out: str) -> list[str]:
     """The error as the user sees it: our own message if any, else pyinfra's final error;
     its headline plus its `found:` and `fix:` lines."""
     lines = out.splitlines()
-    typed = re.compile(r"(verification failed|GPU pre-flight failed|invalid deploy data|invalid "
+    typed = re.compile(r"(verification failed|GPU pre-flight failed|invalid (deploy )?data|invalid "
                        r"launch flags|cannot patch SGLang|runtime setup failed|host is being "
                        r"deployed by someone else|sglang-deploy error): ")
     for marker in ("sglang-deploy: ", typed, "--> pyinfra error"):

@@ -45,12 +45,15 @@ def test_a_flag_typo_fails_before_any_connection_naming_the_closest_locked_flag(
     assert tool.returncode == 2, tool.stderr
     line = tool.stderr.strip()
     assert line.count("\n") == 0 and "Traceback" not in line, line
-    assert "invalid deploy data `sglang_flags`" in line and "locked SGLang 0.5.12.post1" in line
+    # an input error reads as one (issue 30): the host first, then the key
+    assert f"[{host}] invalid data: sglang_flags: expected" in line
+    assert "locked SGLang 0.5.12.post1" in line
     assert "--tp-sizee is not a flag of SGLang 0.5.12.post1" in line
     assert "did you mean --tp-size?" in line
     assert "rollout order" not in tool.stdout  # stopped before planning anything
 
-    assert plain.returncode != 0
+    assert plain.returncode == 2  # pyinfra too ends on an input error with the input status
+    assert f"[{host}] invalid data: sglang_flags" in plain.stdout + plain.stderr
     assert "did you mean --tp-size?" in plain.stdout + plain.stderr
     assert "Connected" not in plain.stdout + plain.stderr
     assert after - before == 1, f"{after - before - 1} SSH login(s) during the two runs"
