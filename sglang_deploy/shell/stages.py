@@ -30,8 +30,8 @@ from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import Verifier, check_serving
-from sglang_deploy.shell import allreduce, groupops, jitcheck, outcomes, p2pview, plan
-from sglang_deploy.shell import releaseops, reports, routing
+from sglang_deploy.shell import allreduce, groupops, groupstage, jitcheck, outcomes, p2pview
+from sglang_deploy.shell import plan, releaseops, reports, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -337,14 +337,19 @@ def service_stage(ctx: Context):
         full_p2p_check(ctx)
         unit_text = unit_for(ctx)
         reasons = restart_reasons(ctx, unit_text, secrets_text)
-    if hs["service"].get("ActiveState") != "active" or reasons:
+    run = group_registered(ctx, reasons) if ctx.group is not None else None
+    active = hs["service"].get("ActiveState") == "active"
+    if run is not None or not active or reasons:
         # the server will (re)start: its JIT compilers are checked first, in its environment
+        # (a group's node: whenever its group restarts, for any node's reason)
+        gate = {"_if": groupops.Gate(run, "restart")} if run is not None else {}
         jitcheck.jit_toolchain_check(
             name="JIT toolchain (nvcc, ninja, c++) in the service's environment",
             python=ctx.venv_python, tool=lay.tool("jit_check.py"), site=ctx.site,
             env=dict(ctx.environment()), venv_bin=lay.venv_bin(ctx.release_id),
-            caps=jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out")))
-        if set(reasons) - {"secrets"} or hs["service"].get("ActiveState") != "active":
+            caps=jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out")),
+            **gate)
+        if run is not None or set(reasons) - {"secrets"} or not active:
             # a new release or new flags: proven under the unit's sandbox before the switch
             releaseops.release_smoke(
                 name=f"Release smoke of {ctx.release_id} under the unit's sandbox",
@@ -352,17 +357,11 @@ def service_stage(ctx: Context):
                 steps=s.sglang_smoke,
                 # no --api-key, not even a placeholder: argv never names it
                 flags=flagmod.render_flags(service.flag_map(s)),
-                env=s.sglang_smoke_env)
-        if hs["service"].get("ActiveState") != "active":  # the GPUs are free: no server yet
+                env=s.sglang_smoke_env, **gate)
+        if not active:  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
-    run = None
-    if ctx.group is not None:  # registered for the group's decision, then its pre-flight
-        run = group_registered(ctx, reasons)
-        python.call(name=f"Group pre-flight: rendezvous of group {ctx.group.name}",
-                    function=ops.reported(functools.partial(
-                        groupops.rendezvous, run, lay.tool("rendezvous.py"),
-                        s.sglang_system_python)),
-                    _if=groupops.Gate(run, "restart"))
+    if run is not None:  # the group's pre-flight, before any of its servers stops
+        groupstage.add_preflight(run, lay.tool("rendezvous.py"), s.sglang_system_python)
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
                               path=lay.secrets_file, content=secrets_text,
                               present_sha256=hs.get("secrets_sha256"))
@@ -373,13 +372,11 @@ def service_stage(ctx: Context):
     svc = hs["service"]
     if run is not None:  # a group's node starts with its group, never alone
         ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
-        go = groupops.Gate(run, "go")
-        groupops.group_service(name=f"Stop {s.sglang_service}: group {ctx.group.name} restarts "
-                                    "as one", service=s.sglang_service, action="stop", _if=go)
         # the optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU free
-        allreduce.add_allreduce_check(ctx, group=ctx.group, when=go)
-        groupops.group_service(name=f"Start {s.sglang_service} with group {ctx.group.name}",
-                               service=s.sglang_service, action="start", _if=go)
+        groupstage.add_restart(
+            run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with group "
+            f"{ctx.group.name}", between=lambda go: allreduce.add_allreduce_check(
+                ctx, group=ctx.group, when=go))
         ctx.ops.update(unit=unit, secrets=secrets, link=link, started=None, restarted=None)
         return
     started = ops.enabled_and_started(s.sglang_service, unit, svc)
@@ -407,20 +404,11 @@ def service_stage(ctx: Context):
 
 def group_registered(ctx: Context, reasons: list[str]) -> groupops.GroupRun:
     """Register this node's wish to (re)start and its card with its group's run."""
-    hs, s = ctx.hoststate, ctx.settings
-    svc = hs["service"]
-    wants = list(reasons)
-    active = svc.get("ActiveState") == "active"
-    if not active:
-        wants.append("not running")
-    elif not wants and service.runs_unverified(svc, hs.get("last_verified"), False):
-        wants.append("running, never verified")
     query = ((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out") or ""
     rows = nvsmi.parse_query_csv(query) if query.strip() else []
     run = groupops.run_of(state, ctx.group)
-    running = svc.get("ActiveState") in ("active", "activating", "reloading")
-    run.register(host.name, wants, running, group.card(
-        host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(s),
+    groupstage.register(run, ctx.hoststate, reasons, group.card(
+        host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(ctx.settings),
         rows[0].get("driver_version") if rows else None))
     return run
 
@@ -448,10 +436,16 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
 
 def verify_and_record(s: datamod.Settings, params: dict, action: str,
                       watch: groupops.Watch | None = None) -> None:
-    """Verify, then keep the result: a started server from its log until it is ready, a
-    running one (``converged``, ``unchanged``) by its API (raises VerifyError). WATCH: this
-    host is a node of a group being verified as one (a node of rank >= 1 is up when its
-    /health answers, and waits for rank 0)."""
+    """Verify, then keep the result (``verified_summary``, ``record_verified``)."""
+    record_verified(s, params, verified_summary(s, params, action, watch))
+
+
+def verified_summary(s: datamod.Settings, params: dict, action: str,
+                     watch: groupops.Watch | None = None) -> dict:
+    """Verify: a started server from its log until it is ready, a running one
+    (``converged``, ``unchanged``) by its API (raises VerifyError); returns the host's
+    summary. WATCH: this host is a node of a group being verified as one (a node of rank
+    >= 1 is up when its /health answers; a peer's failure stops it at once)."""
     worker = watch is not None and watch.run.worker(watch.node)
     probe = {"tool": f"{Layout.of(s).tools}/hoststate.py", "service": s.sglang_service,
              "port": s.sglang_port, "host_addr": service.probe_address(s.sglang_host),
@@ -473,7 +467,7 @@ def verify_and_record(s: datamod.Settings, params: dict, action: str,
     if watch is not None:
         summary["group"] = watch.run.group.name
         summary["node_rank"] = watch.run.group.rank_of(watch.node)
-    record_verified(s, params, summary)
+    return summary
 
 
 def _action(started, restarted) -> str | None:
@@ -488,15 +482,16 @@ def _action(started, restarted) -> str | None:
 @deploy("Verify: block until the model really serves")
 def verify_stage(ctx: Context):
     # One line per kind of check, whatever the host: pyinfra runs one operation on every host
-    # at once, so single hosts and a group's nodes are verified side by side, not in turn.
-    after_start, running = (group_checks if ctx.group is not None else single_checks)(ctx)
-    if after_start is not None:
-        name, function, gate = after_start
-        python.call(name=name, function=ops.reported(function), **gate)
-    if running is not None:
-        name, function, gate = running
-        python.call(name=name, function=ops.reported(function), **gate)
-    if after_start is None and running is None:
+    # before the next, so single hosts are verified beside a group's workers, not in turn.
+    if ctx.group is not None:
+        workers, rank0, ready, running = group_checks(ctx)
+    else:
+        (workers, running), rank0, ready = single_checks(ctx), None, None
+    for check in (workers, rank0, ready, running):
+        if check is not None:
+            name, function, gate = check
+            python.call(name=name, function=ops.reported(function), **gate)
+    if workers is None and running is None:
         host.noop("the service was not (re)started: nothing to verify")
 
 
@@ -526,29 +521,27 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     return after_start, running
 
 
-def group_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
-    """A group's node: verified with its group when the group restarts (every node at once,
-    fail-fast: ``groupops``), else checked as it runs when ``verify_converged``."""
+def group_checks(ctx: Context) -> tuple:
+    """A group's node: verified with its group when the group restarts (the three checks of
+    ``groupstage.verify_as_one``, every node's the same, fail-fast), else checked as it runs
+    when ``verify_converged`` (the fourth; None when off)."""
     s, g = ctx.settings, ctx.group
     run = groupops.run_of(state, g)
     if plan.plan_dir() is not None:
         plan.record(state, host, ctx, _serving_poll(s), extra=groupops.group_fields(run, host.name))
     was_active = ctx.hoststate["service"].get("ActiveState") == "active"
-
-    def verify(watch: groupops.Watch) -> None:
-        verify_and_record(s, ctx.verify_params(), "restarted" if was_active else "started",
-                          watch)
-
-    after_start = (f"Verify group {g.name} as one: rank 0 serves, every node up",
-                   functools.partial(groupops.verify_node, run, s.sglang_service, verify),
-                   {"_if": groupops.Gate(run, "go")})
+    params = ctx.verify_params()
+    checks = groupstage.verify_as_one(
+        run, s.sglang_service, lambda watch: verified_summary(
+            s, params, "restarted" if was_active else "started", watch),
+        lambda summary: record_verified(s, params, summary), " as one")
     running = None
     if s.verify_converged:
         running = (f"Verify the running node (group {g.name}, not restarted)",
-                   lambda: verify_and_record(s, ctx.verify_params(), "converged",
+                   lambda: verify_and_record(s, params, "converged",
                                              groupops.Watch(run, host.name)),
                    {"_if": groupops.Gate(run, "idle")})
-    return after_start, running
+    return (*checks, running)
 
 
 @outcomes.stage("rollback")
@@ -580,25 +573,20 @@ def rollback_stage():
 
 def rollback_group_node(s: datamod.Settings, g: group.Group, hs: dict, rb) -> None:
     """A group's node goes back with its group: when any node restores something or does not
-    run, every node stops, then starts, on its known-good configuration, and the group is
-    verified as one (fail-fast); else each node is checked as it runs. The known-good
-    configuration was verified as a group: no rendezvous first."""
+    run, the group's pre-flight (the same rendezvous as a deploy's, the cards naming the
+    known-good release), then every node stops, then starts, on its known-good configuration,
+    and the group is verified as one (fail-fast); else each node is checked as it runs."""
     run = groupops.run_of(state, g)
-    active = (hs.get("service") or {}).get("ActiveState") == "active"
-    run.register(host.name, (["known-good restored"] if rb.restart else [])
-                 + ([] if active else ["not running"]), active, {})
-    run.problems = []
-    go = groupops.Gate(run, "go")
-    groupops.group_service(name=f"Stop {s.sglang_service}: group {g.name} goes back as one",
-                           service=s.sglang_service, action="stop", _if=go)
-    groupops.group_service(name=f"Start {s.sglang_service} on the known-good configuration "
-                                f"with group {g.name}", service=s.sglang_service,
-                           action="start", _if=go)
-    python.call(name=f"Verify group {g.name} on its known-good configuration, as one",
-                function=ops.reported(functools.partial(
-                    groupops.verify_node, run, s.sglang_service,
-                    lambda watch: verify_and_record(s, rb.params, "rolled-back", watch))),
-                _if=go)
+    card = group.card(host.name, g.rank_of(host.name), rb.params["release"], {}, None)
+    groupstage.register(run, hs, ["known-good restored"] if rb.restart else [], card)
+    groupstage.add_preflight(run, Layout.of(s).tool("rendezvous.py"), s.sglang_system_python)
+    groupstage.add_restart(run, s.sglang_service, "goes back as one",
+                           f"Start {s.sglang_service} on the known-good configuration with "
+                           f"group {g.name}")
+    groupstage.add_verify_as_one(
+        run, s.sglang_service,
+        lambda watch: verified_summary(s, rb.params, "rolled-back", watch),
+        lambda summary: record_verified(s, rb.params, summary), " on its known-good configuration")
     python.call(name="Verify the known-good configuration serves (group not restarted)",
                 function=ops.reported(lambda: verify_and_record(
                     s, rb.params, "unchanged", groupops.Watch(run, host.name))),
