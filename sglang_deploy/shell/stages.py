@@ -487,10 +487,14 @@ def verify_stage(ctx: Context):
         workers, rank0, ready, running = group_checks(ctx)
     else:
         (workers, running), rank0, ready = single_checks(ctx), None, None
-    for check in (workers, rank0, ready, running):
-        if check is not None:
-            name, function, gate = check
-            python.call(name=name, function=ops.reported(function), **gate)
+    if workers is not None:
+        python.call(name=workers[0], function=ops.reported(workers[1]), **workers[2])
+    if rank0 is not None:
+        python.call(name=rank0[0], function=ops.reported(rank0[1]), **rank0[2])
+    if ready is not None:
+        python.call(name=ready[0], function=ops.reported(ready[1]), **ready[2])
+    if running is not None:
+        python.call(name=running[0], function=ops.reported(running[1]), **running[2])
     if workers is None and running is None:
         host.noop("the service was not (re)started: nothing to verify")
 
