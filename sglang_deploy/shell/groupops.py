@@ -238,6 +238,8 @@ def group_service(service: str, action: str):
         group_service(name="Stop the group's node", service="sglang", action="stop",
                       _if=Gate(run, "go"))
     """
+    if action == "start":  # a unit that hit its start limit (a node restarted alone) starts
+        yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
     yield _sh("systemctl", action, f"{service}.service")
 
 

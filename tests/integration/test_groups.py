@@ -344,3 +344,28 @@ def test_a_rollout_rolls_a_group_back_as_one_after_a_rank_1_failure(group, group
     assert invocation(grouped, single) == before
     rc, st = status(grouped)
     assert st["groups"][0]["state"] == "serving", st
+
+
+def test_a_group_rolled_back_with_a_node_stopped_goes_back_as_one_with_its_rendezvous(group, grouped):
+    """rollback.py on a group whose node 1 is stopped, with a pool of one: the same
+    rendezvous as a deploy's, then both nodes stopped and started as one on the known-good
+    configuration, verified as one; the group serves."""
+    rank0, rank1, _ = group
+    before = invocation(grouped, rank0)
+    grouped.ssh(rank1, "systemctl stop sglang.service", check=True)
+    argv = [PYINFRA, "-y", str(grouped.inventory), "rollback.py", "--parallel", "1",
+            "--limit", rank0, "--limit", rank1, *[a for d in DATA for a in ("--data", d)]]
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900,
+                       stdin=subprocess.DEVNULL)
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    assert out.count("rendezvous passed") == 2, out[-4000:]
+    order = [line for line in out.splitlines() if "--> Starting operation" in line]
+    judged = next(i for i, line in enumerate(order) if "rendezvous of group" in line
+                  and "judged" in line)
+    stop = next(i for i, line in enumerate(order) if "goes back as one" in line)
+    assert judged < stop
+    assert f"UP {rank1}: node 1 of group" in out and f"READY {rank0}:" in out
+    assert invocation(grouped, rank0) != before   # rank 0 restarted with its group
+    rc, doc = status(grouped)
+    assert rc == 0 and doc["groups"][0]["state"] == "serving", doc
