@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import functools
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.operations import python
 
+from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import service
-from sglang_deploy.shell import groupops
+from sglang_deploy.core import nvsmi, preflight, service
+from sglang_deploy.core.service import Layout
+from sglang_deploy.shell import groupops, plan
 from sglang_deploy.shell import operations as ops
+from sglang_deploy.shell.verified import record_verified, verified_summary, verify_and_record
 
 
 def register(run: groupops.GroupRun, hoststate: dict, reasons: list[str], card: dict,
@@ -87,3 +90,80 @@ def add_verify_as_one(run: groupops.GroupRun, service_name: str, verify, record,
     """The operations of ``verify_as_one``, added."""
     for name, function, gate in verify_as_one(run, service_name, verify, record, what):
         python.call(name=name, function=ops.reported(function), **gate)
+
+
+# ------------------------------------------------------------------ the stages' group parts
+def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflight.Check, dict]:
+    """The interface a group's node uses for NCCL/gloo: ``sglang_nccl_socket_ifname``, else
+    the one that carries rank 0's address on this host (none: the node cannot reach it)."""
+    ifname = s.sglang_nccl_socket_ifname or route_dev
+    addr = f"{s.sglang_dist_init_addr}:{s.sglang_dist_init_port}"
+    if not ifname:
+        return preflight.Check(
+            name="group-interface", status="fail",
+            message=f"no interface of this host carries a route to rank 0's {addr} "
+                    f"(group {s.sglang_group})",
+            fix="give the node a route to rank 0's address (same subnet or a gateway), or set "
+                "`sglang_dist_init_addr` to an address of rank 0 it reaches"), {}
+    how = "sglang_nccl_socket_ifname" if s.sglang_nccl_socket_ifname else "the route to rank 0"
+    return preflight.Check(name="group-interface", status="pass",
+                           message=f"group {s.sglang_group}: NCCL/gloo over {ifname} ({how}), "
+                                   f"--dist-init-addr {addr}"), groupmod.group_environment(ifname)
+
+
+def registered(ctx, reasons: list[str]) -> groupops.GroupRun:
+    """Register this node (CTX: its ``stages.Context``) with its group's run: its wish to
+    (re)start (REASONS, ``register``) and its card."""
+    query = ((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out") or ""
+    rows = nvsmi.parse_query_csv(query) if query.strip() else []
+    run = groupops.run_of(state, ctx.group)
+    register(run, ctx.hoststate, reasons, groupmod.card(
+        host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(ctx.settings),
+        rows[0].get("driver_version") if rows else None))
+    return run
+
+
+def group_checks(ctx, serving_poll) -> tuple:
+    """A group's node: verified with its group when the group restarts (the three checks of
+    ``groupstage.verify_as_one``, every node's the same, fail-fast), else checked as it runs
+    when ``verify_converged`` (the fourth; None when off). SERVING_POLL(): the serving
+    fact of the plan's record (``status``)."""
+    s, g = ctx.settings, ctx.group
+    run = groupops.run_of(state, g)
+    if plan.plan_dir() is not None:
+        plan.record(state, host, ctx, serving_poll(), extra=groupops.group_fields(run, host.name))
+    was_active = ctx.hoststate["service"].get("ActiveState") == "active"
+    params = ctx.verify_params()
+    checks = verify_as_one(
+        run, s.sglang_service, lambda watch: verified_summary(
+            s, params, "restarted" if was_active else "started", watch),
+        lambda summary: record_verified(s, params, summary), " as one")
+    running = None
+    if s.verify_converged:
+        running = (f"Verify the running node (group {g.name}, not restarted)",
+                   lambda: verify_and_record(s, params, "converged",
+                                             groupops.Watch(run, host.name)),
+                   {"_if": groupops.Gate(run, "idle")})
+    return (*checks, running)
+
+
+def rollback_group_node(s: datamod.Settings, g: groupmod.Group, hs: dict, rb) -> None:
+    """A group's node goes back with its group: when any node restores something or does not
+    run, the group's pre-flight (the same rendezvous as a deploy's, the cards naming the
+    known-good release), then every node stops, then starts, on its known-good configuration,
+    and the group is verified as one (fail-fast); else each node is checked as it runs."""
+    run = groupops.run_of(state, g)
+    card = groupmod.card(host.name, g.rank_of(host.name), rb.params["release"], {}, None)
+    register(run, hs, ["known-good restored"] if rb.restart else [], card)
+    add_preflight(run, Layout.of(s).tool("rendezvous.py"), s.sglang_system_python)
+    add_restart(run, s.sglang_service, "goes back as one",
+                           f"Start {s.sglang_service} on the known-good configuration with "
+                           f"group {g.name}")
+    add_verify_as_one(
+        run, s.sglang_service,
+        lambda watch: verified_summary(s, rb.params, "rolled-back", watch),
+        lambda summary: record_verified(s, rb.params, summary), " on its known-good configuration")
+    python.call(name="Verify the known-good configuration serves (group not restarted)",
+                function=ops.reported(lambda: verify_and_record(
+                    s, rb.params, "unchanged", groupops.Watch(run, host.name))),
+                _if=groupops.Gate(run, "idle"))

@@ -8,30 +8,28 @@ Nothing here knows whether a host is simulated.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
-import shlex
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host, logger, state
+from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import group, jit, lockfile, modelfetch, nvsmi, preflight, report, service
+from sglang_deploy.core import group, jit, lockfile, modelfetch, preflight, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.flags import cache as flagcache
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
-from sglang_deploy.core.verify import Verifier, check_serving
+from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, groupops, groupstage, jitcheck, outcomes, p2pview
-from sglang_deploy.shell import plan, releaseops, reports, routing
+from sglang_deploy.shell import plan, releaseops, routing
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -41,7 +39,7 @@ from sglang_deploy.shell.facts import (
     ServingProbe,
     SglangHostState,
 )
-from sglang_deploy.shell.verifyloop import wait_serving, wait_until_ready
+from sglang_deploy.shell.verified import verify_and_record
 
 
 @dataclass
@@ -130,24 +128,6 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
     return checks, matrix
 
 
-def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflight.Check, dict]:
-    """The interface a group's node uses for NCCL/gloo: ``sglang_nccl_socket_ifname``, else
-    the one that carries rank 0's address on this host (none: the node cannot reach it)."""
-    ifname = s.sglang_nccl_socket_ifname or route_dev
-    addr = f"{s.sglang_dist_init_addr}:{s.sglang_dist_init_port}"
-    if not ifname:
-        return preflight.Check(
-            name="group-interface", status="fail",
-            message=f"no interface of this host carries a route to rank 0's {addr} "
-                    f"(group {s.sglang_group})",
-            fix="give the node a route to rank 0's address (same subnet or a gateway), or set "
-                "`sglang_dist_init_addr` to an address of rank 0 it reaches"), {}
-    how = "sglang_nccl_socket_ifname" if s.sglang_nccl_socket_ifname else "the route to rank 0"
-    return preflight.Check(name="group-interface", status="pass",
-                           message=f"group {s.sglang_group}: NCCL/gloo over {ifname} ({how}), "
-                                   f"--dist-init-addr {addr}"), group.group_environment(ifname)
-
-
 @outcomes.stage("preflight")
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage() -> Context:
@@ -193,7 +173,7 @@ def preflight_stage() -> Context:
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
         ctx.group = routing.host_group(host, state.inventory)
-        check, ctx.group_env = group_interface(settings, hs.get("route_dev"))
+        check, ctx.group_env = groupstage.group_interface(settings, hs.get("route_dev"))
         checks.append(check)
     target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
     checks[:0] = preflight.check_wheel_platform(hs.get("python"), hs.get("glibc"), target,
@@ -337,7 +317,7 @@ def service_stage(ctx: Context):
         full_p2p_check(ctx)
         unit_text = unit_for(ctx)
         reasons = restart_reasons(ctx, unit_text, secrets_text)
-    run = group_registered(ctx, reasons) if ctx.group is not None else None
+    run = groupstage.registered(ctx, reasons) if ctx.group is not None else None
     active = hs["service"].get("ActiveState") == "active"
     if run is not None or not active or reasons:
         # the server will (re)start: its JIT compilers are checked first, in its environment
@@ -402,74 +382,6 @@ def service_stage(ctx: Context):
     ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
 
 
-def group_registered(ctx: Context, reasons: list[str]) -> groupops.GroupRun:
-    """Register this node's wish to (re)start and its card with its group's run."""
-    query = ((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out") or ""
-    rows = nvsmi.parse_query_csv(query) if query.strip() else []
-    run = groupops.run_of(state, ctx.group)
-    groupstage.register(run, ctx.hoststate, reasons, group.card(
-        host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(ctx.settings),
-        rows[0].get("driver_version") if rows else None))
-    return run
-
-
-def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
-    """Keep what was just verified on the host: the summary, and the known-good copy of the
-    unit and secrets that a rollback restores (root only)."""
-    lay = Layout.of(s)
-    # Not promoted (a gate must pass first): kept as a candidate the rollout promotes.
-    kg = lay.known_good(promote=s.verify_promote_known_good)
-    summary["verified_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    record = json.dumps({**params, "verified_at": summary["verified_at"]}, sort_keys=True)
-    q = shlex.quote
-    host.run_shell_command(
-        f"set -e; install -d -m 700 {q(kg)}; install -m 644 {q(lay.unit_file)} {q(kg + '/unit.tmp')}; "
-        f"if test -f {q(lay.secrets_file)}; then install -m 600 {q(lay.secrets_file)} {q(kg + '/secrets.tmp')}; "
-        f"mv -f {q(kg + '/secrets.tmp')} {q(kg + '/secrets.env')}; else rm -f {q(kg + '/secrets.env')}; fi; "
-        f"mv -f {q(kg + '/unit.tmp')} {q(kg + '/unit.service')}; "
-        f"printf '%s\\n' {q(record)} > {q(kg + '/record.tmp')}; mv -f {q(kg + '/record.tmp')} {q(kg + '/record.json')}; "
-        f"printf '%s\\n' {q(json.dumps(summary, sort_keys=True))} > {q(lay.last_verified)}",
-        print_output=False)
-    reports.emit(summary)
-    outcomes.verified(summary)  # the host's outcome record: its action and this summary
-
-
-def verify_and_record(s: datamod.Settings, params: dict, action: str,
-                      watch: groupops.Watch | None = None) -> None:
-    """Verify, then keep the result (``verified_summary``, ``record_verified``)."""
-    record_verified(s, params, verified_summary(s, params, action, watch))
-
-
-def verified_summary(s: datamod.Settings, params: dict, action: str,
-                     watch: groupops.Watch | None = None) -> dict:
-    """Verify: a started server from its log until it is ready, a running one
-    (``converged``, ``unchanged``) by its API (raises VerifyError); returns the host's
-    summary. WATCH: this host is a node of a group being verified as one (a node of rank
-    >= 1 is up when its /health answers; a peer's failure stops it at once)."""
-    worker = watch is not None and watch.run.worker(watch.node)
-    probe = {"tool": f"{Layout.of(s).tools}/hoststate.py", "service": s.sglang_service,
-             "port": s.sglang_port, "host_addr": service.probe_address(s.sglang_host),
-             "secrets": service.SECRETS_FILE, "poll_s": s.verify_poll_s}
-    if action in ("converged", "unchanged"):
-        result = wait_serving(host, served_model_name=params["served_model_name"],
-                              require_generate=s.verify_generate, worker=worker,
-                              timeout_s=s.verify_phase_timeouts["http"], **probe)
-    else:
-        verifier = Verifier(
-            sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
-            cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
-            overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
-            require_generate=s.verify_generate, worker=worker)
-        result = wait_until_ready(host, verifier, **probe, watch=watch,
-                                  log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"))
-    summary = report.host_summary(host.name, params, result)
-    summary["action"] = action
-    if watch is not None:
-        summary["group"] = watch.run.group.name
-        summary["node_rank"] = watch.run.group.rank_of(watch.node)
-    return summary
-
-
 def _action(started, restarted) -> str | None:
     if started.did_change():
         return "started"
@@ -484,7 +396,8 @@ def verify_stage(ctx: Context):
     # One line per kind of check, whatever the host: pyinfra runs one operation on every host
     # before the next, so single hosts are verified beside a group's workers, not in turn.
     if ctx.group is not None:
-        workers, rank0, ready, running = group_checks(ctx)
+        workers, rank0, ready, running = groupstage.group_checks(
+            ctx, lambda: _serving_poll(ctx.settings))
     else:
         (workers, running), rank0, ready = single_checks(ctx), None, None
     if workers is not None:
@@ -525,29 +438,6 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     return after_start, running
 
 
-def group_checks(ctx: Context) -> tuple:
-    """A group's node: verified with its group when the group restarts (the three checks of
-    ``groupstage.verify_as_one``, every node's the same, fail-fast), else checked as it runs
-    when ``verify_converged`` (the fourth; None when off)."""
-    s, g = ctx.settings, ctx.group
-    run = groupops.run_of(state, g)
-    if plan.plan_dir() is not None:
-        plan.record(state, host, ctx, _serving_poll(s), extra=groupops.group_fields(run, host.name))
-    was_active = ctx.hoststate["service"].get("ActiveState") == "active"
-    params = ctx.verify_params()
-    checks = groupstage.verify_as_one(
-        run, s.sglang_service, lambda watch: verified_summary(
-            s, params, "restarted" if was_active else "started", watch),
-        lambda summary: record_verified(s, params, summary), " as one")
-    running = None
-    if s.verify_converged:
-        running = (f"Verify the running node (group {g.name}, not restarted)",
-                   lambda: verify_and_record(s, params, "converged",
-                                             groupops.Watch(run, host.name)),
-                   {"_if": groupops.Gate(run, "idle")})
-    return (*checks, running)
-
-
 @outcomes.stage("rollback")
 @deploy("Rollback: back to the last known-good configuration")
 def rollback_stage():
@@ -564,7 +454,7 @@ def rollback_stage():
         release=rb.params["release"], restore=rb.restore)
     g = routing.host_group(host, state.inventory) if s.sglang_group else None
     if g is not None:
-        return rollback_group_node(s, g, hs, rb)
+        return groupstage.rollback_group_node(s, g, hs, rb)
     restart = None
     if rb.restart:
         restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
@@ -573,25 +463,3 @@ def rollback_stage():
                 function=ops.reported(lambda: verify_and_record(
                     s, rb.params, "rolled-back" if restart is not None and restart.did_change()
                     else "unchanged")))
-
-
-def rollback_group_node(s: datamod.Settings, g: group.Group, hs: dict, rb) -> None:
-    """A group's node goes back with its group: when any node restores something or does not
-    run, the group's pre-flight (the same rendezvous as a deploy's, the cards naming the
-    known-good release), then every node stops, then starts, on its known-good configuration,
-    and the group is verified as one (fail-fast); else each node is checked as it runs."""
-    run = groupops.run_of(state, g)
-    card = group.card(host.name, g.rank_of(host.name), rb.params["release"], {}, None)
-    groupstage.register(run, hs, ["known-good restored"] if rb.restart else [], card)
-    groupstage.add_preflight(run, Layout.of(s).tool("rendezvous.py"), s.sglang_system_python)
-    groupstage.add_restart(run, s.sglang_service, "goes back as one",
-                           f"Start {s.sglang_service} on the known-good configuration with "
-                           f"group {g.name}")
-    groupstage.add_verify_as_one(
-        run, s.sglang_service,
-        lambda watch: verified_summary(s, rb.params, "rolled-back", watch),
-        lambda summary: record_verified(s, rb.params, summary), " on its known-good configuration")
-    python.call(name="Verify the known-good configuration serves (group not restarted)",
-                function=ops.reported(lambda: verify_and_record(
-                    s, rb.params, "unchanged", groupops.Watch(run, host.name))),
-                _if=groupops.Gate(run, "idle"))
