@@ -369,3 +369,20 @@ def test_a_group_rolled_back_with_a_node_stopped_goes_back_as_one_with_its_rende
     assert invocation(grouped, rank0) != before   # rank 0 restarted with its group
     rc, doc = status(grouped)
     assert rc == 0 and doc["groups"][0]["state"] == "serving", doc
+
+
+def test_a_node_restarted_only_because_its_peer_changed_runs_the_jit_check_and_smoke(group, grouped):
+    """New data on node 1 only, with a pool of one: rank 0 has nothing of its own to change,
+    yet restarts with its group, so it runs the JIT check and the release smoke first."""
+    rank0, rank1, _ = group
+    before = invocation(grouped, rank0)
+    r = deploy(grouped, "--parallel", "1", "--limit", rank0, "--limit", rank1,
+               inventory=FAULT_INVENTORY, env={"FAULT_HOST_DATA": json.dumps(
+                   {rank1: {"sglang_env": {"PEER": uuid.uuid4().hex[:6]}}})})
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    lines = out.splitlines()
+    for h in (rank0, rank1):
+        assert any(f"[{h}]" in line and "JIT toolchain: nvcc" in line for line in lines), out[-4000:]
+        assert any(f"[{h}]" in line and "release smoke:" in line for line in lines), out[-4000:]
+    assert invocation(grouped, rank0) != before
