@@ -4,6 +4,7 @@ host's system python before any server of the group stops).
 
     rendezvous.py listen  --bind ADDR --port P [--reach R] --peers N --card JSON --timeout S
     rendezvous.py connect --addr ADDR --port P [--reach R] --card JSON --timeout S
+    (either: --out FILE writes the result there, whole, by a rename; else to stdout)
 
 Rank 0 listens on each port: the card ports (``--port``: one port of the kernel's ephemeral
 range, as NCCL's bootstrap uses) and the reach ports (``--reach``: the dist-init port), and
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import selectors
 import socket
 import sys
@@ -59,16 +61,11 @@ def _error(exc: OSError) -> str:
             errno.EADDRNOTAVAIL: "address not on this host"}.get(exc.errno or 0, str(exc))
 
 
-def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float,
-           reach_ports: list[int] = ()) -> dict:
-    """Rank 0: PORTS exchange cards with each peer; REACH_PORTS only count the peers that
-    connect (nothing is read: the others only reach them, as they reach a running server's
-    store there). A port in use is reported as such (``in use``)."""
-    deadline = time.monotonic() + timeout
-    result: dict = {"ok": True, "ports": {}}
+def _bind(bind: str, ports: list[int], peers: int, result: dict) -> dict:
+    """A listening socket per port of PORTS; a port that cannot be bound is reported in
+    RESULT (``in use``...)."""
     socks = {}
-    reach_only = set(reach_ports)
-    for port in [*reach_ports, *ports]:
+    for port in ports:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -81,6 +78,37 @@ def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float,
             continue
         socks[port] = s
         result["ports"][str(port)] = {"error": None, "peers": []}
+    return socks
+
+
+def _accepted(conn: socket.socket, addr, card: dict, reach_only: bool, deadline: float
+              ) -> dict | None:
+    """What a peer that connected gives: nothing read on a reach port, else its card (and
+    rank 0's in return); None when it sent no card."""
+    if reach_only:
+        conn.close()
+        return {"addr": addr[0], "reach_only": True}
+    conn.setblocking(True)
+    with conn:
+        got = _read_line(conn, min(deadline, time.monotonic() + 5.0))
+        now = time.time()
+        try:
+            conn.sendall(_card_line(card))
+        except OSError:
+            pass
+    if got is None:
+        return None
+    return {"addr": addr[0], "card": got, "offset_s": round(got.get("clock", now) - now, 3)}
+
+
+def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float,
+           reach_ports: list[int] = ()) -> dict:
+    """Rank 0: PORTS exchange cards with each peer; REACH_PORTS only count the peers that
+    connect (nothing is read: the others only reach them, as they reach a running server's
+    store there). A port in use is reported as such (``in use``)."""
+    deadline = time.monotonic() + timeout
+    result: dict = {"ok": True, "ports": {}}
+    socks = _bind(bind, [*reach_ports, *ports], peers, result)
     # every port at once: a port that nobody reaches does not starve the others
     sel = selectors.DefaultSelector()
     for port, s in socks.items():
@@ -95,23 +123,9 @@ def listen(bind: str, ports: list[int], peers: int, card: dict, timeout: float,
             except OSError:
                 continue
             seen = result["ports"][str(port)]["peers"]
-            if port in reach_only:
-                conn.close()
-                seen.append({"addr": addr[0], "reach_only": True})
-                if len(seen) >= peers:
-                    pending.discard(port)
-                continue
-            conn.setblocking(True)
-            with conn:
-                got = _read_line(conn, min(deadline, time.monotonic() + 5.0))
-                now = time.time()
-                try:
-                    conn.sendall(_card_line(card))
-                except OSError:
-                    pass
+            got = _accepted(conn, addr, card, port in reach_ports, deadline)
             if got is not None:
-                seen.append({"addr": addr[0], "card": got,
-                             "offset_s": round(got.get("clock", now) - now, 3)})
+                seen.append(got)
             if len(seen) >= peers:
                 pending.discard(port)
     for port, s in socks.items():
@@ -185,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--timeout", type=float, default=30.0)
         s.add_argument("--reach", type=int, action="append", default=[],
                        help="a port only reached (a TCP connect, no card)")
+        s.add_argument("--out", help="write the result to this file (whole, by a rename) "
+                                     "rather than to stdout")
         if name == "listen":
             s.add_argument("--bind", required=True)
             s.add_argument("--peers", type=int, required=True)
@@ -195,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     out = listen(args.bind, args.port, args.peers, card, args.timeout, args.reach) \
         if args.cmd == "listen" \
         else connect(args.addr, args.port, card, args.timeout, args.reach)
-    print(json.dumps(out, sort_keys=True), flush=True)
+    text = json.dumps(out, sort_keys=True) + "\n"
+    if args.out:
+        with open(args.out + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(args.out + ".tmp", args.out)
+    else:
+        print(text, end="", flush=True)
     return 0 if out["ok"] else 1
 
 

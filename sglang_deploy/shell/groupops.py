@@ -1,24 +1,31 @@
 """A multi-node group inside one pyinfra run: the group pre-flight, the restart as one and
 the verification as one, with fail-fast (the shell around ``core.group``).
 
-pyinfra prepares each host's operations on its own, then runs operation N on every host in
-parallel with a barrier before N+1. So every node of a group adds the same operations at the
-same lines (they run together), and what the group decides is kept here, on the controller,
-in one ``GroupRun`` per group and run:
+pyinfra prepares every host's operations first, then runs operation N on every host (in a
+pool of ``config.PARALLEL`` greenlets: ``--parallel N`` runs them N at a time) and only then
+N+1. So every node of a group adds the SAME operations (each gated by the group's decision,
+``Gate``), and no operation ever waits for another host's operation, which may not be
+running (pool full): a wait is only ever on a host-side process that an EARLIER operation
+started on every node (the barrier between operations guarantees they all started).
+
+What one run knows of a group lives in one ``GroupRun`` per group, in the ``GroupRuns``
+attached to the pyinfra ``State`` (``attach``: by the hooks, released at the run's end):
 
 - while preparing, each node registers what would (re)start it (a new release, new flags,
-  a stopped unit...), its card (release, flags hash, driver) and whether it runs;
-- ``restarting()``: the group restarts as one when any node wants it; read by the gated
-  operations when they run, once every node is prepared (``Gate``);
-- the group pre-flight (``preflight``): a real TCP rendezvous between the nodes (rank 0
-  listens on its dist-init port and a port of NCCL's ephemeral range, the others connect),
-  judged with the cards by ``core.group.judge_rendezvous``; any problem fails every node
-  before any server of the group stops;
-- the restart (``restart``): every node's unit stopped, then every node's started;
-- the verification (``Watch``): rank 0 as a single server, then ready only when every other
-  node is up (its dummy health server answers, which SGLang starts once its schedulers are
-  ready); a node that fails stops itself and, through ``abort``, every other node, each
-  saying which node failed and why, long before NCCL's or torch's distributed timeouts.
+  a stopped unit...), its card (release, flags hash, driver) and whether it runs; the gates
+  read the group's decision (``restarting``: any node wants it) when they execute, after
+  every host was prepared;
+- the group pre-flight, three operations: ``rendezvous_started`` starts the rendezvous tool
+  in the background on every node (rank 0 listens, the others connect, each with its own
+  deadline, its result in a file), ``rendezvous_collect`` waits for this node's result on
+  its own host, ``rendezvous_judge`` judges every node's result (``core.group.
+  judge_rendezvous``) and fails every node before any server of the group stops;
+- the restart (``group_service``): every node's unit stopped, then every node's started;
+- the verification, three operations: the workers (rank >= 1: their /health), then rank 0
+  (it serves), each on its own host, a failure recorded and the node's unit stopped but not
+  raised (a node verified later sees it and stops at once: fail-fast); then
+  ``group_ready`` on every node: the group is ready when every node was verified (each
+  keeps its record), else every node stops and fails, naming the node that failed and why.
 
 A converged group registers no reason: every gated operation is skipped, nothing restarts.
 (``--dry`` shows the gated operations as conditional on a group's nodes: whether they run
@@ -30,7 +37,7 @@ from __future__ import annotations
 
 import json
 import random
-import time
+import secrets as secretsmod
 from dataclasses import dataclass, field
 
 from pyinfra import host, logger
@@ -40,8 +47,10 @@ from sglang_deploy.core import group as groupmod
 from sglang_deploy.core.errors import GroupPreflightError, VerifyError
 from sglang_deploy.shell.operations import _sh
 
-#: state id and group name -> the group's run
-_RUNS: dict[tuple[int, str], GroupRun] = {}
+#: where a node's rendezvous tool writes its result (one file per run and node)
+RESULTS_DIR = "/run/sglang-deploy"
+#: how long past the tool's own deadline its result may take to appear (seconds)
+COLLECT_GRACE_S = 15.0
 
 
 @dataclass
@@ -50,14 +59,15 @@ class GroupRun:
 
     group: groupmod.Group
     probe: int                                   # the NCCL-range port of the rendezvous
+    token: str = field(default_factory=lambda: secretsmod.token_hex(6))  # this run's files
     wants: dict[str, list[str]] = field(default_factory=dict)   # node -> its own reasons
     running: dict[str, bool] = field(default_factory=dict)      # node -> unit up or starting
     cards: dict[str, dict] = field(default_factory=dict)
     results: dict[str, dict | None] = field(default_factory=dict)  # rendezvous outputs
     problems: list[groupmod.Problem] | None = None               # judged once, when all in
-    up: set[str] = field(default_factory=set)                    # nodes seen up in verify
+    verified: dict[str, dict] = field(default_factory=dict)      # node -> its summary
+    errors: dict[str, VerifyError] = field(default_factory=dict)  # node -> why it failed
     failed: tuple[str, str] | None = None                        # (node, why), the first
-    ready: bool = False
 
     def register(self, node: str, wants: list[str], running: bool, card: dict) -> None:
         self.wants[node], self.running[node], self.cards[node] = list(wants), running, card
@@ -77,26 +87,61 @@ class GroupRun:
     def worker(self, node: str) -> bool:
         return self.group.rank_of(node) > 0
 
+    def result_file(self, node: str) -> str:
+        return f"{RESULTS_DIR}/rendezvous-{self.token}-{self.group.rank_of(node)}.json"
+
+
+class GroupRuns:
+    """Every group's run in one pyinfra State (``attach``), made when a node first asks."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, GroupRun] = {}
+
+    def of(self, group: groupmod.Group) -> GroupRun:
+        if group.name not in self.runs:
+            seed = random.SystemRandom().randrange(1 << 30)
+            self.runs[group.name] = GroupRun(group, groupmod.probe_port(group, seed))
+        return self.runs[group.name]
+
+
+#: the attribute of a pyinfra State that holds its ``GroupRuns``
+_ATTR = "sglang_deploy_group_runs"
+
+
+def attach(state) -> GroupRuns:
+    """Give STATE its own ``GroupRuns`` (the hooks do, when the run starts)."""
+    runs = GroupRuns()
+    setattr(state, _ATTR, runs)
+    return runs
+
+
+def release(state) -> None:
+    """Drop STATE's ``GroupRuns`` (the hooks do, once the run ended)."""
+    if hasattr(state, _ATTR):
+        delattr(state, _ATTR)
+
 
 def run_of(state, group: groupmod.Group) -> GroupRun:
-    """The run of GROUP in this pyinfra STATE (made when the first node asks)."""
-    key = (id(state), group.name)
-    if key not in _RUNS:
-        _RUNS[key] = GroupRun(group, groupmod.probe_port(group, random.SystemRandom().randrange(1 << 30)))
-    return _RUNS[key]
+    """The run of GROUP in this pyinfra STATE (its ``GroupRuns``, attached when missing: a
+    State driven through the API without the hooks)."""
+    runs = getattr(state, _ATTR, None) or attach(state)
+    return runs.of(group)
 
 
 class Gate:
     """An ``_if`` of a group's operation: ``"restart"`` (the group restarts), ``"go"`` (it
-    restarts and its pre-flight passed), ``"idle"`` (it does not restart). ``plan.changes``
-    knows gates by this type: they are the group's decision, not this host's drift."""
+    restarts and its pre-flight passed), ``"idle"`` (it does not restart); RANK: only on
+    rank 0 (``"rank0"``) or only on the other nodes (``"workers"``). ``plan.changes`` knows
+    gates by this type: they are the group's decision, not this host's drift."""
 
     group_gate = True
 
-    def __init__(self, run: GroupRun, when: str):
-        self.run, self.when = run, when
+    def __init__(self, run: GroupRun, when: str, rank: str | None = None, node: str = ""):
+        self.run, self.when, self.rank, self.node = run, when, rank, node
 
     def __call__(self) -> bool:
+        if self.rank is not None and self.run.worker(self.node) != (self.rank == "workers"):
+            return False
         return {"restart": self.run.restarting, "go": self.run.go,
                 "idle": lambda: not self.run.restarting()}[self.when]()
 
@@ -121,28 +166,45 @@ def _parse(stdout: str) -> dict | None:
     return None
 
 
-def _wait_for(done, timeout_s: float, sleep=None) -> None:
-    """Wait (cooperatively) until DONE() or TIMEOUT_S: the other nodes' greenlets fill the run."""
-    import gevent
+@operation()
+def rendezvous_started(argv: list[str], out: str):
+    """
+    Start this node's rendezvous tool in the background on its host (every node of the group
+    in the same operation: the next one collects the results); its result goes to OUT.
 
-    sleep = sleep or gevent.sleep
-    deadline = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < deadline:
-        sleep(0.1)
+    + argv: the tool's command line (``core.group.rendezvous_argv``), its own deadline in it
+    + out: the result file (written whole, by a rename), OUT.err its error output
+    """
+    yield (f"mkdir -p {RESULTS_DIR} && rm -f {out} {out}.err && "
+           f"{{ setsid {_sh(*argv, '--out', out)} </dev/null >/dev/null 2>{out}.err & }}")
 
 
-def rendezvous(run: GroupRun, tool: str, python: str) -> None:
-    """This node's part of the group pre-flight (run on every node at once): the rendezvous
-    tool, then the verdict on every node's result; raises ``PreflightError`` naming each
-    node pair that failed and the fix."""
-    g, node = run.group, host.name
-    argv = groupmod.rendezvous_argv(g, node, tool, run.cards[node], run.probe, python=python)
-    _, output = host.run_shell_command(_sh(*argv), print_output=False)
+def collect_command(out: str, timeout_s: float) -> str:
+    """Wait on the host (at most TIMEOUT_S) for the result file OUT, print it (its errors to
+    stderr) and remove both."""
+    return (f"end=$(( $(date +%s) + {int(timeout_s)} )); "
+            f"while ! test -s {out} && [ \"$(date +%s)\" -lt \"$end\" ]; do sleep 0.2; done; "
+            f"cat {out} 2>/dev/null; cat {out}.err >&2 2>/dev/null; rm -f {out} {out}.err; true")
+
+
+def rendezvous_collect(run: GroupRun) -> None:
+    """This node's rendezvous result, waited for on its own host (the tool was started on
+    every node by the operation before), kept for the verdict (None: it gave none)."""
+    node = host.name
+    timeout = groupmod.RENDEZVOUS_TIMEOUT_S + COLLECT_GRACE_S
+    _, output = host.run_shell_command(collect_command(run.result_file(node), timeout),
+                                       print_output=False)
     run.results[node] = _parse(output.stdout) if output is not None else None
     if run.results[node] is None:
         logger.warning(f"{host.print_prefix}rendezvous gave no result: "
                        f"{(output.stderr if output is not None else '')[-300:]}")
-    _wait_for(lambda: len(run.results) == g.nnodes, groupmod.RENDEZVOUS_TIMEOUT_S + 15)
+
+
+def rendezvous_judge(run: GroupRun) -> None:
+    """The verdict on every node's result (all collected by the operation before: the
+    barrier), the same on every node; raises ``GroupPreflightError`` naming each node pair
+    that failed and the fix."""
+    g = run.group
     if run.problems is None:
         run.problems = groupmod.judge_rendezvous(g, run.results, run.cards,
                                                  rank0_running=run.running.get(g.rank0, False))
@@ -163,8 +225,8 @@ def rendezvous(run: GroupRun, tool: str, python: str) -> None:
 @operation()
 def group_service(service: str, action: str):
     """
-    ``systemctl ACTION`` of a group's node, run on every node of the group at once (gate it
-    with ``_if=Gate(run, "go")``): the group stops as one, then starts as one.
+    ``systemctl ACTION`` of a group's node, run on every node of the group in one operation
+    (gate it with ``_if=Gate(run, "go")``): the group stops as one, then starts as one.
 
     + service: unit name without ``.service``
     + action: ``stop`` or ``start``
@@ -176,6 +238,8 @@ def group_service(service: str, action: str):
         group_service(name="Stop the group's node", service="sglang", action="stop",
                       _if=Gate(run, "go"))
     """
+    if action == "start":  # a unit that hit its start limit (a node restarted alone) starts
+        yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
     yield _sh("systemctl", action, f"{service}.service")
 
 
@@ -201,32 +265,54 @@ class Watch:
                 "starts again as one")
 
     def hold(self, decision) -> str | None:
-        """None when this node's ready decision stands: a worker once rank 0 serves, rank 0
-        once every other node is up; else what it waits on."""
-        run, g = self.run, self.run.group
-        if run.worker(self.node):
-            run.up.add(self.node)
-            return None if run.ready else f"up; waiting for rank 0 ({g.rank0}) to serve"
-        missing = [n for n in g.members()[1:] if n not in run.up]
-        if missing:
-            return f"rank 0 serves; waiting for node(s) {', '.join(missing)} to be up"
-        run.ready = True
+        """None: a node's own ready decision stands (a worker's /health, rank 0 serving);
+        the group is judged as one afterwards (``group_ready``), never waited on here."""
         return None
 
 
-def verify_node(run: GroupRun, service: str, verify):
-    """Run VERIFY (this node's verification, given a ``Watch``); on any failure, record it
-    for the group (the first one is the cause) and stop this node's unit, so that no node of
-    a failed group is left waiting."""
+def _stop(service: str) -> None:
+    host.run_shell_command(_sh("systemctl", "stop", f"{service}.service"), print_output=False)
+
+
+def verify_node(run: GroupRun, service: str, verify) -> None:
+    """Run VERIFY (this node's verification, given a ``Watch``; it returns the node's
+    summary, kept for ``group_ready``). A failure is recorded for the group (the first one
+    is the cause), this node's unit stopped, and nothing raised: every node's verdict is
+    given by ``group_ready``, which runs on every node."""
     node = host.name
     try:
-        return verify(Watch(run, node))
+        run.verified[node] = verify(Watch(run, node))
     except VerifyError as exc:
         if run.failed is None:
             run.failed = (node, (exc.found or exc.what).splitlines()[0])
-        host.run_shell_command(_sh("systemctl", "stop", f"{service}.service"), print_output=False)
-        if run.failed[0] == node:
-            others = [n for n in run.group.members() if n != node]
-            exc.fix = (exc.fix or "") + (f"\n{node} was stopped, and with it the group's other "
-                                         f"node(s) {', '.join(others)}")
-        raise
+        run.errors[node] = exc
+        _stop(service)
+        logger.warning(f"{host.print_prefix}node {node} of group {run.group.name} failed: "
+                       f"{run.failed[1] if run.failed[0] == node else 'stopped with it'}")
+
+
+def group_ready(run: GroupRun, service: str, record) -> None:
+    """The group's verdict on this node, after every node's verification: ready when every
+    node was verified (RECORD keeps this node's summary), else this node's unit stopped and
+    its error raised (its own, or the node that failed)."""
+    node, g = host.name, run.group
+    if run.failed is None and all(n in run.verified for n in g.members()):
+        record(run.verified[node])
+        return
+    _stop(service)
+    others = [n for n in g.members() if n != node]
+    if node in run.errors and (run.failed is None or run.failed[0] == node):
+        exc = run.errors[node]
+        exc.fix = (exc.fix or "") + (f"\n{node} was stopped, and with it the group's other "
+                                     f"node(s) {', '.join(others)}")
+        raise exc
+    abort = Watch(run, node).abort()
+    if abort is not None:
+        raise abort
+    missing = [n for n in g.members() if n not in run.verified]
+    raise VerifyError(
+        what=f"every node of group {g.name} verified in this run ({', '.join(g.members())})",
+        found=f"node(s) {', '.join(missing)} gave no verdict (dropped from the run earlier); "
+              f"{node} was stopped with the group",
+        fix="read the errors above; fix them and re-run the deploy: the group starts again "
+            "as one")

@@ -30,7 +30,7 @@ from pyinfra.api.state import BaseStateCallback
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, lockedflags, outcomes, pyinfrafast, routing
+from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file, with_group_limits
 from sglang_deploy.shell.lockfiles import read as read_lock
 from sglang_deploy.shell.plan import PLAN_ENV
@@ -91,6 +91,55 @@ def check_group_selection(inventory, resolved: dict[str, datamod.Settings],
 
     group.check_limit(routing.groups(inventory), [h.name for h in initial_limit],
                       allow_partial=os.environ.get(PARTIAL_GROUP_ENV) == "1")
+
+
+def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_limit,
+                      params: dict, parallel: int) -> None:
+    """Refuse, before any connection, a pyinfra mode that splits a multi-node group of the
+    selection: ``--serial`` and ``--no-wait`` run one host's operations without waiting for
+    the others (its nodes rendezvous, stop, start and are verified one operation at a time,
+    on every node). The group's all-reduce check (``gpu_allreduce_check``) joins every node
+    in one operation: it also needs every active host in pyinfra's pool at once (PARALLEL,
+    ``--parallel N``)."""
+    selected = [h.name for h in (initial_limit if initial_limit is not None else inventory)]
+    nodes = [n for n in selected if resolved.get(n) and resolved[n].sglang_group]
+    if not nodes:
+        return
+    group = resolved[nodes[0]].sglang_group
+    for flag, key in (("--serial", "serial"), ("--no-wait", "no_wait")):
+        if params.get(key):
+            raise UsageError(
+                what=f"no {flag} for a selection with a multi-node group (group {group}: "
+                     f"{', '.join(n for n in nodes if resolved[n].sglang_group == group)})",
+                found=f"{flag}: pyinfra runs each host's operations without waiting for the "
+                      "others, and a group's nodes rendezvous, stop, start and are verified "
+                      "one operation at a time on every node; nothing was run",
+                fix=f"drop {flag} (any `--parallel N` works), or `--exclude` the group's nodes "
+                    "to run the other hosts that way")
+    if any(resolved[n].gpu_allreduce_check for n in nodes) and parallel < len(selected):
+        raise UsageError(
+            what="every active host in pyinfra's pool at once for a group's all-reduce check "
+                 f"(`gpu_allreduce_check`, group {group}): its nodes all-reduce in one operation",
+            found=f"a pool of {parallel} for {len(selected)} host(s) (`--parallel`, or 20 x "
+                  "CPUs); nothing was run",
+            fix=f"run with `--parallel {len(selected)}`, `--limit` the group's nodes, or set "
+                "`gpu_allreduce_check = false` for this run")
+
+
+class ReleaseGroupRuns(BaseStateCallback):
+    """The run's ``groupops.GroupRuns`` (attached to the state when it starts) released once
+    its last connected host disconnects: nothing of a group outlives its run."""
+
+    def __init__(self) -> None:
+        self.connected: set[str] = set()
+
+    def host_connect(self, state, host):  # type: ignore[override]
+        self.connected.add(host.name)
+
+    def host_disconnect(self, state, host):  # type: ignore[override]
+        self.connected.discard(host.name)
+        if not self.connected:
+            groupops.release(state)
 
 
 def cli_params() -> dict:
@@ -323,6 +372,9 @@ def _check_input(state, inventory, initial_limit) -> None:
         # each host's Settings, resolved once here, are what the stages read
         resolved = validate_inventory(inventory, state.cwd)
         check_group_selection(inventory, resolved, initial_limit)
+        check_group_modes(inventory, resolved, initial_limit, cli_params(),
+                          state.config.PARALLEL or len(list(inventory)))
+        groupops.attach(state)  # the groups' shared results in this run (released at its end)
         routing.remember(state, resolved)
     except errors.SglangDeployError as exc:
         if not inputerror.is_input_error(exc):
@@ -345,7 +397,7 @@ def install(state) -> None:
     # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
     hub = gevent.get_hub()
     hub.NOT_ERROR = (*hub.NOT_ERROR, ToolError)
-    handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay()]
+    handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay(), ReleaseGroupRuns()]
     if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
         handlers.append(HoldDeployLock())
     original = state.init

@@ -22,12 +22,13 @@ from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell import p2pview
 
 
-def add_retest(ctx, run_probe: Callable) -> None:
-    """Add the retest of CTX's host (``stages.Context``); RUN_PROBE: ``stages.run_probe``."""
+def add_retest(ctx, run_probe: Callable, **gate) -> None:
+    """Add the retest of CTX's host (``stages.Context``); RUN_PROBE: ``stages.run_probe``;
+    GATE: a group's node's ``_if`` (the retest runs when its group restarts)."""
     name = (f"{preflight.RETEST_NOTE} of {ctx.settings.sglang_service} (peer copies on every "
             "GPU pair)")
     python.call(name=name, function=ops.reported(functools.partial(
-        retest, ctx, run_probe, dict(ctx.nccl_env))))
+        retest, ctx, run_probe, dict(ctx.nccl_env))), **gate)
 
 
 def retest(ctx, run_probe: Callable, rendered_env: dict) -> None:

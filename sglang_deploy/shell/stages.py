@@ -8,28 +8,26 @@ Nothing here knows whether a host is simulated.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
-import shlex
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host, logger, state
+from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import group, jit, modelfetch, nvsmi, preflight, report, service
+from sglang_deploy.core import group, jit, modelfetch, preflight, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
-from sglang_deploy.core.verify import Verifier, check_serving
-from sglang_deploy.shell import allreduce, flagcache, groupops, lockfiles, outcomes, p2pretest
-from sglang_deploy.shell import p2pview, plan, releaseops, reports, routing, staging
+from sglang_deploy.core.verify import check_serving
+from sglang_deploy.shell import allreduce, flagcache, groupops, groupstage, lockfiles, outcomes
+from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, routing, staging
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import (
     REMOTE,
@@ -39,7 +37,7 @@ from sglang_deploy.shell.facts import (
     ServingProbe,
     SglangHostState,
 )
-from sglang_deploy.shell.verifyloop import wait_serving, wait_until_ready
+from sglang_deploy.shell.verified import verify_and_record
 
 
 @dataclass
@@ -128,24 +126,6 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
     return checks, matrix
 
 
-def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflight.Check, dict]:
-    """The interface a group's node uses for NCCL/gloo: ``sglang_nccl_socket_ifname``, else
-    the one that carries rank 0's address on this host (none: the node cannot reach it)."""
-    ifname = s.sglang_nccl_socket_ifname or route_dev
-    addr = f"{s.sglang_dist_init_addr}:{s.sglang_dist_init_port}"
-    if not ifname:
-        return preflight.Check(
-            name="group-interface", status="fail",
-            message=f"no interface of this host carries a route to rank 0's {addr} "
-                    f"(group {s.sglang_group})",
-            fix="give the node a route to rank 0's address (same subnet or a gateway), or set "
-                "`sglang_dist_init_addr` to an address of rank 0 it reaches"), {}
-    how = "sglang_nccl_socket_ifname" if s.sglang_nccl_socket_ifname else "the route to rank 0"
-    return preflight.Check(name="group-interface", status="pass",
-                           message=f"group {s.sglang_group}: NCCL/gloo over {ifname} ({how}), "
-                                   f"--dist-init-addr {addr}"), group.group_environment(ifname)
-
-
 @outcomes.stage("preflight")
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage() -> Context:
@@ -194,7 +174,7 @@ def preflight_stage() -> Context:
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
         ctx.group = routing.host_group(host, state.inventory)
-        check, ctx.group_env = group_interface(settings, hs.get("route_dev"))
+        check, ctx.group_env = groupstage.group_interface(settings, hs.get("route_dev"))
         checks.append(check)
     target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
     checks[:0] = preflight.check_wheel_platform(hs.get("python"), hs.get("glibc"), target,
@@ -325,23 +305,22 @@ def service_stage(ctx: Context):
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         return
-    if preflight.retest_before_restart(ctx.p2p_skipped, reasons):
+    run = groupstage.registered(ctx, reasons) if ctx.group is not None else None
+    # a group's node: whenever its group restarts, for any node's reason
+    gate = {"_if": groupops.Gate(run, "restart")} if run is not None else None
+    if preflight.retest_before_restart(ctx.p2p_skipped, reasons) or (
+            run is not None and ctx.p2p_skipped):
         # the server is about to be replaced: the copies skipped in pre-flight (it was
         # serving) run first, when the deploy executes (a dry run's plan only names them)
-        p2pretest.add_retest(ctx, run_probe)
-    if hs["service"].get("ActiveState") != "active" or reasons:
+        p2pretest.add_retest(ctx, run_probe, **(gate or {}))
+    active = hs["service"].get("ActiveState") == "active"
+    if run is not None or not active or reasons:
         # the server will (re)start: its JIT compilers and the release checked first
-        staging.checks_before_start(ctx, unit_text, reasons)
-        if hs["service"].get("ActiveState") != "active":  # the GPUs are free: no server yet
+        staging.checks_before_start(ctx, unit_text, reasons, gate)
+        if not active:  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
-    run = None
-    if ctx.group is not None:  # registered for the group's decision, then its pre-flight
-        run = group_registered(ctx, reasons)
-        python.call(name=f"Group pre-flight: rendezvous of group {ctx.group.name}",
-                    function=ops.reported(functools.partial(
-                        groupops.rendezvous, run, lay.tool("rendezvous.py"),
-                        s.sglang_system_python)),
-                    _if=groupops.Gate(run, "restart"))
+    if run is not None:  # the group's pre-flight, before any of its servers stops
+        groupstage.add_preflight(run, lay.tool("rendezvous.py"), s.sglang_system_python)
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
                               path=lay.secrets_file, content=secrets_text,
                               present_sha256=hs.get("secrets_sha256"))
@@ -352,13 +331,11 @@ def service_stage(ctx: Context):
     svc = hs["service"]
     if run is not None:  # a group's node starts with its group, never alone
         ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
-        go = groupops.Gate(run, "go")
-        groupops.group_service(name=f"Stop {s.sglang_service}: group {ctx.group.name} restarts "
-                                    "as one", service=s.sglang_service, action="stop", _if=go)
         # the optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU free
-        allreduce.add_allreduce_check(ctx, group=ctx.group, when=go)
-        groupops.group_service(name=f"Start {s.sglang_service} with group {ctx.group.name}",
-                               service=s.sglang_service, action="start", _if=go)
+        groupstage.add_restart(
+            run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with group "
+            f"{ctx.group.name}", between=lambda go: allreduce.add_allreduce_check(
+                ctx, group=ctx.group, when=go))
         ctx.ops.update(unit=unit, secrets=secrets, link=link, started=None, restarted=None)
         return
     started = ops.enabled_and_started(s.sglang_service, unit, svc)
@@ -384,77 +361,6 @@ def service_stage(ctx: Context):
     ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
 
 
-def group_registered(ctx: Context, reasons: list[str]) -> groupops.GroupRun:
-    """Register this node's wish to (re)start and its card with its group's run."""
-    hs, s = ctx.hoststate, ctx.settings
-    svc = hs["service"]
-    wants = list(reasons)
-    active = svc.get("ActiveState") == "active"
-    if not active:
-        wants.append("not running")
-    elif not wants and service.runs_unverified(svc, hs.get("last_verified"), False):
-        wants.append("running, never verified")
-    query = ((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out") or ""
-    rows = nvsmi.parse_query_csv(query) if query.strip() else []
-    run = groupops.run_of(state, ctx.group)
-    running = svc.get("ActiveState") in ("active", "activating", "reloading")
-    run.register(host.name, wants, running, group.card(
-        host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(s),
-        rows[0].get("driver_version") if rows else None))
-    return run
-
-
-def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
-    """Keep what was just verified on the host: the summary, and the known-good copy of the
-    unit and secrets that a rollback restores (root only)."""
-    lay = Layout.of(s)
-    # Not promoted (a gate must pass first): kept as a candidate the rollout promotes.
-    kg = lay.known_good(promote=s.verify_promote_known_good)
-    summary["verified_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    record = json.dumps({**params, "verified_at": summary["verified_at"]}, sort_keys=True)
-    q = shlex.quote
-    host.run_shell_command(
-        f"set -e; install -d -m 700 {q(kg)}; install -m 644 {q(lay.unit_file)} {q(kg + '/unit.tmp')}; "
-        f"if test -f {q(lay.secrets_file)}; then install -m 600 {q(lay.secrets_file)} {q(kg + '/secrets.tmp')}; "
-        f"mv -f {q(kg + '/secrets.tmp')} {q(kg + '/secrets.env')}; else rm -f {q(kg + '/secrets.env')}; fi; "
-        f"mv -f {q(kg + '/unit.tmp')} {q(kg + '/unit.service')}; "
-        f"printf '%s\\n' {q(record)} > {q(kg + '/record.tmp')}; mv -f {q(kg + '/record.tmp')} {q(kg + '/record.json')}; "
-        f"printf '%s\\n' {q(json.dumps(summary, sort_keys=True))} > {q(lay.last_verified)}",
-        print_output=False)
-    reports.emit(summary)
-    outcomes.verified(summary)  # the host's outcome record: its action and this summary
-
-
-def verify_and_record(s: datamod.Settings, params: dict, action: str,
-                      watch: groupops.Watch | None = None) -> None:
-    """Verify, then keep the result: a started server from its log until it is ready, a
-    running one (``converged``, ``unchanged``) by its API (raises VerifyError). WATCH: this
-    host is a node of a group being verified as one (a node of rank >= 1 is up when its
-    /health answers, and waits for rank 0)."""
-    worker = watch is not None and watch.run.worker(watch.node)
-    probe = {"tool": f"{Layout.of(s).tools}/hoststate.py", "service": s.sglang_service,
-             "port": s.sglang_port, "host_addr": service.probe_address(s.sglang_host),
-             "secrets": service.SECRETS_FILE, "poll_s": s.verify_poll_s}
-    if action in ("converged", "unchanged"):
-        result = wait_serving(host, served_model_name=params["served_model_name"],
-                              require_generate=s.verify_generate, worker=worker,
-                              timeout_s=s.verify_phase_timeouts["http"], **probe)
-    else:
-        verifier = Verifier(
-            sglang_version=params["sglang_version"], expect_autotune=params["expect_autotune"],
-            cuda_graph=params["cuda_graph"], served_model_name=params["served_model_name"],
-            overall_timeout_s=s.verify_timeout_s, phase_timeouts=s.verify_phase_timeouts,
-            require_generate=s.verify_generate, worker=worker)
-        result = wait_until_ready(host, verifier, **probe, watch=watch,
-                                  log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"))
-    summary = report.host_summary(host.name, params, result)
-    summary["action"] = action
-    if watch is not None:
-        summary["group"] = watch.run.group.name
-        summary["node_rank"] = watch.run.group.rank_of(watch.node)
-    record_verified(s, params, summary)
-
-
 def _action(started, restarted) -> str | None:
     if started.did_change():
         return "started"
@@ -467,15 +373,21 @@ def _action(started, restarted) -> str | None:
 @deploy("Verify: block until the model really serves")
 def verify_stage(ctx: Context):
     # One line per kind of check, whatever the host: pyinfra runs one operation on every host
-    # at once, so single hosts and a group's nodes are verified side by side, not in turn.
-    after_start, running = (group_checks if ctx.group is not None else single_checks)(ctx)
-    if after_start is not None:
-        name, function, gate = after_start
-        python.call(name=name, function=ops.reported(function), **gate)
+    # before the next, so single hosts are verified beside a group's workers, not in turn.
+    if ctx.group is not None:
+        workers, rank0, ready, running = groupstage.group_checks(
+            ctx, lambda: _serving_poll(ctx.settings))
+    else:
+        (workers, running), rank0, ready = single_checks(ctx), None, None
+    if workers is not None:
+        python.call(name=workers[0], function=ops.reported(workers[1]), **workers[2])
+    if rank0 is not None:
+        python.call(name=rank0[0], function=ops.reported(rank0[1]), **rank0[2])
+    if ready is not None:
+        python.call(name=ready[0], function=ops.reported(ready[1]), **ready[2])
     if running is not None:
-        name, function, gate = running
-        python.call(name=name, function=ops.reported(function), **gate)
-    if after_start is None and running is None:
+        python.call(name=running[0], function=ops.reported(running[1]), **running[2])
+    if workers is None and running is None:
         host.noop("the service was not (re)started: nothing to verify")
 
 
@@ -505,31 +417,6 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     return after_start, running
 
 
-def group_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
-    """A group's node: verified with its group when the group restarts (every node at once,
-    fail-fast: ``groupops``), else checked as it runs when ``verify_converged``."""
-    s, g = ctx.settings, ctx.group
-    run = groupops.run_of(state, g)
-    if plan.plan_dir() is not None:
-        plan.record(state, host, ctx, _serving_poll(s), extra=groupops.group_fields(run, host.name))
-    was_active = ctx.hoststate["service"].get("ActiveState") == "active"
-
-    def verify(watch: groupops.Watch) -> None:
-        verify_and_record(s, ctx.verify_params(), "restarted" if was_active else "started",
-                          watch)
-
-    after_start = (f"Verify group {g.name} as one: rank 0 serves, every node up",
-                   functools.partial(groupops.verify_node, run, s.sglang_service, verify),
-                   {"_if": groupops.Gate(run, "go")})
-    running = None
-    if s.verify_converged:
-        running = (f"Verify the running node (group {g.name}, not restarted)",
-                   lambda: verify_and_record(s, ctx.verify_params(), "converged",
-                                             groupops.Watch(run, host.name)),
-                   {"_if": groupops.Gate(run, "idle")})
-    return after_start, running
-
-
 @outcomes.stage("rollback")
 @deploy("Rollback: back to the last known-good configuration")
 def rollback_stage():
@@ -546,7 +433,7 @@ def rollback_stage():
         release=rb.params["release"], restore=rb.restore)
     g = routing.host_group(host, state.inventory) if s.sglang_group else None
     if g is not None:
-        return rollback_group_node(s, g, hs, rb)
+        return groupstage.rollback_group_node(s, g, hs, rb)
     restart = None
     if rb.restart:
         restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
@@ -555,30 +442,3 @@ def rollback_stage():
                 function=ops.reported(lambda: verify_and_record(
                     s, rb.params, "rolled-back" if restart is not None and restart.did_change()
                     else "unchanged")))
-
-
-def rollback_group_node(s: datamod.Settings, g: group.Group, hs: dict, rb) -> None:
-    """A group's node goes back with its group: when any node restores something or does not
-    run, every node stops, then starts, on its known-good configuration, and the group is
-    verified as one (fail-fast); else each node is checked as it runs. The known-good
-    configuration was verified as a group: no rendezvous first."""
-    run = groupops.run_of(state, g)
-    active = (hs.get("service") or {}).get("ActiveState") == "active"
-    run.register(host.name, (["known-good restored"] if rb.restart else [])
-                 + ([] if active else ["not running"]), active, {})
-    run.problems = []
-    go = groupops.Gate(run, "go")
-    groupops.group_service(name=f"Stop {s.sglang_service}: group {g.name} goes back as one",
-                           service=s.sglang_service, action="stop", _if=go)
-    groupops.group_service(name=f"Start {s.sglang_service} on the known-good configuration "
-                                f"with group {g.name}", service=s.sglang_service,
-                           action="start", _if=go)
-    python.call(name=f"Verify group {g.name} on its known-good configuration, as one",
-                function=ops.reported(functools.partial(
-                    groupops.verify_node, run, s.sglang_service,
-                    lambda watch: verify_and_record(s, rb.params, "rolled-back", watch))),
-                _if=go)
-    python.call(name="Verify the known-good configuration serves (group not restarted)",
-                function=ops.reported(lambda: verify_and_record(
-                    s, rb.params, "unchanged", groupops.Watch(run, host.name))),
-                _if=groupops.Gate(run, "idle"))

@@ -59,15 +59,18 @@ def _caps(ctx) -> list[str]:
     return jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out"))
 
 
-def checks_before_start(ctx, unit_text: str, reasons: list[str]) -> None:
+def checks_before_start(ctx, unit_text: str, reasons: list[str], gate: dict | None = None
+                        ) -> None:
     """The checks a (re)start needs that run without the GPUs: the JIT toolchain, and the
     release smoke when the release or the flags change (or nothing runs). Staging: then the
-    record of what they proved. A rolling run after staging: skipped when the record matches."""
+    record of what they proved. A rolling run after staging: skipped when the record matches.
+    GATE: a group's node's ``_if`` (its group restarts, for any node's reason): both checks
+    are added whatever this node's own reasons, and run when the group restarts."""
     s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
     active = hs["service"].get("ActiveState") == "active"
-    if active and not reasons:
+    if gate is None and active and not reasons:
         return
-    smoke = bool(set(reasons) - {"secrets"}) or not active
+    smoke = gate is not None or bool(set(reasons) - {"secrets"}) or not active
     inputs = _inputs(ctx, unit_text, smoke)
     path = record_path(lay, ctx.release_id)
     if trusts_record() and stagingcore.proven(hs["paths"].get(path), inputs):
@@ -76,7 +79,8 @@ def checks_before_start(ctx, unit_text: str, reasons: list[str]) -> None:
     jitcheck.jit_toolchain_check(
         name="JIT toolchain (nvcc, ninja, c++) in the service's environment",
         python=ctx.venv_python, tool=lay.tool("jit_check.py"), site=ctx.site,
-        env=dict(ctx.environment()), venv_bin=lay.venv_bin(ctx.release_id), caps=_caps(ctx))
+        env=dict(ctx.environment()), venv_bin=lay.venv_bin(ctx.release_id), caps=_caps(ctx),
+        **(gate or {}))
     if smoke:  # a new release or new flags: proven under the unit's sandbox before the switch
         releaseops.release_smoke(
             name=f"Release smoke of {ctx.release_id} under the unit's sandbox",
@@ -84,7 +88,7 @@ def checks_before_start(ctx, unit_text: str, reasons: list[str]) -> None:
             steps=s.sglang_smoke,
             # no --api-key, not even a placeholder: argv never names it
             flags=flagmod.render_flags(service.flag_map(s)),
-            env=s.sglang_smoke_env, **releaseops.smoke_doors(ctx))
+            env=s.sglang_smoke_env, **releaseops.smoke_doors(ctx), **(gate or {}))
     if stage_only():
         ops.file_content(name=f"Staging record of release {ctx.release_id}", mode="644",
                          src=StringIO(stagingcore.record_text(inputs)), dest=path,

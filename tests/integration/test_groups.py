@@ -288,3 +288,101 @@ def test_a_node_lost_while_serving_shows_in_status_and_the_next_deploy_restarts_
     assert invocation(grouped, rank0) != before
     rc, doc = status(grouped)
     assert rc == 0 and doc["groups"][0]["state"] == "serving", doc
+
+
+def test_a_group_deploys_new_flags_with_a_pool_of_one(group, grouped):
+    """`--parallel 1` (the pool a 41st host meets on a 2-CPU laptop): no operation waits for
+    another host's, so the group restarts and is verified as one, one host at a time."""
+    rank0, rank1, single = group
+    before = {h: invocation(grouped, h) for h in (rank0, rank1, single)}
+    r = deploy(grouped, "--parallel", "1",
+               "--data", f'sglang_env={{"POOL1": "{uuid.uuid4().hex[:6]}"}}')
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    assert out.count("rendezvous passed") == 2, out[-4000:]
+    assert f"UP {rank1}: node 1 of group" in out and f"READY {rank0}:" in out
+    after = {h: invocation(grouped, h) for h in (rank0, rank1, single)}
+    assert all(after[h] != before[h] for h in (rank0, rank1, single))
+    rc, doc = status(grouped)
+    assert doc["groups"][0]["state"] == "serving", doc   # (rc 1: drift from the inventory)
+
+
+def test_serial_is_refused_before_connecting_for_a_group(group, grouped):
+    rank0, rank1, _ = group
+    before = {h: invocation(grouped, h) for h in (rank0, rank1)}
+    r = deploy(grouped, "--serial", "--data", f'sglang_env={{"SERIAL": "{uuid.uuid4().hex[:6]}"}}')
+    out = both(r)
+    assert r.returncode != 0
+    assert "no --serial for a selection with a multi-node group" in out and "drop --serial" in out
+    assert "Connecting to hosts" not in out
+    assert {h: invocation(grouped, h) for h in (rank0, rank1)} == before
+
+
+def test_a_rollout_rolls_a_group_back_as_one_after_a_rank_1_failure(group, grouped):
+    """Node 1 crashes in CUDA graph capture with the new flags: the group fails fast, the
+    rollout rolls both nodes back (the group's rendezvous, then stopped and started as one on
+    the known-good configuration) and the group serves again; the single host is untouched."""
+    rank0, rank1, single = group
+    before = invocation(grouped, single)
+    grouped.scenario(rank1, "node-capture-crash", when="--mem-fraction-static 0.72")
+    report = REPO / ".sglang-deploy" / f"group-rank1-{uuid.uuid4().hex[:8]}.json"
+    report.parent.mkdir(exist_ok=True)
+    flags = {k: v for k, v in SEED_FLAGS.items() if k != "disable-cuda-graph"}
+    flags = json.dumps({**flags, "mem-fraction-static": 0.72})
+    try:
+        r = tool("rollout", str(grouped.inventory), "--report", str(report),
+                 *[a for d in [*DATA, f"sglang_flags={flags}"] for a in ("--data", d)])
+    finally:
+        grouped.scenario(rank1, "healthy")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    doc = json.loads(report.read_text())
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert hosts[rank0]["status"] == "rolled-back" and hosts[rank1]["status"] == "rolled-back", doc
+    assert hosts[single]["status"] == "untouched"
+    assert "Capture cuda graph failed" in out or "capture" in json.dumps(doc), out[-3000:]
+    assert invocation(grouped, single) == before
+    rc, st = status(grouped)
+    assert st["groups"][0]["state"] == "serving", st
+
+
+def test_a_group_rolled_back_with_a_node_stopped_goes_back_as_one_with_its_rendezvous(group, grouped):
+    """rollback.py on a group whose node 1 is stopped, with a pool of one: the same
+    rendezvous as a deploy's, then both nodes stopped and started as one on the known-good
+    configuration, verified as one; the group serves."""
+    rank0, rank1, _ = group
+    before = invocation(grouped, rank0)
+    grouped.ssh(rank1, "systemctl stop sglang.service", check=True)
+    argv = [PYINFRA, "-y", str(grouped.inventory), "rollback.py", "--parallel", "1",
+            "--limit", rank0, "--limit", rank1, *[a for d in DATA for a in ("--data", d)]]
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900,
+                       stdin=subprocess.DEVNULL)
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    assert out.count("rendezvous passed") == 2, out[-4000:]
+    order = [line for line in out.splitlines() if "--> Starting operation" in line]
+    judged = next(i for i, line in enumerate(order) if "rendezvous of group" in line
+                  and "judged" in line)
+    stop = next(i for i, line in enumerate(order) if "goes back as one" in line)
+    assert judged < stop
+    assert f"UP {rank1}: node 1 of group" in out and f"READY {rank0}:" in out
+    assert invocation(grouped, rank0) != before   # rank 0 restarted with its group
+    rc, doc = status(grouped)
+    assert rc == 0 and doc["groups"][0]["state"] == "serving", doc
+
+
+def test_a_node_restarted_only_because_its_peer_changed_runs_the_jit_check_and_smoke(group, grouped):
+    """New data on node 1 only, with a pool of one: rank 0 has nothing of its own to change,
+    yet restarts with its group, so it runs the JIT check and the release smoke first."""
+    rank0, rank1, _ = group
+    before = invocation(grouped, rank0)
+    r = deploy(grouped, "--parallel", "1", "--limit", rank0, "--limit", rank1,
+               inventory=FAULT_INVENTORY, env={"FAULT_HOST_DATA": json.dumps(
+                   {rank1: {"sglang_env": {"PEER": uuid.uuid4().hex[:6]}}})})
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    lines = out.splitlines()
+    for h in (rank0, rank1):
+        assert any(f"[{h}]" in line and "JIT toolchain: nvcc" in line for line in lines), out[-4000:]
+        assert any(f"[{h}]" in line and "release smoke:" in line for line in lines), out[-4000:]
+    assert invocation(grouped, rank0) != before
