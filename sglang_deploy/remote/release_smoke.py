@@ -299,6 +299,25 @@ class DoorsRefused(Exception):
     """A node the server needs is refused by the unit's sandbox, or CUDA does not start."""
 
 
+def parse_flags(flags: list[str]) -> tuple[str, BaseException | None]:
+    """sglang's own ``prepare_server_args`` on FLAGS: (the step's detail, None) when they
+    parse, or ("", the error) when not; 'No accelerator' after the parse is a pass (the GPUs
+    are hidden from the smoke)."""
+    err = io.StringIO()
+    try:
+        from sglang.srt.server_args import prepare_server_args
+        with contextlib.redirect_stderr(err):
+            prepare_server_args(list(flags))
+        return "parsed and post-initialised", None
+    except SystemExit as exc:  # argparse: usage + "error: ..." on stderr
+        return "", ValueError(err.getvalue().strip() or f"exit status {exc.code}")
+    except BaseException as exc:  # noqa: BLE001
+        if not no_accelerator(exc):
+            return "", exc
+        return ("parsed by sglang's own parser; post-init stopped at 'No accelerator' (the "
+                "GPUs are hidden from the smoke)"), None
+
+
 def run(steps: list[str], flags: list[str], modules: list[str],
         devices: list[str] | None = None, allowed: list[str] | None = None,
         outside: list[str] | None = None) -> dict:
@@ -334,20 +353,10 @@ def run(steps: list[str], flags: list[str], modules: list[str],
     if "flags" in steps:
         t0 = time.monotonic()
         progress("flags: sglang's own parser on the launch flags ...")
-        err = io.StringIO()
-        try:
-            from sglang.srt.server_args import prepare_server_args
-            with contextlib.redirect_stderr(err):
-                prepare_server_args(list(flags))
-            done("flags", "passed", "parsed and post-initialised", t0)
-        except SystemExit as exc:  # argparse: usage + "error: ..." on stderr
-            text = err.getvalue().strip() or f"exit status {exc.code}"
-            return fail("flags", ValueError(text), t0)
-        except BaseException as exc:  # noqa: BLE001
-            if not no_accelerator(exc):
-                return fail("flags", exc, t0)
-            done("flags", "passed", "parsed by sglang's own parser; post-init stopped at "
-                 "'No accelerator' (the GPUs are hidden from the smoke)", t0)
+        detail, exc = parse_flags(flags)
+        if exc is not None:
+            return fail("flags", exc, t0)
+        done("flags", "passed", detail, t0)
 
     if "entrypoints" in steps:
         for module in modules:

@@ -228,21 +228,7 @@ def runtime_stage(ctx: Context):
                         releases={**hs["releases"], ctx.release_id: {"installed_at": "now"}},
                         keep=s.sglang_keep_releases,
                         protected={r for r in (ctx.release_id, hs.get("current"), known_good) if r})
-    if s.sglang_autotune_patch:
-        status = None
-        if rel.get("complete"):
-            # the record of the last apply, when the file is still the bytes it describes;
-            # else the venv's python reads the file (``patch_tool.py status``)
-            status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
-                or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
-                                 tool=lay.tool("patch_tool.py"))
-        found = (status or {}).get("state")
-        ctx.patch_state = "applied" if found in (None, "", "needed") else found
-        ctx.ops["patch"] = releaseops.autotune_patch(
-            name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
-            tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
-    else:
-        ctx.patch_state = "disabled"
+    autotune_patch(ctx, rel)
     if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
         ctx.ops["model"] = releaseops.model_download(
             name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
@@ -253,6 +239,27 @@ def runtime_stage(ctx: Context):
                 timeout_s=s.sglang_model_download_timeout_s, token_env=s.sglang_hf_token_env),
             complete=modelfetch.model_complete(hs.get("model"), s.sglang_model_path),
             token=s.secrets.get("HF_TOKEN"), group=s.sglang_user)
+
+
+def autotune_patch(ctx: Context, rel: dict) -> None:
+    """The FlashInfer autotune patch on the release (``sglang_autotune_patch``), its state
+    kept in CTX for the verifier."""
+    lay = ctx.layout
+    if not ctx.settings.sglang_autotune_patch:
+        ctx.patch_state = "disabled"
+        return
+    status = None
+    if rel.get("complete"):
+        # the record of the last apply, when the file is still the bytes it describes;
+        # else the venv's python reads the file (``patch_tool.py status``)
+        status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
+            or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
+                             tool=lay.tool("patch_tool.py"))
+    found = (status or {}).get("state")
+    ctx.patch_state = "applied" if found in (None, "", "needed") else found
+    ctx.ops["patch"] = releaseops.autotune_patch(
+        name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
+        tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
 
 
 def unit_for(ctx: Context) -> str:
@@ -284,21 +291,27 @@ def _serving_poll(s: datamod.Settings):
                          secrets=service.SECRETS_FILE, python=s.sglang_system_python)
 
 
-@outcomes.stage("service")
-@deploy("Service: launch flags, secrets, systemd unit, (re)start")
-def service_stage(ctx: Context):
-    s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
-    rel = hs["releases"].get(ctx.release_id) or {}
+def launch_flags_checked(ctx: Context):
+    """The launch flags checked against the installed sglang's own (the final guard), its
+    parsed ``server_args.py`` from the controller's cache when the host's sha256 is there."""
+    rel = ctx.hoststate["releases"].get(ctx.release_id) or {}
     # the controller's cache of parsed ``server_args.py`` files (``flagcache``)
     cache_dir = str(Path(state.cwd or ".") / ".sglang-deploy" / "cache" / "flagspec")
     spec = None
     if rel.get("complete"):  # by the sha256 the host reported; fetched only on a cache miss
         spec = flagcache.load(cache_dir, rel.get("server_args_sha256")) \
             or releaseops.server_args_flag_spec(ctx.site, cache_dir)
-    ctx.ops["flags"] = releaseops.launch_flags_check(
+    return releaseops.launch_flags_check(
         name="Launch flags known to the installed sglang", site=ctx.site,
-        flag_map=service.flag_map(s, with_api_key=True), version=ctx.sglang_version, spec=spec,
-        cache_dir=cache_dir)
+        flag_map=service.flag_map(ctx.settings, with_api_key=True), version=ctx.sglang_version,
+        spec=spec, cache_dir=cache_dir)
+
+
+@outcomes.stage("service")
+@deploy("Service: launch flags, secrets, systemd unit, (re)start")
+def service_stage(ctx: Context):
+    s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
+    ctx.ops["flags"] = launch_flags_checked(ctx)
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
     reasons = restart_reasons(ctx, unit_text, secrets_text)
@@ -338,6 +351,15 @@ def service_stage(ctx: Context):
                 ctx, group=ctx.group, when=go))
         ctx.ops.update(unit=unit, secrets=secrets, link=link, started=None, restarted=None)
         return
+    started, restarted = start_or_restart(ctx, unit, secrets, reasons)
+    ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
+
+
+def start_or_restart(ctx: Context, unit, secrets, reasons: list[str]) -> tuple:
+    """A single server's start, or its restart when one of REASONS' operations changes (or it
+    runs a never-verified invocation that does not serve): (started, restarted) operations."""
+    s, hs = ctx.settings, ctx.hoststate
+    svc = hs["service"]
     started = ops.enabled_and_started(s.sglang_service, unit, svc)
     triggers = {"unit": unit, "secrets": secrets, **{k: ctx.ops[k] for k in service.RESTART_TRIGGERS
                                                       if k in ctx.ops}}
@@ -358,7 +380,7 @@ def service_stage(ctx: Context):
     elif action == "restart":
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} (running, never verified)", service=s.sglang_service)
-    ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
+    return started, restarted
 
 
 def _action(started, restarted) -> str | None:

@@ -1,6 +1,7 @@
 """The house rules a newcomer may rely on (issue 33): core imports no pyinfra and reads no
 environment, docs/design.md's map of the code names only paths that exist, and the package
-keeps no module-level mutable state but the documented caches and per-run state below.
+keeps no module-level mutable state but the documented caches and per-run state below, and
+no function over 60 lines nor module over 500 (split by concern).
 
 The imports and the state are read from the source (``ast``), function-level code included;
 core's freedom from pyinfra is also checked by importing every core module in a fresh
@@ -243,3 +244,38 @@ def test_the_state_check_sees_state(tmp_path):
                    "@functools.lru_cache\ndef g():\n    return 1\n")
     assert state_written(src, "probe") == {("probe", "N"), ("probe", "SEEN"), ("probe", "g"),
                                            ("sglang_deploy.shell.runner", "VERBOSITY")}
+
+
+# ------------------------------------------------------------------ sizes: split by concern
+#: the longest function and module the package keeps (issue 33): beyond them a piece holds
+#: more than one concern
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 500
+
+
+def long_pieces(path: Path) -> list[tuple[str, int]]:
+    """(name, lines) of PATH itself when over MAX_MODULE_LINES and of each function or method
+    in it over MAX_FUNCTION_LINES (its decorators aside, its docstring included)."""
+    text = path.read_text()
+    out = [(str(path.name), n) for n in [len(text.splitlines())] if n > MAX_MODULE_LINES]
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_FUNCTION_LINES:
+                out.append((f"{path.name}:{node.name}", n))
+    return out
+
+
+def test_no_function_over_60_lines_and_no_module_over_500():
+    found = [piece for p in sorted(PACKAGE.rglob("*.py")) for piece in long_pieces(p)]
+    assert not found, f"split by concern: {found}"
+
+
+def test_the_size_check_sees_a_long_function_and_a_long_module(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    long_fn = tmp_path / "long.py"
+    long_fn.write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
+    assert long_pieces(long_fn) == [("long.py:long", MAX_FUNCTION_LINES + 1)]
+    long_mod = tmp_path / "big.py"
+    long_mod.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_pieces(long_mod) == [("big.py", MAX_MODULE_LINES + 1)]
