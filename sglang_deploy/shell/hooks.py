@@ -33,6 +33,7 @@ from sglang_deploy.core.errors import UsageError
 from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, pyinfrafast, routing
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file, with_group_limits
 from sglang_deploy.shell.lockfiles import read as read_lock
+from sglang_deploy.shell import plan
 from sglang_deploy.shell.plan import PLAN_ENV
 from sglang_deploy.shell.pyinfraerror import ToolError, for_pyinfra, translated
 
@@ -408,7 +409,9 @@ def install(state) -> None:
         initial_limit = _group_limit(inventory, initial_limit)
         result = original(inventory, config, initial_limit=initial_limit, **kwargs)
         # each host's outcome record (last: the handlers above note what it records)
-        recorder = outcomes.install(state, state.cwd, dry=bool(cli_params().get("dry")))
+        dry = bool(cli_params().get("dry"))
+        plan.mark_read_only(state, dry)  # read while deploy files load (``plan.read_only``)
+        recorder = outcomes.install(state, state.cwd, dry=dry)
         for each in [*handlers, recorder]:
             state.add_callback_handler(each)
         _check_input(state, inventory, initial_limit)

@@ -22,16 +22,23 @@ def plan_dir() -> Path | None:
     return Path(value) if value else None
 
 
+#: the attribute of a pyinfra State that says its run only plans (``mark_read_only``)
+_READ_ONLY = "_sglang_deploy_read_only"
+
+
+def mark_read_only(state, dry: bool) -> None:
+    """Note on STATE whether its run is ``--dry`` (the hooks do, when the run starts: the
+    command line's click context is not there while deploy files are loaded)."""
+    setattr(state, _READ_ONLY, bool(dry))
+
+
 def read_only() -> bool:
     """Whether this pyinfra run only plans: ``--dry`` (``deploy.py --dry``, ``rollout --dry``)
     or a plan folder (``status``, ``report``). A read-only run never touches a serving host's
     GPUs (``preflight.probe_plan``)."""
-    if plan_dir() is not None:
-        return True
-    import click
+    from pyinfra import state
 
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.params.get("dry"))
+    return plan_dir() is not None or bool(getattr(state, _READ_ONLY, False))
 
 
 def _write(name: str, record: dict) -> None:

@@ -285,6 +285,18 @@ def restart_reasons(ctx: Context, unit_text: str, secrets_text: str) -> list[str
         changing=[k for k in service.RESTART_TRIGGERS if k in ctx.ops and ctx.ops[k].will_change])
 
 
+def full_p2p_check(ctx: Context) -> None:
+    """A real deploy's P2P retest before a serving host's restart, while its operations are
+    prepared: the data-verified peer copies, then the pre-flight verdict again (raises if it
+    fails), its record kept (an operation)."""
+    checks, matrix = run_probe(ctx, "p2p")
+    p2pview.show(checks, record=True, policy=ctx.settings.gpu_p2p_policy)
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
+    ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
+    put_p2p_record(ctx)
+    ctx.p2p_skipped = False
+
+
 def _serving_poll(s: datamod.Settings):
     return host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
                          host_addr=service.probe_address(s.sglang_host),
@@ -318,14 +330,21 @@ def service_stage(ctx: Context):
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         return
+    if preflight.retest_before_restart(ctx.p2p_skipped, reasons):
+        # the server is about to be replaced: the copies skipped in pre-flight (it was
+        # serving) run first; a read-only run's plan only names them (never run there)
+        if plan.read_only():
+            p2pretest.add_retest(ctx, run_probe)
+        else:  # still before any operation executes: the new unit follows their verdict
+            full_p2p_check(ctx)
+            unit_text = unit_for(ctx)
+            reasons = restart_reasons(ctx, unit_text, secrets_text)
     run = groupstage.registered(ctx, reasons) if ctx.group is not None else None
     # a group's node: whenever its group restarts, for any node's reason
     gate = {"_if": groupops.Gate(run, "restart")} if run is not None else None
-    if preflight.retest_before_restart(ctx.p2p_skipped, reasons) or (
-            run is not None and ctx.p2p_skipped):
-        # the server is about to be replaced: the copies skipped in pre-flight (it was
-        # serving) run first, when the deploy executes (a dry run's plan only names them)
-        p2pretest.add_retest(ctx, run_probe, **(gate or {}))
+    if run is not None and ctx.p2p_skipped and not reasons:
+        # restarted only if a peer wants it: retested when its group restarts (an operation)
+        p2pretest.add_retest(ctx, run_probe, **gate)
     active = hs["service"].get("ActiveState") == "active"
     if run is not None or not active or reasons:
         # the server will (re)start: its JIT compilers and the release checked first

@@ -61,10 +61,15 @@ def test_plan_read_only_with_a_plan_folder(monkeypatch, tmp_path):
 
 
 def test_plan_read_only_with_pyinfras_dry_flag(monkeypatch):
-    import click
+    """``--dry`` is noted on the run's State by the hooks when it starts (``mark_read_only``):
+    while pyinfra loads deploy files there is no click context to ask."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
 
     monkeypatch.delenv(plan.PLAN_ENV, raising=False)
     for dry in (True, False):
-        with click.Context(click.Command("pyinfra"), obj=None) as ctx:
-            ctx.params["dry"] = dry
+        state = State()
+        with ctx_state.use(state):
+            assert plan.read_only() is False  # nothing noted: a run that acts
+            plan.mark_read_only(state, dry)
             assert plan.read_only() is dry
