@@ -28,7 +28,9 @@ def journal(name):
     return [{"t": r["ts"], "msg": r["line"]} for r in rows]
 
 
-def test_api_is_asked_at_once_when_the_log_says_ready():
+def ready_host_and_verifier():
+    """A host whose first poll reads a healthy 0.5.12.post1 journal to the ready line and
+    whose second answers /health, /v1/models and a generation; a Verifier for it."""
     service = {"ActiveState": "active", "SubState": "running", "InvocationID": "inv1"}
     models = {"status": 200, "body": json.dumps({"data": [{"id": "glm-5"}]})}
     host = FakeHost([
@@ -38,6 +40,11 @@ def test_api_is_asked_at_once_when_the_log_says_ready():
     ])
     verifier = Verifier(sglang_version="0.5.12.post1", expect_autotune=True, cuda_graph=False,
                         served_model_name="glm-5", overall_timeout_s=60, phase_timeouts={})
+    return host, verifier
+
+
+def test_api_is_asked_at_once_when_the_log_says_ready():
+    host, verifier = ready_host_and_verifier()
     sleeps = []
     decision = wait_until_ready(host, verifier, tool="/t/hoststate.py", service="sglang", port=30000,
                                 host_addr="127.0.0.1", secrets="/etc/sglang/secrets.env", poll_s=0.5,
@@ -88,15 +95,7 @@ def test_an_api_failure_without_a_crash_still_fails_on_the_next_poll():
 
 
 def test_the_poll_that_first_sees_the_ready_line_says_health_is_asked_next_not_none():
-    service = {"ActiveState": "active", "SubState": "running", "InvocationID": "inv1"}
-    models = {"status": 200, "body": json.dumps({"data": [{"id": "glm-5"}]})}
-    host = FakeHost([
-        {"now": 100.0, "service": service, "journal": journal("healthy-0.5.12.post1.jsonl")},
-        {"now": 100.1, "service": service, "journal": [], "health": {"status": 200},
-         "models": models, "generate": {"status": 200, "body": "{}"}},
-    ])
-    verifier = Verifier(sglang_version="0.5.12.post1", expect_autotune=True, cuda_graph=False,
-                        served_model_name="glm-5", overall_timeout_s=60, phase_timeouts={})
+    host, verifier = ready_host_and_verifier()
     shown, ticks = [], iter(range(5, 1000, 5))
     decision = wait_until_ready(host, verifier, tool="/t/hoststate.py", service="sglang", port=30000,
                                 host_addr="127.0.0.1", secrets="/etc/sglang/secrets.env", poll_s=0.5,
