@@ -107,13 +107,15 @@ def test_lock_check_names_the_import_error_of_the_lock_at_48a8d87():
 
 def test_a_rollout_stops_at_the_first_host_whose_release_does_not_import(
         testbed, deployed_host, tmp_path):
-    """Needs: TB1 and TB2 deployed and serving. The canary's smoke fails: nothing switches
-    there, the rollout halts and the second host is never touched."""
+    """Needs: TB1 and TB2 deployed and serving. Without staging (`--no-stage`: the smoke runs
+    in each host's own deploy), the canary's smoke fails: nothing switches there, the rollout
+    halts and the second host is never touched. (Staged, every host's smoke runs before the
+    first drain: tests/integration/test_rollout_staging.py.)"""
     deployed_host(TB1, TB2)
     before = {h: (_current(testbed, h), _main_pid(testbed, h)) for h in (TB1, TB2)}
     report = tmp_path / "rollout.json"
     r = subprocess.run([str(BIN / "sglang-deploy"), "rollout", str(testbed.inventory),
-                        "--limit", TB1, "--limit", TB2, "--report", str(report),
+                        "--limit", TB1, "--limit", TB2, "--report", str(report), "--no-stage",
                         "--data", f"sglang_lock={broken_lock(tmp_path)}"],
                        cwd=REPO, capture_output=True, text=True, timeout=1800)
     out = r.stdout + r.stderr
