@@ -317,7 +317,7 @@ def _error(exc: BaseException) -> str:
 
 
 def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
-    """Prepare CASE's hosts with the real deploy.py in CWD (a scratch folder: the
+    """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
     controller's caches go there); returns, per host, the facts read and the operations."""
     from sglang_deploy.shell import flagcache, groupops, hooks, outcomes, plan, routing
 
@@ -353,7 +353,7 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     plan.mark_read_only(state, bool(case.get("dry")))
     groupops.attach(state)
     routing.remember(state, {h.name: routing.settings(h, inventory) for h in inventory})
-    deploy_file = REPO / "deploy.py"
+    deploy_file = REPO / case.get("deploy_file", "deploy.py")
     code = compile(deploy_file.read_text(), str(deploy_file), "exec")
     errors = {}
     for host in inventory:  # pyinfra loads the deploy file once per host, in one State
