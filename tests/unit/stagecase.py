@@ -243,11 +243,12 @@ def describe_condition(condition, state, earlier: list[tuple[str, Any]]) -> Any:
     """An ``_if`` by what it does: a group's gate by its kind (and the group's decision);
     any other by the earlier operations of its host (EARLIER: name, meta of each that would
     change) whose change alone makes it true, or ``always`` / ``never``."""
-    if getattr(condition, "group_gate", False):
-        out = {"group_gate": condition.when}
-        if condition.rank:
+    when = getattr(condition, "when", None)
+    if getattr(condition, "group_gate", False) and when is not None:
+        out = {"group_gate": when}
+        if getattr(condition, "rank", None):
             out["rank"] = condition.rank
-        if condition.when in ("restart", "idle"):
+        if when in ("restart", "idle"):  # decided while the nodes are prepared
             out["now"] = bool(condition())
         return out
     metas = _host_metas(state)

@@ -112,3 +112,12 @@ def test_a_difference_is_shown_and_fails(tmp_path, monkeypatch):
     monkeypatch.delenv(stagecase.UPDATE_ENV, raising=False)
     with pytest.raises(pytest.fail.Exception, match=r"(?s)\+.*Folders"):
         test_stage_case(broken, tmp_path, monkeypatch)
+
+
+def test_a_fact_the_case_does_not_give_stops_the_host_naming_it(tmp_path, monkeypatch):
+    case = stagecase.load(stagecase.CASES / "first_deploy.json")
+    del case["hosts"]["fx1"]["facts"]["CudaProbe"]
+    got = stagecase.run_case(case, tmp_path, monkeypatch)
+    assert re.search(r"the stages read CudaProbe\(mib=8, p2p=True, .*\), which the case does "
+                     r"not give", got["fx1"]["error"]), got["fx1"]["error"]
+    assert got["fx1"]["operations"] == []  # the pre-flight reads it before any operation
