@@ -317,18 +317,31 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + " / ".join(line.strip() for line in lines[:6])
 
 
+def start_run(state, inventory, dry: bool) -> None:
+    """What the hooks do to a run's STATE when it starts (``hooks.install``'s ``init``), but
+    connecting and the controller's own checks of the data (lock files on disk, the locked
+    sglang's flags): the read-only mark, the groups' shared results, each host's Settings
+    resolved once. The one place to follow when the hooks change."""
+    from sglang_deploy.shell import groupops, plan, routing
+
+    plan.mark_read_only(state, dry)
+    groupops.attach(state)
+    routing.remember(state, {h.name: routing.settings(h, inventory) for h in inventory})
+
+
 def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
     controller's caches go there); returns, per host, the facts read and the operations."""
-    from sglang_deploy.shell import flagcache, groupops, hooks, outcomes, plan, routing
+    from sglang_deploy.shell import flagcache, hooks, outcomes
 
     for name in CLEARED_ENV:
         monkeypatch.delenv(name, raising=False)
     for name, value in (case.get("env") or {}).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(hooks, "_checked", True)  # the hooks' checks are the next lines'
-    monkeypatch.setattr(outcomes, "_recorder", None)
-    monkeypatch.setattr(flagcache, "_MEMORY", {})
+    # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
+    monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
+    monkeypatch.setattr(outcomes, "_recorder", None, raising=False)  # no outcome records
+    monkeypatch.setattr(flagcache, "_MEMORY", {}, raising=False)  # only this case's cache
     (cwd / "locks").symlink_to(REPO / "locks")
     for name, spec in (case.get("lock_files") or {}).items():  # a case's own lock files
         path = cwd / name
@@ -350,10 +363,7 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     inventory = Inventory(([(n, host_data(case, n)) for n in case["hosts"]], {}))
     state = State(inventory, Config())
     state.cwd = str(cwd)
-    # what the hooks do when the run starts (``hooks.install``), without connecting
-    plan.mark_read_only(state, bool(case.get("dry")))
-    groupops.attach(state)
-    routing.remember(state, {h.name: routing.settings(h, inventory) for h in inventory})
+    start_run(state, inventory, bool(case.get("dry")))
     deploy_file = REPO / case.get("deploy_file", "deploy.py")
     code = compile(deploy_file.read_text(), str(deploy_file), "exec")
     errors = {}
