@@ -36,7 +36,8 @@ RAW = REPO / "tests" / "fixtures" / "stagecases"
 #: set to 1 to rewrite every case's ``expected`` from what the stages now add
 UPDATE_ENV = "UPDATE_STAGE_CASES"
 #: the environment the stages read that a case must not inherit from the shell
-CLEARED_ENV = ("SGLANG_DEPLOY_PLAN_DIR", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_OUTCOMES",
+CLEARED_ENV = ("SGLANG_DEPLOY_PLAN_DIR", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_STAGED",
+               "SGLANG_DEPLOY_OUTCOMES",
                "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY")
 
 
@@ -338,6 +339,8 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
         monkeypatch.delenv(name, raising=False)
     for name, value in (case.get("env") or {}).items():
         monkeypatch.setenv(name, value)
+    if case.get("stage_only"):  # the rollout's staging run (``shell/staging.py``)
+        monkeypatch.setenv("SGLANG_DEPLOY_STAGE_ONLY", "1")
     # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
     monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
     monkeypatch.setattr(outcomes, "_recorder", None, raising=False)  # no outcome records
