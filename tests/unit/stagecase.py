@@ -8,8 +8,9 @@ and their ``_if`` conditions. The cases are ``tests/unit/stagecases/*.json``
 As pyinfra's own operation tests (``tests/util.py``: ``FakeHost.get_fact``) do, facts are
 answered by patching ``get_fact``; unlike them, the answer is the fact's own ``process()``
 of the raw output, so a change to a fact's parsing (or to the typed host state built
-there) is run by every case. Nothing here knows the stages' internals: facts and data in,
-operations out.
+there) is run by every case. Nothing here reads the stages' internals: data and facts in,
+operations out (``start_run`` does what the hooks do when a run starts; ``PER_RUN`` names
+the values that change from run to run).
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ RAW = REPO / "tests" / "fixtures" / "stagecases"
 UPDATE_ENV = "UPDATE_STAGE_CASES"
 #: the environment the stages read that a case must not inherit from the shell
 CLEARED_ENV = ("SGLANG_DEPLOY_PLAN_DIR", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_STAGED",
-               "SGLANG_DEPLOY_OUTCOMES",
-               "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY")
+               "SGLANG_DEPLOY_OUTCOMES", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY")
 
 
 # ------------------------------------------------------------------ inputs: data and facts
@@ -72,14 +72,11 @@ def host_data(case: dict, name: str) -> dict:
 
 
 def _pointer_set(doc: Any, pointer: str, value: Any) -> None:
-    """Set the RFC 6901 JSON POINTER of DOC to VALUE (``null`` deletes a key)."""
+    """Set the RFC 6901 JSON POINTER of DOC to VALUE (missing objects on the way made)."""
     parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.lstrip("/").split("/")]
     for part in parts[:-1]:
         doc = doc[int(part)] if isinstance(doc, list) else doc.setdefault(part, {})
-    if value is None and isinstance(doc, dict):
-        doc.pop(parts[-1], None)
-    else:
-        doc[parts[-1]] = value
+    doc[int(parts[-1]) if isinstance(doc, list) else parts[-1]] = value
 
 
 def resolve_raw(value: Any) -> Any:
