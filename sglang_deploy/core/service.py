@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import lockfile
 from sglang_deploy.core.errors import RollbackError
+from sglang_deploy.core.hoststate import HostState, ServiceState
 
 SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
@@ -24,8 +26,19 @@ HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
 TOOLS = ("patch.py", "patch_tool.py", "launch.py", "hoststate.py", "model_fetch.py",
          "jit_check.py", "progress_watch.py", "release_smoke.py", "rendezvous.py",
          "allreduce_check.py")
-#: what, having changed in this run, restarts the server (besides the unit and the secrets)
-RESTART_TRIGGERS = ("release", "patch", "model")
+
+
+class Trigger(StrEnum):
+    """An operation that, having changed in this run, restarts the server (besides the unit
+    and the secrets); its value is the restart reason's name. The stages keep these
+    operations under these keys (``stages.StageOps.triggers``), so a name cannot differ."""
+
+    RELEASE = "release"
+    PATCH = "patch"
+    MODEL = "model"
+
+
+RESTART_TRIGGERS = tuple(Trigger)
 
 
 def sha256_text(text: str) -> str:
@@ -212,15 +225,15 @@ def restart_reasons(*, unit_text: str, unit_sha256: str | None, secrets_text: st
         reasons.append("unit")
     if sha256_text(secrets_text) != secrets_sha256:
         reasons.append("secrets")
-    reasons += [k for k in RESTART_TRIGGERS if k in set(changing)]
+    reasons += [k.value for k in RESTART_TRIGGERS if k in set(changing)]
     return reasons
 
 
-def runs_unverified(service: Mapping[str, Any], last_verified: Mapping[str, Any] | None,
+def runs_unverified(service: ServiceState, last_verified: Mapping[str, Any] | None,
                     will_start: bool) -> bool:
     """Does the unit run an invocation that no deploy verified (started at boot, by hand, or
     by a deploy that stopped half-way)? A unit this run starts is not such a server."""
-    invocation = service.get("InvocationID")
+    invocation = service.invocation_id
     return bool(invocation) and not will_start and \
         invocation != (last_verified or {}).get("invocation")
 
@@ -282,10 +295,10 @@ class RollbackPlan:
 NO_KNOWN_GOOD = "no-known-good"
 
 
-def rollback_plan(host_name: str, hoststate: Mapping[str, Any], root: str) -> RollbackPlan:
+def rollback_plan(host_name: str, hoststate: HostState, root: str) -> RollbackPlan:
     """What a rollback does on a host, from its state (raises RollbackError when there is
     nothing to roll back to)."""
-    kg = hoststate.get("known_good")
+    kg = hoststate.releases.known_good
     if not kg:
         raise RollbackError(
             what=f"a known-good configuration on {host_name} ({root}/known-good/)",
@@ -294,18 +307,17 @@ def rollback_plan(host_name: str, hoststate: Mapping[str, Any], root: str) -> Ro
                 "(`pyinfra INVENTORY deploy.py --limit HOST`)",
             details={"reason": NO_KNOWN_GOOD})
     params = kg["record"]
-    if not (hoststate["releases"].get(params["release"]) or {}).get("complete"):
+    if not hoststate.releases.complete(params["release"]):
         raise RollbackError(
             what=f"the known-good release {params['release']} installed on {host_name}",
             found="its venv is missing or incomplete",
             fix="deploy with the lock of that release, or deploy the current one after fixing it")
     restore = []
-    if hoststate.get("unit_sha256") != kg.get("unit_sha256"):
+    if hoststate.unit_sha256 != kg.get("unit_sha256"):
         restore.append("unit")
-    if hoststate.get("secrets_sha256") != kg.get("secrets_sha256"):
+    if hoststate.secrets_sha256 != kg.get("secrets_sha256"):
         restore.append("secrets" if kg.get("secrets_sha256") else "no-secrets")
-    if hoststate.get("current") != params["release"]:
+    if hoststate.releases.current != params["release"]:
         restore.append("current")
-    svc = hoststate["service"]
-    serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
-    return RollbackPlan(params=params, restore=tuple(restore), restart=bool(restore) or not serving)
+    return RollbackPlan(params=params, restore=tuple(restore),
+                        restart=bool(restore) or not hoststate.service.serving)

@@ -117,4 +117,4 @@ def record(state, host, ctx, serving: dict | None, extra: dict | None = None) ->
     """Record the host's drift and state (``ServingProbe``: SERVING); EXTRA: more fields (a
     group's node: ``groupops.group_fields``)."""
     _write(host.name, {"host": host.name, "preflight": "pass", "changes": changes(state, host),
-                       **status_fields(ctx.hoststate, serving, ctx.release_id), **(extra or {})})
+                       **status_fields(ctx.hoststate.raw, serving, ctx.release_id), **(extra or {})})

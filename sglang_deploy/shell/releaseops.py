@@ -261,7 +261,7 @@ def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
 
     .. code:: python
 
-        releases_pruned(root="/opt/sglang", releases=hs["releases"], keep=3,
+        releases_pruned(root="/opt/sglang", releases=hs.releases.metas(), keep=3,
                         protected={"3f2a...", "9be1..."})
     """
     doomed = releases_to_prune(releases, keep, protected)
