@@ -9,7 +9,7 @@ Nothing here talks to a host or to pyinfra.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
@@ -31,7 +31,7 @@ TOOLS = ("patch.py", "patch_tool.py", "launch.py", "hoststate.py", "model_fetch.
 class Trigger(StrEnum):
     """An operation that, having changed in this run, restarts the server (besides the unit
     and the secrets); its value is the restart reason's name. The stages keep these
-    operations under these keys (``stages.StageOps.triggers``), so a name cannot differ."""
+    operations under these keys (``StageOps.triggers``), so a name cannot differ."""
 
     RELEASE = "release"
     PATCH = "patch"
@@ -39,6 +39,24 @@ class Trigger(StrEnum):
 
 
 RESTART_TRIGGERS = tuple(Trigger)
+
+
+@dataclass
+class StageOps:
+    """The operations one stage adds and a later one reads (pyinfra's ``OperationMeta``, kept
+    opaque here; None: not added on this host): ``stages.Context.ops``. The restart triggers
+    are keyed by ``Trigger``, the names ``restart_reasons`` gives, so the two cannot differ."""
+
+    triggers: dict[Trigger, Any] = field(default_factory=dict)  # release, patch, model
+    unit: Any = None
+    secrets: Any = None
+    link: Any = None
+    started: Any = None
+    restarted: Any = None
+
+    def changing(self) -> list[Trigger]:
+        """The triggers whose operation will change the host in this run."""
+        return [t for t, op in self.triggers.items() if op is not None and op.will_change]
 
 
 def sha256_text(text: str) -> str:

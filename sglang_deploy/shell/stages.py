@@ -13,7 +13,6 @@ import json
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import deploy
@@ -25,7 +24,7 @@ from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
-from sglang_deploy.core.service import Layout, Trigger
+from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, groupops, groupstage, lockfiles, outcomes
@@ -41,24 +40,6 @@ from sglang_deploy.shell.facts import (
     read_host_state,
 )
 from sglang_deploy.shell.verified import verify_and_record
-
-
-@dataclass
-class StageOps:
-    """The operations one stage adds and a later one reads (pyinfra's ``OperationMeta``; None:
-    not added on this host). The restart triggers are keyed by ``service.Trigger``, the very
-    names ``service.restart_reasons`` gives, so the two cannot differ."""
-
-    triggers: dict[Trigger, Any] = field(default_factory=dict)  # release, patch, model
-    unit: Any = None
-    secrets: Any = None
-    link: Any = None
-    started: Any = None
-    restarted: Any = None
-
-    def changing(self) -> list[Trigger]:
-        """The triggers whose operation will change the host in this run."""
-        return [t for t, op in self.triggers.items() if op is not None and op.will_change]
 
 
 @dataclass

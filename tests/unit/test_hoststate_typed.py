@@ -15,10 +15,9 @@ from pyinfra.facts.files import Directory, File, Sha256File
 
 from sglang_deploy.core import service
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
-from sglang_deploy.core.service import Trigger
+from sglang_deploy.core.service import StageOps, Trigger
 from sglang_deploy.shell import facts, operations
 from sglang_deploy.shell.facts import HostSnapshot, SglangHostState, Snapshot
-from sglang_deploy.shell.stages import StageOps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hoststate"
 
