@@ -274,10 +274,42 @@ def known_path(host, path: str) -> PathState | None | object:
     return UNREAD
 
 
+def known_state(host, **match) -> HostState | None:
+    """The state of the latest host-state read of HOST's run made with the options MATCH
+    (``root=R``, ``secrets=F``, ``cache=D``: what its answers are about), else None."""
+    for kwargs, hs in _states(host):
+        if all(kwargs.get(k) == v for k, v in match.items()):
+            return hs
+    return None
+
+
 def known_secrets_sha256(host, path: str) -> str | None | object:
     """The sha256 of the secrets file PATH (None: absent) as a host-state read of HOST's run
     found it (read with ``secrets=PATH``), or ``UNREAD``."""
-    for kwargs, hs in _states(host):
-        if kwargs.get("secrets") == path:
-            return hs.secrets_sha256
-    return UNREAD
+    hs = known_state(host, secrets=path)
+    return UNREAD if hs is None else hs.secrets_sha256
+
+
+class UvVersion(FactBase):
+    """The version of ``VENV/bin/uv`` (``uv --version``), None when absent or failing: what
+    ``tool_venv`` compares when no host-state read of the run covered that venv's root."""
+
+    def command(self, venv: str) -> str:
+        uv = shlex.quote(f"{venv}/bin/uv")
+        return f"if test -x {uv}; then {uv} --version 2>/dev/null; fi; true"
+
+    def process(self, output: list[str]) -> str | None:
+        words = " ".join(output).split()
+        return words[1] if len(words) > 1 else None
+
+
+class FileCount(FactBase):
+    """How many entries other than folders a folder holds, at any depth (0: absent or empty):
+    what ``cache_seeded`` compares when no host-state read of the run counted that folder."""
+
+    def command(self, path: str) -> str:
+        return f"find {shlex.quote(path)} ! -type d 2>/dev/null | wc -l; true"
+
+    def process(self, output: list[str]) -> int:
+        text = " ".join(output).strip()
+        return int(text) if text.isdigit() else 0

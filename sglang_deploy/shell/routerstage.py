@@ -123,14 +123,12 @@ def _release(s, hs: HostState, tools: list, release_id: str, version: str, lock_
     ops.files_content(name=f"Router tools ({', '.join(TOOLS)})", mode="755", sources=tools)
     releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the router's tool venv", root=root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
-                  present_version=hs.uv_version, wheelhouse=s.sglang_wheelhouse,
-                  index_url=s.sglang_index_url)
+                  wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url)
     ops.file_content(name=f"Lock of router release {release_id}", src=StringIO(lock_text),
                      dest=f"{rel}/requirements.lock", mode="644")
     release = releaseops.release_venv(
         name=f"Router release {release_id} (smg {version})", root=root, release_id=release_id,
         python=s.sglang_system_python, lock_path=f"{rel}/requirements.lock",
-        complete=hs.releases.complete(release_id),
         wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url,
         uv_cache=f"{root}/uv-cache", packages=progressmod.lock_packages(lock_text),
         meta={"smg_version": version, "lock": s.router_lock})

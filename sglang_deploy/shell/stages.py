@@ -200,15 +200,13 @@ def runtime_stage(ctx: Context):
                     dirs=lay.folders())
     if s.sglang_cache_seed:
         releaseops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
-                         cache_dir=s.sglang_cache_dir, user=s.sglang_user,
-                         present_files=hs.cache_files or 0)
+                         cache_dir=s.sglang_cache_dir, user=s.sglang_user)
     ops.files_content(name=f"Tools ({', '.join(service.TOOLS)})", mode="755",
                       sources=[(str(Path(patchmod.__file__) if t == "patch.py" else REMOTE / t),
                                 lay.tool(t)) for t in service.TOOLS])
     releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
-                  present_version=hs.uv_version, wheelhouse=s.sglang_wheelhouse,
-                  index_url=s.sglang_index_url)
+                  wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url)
 
     put_p2p_record(ctx)
     rel = hs.releases.get(ctx.release_id)
@@ -219,8 +217,7 @@ def runtime_stage(ctx: Context):
     ctx.ops.triggers[Trigger.RELEASE] = releaseops.release_venv(
         name=f"Release {ctx.release_id} (sglang {ctx.sglang_version})", root=s.sglang_root,
         release_id=ctx.release_id, python=s.sglang_system_python, lock_path=lock_path,
-        complete=rel is not None and rel.complete, wheelhouse=s.sglang_wheelhouse,
-        index_url=s.sglang_index_url, uv_cache=lay.uv_cache,
+        wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url, uv_cache=lay.uv_cache,
         packages=progressmod.lock_packages(ctx.lock_text),
         meta={"sglang_version": ctx.sglang_version, "lock": s.sglang_lock,
               "python": hs.platform.python},

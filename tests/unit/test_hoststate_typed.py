@@ -215,3 +215,37 @@ def test_path_state_wire_form_round_trips():
                  {"kind": "link", "user": "root", "group": "root", "mode": "777", "target": "/x"}):
         assert PathState.from_json(wire).as_json() == wire
     assert PathState.from_json(None) is None
+
+
+def test_the_release_operations_compare_with_the_read_of_their_root_else_their_own_fact():
+    from sglang_deploy.shell import releaseops
+    from sglang_deploy.shell.facts import FileCount, UvVersion
+
+    src = raw("deployed")
+    fake, hs = _snapshot_host({UvVersion: "0.0.1", File: None, FileCount: 3})
+    facts.read_host_state(fake, SglangHostState, root="/opt/sglang", cache="/var/cache/sglang")
+    fake.asked.clear()
+    with ctx_host.use(fake):
+        assert _run(releaseops.tool_venv, root="/opt/sglang", python="/usr/bin/python3",
+                    uv_version=src["uv_version"]) == []
+        assert _run(releaseops.release_venv, root="/opt/sglang", release_id=src["current"],
+                    python="/usr/bin/python3", lock_path="/x.lock") == []
+        assert _run(releaseops.cache_seeded, seed="s.tar.gz", cache_dir="/var/cache/sglang",
+                    user="sglang") == []
+        assert fake.asked == []  # all three answered by the read
+        # another root (a router's): each asks its own fact, and acts on what it says
+        assert _run(releaseops.tool_venv, root="/opt/smg", python="/usr/bin/python3",
+                    uv_version=src["uv_version"])
+        assert _run(releaseops.cache_seeded, seed="s.tar.gz", cache_dir="/var/cache/other",
+                    user="sglang") == []  # FileCount: 3 files there, not seeded
+    assert fake.asked == [("UvVersion", None), ("FileCount", "/var/cache/other")]
+    assert fake.noops[-1] == "/var/cache/other already holds 3 files: not seeded"
+    assert hs.cache_files == src["cache_files"]
+
+
+@pytest.mark.parametrize("fact, output, want", [
+    ("UvVersion", ["uv 0.9.5"], "0.9.5"), ("UvVersion", [], None),
+    ("FileCount", ["12"], 12), ("FileCount", [""], 0),
+])
+def test_the_fallback_facts_parse_their_output(fact, output, want):
+    assert getattr(facts, fact)().process(output) == want
