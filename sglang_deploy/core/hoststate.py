@@ -15,9 +15,10 @@ Three meanings of "running" are told apart by name (``ServiceState``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 
 def _text(value) -> str | None:

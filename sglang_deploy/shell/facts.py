@@ -1,7 +1,9 @@
 """pyinfra facts: fetch raw host state in as few round trips as possible (no decisions here).
 
 Each fact asks for machine-readable output; the parsing and every decision live in the pure
-modules (``nvsmi``, ``preflight``, ``logparse``...).
+modules (``nvsmi``, ``preflight``, ``logparse``...). The host-state read is typed once by its
+fact (``core.hoststate.HostState.from_json``) and kept for the rest of the host's run
+(``read_host_state``), where the operations find what they compare (``known_path``).
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ from pyinfra.operations import python, server
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import DataError, RouterError
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.unit import render_secrets_env
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell import outcomes, releaseops, routing, stages
-from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.shell.facts import REMOTE, SglangHostState, read_host_state, stdin_script
 
 SECRETS_DIR = "/etc/smg"
