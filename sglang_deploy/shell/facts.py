@@ -246,8 +246,9 @@ def read_host_state(host, fact: type[FactBase], **kwargs):
     are kept on the Host object, which lives as long as its pyinfra State; the operations
     that compare a path or the secrets with the host find them there (``known_path``)."""
     reads = getattr(host, _READS, None)
-    if reads is None or reads[0] is not host.state:
-        reads = (host.state, {})
+    run = getattr(host, "state", None)  # the Host's pyinfra State: its run
+    if reads is None or reads[0] is not run:
+        reads = (run, {})
         setattr(host, _READS, reads)
     key = (fact.__name__, json.dumps(kwargs, sort_keys=True, default=str))
     if key not in reads[1]:
@@ -258,7 +259,7 @@ def read_host_state(host, fact: type[FactBase], **kwargs):
 def _states(host):
     """(kwargs, HostState) of every host-state read of HOST's run, the latest first."""
     reads = getattr(host, _READS, None)
-    if reads is None or reads[0] is not host.state:
+    if reads is None or reads[0] is not getattr(host, "state", None):
         return []
     found = [(kw, v.state if isinstance(v, Snapshot) else v) for kw, v in reads[1].values()]
     return [(kw, hs) for kw, hs in reversed(found) if isinstance(hs, HostState)]
