@@ -249,3 +249,19 @@ def test_the_release_operations_compare_with_the_read_of_their_root_else_their_o
 ])
 def test_the_fallback_facts_parse_their_output(fact, output, want):
     assert getattr(facts, fact)().process(output) == want
+
+
+def test_the_snapshot_fact_types_a_real_snapshot_once():
+    """The pre-flight's one round trip as a testbed host answered it (snapshot-hs3.txt):
+    the host-state part typed, the GPU sections kept, the open test moved to its section."""
+    lines = (FIXTURES / "snapshot-hs3.txt").read_text().splitlines()
+    snap = HostSnapshot().process(lines)
+    assert isinstance(snap.state, HostState) and snap.state.service.serving
+    assert set(snap.gpu) == {"query-gpu.csv", "topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt",
+                             "dev-nvidia.txt", "dev-open.txt"}
+    assert all(section["rc"] == 0 for section in snap.gpu.values())
+    # (the testbed's nodes: no driver instance answers the open, ENXIO)
+    assert "dev_open" not in snap.state.raw
+    assert "/dev/nvidia0 ENXIO" in snap.gpu["dev-open.txt"]["out"]
+    assert snap.output.strip().splitlines()[-1].startswith("{")
+    assert snap.state.paths["/opt/sglang/current"].kind == "link"
