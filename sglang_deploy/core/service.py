@@ -155,7 +155,9 @@ class Layout:
         ]
 
     def state_paths(self, release_id: str) -> tuple[str, ...]:
-        """Folders and files whose state the host-state read reports in its one round trip."""
+        """Folders and files whose state the host-state read reports in its one round trip. A
+        managed path left out is still compared (the operations then ask pyinfra's per-path
+        facts), at a round trip more per path: list every path the stages manage here."""
         return (*(p for p, _, _ in self.folders()), *(self.tool(t) for t in TOOLS),
                 self.release_lock(release_id), self.unit_file, self.current, self.p2p_record)
 
