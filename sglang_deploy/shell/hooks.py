@@ -45,18 +45,19 @@ def _pyinfra_warning(text: str) -> None:
     logger.warning(f"sglang-deploy: {text}")
 
 
-def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
-                       ) -> dict[str, datamod.Settings]:
+def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
+                       fleet: routing.Fleet | None = None) -> dict[str, datamod.Settings]:
     """Resolve every host's data (a routed fleet's workers as ``routing.settings`` gives
     them), check that its lock file exists on the controller and, for a server, that the lock
     pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
     sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
     here); raise the first ``DataError``, naming the host. Returns each host's Settings
-    (host name -> Settings): the run resolves them once, here."""
+    (host name -> Settings): the run resolves them once, here (in FLEET: the run's)."""
     resolved: dict[str, datamod.Settings] = {}
+    fleet = fleet if fleet is not None else routing.fleet_of(inventory)
     for each in inventory:
         try:
-            settings = routing.settings(each, inventory)
+            settings = fleet.settings(each.name)
             key = "router_lock" if routing.is_router(each) else "sglang_lock"
             lock = Path(cwd or ".") / getattr(settings, key)
             if not lock.is_file():
@@ -83,14 +84,15 @@ PARTIAL_GROUP_ENV = "SGLANG_DEPLOY_PARTIAL_GROUP"
 
 
 def check_group_selection(inventory, resolved: dict[str, datamod.Settings],
-                          initial_limit) -> None:
+                          initial_limit, fleet: routing.Fleet | None = None) -> None:
     """A ``--limit`` that names part of a multi-node group is refused before any connection
     (its nodes start and stop as one), unless PARTIAL_GROUP_ENV says so on purpose."""
     if initial_limit is None or not any(s.sglang_group for s in resolved.values()):
         return
     from sglang_deploy.core import group
 
-    group.check_limit(routing.groups(inventory), [h.name for h in initial_limit],
+    groups = (fleet if fleet is not None else routing.fleet_of(inventory)).groups
+    group.check_limit(groups, [h.name for h in initial_limit],
                       allow_partial=os.environ.get(PARTIAL_GROUP_ENV) == "1")
 
 
@@ -128,8 +130,8 @@ def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_
 
 
 class ReleaseGroupRuns(BaseStateCallback):
-    """The run's ``groupops.GroupRuns`` (attached to the state when it starts) released once
-    its last connected host disconnects: nothing of a group outlives its run."""
+    """What the run shares (``attach_run``: its ``Fleet`` and ``groupops.GroupRuns``)
+    released once its last connected host disconnects: nothing outlives its run."""
 
     def __init__(self) -> None:
         self.connected: set[str] = set()
@@ -140,7 +142,20 @@ class ReleaseGroupRuns(BaseStateCallback):
     def host_disconnect(self, state, host):  # type: ignore[override]
         self.connected.discard(host.name)
         if not self.connected:
-            groupops.release(state)
+            release_run(state)
+
+
+def attach_run(state, fleet: routing.Fleet) -> None:
+    """What one pyinfra run shares, attached to its STATE (released by ``release_run``): the
+    ``Fleet`` (every host's Settings and the groups, built once) and the groups' results."""
+    routing.attach(state, fleet)
+    groupops.attach(state)
+
+
+def release_run(state) -> None:
+    """Drop what ``attach_run`` attached (the run ended)."""
+    groupops.release(state)
+    routing.release(state)
 
 
 def cli_params() -> dict:
@@ -370,13 +385,13 @@ def _check_input(state, inventory, initial_limit) -> None:
 
     try:
         check_selection(inventory, initial_limit, cli_params(), state.cwd)
-        # each host's Settings, resolved once here, are what the stages read
-        resolved = validate_inventory(inventory, state.cwd)
-        check_group_selection(inventory, resolved, initial_limit)
+        # one Fleet per run: each host's Settings, resolved once here, what the stages read
+        fleet = routing.fleet_of(inventory)
+        resolved = validate_inventory(inventory, state.cwd, fleet=fleet)
+        check_group_selection(inventory, resolved, initial_limit, fleet)
         check_group_modes(inventory, resolved, initial_limit, cli_params(),
                           state.config.PARALLEL or len(list(inventory)))
-        groupops.attach(state)  # the groups' shared results in this run (released at its end)
-        routing.remember(state, resolved)
+        attach_run(state, fleet)  # released at the run's end
     except errors.SglangDeployError as exc:
         if not inputerror.is_input_error(exc):
             raise
