@@ -100,10 +100,9 @@ def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_
                       params: dict, parallel: int) -> None:
     """Refuse, before any connection, a pyinfra mode that splits a multi-node group of the
     selection: ``--serial`` and ``--no-wait`` run one host's operations without waiting for
-    the others (its nodes rendezvous, stop, start and are verified one operation at a time,
-    on every node). The group's all-reduce check (``gpu_allreduce_check``) joins every node
-    in one operation: it also needs every active host in pyinfra's pool at once (PARALLEL,
-    ``--parallel N``)."""
+    the others (its nodes rendezvous, stop, all-reduce, start and are verified one operation
+    at a time, on every node). Any pool size works (PARALLEL, ``--parallel N``): no
+    operation of a group waits for another host's."""
     selected = [h.name for h in (initial_limit if initial_limit is not None else inventory)]
     nodes = [n for n in selected if resolved.get(n) and resolved[n].sglang_group]
     if not nodes:
@@ -119,14 +118,6 @@ def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_
                       "one operation at a time on every node; nothing was run",
                 fix=f"drop {flag} (any `--parallel N` works), or `--exclude` the group's nodes "
                     "to run the other hosts that way")
-    if any(resolved[n].gpu_allreduce_check for n in nodes) and parallel < len(selected):
-        raise UsageError(
-            what="every active host in pyinfra's pool at once for a group's all-reduce check "
-                 f"(`gpu_allreduce_check`, group {group}): its nodes all-reduce in one operation",
-            found=f"a pool of {parallel} for {len(selected)} host(s) (`--parallel`, or 20 x "
-                  "CPUs); nothing was run",
-            fix=f"run with `--parallel {len(selected)}`, `--limit` the group's nodes, or set "
-                "`gpu_allreduce_check = false` for this run")
 
 
 class ReleaseGroupRuns(BaseStateCallback):

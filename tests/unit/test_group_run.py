@@ -209,14 +209,14 @@ def test_modes_that_split_a_group_are_refused_before_connecting(tmp_path, flag):
     assert "Connecting to hosts" not in r.both
 
 
-def test_the_groups_allreduce_check_needs_the_whole_selection_in_the_pool():
-    resolved = {h: SimpleNamespace(sglang_group="g1", gpu_allreduce_check=True) for h in "ab"}
+def test_any_pool_size_works_for_a_group_its_all_reduce_check_included():
     inventory = [SimpleNamespace(name=h) for h in "abc"]
-    with pytest.raises(Exception, match="a pool of 1 for 3 host"):
-        hooks.check_group_modes(inventory, resolved, None, {}, 1)
-    hooks.check_group_modes(inventory, resolved, None, {}, 3)
-    off = {h: SimpleNamespace(sglang_group="g1", gpu_allreduce_check=False) for h in "ab"}
-    hooks.check_group_modes(inventory, off, None, {"parallel": 1}, 1)   # any pool: no wait
+    for check in (True, False):
+        resolved = {h: SimpleNamespace(sglang_group="g1", gpu_allreduce_check=check)
+                    for h in "ab"}
+        hooks.check_group_modes(inventory, resolved, None, {"parallel": 1}, 1)   # no wait
+    with pytest.raises(Exception, match="no --serial"):
+        hooks.check_group_modes(inventory, resolved, None, {"serial": True}, 1)
 
 
 def test_the_rendezvous_tool_writes_its_result_whole_to_a_file(tmp_path):
