@@ -106,16 +106,6 @@ class Fleet:
         return [(h.name, self.raw(h.name)) for h in self.inventory if is_router(h)]
 
 
-def raw_data(host, inventory) -> dict:
-    """HOST's data as the deploy uses it (``Fleet.raw``), outside a run."""
-    return Fleet(inventory).raw(host.name)
-
-
-def host_group(host, inventory) -> group.Group | None:
-    """The multi-node group HOST is a node of (``Fleet.group_of``), outside a run."""
-    return Fleet(inventory).group_of(host.name)
-
-
 def router_workers(fleet: Fleet) -> list[tuple[str, dict]]:
     """The hosts a router lists: every serving host but a group's nodes of rank >= 1 (only
     rank 0 of a group serves HTTP)."""
