@@ -236,3 +236,31 @@ def test_own_changes_the_decision_does_not_see_stop_the_deploy(monkeypatch):
         from sglang_deploy.shell import groupstage
         with pytest.raises(RuntimeSetupError, match="no restart"):
             groupstage.decided(ctx, ["release"], stages.peer_unit)
+
+
+def test_a_rollback_decides_the_same_on_every_node_from_every_nodes_state(monkeypatch):
+    """n1 runs another unit than its known-good one: the group goes back as one, decided
+    the same on n0 (nothing of its own to restore), each node's state read once."""
+    state, _ = _state(monkeypatch, changed=None)
+    kg = {"record": {"release": "rel0"}, "unit_sha256": "u0", "secrets_sha256": None}
+    hs = {n: {"known_good": kg, "releases": {"rel0": {"complete": True}}, "current": "rel0",
+              "unit_sha256": "u0" if n == "n0" else "u-new", "secrets_sha256": None,
+              "service": {"ActiveState": "active", "SubState": "running"}}
+          for n in ("n0", "n1")}
+    reads = collections.Counter()
+
+    def get_fact(self, cls, *a, **k):
+        reads[self.name, cls.__name__] += 1
+        return copy.deepcopy(hs[self.name])
+
+    monkeypatch.setattr(Host, "get_fact", get_fact)
+    g = routing.fleet_of_state(state).group("g1")
+    decisions = []
+    for name in ("n1", "n0"):
+        with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
+            decisions.append(groupprep.decide_rollback(state, g))
+    assert decisions[0] == decisions[1]
+    decision, cards = decisions[0]
+    assert decision.restart and decision.texts() == ["n1: known-good restored"]
+    assert {c["release"] for c in cards.values()} == {"rel0"}
+    assert reads == {("n0", "SglangHostState"): 1, ("n1", "SglangHostState"): 1}
