@@ -142,7 +142,7 @@ def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool
     seen: dict[str, list[str]] = collections.defaultdict(list)
 
     def checks(ctx, unit_text, reasons, gate=None):
-        seen[ctx.group.members()[0] and _host_name()].append(f"checks {gate['_if']!r}")
+        seen[_host_name()].append(f"checks {gate['_if']!r}")
         return real_checks(ctx, unit_text, reasons, gate)
 
     real_checks = staging.checks_before_start
@@ -160,7 +160,7 @@ def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool
     ops = {}
     for name in ("n0", "n1"):
         h = state.inventory.get_host(name)
-        ops[name] = [(sorted(state.get_op_meta(o).names)[0],
+        ops[name] = [(min(state.get_op_meta(o).names),
                       repr(state.ops[h][o].global_arguments.get("_if")))
                      for o in state.get_op_order() if o in state.ops[h]]
     return state, ops, seen, facts
@@ -222,18 +222,19 @@ def test_a_converged_group_adds_no_restart_on_any_node(monkeypatch, order):
 def test_a_peer_that_is_not_connected_fails_the_node_with_the_fix(monkeypatch):
     state, _ = _state(monkeypatch, changed=None)
     state.inventory.get_host("n1").connected = False
-    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")):
-        with pytest.raises(GroupPreflightError, match="n1 is not connected") as exc:
-            groupprep.decide(state, routing.fleet_of_state(state).group("g1"), RELEASE,
-                             stages.peer_unit)
+    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")), \
+            pytest.raises(GroupPreflightError, match="n1 is not connected") as exc:
+        groupprep.decide(state, routing.fleet_of_state(state).group("g1"), RELEASE,
+                         stages.peer_unit)
     assert "--exclude" in exc.value.fix
 
 
 def test_own_changes_the_decision_does_not_see_stop_the_deploy(monkeypatch):
     state, _ = _state(monkeypatch, changed=None)
+    from sglang_deploy.shell import groupstage
+
     with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")):
         ctx = _context(state, "n0")
-        from sglang_deploy.shell import groupstage
         with pytest.raises(RuntimeSetupError, match="no restart"):
             groupstage.decided(ctx, ["release"], stages.peer_unit)
 
