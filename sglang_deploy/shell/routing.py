@@ -37,9 +37,12 @@ class Fleet:
         self._settings: dict[str, datamod.Settings] = dict(resolved or {})
         self._group: dict[str, group.Group] = {}
         self._groups: dict[str, group.Group] | None = None
+        self._hosts: dict | None = None
 
     def host(self, name: str):
-        return self.inventory.get_host(name)
+        if self._hosts is None:  # any iterable of hosts (pyinfra's Inventory is one)
+            self._hosts = {h.name: h for h in self.inventory}
+        return self._hosts[name]
 
     @property
     def routed(self) -> bool:
