@@ -352,19 +352,6 @@ def _fleet(run: RunStart) -> None:
         routing.remember(run.state, run.settings or {})
 
 
-def attach_run(state, fleet: routing.Fleet) -> None:
-    """What one pyinfra run shares about its hosts, attached to its STATE (released by
-    ``release_run``): the ``Fleet`` and the groups' results (``groupops.GroupRuns``)."""
-    routing.attach(state, fleet)
-    groupops.attach(state)
-
-
-def release_run(state) -> None:
-    """Drop what ``attach_run`` attached (the run ended)."""
-    groupops.release(state)
-    routing.release(state)
-
-
 #: the per-run objects of a pyinfra run, in order (``integration.PerRun``)
 PER_RUN = (
     PerRun("read-only", _read_only, checked=False),

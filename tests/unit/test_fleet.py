@@ -45,8 +45,12 @@ def test_one_fleet_per_run_resolves_each_host_once_and_plans_each_group_once(mon
     monkeypatch.setattr(group, "plan", plan)
     inventory = _inventory()
     state = State(inventory, Config())
-    fleet = routing.fleet_of(inventory)
-    hooks.attach_run(state, fleet)           # as the hooks do before any connection
+    fleet = routing.fleet_of(inventory)      # as hooks.check_run does before connecting
+    run = SimpleNamespace(state=state, settings={})
+    routing.attach(state, fleet)
+    for each in hooks.PER_RUN:               # the run's per-run objects, as at its start
+        if each.name in ("group runs", "fleet"):
+            each.attach(run)
     for _ in range(3):                       # every stage of every host reads it, often
         for h in inventory:
             s = routing.settings_of(h, state)
@@ -60,7 +64,9 @@ def test_one_fleet_per_run_resolves_each_host_once_and_plans_each_group_once(mon
         ("resolve", f"10.0.0.{i}"): 1 for i in (10, 11, 12, 2)}
     assert counts["plan", ("n0", "n1")] == 1   # the group, planned once for the run
     assert routing.settings_of(SimpleNamespace(name="n1"), state).sglang_flags["node-rank"] == 1
-    hooks.release_run(state)                 # the run ended: nothing of it stays
+    for each in hooks.PER_RUN:               # the run ended: nothing of it stays
+        if each.release is not None:
+            each.release(state)
     assert not hasattr(state, routing.FLEET_ATTR) and not hasattr(state, groupops._ATTR)
 
 
