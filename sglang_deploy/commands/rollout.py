@@ -124,11 +124,11 @@ class Rollout(RolloutSteps):
         # the inventory is loaded and every host's data resolved once, here, --data included
         chosen = self.selection = hostsel.select(self.inventory, self.limit, self.data,
                                                  cwd=self.cwd)
-        fleet = routing.fleet_of(chosen.inventory)
+        fleet = routing.fleet_of(chosen.inventory, chosen.settings)  # one Fleet, planned once
         serving = {name for name, _ in fleet.workers}
         order = plan_order([h for h in chosen.all_hosts if h in serving], self.canary,
                            [h for h in chosen.hosts if h in serving] if self.limit else None)
-        planned = routing.groups(chosen.inventory)
+        planned = fleet.groups
         self.units = groupmod.units(planned)
         if self.limit:  # a multi-node group is rolled whole (its nodes start as one)
             groupmod.check_limit(planned, order)

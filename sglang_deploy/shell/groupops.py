@@ -3,23 +3,22 @@ the verification as one, with fail-fast (the shell around ``core.group``).
 
 pyinfra prepares every host's operations first, then runs operation N on every host (in a
 pool of ``config.PARALLEL`` greenlets: ``--parallel N`` runs them N at a time) and only then
-N+1. So every node of a group adds the SAME operations (each gated by the group's decision,
-``Gate``), and no operation ever waits for another host's operation, which may not be
+N+1. So every node of a group adds the SAME operations, and no operation ever waits for another host's operation, which may not be
 running (pool full): a wait is only ever on a host-side process that an EARLIER operation
 started on every node (the barrier between operations guarantees they all started).
 
-What one run knows of a group lives in one ``GroupRun`` per group, in the ``GroupRuns``
+The group's decision (does it restart, and why) is made while the nodes are prepared, by
+every node from every node's facts (``groupprep``, ``core.groupdecision``): every node adds
+the same operations, their conditions static (``Decided``). What the nodes share during the
+run are execute-time results only, in one ``GroupRun`` per group, in the ``GroupRuns``
 attached to the pyinfra ``State`` (``attach``: by the hooks, released at the run's end):
 
-- while preparing, each node registers what would (re)start it (a new release, new flags,
-  a stopped unit...), its card (release, flags hash, driver) and whether it runs; the gates
-  read the group's decision (``restarting``: any node wants it) when they execute, after
-  every host was prepared;
 - the group pre-flight, three operations: ``rendezvous_started`` starts the rendezvous tool
   in the background on every node (rank 0 listens, the others connect, each with its own
   deadline, its result in a file), ``rendezvous_collect`` waits for this node's result on
-  its own host, ``rendezvous_judge`` judges every node's result (``core.group.
-  judge_rendezvous``) and fails every node before any server of the group stops;
+  its own host, ``rendezvous_judge`` judges every node's result with every node's card
+  (``core.group.judge_rendezvous``) and fails every node before any server of the group
+  stops;
 - the restart (``group_service``): every node's unit stopped, then every node's started;
 - the verification, three operations: the workers (rank >= 1: their /health), then rank 0
   (it serves), each on its own host, a failure recorded and the node's unit stopped but not
@@ -27,10 +26,9 @@ attached to the pyinfra ``State`` (``attach``: by the hooks, released at the run
   ``group_ready`` on every node: the group is ready when every node was verified (each
   keeps its record), else every node stops and fails, naming the node that failed and why.
 
-A converged group registers no reason: every gated operation is skipped, nothing restarts.
-(``--dry`` shows the gated operations as conditional on a group's nodes: whether they run
-depends on the other nodes; ``plan.changes`` leaves them out of the drift, and
-``group_fields`` records the group's reasons instead.)
+A converged group adds none of these: nothing restarts. (``plan.changes`` knows the group's
+operations by their condition, ``Decided``, and leaves them out of a node's own drift;
+``group_fields`` records the node's reasons instead.)
 """
 
 from __future__ import annotations
@@ -55,34 +53,16 @@ COLLECT_GRACE_S = 15.0
 
 @dataclass
 class GroupRun:
-    """What one run knows of a group (controller side, shared by its nodes' operations)."""
+    """What a group's nodes share while one run executes (controller side): results only."""
 
     group: groupmod.Group
     probe: int                                   # the NCCL-range port of the rendezvous
     token: str = field(default_factory=lambda: secretsmod.token_hex(6))  # this run's files
-    wants: dict[str, list[str]] = field(default_factory=dict)   # node -> its own reasons
-    running: dict[str, bool] = field(default_factory=dict)      # node -> unit up or starting
-    cards: dict[str, dict] = field(default_factory=dict)
     results: dict[str, dict | None] = field(default_factory=dict)  # rendezvous outputs
     problems: list[groupmod.Problem] | None = None               # judged once, when all in
     verified: dict[str, dict] = field(default_factory=dict)      # node -> its summary
     errors: dict[str, VerifyError] = field(default_factory=dict)  # node -> why it failed
     failed: tuple[str, str] | None = None                        # (node, why), the first
-
-    def register(self, node: str, wants: list[str], running: bool, card: dict) -> None:
-        self.wants[node], self.running[node], self.cards[node] = list(wants), running, card
-
-    def restarting(self) -> bool:
-        """Does the group restart in this run (any node wants it)? Complete once every node
-        is prepared: read it from operations only (``Gate``)."""
-        return any(self.wants.values())
-
-    def reasons(self) -> list[str]:
-        return [f"{n}: {', '.join(w)}" for n, w in self.wants.items() if w]
-
-    def go(self) -> bool:
-        """The group restarts, and its pre-flight passed on every node."""
-        return self.restarting() and self.problems == []
 
     def worker(self, node: str) -> bool:
         return self.group.rank_of(node) > 0
@@ -92,10 +72,12 @@ class GroupRun:
 
 
 class GroupRuns:
-    """Every group's run in one pyinfra State (``attach``), made when a node first asks."""
+    """Every group's run in one pyinfra State (``attach``), made when a node first asks;
+    FACTS: the facts read while preparing (``groupprep.fact``: a cache, pyinfra has none)."""
 
     def __init__(self) -> None:
         self.runs: dict[str, GroupRun] = {}
+        self.facts: dict[tuple, object] = {}
 
     def of(self, group: groupmod.Group) -> GroupRun:
         if group.name not in self.runs:
@@ -121,37 +103,41 @@ def release(state) -> None:
         delattr(state, _ATTR)
 
 
+def runs(state) -> GroupRuns:
+    """STATE's ``GroupRuns`` (attached when missing: a State driven through the API without
+    the hooks)."""
+    return getattr(state, _ATTR, None) or attach(state)
+
+
 def run_of(state, group: groupmod.Group) -> GroupRun:
-    """The run of GROUP in this pyinfra STATE (its ``GroupRuns``, attached when missing: a
-    State driven through the API without the hooks)."""
-    runs = getattr(state, _ATTR, None) or attach(state)
-    return runs.of(group)
+    """The run of GROUP in this pyinfra STATE."""
+    return runs(state).of(group)
 
 
-class Gate:
-    """An ``_if`` of a group's operation: ``"restart"`` (the group restarts), ``"go"`` (it
-    restarts and its pre-flight passed), ``"idle"`` (it does not restart); RANK: only on
-    rank 0 (``"rank0"``) or only on the other nodes (``"workers"``). ``plan.changes`` knows
-    gates by this type: they are the group's decision, not this host's drift."""
+class Decided:
+    """The static condition of a group's operation: the group's decision, made while the
+    nodes were prepared (the same on every node), and this node's part in it (RUN: false
+    for the operation of the other ranks). ``plan.changes`` knows it by ``group_gate``: the
+    group's decision, not this host's drift."""
 
     group_gate = True
 
-    def __init__(self, run: GroupRun, when: str, rank: str | None = None, node: str = ""):
-        self.run, self.when, self.rank, self.node = run, when, rank, node
+    def __init__(self, run: bool = True):
+        self.run = bool(run)
 
     def __call__(self) -> bool:
-        if self.rank is not None and self.run.worker(self.node) != (self.rank == "workers"):
-            return False
-        return {"restart": self.run.restarting, "go": self.run.go,
-                "idle": lambda: not self.run.restarting()}[self.when]()
+        return self.run
+
+    def __repr__(self) -> str:
+        return f"Decided({self.run})"
 
 
-def group_fields(run: GroupRun, node: str) -> dict:
+def group_fields(group: groupmod.Group, node: str, reasons) -> dict:
     """A node's group fields for the plan record (``status``): its group, rank, the group's
-    nodes, and what would (re)start the group from this node (``group_wants``; the group's
-    drift is every node's)."""
-    return {"group": run.group.name, "node_rank": run.group.rank_of(node),
-            "group_nodes": run.group.members(), "group_wants": list(run.wants.get(node, []))}
+    nodes, and what would (re)start the group from this node (``group_wants``: REASONS; the
+    group's drift is every node's)."""
+    return {"group": group.name, "node_rank": group.rank_of(node),
+            "group_nodes": group.members(), "group_wants": list(reasons)}
 
 
 # ------------------------------------------------------------------ the group pre-flight
@@ -200,14 +186,15 @@ def rendezvous_collect(run: GroupRun) -> None:
                        f"{(output.stderr if output is not None else '')[-300:]}")
 
 
-def rendezvous_judge(run: GroupRun) -> None:
+def rendezvous_judge(run: GroupRun, cards: dict, rank0_running: bool) -> None:
     """The verdict on every node's result (all collected by the operation before: the
-    barrier), the same on every node; raises ``GroupPreflightError`` naming each node pair
-    that failed and the fix."""
+    barrier) with every node's CARDS (made while preparing, the same on every node), the
+    same on every node; raises ``GroupPreflightError`` naming each node pair that failed and
+    the fix."""
     g = run.group
     if run.problems is None:
-        run.problems = groupmod.judge_rendezvous(g, run.results, run.cards,
-                                                 rank0_running=run.running.get(g.rank0, False))
+        run.problems = groupmod.judge_rendezvous(g, run.results, cards,
+                                                 rank0_running=rank0_running)
     if run.problems:
         fixes = list(dict.fromkeys(p.fix for p in run.problems))
         raise GroupPreflightError(
@@ -226,7 +213,7 @@ def rendezvous_judge(run: GroupRun) -> None:
 def group_service(service: str, action: str):
     """
     ``systemctl ACTION`` of a group's node, run on every node of the group in one operation
-    (gate it with ``_if=Gate(run, "go")``): the group stops as one, then starts as one.
+    (when the group restarts): the group stops as one, then starts as one.
 
     + service: unit name without ``.service``
     + action: ``stop`` or ``start``
@@ -236,7 +223,7 @@ def group_service(service: str, action: str):
     .. code:: python
 
         group_service(name="Stop the group's node", service="sglang", action="stop",
-                      _if=Gate(run, "go"))
+                      _if=Decided())
     """
     if action == "start":  # a unit that hit its start limit (a node restarted alone) starts
         yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"

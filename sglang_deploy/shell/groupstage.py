@@ -1,8 +1,9 @@
 """The group parts of the deploy's and the rollback's stages (``stages``): the operations a
-node of a multi-node group adds, the same on every node and in the same order, each gated by
-the group's decision (``groupops.Gate``), none waiting for another host's operation.
+node of a multi-node group adds, the same on every node and in the same order, their
+conditions static: the group's decision is made while each node is prepared, from every
+node's facts (``groupprep``), and none of the operations waits for another host's.
 
-    every node, one operation at a time (a barrier between operations):
+    every node, one operation at a time (a barrier between operations), when the group restarts:
     rendezvous started -> collected (own host) -> judged (all) -> stop -> [all-reduce] -> start
     -> workers verified -> rank 0 verified -> the group ready as one (all)
 """
@@ -16,57 +17,47 @@ from pyinfra.operations import python
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import nvsmi, preflight, service
-from sglang_deploy.core.hoststate import HostState
+from sglang_deploy.core import preflight
+from sglang_deploy.core.errors import RuntimeSetupError
+from sglang_deploy.core.groupdecision import Decision
 from sglang_deploy.core.service import Layout
-from sglang_deploy.shell import groupops, plan
+from sglang_deploy.shell import groupops, groupprep, plan
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.verified import record_verified, verified_summary, verify_and_record
 
 
-def register(run: groupops.GroupRun, hoststate: HostState, reasons: list[str], card: dict,
-             extra: list[str] = ()) -> None:
-    """Register this node's wish to (re)start (REASONS, EXTRA, and its unit's state), whether
-    it runs, and its CARD with its group's run."""
-    svc = hoststate.service
-    wants = [*reasons, *extra]
-    if not svc.unit_active:
-        wants.append("not running")
-    elif not wants and service.runs_unverified(svc, hoststate.last_verified, False):
-        wants.append("running, never verified")
-    running = svc.up
-    run.register(host.name, wants, running, card)
-
-
-def add_preflight(run: groupops.GroupRun, tool: str, python_path: str) -> None:
-    """The group pre-flight, three operations on every node (when the group restarts): the
+def add_preflight(run: groupops.GroupRun, decision: Decision, cards: dict, tool: str,
+                  python_path: str) -> None:
+    """The group pre-flight, three operations on every node (the group restarts): the
     rendezvous tool started in the background, this node's result collected, every node's
-    result judged (a failure fails every node before any server stops)."""
+    result judged with every node's CARDS (a failure fails every node before any server
+    stops)."""
     g, node = run.group, host.name
-    restart = groupops.Gate(run, "restart")
-    argv = groupmod.rendezvous_argv(g, node, tool, run.cards.get(node) or {}, run.probe,
+    argv = groupmod.rendezvous_argv(g, node, tool, cards.get(node) or {}, run.probe,
                                     python=python_path)
     groupops.rendezvous_started(
         name=f"Group pre-flight: rendezvous of group {g.name} started on every node",
-        argv=argv, out=run.result_file(node), _if=restart)
+        argv=argv, out=run.result_file(node), _if=groupops.Decided())
     python.call(name=f"Group pre-flight: rendezvous result of group {g.name}",
                 function=ops.reported(functools.partial(groupops.rendezvous_collect, run)),
-                _if=restart)
+                _if=groupops.Decided())
+    judge = functools.partial(groupops.rendezvous_judge, run, dict(cards),
+                              decision.running.get(g.rank0, False))
     python.call(name=f"Group pre-flight: rendezvous of group {g.name} judged",
-                function=ops.reported(functools.partial(groupops.rendezvous_judge, run)),
-                _if=restart)
+                function=ops.reported(judge), _if=groupops.Decided())
 
 
 def add_restart(run: groupops.GroupRun, service_name: str, why: str, start_name: str,
                 between=None) -> None:
-    """Every node's unit stopped, then (BETWEEN(gate) adds what runs while the group is
-    down) every node's started, when the group goes (``Gate(run, "go")``)."""
-    go = groupops.Gate(run, "go")
+    """Every node's unit stopped, then (BETWEEN(condition) adds what runs while the group is
+    down) every node's started (the group restarts; its pre-flight passed, else every node
+    failed in it)."""
     groupops.group_service(name=f"Stop {service_name}: group {run.group.name} {why}",
-                           service=service_name, action="stop", _if=go)
+                           service=service_name, action="stop", _if=groupops.Decided())
     if between is not None:
-        between(go)
-    groupops.group_service(name=start_name, service=service_name, action="start", _if=go)
+        between(groupops.Decided())
+    groupops.group_service(name=start_name, service=service_name, action="start",
+                           _if=groupops.Decided())
 
 
 def verify_as_one(run: groupops.GroupRun, service_name: str, verify, record,
@@ -74,16 +65,17 @@ def verify_as_one(run: groupops.GroupRun, service_name: str, verify, record,
     """The group verified as one, three operations as (name, function, global arguments):
     the workers (rank >= 1), then rank 0, each on its own host (VERIFY(watch) gives the
     node's summary); then the group's verdict on every node (RECORD(summary) keeps a
-    verified node's record)."""
+    verified node's record). Every node adds all three; the first two run on their ranks."""
     g, node = run.group, host.name
+    worker = g.rank_of(node) > 0
     checks = [(f"Verify group {g.name}{what}: {label}",
                functools.partial(groupops.verify_node, run, service_name, verify),
-               {"_if": groupops.Gate(run, "go", rank=rank, node=node)})
+               {"_if": groupops.Decided(worker == (rank == "workers"))})
               for rank, label in (("workers", "its nodes of rank >= 1 up"),
                                   ("rank0", "rank 0 serves"))]
     return [*checks, (f"Verify group {g.name}{what}: every node verified, ready as one",
                       functools.partial(groupops.group_ready, run, service_name, record),
-                      {"_if": groupops.Gate(run, "go")})]
+                      {"_if": groupops.Decided()})]
 
 
 def add_verify_as_one(run: groupops.GroupRun, service_name: str, verify, record,
@@ -112,16 +104,29 @@ def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflig
                                    f"--dist-init-addr {addr}"), groupmod.group_environment(ifname)
 
 
-def registered(ctx, reasons: list[str]) -> groupops.GroupRun:
-    """Register this node (CTX: its ``stages.Context``) with its group's run: its wish to
-    (re)start (REASONS, ``register``) and its card."""
-    query = ((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out") or ""
-    rows = nvsmi.parse_query_csv(query) if query.strip() else []
-    run = groupops.run_of(state, ctx.group)
-    register(run, ctx.hoststate, reasons, groupmod.card(
-        host.name, ctx.group.rank_of(host.name), ctx.release_id, service.flag_map(ctx.settings),
-        rows[0].get("driver_version") if rows else None))
-    return run
+def decided(ctx, reasons: list[str], unit_of: groupprep.UnitOf) -> list[str]:
+    """The group's decision for this node (CTX: its ``stages.Context``), made from every
+    node's facts (``groupprep.decide``) and kept in CTX: the group's reasons (every node's,
+    empty: the group does not restart). REASONS: this node's own, from its operations; they
+    are the decision's too (the same facts), else the deploy stops here."""
+    decision, cards = groupprep.decide(state, ctx.group,
+                                       (ctx.release_id, ctx.sglang_version, ctx.lock_text),
+                                       unit_of)
+    if reasons and not decision.restart:
+        raise RuntimeSetupError(
+            what=f"the decision of group {ctx.group.name}, made from every node's facts, to "
+                 f"restart it for {host.name}'s own changes",
+            found=f"{host.name} changes {', '.join(reasons)}; the group's decision: no restart",
+            fix="a bug of sglang-deploy (``groupprep.node_view`` and the stages disagree): "
+                "report it with `pyinfra ... -vv`; nothing of the group was changed")
+    ctx.group_decision = (decision, cards)
+    return decision.texts()
+
+
+def condition(ctx) -> dict:
+    """The global arguments of an operation a node adds because its group restarts: the
+    group's decision (``groupops.Decided``); none for a single host's."""
+    return {"_if": groupops.Decided()} if ctx.group is not None else {}
 
 
 def group_checks(ctx, serving_poll) -> tuple:
@@ -130,41 +135,45 @@ def group_checks(ctx, serving_poll) -> tuple:
     when ``verify_converged`` (the fourth; None when off). SERVING_POLL(): the serving
     fact of the plan's record (``status``)."""
     s, g = ctx.settings, ctx.group
+    decision, _ = ctx.group_decision
     run = groupops.run_of(state, g)
     if plan.plan_dir() is not None:
-        plan.record(state, host, ctx, serving_poll(), extra=groupops.group_fields(run, host.name))
-    was_active = ctx.hoststate.service.unit_active
+        plan.record(state, host, ctx, serving_poll(),
+                    extra=groupops.group_fields(g, host.name, decision.of(host.name)))
     params = ctx.verify_params()
-    checks = verify_as_one(
-        run, s.sglang_service, lambda watch: verified_summary(
-            s, params, "restarted" if was_active else "started", watch),
-        lambda summary: record_verified(s, params, summary), " as one")
+    if decision.restart:
+        was_active = ctx.hoststate.service.unit_active
+        checks = verify_as_one(
+            run, s.sglang_service, lambda watch: verified_summary(
+                s, params, "restarted" if was_active else "started", watch),
+            lambda summary: record_verified(s, params, summary), " as one")
+        return (*checks, None)
     running = None
     if s.verify_converged:
         running = (f"Verify the running node (group {g.name}, not restarted)",
                    lambda: verify_and_record(s, params, "converged",
-                                             groupops.Watch(run, host.name)),
-                   {"_if": groupops.Gate(run, "idle")})
-    return (*checks, running)
+                                             groupops.Watch(run, host.name)), {})
+    return None, None, None, running
 
 
-def rollback_group_node(s: datamod.Settings, g: groupmod.Group, hs: HostState, rb) -> None:
+def rollback_group_node(s: datamod.Settings, g: groupmod.Group, rb) -> None:
     """A group's node goes back with its group: when any node restores something or does not
-    run, the group's pre-flight (the same rendezvous as a deploy's, the cards naming the
-    known-good release), then every node stops, then starts, on its known-good configuration,
-    and the group is verified as one (fail-fast); else each node is checked as it runs."""
+    run (decided from every node's facts, ``groupprep.decide_rollback``), the group's
+    pre-flight (the same rendezvous as a deploy's, the cards naming the known-good release),
+    then every node stops, then starts, on its known-good configuration, and the group is
+    verified as one (fail-fast); else each node is checked as it runs."""
     run = groupops.run_of(state, g)
-    card = groupmod.card(host.name, g.rank_of(host.name), rb.params["release"], {}, None)
-    register(run, hs, ["known-good restored"] if rb.restart else [], card)
-    add_preflight(run, Layout.of(s).tool("rendezvous.py"), s.sglang_system_python)
+    decision, cards = groupprep.decide_rollback(state, g)
+    if not decision.restart:
+        python.call(name="Verify the known-good configuration serves (group not restarted)",
+                    function=ops.reported(lambda: verify_and_record(
+                        s, rb.params, "unchanged", groupops.Watch(run, host.name))))
+        return
+    add_preflight(run, decision, cards, Layout.of(s).tool("rendezvous.py"),
+                  s.sglang_system_python)
     add_restart(run, s.sglang_service, "goes back as one",
-                           f"Start {s.sglang_service} on the known-good configuration with "
-                           f"group {g.name}")
+                f"Start {s.sglang_service} on the known-good configuration with group {g.name}")
     add_verify_as_one(
         run, s.sglang_service,
         lambda watch: verified_summary(s, rb.params, "rolled-back", watch),
         lambda summary: record_verified(s, rb.params, summary), " on its known-good configuration")
-    python.call(name="Verify the known-good configuration serves (group not restarted)",
-                function=ops.reported(lambda: verify_and_record(
-                    s, rb.params, "unchanged", groupops.Watch(run, host.name))),
-                _if=groupops.Gate(run, "idle"))

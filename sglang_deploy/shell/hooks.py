@@ -60,19 +60,20 @@ def once(warn: Callable[[str], None]) -> Callable[[str], None]:
     return warn_once
 
 
-def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
-                       ) -> dict[str, datamod.Settings]:
+def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
+                       fleet: routing.Fleet | None = None) -> dict[str, datamod.Settings]:
     """Resolve every host's data (a routed fleet's workers as ``routing.settings`` gives
     them), check that its lock file exists on the controller and, for a server, that the lock
     pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
     sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
     here); raise the first ``DataError``, naming the host. Returns each host's Settings
-    (host name -> Settings): the run resolves them once, here."""
+    (host name -> Settings): the run resolves them once, here (in FLEET: the run's)."""
     resolved: dict[str, datamod.Settings] = {}
+    fleet = fleet if fleet is not None else routing.fleet_of(inventory)
     warn = once(warn)  # a warning shared by hosts (a missing wheel) is told once
     for each in inventory:
         try:
-            settings = routing.settings(each, inventory)
+            settings = fleet.settings(each.name)
             key = "router_lock" if routing.is_router(each) else "sglang_lock"
             lock = Path(cwd or ".") / getattr(settings, key)
             if not lock.is_file():
@@ -99,14 +100,15 @@ PARTIAL_GROUP_ENV = "SGLANG_DEPLOY_PARTIAL_GROUP"
 
 
 def check_group_selection(inventory, resolved: dict[str, datamod.Settings],
-                          initial_limit) -> None:
+                          initial_limit, fleet: routing.Fleet | None = None) -> None:
     """A ``--limit`` that names part of a multi-node group is refused before any connection
     (its nodes start and stop as one), unless PARTIAL_GROUP_ENV says so on purpose."""
     if initial_limit is None or not any(s.sglang_group for s in resolved.values()):
         return
     from sglang_deploy.core import group
 
-    group.check_limit(routing.groups(inventory), [h.name for h in initial_limit],
+    groups = (fleet if fleet is not None else routing.fleet_of(inventory)).groups
+    group.check_limit(groups, [h.name for h in initial_limit],
                       allow_partial=os.environ.get(PARTIAL_GROUP_ENV) == "1")
 
 
@@ -114,10 +116,9 @@ def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_
                       params: dict, parallel: int) -> None:
     """Refuse, before any connection, a pyinfra mode that splits a multi-node group of the
     selection: ``--serial`` and ``--no-wait`` run one host's operations without waiting for
-    the others (its nodes rendezvous, stop, start and are verified one operation at a time,
-    on every node). The group's all-reduce check (``gpu_allreduce_check``) joins every node
-    in one operation: it also needs every active host in pyinfra's pool at once (PARALLEL,
-    ``--parallel N``)."""
+    the others (its nodes rendezvous, stop, all-reduce, start and are verified one operation
+    at a time, on every node). Any pool size works (PARALLEL, ``--parallel N``): no
+    operation of a group waits for another host's."""
     selected = [h.name for h in (initial_limit if initial_limit is not None else inventory)]
     nodes = [n for n in selected if resolved.get(n) and resolved[n].sglang_group]
     if not nodes:
@@ -133,14 +134,6 @@ def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_
                       "one operation at a time on every node; nothing was run",
                 fix=f"drop {flag} (any `--parallel N` works), or `--exclude` the group's nodes "
                     "to run the other hosts that way")
-    if any(resolved[n].gpu_allreduce_check for n in nodes) and parallel < len(selected):
-        raise UsageError(
-            what="every active host in pyinfra's pool at once for a group's all-reduce check "
-                 f"(`gpu_allreduce_check`, group {group}): its nodes all-reduce in one operation",
-            found=f"a pool of {parallel} for {len(selected)} host(s) (`--parallel`, or 20 x "
-                  "CPUs); nothing was run",
-            fix=f"run with `--parallel {len(selected)}`, `--limit` the group's nodes, or set "
-                "`gpu_allreduce_check = false` for this run")
 
 
 def check_selection(inventory, initial_limit, params: dict, cwd: str | None = None) -> None:
@@ -329,10 +322,12 @@ def check_run(run: RunStart) -> dict[str, datamod.Settings]:
     resolved once here, are what the stages read."""
     inventory, initial_limit = run.inventory, run.initial_limit
     check_selection(inventory, initial_limit, cli_params(), run.cwd)
-    resolved = validate_inventory(inventory, run.cwd)
-    check_group_selection(inventory, resolved, initial_limit)
+    fleet = routing.fleet_of(inventory)  # the run's one Fleet (``_fleet`` keeps it)
+    resolved = validate_inventory(inventory, run.cwd, fleet=fleet)
+    check_group_selection(inventory, resolved, initial_limit, fleet)
     check_group_modes(inventory, resolved, initial_limit, cli_params(),
                       run.state.config.PARALLEL or len(list(inventory)))
+    routing.attach(run.state, fleet)
     return resolved
 
 
@@ -349,8 +344,12 @@ def _group_runs(run: RunStart) -> None:
     groupops.attach(run.state)  # the groups' shared results in this run
 
 
-def _settings(run: RunStart) -> None:
-    routing.remember(run.state, run.settings or {})
+def _fleet(run: RunStart) -> None:
+    """The run's one ``Fleet`` (every host's Settings, resolved once by the check, and the
+    groups, planned once), on its State for the stages: the check's, else one made of the
+    Settings checked."""
+    if getattr(run.state, routing.FLEET_ATTR, None) is None:
+        routing.remember(run.state, run.settings or {})
 
 
 #: the per-run objects of a pyinfra run, in order (``integration.PerRun``)
@@ -358,7 +357,7 @@ PER_RUN = (
     PerRun("read-only", _read_only, checked=False),
     PerRun("outcomes", _outcomes, checked=False),
     PerRun("group runs", _group_runs, release=groupops.release),
-    PerRun("settings", _settings),
+    PerRun("fleet", _fleet, release=routing.release),
 )
 
 

@@ -70,7 +70,7 @@ def changes(state, host) -> list[str]:
     out = []
     for op_hash, data in state.ops.get(host, {}).items():
         if getattr(data.global_arguments.get("_if"), "group_gate", False):
-            continue  # a group's decision (``groupops.Gate``): its nodes' reasons are recorded
+            continue  # a group's decision (``groupops.Decided``): its nodes' reasons are recorded
         if data.operation_meta.will_change:
             names = sorted(state.op_meta[op_hash].names)
             # "Stage | Operation" -> "Operation"

@@ -182,7 +182,8 @@ def flag_sets(lock: Path, inventory: str | None, cwd: str = ".") -> list[FlagSet
         ctx_state.set(State())
         inv = make_inventory("@local", cwd=str(Path(cwd).resolve()))
     want = lock.resolve()
-    serving = [(h.name, routing.settings(h, inv)) for h in inv if not routing.is_router(h)]
+    fleet = routing.fleet_of(inv)  # one Fleet: each group planned once, not per host
+    serving = [(h.name, fleet.settings(h.name)) for h in inv if not routing.is_router(h)]
     users = [(n, s) for n, s in serving if Path(cwd, s.sglang_lock).resolve() == want]
     if inventory and serving and not users:
         # a new lock, checked before the hosts move to it: their flags, as they are

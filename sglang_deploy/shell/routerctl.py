@@ -184,15 +184,15 @@ def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> li
 
 
 def routers_of(fl: routing.Fleet, settings: dict | None = None) -> list[Router]:
-    """The routers of a fleet already read (``routing.fleet_of``); SETTINGS: the hosts'
-    Settings already resolved (host name -> Settings), else resolved here."""
+    """The routers of a fleet already read (``routing.fleet_of``: its Settings, each resolved
+    once); SETTINGS: the hosts' Settings resolved elsewhere (host name -> Settings)."""
     out = []
+    workers = {w: routing.worker_url(w, wraw) for w, wraw in routing.router_workers(fl)}
     for name, raw in fl.routers:
-        s = (settings or {}).get(name) or routing.resolve(raw)
+        s = (settings or {}).get(name) or fl.settings(name)
         address = routermod.router_address(s.router_host, raw, name)
-        workers = {w: routing.worker_url(w, wraw) for w, wraw in routing.router_workers(fl)}
         out.append(Router(host=name, url=routermod.http_url(address, s.router_port),
-                          key=s.router_key, model=s.served_model_name, workers=workers,
+                          key=s.router_key, model=s.served_model_name, workers=dict(workers),
                           drain_timeout_s=float(s.rollout_drain_timeout_s),
                           verify_timeout_s=float(s.router_verify_timeout_s)))
     return out

@@ -51,7 +51,7 @@ def workers() -> list[str]:
     """The URLs of the inventory's serving hosts, as the router reaches them (of a
     multi-node group, rank 0 only: ``routing.router_workers``)."""
     return [routing.worker_url(n, raw)
-            for n, raw in routing.router_workers(routing.fleet_of(state.inventory))]
+            for n, raw in routing.router_workers(routing.fleet_of_state(state))]
 
 
 def home(s) -> str:

@@ -8,7 +8,6 @@ when the inventory has a router, so its bind address and key follow from the inv
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group
@@ -23,30 +22,91 @@ def has_routers(inventory) -> bool:
     return bool(inventory.groups.get(ROUTER_GROUP))
 
 
-def raw_data(host, inventory) -> dict:
-    """HOST's merged data, with the worker defaults of a routed fleet applied and, for a node
-    of a multi-node group (``sglang_group``), the group's flags (``--nnodes``,
-    ``--node-rank``, ``--dist-init-addr``) and rank 0's address (``core.group``; a group that
-    cannot work raises DataError here, before any connection)."""
-    routed = has_routers(inventory) and not is_router(host)
-    raw = routed_data(host.data.dict(), host.name, routed)
-    g = host_group(host, inventory)
-    if g is None:
-        group.check_no_reserved(host.name, raw)
-        return raw
-    return {**raw, "sglang_flags": {**raw.get("sglang_flags", {}), **group.group_flags(g, host.name)},
-            "sglang_dist_init_addr": g.addr}
+class Fleet:
+    """The controller's view of an inventory, built once per pyinfra run by the hooks
+    (``attach``; released at its end) and read by the stages, the router's stage and
+    ``routerctl``: each host's data as the deploy uses it (``raw``), its Settings (resolved
+    at most once per host: ``settings``) and the multi-node groups (planned once each:
+    ``group``, ``groups``). Commands outside pyinfra build the same from an inventory file
+    (``fleet``) or one already loaded (``fleet_of``). Everything is read lazily, so that a
+    bad host's data raises when that host is read (``hooks.validate_inventory`` names it)."""
 
+    def __init__(self, inventory, resolved: dict[str, datamod.Settings] | None = None):
+        self.inventory = inventory
+        self._raw: dict[str, dict] = {}
+        self._settings: dict[str, datamod.Settings] = dict(resolved or {})
+        self._group: dict[str, group.Group] = {}
+        self._groups: dict[str, group.Group] | None = None
+        self._hosts: dict | None = None
 
-def host_group(host, inventory) -> group.Group | None:
-    """The multi-node group HOST is a node of (None: it serves alone, or routes)."""
-    name = host.data.dict().get("sglang_group")
-    if not name or is_router(host):
-        return None
-    routed = has_routers(inventory)
-    members = [(h.name, routed_data(h.data.dict(), h.name, routed)) for h in inventory
-               if not is_router(h) and h.data.dict().get("sglang_group") == name]
-    return group.plan(members)[name]
+    def host(self, name: str):
+        if self._hosts is None:  # any iterable of hosts (pyinfra's Inventory is one)
+            self._hosts = {h.name: h for h in self.inventory}
+        return self._hosts[name]
+
+    @property
+    def routed(self) -> bool:
+        return has_routers(self.inventory)
+
+    def raw(self, name: str) -> dict:
+        """Host NAME's merged data, with the worker defaults of a routed fleet applied and,
+        for a node of a multi-node group (``sglang_group``), the group's flags
+        (``--nnodes``, ``--node-rank``, ``--dist-init-addr``) and rank 0's address
+        (``core.group``; a group that cannot work raises DataError here, before any
+        connection)."""
+        if name not in self._raw:
+            h = self.host(name)
+            raw = routed_data(h.data.dict(), name, self.routed and not is_router(h))
+            g = self.group_of(name)
+            if g is None:
+                group.check_no_reserved(name, raw)
+            else:
+                raw = {**raw, "sglang_flags": {**raw.get("sglang_flags", {}),
+                                               **group.group_flags(g, name)},
+                       "sglang_dist_init_addr": g.addr}
+            self._raw[name] = raw
+        return self._raw[name]
+
+    def settings(self, name: str) -> datamod.Settings:
+        """Host NAME's Settings (``data.resolve``, its secrets from this controller's
+        environment), resolved once."""
+        if name not in self._settings:
+            self._settings[name] = resolve(self.raw(name))
+        return self._settings[name]
+
+    def group(self, name: str) -> group.Group:
+        """Multi-node group NAME, planned once (``core.group.plan`` of its nodes)."""
+        if name not in self._group:
+            members = [(h.name, routed_data(h.data.dict(), h.name, self.routed)) for h in
+                       self.inventory if not is_router(h)
+                       and h.data.dict().get("sglang_group") == name]
+            self._group[name] = group.plan(members)[name]
+        return self._group[name]
+
+    def group_of(self, name: str) -> group.Group | None:
+        """The multi-node group host NAME is a node of (None: it serves alone, or routes)."""
+        h = self.host(name)
+        gname = h.data.dict().get("sglang_group")
+        return None if not gname or is_router(h) else self.group(gname)
+
+    @property
+    def groups(self) -> dict[str, group.Group]:
+        """Every multi-node group of the serving hosts (``core.group.plan``), planned once."""
+        if self._groups is None:
+            self._groups = group.plan(
+                [(h.name, routed_data(h.data.dict(), h.name, self.routed))
+                 for h in self.inventory if not is_router(h)])
+        return self._groups
+
+    @property
+    def workers(self) -> list[tuple[str, dict]]:
+        """(name, data) of the serving hosts, inventory order."""
+        return [(h.name, self.raw(h.name)) for h in self.inventory if not is_router(h)]
+
+    @property
+    def routers(self) -> list[tuple[str, dict]]:
+        """(name, data) of the routers, inventory order."""
+        return [(h.name, self.raw(h.name)) for h in self.inventory if is_router(h)]
 
 
 def router_workers(fleet: Fleet) -> list[tuple[str, dict]]:
@@ -57,10 +117,8 @@ def router_workers(fleet: Fleet) -> list[tuple[str, dict]]:
 
 
 def groups(inventory) -> dict[str, group.Group]:
-    """The multi-node groups of INVENTORY's serving hosts (``core.group.plan``)."""
-    routed = has_routers(inventory)
-    return group.plan([(h.name, routed_data(h.data.dict(), h.name, routed and not is_router(h)))
-                       for h in inventory if not is_router(h)])
+    """The multi-node groups of INVENTORY's serving hosts (``Fleet.groups``)."""
+    return Fleet(inventory).groups
 
 
 def worker_url(name: str, raw: dict) -> str:
@@ -70,8 +128,8 @@ def worker_url(name: str, raw: dict) -> str:
 
 
 def settings(host, inventory) -> datamod.Settings:
-    """HOST's data resolved now (``data.resolve``): the hooks' validation, the commands."""
-    return resolve(raw_data(host, inventory))
+    """HOST's data resolved now (``data.resolve``), outside a run (a run's: ``settings_of``)."""
+    return Fleet(inventory).settings(host.name)
 
 
 def resolve(raw: dict) -> datamod.Settings:
@@ -79,33 +137,39 @@ def resolve(raw: dict) -> datamod.Settings:
     return datamod.resolve(raw, os.environ)
 
 
-#: the attribute of pyinfra's ``State`` (this project's own) holding this run's Settings
-RESOLVED_ATTR = "sglang_deploy_settings"
+#: the attribute of pyinfra's ``State`` (this project's own) holding this run's ``Fleet``
+FLEET_ATTR = "sglang_deploy_fleet"
+
+
+def attach(state, fleet: Fleet) -> Fleet:
+    """Keep FLEET on this pyinfra run's STATE (the hooks do, before any connection, with
+    every host's Settings resolved by their validation), for the stages (``fleet_of_state``)."""
+    setattr(state, FLEET_ATTR, fleet)
+    return fleet
+
+
+def release(state) -> None:
+    """Drop STATE's ``Fleet`` (the hooks do, once the run ended)."""
+    if hasattr(state, FLEET_ATTR):
+        delattr(state, FLEET_ATTR)
 
 
 def remember(state, resolved: dict[str, datamod.Settings]) -> None:
-    """Keep RESOLVED (host name -> Settings, from the hooks' validation before any
-    connection) on this pyinfra run's STATE, for the stages (``settings_of``)."""
-    setattr(state, RESOLVED_ATTR, dict(resolved))
+    """A ``Fleet`` of STATE's inventory holding RESOLVED (host name -> Settings), attached."""
+    attach(state, Fleet(state.inventory, resolved))
+
+
+def fleet_of_state(state) -> Fleet:
+    """This pyinfra run's ``Fleet`` (built and attached here only where the hooks did not:
+    a State driven through the API; a deploy file outside config.py stops earlier, in
+    ``hooks.require_checked``)."""
+    fl = getattr(state, FLEET_ATTR, None)
+    return fl if fl is not None else attach(state, Fleet(state.inventory))
 
 
 def settings_of(host, state) -> datamod.Settings:
-    """HOST's Settings of this pyinfra run: resolved once, by the hooks' validation before any
-    connection (``remember``); resolved here only where no validation ran (a deploy file
-    outside config.py stops earlier, in ``hooks.require_checked``)."""
-    resolved = getattr(state, RESOLVED_ATTR, None) or {}
-    if host.name in resolved:
-        return resolved[host.name]
-    return settings(host, state.inventory)
-
-
-@dataclass
-class Fleet:
-    """The controller's view of an inventory: (name, data) of workers and routers, in
-    inventory order, data as the deploy uses it."""
-
-    workers: list[tuple[str, dict]]
-    routers: list[tuple[str, dict]]
+    """HOST's Settings of this pyinfra run (``fleet_of_state``): resolved once per run."""
+    return fleet_of_state(state).settings(host.name)
 
 
 def fleet(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None) -> Fleet:
@@ -115,9 +179,7 @@ def fleet(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None
     return fleet_of(load(inventory, cwd, data))
 
 
-def fleet_of(inv) -> Fleet:
-    """The ``Fleet`` of an inventory already loaded (pyinfra ``Inventory``: INV)."""
-    workers, routers = [], []
-    for h in inv:
-        (routers if is_router(h) else workers).append((h.name, raw_data(h, inv)))
-    return Fleet(workers=workers, routers=routers)
+def fleet_of(inv, resolved: dict[str, datamod.Settings] | None = None) -> Fleet:
+    """The ``Fleet`` of an inventory already loaded (pyinfra ``Inventory``: INV); RESOLVED:
+    Settings already resolved (host name -> Settings)."""
+    return Fleet(inv, resolved)

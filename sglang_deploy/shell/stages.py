@@ -27,18 +27,11 @@ from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import check_serving
-from sglang_deploy.shell import allreduce, flagcache, groupops, groupstage, lockfiles, outcomes
+from sglang_deploy.shell import allreduce, flagcache, groupops, groupprep, groupstage, lockfiles
+from sglang_deploy.shell import outcomes
 from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, routing, staging
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell.facts import (
-    REMOTE,
-    CudaProbe,
-    HostSnapshot,
-    PatchStatus,
-    ServingProbe,
-    SglangHostState,
-    read_host_state,
-)
+from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
 from sglang_deploy.shell.verified import verify_and_record
 
 
@@ -62,6 +55,7 @@ class Context:
     expect: preflight.Expectations | None = None
     group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
     group: group.Group | None = None  # the multi-node group this host is a node of
+    group_decision: tuple | None = None  # its (decision, cards): ``groupstage.decided``
 
     @property
     def venv_python(self) -> str:
@@ -115,8 +109,7 @@ def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
     s = ctx.settings
     probe = None
     if kind != "none":
-        probe = host.get_fact(CudaProbe, python=s.sglang_system_python, p2p=kind == "p2p",
-                              mib=s.gpu_p2p_test_mib)
+        probe = groupprep.probe(host, s, kind)  # read once per run (a group's peers too)
     checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
     if kind != "none" and probe is None:
         checks.append(preflight.Check(
@@ -136,13 +129,9 @@ def preflight_stage() -> Context:
     settings = routing.settings_of(host, state)
     layout = Layout.of(settings)
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
-    # one round trip: host state and GPU snapshot, run at once
-    snap = read_host_state(host, HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
-                         model=settings.sglang_model_path, secrets=layout.secrets_file,
-                         python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
-                         paths=(*layout.state_paths(release_id),
-                                staging.record_path(layout, release_id)),
-                         route_to=settings.sglang_dist_init_addr if settings.sglang_group else None)
+    # one round trip: host state and GPU snapshot, run at once (read once per run: a group's
+    # peers read it while they are prepared, ``groupprep``)
+    snap = groupprep.snapshot(host, settings, release_id)
     hs = snap.state
     if hs is None:
         raise RuntimeSetupError(
@@ -175,7 +164,7 @@ def preflight_stage() -> Context:
     checks += preflight.check_model(hs.model or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
-        ctx.group = routing.host_group(host, state.inventory)
+        ctx.group = routing.fleet_of_state(state).group_of(host.name)
         check, ctx.group_env = groupstage.group_interface(settings, hs.route_dev)
         checks.append(check)
     target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
@@ -252,8 +241,8 @@ def autotune_patch(ctx: Context, rel) -> None:
         # the record of the last apply, when the file is still the bytes it describes;
         # else the venv's python reads the file (``patch_tool.py status``)
         status = patchmod.status_from_record(rel.patch, rel.patch_file_sha256) \
-            or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
-                             tool=lay.tool("patch_tool.py"))
+            or groupprep.fact(host, PatchStatus, python=ctx.venv_python, site=ctx.site,
+                              tool=lay.tool("patch_tool.py"))
     found = (status or {}).get("state")
     ctx.patch_state = "applied" if found in (None, "", "needed") else found
     ctx.ops.triggers[Trigger.PATCH] = releaseops.autotune_patch(
@@ -274,6 +263,14 @@ def unit_for(ctx: Context) -> str:
         writable_paths=(s.sglang_cache_dir, s.sglang_home),
         device_allow=device_allow(s.gpu_expected_count),
     ))
+
+
+def peer_unit(s: datamod.Settings, hs: dict, release: tuple, nccl_env: dict, group_env: dict,
+              patch_state: str) -> str:
+    """The unit a group's node gets, from its facts (``groupprep.UnitOf``)."""
+    return unit_for(Context(settings=s, layout=Layout.of(s), hoststate=hs, release_id=release[0],
+                            sglang_version=release[1], lock_text=release[2], nccl_env=nccl_env,
+                            group_env=group_env, patch_state=patch_state))
 
 
 def restart_reasons(ctx: Context, unit_text: str, secrets_text: str) -> list[str]:
@@ -329,29 +326,29 @@ def service_stage(ctx: Context):
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         return
-    if preflight.retest_before_restart(ctx.p2p_skipped, reasons):
+    # a group's node: the group's decision, from every node's facts (the same on every node)
+    restart = reasons if ctx.group is None else groupstage.decided(ctx, reasons, peer_unit)
+    if preflight.retest_before_restart(ctx.p2p_skipped, restart):
         # the server is about to be replaced: the copies skipped in pre-flight (it was
         # serving) run first; a read-only run's plan only names them (never run there)
-        if plan.read_only():
-            p2pretest.add_retest(ctx, run_probe)
+        if plan.read_only():  # (a group's node: retested with its group, ``Decided``)
+            p2pretest.add_retest(ctx, run_probe, **groupstage.condition(ctx))
         else:  # still before any operation executes: the new unit follows their verdict
             full_p2p_check(ctx)
             unit_text = unit_for(ctx)
             reasons = restart_reasons(ctx, unit_text, secrets_text)
-    run = groupstage.registered(ctx, reasons) if ctx.group is not None else None
-    # a group's node: whenever its group restarts, for any node's reason
-    gate = {"_if": groupops.Gate(run, "restart")} if run is not None else None
-    if run is not None and ctx.p2p_skipped and not reasons:
-        # restarted only if a peer wants it: retested when its group restarts (an operation)
-        p2pretest.add_retest(ctx, run_probe, **gate)
+    run = groupops.run_of(state, ctx.group) if ctx.group is not None and restart else None
     active = hs.service.unit_active
-    if run is not None or not active or reasons:
-        # the server will (re)start: its JIT compilers and the release checked first
-        staging.checks_before_start(ctx, unit_text, reasons, gate)
-        if not active:  # the GPUs are free: no server yet
+    if run is not None or (ctx.group is None and (not active or reasons)):
+        # the server will (re)start: its JIT compilers and the release checked first (a
+        # group's node whatever its own reasons: ``Decided``, the group's decision)
+        staging.checks_before_start(ctx, unit_text, reasons, groupstage.condition(ctx) or None)
+        if not active and ctx.group is None:  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
     if run is not None:  # the group's pre-flight, before any of its servers stops
-        groupstage.add_preflight(run, lay.tool("rendezvous.py"), s.sglang_system_python)
+        decision, cards = ctx.group_decision
+        groupstage.add_preflight(run, decision, cards, lay.tool("rendezvous.py"),
+                                 s.sglang_system_python)
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
                               path=lay.secrets_file, content=secrets_text)
     unit = ops.file_content(name=f"Unit {lay.unit_file}", src=StringIO(unit_text),
@@ -359,13 +356,14 @@ def service_stage(ctx: Context):
     link = ops.symlink(name=f"{lay.current} -> release {ctx.release_id}", path=lay.current,
                        target=lay.release_dir(ctx.release_id))
     svc = hs.service
-    if run is not None:  # a group's node starts with its group, never alone
+    if ctx.group is not None:  # a group's node starts with its group, never alone
         ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
         # the optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU free
-        groupstage.add_restart(
-            run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with group "
-            f"{ctx.group.name}", between=lambda go: allreduce.add_allreduce_check(
-                ctx, group=ctx.group, when=go))
+        if run is not None:
+            groupstage.add_restart(
+                run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with "
+                f"group {ctx.group.name}", between=lambda when: allreduce.add_allreduce_check(
+                    ctx, group=ctx.group, when=when))
         ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
         return
     started, restarted = start_or_restart(ctx, unit, secrets, reasons)
@@ -464,15 +462,14 @@ def rollback_stage():
     known-good configuration and serves is only checked, never restarted."""
     s = routing.settings_of(host, state)
     lay = Layout.of(s)
-    hs = read_host_state(host, SglangHostState, root=s.sglang_root, service=s.sglang_service,
-                         secrets=lay.secrets_file, python=s.sglang_system_python)
+    hs = groupprep.rollback_hoststate(host, s)  # read once per run (a group's peers too)
     rb = service.rollback_plan(host.name, hs, s.sglang_root)
     ops.known_good_restored(
         name=f"Known-good configuration (release {rb.params['release']})", layout=lay,
         release=rb.params["release"], restore=rb.restore)
-    g = routing.host_group(host, state.inventory) if s.sglang_group else None
+    g = routing.fleet_of_state(state).group_of(host.name)
     if g is not None:
-        return groupstage.rollback_group_node(s, g, hs, rb)
+        return groupstage.rollback_group_node(s, g, rb)
     restart = None
     if rb.restart:
         restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",

@@ -213,6 +213,28 @@ def test_the_allreduce_check_runs_across_the_groups_nodes_while_they_are_stopped
     assert invocation(grouped, single) == before   # outside the run: untouched
 
 
+def test_the_groups_allreduce_check_works_with_a_pool_of_one(group, grouped):
+    """`gpu_allreduce_check` with `--parallel 1`: started in the background on every node by
+    one operation, each node's output collected on its own host by the next, so no node
+    waits for a peer the pool has not started; the group then serves."""
+    rank0, rank1, _ = group
+    r = deploy(grouped, "--parallel", "1", "--limit", rank0, "--limit", rank1,
+               "--data", "gpu_allreduce_check=true",
+               "--data", f'sglang_env={{"ALLREDUCE1": "{uuid.uuid4().hex[:6]}"}}')
+    out = both(r)
+    assert r.returncode == 0, out[-5000:]
+    order = [line for line in out.splitlines() if "--> Starting operation" in line]
+    started = next(i for i, line in enumerate(order) if "started on every node" in line
+                   and "All-reduce (NCCL)" in line)
+    collected = next(i for i, line in enumerate(order) if "each node's result" in line)
+    assert started + 1 == collected, order
+    for h in (rank0, rank1):
+        assert any(f"[{h}]" in line and "all-reduce over 16 GPUs" in line
+                   for line in out.splitlines()), out[-4000:]
+    rc, doc = status(grouped)
+    assert doc["groups"][0]["state"] == "serving", doc
+
+
 def test_a_failing_allreduce_names_the_rank_and_leaves_the_group_stopped(group, grouped):
     """Rank 0's all-reduce rendezvous port (dist-init port + 1) dropped: node 1's ranks
     cannot connect; the check fails within its deadline naming the failure, on the nodes

@@ -238,17 +238,12 @@ def _evaluate(condition, metas: list, changed) -> Any:
 
 
 def describe_condition(condition, state, earlier: list[tuple[str, Any]]) -> Any:
-    """An ``_if`` by what it does: a group's gate by its kind (and the group's decision);
-    any other by the earlier operations of its host (EARLIER: name, meta of each that would
-    change) whose change alone makes it true, or ``always`` / ``never``."""
-    when = getattr(condition, "when", None)
-    if getattr(condition, "group_gate", False) and when is not None:
-        out = {"group_gate": when}
-        if getattr(condition, "rank", None):
-            out["rank"] = condition.rank
-        if when in ("restart", "idle"):  # decided while the nodes are prepared
-            out["now"] = bool(condition())
-        return out
+    """An ``_if`` by what it does: a group's operation by the group's decision, made while
+    the nodes were prepared (``groupops.Decided``: static, its value ``now``); any other by
+    the earlier operations of its host (EARLIER: name, meta of each that would change) whose
+    change alone makes it true, or ``always`` / ``never``."""
+    if getattr(condition, "group_gate", False):
+        return {"group_gate": "decided", "now": bool(condition())}
     metas = _host_metas(state)
     base = _evaluate(condition, metas, None)
     fired = {name: _evaluate(condition, metas, meta) for name, meta in earlier}
@@ -317,14 +312,17 @@ def _error(exc: BaseException) -> str:
 
 def start_run(state, inventory, dry: bool) -> None:
     """What the hooks do to a run's STATE when it starts (``hooks.install``'s ``init``), but
-    connecting and the controller's own checks of the data (lock files on disk, the locked
-    sglang's flags): the read-only mark, the groups' shared results, each host's Settings
-    resolved once. The one place to follow when the hooks change."""
+    the controller's own checks of the data (lock files on disk, the locked sglang's flags):
+    the read-only mark, the groups' shared results, each host's Settings resolved once, and
+    every host connected as pyinfra leaves it (a group's node reads its peers' facts). The one place to follow when the hooks change."""
     from sglang_deploy.shell import groupops, plan, routing
 
     plan.mark_read_only(state, dry)
     groupops.attach(state)
-    routing.remember(state, {h.name: routing.settings(h, inventory) for h in inventory})
+    fleet = routing.fleet_of(inventory)  # the run's one Fleet (``hooks.check_run``)
+    routing.remember(state, {h.name: fleet.settings(h.name) for h in inventory})
+    for h in inventory:  # as pyinfra's connect_all leaves them (their facts: answered here)
+        h.connected = True
 
 
 def run_case(case: dict, cwd: Path, monkeypatch) -> dict:

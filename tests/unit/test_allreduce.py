@@ -471,16 +471,36 @@ def test_the_shell_adds_nothing_when_the_check_is_off(added):
     assert meta is None and calls == []
 
 
-def test_the_shell_adds_one_operation_that_runs_the_tool_for_this_node(added):
+def test_a_groups_node_starts_the_tool_in_one_operation_and_collects_its_result_in_the_next(
+        added, monkeypatch, tmp_path):
+    """No operation waits for another host's (any pool size): the tool is started in the
+    background on every node, then each node waits for its own output on its own host."""
+    import subprocess
+
+    monkeypatch.setattr(shell, "state", SimpleNamespace())
     when = lambda: True
     meta, calls, fake = added(json.dumps({**GOOD, "world_size": 16}) + "\nallreduce-exit=0",
                               group_=GROUP, when=when)
-    assert meta == "meta" and len(calls) == 1
-    assert calls[0]["name"] == "All-reduce (NCCL) over 16 GPUs of group g (2 nodes)"
-    assert calls[0]["_if"] is when
-    calls[0]["function"]()  # the callback, on the host's turn: passes
-    [cmd] = fake.commands
-    words = shlex.split(cmd.partition("; ")[0])
+    assert meta == "meta" and len(calls) == 2
+    assert calls[0]["name"] == ("All-reduce (NCCL) over 16 GPUs of group g (2 nodes): "
+                                "started on every node")
+    assert calls[1]["name"] == "All-reduce (NCCL) over 16 GPUs of group g (2 nodes): each node's result"
+    assert calls[0]["_if"] is when and calls[1]["_if"] is when
+    calls[0]["function"]()  # on the host's turn: started in the background, returns at once
+    calls[1]["function"]()  # the next operation: its own result judged (passes)
+    start, collect = fake.commands
+    assert "setsid" in start and start.rstrip().endswith("& }")
+    out = collect.split("test -s ")[1].split(" ")[0]
+    assert out in start and out.startswith("/run/sglang-deploy/allreduce-")
+    # the started command writes the output whole (by a rename) once the tool ended
+    script = shell.started_command("echo hi; echo allreduce-exit=0", str(tmp_path / "o"))
+    script = script.replace(shell.groupops.RESULTS_DIR, str(tmp_path))
+    subprocess.run(["sh", "-c", script], check=True, timeout=30)
+    got = subprocess.run(["sh", "-c", shell.groupops.collect_command(str(tmp_path / "o"), 20)],
+                         capture_output=True, text=True, timeout=60)
+    assert got.stdout.split() == ["hi", "allreduce-exit=0"]
+    cmd = start.split("sh -c ")[1]
+    words = shlex.split(shlex.split(cmd)[0].partition("; ")[0].lstrip("{ "))
     assert "NCCL_SOCKET_IFNAME=ens5" in words
     i = words.index("/opt/sglang/releases/r1/venv/bin/python")
     assert words[i + 1] == "/opt/sglang/tools/allreduce_check.py"

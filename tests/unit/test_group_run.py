@@ -14,7 +14,7 @@ import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 
-from sglang_deploy.core import group
+from sglang_deploy.core import group, groupdecision
 from sglang_deploy.core.errors import GroupPreflightError, VerifyError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.shell import groupops, groupstage, hooks
@@ -30,21 +30,27 @@ def _card(node: str) -> dict:
     return group.card(node, G.rank_of(node), "rel1", {"tp-size": 16}, "580.65.06")
 
 
-def _prepare(order: list[str], reasons: dict[str, list[str]]) -> tuple[State, dict]:
-    """Each node of G prepared in ORDER (its own REASONS), as deploy.py's stages add a group
-    node's operations; returns the state and each node's operation names in order."""
+def _prepare(order: list[str], restart: bool) -> tuple[State, dict]:
+    """Each node of G prepared in ORDER with the group's decision (RESTART), as deploy.py's
+    stages add a group node's operations; returns the state and each node's operation names
+    in order."""
     inventory = Inventory(([("n0", {}), ("n1", {})], {}))
     state = State(inventory, Config())
     groupops.attach(state)
+    decision = groupdecision.Decision(("n0", "n1"), {"n0": (), "n1": ("unit",) if restart else ()},
+                                      {"n0": True, "n1": True})
+    cards = {n: _card(n) for n in G.members()}
     with ctx_state.use(state):
         for name in order:
             node = inventory.get_host(name)
             with ctx_host.use(node):
                 run = groupops.run_of(state, G)
-                groupstage.register(run, RUNNING, reasons.get(name, []), _card(name))
-                groupstage.add_preflight(run, "/srv/tools/rendezvous.py", "/usr/bin/python3")
-                groupstage.add_restart(run, "sglang", "restarts as one", "Start sglang")
-                groupstage.add_verify_as_one(run, "sglang", lambda w: {}, lambda s: None, "")
+                if decision.restart:
+                    groupstage.add_preflight(run, decision, cards, "/srv/tools/rendezvous.py",
+                                             "/usr/bin/python3")
+                    groupstage.add_restart(run, "sglang", "restarts as one", "Start sglang")
+                    groupstage.add_verify_as_one(run, "sglang", lambda w: {}, lambda s: None,
+                                                 "")
     names = {}
     for name in ("n0", "n1"):
         node = inventory.get_host(name)
@@ -55,23 +61,22 @@ def _prepare(order: list[str], reasons: dict[str, list[str]]) -> tuple[State, di
 
 @pytest.mark.parametrize("order", [["n0", "n1"], ["n1", "n0"]])
 def test_every_node_adds_the_same_operations_whatever_order_the_nodes_are_prepared_in(order):
-    state, names = _prepare(order, {"n1": ["unit"]})
+    state, names = _prepare(order, restart=True)
     assert names["n0"] == names["n1"] and len(names["n0"]) == 8, names
-    run = groupops.run_of(state, G)
-    assert run.restarting() and run.reasons() == ["n1: unit"]
-    # every gate of every node gives the same decision: n0 restarts because n1 changed
-    for node in ("n0", "n1"):
-        gates = [state.ops[state.inventory.get_host(node)][h].global_arguments["_if"]
+    for node in ("n0", "n1"):   # static conditions: the group's decision, made while preparing
+        conds = [state.ops[state.inventory.get_host(node)][h].global_arguments["_if"]
                  for h in state.get_op_order()]
-        assert all(getattr(g, "group_gate", False) for g in gates)
-        assert [g() for g in gates[:3]] == [True, True, True]   # the rendezvous: restart
+        assert all(isinstance(c, groupops.Decided) and c.group_gate for c in conds)
+        assert [c() for c in conds[:5]] == [True] * 5   # rendezvous, stop and start: all
+    _, quiet = _prepare(order, restart=False)
+    assert quiet == {"n0": [], "n1": []}
 
 
 def test_the_same_state_is_one_run_and_a_new_state_a_new_one():
-    a, _ = _prepare(["n0", "n1"], {})
-    b, _ = _prepare(["n0", "n1"], {"n0": ["release"]})
-    assert not groupops.run_of(a, G).restarting() and groupops.run_of(b, G).restarting()
+    a, _ = _prepare(["n0", "n1"], restart=True)
+    b, _ = _prepare(["n0", "n1"], restart=True)
     assert groupops.run_of(a, G) is groupops.run_of(a, G)
+    assert groupops.run_of(a, G) is not groupops.run_of(b, G)
     groupops.release(a)
     assert not hasattr(a, groupops._ATTR)
 
@@ -106,8 +111,7 @@ def test_the_rendezvous_collects_on_its_own_host_and_judges_once_every_node_coll
     import json
 
     run = groupops.GroupRun(G, 40000)
-    for n in ("n0", "n1"):
-        run.register(n, ["unit"], True, _card(n))
+    cards = {n: _card(n) for n in ("n0", "n1")}
     for n in order:  # one operation: each node waits for its own result file only
         fake = _as(monkeypatch, FakeHost(n, lambda cmd, n=n: json.dumps(_results()[n])))
         groupops.rendezvous_collect(run)
@@ -115,15 +119,14 @@ def test_the_rendezvous_collects_on_its_own_host_and_judges_once_every_node_coll
         assert all(other not in run.result_file(n) for other in ("n0", "n1"))
     for n in order:  # the next operation: the same verdict on every node
         _as(monkeypatch, FakeHost(n))
-        groupops.rendezvous_judge(run)
-    assert run.problems == [] and run.go()
+        groupops.rendezvous_judge(run, cards, True)
+    assert run.problems == []
 
 
 @pytest.mark.parametrize("order", [["n0", "n1"], ["n1", "n0"]])
 def test_a_node_without_a_result_fails_the_preflight_on_every_node(monkeypatch, order):
     run = groupops.GroupRun(G, 40000)
-    for n in ("n0", "n1"):
-        run.register(n, ["unit"], True, _card(n))
+    cards = {n: _card(n) for n in ("n0", "n1")}
     _as(monkeypatch, FakeHost("n0", lambda cmd: '{"ok": true, "ports": {}}'))
     groupops.rendezvous_collect(run)
     _as(monkeypatch, FakeHost("n1", lambda cmd: ""))   # gave nothing by its deadline
@@ -131,8 +134,8 @@ def test_a_node_without_a_result_fails_the_preflight_on_every_node(monkeypatch, 
     for n in order:
         _as(monkeypatch, FakeHost(n))
         with pytest.raises(GroupPreflightError, match="n1 <-> n0: the node gave no rendezvous"):
-            groupops.rendezvous_judge(run)
-    assert not run.go()
+            groupops.rendezvous_judge(run, cards, True)
+    assert run.problems
 
 
 def test_the_rendezvous_start_only_starts_the_tool_in_the_background():
@@ -207,14 +210,14 @@ def test_modes_that_split_a_group_are_refused_before_connecting(tmp_path, flag):
     assert "Connecting to hosts" not in r.both
 
 
-def test_the_groups_allreduce_check_needs_the_whole_selection_in_the_pool():
-    resolved = {h: SimpleNamespace(sglang_group="g1", gpu_allreduce_check=True) for h in "ab"}
+def test_any_pool_size_works_for_a_group_its_all_reduce_check_included():
     inventory = [SimpleNamespace(name=h) for h in "abc"]
-    with pytest.raises(Exception, match="a pool of 1 for 3 host"):
-        hooks.check_group_modes(inventory, resolved, None, {}, 1)
-    hooks.check_group_modes(inventory, resolved, None, {}, 3)
-    off = {h: SimpleNamespace(sglang_group="g1", gpu_allreduce_check=False) for h in "ab"}
-    hooks.check_group_modes(inventory, off, None, {"parallel": 1}, 1)   # any pool: no wait
+    for check in (True, False):
+        resolved = {h: SimpleNamespace(sglang_group="g1", gpu_allreduce_check=check)
+                    for h in "ab"}
+        hooks.check_group_modes(inventory, resolved, None, {"parallel": 1}, 1)   # no wait
+    with pytest.raises(Exception, match="no --serial"):
+        hooks.check_group_modes(inventory, resolved, None, {"serial": True}, 1)
 
 
 def test_the_rendezvous_tool_writes_its_result_whole_to_a_file(tmp_path):

@@ -138,21 +138,14 @@ def _run(n: int = 2) -> groupops.GroupRun:
     return groupops.GroupRun(_group(n), 40000)
 
 
-def test_the_group_restarts_when_any_node_wants_it_and_goes_only_after_its_preflight():
-    run = _run()
-    run.register("n0", [], True, {})
-    run.register("n1", [], True, {})
-    go, idle = groupops.Gate(run, "go"), groupops.Gate(run, "idle")
-    assert not run.restarting() and idle() and not go()
-    run.register("n1", ["not running"], False, {})
-    assert run.restarting() and groupops.Gate(run, "restart")() and not idle()
-    assert not go()                      # the rendezvous has not judged yet
-    run.problems = [group.Problem(("n1", "n0"), "x", "y")]
-    assert not go()
-    run.problems = []
-    assert go()
-    assert run.reasons() == ["n1: not running"]
-    assert getattr(go, "group_gate", False)
+def test_a_groups_operations_carry_the_decision_made_while_preparing():
+    go, other_rank = groupops.Decided(), groupops.Decided(False)
+    assert go() and not other_rank()
+    assert go.group_gate and other_rank.group_gate   # plan.changes: not this host's drift
+    assert repr(other_rank) == "Decided(False)"
+    fields = groupops.group_fields(_group(), "n1", ("unit",))
+    assert fields == {"group": "g1", "node_rank": 1, "group_nodes": ["n0", "n1"],
+                      "group_wants": ["unit"]}
 
 
 def test_a_nodes_own_ready_decision_stands_no_node_waits_for_another():
@@ -198,11 +191,15 @@ def test_a_rollout_batch_holds_a_whole_group_and_counts_it_once():
 
 
 def test_router_workers_are_rank_0_of_a_group_and_single_hosts():
+    from pyinfra.api import Inventory
+
     from sglang_deploy.shell.routing import Fleet, router_workers
 
-    fl = Fleet(workers=[("a", {"sglang_flags": {"node-rank": 0}}),
-                        ("b", {"sglang_flags": {"node-rank": 1}}), ("c", {})], routers=[])
-    assert [n for n, _ in router_workers(fl)] == ["a", "c"]
+    node = {"sglang_model_path": "/m", "sglang_lock": "l.txt", "sglang_group": "g",
+            "sglang_flags": {"tp-size": 16}}
+    inv = Inventory(([("a", {**node, "ssh_hostname": "10.0.0.1"}), ("b", node),
+                      ("c", {"sglang_model_path": "/m", "sglang_lock": "l.txt"})], {}))
+    assert [n for n, _ in router_workers(Fleet(inv))] == ["a", "c"]
 
 
 def test_rebuilding_a_groups_node_deploys_its_whole_group():

@@ -1,0 +1,274 @@
+"""A multi-node group's decision, made while its nodes are prepared (``core.groupdecision``,
+``shell.groupprep``): every node reads every node's facts (each fact read once per run,
+whichever node asks first), computes the same decision whatever order pyinfra prepares the
+nodes in, and adds the same operations with static conditions; a node restarted only because
+its peer changed gets the JIT check, the release smoke and the P2P retest all the same."""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.host import Host
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+
+from sglang_deploy.core import groupdecision, preflight
+from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
+from sglang_deploy.core.groupdecision import NodeState, Wanted
+from sglang_deploy.core.hoststate import HostState
+from sglang_deploy.core.service import Layout
+from sglang_deploy.shell import facts as facts_mod
+from sglang_deploy.shell import groupops, groupprep, plan, routing, stages, staging
+from sglang_deploy.shell.facts import Snapshot
+
+RELEASE = ("rel1", "0.5.12.post1", "sglang==0.5.12.post1\n")
+DATA = {"ssh_hostname": "10.0.0.10", "sglang_model_path": "/srv/models/m",
+        "sglang_lock": "locks/testbed.txt", "sglang_group": "g1",
+        "sglang_flags": {"tp-size": 16}, "verify_converged": True}
+
+
+# ------------------------------------------------------------------ pure
+def test_a_nodes_reasons_come_from_its_own_state_and_what_this_run_renders():
+    want = Wanted("u1", "s1")
+    serving = NodeState(active=True, running=True, unverified=False, unit_sha256="u1",
+                        secrets_sha256="s1")
+    assert groupdecision.node_reasons(serving, want) == ()
+    assert groupdecision.node_reasons(serving, Wanted("u2", "s1")) == ("unit",)
+    stopped = NodeState(active=False, running=False, unverified=False, unit_sha256="u1",
+                        secrets_sha256="s0", changing=("model", "release"))
+    assert groupdecision.node_reasons(stopped, want) == ("secrets", "release", "model",
+                                                        "not running")
+    unverified = NodeState(active=True, running=True, unverified=True, unit_sha256="u1",
+                           secrets_sha256="s1")
+    assert groupdecision.node_reasons(unverified, want) == ("running, never verified",)
+
+
+def test_the_group_restarts_when_any_node_has_a_reason():
+    ok = NodeState(active=True, running=True, unverified=False, unit_sha256="u",
+                   secrets_sha256="s")
+    want = {"n0": Wanted("u", "s"), "n1": Wanted("u", "s")}
+    quiet = groupdecision.decide(["n0", "n1"], {"n0": ok, "n1": ok}, want)
+    assert not quiet.restart and quiet.texts() == []
+    changed = groupdecision.decide(["n0", "n1"], {"n0": ok, "n1": ok},
+                                   {**want, "n1": Wanted("u2", "s")})
+    assert changed.restart and changed.texts() == ["n1: unit"] and changed.of("n0") == ()
+    rb = groupdecision.rollback_decision(["n0", "n1"], {"n0": False, "n1": True},
+                                         {"n0": True, "n1": True})
+    assert rb.restart and rb.texts() == ["n1: known-good restored"]
+
+
+# ------------------------------------------------------------------ prepared in pyinfra
+def _hoststate(s, secrets_sha256: str | None) -> dict:
+    lay = Layout.of(s)
+    return {"service": {"ActiveState": "active", "SubState": "running", "InvocationID": "inv",
+                        "UnitFileState": "enabled"},
+            "last_verified": {"invocation": "inv"},
+            "p2p_verified": {"gpus": 8, "policy": "require", "nccl_env": {}},
+            "paths": {lay.unit_file: {"kind": "file", "mode": "644", "owner": "root",
+                                      "group": "root", "sha256": None},
+                      lay.current: {"kind": "link", "target": lay.release_dir(RELEASE[0])}},
+            "releases": {
+                RELEASE[0]: {"complete": True, "patch": None}},
+            "python": "3.11", "secrets_sha256": secrets_sha256, "route_dev": "eth0",
+            "model": None, "users": ["sglang"]}
+
+
+class Facts:
+    """Each node's facts, every read counted (host, fact)."""
+
+    def __init__(self, states: dict[str, dict]):
+        self.states, self.reads = states, collections.Counter()
+
+    def get_fact(self, h, cls, *args, **kwargs):
+        self.reads[(h.name, cls.__name__)] += 1
+        if cls.__name__ == "HostSnapshot":
+            return Snapshot(state=HostState.from_json(copy.deepcopy(self.states[h.name])),
+                            gpu={}, output="")
+        if cls.__name__ == "PatchStatus":
+            return {"state": "already-applied", "file": "x.py"}
+        raise AssertionError(f"unexpected fact {cls.__name__} on {h.name}")
+
+
+def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
+    """A run of two nodes n0, n1 of group g1, both serving their converged configuration
+    except CHANGED (new secrets)."""
+    inventory = Inventory(([("n0", dict(DATA)), ("n1", {**DATA, "ssh_hostname": "10.0.0.11"})],
+                           {}))
+    state = State(inventory, Config())
+    fleet = routing.fleet_of(inventory)
+    routing.attach(state, fleet)
+    groupops.attach(state)
+    for h in inventory:
+        state.activate_host(h)
+        h.connected = True
+    states = {h.name: _hoststate(fleet.settings(h.name), "s-old") for h in inventory}
+    facts = Facts(states)
+    monkeypatch.setattr(Host, "get_fact", lambda self, cls, *a, **k: facts.get_fact(
+        self, cls, *a, **k))
+    state.current_stage = StateStage.Prepare
+    with ctx_state.use(state):
+        for h in inventory:  # the units and secrets each node runs: converged
+            s = fleet.settings(h.name)
+            with ctx_host.use(h):
+                _, wanted, _ = groupprep.node_view(h, s, fleet.group("g1"), RELEASE,
+                                                   stages.peer_unit)
+            states[h.name]["paths"][Layout.of(s).unit_file]["sha256"] = wanted.unit_sha256
+            states[h.name]["secrets_sha256"] = wanted.secrets_sha256
+    if changed is not None:
+        states[changed]["secrets_sha256"] = "s-old"
+    groupops.release(state)
+    groupops.attach(state)
+    for h in inventory:  # a new run's reads (``facts.read_host_state`` keeps them per run)
+        if hasattr(h, facts_mod._READS):
+            delattr(h, facts_mod._READS)
+    facts.reads.clear()
+    return state, facts
+
+
+def _context(state, name: str) -> stages.Context:
+    fleet = routing.fleet_of_state(state)
+    s = fleet.settings(name)
+    h = state.inventory.get_host(name)
+    hs = groupprep.snapshot(h, s, RELEASE[0]).state
+    ctx = stages.Context(settings=s, layout=Layout.of(s), hoststate=hs, release_id=RELEASE[0],
+                         sglang_version=RELEASE[1], lock_text=RELEASE[2],
+                         group=fleet.group_of(name), p2p_skipped=True,
+                         group_env={"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"},
+                         patch_state="applied")
+    _, ctx.nccl_env = preflight.use_p2p_record([], {}, hs.p2p_verified, s.sglang_service)
+    return ctx
+
+
+def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool = False):
+    """Each node's service and verify stages prepared in ORDER; returns the state, each
+    node's (operation name, condition) in order, what ran while preparing, and the reads."""
+    state, facts = _state(monkeypatch, changed)
+    seen: dict[str, list[str]] = collections.defaultdict(list)
+
+    def checks(ctx, unit_text, reasons, gate=None):
+        seen[_host_name()].append(f"checks {gate['_if']!r}")
+        return real_checks(ctx, unit_text, reasons, gate)
+
+    real_checks = staging.checks_before_start
+    monkeypatch.setattr(staging, "checks_before_start", checks)
+    monkeypatch.setattr(stages, "launch_flags_checked", lambda ctx: None)
+    monkeypatch.setattr(stages, "full_p2p_check",
+                        lambda ctx: seen[_host_name()].append("P2P retested while preparing"))
+    monkeypatch.setattr(plan, "read_only", lambda: read_only)
+    with ctx_state.use(state):
+        for name in order:
+            with ctx_host.use(state.inventory.get_host(name)):
+                ctx = _context(state, name)
+                stages.service_stage.__wrapped__.__wrapped__(ctx)
+                stages.verify_stage.__wrapped__.__wrapped__(ctx)
+    ops = {}
+    for name in ("n0", "n1"):
+        h = state.inventory.get_host(name)
+        ops[name] = [(min(state.get_op_meta(o).names),
+                      repr(state.ops[h][o].global_arguments.get("_if")))
+                     for o in state.get_op_order() if o in state.ops[h]]
+    return state, ops, seen, facts
+
+
+def _host_name() -> str:
+    from pyinfra import host
+    return host.name
+
+
+@pytest.mark.parametrize("order", [["n0", "n1"], ["n1", "n0"]])
+def test_every_node_makes_the_same_decision_and_adds_the_same_operations_in_any_order(
+        monkeypatch, order):
+    _, ops, seen, facts = _prepare(monkeypatch, order, changed="n1")
+    _, other, _, _ = _prepare(monkeypatch, list(reversed(order)), changed="n1")
+    names = {n: [name for name, _ in ops[n]] for n in ops}
+    # the same operations, in the same order, on both nodes and in both orders
+    assert names["n0"] == names["n1"] == [name for name, _ in other["n0"]]
+    assert [c for _, c in ops["n0"] if "Verify group" not in _] == \
+        [c for _, c in ops["n1"] if "Verify group" not in _]
+    assert ops == other
+    joined = "\n".join(names["n0"])
+    for step in ("rendezvous of group g1 started", "rendezvous result", "judged",
+                 "Stop sglang: group g1 restarts as one", "Start sglang with group g1",
+                 "rank 0 serves", "ready as one", "JIT toolchain", "Release smoke"):
+        assert step in joined, joined
+    # static conditions: the group's decision, made while preparing (no shared registration)
+    group_ops = [c for n in ops for name, c in ops[n]
+                 if "group g1" in name or "JIT" in name or "smoke" in name]
+    assert group_ops and set(group_ops) <= {"Decided(True)", "Decided(False)"}, group_ops
+    verify = {n: [c for name, c in ops[n] if "Verify group" in name] for n in ops}
+    assert verify["n0"] == ["Decided(False)", "Decided(True)", "Decided(True)"]  # rank 0
+    assert verify["n1"] == ["Decided(True)", "Decided(False)", "Decided(True)"]  # a worker
+    # n0 changed nothing itself: restarted only because n1 did, it is retested and checked
+    assert "P2P retested while preparing" in seen["n0"]
+    assert "checks Decided(True)" in seen["n0"]
+    # each node's facts read once in the whole preparation, whichever node asked first
+    assert facts.reads == {(n, f): 1 for n in ("n0", "n1") for f in ("HostSnapshot",
+                                                                     "PatchStatus")}
+
+
+def test_a_read_only_run_names_the_retest_of_a_node_restarted_by_its_peer(monkeypatch):
+    _, ops, seen, _ = _prepare(monkeypatch, ["n0", "n1"], changed="n1", read_only=True)
+    retest = [(name, c) for name, c in ops["n0"] if preflight.RETEST_NOTE in name]
+    assert retest and retest[0][1] == "Decided(True)"   # static: the group restarts
+    assert "P2P retested while preparing" not in seen["n0"]
+
+
+@pytest.mark.parametrize("order", [["n0", "n1"], ["n1", "n0"]])
+def test_a_converged_group_adds_no_restart_on_any_node(monkeypatch, order):
+    _, ops, seen, _ = _prepare(monkeypatch, order, changed=None)
+    for node in ("n0", "n1"):
+        names = [name for name, _ in ops[node]]
+        assert not any("Stop sglang" in n or "rendezvous" in n or "smoke" in n for n in names)
+        assert any("Verify the running node (group g1, not restarted)" in n for n in names)
+    assert not seen
+
+
+def test_a_peer_that_is_not_connected_fails_the_node_with_the_fix(monkeypatch):
+    state, _ = _state(monkeypatch, changed=None)
+    state.inventory.get_host("n1").connected = False
+    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")), \
+            pytest.raises(GroupPreflightError, match="n1 is not connected") as exc:
+        groupprep.decide(state, routing.fleet_of_state(state).group("g1"), RELEASE,
+                         stages.peer_unit)
+    assert "--exclude" in exc.value.fix
+
+
+def test_own_changes_the_decision_does_not_see_stop_the_deploy(monkeypatch):
+    state, _ = _state(monkeypatch, changed=None)
+    from sglang_deploy.shell import groupstage
+
+    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")):
+        ctx = _context(state, "n0")
+        with pytest.raises(RuntimeSetupError, match="no restart"):
+            groupstage.decided(ctx, ["release"], stages.peer_unit)
+
+
+def test_a_rollback_decides_the_same_on_every_node_from_every_nodes_state(monkeypatch):
+    """n1 runs another unit than its known-good one: the group goes back as one, decided
+    the same on n0 (nothing of its own to restore), each node's state read once."""
+    state, _ = _state(monkeypatch, changed=None)
+    kg = {"record": {"release": "rel0"}, "unit_sha256": "u0", "secrets_sha256": None}
+    hs = {n: {"known_good": kg, "releases": {"rel0": {"complete": True}}, "current": "rel0",
+              "unit_sha256": "u0" if n == "n0" else "u-new", "secrets_sha256": None,
+              "service": {"ActiveState": "active", "SubState": "running"}}
+          for n in ("n0", "n1")}
+    reads = collections.Counter()
+
+    def get_fact(self, cls, *a, **k):
+        reads[self.name, cls.__name__] += 1
+        return HostState.from_json(copy.deepcopy(hs[self.name]))
+
+    monkeypatch.setattr(Host, "get_fact", get_fact)
+    g = routing.fleet_of_state(state).group("g1")
+    decisions = []
+    for name in ("n1", "n0"):
+        with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
+            decisions.append(groupprep.decide_rollback(state, g))
+    assert decisions[0] == decisions[1]
+    decision, cards = decisions[0]
+    assert decision.restart and decision.texts() == ["n1: known-good restored"]
+    assert {c["release"] for c in cards.values()} == {"rel0"}
+    assert reads == {("n0", "SglangHostState"): 1, ("n1", "SglangHostState"): 1}
