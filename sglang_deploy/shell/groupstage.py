@@ -130,7 +130,7 @@ def group_checks(ctx, serving_poll) -> tuple:
     fact of the plan's record (``status``)."""
     s, g = ctx.settings, ctx.group
     run = groupops.run_of(state, g)
-    if plan.plan_dir() is not None:
+    if plan.planning():
         plan.record(state, host, ctx, serving_poll(), extra=groupops.group_fields(run, host.name))
     was_active = ctx.hoststate["service"].get("ActiveState") == "active"
     params = ctx.verify_params()

@@ -383,6 +383,15 @@ def _check_input(state, inventory, initial_limit) -> None:
         raise inputerror.InputError(exc) from exc
 
 
+def attach_journal(state, dry: bool) -> list[BaseStateCallback]:
+    """Attach this run's journal (``shell/journal.py``) and its outcome recorder to STATE
+    (released by the recorder after the run's last host), and note whether the run is
+    ``--dry`` (DRY, read while deploy files load: ``plan.read_only``). Returns the callback
+    handlers to add, after every other (they note what the recorder records)."""
+    plan.mark_read_only(state, dry)
+    return [outcomes.attach(state, state.cwd, dry=dry)]
+
+
 def install(state) -> None:
     """Install every hook on ``state`` (before ``State.init``): pyinfra's cheap
     operation order and argument types (``pyinfrafast``), data validation as soon as the
@@ -409,10 +418,7 @@ def install(state) -> None:
         initial_limit = _group_limit(inventory, initial_limit)
         result = original(inventory, config, initial_limit=initial_limit, **kwargs)
         # each host's outcome record (last: the handlers above note what it records)
-        dry = bool(cli_params().get("dry"))
-        plan.mark_read_only(state, dry)  # read while deploy files load (``plan.read_only``)
-        recorder = outcomes.install(state, state.cwd, dry=dry)
-        for each in [*handlers, recorder]:
+        for each in [*handlers, *attach_journal(state, bool(cli_params().get("dry")))]:
             state.add_callback_handler(each)
         _check_input(state, inventory, initial_limit)
         _checked = True
