@@ -39,7 +39,7 @@ def mark_read_only(state, dry: bool) -> None:
 
 def read_only() -> bool:
     """Whether this pyinfra run only plans: ``--dry`` (``deploy.py --dry``, ``rollout --dry``)
-    or a plan folder (``status``, ``report``). A read-only run never touches a serving host's
+    or a plan run (``status``, ``doctor``: ``planning``). A read-only run never touches a serving host's
     GPUs (``preflight.probe_plan``)."""
     from pyinfra import state
 

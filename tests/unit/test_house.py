@@ -174,7 +174,6 @@ DOCUMENTED = {
         "pyinfra's global argument table, built once (pyinfrafast)",
     # per-run state of one pyinfra (or sglang-deploy) process
     ("sglang_deploy.shell.hooks", "_checked"): "config.py's check ran (require_checked)",
-    ("sglang_deploy.shell.outcomes", "_recorder"): "this run's outcome recorder",
     ("sglang_deploy.shell.lockedflags", "_WARNED"): "a missing wheel is warned about once a run",
     ("sglang_deploy.shell.groupops", "_RUNS"): "the multi-node groups of this run",
     ("sglang_deploy.shell.runner", "VERBOSITY"): "the CLI's -v, for the pyinfra it starts",
