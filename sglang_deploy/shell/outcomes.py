@@ -38,7 +38,6 @@ from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import SglangDeployError
 from sglang_deploy.shell import journal, pyinfraerror
 
-
 # ------------------------------------------------------------------ in the pyinfra process
 
 _PHASES = {StateStage.Setup: "connect", StateStage.Connect: "connect",
@@ -47,8 +46,8 @@ _PHASES = {StateStage.Setup: "connect", StateStage.Connect: "connect",
 
 
 class Recorder(BaseStateCallback):
-    """Writes each host's record as the run goes (see the module's text). One per pyinfra
-    process (``install``)."""
+    """Writes each host's record into the run's journal as the run goes (see the module's
+    text). One per run, on its State (``attach``)."""
 
     def __init__(self, writer: journal.Writer, dry: bool = False) -> None:
         self.journal = writer

@@ -18,9 +18,6 @@ from sglang_deploy.core import journal as shape
 from sglang_deploy.shell import journal
 from sglang_deploy.shell.journal import PLAN_ENV
 
-__all__ = ["PLAN_ENV", "changes", "mark_read_only", "planning", "preflight", "read_only",
-           "record", "status_fields"]
-
 
 def planning() -> bool:
     """Whether this pyinfra run is a plan run (``PLAN_ENV``)."""
@@ -39,8 +36,8 @@ def mark_read_only(state, dry: bool) -> None:
 
 def read_only() -> bool:
     """Whether this pyinfra run only plans: ``--dry`` (``deploy.py --dry``, ``rollout --dry``)
-    or a plan run (``status``, ``doctor``: ``planning``). A read-only run never touches a serving host's
-    GPUs (``preflight.probe_plan``)."""
+    or a plan run (``status``, ``doctor``: ``planning``). A read-only run never touches a
+    serving host's GPUs (``preflight.probe_plan``)."""
     from pyinfra import state
 
     return planning() or bool(getattr(state, _READ_ONLY, False))
@@ -52,8 +49,9 @@ def preflight(name: str, checks: list, nccl_env: dict | None = None,
     INVENTORY`` shows), and a failing one as its ``plan`` (the deploy would stop there)."""
     if not planning():
         return
-    journal.record(name, shape.PREFLIGHT, {"host": name, "checks": [c.to_dict() for c in checks],
-                                 "nccl_env": nccl_env or {}, "p2p_matrix": matrix})
+    journal.record(name, shape.PREFLIGHT, {
+        "host": name, "checks": [c.to_dict() for c in checks], "nccl_env": nccl_env or {},
+        "p2p_matrix": matrix})
     failed = [c for c in checks if c.status == "fail"]
     if not failed:
         return

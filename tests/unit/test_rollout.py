@@ -2,7 +2,6 @@
 (pure parts)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
