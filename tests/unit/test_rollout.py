@@ -217,6 +217,39 @@ def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch)
     assert results["c"].status == "untouched"
 
 
+def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, monkeypatch):
+    """`rollout --dry`: one plan run (SGLANG_DEPLOY_PLAN=1); each host's plan, or its outcome
+    record when it has none, comes from the run's journal."""
+    import io
+
+    from sglang_deploy.shell import journal, runner
+
+    asked = {}
+
+    def fake(inventory, deploy_file, *, limit=(), env=None, dry=False, **kw):
+        asked.update(env=env, dry=dry)
+        put = journal.Writer(env[journal.JOURNAL_ENV]).put
+        put("a", "plan", {"host": "a", "preflight": "pass", "changes": []})
+        put("b", "plan", {"host": "b", "preflight": "pass", "changes": ["Restart sglang"]})
+        put("c", "outcome", outcome.record("c", "unreachable", "connect",
+                                           error=outcome.unreachable_error("timed out")))
+        return runner.Run(argv=[], rc=1, output="", seconds=1.0)
+
+    monkeypatch.setattr(runner, "run_pyinfra", fake)
+    out, doc = io.StringIO(), io.StringIO()
+    r = rollout.Rollout(inventory="inv.py", out=out, json_out=doc,
+                        progress=HostProgress(out=io.StringIO()))
+    assert r.dry_run(["a", "b", "c"], tmp_path) == common.EXIT_FAILED
+    assert asked["dry"] and asked["env"][journal.PLAN_ENV] == "1"
+    hosts = {h["host"]: h for h in json.loads(doc.getvalue())["hosts"]}
+    assert hosts["a"] == {"host": "a", "ok": True, "error": None, "changes": []}
+    assert hosts["b"]["changes"] == ["Restart sglang"]
+    assert not hosts["c"]["ok"] and hosts["c"]["error"] == "did not answer over SSH: timed out"
+    text = out.getvalue()
+    assert "  a: no change" in text and "      - Restart sglang" in text
+    assert "  c: no plan (unreachable, or its data is invalid)" in text
+
+
 # ------------------------------------------------------------------ staging before the drain
 
 def test_staging_is_judged_by_its_record():
