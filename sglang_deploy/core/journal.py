@@ -29,22 +29,25 @@ OUTCOME, PLAN, PREFLIGHT, REPORT, BENCH = "outcome", "plan", "preflight", "repor
 PARTS = (OUTCOME, PLAN, PREFLIGHT, REPORT, BENCH)
 
 
-def empty() -> dict:
-    """A journal that holds no host yet."""
-    return {"schema": SCHEMA, "hosts": {}}
-
-
-def put(doc: dict, host: str, part: str, value: dict) -> dict:
-    """DOC with HOST's PART set to VALUE (DOC is changed in place and returned)."""
+def put(entry: dict, part: str, value: dict) -> dict:
+    """A host's ENTRY with its PART set to VALUE (ENTRY is changed in place and returned)."""
     if part not in PARTS:
         raise ValueError(f"not a part of a host's journal entry: {part!r} (one of {PARTS})")
-    doc.setdefault("hosts", {}).setdefault(host, {})[part] = value
-    return doc
+    entry[part] = value
+    return entry
 
 
-def dumps(doc: dict) -> str:
-    """The journal's text (what the file holds)."""
-    return json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n"
+def entry_text(entry: dict) -> str:
+    """One host's entry as the journal's text holds it (one line)."""
+    return json.dumps(entry, sort_keys=True, default=str)
+
+
+def text(entries: dict[str, str]) -> str:
+    """The journal's text (what the file holds) from each host's ``entry_text``, one line per
+    host: a record rewrites one host's line, not the whole document (the writer keeps the
+    other lines as they were)."""
+    lines = ",\n".join(f"  {json.dumps(host)}: {line}" for host, line in sorted(entries.items()))
+    return f'{{"schema": {SCHEMA}, "hosts": {{\n{lines}\n}}}}\n'
 
 
 @dataclass(frozen=True)

@@ -59,11 +59,13 @@ class Writer:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.doc = shape.empty()
+        self.entries: dict[str, dict] = {}  # host -> its entry
+        self.lines: dict[str, str] = {}  # host -> its entry's text (``shape.entry_text``)
 
     def put(self, host: str, part: str, value: dict) -> None:
-        shape.put(self.doc, host, part, value)
-        atomicfile.write(self.path, shape.dumps(self.doc))
+        entry = shape.put(self.entries.setdefault(host, {}), part, value)
+        self.lines[host] = shape.entry_text(entry)
+        atomicfile.write(self.path, shape.text(self.lines))
 
 
 #: the attribute of a pyinfra State that holds its run's ``Writer``

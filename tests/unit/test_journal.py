@@ -4,6 +4,7 @@ through one reader."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -97,6 +98,17 @@ def test_the_writer_keeps_every_part_of_every_host_in_one_file(tmp_path):
         "h1": "passed", "h2": "missing"}
     with pytest.raises(ValueError, match="not a part"):
         w.put("h1", "notes", {})
+
+
+def test_the_file_is_json_with_one_line_per_host(tmp_path):
+    path = tmp_path / "journal.json"
+    assert shape.parse(shape.text({})).hosts == {}
+    w = journal.Writer(path)
+    w.put('odd "name"', shape.PLAN, {"changes": ["a\nb"]})
+    w.put("h1", shape.REPORT, SUMMARY)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4 and lines[1].startswith('  "h1": ')  # sorted by host
+    assert json.loads(path.read_text())["hosts"]['odd "name"'] == {"plan": {"changes": ["a\nb"]}}
 
 
 @pytest.mark.parametrize("text", [None, "", "{ half", "[]", '{"hosts": 3}'])
