@@ -109,12 +109,12 @@ def _main(argv: list[str] | None) -> int:
     from sglang_deploy.core.errors import SglangDeployError
     from sglang_deploy.shell import runner
 
-    runner.VERBOSITY = verbose
     prog = f"sglang-deploy {args.command}"
     try:
-        if hasattr(args, "_run"):
-            return args._run(args)
-        return args._module.run(args)
+        with runner.verbose(verbose):  # the -v of every pyinfra run the command starts
+            if hasattr(args, "_run"):
+                return args._run(args)
+            return args._module.run(args)
     except SglangDeployError as exc:
         if verbose:
             traceback.print_exc()

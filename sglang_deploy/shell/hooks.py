@@ -2,13 +2,19 @@
 the host-side deploy lock held for the whole connection, a clear message for a lost connection,
 and each host's outcome record (``shell/outcomes.py``) for the commands that ran pyinfra.
 
+``install`` is ``INTEGRATION.install``: the one object that does everything done to pyinfra
+(``shell/integration.py``: the speed-ups, the wrapped ``State.init``, gevent's hub, the log
+records), given this module's parts: the run's callback handlers (``handlers``), its per-run
+objects (``PER_RUN``: each attached to the run's State when it starts and released at its
+end; add one there for a new per-run object), the ``--limit`` of a group (``_group_limit``)
+and the checks before any connection (``check_run``).
+
 pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.init`` runs
-after that, so ``install`` wraps this state's ``init``: as soon as the inventory exists, the
-data of EVERY host is checked and a ``DataError`` stops the run there, before
-``connect_all`` starts any connection (the CLI prints it as a pyinfra error, no traceback).
-The same place refuses what pyinfra itself lets pass with exit status 0 having done nothing:
-an inventory with no host (pyinfra only warns for a missing file) and a ``--limit`` pattern
-that matches no host (``check_selection``).
+after that: as soon as the inventory exists, the data of EVERY host is checked and a
+``DataError`` stops the run there, before ``connect_all`` starts any connection (the CLI
+prints it as a pyinfra error, no traceback). The same place refuses what pyinfra itself lets
+pass with exit status 0 having done nothing: an inventory with no host (pyinfra only warns
+for a missing file) and a ``--limit`` pattern that matches no host (``check_selection``).
 
 pyinfra reads ``config.py`` from the current folder only: run from another folder, none of
 this is installed. deploy.py, rollback.py and preflight.py therefore call
@@ -17,32 +23,41 @@ this is installed. deploy.py, rollback.py and preflight.py therefore call
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
-import gevent
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, pyinfrafast, routing
+from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, routing
+from sglang_deploy.shell.integration import (PerRun, PyinfraIntegration, ReleasePerRun, RunStart,
+                                             cli_params, is_checked)
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file, with_group_limits
 from sglang_deploy.shell.lockfiles import read as read_lock
 from sglang_deploy.shell import plan
 from sglang_deploy.shell.plan import PLAN_ENV
-from sglang_deploy.shell.pyinfraerror import ToolError, for_pyinfra, translated
-
-#: True once this process's pyinfra run has checked its hosts (``install``'s ``init``)
-_checked = False
+from sglang_deploy.shell.pyinfraerror import for_pyinfra
 
 
 def _pyinfra_warning(text: str) -> None:
     logger.warning(f"sglang-deploy: {text}")
+
+
+def once(warn: Callable[[str], None]) -> Callable[[str], None]:
+    """WARN, each text told once (one call of ``validate_inventory``: once a run)."""
+    told: set[str] = set()
+
+    def warn_once(text: str) -> None:
+        if text not in told:
+            told.add(text)
+            warn(text)
+
+    return warn_once
 
 
 def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
@@ -54,6 +69,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning
     here); raise the first ``DataError``, naming the host. Returns each host's Settings
     (host name -> Settings): the run resolves them once, here."""
     resolved: dict[str, datamod.Settings] = {}
+    warn = once(warn)  # a warning shared by hosts (a missing wheel) is told once
     for each in inventory:
         try:
             settings = routing.settings(each, inventory)
@@ -127,31 +143,6 @@ def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_
                 "`gpu_allreduce_check = false` for this run")
 
 
-class ReleaseGroupRuns(BaseStateCallback):
-    """The run's ``groupops.GroupRuns`` (attached to the state when it starts) released once
-    its last connected host disconnects: nothing of a group outlives its run."""
-
-    def __init__(self) -> None:
-        self.connected: set[str] = set()
-
-    def host_connect(self, state, host):  # type: ignore[override]
-        self.connected.add(host.name)
-
-    def host_disconnect(self, state, host):  # type: ignore[override]
-        self.connected.discard(host.name)
-        if not self.connected:
-            groupops.release(state)
-
-
-def cli_params() -> dict:
-    """The arguments of the running pyinfra command line (click's context: ``inventory``,
-    ``limit``...), or {} outside the pyinfra CLI."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    return dict(ctx.params) if ctx is not None else {}
-
-
 def check_selection(inventory, initial_limit, params: dict, cwd: str | None = None) -> None:
     """Raise a ``UsageError`` where pyinfra would act on no host, or on fewer than asked, and
     exit 0: INVENTORY has no host (pyinfra makes an empty inventory of a missing file), a
@@ -178,8 +169,11 @@ def require_checked(deploy_file: str) -> None:
     """Stop a deploy file (before any operation) that runs without this project's
     ``config.py``: pyinfra loads ``config.py`` from the current folder only, so from another
     folder no host's data is checked (a launch flag typo goes to the host) and nothing of
-    ``install`` is in place (the deploy lock, FAIL_PERCENT=0)."""
-    if _checked:
+    ``install`` is in place (the deploy lock, FAIL_PERCENT=0): the run's State is not
+    marked checked (``integration.is_checked``)."""
+    from pyinfra.context import ctx_state
+
+    if is_checked(ctx_state.get()):
         return
     project = Path(deploy_file).resolve().parent
     raise for_pyinfra(UsageError(
@@ -319,27 +313,6 @@ class HoldDeployLock(BaseStateCallback):
             logger.warning(f"{host.print_prefix}{verdict.message}")
 
 
-class TypedErrorsWithoutTraceback(logging.Filter):
-    """pyinfra logs an exception raised in a Python callback (``python.call``) as a traceback,
-    then `Unexpected error in Python callback: X(...)`. For this tool's typed errors the
-    traceback is noise: keep only the error's own text (expected / found / fix)."""
-
-    _tail = re.compile(r"^sglang_deploy\.core\.errors\.\w+: ", re.MULTILINE)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - never break logging
-            return True
-        if text.startswith("Traceback (most recent call last):"):
-            m = self._tail.search(text)
-            if m:
-                record.msg, record.args = text[m.end():], ()
-            return True
-        return not ("Unexpected error in Python callback: " in text
-                    and any(f": {name}(" in text for name in errors.__all__))
-
-
 def _group_limit(inventory, initial_limit):
     """``--limit GROUP`` of a multi-node group's name (``sglang_group``) selects its nodes,
     as ``sglang-deploy --limit`` does (``inventory.with_group_limits``)."""
@@ -351,77 +324,64 @@ def _group_limit(inventory, initial_limit):
     return with_group_limits(inventory, initial_limit, limit, exclude)
 
 
-class NoLimitWarnings(logging.Filter):
-    """pyinfra's `No host matches found for --limit pattern: X` comes before the hooks know
-    the inventory: X may be a multi-node group's name (``_group_limit``), and a pattern that
-    matches nothing stops the run with its own error (``check_selection``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            return "No host matches found for --limit pattern" not in record.getMessage()
-        except Exception:  # noqa: BLE001 - never break logging
-            return True
-
-
-def _check_input(state, inventory, initial_limit) -> None:
-    """The selection and every host's data; an input error ends the run as one (its own
-    text, exit status 2: ``inputerror``), not as pyinfra's error in a source file."""
-    from sglang_deploy.shell import inputerror
-
-    try:
-        check_selection(inventory, initial_limit, cli_params(), state.cwd)
-        # each host's Settings, resolved once here, are what the stages read
-        resolved = validate_inventory(inventory, state.cwd)
-        check_group_selection(inventory, resolved, initial_limit)
-        check_group_modes(inventory, resolved, initial_limit, cli_params(),
-                          state.config.PARALLEL or len(list(inventory)))
-        groupops.attach(state)  # the groups' shared results in this run (released at its end)
-        routing.remember(state, resolved)
-    except errors.SglangDeployError as exc:
-        if not inputerror.is_input_error(exc):
-            raise
-        raise inputerror.InputError(exc) from exc
+def check_run(run: RunStart) -> dict[str, datamod.Settings]:
+    """The selection and every host's data, before any connection; each host's Settings,
+    resolved once here, are what the stages read."""
+    inventory, initial_limit = run.inventory, run.initial_limit
+    check_selection(inventory, initial_limit, cli_params(), run.cwd)
+    resolved = validate_inventory(inventory, run.cwd)
+    check_group_selection(inventory, resolved, initial_limit)
+    check_group_modes(inventory, resolved, initial_limit, cli_params(),
+                      run.state.config.PARALLEL or len(list(inventory)))
+    return resolved
 
 
-def attach_journal(state, dry: bool) -> list[BaseStateCallback]:
-    """Attach this run's journal (``shell/journal.py``) and its outcome recorder to STATE
-    (released by the recorder after the run's last host), and note whether the run is
-    ``--dry`` (DRY, read while deploy files load: ``plan.read_only``). Returns the callback
-    handlers to add, after every other (they note what the recorder records)."""
-    plan.mark_read_only(state, dry)
-    return [outcomes.attach(state, state.cwd, dry=dry)]
+# ------------------------------------------------------------------ the run's per-run objects
+def _read_only(run: RunStart) -> None:
+    plan.mark_read_only(run.state, run.dry)  # read while deploy files load (``plan.read_only``)
+
+
+def _journal(run: RunStart) -> BaseStateCallback:
+    """The run's journal (``shell/journal.py``) and the recorder of each host's outcome in
+    it, on the run's State; the recorder is the run's last handler (it records what the
+    others noted)."""
+    return outcomes.attach(run.state, run.cwd, dry=run.dry)
+
+
+def _group_runs(run: RunStart) -> None:
+    groupops.attach(run.state)  # the groups' shared results in this run
+
+
+def _settings(run: RunStart) -> None:
+    routing.remember(run.state, run.settings or {})
+
+
+#: the per-run objects of a pyinfra run, in order (``integration.PerRun``)
+PER_RUN = (
+    PerRun("read-only", _read_only, checked=False),
+    PerRun("journal", _journal, release=outcomes.release, checked=False),
+    PerRun("group runs", _group_runs, release=groupops.release),
+    PerRun("settings", _settings),
+)
+
+
+def handlers(release: ReleasePerRun) -> list[BaseStateCallback]:
+    """The run's callback handlers (RELEASE: its per-run objects' release), in order:
+    TCP_NODELAY and then the deploy lock after each connection, clear messages for a changed
+    host key and a lost connection."""
+    out = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay(), release]
+    if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
+        out.append(HoldDeployLock())
+    return out
+
+
+#: everything done to pyinfra (``shell/integration.py``), with this module's parts
+INTEGRATION = PyinfraIntegration(handlers=handlers, per_run=PER_RUN, select=_group_limit,
+                                 check=check_run)
 
 
 def install(state) -> None:
-    """Install every hook on ``state`` (before ``State.init``): pyinfra's cheap
-    operation order and argument types (``pyinfrafast``), data validation as soon as the
-    inventory exists, TCP_NODELAY and then the deploy lock after each connection,
-    clear messages for a changed host key and a lost connection, typed errors without
-    tracebacks, each host's outcome record (``outcomes.Recorder``); an empty inventory or a
-    --limit matching no host stops the run (``check_selection``), and deploy files may then
-    run (``require_checked``)."""
-    pyinfrafast.install()  # before any operation is added
-    logger.addFilter(TypedErrorsWithoutTraceback())
-    logger.addFilter(NoLimitWarnings())
-
-    # a typed error raised in a connecting greenlet is reported by the CLI, not as a traceback
-    hub = gevent.get_hub()
-    hub.NOT_ERROR = (*hub.NOT_ERROR, ToolError)
-    handlers = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay(), ReleaseGroupRuns()]
-    if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
-        handlers.append(HoldDeployLock())
-    original = state.init
-
-    @translated()
-    def init(inventory, config, initial_limit=None, **kwargs):
-        global _checked
-        initial_limit = _group_limit(inventory, initial_limit)
-        result = original(inventory, config, initial_limit=initial_limit, **kwargs)
-        # each host's outcome record (last: the handlers above note what it records)
-        for each in [*handlers, *attach_journal(state, bool(cli_params().get("dry")))]:
-            state.add_callback_handler(each)
-        _check_input(state, inventory, initial_limit)
-        _checked = True
-        return result
-
-    state.init = init
+    """Install every hook on ``state`` (config.py, before ``State.init``): ``INTEGRATION``
+    (the module docstring); an empty inventory or a --limit matching no host stops the run
+    (``check_selection``), and deploy files may then run (``require_checked``)."""
+    INTEGRATION.install(state)

@@ -119,24 +119,22 @@ def locked_flags(lock: Path, wheelhouse: str | None = None,
     return LockedFlags(pin.version, spec, str(wheel))
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)  # a cache: a lock file's version (its mtime) never changes
 def _locked_flags_once(lock: str, mtime_ns: int, wheelhouse: str | None) -> LockedFlags:
     return locked_flags(Path(lock), wheelhouse)
-
-
-_WARNED: set[str] = set()
 
 
 def check(settings: datamod.Settings, cwd: str | os.PathLike = ".",
           warn: Callable[[str], None] | None = None) -> list[flagmod.Problem]:
     """Check one host's launch flags against the locked sglang; raise DataError (key
     ``sglang_flags``) naming each bad flag and the closest flag of that version. Returns the
-    warnings (deprecated flags). Reads the lock once per file version and run."""
+    warnings (deprecated flags). Reads the lock once per file version and run. WARN is told
+    why the flags could not be checked here, for each host (``hooks.validate_inventory``
+    tells a run's warning once)."""
     lock = Path(cwd) / settings.sglang_lock
     locked = _locked_flags_once(str(lock), lock.stat().st_mtime_ns, settings.sglang_wheelhouse)
     if locked.spec is None:
-        if warn is not None and locked.warning not in _WARNED:
-            _WARNED.add(locked.warning or "")
+        if warn is not None:
             warn(locked.warning or "")
         return []
     try:

@@ -7,7 +7,7 @@ The record's shape and the decision made from it are ``core/outcome.py``; the co
 them with ``journal.read(PATH).outcomes(HOSTS)``.
 
 Who writes, in the pyinfra process (``Recorder``, attached to the run's State with its journal
-by ``hooks.attach_journal``):
+when the run starts: ``attach``, a per-run object of ``hooks.PER_RUN``):
 
 - a connection that fails (``host_connect_error``): ``unreachable``, with the connector's
   message; a deploy lock held by another run (``hooks.HoldDeployLock``) and a host's invalid
@@ -21,7 +21,8 @@ by ``hooks.attach_journal``):
 - the end of the host's connection (``host_disconnect``): ``passed`` when pyinfra ran every
   operation (or, with ``--dry``, prepared every host) and the host did not fail, else
   ``interrupted``, saying which host stopped the run. After the last host the recorder and
-  the journal are released from the State (nothing of a run outlives it).
+  the journal are released from the State (``release``: nothing of a run outlives it; the
+  recorder keeps its own journal for the records of that last host).
 
 A record still ``running`` after the run means the process was killed there.
 """
@@ -59,7 +60,6 @@ class Recorder(BaseStateCallback):
         self.pending: dict[str, Any] = {}  # host -> error noted for the failing operation
         self.op_stage: dict[tuple[str, str], str] = {}  # (host, op hash) -> its stage
         self.failed_op: dict[str, str] = {}  # host -> the op hash that failed on it
-        self.connected: set[str] = set()  # the hosts connected now (``release`` after the last)
 
     # -------------------------------------------------------------- writing
     def phase(self) -> str:
@@ -98,7 +98,6 @@ class Recorder(BaseStateCallback):
     # -------------------------------------------------------------- pyinfra callbacks
     def host_connect(self, state, host):  # type: ignore[override]
         self.state = state
-        self.connected.add(host.name)
         self.enter(host.name, "connect")
 
     def host_connect_error(self, state, host, error):  # type: ignore[override]
@@ -125,13 +124,6 @@ class Recorder(BaseStateCallback):
 
     def host_disconnect(self, state, host):  # type: ignore[override]
         self.state = state
-        self.record_end(state, host)
-        self.connected.discard(host.name)
-        if not self.connected:
-            release(state)
-
-    def record_end(self, state, host) -> None:
-        """HOST's final record, as its connection ends (see the module's text)."""
         name = host.name
         if self.is_final(name):
             if name in self.failed_op and self.last[name]["outcome"] == outcome.FAILED:
@@ -186,8 +178,8 @@ _ATTR = "sglang_deploy_recorder"
 
 def attach(state, cwd: str | None, dry: bool) -> Recorder:
     """Give STATE its run's journal (``journal.journal_path(CWD)``) and the recorder writing
-    each host's outcome there (``hooks.attach_journal``); both are released after the run's
-    last host (``release``)."""
+    each host's outcome there (``hooks.PER_RUN``); both are released after the run's last
+    host (``release``, by ``integration.ReleasePerRun``)."""
     recorder = Recorder(journal.attach(state, journal.journal_path(cwd)), dry=dry)
     recorder.state = state
     setattr(state, _ATTR, recorder)

@@ -19,17 +19,17 @@ pyinfra does this work on every operation call (13 operations per host and no-op
   raising a ``KeyError`` per layer that lacks the key. ``pop_global_arguments`` here reads
   the layers once per call and looks the keys up in them, in the same order.
 
-``install()`` (called by ``hooks.install``, so by ``config.py`` before any operation is
-added) puts them in place for the pyinfra version this project pins and tests
-(``PYINFRA_VERSION``); any other version keeps its own functions
-(``tests/unit/test_pyinfrafast.py`` compares each with pyinfra's and fails when the pin moves).
+``integration.install_speedups`` (called by ``hooks.install``, so by ``config.py`` before any
+operation is added) puts them in place for the pyinfra version this project pins and tests
+(``integration.PYINFRA_VERSION``, ``integration.SPEEDUPS``); any other version keeps its own
+functions and is warned about. ``tests/unit/test_pyinfrafast.py`` compares each with pyinfra's,
+``tests/unit/test_integration.py`` fails when the pin or pyinfra's source moves.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-
-PYINFRA_VERSION = "3.10.0"
 
 
 def operation_order(state, frame) -> list[int]:
@@ -60,24 +60,25 @@ def operation_order(state, frame) -> list[int]:
     return lines
 
 
-def _from_caller(state) -> list[int]:
+def from_caller(state) -> list[int]:
+    """``get_operation_order_from_stack(state)``, for the stack of its caller."""
     return operation_order(state, sys._getframe(1))
 
 
-_GLOBAL_ARGUMENTS: tuple = ()
+@functools.cache
+def _global_argument_table() -> tuple[tuple[str, type], ...]:
+    """A cache: pyinfra's global arguments and their types depend on its classes only."""
+    from typing import get_type_hints
+
+    from pyinfra.api.arguments import AllArguments
+
+    return tuple(get_type_hints(AllArguments).items())
 
 
 def global_arguments() -> list[tuple[str, type]]:
     """``all_global_arguments()``: every global argument and its type, computed once (a new
     list per call, as pyinfra's callers get)."""
-    global _GLOBAL_ARGUMENTS
-    if not _GLOBAL_ARGUMENTS:
-        from typing import get_type_hints
-
-        from pyinfra.api.arguments import AllArguments
-
-        _GLOBAL_ARGUMENTS = tuple(get_type_hints(AllArguments).items())
-    return list(_GLOBAL_ARGUMENTS)
+    return list(_global_argument_table())
 
 
 def pop_global_arguments(state, host, kwargs: dict):
@@ -117,38 +118,3 @@ def pop_global_arguments(state, host, kwargs: dict):
             pa.raise_if_bad_type(value, type_, pa.ArgumentTypeError, f"Invalid argument `{key}`:")
         arguments[key] = value
     return arguments, found_keys
-
-
-# (module, name, replacement): every place pyinfra 3.10.0 looks the functions up
-_REPLACED = (
-    ("pyinfra.api.operation", "get_operation_order_from_stack", _from_caller),
-    ("pyinfra.api.arguments", "all_global_arguments", global_arguments),
-    ("pyinfra.api.facts", "all_global_arguments", global_arguments),
-    ("pyinfra.api.operation", "pop_global_arguments", pop_global_arguments),
-    ("pyinfra.api.deploy", "pop_global_arguments", pop_global_arguments),
-    ("pyinfra.api.facts", "pop_global_arguments", pop_global_arguments),
-)
-
-
-def install() -> bool:
-    """Use ``operation_order``, ``global_arguments`` and ``pop_global_arguments`` in pyinfra
-    (pinned pyinfra only). True when they are in place."""
-    # imported for sys.modules: pyinfra.api.operation and .deploy are also decorators' names
-    import pyinfra.api.arguments
-    import pyinfra.api.deploy
-    import pyinfra.api.facts
-    import pyinfra.api.operation  # noqa: F401
-
-    if all(getattr(sys.modules[m], n, None) is f for m, n, f in _REPLACED):
-        return True
-    try:
-        from importlib.metadata import version
-
-        installed = version("pyinfra")
-    except Exception:  # noqa: BLE001  (no metadata: leave pyinfra as it is)
-        return False
-    if installed != PYINFRA_VERSION or not all(hasattr(sys.modules[m], n) for m, n, _ in _REPLACED):
-        return False
-    for module, name, replacement in _REPLACED:
-        setattr(sys.modules[module], name, replacement)
-    return True

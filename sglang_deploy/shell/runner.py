@@ -9,18 +9,42 @@ connecting to anything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-#: pyinfra's own verbosity (``-v``, ``-vv``) for every pyinfra run a command drives; the CLI's
-#: ``-v`` sets it
-VERBOSITY = 0
+#: pyinfra's own verbosity (``-v``, ``-vv``) for every pyinfra run a command drives: the CLI
+#: puts its ``-v`` count in the command's environment (``verbose``), beside the other
+#: variables a command hands to the pyinfra it starts
+VERBOSITY_ENV = "SGLANG_DEPLOY_PYINFRA_VERBOSITY"
+
+
+def verbosity(environ=None) -> int:
+    """The ``-v`` count for pyinfra, from ENVIRON (``os.environ``): 0 when unset or not a
+    number."""
+    text = (os.environ if environ is None else environ).get(VERBOSITY_ENV, "")
+    return int(text) if text.isdigit() else 0
+
+
+@contextlib.contextmanager
+def verbose(count: int) -> Iterator[None]:
+    """Every pyinfra run started inside the block gets ``-v`` COUNT times (the environment
+    as it was afterwards)."""
+    before = os.environ.get(VERBOSITY_ENV)
+    os.environ[VERBOSITY_ENV] = str(count)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(VERBOSITY_ENV, None)
+        else:
+            os.environ[VERBOSITY_ENV] = before
 
 
 @dataclass
@@ -49,7 +73,8 @@ def pyinfra_argv(inventory: str, deploy_file: str | Sequence[str], *, limit: Seq
                  data: Sequence[str] | None = None, dry: bool = False) -> list[str]:
     """``pyinfra -y [options] INVENTORY DEPLOY`` (DEPLOY: a file, or words like exec -- true;
     DATA: ``K=V`` items, which pyinfra parses: true/false, integers, JSON)."""
-    argv = [pyinfra_bin(), "-y"] + (["-" + "v" * VERBOSITY] if VERBOSITY > 0 else [])
+    count = verbosity()
+    argv = [pyinfra_bin(), "-y"] + (["-" + "v" * count] if count > 0 else [])
     for name in limit:
         argv += ["--limit", name]
     for item in data or ():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 from importlib.metadata import version
 from pathlib import Path
@@ -138,10 +139,29 @@ def test_verbose_reaches_pyinfra_from_before_or_after_the_command(monkeypatch):
     assert parser.parse_args(["status", "i.py", "-v"]).verbose == 1
     assert parser.parse_args(["status", "i.py"]).verbose == 0
     monkeypatch.setattr(runner, "pyinfra_bin", lambda: "pyinfra")
-    monkeypatch.setattr(runner, "VERBOSITY", 2)
-    assert runner.pyinfra_argv("i.py", "deploy.py")[:3] == ["pyinfra", "-y", "-vv"]
-    monkeypatch.setattr(runner, "VERBOSITY", 0)
-    assert "-v" not in " ".join(runner.pyinfra_argv("i.py", "deploy.py"))
+    monkeypatch.delenv(runner.VERBOSITY_ENV, raising=False)
+    with runner.verbose(2):
+        assert runner.pyinfra_argv("i.py", "deploy.py")[:3] == ["pyinfra", "-y", "-vv"]
+    assert "-v" not in " ".join(runner.pyinfra_argv("i.py", "deploy.py"))  # the block ended
+    with runner.verbose(0):
+        assert "-v" not in " ".join(runner.pyinfra_argv("i.py", "deploy.py"))
+    assert runner.VERBOSITY_ENV not in os.environ
+
+
+def test_the_clis_verbose_reaches_the_pyinfra_it_starts_and_ends_with_the_command(monkeypatch):
+    seen: list[list[str]] = []
+    monkeypatch.delenv(runner.VERBOSITY_ENV, raising=False)
+    monkeypatch.setattr(runner, "pyinfra_bin", lambda: "pyinfra")
+    module = cli.build_parser().parse_args(["status", "i.py"])._module
+
+    def run(args):
+        seen.append(runner.pyinfra_argv("i.py", "deploy.py"))
+        return 0
+
+    monkeypatch.setattr(module, "run", run)
+    assert cli.main(["-vv", "status", "i.py"]) == 0
+    assert seen == [["pyinfra", "-y", "-vv", "i.py", "deploy.py"]]
+    assert runner.VERBOSITY_ENV not in os.environ
 
 
 # ------------------------------------------------------------------ the top-level handler
@@ -337,7 +357,6 @@ def test_without_a_wheel_the_check_warns_and_leaves_it_to_the_host(tmp_path, mon
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens
     monkeypatch.setattr(flagcache, "_MEMORY", {})
-    monkeypatch.setattr(lockedflags, "_WARNED", set())
     lockedflags._locked_flags_once.cache_clear()
     warnings: list[str] = []
     try:

@@ -105,10 +105,10 @@ def test_no_delay_turns_nagle_off_on_the_connections_tcp_socket():
 def test_typed_error_tracebacks_are_reduced_to_the_message():
     import logging
 
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.shell import integration
     from sglang_deploy.core.errors import VerifyError
 
-    f = hooks.TypedErrorsWithoutTraceback()
+    f = integration.TypedErrorsWithoutTraceback()
     err = VerifyError(what="ready", found="crashed", fix="read the journal")
     tb = ('Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
           f"sglang_deploy.core.errors.VerifyError: {err}")

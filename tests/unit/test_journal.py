@@ -161,19 +161,33 @@ def test_each_run_has_its_own_journal_on_its_state(tmp_path, monkeypatch):
     assert journal.record("h1", shape.REPORT, SUMMARY) is False
 
 
-def test_the_recorder_releases_the_journal_after_the_last_host(tmp_path, monkeypatch):
+def test_the_journal_is_released_after_the_last_host_and_the_last_record_still_kept(
+        tmp_path, monkeypatch):
+    """The journal is a per-run object of the hooks (``hooks.PER_RUN``): attached when the run
+    starts, released with the last connected host (``integration.ReleasePerRun``, a handler
+    before the recorder), whose final record the recorder still writes."""
+    from sglang_deploy.shell import hooks
+    from sglang_deploy.shell.integration import ReleasePerRun, RunStart
+
     monkeypatch.setenv(journal.JOURNAL_ENV, str(tmp_path / "j.json"))
     state = fake_state()
-    rec = outcomes.attach(state, str(tmp_path), dry=False)
+    per_run = next(p for p in hooks.PER_RUN if p.name == "journal")
+    rec = per_run.attach(RunStart(state, None, None, str(tmp_path), dry=False))
+    assert journal.of(state) is rec.journal and not per_run.checked
+    release = ReleasePerRun((per_run,))
     h1, h2 = Host("h1"), Host("h2")
-    rec.host_connect(state, h1)
-    rec.host_connect(state, h2)
-    rec.host_disconnect(state, h1)
+    for handler in (release, rec):  # pyinfra calls the handlers in the order they were added
+        handler.host_connect(state, h1)
+        handler.host_connect(state, h2)
+    for handler in (release, rec):
+        handler.host_disconnect(state, h1)
     assert journal.of(state) is rec.journal  # h2 is still connected
-    rec.host_disconnect(state, h2)
-    assert journal.of(state) is None and not hasattr(state, "sglang_deploy_recorder")
+    for handler in (release, rec):
+        handler.host_disconnect(state, h2)
+    assert journal.of(state) is None and outcomes.recorder() is None
     with ctx_state.use(state):  # released: nothing more is recorded for this run
+        assert outcomes.recorder() is None
         outcomes.failed("h1", RuntimeError("late"), "verify")
     ran = journal.read(tmp_path / "j.json")
     assert ran.outcome("h1").kind == ran.outcome("h2").kind == "passed"
-    assert ran.outcome("h1").action == "unchanged"
+    assert ran.outcome("h2").action == "unchanged"

@@ -1,11 +1,11 @@
 """pyinfrafast gives pyinfra's own operation order, global argument types and global
-arguments, on real stacks and a real inventory."""
+arguments, on real stacks and a real inventory (their installation, and the pin they were
+checked against: tests/unit/test_integration.py)."""
 
 from __future__ import annotations
 
 import sys
 import textwrap
-from importlib.metadata import version
 from types import SimpleNamespace
 
 import pyinfra
@@ -99,23 +99,6 @@ def test_global_arguments_are_pyinfras_and_a_new_list_each_time():
     assert ("_sudo", bool) in first
     first.clear()  # a caller's change does not reach the next caller
     assert pyinfrafast.global_arguments() == expected
-
-
-def test_install_replaces_pyinfras_functions_for_the_pinned_version_only(monkeypatch):
-    places = [(sys.modules[m], n) for m, n, _ in pyinfrafast._REPLACED]
-    for module, name in places:  # stand-ins for pyinfra's own (restored after the test)
-        monkeypatch.setattr(module, name, lambda *a: None)
-    originals = [getattr(module, name) for module, name in places]
-    # the pin this module was checked against is the one installed (a new pyinfra: recheck)
-    assert version("pyinfra") == pyinfrafast.PYINFRA_VERSION
-    monkeypatch.setattr(pyinfrafast, "PYINFRA_VERSION", "0.0")
-    assert pyinfrafast.install() is False
-    assert [getattr(module, name) for module, name in places] == originals
-    monkeypatch.setattr(pyinfrafast, "PYINFRA_VERSION", version("pyinfra"))
-    assert pyinfrafast.install() is True
-    assert [getattr(module, name) for module, name in places] == [
-        f for _, _, f in pyinfrafast._REPLACED]
-    assert pyinfrafast.install() is True  # twice: still in place
 
 
 # ------------------------------------------------------------------ pop_global_arguments
