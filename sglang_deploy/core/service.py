@@ -9,12 +9,14 @@ Nothing here talks to a host or to pyinfra.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import lockfile
 from sglang_deploy.core.errors import RollbackError
+from sglang_deploy.core.hoststate import HostState, ServiceState
 
 SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
@@ -24,8 +26,37 @@ HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
 TOOLS = ("patch.py", "patch_tool.py", "launch.py", "hoststate.py", "model_fetch.py",
          "jit_check.py", "progress_watch.py", "release_smoke.py", "rendezvous.py",
          "allreduce_check.py")
-#: what, having changed in this run, restarts the server (besides the unit and the secrets)
-RESTART_TRIGGERS = ("release", "patch", "model")
+
+
+class Trigger(StrEnum):
+    """An operation that, having changed in this run, restarts the server (besides the unit
+    and the secrets); its value is the restart reason's name. The stages keep these
+    operations under these keys (``StageOps.triggers``), so a name cannot differ."""
+
+    RELEASE = "release"
+    PATCH = "patch"
+    MODEL = "model"
+
+
+RESTART_TRIGGERS = tuple(Trigger)
+
+
+@dataclass
+class StageOps:
+    """The operations one stage adds and a later one reads (pyinfra's ``OperationMeta``, kept
+    opaque here; None: not added on this host): ``stages.Context.ops``. The restart triggers
+    are keyed by ``Trigger``, the names ``restart_reasons`` gives, so the two cannot differ."""
+
+    triggers: dict[Trigger, Any] = field(default_factory=dict)  # release, patch, model
+    unit: Any = None
+    secrets: Any = None
+    link: Any = None
+    started: Any = None
+    restarted: Any = None
+
+    def changing(self) -> list[Trigger]:
+        """The triggers whose operation will change the host in this run."""
+        return [t for t, op in self.triggers.items() if op is not None and op.will_change]
 
 
 def sha256_text(text: str) -> str:
@@ -124,7 +155,9 @@ class Layout:
         ]
 
     def state_paths(self, release_id: str) -> tuple[str, ...]:
-        """Folders and files whose state the host-state read reports in its one round trip."""
+        """Folders and files whose state the host-state read reports in its one round trip. A
+        managed path left out is still compared (the operations then ask pyinfra's per-path
+        facts), at a round trip more per path: list every path the stages manage here."""
         return (*(p for p, _, _ in self.folders()), *(self.tool(t) for t in TOOLS),
                 self.release_lock(release_id), self.unit_file, self.current, self.p2p_record)
 
@@ -212,15 +245,15 @@ def restart_reasons(*, unit_text: str, unit_sha256: str | None, secrets_text: st
         reasons.append("unit")
     if sha256_text(secrets_text) != secrets_sha256:
         reasons.append("secrets")
-    reasons += [k for k in RESTART_TRIGGERS if k in set(changing)]
+    reasons += [k.value for k in RESTART_TRIGGERS if k in set(changing)]
     return reasons
 
 
-def runs_unverified(service: Mapping[str, Any], last_verified: Mapping[str, Any] | None,
+def runs_unverified(service: ServiceState, last_verified: Mapping[str, Any] | None,
                     will_start: bool) -> bool:
     """Does the unit run an invocation that no deploy verified (started at boot, by hand, or
     by a deploy that stopped half-way)? A unit this run starts is not such a server."""
-    invocation = service.get("InvocationID")
+    invocation = service.invocation_id
     return bool(invocation) and not will_start and \
         invocation != (last_verified or {}).get("invocation")
 
@@ -282,10 +315,10 @@ class RollbackPlan:
 NO_KNOWN_GOOD = "no-known-good"
 
 
-def rollback_plan(host_name: str, hoststate: Mapping[str, Any], root: str) -> RollbackPlan:
+def rollback_plan(host_name: str, hoststate: HostState, root: str) -> RollbackPlan:
     """What a rollback does on a host, from its state (raises RollbackError when there is
     nothing to roll back to)."""
-    kg = hoststate.get("known_good")
+    kg = hoststate.releases.known_good
     if not kg:
         raise RollbackError(
             what=f"a known-good configuration on {host_name} ({root}/known-good/)",
@@ -294,18 +327,17 @@ def rollback_plan(host_name: str, hoststate: Mapping[str, Any], root: str) -> Ro
                 "(`pyinfra INVENTORY deploy.py --limit HOST`)",
             details={"reason": NO_KNOWN_GOOD})
     params = kg["record"]
-    if not (hoststate["releases"].get(params["release"]) or {}).get("complete"):
+    if not hoststate.releases.complete(params["release"]):
         raise RollbackError(
             what=f"the known-good release {params['release']} installed on {host_name}",
             found="its venv is missing or incomplete",
             fix="deploy with the lock of that release, or deploy the current one after fixing it")
     restore = []
-    if hoststate.get("unit_sha256") != kg.get("unit_sha256"):
+    if hoststate.unit_sha256 != kg.get("unit_sha256"):
         restore.append("unit")
-    if hoststate.get("secrets_sha256") != kg.get("secrets_sha256"):
+    if hoststate.secrets_sha256 != kg.get("secrets_sha256"):
         restore.append("secrets" if kg.get("secrets_sha256") else "no-secrets")
-    if hoststate.get("current") != params["release"]:
+    if hoststate.releases.current != params["release"]:
         restore.append("current")
-    svc = hoststate["service"]
-    serving = svc.get("ActiveState") == "active" and svc.get("SubState") == "running"
-    return RollbackPlan(params=params, restore=tuple(restore), restart=bool(restore) or not serving)
+    return RollbackPlan(params=params, restore=tuple(restore),
+                        restart=bool(restore) or not hoststate.service.serving)

@@ -14,6 +14,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.core.logs.parse import StartupTracker
 
 # tracker phase -> deadline key (data: verify_phase_timeouts)
@@ -242,7 +243,7 @@ def check_serving(poll: dict, served_model_name: str, require_generate: bool,
     state = f"{service.get('ActiveState')}/{service.get('SubState')}"
     details = {"state": state, "invocation": service.get("InvocationID") or None,
                "exit": f"{service.get('ExecMainCode', '?')}/{service.get('ExecMainStatus', '?')}"}
-    if state != "active/running":
+    if not ServiceState.from_json(service).serving:
         return Decision("fail", f"the unit is {state}, not active/running", details)
     health = poll.get("health") or {}
     if health.get("status") != 200:

@@ -1,7 +1,9 @@
 """pyinfra facts: fetch raw host state in as few round trips as possible (no decisions here).
 
 Each fact asks for machine-readable output; the parsing and every decision live in the pure
-modules (``nvsmi``, ``preflight``, ``logparse``...).
+modules (``nvsmi``, ``preflight``, ``logparse``...). The host-state read is typed once by its
+fact (``core.hoststate.HostState.from_json``) and kept for the rest of the host's run
+(``read_host_state``), where the operations find what they compare (``known_path``).
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra.api import FactBase
 
 from sglang_deploy.core import nvsmi
+from sglang_deploy.core.hoststate import HostState, PathState
 
 REMOTE = Path(__file__).resolve().parent.parent / "remote"
 MARK = "@@sglang-deploy:"
@@ -110,7 +114,8 @@ class SglangHostState(FactBase):
     service's ``systemctl show`` properties, the user names, ``paths`` (kind, owner, group,
     mode, sha256 of each path given: the folders and files the deploy manages) and, with
     ``model``, the model folder's shards; with ``dev_open``, the open test of every
-    /dev/nvidia* node as ``dev_open`` (the text of a ``dev-open.txt``).
+    /dev/nvidia* node as ``dev_open`` (the text of a ``dev-open.txt``). Returns the typed
+    ``HostState`` (``HostState.from_json`` of the script's JSON), None if it printed none.
     """
 
     @staticmethod
@@ -128,8 +133,9 @@ class SglangHostState(FactBase):
         return stdin_script("hoststate.py", self.args(root, service, secrets=secrets, paths=paths),
                             python=python)
 
-    def process(self, output: list[str]):
-        return _json_fact_output(output)
+    def process(self, output: list[str]) -> HostState | None:
+        raw = _json_fact_output(output)
+        return HostState.from_json(raw) if isinstance(raw, dict) else None
 
 
 class PatchStatus(FactBase):
@@ -163,18 +169,27 @@ class ServerArgsSource(FactBase):
         return {"sha256": output[0].strip(), "text": "\n".join(output[1:]) + "\n"}
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What ``HostSnapshot`` returns."""
+
+    #: the typed host state (``HostState.from_json``); None if the script printed no JSON
+    state: HostState | None
+    #: each nvidia-smi / ``ls`` section as ``{"out", "rc"}`` under the file names of a
+    #: ``doctor --collect`` folder, and ``dev-open.txt`` (EPERM = the device cgroup denies
+    #: the node) from the host state
+    gpu: dict
+    #: the host-state part's raw text (for the error that names what went wrong)
+    output: str
+
+
 class HostSnapshot(FactBase):
     """
     The pre-flight's one round trip: the host state (``SglangHostState``, with the open test
     of every /dev/nvidia* node) and the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
     ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*``), run at the same time on the host.
-    Returns ``{"state": ..., "gpu": ..., "output": ...}``: ``state`` as ``SglangHostState``
-    returns it (``None`` if it printed no JSON); ``gpu`` holds each nvidia-smi / ``ls``
-    section as ``{"out", "rc"}`` under the file names of a ``doctor --collect`` folder, and
-    ``dev-open.txt`` (EPERM = the device cgroup denies the node) from the host state;
-    ``output``: the host-state part's raw text (for the error that names what went wrong).
-    The CUDA probe is a second round trip, run when the host state calls for it
-    (``preflight.probe_plan``).
+    Returns a ``Snapshot``. The CUDA probe is a second round trip, run when the host state
+    calls for it (``preflight.probe_plan``).
     """
 
     def command(self, root: str, service: str, model: str | None = None,
@@ -185,7 +200,7 @@ class HostSnapshot(FactBase):
         return _sections_command({"hoststate.json": stdin_script("hoststate.py", state, python),
                                   **GPU_SECTIONS})
 
-    def process(self, output: list[str]) -> dict:
+    def process(self, output: list[str]) -> Snapshot:
         sections = _parse_sections(output)
         raw = (sections.pop("hoststate.json", None) or {}).get("out", "")
         state = None
@@ -199,7 +214,8 @@ class HostSnapshot(FactBase):
                     continue
         if isinstance(state, dict) and "dev_open" in state:
             sections["dev-open.txt"] = {"out": state.pop("dev_open"), "rc": 0}
-        return {"state": state, "gpu": sections, "output": raw}
+        return Snapshot(state=HostState.from_json(state) if isinstance(state, dict) else None,
+                        gpu=sections, output=raw)
 
 
 class ServingProbe(FactBase):
@@ -214,3 +230,89 @@ class ServingProbe(FactBase):
 
     def process(self, output: list[str]):
         return _json_fact_output(output)
+
+
+# ---------------------------------------------------------------------------------------
+# the host-state read of a run, read once and kept for the operations that compare with it
+
+#: the Host attribute that keeps this run's reads (a cache; set and read through getattr, so
+#: that pyinfra's ``host`` context proxy reaches the Host itself)
+_READS = "_sglang_deploy_host_state_reads"
+
+
+def read_host_state(host, fact: type[FactBase], **kwargs):
+    """FACT (``HostSnapshot`` or ``SglangHostState``) of HOST with KWARGS: one round trip
+    the first time in HOST's run, then the same answer (pyinfra 3 caches no fact). The reads
+    are kept on the Host object, which lives as long as its pyinfra State; the operations
+    that compare a path or the secrets with the host find them there (``known_path``)."""
+    reads = getattr(host, _READS, None)
+    run = getattr(host, "state", None)  # the Host's pyinfra State: its run
+    if reads is None or reads[0] is not run:
+        reads = (run, {})
+        setattr(host, _READS, reads)
+    key = (fact.__name__, json.dumps(kwargs, sort_keys=True, default=str))
+    if key not in reads[1]:
+        reads[1][key] = (kwargs, host.get_fact(fact, **kwargs))
+    return reads[1][key][1]
+
+
+def _states(host):
+    """(kwargs, HostState) of every host-state read of HOST's run, the latest first."""
+    reads = getattr(host, _READS, None)
+    if reads is None or reads[0] is not getattr(host, "state", None):
+        return []
+    found = [(kw, v.state if isinstance(v, Snapshot) else v) for kw, v in reads[1].values()]
+    return [(kw, hs) for kw, hs in reversed(found) if isinstance(hs, HostState)]
+
+
+UNREAD = object()  # a path no host-state read of the run reported
+
+
+def known_path(host, path: str) -> PathState | None | object:
+    """PATH as a host-state read of HOST's run found it (None: absent), or ``UNREAD`` when no
+    read reported it (then the operation asks pyinfra's own fact)."""
+    for _, hs in _states(host):
+        if path in hs.paths:
+            return hs.paths[path]
+    return UNREAD
+
+
+def known_state(host, **match) -> HostState | None:
+    """The state of the latest host-state read of HOST's run made with the options MATCH
+    (``root=R``, ``secrets=F``, ``cache=D``: what its answers are about), else None."""
+    for kwargs, hs in _states(host):
+        if all(kwargs.get(k) == v for k, v in match.items()):
+            return hs
+    return None
+
+
+def known_secrets_sha256(host, path: str) -> str | None | object:
+    """The sha256 of the secrets file PATH (None: absent) as a host-state read of HOST's run
+    found it (read with ``secrets=PATH``), or ``UNREAD``."""
+    hs = known_state(host, secrets=path)
+    return UNREAD if hs is None else hs.secrets_sha256
+
+
+class UvVersion(FactBase):
+    """The version of ``VENV/bin/uv`` (``uv --version``), None when absent or failing: what
+    ``tool_venv`` compares when no host-state read of the run covered that venv's root."""
+
+    def command(self, venv: str) -> str:
+        uv = shlex.quote(f"{venv}/bin/uv")
+        return f"if test -x {uv}; then {uv} --version 2>/dev/null; fi; true"
+
+    def process(self, output: list[str]) -> str | None:
+        words = " ".join(output).split()
+        return words[1] if len(words) > 1 else None
+
+
+class FileCount(FactBase):
+    """How many entries other than folders a folder holds, at any depth (0: absent or empty):
+    what ``cache_seeded`` compares when no host-state read of the run counted that folder."""
+
+    def command(self, path: str) -> str:
+        return f"find {shlex.quote(path)} ! -type d 2>/dev/null | wc -l; true"
+
+    def process(self, output: list[str]) -> int:
+        text = " ".join(output).strip()
+        return int(text) if text.isdigit() else 0

@@ -17,23 +17,24 @@ from pyinfra.operations import python
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
 from sglang_deploy.core import nvsmi, preflight, service
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
 from sglang_deploy.shell import groupops, plan
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.verified import record_verified, verified_summary, verify_and_record
 
 
-def register(run: groupops.GroupRun, hoststate: dict, reasons: list[str], card: dict,
+def register(run: groupops.GroupRun, hoststate: HostState, reasons: list[str], card: dict,
              extra: list[str] = ()) -> None:
     """Register this node's wish to (re)start (REASONS, EXTRA, and its unit's state), whether
     it runs, and its CARD with its group's run."""
-    svc = hoststate.get("service") or {}
+    svc = hoststate.service
     wants = [*reasons, *extra]
-    if svc.get("ActiveState") != "active":
+    if not svc.unit_active:
         wants.append("not running")
-    elif not wants and service.runs_unverified(svc, hoststate.get("last_verified"), False):
+    elif not wants and service.runs_unverified(svc, hoststate.last_verified, False):
         wants.append("running, never verified")
-    running = svc.get("ActiveState") in ("active", "activating", "reloading")
+    running = svc.up
     run.register(host.name, wants, running, card)
 
 
@@ -132,7 +133,7 @@ def group_checks(ctx, serving_poll) -> tuple:
     run = groupops.run_of(state, g)
     if plan.planning():
         plan.record(state, host, ctx, serving_poll(), extra=groupops.group_fields(run, host.name))
-    was_active = ctx.hoststate["service"].get("ActiveState") == "active"
+    was_active = ctx.hoststate.service.unit_active
     params = ctx.verify_params()
     checks = verify_as_one(
         run, s.sglang_service, lambda watch: verified_summary(
@@ -147,7 +148,7 @@ def group_checks(ctx, serving_poll) -> tuple:
     return (*checks, running)
 
 
-def rollback_group_node(s: datamod.Settings, g: groupmod.Group, hs: dict, rb) -> None:
+def rollback_group_node(s: datamod.Settings, g: groupmod.Group, hs: HostState, rb) -> None:
     """A group's node goes back with its group: when any node restores something or does not
     run, the group's pre-flight (the same rendezvous as a deploy's, the cards naming the
     known-good release), then every node stops, then starts, on its known-good configuration,

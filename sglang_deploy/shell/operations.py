@@ -1,7 +1,12 @@
 """pyinfra operations of sglang-deploy (files, folders, secrets, the service, the pre-flight
 gate, the rollback's restore; a release's own are in ``releaseops``): each reads what it needs
 first and yields nothing when the host already matches (``host.noop``). Decisions come from the
-pure modules."""
+pure modules.
+
+The file operations fetch what they compare themselves, as pyinfra's own do: from this run's
+host-state read (``facts.read_host_state``: one round trip, kept for the run) when it reported
+the path, else from pyinfra's per-path facts (``File``, ``Directory``, ``Link``,
+``Sha256File``), so a path the read left out is compared, not uploaded blindly."""
 
 from __future__ import annotations
 
@@ -17,10 +22,12 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.exceptions import NestedOperationError
+from pyinfra.facts.files import Directory, File, Link, Sha256File
 from pyinfra.operations import files
 
 from sglang_deploy.core.errors import PreflightError, SglangDeployError
-from sglang_deploy.shell import outcomes
+from sglang_deploy.core.hoststate import PathState, ServiceState
+from sglang_deploy.shell import facts, outcomes
 
 
 def reported(function):
@@ -97,21 +104,25 @@ def private_upload(content: str, path: str):
 
 
 @operation()
-def secret_file(path: str, content: str, present_sha256: str | None):
+def secret_file(path: str, content: str):
     """
-    Write the service's secrets (root:root 0600) without ever printing or diffing them.
+    Write the service's secrets (root:root 0600) without ever printing or diffing them;
+    compared by sha256 with the host's file (the run's host-state read, read with
+    ``secrets=PATH``, else pyinfra's ``Sha256File``).
 
     + path: the EnvironmentFile path (its folder is root-only, 0700)
     + content: the file body
-    + present_sha256: sha256 of the file on the host, None if absent
 
     **Example:**
 
     .. code:: python
 
-        secret_file(path="/etc/sglang/secrets.env", content=body, present_sha256=None)
+        secret_file(path="/etc/sglang/secrets.env", content=body)
     """
     digest = hashlib.sha256(content.encode()).hexdigest()
+    present_sha256 = facts.known_secrets_sha256(host, path)
+    if present_sha256 is facts.UNREAD:
+        present_sha256 = host.get_fact(Sha256File, path=path)
     if present_sha256 == digest:
         host.noop(f"{path} is up to date")
         return
@@ -156,7 +167,7 @@ def service_started(service: str, active_state: str | None, sub_state: str | Non
 
         service_started(service="sglang", active_state="inactive", sub_state="dead")
     """
-    if active_state in ("active", "activating", "reloading") and sub_state != "auto-restart":
+    if ServiceState(active_state=active_state, sub_state=sub_state).started:
         host.noop(f"{service}.service is {active_state}/{sub_state}")
         return
     yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
@@ -193,20 +204,19 @@ def daemon_reload():
     yield "systemctl daemon-reload"
 
 
-def enabled_and_started(service: str, unit, svc: dict, start: bool = True):
+def enabled_and_started(service: str, unit, svc: ServiceState, start: bool = True):
     """What every unit the deploy keeps gets: enabled at boot, systemd reloaded when its unit
     file (UNIT, the ``file_content`` operation) changes, started when not running (unless
     START is false: a group's node starts with its group). SVC is the unit's ``systemctl
     show`` state from the host-state read. Returns the start operation (None: not START)."""
     service_enabled(name=f"Enable {service}", service=service,
-                    unit_file_state=svc.get("UnitFileState") or None)
+                    unit_file_state=svc.unit_file_state)
     if unit.will_change:
         daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
     if not start:
         return None
     return service_started(name=f"Start {service}", service=service,
-                           active_state=svc.get("ActiveState") or None,
-                           sub_state=svc.get("SubState") or None)
+                           active_state=svc.active_state, sub_state=svc.sub_state)
 
 
 @operation()
@@ -247,24 +257,50 @@ def _mode(mode) -> str:
     return f"{int(str(mode), 8):o}"
 
 
+def _pyinfra_path(path: str, kind: str) -> PathState | None:
+    """PATH by pyinfra's own facts, when the run's host-state read did not report it: as a
+    KIND ("dir", "file" with its sha256, "link" with its target), or kind "other" when it is
+    something else; None when absent."""
+    fact = {"dir": Directory, "file": File, "link": Link}[kind]
+    found = host.get_fact(fact, path=path)
+    if found is None:
+        return None
+    if found is False:
+        return PathState(kind="other")
+    return PathState(kind=kind, user=found.get("user"), group=found.get("group"),
+                     mode=str(found["mode"]) if found.get("mode") is not None else None,
+                     sha256=host.get_fact(Sha256File, path=path) if kind == "file" else None,
+                     target=found.get("link_target"))
+
+
+def path_state(path: str, kind: str) -> PathState | None:
+    """PATH as this run's host-state read found it (None: absent), else as pyinfra's facts
+    find it (``_pyinfra_path``: one round trip more, for a path the read did not list)."""
+    found = facts.known_path(host, path)
+    return _pyinfra_path(path, kind) if found is facts.UNREAD else found
+
+
+def _dir_matches(present: PathState | None, owner: str, mode: str) -> bool:
+    return present is not None and present.is_dir(owner, mode)
+
+
 @operation()
-def directories(dirs: list, present: dict):
+def directories(dirs: list):
     """
-    Folders with owner, group and mode, all checked against one host-state read: no round
-    trip per folder when they match; a folder that differs is handed to ``files.directory``.
+    Folders with owner, group and mode, checked against the run's host-state read (no round
+    trip per folder when it reported them and they match); a folder that differs is handed
+    to ``files.directory``.
 
     + dirs: list of ``(path, owner, mode)``; the group is the owner's name
-    + present: ``SglangHostState``'s ``paths`` (path -> kind/user/group/mode, or None)
 
     **Example:**
 
     .. code:: python
 
-        directories(dirs=[("/opt/sglang", "root", "755")], present=hoststate["paths"])
+        directories(dirs=[("/opt/sglang", "root", "755")])
     """
     todo = [(path, owner, mode) for path, owner, mode in dirs
-            if (present.get(path) or {}) != {"kind": "dir", "user": owner, "group": owner,
-                                             "mode": _mode(mode)}]
+            if not _dir_matches(path_state(path, "dir"), owner, _mode(mode))]
     if not todo:
         host.noop(f"{len(dirs)} folders exist with their owner and mode")
         return
@@ -272,66 +308,63 @@ def directories(dirs: list, present: dict):
         yield from files.directory._inner(path=path, user=owner, group=owner, mode=mode)
 
 
-def _content_matches(src, mode: str, present: dict | None) -> bool:
+def _content_matches(src, dest: str, mode: str) -> bool:
     data = src.getvalue() if hasattr(src, "getvalue") else Path(src).read_bytes()
     data = data.encode() if isinstance(data, str) else data
-    present = present or {}
-    return (present.get("kind") == "file" and present.get("mode") == _mode(mode)
-            and present.get("sha256") == hashlib.sha256(data).hexdigest())
+    present = path_state(dest, "file")
+    return present is not None and present.is_file(hashlib.sha256(data).hexdigest(), _mode(mode))
 
 
 def _upload(src, dest: str, mode: str):
     """Upload SRC to DEST (a temp file, then a rename) and set its mode. The caller found
-    from the host-state read that the file differs, so pyinfra's ``File``/``Directory``/
-    ``Sha1File`` round trips (``files.put`` reads them while preparing and again while
-    executing) are not needed."""
+    that the file differs, so pyinfra's ``File``/``Directory``/``Sha1File`` round trips
+    (``files.put`` reads them while preparing and again while executing) are not needed."""
     yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(dest)))
     yield FileUploadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
     yield StringCommand("chmod", mode, QuoteString(dest))
 
 
 @operation()
-def file_content(src, dest: str, mode: str, present: dict | None):
+def file_content(src, dest: str, mode: str):
     """
-    A file with exact content and mode, checked against one host-state read (sha256): no
-    round trip when it matches; otherwise it is uploaded (temp file, rename, chmod).
+    A file with exact content and mode, checked against the run's host-state read (sha256):
+    no round trip when it reported DEST and it matches; otherwise it is uploaded (temp file,
+    rename, chmod).
 
     + src: local path or file-like object (``StringIO``) with the content
     + dest: path on the host
     + mode: octal mode, e.g. ``"644"``
-    + present: ``SglangHostState``'s ``paths[dest]`` (kind/mode/sha256, or None)
 
     **Example:**
 
     .. code:: python
 
         file_content(src=StringIO(unit_text), dest="/etc/systemd/system/sglang.service",
-                     mode="644", present=hoststate["paths"].get(unit_path))
+                     mode="644")
     """
-    if _content_matches(src, mode, present):
+    if _content_matches(src, dest, mode):
         host.noop(f"{dest} is up to date")
         return
     yield from _upload(src, dest, mode)
 
 
 @operation()
-def files_content(sources: list, mode: str, present: dict):
+def files_content(sources: list, mode: str):
     """
     Several files with exact content and one mode (the shipped tools), as one operation:
-    checked against one host-state read; only the files that differ are uploaded.
+    checked against the run's host-state read; only the files that differ are uploaded.
 
     + sources: list of ``(local path, path on the host)``
     + mode: octal mode of every file, e.g. ``"755"``
-    + present: ``SglangHostState``'s ``paths`` (path -> kind/mode/sha256, or None)
 
     **Example:**
 
     .. code:: python
 
         files_content(sources=[("sglang_deploy/core/patch.py", "/opt/sglang/tools/patch.py")],
-                      mode="755", present=hoststate["paths"])
+                      mode="755")
     """
-    todo = [(src, dest) for src, dest in sources if not _content_matches(src, mode, present.get(dest))]
+    todo = [(src, dest) for src, dest in sources if not _content_matches(src, dest, mode)]
     if not todo:
         host.noop(f"{len(sources)} files are up to date")
         return
@@ -340,24 +373,22 @@ def files_content(sources: list, mode: str, present: dict):
 
 
 @operation()
-def symlink(path: str, target: str, present: dict | None):
+def symlink(path: str, target: str):
     """
-    A symbolic link to TARGET, checked against one host-state read: no round trip when it
-    is there; otherwise ``files.link`` makes it.
+    A symbolic link to TARGET, checked against the run's host-state read: no round trip when
+    it reported PATH as that link; otherwise ``files.link`` makes it.
 
     + path: the link
     + target: what it points to
-    + present: ``SglangHostState``'s ``paths[path]`` (kind ``link`` and ``target``, or None)
 
     **Example:**
 
     .. code:: python
 
-        symlink(path="/opt/sglang/current", target="/opt/sglang/releases/0123abcd",
-                present=hoststate["paths"].get("/opt/sglang/current"))
+        symlink(path="/opt/sglang/current", target="/opt/sglang/releases/0123abcd")
     """
-    present = present or {}
-    if present.get("kind") == "link" and present.get("target") == target:
+    present = path_state(path, "link")
+    if present is not None and present.links_to(target):
         host.noop(f"{path} -> {target}")
         return
     yield from files.link._inner(path=path, target=target)

@@ -15,6 +15,7 @@ import os
 
 from sglang_deploy.core import hardening
 from sglang_deploy.core import journal as shape
+from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.shell import journal
 from sglang_deploy.shell.journal import PLAN_ENV
 
@@ -76,12 +77,13 @@ def changes(state, host) -> list[str]:
 def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dict:
     """Pure: the status row's fields from the host state and one serving poll."""
     svc = (serving or {}).get("service") or hoststate.get("service") or {}
+    unit = ServiceState.from_json(svc)
     current = hoststate.get("current")
     rel = (hoststate.get("releases") or {}).get(current or "", {})
     uptime = None
     try:
         entered = int(svc.get("ActiveEnterTimestampMonotonic") or 0)
-        if entered and svc.get("ActiveState") == "active":
+        if entered and unit.unit_active:
             uptime = round(float(hoststate["monotonic_now"]) - entered / 1e6)
     except (KeyError, TypeError, ValueError):
         uptime = None
@@ -95,7 +97,7 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
             models = []
     verified = hoststate.get("last_verified") or {}
     return {
-        "unit": f"{svc.get('ActiveState') or '?'}/{svc.get('SubState') or '?'}",
+        "unit": unit.state_text,
         "uptime_s": uptime,
         "release": current,
         "release_wanted": release_id,
@@ -114,4 +116,4 @@ def record(state, host, ctx, serving: dict | None, extra: dict | None = None) ->
     group's node: ``groupops.group_fields``)."""
     journal.record(host.name, shape.PLAN, {
         "host": host.name, "preflight": "pass", "changes": changes(state, host),
-        **status_fields(ctx.hoststate, serving, ctx.release_id), **(extra or {})})
+        **status_fields(ctx.hoststate.raw, serving, ctx.release_id), **(extra or {})})

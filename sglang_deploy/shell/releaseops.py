@@ -14,13 +14,14 @@ from pathlib import Path
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.command import FileUploadCommand
+from pyinfra.facts.files import File
 
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import hardening, jit, modelfetch, smoke
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
 from sglang_deploy.core.unit import device_allow
-from sglang_deploy.shell import flagcache, streamed
-from sglang_deploy.shell.facts import ServerArgsSource
+from sglang_deploy.shell import facts, flagcache, streamed
+from sglang_deploy.shell.facts import FileCount, ServerArgsSource, UvVersion
 from sglang_deploy.shell.operations import _sh, private_upload, reported, write_json_record
 
 
@@ -31,16 +32,22 @@ def _source(wheelhouse: str | None, index_url: str | None) -> list[str]:
     return ["--index-url", index_url] if index_url else []
 
 
+def _present_uv(root: str) -> str | None:
+    """The tool venv's uv version: from the run's host-state read of ROOT, else ``UvVersion``."""
+    hs = facts.known_state(host, root=root)
+    return hs.uv_version if hs is not None else host.get_fact(UvVersion, venv=f"{root}/tools/venv")
+
+
 @operation()
-def tool_venv(root: str, python: str, uv_version: str, present_version: str | None,
-              wheelhouse: str | None = None, index_url: str | None = None):
+def tool_venv(root: str, python: str, uv_version: str, wheelhouse: str | None = None,
+              index_url: str | None = None):
     """
-    Bring uv onto the host, in a small tool venv made with the system python.
+    Bring uv onto the host, in a small tool venv made with the system python; compared with
+    the uv found there (the run's host-state read of ROOT, else the ``UvVersion`` fact).
 
     + root: sglang root folder (the venv goes to ``ROOT/tools/venv``)
     + python: system python used to make the venv
     + uv_version: exact uv version wanted
-    + present_version: the uv version found on the host (from ``SglangHostState``)
     + wheelhouse: install offline from this folder on the host
     + index_url: package index to use otherwise
 
@@ -49,9 +56,9 @@ def tool_venv(root: str, python: str, uv_version: str, present_version: str | No
     .. code:: python
 
         tool_venv(root="/opt/sglang", python="/usr/bin/python3", uv_version="0.13.9",
-                  present_version=None, wheelhouse="/srv/wheelhouse")
+                  wheelhouse="/srv/wheelhouse")
     """
-    if present_version == uv_version:
+    if _present_uv(root) == uv_version:
         host.noop(f"uv {uv_version} is present")
         return
     venv = f"{root}/tools/venv"
@@ -72,8 +79,17 @@ def _explain_failure(cmd: str, release_id: str, rel: str) -> str:
     return f'{cmd} || {{ rc=$?; echo "{msg}" >&2; exit $rc; }}'
 
 
+def _release_complete(root: str, release_id: str) -> bool:
+    """Whether ROOT holds RELEASE_ID complete: from the run's host-state read of ROOT, else
+    pyinfra's ``File`` fact of its ``.complete`` marker."""
+    hs = facts.known_state(host, root=root)
+    if hs is not None:
+        return hs.releases.complete(release_id)
+    return bool(host.get_fact(File, path=f"{root}/releases/{release_id}/.complete"))
+
+
 @operation()
-def release_venv(root: str, release_id: str, python: str, lock_path: str, complete: bool,
+def release_venv(root: str, release_id: str, python: str, lock_path: str,
                  wheelhouse: str | None = None, index_url: str | None = None,
                  uv_cache: str | None = None, meta: dict | None = None,
                  packages: int | None = None):
@@ -81,13 +97,13 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     Install one release venv, exactly the lock (``uv pip sync --require-hashes``).
 
     A release lives in ``ROOT/releases/ID/venv`` and counts only once ``.complete`` exists,
-    so an install that was interrupted is thrown away and redone by the next run.
+    so an install that was interrupted is thrown away and redone by the next run (as the
+    run's host-state read of ROOT found it, else pyinfra's ``File`` fact of the marker).
 
     + root: sglang root folder
     + release_id: the release id (hash of the lock file)
     + python: the system python the venv is made from
     + lock_path: path of the lock file ON THE HOST (uploaded before)
-    + complete: whether the host already has this release complete (from ``SglangHostState``)
     + wheelhouse: install offline from this folder on the host (no index)
     + index_url: package index otherwise
     + uv_cache: uv's cache folder on the host
@@ -99,9 +115,9 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str, comple
     .. code:: python
 
         release_venv(root="/opt/sglang", release_id="3f2a...", python="/usr/bin/python3",
-                     lock_path="/opt/sglang/releases/3f2a.../requirements.lock", complete=False)
+                     lock_path="/opt/sglang/releases/3f2a.../requirements.lock")
     """
-    if complete:
+    if _release_complete(root, release_id):
         host.noop(f"release {release_id} is installed")
         return
     rel = f"{root}/releases/{release_id}"
@@ -204,8 +220,16 @@ def launch_flags_check(site: str, flag_map: dict, version: str, spec: flagmod.Fl
     yield FunctionCommand(reported(_check_flags_on_host), (site, flag_map, version, cache_dir), {})
 
 
+def _present_files(cache_dir: str) -> int:
+    """Files in CACHE_DIR: from the run's host-state read that counted it, else ``FileCount``."""
+    hs = facts.known_state(host, cache=cache_dir)
+    if hs is not None and hs.cache_files is not None:
+        return hs.cache_files
+    return host.get_fact(FileCount, path=cache_dir)
+
+
 @operation()
-def cache_seeded(seed: str, cache_dir: str, user: str, present_files: int):
+def cache_seeded(seed: str, cache_dir: str, user: str):
     """
     Unpack a cache archive (``sglang-deploy cache save``) into the service's cache folder
     when that folder is empty (a new or rebuilt host). Never overwrites a live cache.
@@ -213,15 +237,15 @@ def cache_seeded(seed: str, cache_dir: str, user: str, present_files: int):
     + seed: path of the ``.tar.gz`` ON THE CONTROLLER (relative to the deploy folder)
     + cache_dir: the service's cache folder on the host (``sglang_cache_dir``)
     + user: the service user, owner of everything unpacked
-    + present_files: number of files in the cache folder now (``SglangHostState``)
 
     **Example:**
 
     .. code:: python
 
         cache_seeded(seed="backups/gpu-node-1-cache.tar.gz", cache_dir="/var/cache/sglang",
-                     user="sglang", present_files=0)
+                     user="sglang")
     """
+    present_files = _present_files(cache_dir)
     if present_files:
         host.noop(f"{cache_dir} already holds {present_files} files: not seeded")
         return
@@ -261,7 +285,7 @@ def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
 
     .. code:: python
 
-        releases_pruned(root="/opt/sglang", releases=hs["releases"], keep=3,
+        releases_pruned(root="/opt/sglang", releases=hs.releases.metas(), keep=3,
                         protected={"3f2a...", "9be1..."})
     """
     doomed = releases_to_prune(releases, keep, protected)

@@ -23,10 +23,11 @@ from pyinfra.operations import python, server
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import DataError, RouterError
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.unit import render_secrets_env
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell import outcomes, releaseops, routing, stages
-from sglang_deploy.shell.facts import REMOTE, SglangHostState, stdin_script
+from sglang_deploy.shell.facts import REMOTE, SglangHostState, read_host_state, stdin_script
 
 SECRETS_DIR = "/etc/smg"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
@@ -96,56 +97,50 @@ def router_stage():
     tools = [(str(REMOTE / name), f"{root}/tools/{name}") for name in TOOLS]
     paths = (*(p for p, _, _ in managed_folders(s)), *(dest for _, dest in tools),
              f"{rel}/requirements.lock", unit_path(s), f"{root}/current")
-    hs = host.get_fact(SglangHostState, root=root, service=s.router_service, secrets=SECRETS_FILE,
-                       python=s.sglang_system_python, paths=paths)
+    hs = read_host_state(host, SglangHostState, root=root, service=s.router_service,
+                         secrets=SECRETS_FILE, python=s.sglang_system_python, paths=paths)
     if hs is None:
         raise RouterError(what=f"the host-state read on {host.name} to print JSON",
                           found="no output", fix=f"check `{s.sglang_system_python}` runs there")
     release = _release(s, hs, tools, release_id, version, lock_text)
     secrets = ops.secret_file(
         name=f"Router key {SECRETS_FILE} (0600, root)", path=SECRETS_FILE,
-        content=render_secrets_env({"SMG_API_KEY": s.router_key} if s.router_key else {}),
-        present_sha256=hs.get("secrets_sha256"))
+        content=render_secrets_env({"SMG_API_KEY": s.router_key} if s.router_key else {}))
     urls = workers()
-    unit, link = _unit_and_link(s, hs, release_id, version, urls)
+    unit, link = _unit_and_link(s, release_id, version, urls)
     _started_and_verified(s, hs, unit, [unit, secrets, release, link], urls)
 
 
-def _release(s, hs: dict, tools: list, release_id: str, version: str, lock_text: str):
+def _release(s, hs: HostState, tools: list, release_id: str, version: str, lock_text: str):
     """The router's user, folders, tools, tool venv and release venv (the old ones pruned);
     returns the release venv's operation."""
     root, rel = s.router_root, f"{s.router_root}/releases/{release_id}"
-    present = hs["paths"]
-    if s.router_user not in hs["users"]:
+    if s.router_user not in hs.users:
         server.user(name=f"Router user {s.router_user}", user=s.router_user, system=True,
                     home=home(s), shell="/usr/sbin/nologin", create_home=False)
     ops.directories(name="Router folders (root, releases, tools, home, secrets)",
-                    dirs=managed_folders(s), present=present)
-    ops.files_content(name=f"Router tools ({', '.join(TOOLS)})", mode="755", present=present,
-                      sources=tools)
+                    dirs=managed_folders(s))
+    ops.files_content(name=f"Router tools ({', '.join(TOOLS)})", mode="755", sources=tools)
     releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the router's tool venv", root=root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
-                  present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
-                  index_url=s.sglang_index_url)
+                  wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url)
     ops.file_content(name=f"Lock of router release {release_id}", src=StringIO(lock_text),
-                     dest=f"{rel}/requirements.lock", mode="644",
-                     present=present.get(f"{rel}/requirements.lock"))
+                     dest=f"{rel}/requirements.lock", mode="644")
     release = releaseops.release_venv(
         name=f"Router release {release_id} (smg {version})", root=root, release_id=release_id,
         python=s.sglang_system_python, lock_path=f"{rel}/requirements.lock",
-        complete=bool((hs["releases"].get(release_id) or {}).get("complete")),
         wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url,
         uv_cache=f"{root}/uv-cache", packages=progressmod.lock_packages(lock_text),
         meta={"smg_version": version, "lock": s.router_lock})
     releaseops.releases_pruned(name="Old router releases (keep 3)", root=root,
-                        releases={**hs["releases"], release_id: {"installed_at": "now"}}, keep=3,
-                        protected={r for r in (release_id, hs.get("current")) if r})
+                        releases={**hs.releases.metas(), release_id: {"installed_at": "now"}},
+                        keep=3, protected={r for r in (release_id, hs.releases.current) if r})
     return release
 
 
-def _unit_and_link(s, hs: dict, release_id: str, version: str, urls: list[str]) -> tuple:
+def _unit_and_link(s, release_id: str, version: str, urls: list[str]) -> tuple:
     """The router's unit (listing the worker URLS) and its `current` link: their operations."""
-    root, present = s.router_root, hs["paths"]
+    root = s.router_root
     argv = routermod.launch_argv(
         python=f"{root}/current/venv/bin/python", launcher=f"{root}/tools/{LAUNCHER}", host=s.router_host,
         port=s.router_port, policy=s.router_policy, workers=urls,
@@ -154,18 +149,17 @@ def _unit_and_link(s, hs: dict, release_id: str, version: str, urls: list[str]) 
         release_id=release_id, version=version, user=s.router_user, home=home(s),
         secrets_file=SECRETS_FILE, argv=tuple(argv), workers=tuple(urls)))
     unit = ops.file_content(name=f"Unit {unit_path(s)}", src=StringIO(unit_text),
-                            dest=unit_path(s), mode="644", present=present.get(unit_path(s)))
+                            dest=unit_path(s), mode="644")
     link = ops.symlink(name=f"{root}/current -> router release {release_id}",
-                       path=f"{root}/current", target=f"{root}/releases/{release_id}",
-                       present=present.get(f"{root}/current"))
+                       path=f"{root}/current", target=f"{root}/releases/{release_id}")
     return unit, link
 
 
-def _started_and_verified(s, hs: dict, unit, triggers: list, urls: list[str]) -> None:
+def _started_and_verified(s, hs: HostState, unit, triggers: list, urls: list[str]) -> None:
     """The router enabled and started, restarted when a TRIGGER changes, and verified when
     (re)started, when asked (verify_converged), and when the running router is not the one
     that last passed (a failed or interrupted deploy left it unverified)."""
-    svc = hs["service"]
+    svc = hs.service
     started = ops.enabled_and_started(s.router_service, unit, svc)
     restarted = None
     if any(t.will_change for t in triggers) and not started.will_change:
@@ -176,8 +170,7 @@ def _started_and_verified(s, hs: dict, unit, triggers: list, urls: list[str]) ->
              "model": s.served_model_name, "timeout_s": s.router_verify_timeout_s,
              "host": "127.0.0.1" if s.router_host in routermod.WILDCARD else s.router_host,
              "poll_s": s.verify_poll_s}
-    verified = (hs.get("last_verified") or {}).get("invocation")
-    unverified = not svc.get("InvocationID") or verified != svc.get("InvocationID")
+    unverified = not svc.invocation_id or hs.verified_invocation != svc.invocation_id
     if started.will_change or restarted is not None or s.verify_converged or unverified:
         python.call(name="Verify the router: workers healthy, model listed, a generation "
                          "routed to each worker",

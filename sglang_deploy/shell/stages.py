@@ -23,7 +23,8 @@ from sglang_deploy.core import group, jit, modelfetch, preflight, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
-from sglang_deploy.core.service import Layout
+from sglang_deploy.core.hoststate import HostState
+from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, groupops, groupstage, lockfiles, outcomes
@@ -36,6 +37,7 @@ from sglang_deploy.shell.facts import (
     PatchStatus,
     ServingProbe,
     SglangHostState,
+    read_host_state,
 )
 from sglang_deploy.shell.verified import verify_and_record
 
@@ -46,12 +48,12 @@ class Context:
 
     settings: datamod.Settings
     layout: Layout
-    hoststate: dict
+    hoststate: HostState
     release_id: str = ""
     sglang_version: str = ""
     lock_text: str = ""
     nccl_env: dict = field(default_factory=dict)
-    ops: dict = field(default_factory=dict)
+    ops: StageOps = field(default_factory=StageOps)
     patch_state: str = "unknown"
     p2p_record: dict | None = None
     verify_running: bool = False
@@ -67,7 +69,7 @@ class Context:
 
     @property
     def site(self) -> str:
-        return self.layout.site(self.release_id, self.hoststate["python"])
+        return self.layout.site(self.release_id, self.hoststate.platform.python)
 
     def environment(self) -> list[tuple[str, str]]:
         """The service's environment, with the JIT toolchain of this release."""
@@ -103,7 +105,7 @@ def put_p2p_record(ctx: Context) -> None:
         dest = ctx.layout.p2p_record
         ops.file_content(name="Record of the passed P2P test", mode="644",
                          src=StringIO(json.dumps(ctx.p2p_record, sort_keys=True) + "\n"),
-                         dest=dest, present=ctx.hoststate["paths"].get(dest))
+                         dest=dest)
 
 
 def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
@@ -135,32 +137,32 @@ def preflight_stage() -> Context:
     layout = Layout.of(settings)
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state and GPU snapshot, run at once
-    snap = host.get_fact(HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
+    snap = read_host_state(host, HostSnapshot, root=settings.sglang_root, service=settings.sglang_service,
                          model=settings.sglang_model_path, secrets=layout.secrets_file,
                          python=settings.sglang_system_python, cache=settings.sglang_cache_dir,
                          paths=(*layout.state_paths(release_id),
                                 staging.record_path(layout, release_id)),
                          route_to=settings.sglang_dist_init_addr if settings.sglang_group else None)
-    hs = snap["state"]
+    hs = snap.state
     if hs is None:
         raise RuntimeSetupError(
             what=f"the host-state read ({settings.sglang_system_python} hoststate.py) to print JSON",
-            found="\n".join((snap["output"] or "").strip().splitlines()[-5:])
+            found="\n".join((snap.output or "").strip().splitlines()[-5:])
             or "no output at all",
             fix=f"check that `{settings.sglang_system_python}` "
             "(sglang_system_python) runs on the host: it is the Python 3 the deploy uses there")
     ctx = Context(settings=settings, layout=layout, hoststate=hs, release_id=release_id,
-                  sglang_version=sglang_version, lock_text=lock_text, gpu_snapshot=snap["gpu"],
+                  sglang_version=sglang_version, lock_text=lock_text, gpu_snapshot=snap.gpu,
                   expect=preflight.Expectations(
                       count=settings.gpu_expected_count, model=settings.gpu_expected_model,
                       min_driver=settings.gpu_min_driver, p2p_policy=settings.gpu_p2p_policy,
                       min_gbps=settings.gpu_p2p_min_gbps))
 
-    record, last_verified = hs.get("p2p_verified"), hs.get("last_verified")
+    record, last_verified = hs.p2p_verified, hs.last_verified
     # Peer copies need GPU memory the running server holds; while it serves, the verdict of
     # the last full test on this host stands, and while it serves a verified invocation, so
     # does that server for the probe itself.
-    kind = preflight.probe_plan(hs["service"], last_verified, record, settings.gpu_p2p_test,
+    kind = preflight.probe_plan(hs.service, last_verified, record, settings.gpu_p2p_test,
                                 read_only=plan.read_only())
     ctx.p2p_skipped = kind != "p2p"
     checks, matrix = run_probe(ctx, kind)
@@ -170,14 +172,14 @@ def preflight_stage() -> Context:
     if kind == "none":
         checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified,
                                                record, read_only=plan.read_only())
-    checks += preflight.check_model(hs.get("model") or {}, settings.sglang_model_path,
+    checks += preflight.check_model(hs.model or {}, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
         ctx.group = routing.host_group(host, state.inventory)
-        check, ctx.group_env = groupstage.group_interface(settings, hs.get("route_dev"))
+        check, ctx.group_env = groupstage.group_interface(settings, hs.route_dev)
         checks.append(check)
     target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
-    checks[:0] = preflight.check_wheel_platform(hs.get("python"), hs.get("glibc"), target,
+    checks[:0] = preflight.check_wheel_platform(hs.platform.python, hs.platform.glibc, target,
                                                 system_python=settings.sglang_system_python)
     p2pview.show(checks, record=kind == "p2p", policy=settings.gpu_p2p_policy)
     plan.preflight(host.name, checks, ctx.nccl_env, matrix)
@@ -189,59 +191,56 @@ def preflight_stage() -> Context:
 @deploy("Runtime: user, folders, uv, release venv, autotune patch")
 def runtime_stage(ctx: Context):
     s, hs, lay = ctx.settings, ctx.hoststate, ctx.layout
-    paths = hs["paths"]  # the host-state read reports every folder and file below
-    if s.sglang_user not in hs["users"]:
+    if s.sglang_user not in hs.users:
         server.user(name=f"Service user {s.sglang_user}", user=s.sglang_user, system=True,
                     home=s.sglang_home, shell="/usr/sbin/nologin", create_home=False)
     else:
         host.noop(f"user {s.sglang_user} exists")
     ops.directories(name="Folders (root, releases, tools, cache, home, secrets, uv cache)",
-                    dirs=lay.folders(), present=paths)
+                    dirs=lay.folders())
     if s.sglang_cache_seed:
         releaseops.cache_seeded(name=f"Caches from {s.sglang_cache_seed}", seed=s.sglang_cache_seed,
-                         cache_dir=s.sglang_cache_dir, user=s.sglang_user,
-                         present_files=hs.get("cache_files") or 0)
-    ops.files_content(name=f"Tools ({', '.join(service.TOOLS)})", mode="755", present=paths,
+                         cache_dir=s.sglang_cache_dir, user=s.sglang_user)
+    ops.files_content(name=f"Tools ({', '.join(service.TOOLS)})", mode="755",
                       sources=[(str(Path(patchmod.__file__) if t == "patch.py" else REMOTE / t),
                                 lay.tool(t)) for t in service.TOOLS])
     releaseops.tool_venv(name=f"uv {s.sglang_uv_version} in the tool venv", root=s.sglang_root,
                   python=s.sglang_system_python, uv_version=s.sglang_uv_version,
-                  present_version=hs.get("uv_version"), wheelhouse=s.sglang_wheelhouse,
-                  index_url=s.sglang_index_url)
+                  wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url)
 
     put_p2p_record(ctx)
-    rel = hs["releases"].get(ctx.release_id) or {}
+    rel = hs.releases.get(ctx.release_id)
     lock_path = lay.release_lock(ctx.release_id)
-    ctx.ops["lock"] = ops.file_content(
+    ops.file_content(
         name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text), dest=lock_path,
-        mode="644", present=paths.get(lock_path))
-    ctx.ops["release"] = releaseops.release_venv(
+        mode="644")
+    ctx.ops.triggers[Trigger.RELEASE] = releaseops.release_venv(
         name=f"Release {ctx.release_id} (sglang {ctx.sglang_version})", root=s.sglang_root,
         release_id=ctx.release_id, python=s.sglang_system_python, lock_path=lock_path,
-        complete=bool(rel.get("complete")), wheelhouse=s.sglang_wheelhouse,
-        index_url=s.sglang_index_url, uv_cache=lay.uv_cache,
+        wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url, uv_cache=lay.uv_cache,
         packages=progressmod.lock_packages(ctx.lock_text),
-        meta={"sglang_version": ctx.sglang_version, "lock": s.sglang_lock, "python": hs["python"]},
+        meta={"sglang_version": ctx.sglang_version, "lock": s.sglang_lock,
+              "python": hs.platform.python},
     )
-    known_good = ((hs.get("known_good") or {}).get("record") or {}).get("release")
+    known_good = hs.releases.known_good_release
     releaseops.releases_pruned(name=f"Old releases (keep {s.sglang_keep_releases})", root=s.sglang_root,
-                        releases={**hs["releases"], ctx.release_id: {"installed_at": "now"}},
+                        releases={**hs.releases.metas(), ctx.release_id: {"installed_at": "now"}},
                         keep=s.sglang_keep_releases,
-                        protected={r for r in (ctx.release_id, hs.get("current"), known_good) if r})
+                        protected={r for r in (ctx.release_id, hs.releases.current, known_good) if r})
     autotune_patch(ctx, rel)
     if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
-        ctx.ops["model"] = releaseops.model_download(
+        ctx.ops.triggers[Trigger.MODEL] = releaseops.model_download(
             name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
             spec=modelfetch.FetchSpec(
                 repo=s.sglang_model_repo, revision=s.sglang_model_revision, path=s.sglang_model_path,
                 python=ctx.venv_python, tool=lay.tool("model_fetch.py"),
                 token_file=lay.hf_token_file, endpoint=s.sglang_hf_endpoint,
                 timeout_s=s.sglang_model_download_timeout_s, token_env=s.sglang_hf_token_env),
-            complete=modelfetch.model_complete(hs.get("model"), s.sglang_model_path),
+            complete=modelfetch.model_complete(hs.model, s.sglang_model_path),
             token=s.secrets.get("HF_TOKEN"), group=s.sglang_user)
 
 
-def autotune_patch(ctx: Context, rel: dict) -> None:
+def autotune_patch(ctx: Context, rel) -> None:
     """The FlashInfer autotune patch on the release (``sglang_autotune_patch``), its state
     kept in CTX for the verifier."""
     lay = ctx.layout
@@ -249,15 +248,15 @@ def autotune_patch(ctx: Context, rel: dict) -> None:
         ctx.patch_state = "disabled"
         return
     status = None
-    if rel.get("complete"):
+    if rel is not None and rel.complete:
         # the record of the last apply, when the file is still the bytes it describes;
         # else the venv's python reads the file (``patch_tool.py status``)
-        status = patchmod.status_from_record(rel.get("patch"), rel.get("patch_file_sha256")) \
+        status = patchmod.status_from_record(rel.patch, rel.patch_file_sha256) \
             or host.get_fact(PatchStatus, python=ctx.venv_python, site=ctx.site,
                              tool=lay.tool("patch_tool.py"))
     found = (status or {}).get("state")
     ctx.patch_state = "applied" if found in (None, "", "needed") else found
-    ctx.ops["patch"] = releaseops.autotune_patch(
+    ctx.ops.triggers[Trigger.PATCH] = releaseops.autotune_patch(
         name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
         tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
 
@@ -279,10 +278,10 @@ def unit_for(ctx: Context) -> str:
 
 def restart_reasons(ctx: Context, unit_text: str, secrets_text: str) -> list[str]:
     hs = ctx.hoststate
+    unit = hs.paths.get(ctx.layout.unit_file)
     return service.restart_reasons(
-        unit_text=unit_text, unit_sha256=(hs["paths"].get(ctx.layout.unit_file) or {}).get("sha256"),
-        secrets_text=secrets_text, secrets_sha256=hs.get("secrets_sha256"),
-        changing=[k for k in service.RESTART_TRIGGERS if k in ctx.ops and ctx.ops[k].will_change])
+        unit_text=unit_text, unit_sha256=unit.sha256 if unit is not None else None,
+        secrets_text=secrets_text, secrets_sha256=hs.secrets_sha256, changing=ctx.ops.changing())
 
 
 def full_p2p_check(ctx: Context) -> None:
@@ -306,12 +305,12 @@ def _serving_poll(s: datamod.Settings):
 def launch_flags_checked(ctx: Context):
     """The launch flags checked against the installed sglang's own (the final guard), its
     parsed ``server_args.py`` from the controller's cache when the host's sha256 is there."""
-    rel = ctx.hoststate["releases"].get(ctx.release_id) or {}
+    rel = ctx.hoststate.releases.get(ctx.release_id)
     # the controller's cache of parsed ``server_args.py`` files (``flagcache``)
     cache_dir = str(Path(state.cwd or ".") / ".sglang-deploy" / "cache" / "flagspec")
     spec = None
-    if rel.get("complete"):  # by the sha256 the host reported; fetched only on a cache miss
-        spec = flagcache.load(cache_dir, rel.get("server_args_sha256")) \
+    if rel is not None and rel.complete:  # by the host's sha256; fetched only on a cache miss
+        spec = flagcache.load(cache_dir, rel.server_args_sha256) \
             or releaseops.server_args_flag_spec(ctx.site, cache_dir)
     return releaseops.launch_flags_check(
         name="Launch flags known to the installed sglang", site=ctx.site,
@@ -323,7 +322,7 @@ def launch_flags_checked(ctx: Context):
 @deploy("Service: launch flags, secrets, systemd unit, (re)start")
 def service_stage(ctx: Context):
     s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
-    ctx.ops["flags"] = launch_flags_checked(ctx)
+    launch_flags_checked(ctx)
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
     reasons = restart_reasons(ctx, unit_text, secrets_text)
@@ -345,7 +344,7 @@ def service_stage(ctx: Context):
     if run is not None and ctx.p2p_skipped and not reasons:
         # restarted only if a peer wants it: retested when its group restarts (an operation)
         p2pretest.add_retest(ctx, run_probe, **gate)
-    active = hs["service"].get("ActiveState") == "active"
+    active = hs.service.unit_active
     if run is not None or not active or reasons:
         # the server will (re)start: its JIT compilers and the release checked first
         staging.checks_before_start(ctx, unit_text, reasons, gate)
@@ -354,13 +353,12 @@ def service_stage(ctx: Context):
     if run is not None:  # the group's pre-flight, before any of its servers stops
         groupstage.add_preflight(run, lay.tool("rendezvous.py"), s.sglang_system_python)
     secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
-                              path=lay.secrets_file, content=secrets_text,
-                              present_sha256=hs.get("secrets_sha256"))
+                              path=lay.secrets_file, content=secrets_text)
     unit = ops.file_content(name=f"Unit {lay.unit_file}", src=StringIO(unit_text),
-                            dest=lay.unit_file, mode="644", present=hs["paths"].get(lay.unit_file))
+                            dest=lay.unit_file, mode="644")
     link = ops.symlink(name=f"{lay.current} -> release {ctx.release_id}", path=lay.current,
-                       target=lay.release_dir(ctx.release_id), present=hs["paths"].get(lay.current))
-    svc = hs["service"]
+                       target=lay.release_dir(ctx.release_id))
+    svc = hs.service
     if run is not None:  # a group's node starts with its group, never alone
         ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
         # the optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU free
@@ -368,24 +366,24 @@ def service_stage(ctx: Context):
             run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with group "
             f"{ctx.group.name}", between=lambda go: allreduce.add_allreduce_check(
                 ctx, group=ctx.group, when=go))
-        ctx.ops.update(unit=unit, secrets=secrets, link=link, started=None, restarted=None)
+        ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
         return
     started, restarted = start_or_restart(ctx, unit, secrets, reasons)
-    ctx.ops.update(unit=unit, secrets=secrets, started=started, restarted=restarted, link=link)
+    ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
+    ctx.ops.started, ctx.ops.restarted = started, restarted
 
 
 def start_or_restart(ctx: Context, unit, secrets, reasons: list[str]) -> tuple:
     """A single server's start, or its restart when one of REASONS' operations changes (or it
     runs a never-verified invocation that does not serve): (started, restarted) operations."""
     s, hs = ctx.settings, ctx.hoststate
-    svc = hs["service"]
+    svc = hs.service
     started = ops.enabled_and_started(s.sglang_service, unit, svc)
-    triggers = {"unit": unit, "secrets": secrets, **{k: ctx.ops[k] for k in service.RESTART_TRIGGERS
-                                                      if k in ctx.ops}}
+    triggers = {"unit": unit, "secrets": secrets, **ctx.ops.triggers}
     # Gated operations are added only when a trigger may fire, so that a converged host shows
     # no change at all, not even a conditional one, in --dry.
     action = "none"
-    if service.runs_unverified(svc, hs.get("last_verified"), started.will_change):
+    if service.runs_unverified(svc, hs.last_verified, started.will_change):
         poll = _serving_poll(s)
         serves = bool(poll) and check_serving(poll, s.served_model_name, False).kind == "ready"
         action = service.unverified_action(serves, restart_due=bool(reasons))
@@ -436,7 +434,7 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     """A single server's checks: (name, function, ``_if``) of its verification after a
     (re)start, and of a running server's (either None)."""
     s = ctx.settings
-    started, restarted = ctx.ops["started"], ctx.ops["restarted"]
+    started, restarted = ctx.ops.started, ctx.ops.restarted
     may_restart = started.will_change or restarted is not None
     if plan.planning():
         plan.record(state, host, ctx, _serving_poll(s))
@@ -466,8 +464,8 @@ def rollback_stage():
     known-good configuration and serves is only checked, never restarted."""
     s = routing.settings_of(host, state)
     lay = Layout.of(s)
-    hs = host.get_fact(SglangHostState, root=s.sglang_root, service=s.sglang_service,
-                       secrets=lay.secrets_file, python=s.sglang_system_python)
+    hs = read_host_state(host, SglangHostState, root=s.sglang_root, service=s.sglang_service,
+                         secrets=lay.secrets_file, python=s.sglang_system_python)
     rb = service.rollback_plan(host.name, hs, s.sglang_root)
     ops.known_good_restored(
         name=f"Known-good configuration (release {rb.params['release']})", layout=lay,

@@ -67,13 +67,14 @@ def checks_before_start(ctx, unit_text: str, reasons: list[str], gate: dict | No
     GATE: a group's node's ``_if`` (its group restarts, for any node's reason): both checks
     are added whatever this node's own reasons, and run when the group restarts."""
     s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
-    active = hs["service"].get("ActiveState") == "active"
+    active = hs.service.unit_active
     if gate is None and active and not reasons:
         return
     smoke = gate is not None or bool(set(reasons) - {"secrets"}) or not active
     inputs = _inputs(ctx, unit_text, smoke)
     path = record_path(lay, ctx.release_id)
-    if trusts_record() and stagingcore.proven(hs["paths"].get(path), inputs):
+    record = hs.paths.get(path)
+    if trusts_record() and stagingcore.proven(record and record.as_json(), inputs):
         host.noop("JIT toolchain and release smoke: proven by this rollout's staging run")
         return
     jitcheck.jit_toolchain_check(
@@ -91,5 +92,4 @@ def checks_before_start(ctx, unit_text: str, reasons: list[str], gate: dict | No
             env=s.sglang_smoke_env, **releaseops.smoke_doors(ctx), **(gate or {}))
     if stage_only():
         ops.file_content(name=f"Staging record of release {ctx.release_id}", mode="644",
-                         src=StringIO(stagingcore.record_text(inputs)), dest=path,
-                         present=hs["paths"].get(path))
+                         src=StringIO(stagingcore.record_text(inputs)), dest=path)

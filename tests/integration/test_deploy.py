@@ -89,6 +89,12 @@ def _facts(r) -> list[tuple[str, str]]:
     return re.findall(r"Loaded fact sglang_deploy\.shell\.facts\.(\w+) \(([^)]*)\)", both(r))
 
 
+def _every_fact(r) -> list[str]:
+    """Every fact a -vv run loaded, pyinfra's own too (``pyinfra.facts.files.File``...): an
+    operation that compared a path the host-state read left out would show here."""
+    return re.findall(r"Loaded fact ([\w.]+) ", both(r))
+
+
 def test_the_cuda_probe_runs_only_beside_a_server_no_deploy_verified(testbed, deployed_host):
     """While the service serves the invocation a deploy verified, a no-op deploy sends only
     the pre-flight snapshot: no CUDA probe beside the server. A server restarted behind the
@@ -98,6 +104,8 @@ def test_the_cuda_probe_runs_only_beside_a_server_no_deploy_verified(testbed, de
     r = deploy(testbed, TB1, "-vv")
     assert r.returncode == 0, both(r)[-4000:]
     assert [name for name, _ in _facts(r)] == ["HostSnapshot"]
+    # one round trip in all: the file operations compared with the snapshot, no fact of their own
+    assert _every_fact(r) == ["sglang_deploy.shell.facts.HostSnapshot"], _every_fact(r)
     testbed.ssh(TB1, "systemctl restart sglang.service && for i in $(seq 600); do "
                 "curl -sf -o /dev/null http://127.0.0.1:30000/health && exit 0; sleep 0.1; done; "
                 "exit 1", check=True)

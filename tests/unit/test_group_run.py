@@ -16,13 +16,14 @@ from pyinfra.context import ctx_host, ctx_state
 
 from sglang_deploy.core import group
 from sglang_deploy.core.errors import GroupPreflightError, VerifyError
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.shell import groupops, groupstage, hooks
 
 from test_pyinfra_guards import NOWHERE, pyinfra
 
 G = group.Group("g1", (group.Node("n0", 0), group.Node("n1", 1)), "10.0.0.10", 50000)
-RUNNING = {"service": {"ActiveState": "active", "SubState": "running"},
-           "last_verified": {"invocation": "x"}}
+RUNNING = HostState.from_json({"service": {"ActiveState": "active", "SubState": "running"},
+                               "last_verified": {"invocation": "x"}})
 
 
 def _card(node: str) -> dict:

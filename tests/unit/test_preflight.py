@@ -8,6 +8,7 @@ import pytest
 
 from sglang_deploy.core import nvsmi
 from sglang_deploy.core import preflight
+from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.core.preflight import Check, Expectations
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
@@ -763,15 +764,15 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
                and not line.startswith("@@sglang-deploy:rc=")]
     assert markers == [f"@@sglang-deploy:{n}" for n in ("hoststate.json", *GPU_SECTIONS)]
     snap = HostSnapshot().process(out.splitlines())
-    assert snap["state"]["paths"][str(tmp_path)]["kind"] == "dir"
-    assert snap["state"]["releases"] == {}
-    assert "dev_open" not in snap["state"]  # moved to its section
+    assert snap.state.paths[str(tmp_path)].kind == "dir"
+    assert dict(snap.state.releases.installed) == {}
+    assert "dev_open" not in snap.state.raw  # moved to its section
     assert "cuda_probe" not in cmd  # the probe is its own round trip (preflight.probe_plan)
-    assert set(snap) == {"state", "gpu", "output"} and snap["output"].startswith("{")
-    assert set(snap["gpu"]) == {*GPU_SECTIONS, "dev-open.txt"}
+    assert snap.output.startswith("{")
+    assert set(snap.gpu) == {*GPU_SECTIONS, "dev-open.txt"}
     # the open test ran in the host-state process: this machine has no /dev/nvidia* nodes
-    assert snap["gpu"]["dev-open.txt"] == {"out": "", "rc": 0}
-    assert snap["gpu"]["dev-nvidia.txt"]["rc"] != 0  # no /dev/nvidia* on this machine
+    assert snap.gpu["dev-open.txt"] == {"out": "", "rc": 0}
+    assert snap.gpu["dev-nvidia.txt"]["rc"] != 0  # no /dev/nvidia* on this machine
 
 
 def test_host_snapshot_without_its_python_keeps_the_other_sections_and_says_why(tmp_path):
@@ -783,8 +784,8 @@ def test_host_snapshot_without_its_python_keeps_the_other_sections_and_says_why(
                                  python=str(tmp_path / "no-python3"))
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120).stdout
     snap = HostSnapshot().process(out.splitlines())
-    assert snap["state"] is None and "no-python3" in snap["output"]
-    assert set(snap["gpu"]) == set(GPU_SECTIONS)
+    assert snap.state is None and "no-python3" in snap.output
+    assert set(snap.gpu) == set(GPU_SECTIONS)
 
 
 def test_sections_keep_output_without_a_final_newline_apart_from_the_marker():
@@ -822,7 +823,8 @@ RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data
     (SERVING, {"invocation": "abc123"}, RECORD, "always", "p2p"),
 ])
 def test_probe_plan(service, last_verified, record, p2p_test, want):
-    assert preflight.probe_plan(service, last_verified, record, p2p_test) == want
+    assert preflight.probe_plan(ServiceState.from_json(service), last_verified, record,
+                                p2p_test) == want
 
 
 def test_a_verified_server_stands_for_the_probe_checks():

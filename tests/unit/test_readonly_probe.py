@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 
 from sglang_deploy.core import preflight
+from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.shell import plan
 
-SERVING = {"ActiveState": "active", "SubState": "running", "InvocationID": "abc123"}
-STOPPED = {"ActiveState": "inactive", "SubState": "dead"}
+SERVING = ServiceState.from_json({"ActiveState": "active", "SubState": "running",
+                                  "InvocationID": "abc123"})
+STOPPED = ServiceState.from_json({"ActiveState": "inactive", "SubState": "dead"})
 RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data", "p2p-bandwidth"]}
 
 

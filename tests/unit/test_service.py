@@ -5,6 +5,7 @@ import pytest
 
 from sglang_deploy.core import data, service
 from sglang_deploy.core.errors import DataError, RollbackError
+from sglang_deploy.core.hoststate import HostState, ServiceState
 from sglang_deploy.core.service import Layout
 
 BASE = {"sglang_model_path": "/srv/models/m", "_sudo": False}
@@ -146,7 +147,8 @@ def test_restart_reasons(unit_sha, secrets_sha, changing, reasons):
     ("inv1", None, True, False),       # this run starts it
 ])
 def test_runs_unverified(invocation, verified, will_start, unverified):
-    assert service.runs_unverified({"InvocationID": invocation}, verified, will_start) is unverified
+    assert service.runs_unverified(ServiceState.from_json({"InvocationID": invocation}), verified,
+                                   will_start) is unverified
 
 
 @pytest.mark.parametrize("serves, restart_due, action", [
@@ -188,8 +190,9 @@ RUNNING = {"ActiveState": "active", "SubState": "running"}
 
 
 def hoststate(**over):
-    return {"known_good": KG, "releases": {"r1": {"complete": True}}, "unit_sha256": "u1",
-            "secrets_sha256": "s1", "current": "r1", "service": RUNNING, **over}
+    return HostState.from_json({
+        "known_good": KG, "releases": {"r1": {"complete": True}}, "unit_sha256": "u1",
+        "secrets_sha256": "s1", "current": "r1", "service": RUNNING, **over})
 
 
 @pytest.mark.parametrize("over, restore, restart", [

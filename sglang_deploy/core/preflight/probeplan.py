@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.core.preflight.checks import Check
 
 
-def probe_plan(service: Mapping[str, Any], last_verified: Mapping[str, Any] | None,
+def probe_plan(service: ServiceState, last_verified: Mapping[str, Any] | None,
                p2p_verified: Mapping[str, Any] | None, p2p_test: str,
                read_only: bool = False) -> str:
     """Which CUDA probe the pre-flight runs, from the host-state read:
@@ -27,14 +28,13 @@ def probe_plan(service: Mapping[str, Any], last_verified: Mapping[str, Any] | No
       these GPUs and serves from them, which proves more than the probe does; a run that
       would restart it probes first, with the peer copies (``retest_before_restart``).
 
-    ``service``: the ``systemctl show`` properties; ``last_verified``/``p2p_verified``: the
-    host's records (None when absent)."""
-    serving = service.get("ActiveState") == "active" and service.get("SubState") == "running"
-    if read_only and serving:
+    ``service``: the unit's state (``serving``: ``active/running``); ``last_verified``/
+    ``p2p_verified``: the host's records (None when absent)."""
+    if read_only and service.serving:
         return "none"
-    if p2p_test == "always" or not (serving and p2p_verified):
+    if p2p_test == "always" or not (service.serving and p2p_verified):
         return "p2p"
-    invocation = service.get("InvocationID")
+    invocation = service.invocation_id
     if invocation and (last_verified or {}).get("invocation") == invocation:
         return "none"
     return "basic"
