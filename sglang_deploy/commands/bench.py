@@ -26,10 +26,11 @@ import sys
 import tempfile
 import uuid
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.core.throughput import TABLE_COLUMNS, gate, table_rows
-from sglang_deploy.shell.throughputhost import RUN_ID_ENV, find_run
+from sglang_deploy.shell.throughputhost import RUN_ID_ENV
 
 #: the deploy file it runs (beside deploy.py, in the deploy folder: the current one)
 DEPLOY_FILE = "throughput_bench.py"
@@ -49,18 +50,19 @@ class BenchOutcome:
 def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd=".",
               on_line=None, data=None) -> list[BenchOutcome]:
     """Run the bench deploy for HOSTS (one pyinfra process) and gate each host."""
-    from sglang_deploy.shell import outcomes as outcomes_mod
-    from sglang_deploy.shell import runner
+    from sglang_deploy.shell import journal, runner
 
     run_id = uuid.uuid4().hex
-    with tempfile.TemporaryDirectory(prefix="bench-outcomes-") as records:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        records = Path(tmp) / "journal.json"
         run = runner.run_pyinfra(inventory, DEPLOY_FILE, limit=hosts, cwd=cwd, data=data,
-                                 env={RUN_ID_ENV: run_id, outcomes_mod.OUTCOMES_ENV: records},
+                                 env={RUN_ID_ENV: run_id, **journal.env(records)},
                                  on_line=on_line)
-        got = outcomes_mod.read(records, hosts)  # each host's own record, never the text
+        ran = journal.read(records)  # each host's own records, never the text
+    got = ran.outcomes(hosts)
     outcomes = []
     for name in hosts:
-        entry = find_run(name, run_id, cwd)
+        entry = ran.bench(name)
         if entry is None:
             outcomes.append(BenchOutcome(
                 ok=False, host=name, message=f"{name}: no benchmark result (pyinfra exit status "

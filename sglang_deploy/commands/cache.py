@@ -33,25 +33,26 @@ def failure_message(host: str, cache: str, status: int, stderr: bytes) -> str:
             + (f": {detail[-1]}" if detail else ""))
 
 
+class _Failed(Exception):
+    """`tar` failed on the host (its message): the partial archive is dropped."""
+
+
 def run(args) -> int:
     from sglang_deploy.core.sshtarget import cache_archive_command
-    from sglang_deploy.shell import hostshell
+    from sglang_deploy.shell import atomicfile, hostshell
 
     target = Path(args.file)
-    tmp = target.with_name(target.name + ".part")
-    try:
-        ssh, data = hostshell.target(args.inventory, args.host)
-        cache = hostshell.setting(data, "sglang_cache_dir")
-        with hostshell.connect(ssh) as cxn, open(tmp, "wb") as fh:
+    ssh, data = hostshell.target(args.inventory, args.host)
+    cache = hostshell.setting(data, "sglang_cache_dir")
+    try:  # the archive replaces TARGET only once whole (an error leaves TARGET as it was)
+        with (hostshell.connect(ssh) as cxn,
+              atomicfile.replacing(target, "wb", parents=False) as fh):
             status, err = hostshell.stream(cxn, cache_archive_command(cache), fh)
-    except BaseException:  # the command's handler prints it (one line, its exit status)
-        tmp.unlink(missing_ok=True)
-        raise
-    if status != 0:
-        tmp.unlink(missing_ok=True)
-        print(failure_message(args.host, cache, status, err), file=sys.stderr)
+            if status != 0:
+                raise _Failed(failure_message(args.host, cache, status, err))
+    except _Failed as failed:
+        print(failed, file=sys.stderr)
         return common.EXIT_FAILED
-    tmp.rename(target)
     print(f"saved {cache} of {args.host} to {target} ({target.stat().st_size} bytes); restore it on a "
           f"blank host with: sglang-deploy rebuild {args.inventory} HOST --cache {target}")
     return common.EXIT_OK

@@ -1,8 +1,8 @@
 """``sglang-deploy doctor INVENTORY [--limit PATTERN]...``: the deploy's pre-flight on its hosts.
 
 One ``pyinfra INVENTORY preflight.py --dry`` run (the deploy's pre-flight stage alone, hosts
-in parallel) with a plan folder: each host's stage writes every check it made
-(``plan.preflight``: ``<host>.preflight.json``), judged by that host's data exactly as a
+in parallel) in plan mode: each host's stage records every check it made in the run's
+journal (``plan.preflight``: the host's ``preflight``), judged by that host's data exactly as a
 deploy would. Nothing is installed or changed and no deploy lock is taken. A host without a
 record is explained by its outcome record (``shell/outcomes.py``: unreachable, its typed
 error, or no result), not by pyinfra's printed text.
@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.shell import runner
 from sglang_deploy.shell.hosts import select
-from sglang_deploy.shell.plan import PLAN_ENV
 
 if TYPE_CHECKING:
-    from sglang_deploy.core.outcome import HostOutcome
+    from sglang_deploy.core.journal import Journal
 
 
 def status_of(checks: list[dict]) -> str:
@@ -30,20 +29,18 @@ def status_of(checks: list[dict]) -> str:
     return next((s for s in ("fail", "warn", "pass") if s in statuses), "skipped")
 
 
-def host_report(name: str, plans: Path, got: HostOutcome | None = None,
-                fallback: str = "") -> dict[str, Any]:
-    """One host's report from its plan record, or a failure saying why it has none: GOT, its
-    outcome record (unreachable, its typed error, or no result: then FALLBACK, pyinfra's own
-    last error)."""
+def host_report(name: str, ran: Journal, fallback: str = "") -> dict[str, Any]:
+    """One host's report from its pre-flight record in the run's journal RAN, or a failure
+    saying why it has none: its outcome record (unreachable, its typed error, or no result:
+    then FALLBACK, pyinfra's own last error)."""
     from sglang_deploy.core import outcome
 
-    path = plans / f"{name}.preflight.json"
-    if not path.exists():
-        got = got or outcome.decide(name, None)
+    record = ran.preflight(name)
+    if record is None:
+        got = ran.outcome(name)
         error = got.message + (f"\n{fallback}" if got.kind == outcome.MISSING and fallback else "")
         return {"host": name, "mode": "remote", "source": name, "status": "fail", "checks": [],
                 "error": error}
-    record = json.loads(path.read_text())
     return {"host": name, "mode": "remote", "source": name, "status": status_of(record["checks"]),
             "checks": record["checks"], "nccl_env": record.get("nccl_env") or {},
             "p2p_matrix": record.get("p2p_matrix")}
@@ -53,17 +50,15 @@ def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -
     """The report of each host INVENTORY and LIMIT select (pyinfra's --limit rules; the
     inventory, the limit and the data are checked before any connection, exit status 2)."""
     from sglang_deploy.commands.common import host_error
-    from sglang_deploy.shell import outcomes
+    from sglang_deploy.shell import journal
 
     hosts = select(inventory, limit, data, cwd=cwd).hosts
     with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
-        plans, records = Path(tmp) / "plans", Path(tmp) / "outcomes"
+        records = Path(tmp) / "journal.json"
         run = runner.run_pyinfra(inventory, "preflight.py", limit=hosts, data=data, dry=True,
-                                 cwd=cwd, env={PLAN_ENV: str(plans),
-                                               outcomes.OUTCOMES_ENV: str(records)})
-        got = outcomes.read(records, hosts)
-        fallback = host_error(run.output)
-        return [host_report(h, plans, got[h], fallback) for h in hosts]
+                                 cwd=cwd, env=journal.env(records, plan=True))
+        ran, fallback = journal.read(records), host_error(run.output)
+        return [host_report(h, ran, fallback) for h in hosts]
 
 
 def run(args, data: list[str], render: Callable[[dict[str, Any]], None]) -> int:

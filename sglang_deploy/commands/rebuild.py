@@ -45,7 +45,7 @@ def with_groups(hosts: list[str], nodes: dict[str, list[str]]) -> list[str]:
 def run(args) -> int:
     from sglang_deploy.core.errors import UsageError
     from sglang_deploy.core import group
-    from sglang_deploy.shell import hosts, outcomes, routing, runner
+    from sglang_deploy.shell import hosts, journal, routing, runner
 
     if args.cache and not Path(args.cache).is_file():
         raise UsageError(what="--cache FILE: an archive from `sglang-deploy cache save`",
@@ -55,10 +55,11 @@ def run(args) -> int:
     # a group's node comes back with its whole group (its nodes start as one)
     limit = with_groups(chosen.hosts, group.units(routing.groups(chosen.inventory)))
     show = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    with tempfile.TemporaryDirectory(prefix="rebuild-outcomes-") as records:
+    with tempfile.TemporaryDirectory(prefix="rebuild-") as tmp:
+        records = Path(tmp) / "journal.json"
         result = runner.run_pyinfra(args.inventory, "deploy.py", limit=limit, data=data,
-                                    on_line=show, env={outcomes.OUTCOMES_ENV: records})
-        got = outcomes.read(records, limit)  # each host's own record, never the text
+                                    on_line=show, env=journal.env(records))
+        got = journal.read(records).outcomes(limit)  # each host's own record, never the text
     # no record at all (pyinfra stopped before the host): pyinfra's own error, as printed
     rows = [{"host": name, "ok": got[name].passed,
              "error": None if got[name].passed else got[name].message

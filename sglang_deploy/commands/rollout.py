@@ -32,8 +32,9 @@ worker), its nodes restart and verify as one (deploy.py) and, when any node fail
 whole group is rolled back. A ``--limit`` naming part of a group is refused.
 
 Each host's result of each pyinfra run comes from the outcome record the run writes for it
-(``shell/outcomes.py``, in ``SGLANG_DEPLOY_OUTCOMES``: passed or failed, the stage, the
-action, the typed error, the verification summary), never from pyinfra's printed text.
+in its journal (``shell/outcomes.py``, ``shell/journal.py``: ``SGLANG_DEPLOY_JOURNAL``, one
+file per run in the rollout's folder: passed or failed, the stage, the action, the typed
+error, the verification summary), never from pyinfra's printed text.
 
 The pure parts (``commands/rolloutplan.py``) are ``plan_order``, ``batches``, ``outcome``, and
 the decisions from the records: ``answered``, ``after_staging``, ``after_deploy`` and
@@ -142,15 +143,14 @@ class Rollout(RolloutSteps):
     def reachable(self, order: list[str], results: dict, run_dir: Path) -> str | None:
         """Every host answers (SSH, host keys, data) before any is touched: None, else the
         verdict (each host's result says why)."""
-        from sglang_deploy.shell import outcomes, runner
+        from sglang_deploy.shell import journal, runner
 
         self.say("checking that every host answers (SSH, host keys, data) before touching any...")
-        records = run_dir / "reachability-outcomes"
+        records = run_dir / "reachability.journal.json"
         check = runner.run_pyinfra(self.inventory, ["exec", "--", "true"], limit=order,
-                                   data=self.data, cwd=self.cwd,
-                                   env={outcomes.OUTCOMES_ENV: str(records)})
+                                   data=self.data, cwd=self.cwd, env=journal.env(records))
         (run_dir / "reachability.log").write_text(check.output)
-        got = outcomes.read(records, order)
+        got = journal.read(records).outcomes(order)
         down = answered(got)
         if not down:
             return None
@@ -191,19 +191,18 @@ class Rollout(RolloutSteps):
     def stage_all(self, order: list[str], results: dict, run_dir: Path) -> str | None:
         """One "stage only" deploy over every host at once (``shell/staging.py``): None when
         every host staged, else the verdict (nothing was drained or restarted)."""
-        from sglang_deploy.shell import outcomes, runner, staging
+        from sglang_deploy.shell import journal, runner, staging
 
         self.say(f"staging {len(order)} host(s) at once (release, patch, model, checks; "
                  "nothing serving touched) ...")
         self.progress.update(order, "staging")
-        records = run_dir / "stage-outcomes"
+        records = run_dir / "stage.journal.json"
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,
                                  cwd=self.cwd, on_line=self.progress.feed,
-                                 env={outcomes.OUTCOMES_ENV: str(records),
-                                      staging.STAGE_ENV: "1"})
+                                 env={**journal.env(records), staging.STAGE_ENV: "1"})
         log = run_dir / "stage.log"
         log.write_text(run.output)
-        got = outcomes.read(records, order)
+        got = journal.read(records).outcomes(order)
         failed = []
         for name in order:
             r = results[name]
@@ -289,9 +288,9 @@ class Rollout(RolloutSteps):
         return ok
 
     def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
-        from sglang_deploy.shell import outcomes, runner, staging
+        from sglang_deploy.shell import journal, runner, staging
 
-        records = run_dir / f"batch{index}-outcomes"
+        records = run_dir / f"batch{index}.journal.json"
         self.say(f"[{index}] deploying {', '.join(group)} ...")
         gated = ["verify_promote_known_good=false"] if self.min_throughput_ratio is not None else []
         self.progress.update(group, "deploying")
@@ -299,13 +298,13 @@ class Rollout(RolloutSteps):
         staged = {staging.STAGED_ENV: "1"} if self.stage else {}
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=group,
                                  data=[*self.data, "verify_converged=true", *gated], cwd=self.cwd,
-                                 env={outcomes.OUTCOMES_ENV: str(records), **staged,
+                                 env={**journal.env(records), **staged,
                                       # the summaries, kept per batch (`sglang-deploy report`)
                                       "SGLANG_DEPLOY_REPORTS": str(run_dir / f"batch{index}-reports")},
                                  on_line=self.progress.feed)
         log = run_dir / f"batch{index}-deploy.log"
         log.write_text(run.output)
-        got = outcomes.read(records, group)
+        got = journal.read(records).outcomes(group)
         for name in group:
             r = results[name]
             r.seconds, r.log = round(run.seconds, 2), str(log)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -68,22 +67,22 @@ class RolloutSteps:
                                fix="re-run the rollout; check the host's sglang_root")
 
     def rollback(self, group: list[str], results: dict, run_dir: Path) -> None:
-        from sglang_deploy.shell import outcomes, runner
+        from sglang_deploy.shell import journal, runner
 
         failed = [h for h in group if results[h].status == "failed"]
         # a multi-node group rolls back whole: its nodes run one configuration
         failed = [h for h in group
                   if any(n in failed for n in self.units.get(h, [h]))]
         self.say(f"HALT: rolling back {', '.join(failed)} to the last known-good configuration ...")
-        records = run_dir / "rollback-outcomes"
+        records = run_dir / "rollback.journal.json"
         self.progress.update(failed, "rolling back")
         run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, data=self.data,
                                  cwd=self.cwd,
-                                 env={outcomes.OUTCOMES_ENV: str(records),
+                                 env={**journal.env(records),
                                       "SGLANG_DEPLOY_REPORTS": str(run_dir / "rollback-reports")},
                                  on_line=self.progress.feed)
         (run_dir / "rollback.log").write_text(run.output)
-        got = outcomes.read(records, failed)
+        got = journal.read(records).outcomes(failed)
         for name in failed:
             r = results[name]
             r.rollback_seconds = round(run.seconds, 2)
@@ -96,21 +95,19 @@ class RolloutSteps:
             self.say(f"    {name}: {r.status}")
 
     def dry_run(self, order: list[str], run_dir: Path) -> int:
-        from sglang_deploy.shell import outcomes, runner
-        from sglang_deploy.shell.plan import PLAN_ENV
+        from sglang_deploy.shell import journal, runner
 
-        plans = Path(tempfile.mkdtemp(prefix="plan-", dir=run_dir))
-        records = run_dir / "dry-outcomes"
+        records = run_dir / "dry.journal.json"
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,
-                                 dry=True, cwd=self.cwd,
-                                 env={PLAN_ENV: str(plans), outcomes.OUTCOMES_ENV: str(records)})
+                                 dry=True, cwd=self.cwd, env=journal.env(records, plan=True))
         (run_dir / "dry.log").write_text(run.output)
-        got = outcomes.read(records, order)
+        ran = journal.read(records)
+        got = ran.outcomes(order)
         self.say("plan (nothing was changed):")
         entries = []
         for name in order:
-            path = plans / f"{name}.json"
-            if not path.exists():
+            p = ran.plan(name)
+            if p is None:
                 error = failure_text(got[name])
                 if got[name].kind == outcomemod.MISSING:  # pyinfra's own words
                     error += "\n" + common.host_error(run.output)
@@ -118,7 +115,6 @@ class RolloutSteps:
                 self.say(f"  {name}: no plan (unreachable, or its data is invalid):\n"
                          + indent(error))
                 continue
-            p = json.loads(path.read_text())
             entry = {"host": name, "ok": True, "error": None, "changes": p["changes"]}
             entries.append(entry)
             if p.get("preflight") == "fail":

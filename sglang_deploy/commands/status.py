@@ -1,7 +1,8 @@
 """`sglang-deploy status INVENTORY [--json]`: where every host stands. Read-only.
 
-One ``pyinfra INVENTORY deploy.py --dry`` run (hosts in parallel) with a plan folder: the
-stages read each host exactly as a deploy would, and record, without changing anything:
+One ``pyinfra INVENTORY deploy.py --dry`` run (hosts in parallel) in plan mode: the
+stages read each host exactly as a deploy would, and record in the run's journal
+(``shell/journal.py``), without changing anything:
 the unit's state and uptime, the release and its sglang version, the patch state, one poll
 of ``/health`` and ``/v1/models``, the time of the last successful verification, and the
 drift: the operations a deploy would run now (an empty list means the host is exactly what
@@ -43,27 +44,25 @@ from sglang_deploy.commands import common
 
 if TYPE_CHECKING:
     from sglang_deploy.core.group import Group
-    from sglang_deploy.core.outcome import HostOutcome
+    from sglang_deploy.core.journal import Journal
 
 
-def rows_from_plans(hosts: list[str], plans: Path, outcomes: dict[str, HostOutcome],
-                    fallback: str = "") -> list[dict]:
-    """Pure-ish: one status row per host from the plan files and, for a host without one, its
-    outcome record (OUTCOMES: ``shell.outcomes.read``): unreachable, its error, or no result
-    (then FALLBACK, pyinfra's own last error, is shown)."""
+def rows_from_plans(hosts: list[str], ran: Journal, fallback: str = "") -> list[dict]:
+    """Pure: one status row per host from its plan record in the run's journal RAN and, for a
+    host without one, its outcome record: unreachable, its error, or no result (then
+    FALLBACK, pyinfra's own last error, is shown)."""
     from sglang_deploy.core import outcome
 
     rows = []
     for name in hosts:
-        path = plans / f"{name}.json"
-        if not path.exists():
-            o = outcomes.get(name) or outcome.decide(name, None)
+        p = ran.plan(name)
+        if p is None:
+            o = ran.outcome(name)
             problem = o.message + (f"\n{fallback}" if o.kind == outcome.MISSING and fallback else "")
             rows.append({"host": name,
                          "reachable": False if o.kind == outcome.UNREACHABLE else None,
                          "problem": problem, "in_sync": None, "healthy": False})
             continue
-        p = json.loads(path.read_text())
         row = {"host": name, "reachable": True, **{k: v for k, v in p.items() if k != "host"}}
         if p.get("preflight") == "fail":
             row["problem"] = "pre-flight fails: " + "; ".join(f"{c['name']}: {c['message']}" for c in p["failed"])
@@ -210,9 +209,8 @@ def collect_status(inventory: str, cwd: str = ".", limit: list[str] | None = Non
     limit that names part of a multi-node group selects the whole group; each row carries
     its ``group`` and ``node_rank``, a group's nodes stand together in rank order."""
     from sglang_deploy.core import groupstatus
-    from sglang_deploy.shell import outcomes, routing, runner
+    from sglang_deploy.shell import journal, routing, runner
     from sglang_deploy.shell.hosts import select
-    from sglang_deploy.shell.plan import PLAN_ENV
 
     sel = select(inventory, limit, data, cwd=cwd)
     groups = routing.groups(sel.inventory)
@@ -220,11 +218,10 @@ def collect_status(inventory: str, cwd: str = ".", limit: list[str] | None = Non
     serving = [h.name for h in sel.inventory if not routing.is_router(h)]  # not routers
     hosts = groupstatus.ordered([h for h in serving if h in chosen], groups)
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
-        plans, records = Path(tmp) / "plans", Path(tmp) / "outcomes"
+        records = Path(tmp) / "journal.json"
         run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
-                                 cwd=cwd, env={PLAN_ENV: str(plans),
-                                               outcomes.OUTCOMES_ENV: str(records)})
-        rows = rows_from_plans(hosts, plans, outcomes.read(records, hosts),
+                                 cwd=cwd, env=journal.env(records, plan=True))
+        rows = rows_from_plans(hosts, journal.read(records),
                                fallback=common.host_error(run.output))
     return groupstatus.annotate(rows, groups), groups
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from sglang_deploy.core.flags import spec as flagmod
+from sglang_deploy.shell import atomicfile
 
 #: changes whenever the parser does
 PARSER_ID = hashlib.sha256(Path(flagmod.__file__).read_bytes()).hexdigest()[:12]
@@ -55,11 +55,8 @@ def store(base: str | os.PathLike, sha256: str, spec: flagmod.FlagSpec) -> None:
     _MEMORY[sha256] = spec
     path = entry_path(base, sha256)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"sha256": sha256, "parser": PARSER_ID, "spec": spec.to_json()}, fh)
-        os.replace(tmp, path)
+        atomicfile.write(path, json.dumps({"sha256": sha256, "parser": PARSER_ID,
+                                           "spec": spec.to_json()}))
     except OSError:
         return
 

@@ -137,7 +137,7 @@ def group_checks(ctx, serving_poll) -> tuple:
     s, g = ctx.settings, ctx.group
     decision, _ = ctx.group_decision
     run = groupops.run_of(state, g)
-    if plan.plan_dir() is not None:
+    if plan.planning():
         plan.record(state, host, ctx, serving_poll(),
                     extra=groupops.group_fields(g, host.name, decision.of(host.name)))
     params = ctx.verify_params()

@@ -336,8 +336,11 @@ def _read_only(run: RunStart) -> None:
     plan.mark_read_only(run.state, run.dry)  # read while deploy files load (``plan.read_only``)
 
 
-def _outcomes(run: RunStart) -> BaseStateCallback:
-    return outcomes.install(run.state, run.cwd, dry=run.dry)  # each host's outcome record
+def _journal(run: RunStart) -> BaseStateCallback:
+    """The run's journal (``shell/journal.py``) and the recorder of each host's outcome in
+    it, on the run's State; the recorder is the run's last handler (it records what the
+    others noted)."""
+    return outcomes.attach(run.state, run.cwd, dry=run.dry)
 
 
 def _group_runs(run: RunStart) -> None:
@@ -355,7 +358,7 @@ def _fleet(run: RunStart) -> None:
 #: the per-run objects of a pyinfra run, in order (``integration.PerRun``)
 PER_RUN = (
     PerRun("read-only", _read_only, checked=False),
-    PerRun("outcomes", _outcomes, checked=False),
+    PerRun("journal", _journal, release=outcomes.release, checked=False),
     PerRun("group runs", _group_runs, release=groupops.release),
     PerRun("fleet", _fleet, release=routing.release),
 )

@@ -1,12 +1,13 @@
 """Outcome records: each host's result of a pyinfra run, written by the run itself.
 
-The same hand-over as the plan records (``shell/plan.py``) and the verification summaries
-(``report.emit``): the command names a folder in the environment of its pyinfra subprocess
-(``SGLANG_DEPLOY_OUTCOMES``; default ``.sglang-deploy/outcomes`` of the run's folder), and
-the run writes one JSON file per host there (atomically: a reader sees a whole record or the
-previous one). The record's shape and the decision made from it are ``core/outcome.py``.
+Each record is its host's ``outcome`` in the run journal (``shell/journal.py``: the file the
+command names in ``SGLANG_DEPLOY_JOURNAL``, rewritten atomically, so a reader sees a whole
+record or the previous one), beside the host's plan, verification summary and bench entry.
+The record's shape and the decision made from it are ``core/outcome.py``; the commands read
+them with ``journal.read(PATH).outcomes(HOSTS)``.
 
-Who writes, in the pyinfra process (``Recorder``, installed by ``hooks.install``):
+Who writes, in the pyinfra process (``Recorder``, attached to the run's State with its journal
+when the run starts: ``attach``, a per-run object of ``hooks.PER_RUN``):
 
 - a connection that fails (``host_connect_error``): ``unreachable``, with the connector's
   message; a deploy lock held by another run (``hooks.HoldDeployLock``) and a host's invalid
@@ -19,7 +20,9 @@ Who writes, in the pyinfra process (``Recorder``, installed by ``hooks.install``
 - a verification that passed (``verified``): its summary and action, kept for the end;
 - the end of the host's connection (``host_disconnect``): ``passed`` when pyinfra ran every
   operation (or, with ``--dry``, prepared every host) and the host did not fail, else
-  ``interrupted``, saying which host stopped the run.
+  ``interrupted``, saying which host stopped the run. After the last host the recorder and
+  the journal are released from the State (``release``: nothing of a run outlives it; the
+  recorder keeps its own journal for the records of that last host).
 
 A record still ``running`` after the run means the process was killed there.
 """
@@ -27,50 +30,14 @@ A record still ``running`` after the run means the process was killed there.
 from __future__ import annotations
 
 import functools
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 from pyinfra.api.state import BaseStateCallback, StateStage
 
+from sglang_deploy.core import journal as shape
 from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import SglangDeployError
-from sglang_deploy.shell import pyinfraerror
-
-OUTCOMES_ENV = "SGLANG_DEPLOY_OUTCOMES"
-DEFAULT_DIR = Path(".sglang-deploy/outcomes")
-
-
-def outcome_dir(cwd: str | os.PathLike | None = None) -> Path:
-    """The folder the records of this run go to (``$SGLANG_DEPLOY_OUTCOMES``, or the default
-    under CWD)."""
-    value = os.environ.get(OUTCOMES_ENV)
-    return Path(value) if value else Path(cwd or ".") / DEFAULT_DIR
-
-
-def write_json(folder: Path, name: str, doc: dict) -> Path:
-    """Write DOC as FOLDER/NAME.json atomically (a temporary file renamed over it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
-    tmp = folder / f".{name}.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read(folder: str | os.PathLike, hosts: list[str]) -> dict[str, outcome.HostOutcome]:
-    """The outcome of each of HOSTS from the records in FOLDER (``outcome.decide``)."""
-    out = {}
-    for name in hosts:
-        path = Path(folder) / f"{name}.json"
-        try:
-            rec = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            rec = None
-        out[name] = outcome.decide(name, rec)
-    return out
-
+from sglang_deploy.shell import journal, pyinfraerror
 
 # ------------------------------------------------------------------ in the pyinfra process
 
@@ -80,11 +47,11 @@ _PHASES = {StateStage.Setup: "connect", StateStage.Connect: "connect",
 
 
 class Recorder(BaseStateCallback):
-    """Writes each host's record as the run goes (see the module's text). One per pyinfra
-    process (``install``)."""
+    """Writes each host's record into the run's journal as the run goes (see the module's
+    text). One per run, on its State (``attach``)."""
 
-    def __init__(self, folder: Path, dry: bool = False) -> None:
-        self.folder = folder
+    def __init__(self, writer: journal.Writer, dry: bool = False) -> None:
+        self.journal = writer
         self.dry = dry
         self.state = None
         self.last: dict[str, dict] = {}  # host -> the record last written
@@ -105,7 +72,7 @@ class Recorder(BaseStateCallback):
         rec = outcome.record(host, kind, stage, phase=self.phase(), dry=self.dry,
                              summary=summary, **kw)
         self.last[host] = rec
-        write_json(self.folder, host, rec)
+        self.journal.put(host, shape.OUTCOME, rec)
         return rec
 
     def is_final(self, host: str) -> bool:
@@ -165,7 +132,7 @@ class Recorder(BaseStateCallback):
                     self.last[name]["error"] = outcome.operation_error(
                         _op_name(state, self.failed_op[name]),
                         meta.stderr_lines or meta.stdout_lines)
-                    write_json(self.folder, name, self.last[name])
+                    self.journal.put(name, shape.OUTCOME, self.last[name])
             return
         if host in state.failed_hosts:
             self.write(name, outcome.FAILED, error={
@@ -205,17 +172,33 @@ def _op_name(state, op_hash: str) -> str:
     return names[0] if names else op_hash
 
 
-#: the recorder of this pyinfra process (``install``); None outside a pyinfra run with
-#: this project's config.py
-_recorder: Recorder | None = None
+#: the attribute of a pyinfra State that holds its run's ``Recorder``
+_ATTR = "sglang_deploy_recorder"
 
 
-def install(state, cwd: str | None, dry: bool) -> Recorder:
-    """The recorder of this run, writing to ``outcome_dir(CWD)`` (``hooks.install``)."""
-    global _recorder
-    _recorder = Recorder(outcome_dir(cwd), dry=dry)
-    _recorder.state = state
-    return _recorder
+def attach(state, cwd: str | None, dry: bool) -> Recorder:
+    """Give STATE its run's journal (``journal.journal_path(CWD)``) and the recorder writing
+    each host's outcome there (``hooks.PER_RUN``); both are released after the run's last
+    host (``release``, by ``integration.ReleasePerRun``)."""
+    recorder = Recorder(journal.attach(state, journal.journal_path(cwd)), dry=dry)
+    recorder.state = state
+    setattr(state, _ATTR, recorder)
+    return recorder
+
+
+def release(state) -> None:
+    """Drop STATE's recorder and journal (what they wrote stays in the journal's file)."""
+    if hasattr(state, _ATTR):
+        delattr(state, _ATTR)
+    journal.release(state)
+
+
+def recorder() -> Recorder | None:
+    """The recorder of the pyinfra run in progress (pyinfra's context state), or None
+    outside a run with this project's ``config.py``."""
+    from pyinfra import state
+
+    return getattr(state, _ATTR, None)
 
 
 def stage(name: str):
@@ -226,7 +209,7 @@ def stage(name: str):
     def decorate(function):
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
-            rec = _recorder
+            rec = recorder()
             if rec is None:
                 with pyinfraerror.translated():
                     return function(*args, **kwargs)
@@ -254,17 +237,20 @@ def stage(name: str):
 def note_error(host_name: str, error: BaseException | dict) -> None:
     """The error of the operation now failing on HOST_NAME (``operations.reported``): the
     host's record gets it, not just the operation's name."""
-    if _recorder is not None:
-        _recorder.pending[host_name] = error
+    rec = recorder()
+    if rec is not None:
+        rec.pending[host_name] = error
 
 
 def failed(host_name: str, error: BaseException | dict, stage: str) -> None:
     """HOST_NAME failed outside any stage (its data, its deploy lock)."""
-    if _recorder is not None:
-        _recorder.failed(host_name, error, stage)
+    rec = recorder()
+    if rec is not None:
+        rec.failed(host_name, error, stage)
 
 
 def verified(summary: dict) -> None:
     """The verifier passed on ``summary["host"]``: its summary and action for the record."""
-    if _recorder is not None:
-        _recorder.verified(summary["host"], summary)
+    rec = recorder()
+    if rec is not None:
+        rec.verified(summary["host"], summary)

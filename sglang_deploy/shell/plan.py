@@ -1,26 +1,28 @@
 """Plan records: what a ``--dry`` deploy would change on each host, and where it stands.
 
-When ``SGLANG_DEPLOY_PLAN_DIR`` is set (by ``sglang-deploy status`` and ``rollout --dry``),
-the stages write one JSON file per host into it while pyinfra prepares the operations:
-the operations that would change something (the drift), the pre-flight failures, and the
-host's state as read by the facts. Nothing is written to any host.
+In a plan run (``SGLANG_DEPLOY_PLAN=1``, set by ``sglang-deploy status``, ``doctor`` and
+``rollout --dry`` through ``journal.env``) the stages record, while pyinfra prepares the
+operations, each host's ``plan`` in the run journal (``shell/journal.py``): the operations
+that would change something (the drift), the pre-flight failures, and the host's state as
+read by the facts; and its ``preflight``: every pre-flight check. Nothing is written to any
+host.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from sglang_deploy.core import hardening
+from sglang_deploy.core import journal as shape
 from sglang_deploy.core.hoststate import ServiceState
+from sglang_deploy.shell import journal
+from sglang_deploy.shell.journal import PLAN_ENV
 
-PLAN_ENV = "SGLANG_DEPLOY_PLAN_DIR"
 
-
-def plan_dir() -> Path | None:
-    value = os.environ.get(PLAN_ENV)
-    return Path(value) if value else None
+def planning() -> bool:
+    """Whether this pyinfra run is a plan run (``PLAN_ENV``)."""
+    return bool(os.environ.get(PLAN_ENV))
 
 
 #: the attribute of a pyinfra State that says its run only plans (``mark_read_only``)
@@ -35,34 +37,28 @@ def mark_read_only(state, dry: bool) -> None:
 
 def read_only() -> bool:
     """Whether this pyinfra run only plans: ``--dry`` (``deploy.py --dry``, ``rollout --dry``)
-    or a plan folder (``status``, ``report``). A read-only run never touches a serving host's
-    GPUs (``preflight.probe_plan``)."""
+    or a plan run (``status``, ``doctor``: ``planning``). A read-only run never touches a
+    serving host's GPUs (``preflight.probe_plan``)."""
     from pyinfra import state
 
-    return plan_dir() is not None or bool(getattr(state, _READ_ONLY, False))
-
-
-def _write(name: str, record: dict) -> None:
-    d = plan_dir()
-    assert d is not None
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"{name}.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    return planning() or bool(getattr(state, _READ_ONLY, False))
 
 
 def preflight(name: str, checks: list, nccl_env: dict | None = None,
               matrix: str | None = None) -> None:
-    """Record the pre-flight: every check in ``<host>.preflight.json`` (what ``doctor
-    INVENTORY`` shows), and a failing one in ``<host>.json`` (the deploy would stop there)."""
-    if plan_dir() is None:
+    """Record the pre-flight: every check as the host's ``preflight`` (what ``doctor
+    INVENTORY`` shows), and a failing one as its ``plan`` (the deploy would stop there)."""
+    if not planning():
         return
-    _write(f"{name}.preflight", {"host": name, "checks": [c.to_dict() for c in checks],
-                                 "nccl_env": nccl_env or {}, "p2p_matrix": matrix})
+    journal.record(name, shape.PREFLIGHT, {
+        "host": name, "checks": [c.to_dict() for c in checks], "nccl_env": nccl_env or {},
+        "p2p_matrix": matrix})
     failed = [c for c in checks if c.status == "fail"]
     if not failed:
         return
-    _write(name, {"host": name, "preflight": "fail",
-                  "failed": [{"name": c.name, "message": c.message, "fix": c.fix} for c in failed],
-                  "changes": None})
+    journal.record(name, shape.PLAN, {
+        "host": name, "preflight": "fail", "changes": None,
+        "failed": [{"name": c.name, "message": c.message, "fix": c.fix} for c in failed]})
 
 
 def changes(state, host) -> list[str]:
@@ -118,5 +114,6 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
 def record(state, host, ctx, serving: dict | None, extra: dict | None = None) -> None:
     """Record the host's drift and state (``ServingProbe``: SERVING); EXTRA: more fields (a
     group's node: ``groupops.group_fields``)."""
-    _write(host.name, {"host": host.name, "preflight": "pass", "changes": changes(state, host),
-                       **status_fields(ctx.hoststate.raw, serving, ctx.release_id), **(extra or {})})
+    journal.record(host.name, shape.PLAN, {
+        "host": host.name, "preflight": "pass", "changes": changes(state, host),
+        **status_fields(ctx.hoststate.raw, serving, ctx.release_id), **(extra or {})})

@@ -1,6 +1,9 @@
 """The controller's report files of a deploy: each host's verification summary
-(``core.report``) and its last data-verified P2P matrix. The folders are read at call time:
-``SGLANG_DEPLOY_REPORTS`` (the rollout sets it per batch) or ``.sglang-deploy/reports``."""
+(``core.report``) and its last data-verified P2P matrix, the history `sglang-deploy report`
+draws. The folders are read at call time: ``SGLANG_DEPLOY_REPORTS`` (the rollout sets it per
+batch) or ``.sglang-deploy/reports``. ``emit`` also puts the summary in the run journal
+(``shell/journal.py``: the host's ``report``), for the command that started the run.
+Every file is written atomically (``atomicfile``)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ import json
 import os
 from pathlib import Path
 
+from sglang_deploy.core import journal as shape
 from sglang_deploy.core.report import format_summary
+from sglang_deploy.shell import atomicfile, journal
 
 #: the environment variable naming the folder of the per-host summaries
 REPORTS_ENV = "SGLANG_DEPLOY_REPORTS"
@@ -26,16 +31,11 @@ def emit(summary: dict) -> None:
     from pyinfra import logger
 
     logger.info(format_summary(summary))
-    folder = report_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{summary['host']}.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    atomicfile.write(report_dir() / f"{summary['host']}.json",
+                     json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    journal.record(summary["host"], shape.REPORT, summary)
 
 
 def write_p2p(host: str, record: dict, folder: Path | None = None) -> Path:
-    folder = folder or P2P_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{host}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path
+    return atomicfile.write((folder or P2P_DIR) / f"{host}.json",
+                            json.dumps(record, indent=2, sort_keys=True) + "\n")

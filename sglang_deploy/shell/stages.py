@@ -434,7 +434,7 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     s = ctx.settings
     started, restarted = ctx.ops.started, ctx.ops.restarted
     may_restart = started.will_change or restarted is not None
-    if plan.plan_dir() is not None:
+    if plan.planning():
         plan.record(state, host, ctx, _serving_poll(s))
 
     def verify(action: str | None = None) -> None:

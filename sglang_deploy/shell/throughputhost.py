@@ -1,7 +1,9 @@
 """The host side of `sglang-deploy bench` (I/O around ``core.throughput``): ``bench_host`` runs
 inside `pyinfra INVENTORY throughput_bench.py` (``python.call``), runs
-remote/bench_run.py on the host and writes the records, on the host and on the controller
-(``.sglang-deploy/bench/<host>.jsonl``: ``append_local``, ``read_local``, ``find_run``).
+remote/bench_run.py on the host and writes the records: on the host, in the run journal (the
+host's ``bench``: what the command reads, ``shell/journal.py``) and in the controller's history
+(``.sglang-deploy/bench/<host>.jsonl``: ``append_local``, ``read_local``; what
+`sglang-deploy report` draws).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import shlex
 from pathlib import Path
 
+from sglang_deploy.core.journal import BENCH
 from sglang_deploy.core.throughput import (
     level_figures,
     make_record,
@@ -19,6 +22,7 @@ from sglang_deploy.core.throughput import (
     plan,
     record_dir,
 )
+from sglang_deploy.shell import atomicfile, journal
 
 LOCAL_DIR = Path(".sglang-deploy") / "bench"
 #: the environment variable naming one `sglang-deploy bench` run (set by the command)
@@ -46,11 +50,15 @@ def local_file(host: str, cwd: str | os.PathLike = ".") -> Path:
 
 
 def append_local(host: str, entry: dict, cwd: str | os.PathLike = ".") -> Path:
+    """ENTRY added to HOST's history (the file rewritten atomically: never half a line)."""
     path = local_file(host, cwd)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fh.write(json.dumps(entry, sort_keys=True) + "\n")
-    return path
+    try:
+        before = path.read_text()
+    except FileNotFoundError:
+        before = ""
+    if before and not before.endswith("\n"):
+        before += "\n"
+    return atomicfile.write(path, before + json.dumps(entry, sort_keys=True) + "\n")
 
 
 def read_local(host: str, cwd: str | os.PathLike = ".") -> list[dict]:
@@ -62,10 +70,6 @@ def read_local(host: str, cwd: str | os.PathLike = ".") -> list[dict]:
         except ValueError:
             continue
     return out
-
-
-def find_run(host: str, run_id: str, cwd: str | os.PathLike = ".") -> dict | None:
-    return next((e for e in reversed(read_local(host, cwd)) if e.get("run_id") == run_id), None)
 
 
 # --------------------------------------------------------------------------- in pyinfra
@@ -118,6 +122,7 @@ def bench_host(settings, secrets_file: str, run_id: str | None, cwd: str) -> dic
         raise BenchError(what=f"the record is written to {path}", found=output.stderr[-500:],
                          fix="check free space and permissions under sglang_root")
     entry = {"run_id": run_id, "host": host.name, "current": record, "previous": previous}
+    journal.record(host.name, BENCH, entry)  # what `sglang-deploy bench` reads
     local = append_local(host.name, entry, cwd)
     logger.info(f"{host.print_prefix}bench: recorded {path} and {local}")
     return entry

@@ -200,7 +200,7 @@ def test_cache_save_streams_the_cache_folder(testbed, host, tmp_path):
     with tarfile.open(archive) as tf:
         names = tf.getnames()
     assert any(n.endswith("rank_tp0_pp0_dp0.json") for n in names), names
-    assert not (tmp_path / "cache.tar.gz.part").exists()
+    assert list(tmp_path.glob("*cache.tar.gz*")) == [archive]  # no temporary left beside it
 
 
 def test_logs_goes_through_a_proxyjump_of_the_ssh_config(testbed, host, tmp_path):

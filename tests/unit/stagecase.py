@@ -37,8 +37,8 @@ RAW = REPO / "tests" / "fixtures" / "stagecases"
 #: set to 1 to rewrite every case's ``expected`` from what the stages now add
 UPDATE_ENV = "UPDATE_STAGE_CASES"
 #: the environment the stages read that a case must not inherit from the shell
-CLEARED_ENV = ("SGLANG_DEPLOY_PLAN_DIR", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_STAGED",
-               "SGLANG_DEPLOY_OUTCOMES", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY")
+CLEARED_ENV = ("SGLANG_DEPLOY_PLAN", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_STAGED",
+               "SGLANG_DEPLOY_JOURNAL", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY")
 
 
 # ------------------------------------------------------------------ inputs: data and facts
@@ -312,9 +312,11 @@ def _error(exc: BaseException) -> str:
 
 def start_run(state, inventory, dry: bool) -> None:
     """What the hooks do to a run's STATE when it starts (``hooks.install``'s ``init``), but
-    the controller's own checks of the data (lock files on disk, the locked sglang's flags):
-    the read-only mark, the groups' shared results, each host's Settings resolved once, and
-    every host connected as pyinfra leaves it (a group's node reads its peers' facts). The one place to follow when the hooks change."""
+    connecting and the controller's own checks of the data (lock files on disk, the locked
+    sglang's flags): the read-only mark, the groups' shared results, each host's Settings
+    resolved once, and every host connected as pyinfra leaves it (a group's node reads its
+    peers' facts); no run journal (``hooks.PER_RUN``'s "journal"), so no outcome records. The
+    one place to follow when the hooks change."""
     from sglang_deploy.shell import groupops, plan, routing
 
     plan.mark_read_only(state, dry)
@@ -328,7 +330,7 @@ def start_run(state, inventory, dry: bool) -> None:
 def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
     controller's caches go there); returns, per host, the facts read and the operations."""
-    from sglang_deploy.shell import flagcache, hooks, outcomes
+    from sglang_deploy.shell import flagcache, hooks
 
     for name in CLEARED_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -338,7 +340,6 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
         monkeypatch.setenv("SGLANG_DEPLOY_STAGE_ONLY", "1")
     # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
     monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
-    monkeypatch.setattr(outcomes, "_recorder", None, raising=False)  # no outcome records
     monkeypatch.setattr(flagcache, "_MEMORY", {}, raising=False)  # only this case's cache
     (cwd / "locks").symlink_to(REPO / "locks")
     for name, spec in (case.get("lock_files") or {}).items():  # a case's own lock files

@@ -233,9 +233,12 @@ def test_table_rows():
 def test_local_records_roundtrip(tmp_path):
     throughputhost.append_local("h1", {"run_id": "a", "current": rec("A")}, tmp_path)
     throughputhost.append_local("h1", {"run_id": "b", "current": rec("B")}, tmp_path)
-    assert throughputhost.find_run("h1", "a", tmp_path)["current"]["identity"] == "A"
-    assert throughputhost.find_run("h1", "zz", tmp_path) is None
-    assert throughputhost.find_run("h2", "a", tmp_path) is None
+    assert [e["run_id"] for e in throughputhost.read_local("h1", tmp_path)] == ["a", "b"]
+    assert throughputhost.read_local("h2", tmp_path) == []
+    # the history is one JSON line per entry, nothing else left in its folder
+    folder = throughputhost.local_file("h1", tmp_path).parent
+    assert sorted(p.name for p in folder.iterdir()) == ["h1.jsonl"]
+    assert len(throughputhost.local_file("h1", tmp_path).read_text().splitlines()) == 2
 
 
 def test_cli_lists_bench():
@@ -379,18 +382,17 @@ def test_model_stand_in_tokenizer_is_fixed_and_covers_the_simulator_words(tmp_pa
 # ----------------------------------------------------------------------------- command glue
 def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkeypatch):
     from sglang_deploy.core import outcome
-    from sglang_deploy.shell import outcomes, runner
+    from sglang_deploy.shell import journal, runner
 
     seen = {}
 
     def fake_run_pyinfra(inventory, deploy_file, *, limit, cwd, env, on_line=None, **kw):
         seen.update(inventory=inventory, deploy_file=deploy_file, limit=limit, env=env)
-        run_id = env[bench.RUN_ID_ENV]
-        throughputhost.append_local("h1", {"run_id": run_id, "host": "h1",
-                                  "current": rec("B", c2=400.0), "previous": rec("A", c2=800.0)},
-                           cwd)
+        put = journal.Writer(env[journal.JOURNAL_ENV]).put
+        put("h1", "bench", {"run_id": env[bench.RUN_ID_ENV], "host": "h1",
+                            "current": rec("B", c2=400.0), "previous": rec("A", c2=800.0)})
         # h2's own record says why; the printed text is not read
-        outcomes.write_json(Path(env[outcomes.OUTCOMES_ENV]), "h2", outcome.record(
+        put("h2", "outcome", outcome.record(
             "h2", outcome.FAILED, "bench", phase="execute",
             error={"type": "RuntimeError", "message": "boom"}))
         return runner.Run(argv=[], rc=1, output="...\n[h2] all fine\n", seconds=1.0)

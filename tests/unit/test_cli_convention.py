@@ -256,13 +256,13 @@ def test_rebuild_reports_the_hosts_own_error(inv, monkeypatch, capsys, locked_wh
     """The host's outcome record decides and says why; pyinfra's printed text is not read."""
     from sglang_deploy.core import outcome
     from sglang_deploy.core.errors import PreflightError
-    from sglang_deploy.shell import outcomes
+    from sglang_deploy.shell import journal
 
     err = PreflightError(what="7 of 8 GPUs", found="7 GPUs (0-6)", fix="pass /dev/nvidia7 through")
     misleading = "    [a1] Connected\n    [a1] all good\n"
 
     def fake(*a, env=None, **k):
-        outcomes.write_json(Path(env[outcomes.OUTCOMES_ENV]), "a1", outcome.record(
+        journal.Writer(env[journal.JOURNAL_ENV]).put("a1", "outcome", outcome.record(
             "a1", outcome.FAILED, "preflight", phase="execute", error=outcome.error_of(err)))
         return runner.Run(argv=[], rc=1, output=misleading, seconds=1.0)
 
@@ -382,13 +382,15 @@ def test_host_error_shows_pyinfras_own_error_where_no_record_says_why():
     assert common.host_error("") == "pyinfra printed nothing"
 
 
-def test_status_row_of_a_silent_host_carries_its_real_error(tmp_path):
+def test_status_row_of_a_silent_host_carries_its_real_error():
     """No plan record: the host's outcome record says why (its failed command's own words)."""
     from sglang_deploy.core import outcome
+    from sglang_deploy.core.journal import Journal
 
-    got = {"d": outcome.decide("d", outcome.record("d", "failed", "preflight", error=outcome.operation_error(
-        "Host state", ["sudo: a password is required"])))}
-    row = status.rows_from_plans(["d"], tmp_path, got, fallback="--> pyinfra error: No hosts remaining!")[0]
+    ran = Journal({"d": {"outcome": outcome.record("d", "failed", "preflight",
+                                                   error=outcome.operation_error(
+                                                       "Host state", ["sudo: a password is required"]))}})
+    row = status.rows_from_plans(["d"], ran, fallback="--> pyinfra error: No hosts remaining!")[0]
     assert row["problem"] == "the operation `Host state` failed on the host\nsudo: a password is required"
     assert "see the pyinfra output" not in row["problem"] and "No hosts remaining" not in row["problem"]
 
@@ -517,7 +519,7 @@ def test_a_host_not_in_the_inventory_is_said_so_exit_2(inv, tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "'gpu-9' is not in the inventory" in err and "cannot reach" not in err
     assert "use one of the hosts: a1, a2, b1, web-9" in err and err.count("\n") == 1
-    assert not out.exists() and not (tmp_path / "cache.tgz.part").exists()
+    assert list(tmp_path.glob("*cache.tgz*")) == []  # neither the archive nor a temporary
 
 
 # ------------------------------------------------------------------ status --json

@@ -357,19 +357,20 @@ def test_remote_mode_turns_options_into_data_and_reads_the_plan_records(tmp_path
     given = {o: None for o in doctor.OPTION_KEYS}
     assert doctor.data_overrides({**given, "expected_count": 7, "expected_model": "X Y"},
                                  ["a=1"]) == ["gpu_expected_count=7", 'gpu_expected_model="X Y"', "a=1"]
-    (tmp_path / "h1.preflight.json").write_text(json.dumps(
-        {"host": "h1", "checks": [{"name": "gpu-count", "status": "pass", "message": "8 GPUs"},
-                                  {"name": "p2p-bandwidth", "status": "fail", "message": "slow"}],
-         "nccl_env": {}, "p2p_matrix": "m"}))
-    report = doctor_remote.host_report("h1", tmp_path)
-    assert report["status"] == "fail" and report["p2p_matrix"] == "m"
-    from sglang_deploy.core import outcome
+    from sglang_deploy.core import journal, outcome
 
-    down = outcome.decide("h2", outcome.record(
-        "h2", "unreachable", "connect", error=outcome.unreachable_error("Could not connect (timed out)")))
-    missing = doctor_remote.host_report("h2", tmp_path, down, fallback="pyinfra's words")
+    ran = journal.Journal({
+        "h1": {"preflight": {
+            "host": "h1", "checks": [{"name": "gpu-count", "status": "pass", "message": "8 GPUs"},
+                                     {"name": "p2p-bandwidth", "status": "fail", "message": "slow"}],
+            "nccl_env": {}, "p2p_matrix": "m"}},
+        "h2": {"outcome": outcome.record("h2", "unreachable", "connect", error=outcome.unreachable_error(
+            "Could not connect (timed out)"))}})
+    report = doctor_remote.host_report("h1", ran)
+    assert report["status"] == "fail" and report["p2p_matrix"] == "m"
+    missing = doctor_remote.host_report("h2", ran, fallback="pyinfra's words")
     assert missing["status"] == "fail" and missing["error"] == "Could not connect (timed out)"
-    none = doctor_remote.host_report("h3", tmp_path, outcome.decide("h3", None), "--> pyinfra error: x")
+    none = doctor_remote.host_report("h3", ran, "--> pyinfra error: x")
     assert none["error"].startswith("no outcome record") and none["error"].endswith("pyinfra error: x")
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,8 @@ from sglang_deploy.commands import cli, htmlreport, status
 from sglang_deploy.core import fleetreport, groupstatus
 from sglang_deploy.core.group import Group, Node
 from sglang_deploy.shell import hosts, plan, runner
+from sglang_deploy.core.journal import Journal
+from sglang_deploy.shell import journal
 from sglang_deploy.shell.plan import PLAN_ENV
 
 # rank order differs from name order on purpose: g1's rank 0 is "b"
@@ -133,7 +134,7 @@ def test_a_selection_naming_part_of_a_group_takes_the_whole_group():
     assert groupstatus.widen(["x"], GROUPS) == {"x"}
 
 
-def test_a_worker_poll_without_v1_models_makes_a_healthy_row(tmp_path):
+def test_a_worker_poll_without_v1_models_makes_a_healthy_row():
     """What the verify stage records for a rank-1 node (``plan.status_fields`` from one
     ``ServingProbe`` poll: the dummy health server answers /health 200 and /v1/models 404)
     is a healthy row with no model."""
@@ -141,23 +142,21 @@ def test_a_worker_poll_without_v1_models_makes_a_healthy_row(tmp_path):
             "health": {"status": 200}, "models": {"status": 404, "body": '{"detail":"Not Found"}'}}
     fields = plan.status_fields({"current": "r1", "monotonic_now": 1.0, "releases": {}}, poll, "r1")
     assert fields["models"] == [] and fields["health"] == 200
-    (tmp_path / "a.json").write_text(json.dumps({"host": "a", "preflight": "pass", "changes": [],
-                                                 **fields}))
-    row = status.rows_from_plans(["a"], tmp_path, {})[0]
+    ran = Journal({"a": {"plan": {"host": "a", "preflight": "pass", "changes": [], **fields}}})
+    row = status.rows_from_plans(["a"], ran)[0]
     assert row["healthy"] is True and row["in_sync"] is True
     not_json = {**poll, "models": {"status": 404, "body": "404: Not Found"}}
     assert plan.status_fields({}, not_json, "r1")["models"] == []
 
 
-def test_what_would_restart_a_nodes_group_is_drift(tmp_path):
+def test_what_would_restart_a_nodes_group_is_drift():
     """A group's node records what would restart its group as ``group_wants`` (its gated
     operations are not in ``changes``): the row is not in sync, and the table says why."""
     base = {"preflight": "pass", "changes": [], "unit": "active/running", "health": 200,
             "group": "g1", "node_rank": 1, "group_nodes": ["b", "a"]}
-    (tmp_path / "a.json").write_text(json.dumps({"host": "a", **base,
-                                                 "group_wants": ["a new release"]}))
-    (tmp_path / "b.json").write_text(json.dumps({"host": "b", **base, "group_wants": []}))
-    rows = by_name(status.rows_from_plans(["a", "b"], tmp_path, {}))
+    ran = Journal({"a": {"plan": {"host": "a", **base, "group_wants": ["a new release"]}},
+                   "b": {"plan": {"host": "b", **base, "group_wants": []}}})
+    rows = by_name(status.rows_from_plans(["a", "b"], ran))
     assert rows["a"]["in_sync"] is False and rows["a"]["healthy"] is True
     assert rows["b"]["in_sync"] is True
     buf = io.StringIO()
@@ -254,10 +253,10 @@ def test_collect_status_polls_the_whole_group_of_a_limited_node_in_rank_order(tm
 
     def run_pyinfra(inventory, deploy_file, limit=(), env=None, **kw):
         asked["limit"] = list(limit)
-        plans = Path(env[PLAN_ENV])
-        plans.mkdir(parents=True)
+        assert env[PLAN_ENV] == "1"  # a plan run: each host's plan in the journal
+        put = journal.Writer(env[journal.JOURNAL_ENV]).put
         for name in limit:
-            (plans / f"{name}.json").write_text(json.dumps(serving_row(name, models=[])))
+            put(name, "plan", serving_row(name, models=[]))
         return runner.Run(argv=["pyinfra"], rc=0, output="", seconds=0.0)
 
     monkeypatch.setattr(hosts, "select", select)

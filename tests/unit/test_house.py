@@ -173,11 +173,7 @@ CACHES = {
     ("sglang_deploy.shell.pyinfrafast", "_global_argument_table"):
         "pyinfra's global argument table, built once (functools.cache)",
 }
-#: per-run state not yet on the run's State (issue 33 item 4 moves it): nothing may join it
-NOT_YET_MOVED = {
-    ("sglang_deploy.shell.outcomes", "_recorder"): "this run's outcome recorder",
-}
-DOCUMENTED = {**CACHES, **NOT_YET_MOVED}
+DOCUMENTED = CACHES
 
 _MUTATORS = {"append", "add", "update", "setdefault", "pop", "clear", "extend", "insert",
              "remove", "discard", "popitem", "appendleft"}

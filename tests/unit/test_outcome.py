@@ -1,13 +1,10 @@
 """Outcome records (core/outcome.py): each kind a pyinfra run leaves for a host, and what a
-command decides from it; the records read back from their folder (shell/outcomes.py)."""
+command decides from it (read back from the run journal: test_journal.py)."""
 
 from __future__ import annotations
 
-import json
-
 from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import DataError, VerifyError
-from sglang_deploy.shell import outcomes
 
 SUMMARY = {"host": "h1", "action": "restarted", "release": "r1", "sglang_version": "0.5.12.post1",
            "time_to_ready_s": 41.5}
@@ -81,21 +78,3 @@ def test_no_record_at_all_is_missing():
     got = outcome.decide("h9", None)
     assert got.kind == "missing" and not got.passed and got.stage is None
     assert got.message.startswith("no outcome record")
-
-
-def test_records_are_written_whole_and_read_back_per_host(tmp_path):
-    rec = outcome.record("h1", outcome.PASSED, "verify", action="converged", summary=SUMMARY)
-    path = outcomes.write_json(tmp_path / "o", "h1", rec)
-    assert json.loads(path.read_text()) == rec
-    assert [p.name for p in (tmp_path / "o").iterdir()] == ["h1.json"]  # no temporary left
-    (tmp_path / "o" / "h2.json").write_text("{ half")  # a torn file reads as no record
-    got = outcomes.read(tmp_path / "o", ["h1", "h2", "h3"])
-    assert got["h1"].verified and got["h1"].action == "converged"
-    assert got["h2"].kind == got["h3"].kind == "missing"
-
-
-def test_the_folder_comes_from_the_environment_or_the_runs_folder(tmp_path, monkeypatch):
-    monkeypatch.delenv(outcomes.OUTCOMES_ENV, raising=False)
-    assert outcomes.outcome_dir(tmp_path) == tmp_path / ".sglang-deploy" / "outcomes"
-    monkeypatch.setenv(outcomes.OUTCOMES_ENV, str(tmp_path / "mine"))
-    assert outcomes.outcome_dir(tmp_path) == tmp_path / "mine"

@@ -36,11 +36,11 @@ def inv(tmp_path) -> str:
 
 def env(tmp_path) -> dict:
     """No wheel download from anywhere but loopback (the data check of a run that gets that
-    far warns instead), an empty flag cache, no pip.conf, outcome records in TMP_PATH."""
+    far warns instead), an empty flag cache, no pip.conf, the run's journal in TMP_PATH."""
     return {**os.environ, "SGLANG_DEPLOY_CACHE": str(tmp_path / "cache"),
             "SGLANG_DEPLOY_WHEEL_CACHE": str(tmp_path / "wheels"), "PIP_CONFIG_FILE": "/dev/null",
             "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
-            "PYINFRA_PROGRESS": "off", "SGLANG_DEPLOY_OUTCOMES": str(tmp_path / "outcomes")}
+            "PYINFRA_PROGRESS": "off", "SGLANG_DEPLOY_JOURNAL": str(tmp_path / "journal.json")}
 
 
 def pyinfra(tmp_path, *argv: str, cwd: Path = REPO, **extra: str) -> subprocess.CompletedProcess:
@@ -173,19 +173,22 @@ def test_an_inventory_with_all_its_data_needs_no_group_data(tmp_path, monkeypatc
 
 # ------------------------------------------------------------------ outcome records
 
-def outcome_records(folder: Path) -> dict[str, dict]:
-    import json
+def outcome_records(path: Path) -> dict[str, dict]:
+    """Each host's outcome record in the run's journal at PATH (``journal.read``)."""
+    from sglang_deploy.shell import journal
 
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    ran = journal.read(path)
+    return {name: ran.part(name, "outcome") for name in sorted(ran.hosts)
+            if ran.part(name, "outcome") is not None}
 
 
 def test_a_host_that_cannot_be_reached_leaves_an_unreachable_record(tmp_path, inv):
     """The connection's failure is the host's record (``Recorder.host_connect_error``); a
     host outside --limit gets none."""
     r = pyinfra(tmp_path, inv, "deploy.py", "--limit", "gpu-node-1",
-                SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "o"))
+                SGLANG_DEPLOY_JOURNAL=str(tmp_path / "o.json"))
     assert r.returncode != 0, r.both
-    records = outcome_records(tmp_path / "o")
+    records = outcome_records(tmp_path / "o.json")
     assert list(records) == ["gpu-node-1"]
     rec = records["gpu-node-1"]
     assert (rec["outcome"], rec["stage"], rec["error"]["type"]) == ("unreachable", "connect", "unreachable")
@@ -198,9 +201,9 @@ def test_a_stage_that_fails_leaves_its_typed_error_and_the_stage(tmp_path):
         '"sglang_lock": "locks/testbed.txt", "sglang_system_python": "/nonexistent/python3"})],'
         ' {})\n')
     r = pyinfra(tmp_path, "--dry", str(tmp_path / "local.py"), "deploy.py",
-                SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "o"))
+                SGLANG_DEPLOY_JOURNAL=str(tmp_path / "o.json"))
     assert r.returncode != 0, r.both
-    rec = outcome_records(tmp_path / "o")["@local"]
+    rec = outcome_records(tmp_path / "o.json")["@local"]
     assert (rec["outcome"], rec["stage"], rec["phase"], rec["dry"]) == ("failed", "preflight", "prepare", True)
     assert rec["error"]["type"] == "RuntimeSetupError"
     assert "/nonexistent/python3: not found" in rec["error"]["found"]
@@ -214,13 +217,13 @@ def test_a_finished_run_leaves_passed_and_a_failed_command_its_output(tmp_path):
         'gpu_hosts = ([("@local", {"sglang_model_path": "/srv/models/m", '
         '"sglang_lock": "locks/testbed.txt"})], {})\n')
     ok = pyinfra(tmp_path, str(tmp_path / "local.py"), "exec", "--", "true",
-                 SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "ok"))
+                 SGLANG_DEPLOY_JOURNAL=str(tmp_path / "ok.json"))
     assert ok.returncode == 0, ok.both
-    rec = outcome_records(tmp_path / "ok")["@local"]
+    rec = outcome_records(tmp_path / "ok.json")["@local"]
     assert (rec["outcome"], rec["phase"], rec["error"]) == ("passed", "done", None)
     bad = pyinfra(tmp_path, str(tmp_path / "local.py"), "exec", "--", "echo boom >&2; false",
-                  SGLANG_DEPLOY_OUTCOMES=str(tmp_path / "bad"))
+                  SGLANG_DEPLOY_JOURNAL=str(tmp_path / "bad.json"))
     assert bad.returncode != 0, bad.both
-    rec = outcome_records(tmp_path / "bad")["@local"]
+    rec = outcome_records(tmp_path / "bad.json")["@local"]
     assert (rec["outcome"], rec["phase"], rec["error"]["type"]) == ("failed", "execute", "OperationError")
     assert rec["error"]["message"].endswith("failed on the host\nboom")

@@ -2,7 +2,6 @@
 (pure parts)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -77,21 +76,22 @@ def test_status_fields_from_host_state_and_one_poll():
     assert down["unit"] == "failed/failed" and down["uptime_s"] is None and down["health"] is None
 
 
-def test_status_rows_report_drift_unreachable_and_failed_preflight(tmp_path):
-    (tmp_path / "a.json").write_text(json.dumps({"host": "a", "preflight": "pass", "changes": [],
-                                                 "health": 200, "unit": "active/running"}))
-    (tmp_path / "b.json").write_text(json.dumps({"host": "b", "preflight": "pass",
-                                                 "changes": ["Unit /etc/systemd/system/sglang.service"],
-                                                 "health": 200, "unit": "active/running"}))
-    (tmp_path / "c.json").write_text(json.dumps({"host": "c", "preflight": "fail", "changes": None,
-                                                 "failed": [{"name": "cuda-probe", "message": "cuInit 999", "fix": "x"}]}))
-    got = {"d": outcome.decide("d", outcome.record(
-               "d", "unreachable", "connect", error=outcome.unreachable_error("Could not connect (timed out)"))),
-           "e": outcome.decide("e", outcome.record("e", "failed", "preflight", error=outcome.error_of(
-               RuntimeSetupError(what="the host-state read to print JSON", found="not found")))),
-           "f": outcome.decide("f", None)}
-    rows = {r["host"]: r for r in status.rows_from_plans(["a", "b", "c", "d", "e", "f"], tmp_path,
-                                                         got, fallback="--> pyinfra error: boom")}
+def test_status_rows_report_drift_unreachable_and_failed_preflight():
+    from sglang_deploy.core.journal import Journal
+
+    ran = Journal({
+        "a": {"plan": {"host": "a", "preflight": "pass", "changes": [], "health": 200,
+                       "unit": "active/running"}},
+        "b": {"plan": {"host": "b", "preflight": "pass", "health": 200, "unit": "active/running",
+                       "changes": ["Unit /etc/systemd/system/sglang.service"]}},
+        "c": {"plan": {"host": "c", "preflight": "fail", "changes": None,
+                       "failed": [{"name": "cuda-probe", "message": "cuInit 999", "fix": "x"}]}},
+        "d": {"outcome": outcome.record("d", "unreachable", "connect", error=outcome.unreachable_error(
+            "Could not connect (timed out)"))},
+        "e": {"outcome": outcome.record("e", "failed", "preflight", error=outcome.error_of(
+            RuntimeSetupError(what="the host-state read to print JSON", found="not found")))}})
+    rows = {r["host"]: r for r in status.rows_from_plans(["a", "b", "c", "d", "e", "f"], ran,
+                                                         fallback="--> pyinfra error: boom")}
     assert rows["a"]["in_sync"] is True and rows["a"]["healthy"] is True
     assert rows["b"]["in_sync"] is False and rows["b"]["changes"] == ["Unit /etc/systemd/system/sglang.service"]
     assert rows["c"]["healthy"] is False and "cuInit 999" in rows["c"]["problem"]
@@ -182,23 +182,23 @@ def test_a_rollback_is_judged_by_its_record():
 
 def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch):
     """A deploy batch and its rollback, pyinfra's run faked: each run writes records into the
-    folder the rollout names; its printed text says the opposite and is not read."""
+    journal the rollout names; its printed text says the opposite and is not read."""
     import io
 
-    from sglang_deploy.shell import outcomes, runner
+    from sglang_deploy.shell import journal, runner
 
     runs = []
 
     def fake(inventory, deploy_file, *, limit=(), env=None, on_line=None, **kw):
-        folder = Path(env[outcomes.OUTCOMES_ENV])
+        put = journal.Writer(env[journal.JOURNAL_ENV]).put
         runs.append((deploy_file, list(limit)))
         if deploy_file == "deploy.py":
-            outcomes.write_json(folder, "a", outcome.record(
+            put("a", "outcome", outcome.record(
                 "a", "passed", "verify", action="restarted", summary=VERIFIED))
-            outcomes.write_json(folder, "b", outcome.record("b", "failed", "verify", error=outcome.error_of(
+            put("b", "outcome", outcome.record("b", "failed", "verify", error=outcome.error_of(
                 VerifyError(what="the server to serve", found="exited in phase `autotune`"))))
         else:
-            outcomes.write_json(folder, "b", outcome.record(
+            put("b", "outcome", outcome.record(
                 "b", "passed", "rollback", action="rolled-back", summary={"release": "r1"}))
         text = "    [a] Could not connect\n    Grand total   -\nnever passed verification\n"
         return runner.Run(argv=[], rc=1 if deploy_file == "deploy.py" else 0, output=text, seconds=2.0)
@@ -215,6 +215,39 @@ def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch)
     assert results["b"].status == "rolled-back" and results["b"].message.endswith("verified serving")
     assert results["b"].rollback == "rolled-back" and rollout.verified_after_rollback(results["b"])
     assert results["c"].status == "untouched"
+
+
+def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, monkeypatch):
+    """`rollout --dry`: one plan run (SGLANG_DEPLOY_PLAN=1); each host's plan, or its outcome
+    record when it has none, comes from the run's journal."""
+    import io
+
+    from sglang_deploy.shell import journal, runner
+
+    asked = {}
+
+    def fake(inventory, deploy_file, *, limit=(), env=None, dry=False, **kw):
+        asked.update(env=env, dry=dry)
+        put = journal.Writer(env[journal.JOURNAL_ENV]).put
+        put("a", "plan", {"host": "a", "preflight": "pass", "changes": []})
+        put("b", "plan", {"host": "b", "preflight": "pass", "changes": ["Restart sglang"]})
+        put("c", "outcome", outcome.record("c", "unreachable", "connect",
+                                           error=outcome.unreachable_error("timed out")))
+        return runner.Run(argv=[], rc=1, output="", seconds=1.0)
+
+    monkeypatch.setattr(runner, "run_pyinfra", fake)
+    out, doc = io.StringIO(), io.StringIO()
+    r = rollout.Rollout(inventory="inv.py", out=out, json_out=doc,
+                        progress=HostProgress(out=io.StringIO()))
+    assert r.dry_run(["a", "b", "c"], tmp_path) == common.EXIT_FAILED
+    assert asked["dry"] and asked["env"][journal.PLAN_ENV] == "1"
+    hosts = {h["host"]: h for h in json.loads(doc.getvalue())["hosts"]}
+    assert hosts["a"] == {"host": "a", "ok": True, "error": None, "changes": []}
+    assert hosts["b"]["changes"] == ["Restart sglang"]
+    assert not hosts["c"]["ok"] and hosts["c"]["error"] == "did not answer over SSH: timed out"
+    text = out.getvalue()
+    assert "  a: no change" in text and "      - Restart sglang" in text
+    assert "  c: no plan (unreachable, or its data is invalid)" in text
 
 
 # ------------------------------------------------------------------ staging before the drain
@@ -242,12 +275,12 @@ class FakeRouter:
 
 def fake_runs(monkeypatch, stage_fails=()):
     """pyinfra faked: the staging run fails on STAGE_FAILS; every deploy verifies."""
-    from sglang_deploy.shell import outcomes, runner, staging
+    from sglang_deploy.shell import journal, runner, staging
 
     runs = []
 
     def fake(inventory, deploy_file, *, limit=(), env=None, on_line=None, **kw):
-        folder = Path(env[outcomes.OUTCOMES_ENV])
+        put = journal.Writer(env[journal.JOURNAL_ENV]).put
         runs.append((deploy_file, list(limit), env.get(staging.STAGE_ENV),
                      env.get(staging.STAGED_ENV)))
         for h in limit:
@@ -258,7 +291,7 @@ def fake_runs(monkeypatch, stage_fails=()):
                 rec_ = outcome.record(h, "passed", "service")
             else:
                 rec_ = outcome.record(h, "passed", "verify", action="restarted", summary=VERIFIED)
-            outcomes.write_json(folder, h, rec_)
+            put(h, "outcome", rec_)
         return runner.Run(argv=[], rc=0, output="", seconds=2.0)
 
     monkeypatch.setattr(runner, "run_pyinfra", fake)
