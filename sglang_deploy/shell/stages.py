@@ -142,6 +142,8 @@ def preflight_stage() -> Context:
                                 staging.record_path(layout, release_id)),
                          route_to=settings.sglang_dist_init_addr if settings.sglang_group else None)
     hs = snap["state"]
+    if hs is not None:  # a new model revision: its own folder beside the one that serves
+        settings, hs["model"] = staging.model_revision(settings, hs.get("model"))
     if hs is None:
         raise RuntimeSetupError(
             what=f"the host-state read ({settings.sglang_system_python} hoststate.py) to print JSON",
