@@ -6,9 +6,11 @@ hosts all run on this machine's cores (2 here), so N hosts staging at once share
 each takes up to N/2 times as long as alone, which no real fleet sees. ``python -m testbed
 cpu HOST CORES`` moves HOST's processes (its nspawn and everything below it: the container's
 systemd, sshd, the installs, the smoke, the server) into a child of the cgroup v1 ``cpu``
-controller whose CFS quota is CORES cores: the host never gets more, and while the hosts'
-shares sum to less than the machine's cores, never less either. ``cpu HOST 0`` takes the
-limit off. It holds until the host's nspawn restarts (wipe, cgroup, down).
+controller whose CFS quota is CORES cores: the host never gets more; and a high weight
+(``cpu.shares`` ``SHARES``, 8x a process's) lets it take its share first on a loaded
+machine (other sessions' tests), so that while the hosts' shares sum to less than the
+machine's cores, it does not get less either: CORES cores of its own. ``cpu HOST 0`` takes
+the limit off. It holds until the host's nspawn restarts (wipe, cgroup, down).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from testbed import TestbedError, procs
 
 CPU_CGROUP = Path(os.environ.get("TESTBED_CPU_CGROUP", "/sys/fs/cgroup/cpu"))
 PERIOD_US = 100_000
+#: the weight of a limited host against the machine's other processes (1024 each)
+SHARES = 8192
 
 
 def cgroup_of(name: str) -> Path:
@@ -39,6 +43,7 @@ def limit(name: str, pid: int, cores: float, timeout: float = 10.0) -> Path:
     cg.mkdir(exist_ok=True)
     (cg / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
     (cg / "cpu.cfs_quota_us").write_text(f"{int(cores * PERIOD_US)}\n")
+    (cg / "cpu.shares").write_text(f"{SHARES}\n")
 
     def outside():
         inside = set((cg / "cgroup.procs").read_text().split())

@@ -22,6 +22,7 @@ def test_a_host_is_held_to_its_cores_and_let_go(tmp_path, monkeypatch):
     (root / "testbed-cpu-tb1" / "cgroup.procs").write_text("")
     cg = cpushare.limit("tb1", os.getpid(), 0.5)
     assert (cg / "cpu.cfs_quota_us").read_text() == "50000\n"
+    assert (cg / "cpu.shares").read_text() == "8192\n"  # its share first on a busy machine
     assert (cg / "cgroup.procs").read_text().split() == [str(os.getpid())]
     assert cpushare.cores_of("tb1") == 0.5
     (cg / "cgroup.procs").write_text("")  # a real cgroup empties as its processes move out
