@@ -207,7 +207,7 @@ def test_a_new_revision_is_staged_beside_the_files_that_serve(fleet, mirror, tmp
         assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
         assert serving_model(fleet)[h] == f"{path}@{commit}"
         unit = fleet.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
-        assert f"--served-model-name {path}" in unit  # clients keep the name they use
+        assert "--served-model-name glm-5" in unit  # clients keep the name they use
         record = json.loads(fleet.ssh(h, f"cat {path}@{commit}/.sglang-deploy-fetched.json",
                                       check=True).stdout)
         assert record["revision"] == commit
