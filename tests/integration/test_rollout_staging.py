@@ -220,8 +220,8 @@ def test_a_host_short_of_space_for_the_new_model_stops_the_rollout_before_any_dr
         fleet, mirror, monkeypatch):
     """Needs: `fleet`. The last host's model disk is a 64 MiB file system: the new model's
     missing bytes and the 2 GiB headroom do not fit; the staging run fails there with the
-    figures and the fix, and the rollout stops before any drain, every host serving as
-    before. Leaves the fleet as it was."""
+    figures and the fix (and stops there), and the rollout stops before any drain, every host
+    serving as before. Leaves the fleet as it was."""
     monkeypatch.setenv("TB_HF_TOKEN", TOKEN)
     short = servers(fleet)[-1]
     disk = f"/srv/models/small-{uuid.uuid4().hex[:6]}"
@@ -235,7 +235,10 @@ def test_a_host_short_of_space_for_the_new_model_stops_the_rollout_before_any_dr
     assert r.returncode == 1, out[-4000:]
     assert "draining" not in out and "rollout stopped before any drain" in doc["verdict"]
     failed = {h["host"]: h for h in doc["hosts"] if h["status"] == "failed"}
-    assert list(failed) == [short], doc["hosts"]
+    assert short in failed, doc["hosts"]
+    # pyinfra stops a run at a host's failure: the others' staging did not finish either
+    assert all(f"the run stopped when {short} failed" in h["message"]
+               for name, h in failed.items() if name != short), doc["hosts"]
     message = failed[short]["message"]
     assert re.search(r"0\.0 GiB free \(\d+\.\d GiB short\)|\d+\.\d GiB free \(\d+\.\d GiB short\)",
                      message), message
