@@ -208,10 +208,18 @@ class Rollout(RolloutSteps):
         log.write_text(run.output)
         got = outcomes.read(records, order)
         failed = []
+        # pyinfra stops a run at a host's failure: the hosts it stopped did not fail, they
+        # are left as they were (not staged, not drained)
+        stopped = any(o.kind in (outcomemod.FAILED, outcomemod.UNREACHABLE) for o in got.values())
         for name in order:
             r = results[name]
             r.stage_seconds, r.log = round(run.seconds, 2), str(log)
             why = after_staging(got[name])
+            if why is not None and stopped and got[name].kind == outcomemod.INTERRUPTED:
+                r.message = f"not staged, not drained: {got[name].message}"
+                self.progress.update(name, "not staged")
+                self.say(f"    {name}: not staged ({got[name].message})")
+                continue
             if why is not None:
                 if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's words
                     why += "\n" + common.host_error(run.output)
@@ -223,7 +231,8 @@ class Rollout(RolloutSteps):
         if not failed:
             return None
         for name in set(order) - set(failed):
-            results[name].message = "staged, not drained: another host failed staging"
+            results[name].message = (results[name].message
+                                     or "staged, not drained: another host failed staging")
         down = [h for h in failed if got[h].kind == outcomemod.UNREACHABLE]
         return ("rollout stopped before any drain: "
                 + (f"{', '.join(down)} did not answer over SSH; " if down else "")

@@ -240,9 +240,9 @@ class FakeRouter:
         self.calls.append(("put_back", name))
 
 
-def fake_runs(monkeypatch, stage_fails=(), unreachable=()):
+def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=()):
     """pyinfra faked: the staging run fails on STAGE_FAILS and does not reach UNREACHABLE;
-    every deploy verifies."""
+    STOPPED: left unfinished by the run's stop; every deploy verifies."""
     from sglang_deploy.shell import outcomes, runner, staging
 
     runs = []
@@ -252,7 +252,10 @@ def fake_runs(monkeypatch, stage_fails=(), unreachable=()):
         runs.append((deploy_file, list(limit), env.get(staging.STAGE_ENV),
                      env.get(staging.STAGED_ENV)))
         for h in limit:
-            if env.get(staging.STAGE_ENV) and h in unreachable:
+            if env.get(staging.STAGE_ENV) and h in stopped:
+                rec_ = outcome.record(h, "interrupted", "runtime",
+                                      note="the run stopped when c failed, before this host finished")
+            elif env.get(staging.STAGE_ENV) and h in unreachable:
                 rec_ = outcome.record(h, "unreachable", "connect",
                                       error=outcome.unreachable_error("timed out"))
             elif env.get(staging.STAGE_ENV) and h in stage_fails:
@@ -298,6 +301,19 @@ def test_the_staging_run_is_also_the_check_that_every_host_answers(tmp_path, mon
     assert "did not answer over SSH: timed out" in results["c"].message
     assert [x.status for x in results.values()] == ["untouched", "untouched", "failed"]
     assert runs == [("deploy.py", ["a", "b", "c"], "1", None)]  # no separate `exec` run
+
+
+def test_hosts_the_staging_run_stopped_at_another_failure_are_left_untouched(tmp_path,
+                                                                             monkeypatch):
+    fake_runs(monkeypatch, unreachable={"c"}, stopped={"a"})
+    r = a_rollout()
+    results = {h: HostResult(h) for h in ("a", "b", "c")}
+    verdict = r.stage_all(["a", "b", "c"], results, tmp_path)
+    assert "staging failed on c;" in verdict
+    assert results["a"].status == "untouched"
+    assert results["a"].message.startswith("not staged, not drained: ")
+    assert "the run stopped when c failed" in results["a"].message
+    assert results["b"].message.startswith("staged, not drained")
 
 
 def test_after_staging_each_batch_only_rolls_and_trusts_the_staging_record(tmp_path, monkeypatch):
