@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
                                       "apply DevicePolicy")
     a.add_argument("host")
     a.add_argument("mode", choices=("legacy", "unified"))
+    a = sub.add_parser("cpu", help="hold HOST to CORES of this machine's cores, as a real "
+                                   "host has its own (testbed/cpushare.py; 0: no limit)")
+    a.add_argument("host")
+    a.add_argument("cores", type=float)
     a = sub.add_parser("scenario", help="set a GPU or server scenario on HOST")
     a.add_argument("host")
     a.add_argument("name", choices=sorted(set(fleet.GPU_SCENARIOS) | set(fleet.SIM_SCENARIOS)))
@@ -100,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "cgroup":
             h = fleet.cgroup(args.host, args.mode)
             print(f"{h['name']}: cgroup {args.mode} ({time.monotonic() - t0:.1f}s)")
+        elif args.cmd == "cpu":
+            got = fleet.cpu(args.host, args.cores)
+            print(f"{args.host}: " + (f"{got:g} cores" if got else "no cpu limit"))
         elif args.cmd == "scenario":
             fleet.scenario(args.host, args.name, when=args.when or "")
             print(f"{args.host}: scenario {args.name}")

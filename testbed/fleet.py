@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from testbed import TestbedError, log, net, procs, rootfs
-from testbed import cgroupmode
+from testbed import cgroupmode, cpushare
 from testbed.gpu import build as gpu_build
 from testbed.sim.model import make_model_dir
 from testbed.sim.sim_config import read_env_file
@@ -429,6 +429,8 @@ def teardown_host(h: dict) -> None:
     net.delete_host_net(h["netns"])
     with contextlib.suppress(OSError, TestbedError):
         procs.allow_devices(h["name"], timeout=2.0)  # the cgroup-denied scenario's cgroup
+    with contextlib.suppress(OSError, TestbedError):
+        cpushare.unlimit(h["name"], timeout=2.0)  # `cpu HOST CORES`'s cgroup
     d = Path(h["dir"])
     if d.exists():
         if os.path.ismount(h["merged"]):
@@ -553,6 +555,19 @@ def down() -> None:
             net.delete_bridge(state["bridge"])
         state_file().unlink(missing_ok=True)
     log(f"down: {n} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
+
+
+def cpu(name: str, cores: float) -> float | None:
+    """Hold HOST to CORES of this machine's cores (``cpushare``; 0: no limit); the limit now."""
+    state = current_state()
+    h = find_host(state, name)
+    if not host_alive(h):
+        raise TestbedError(f"{name} is not running (python -m testbed up)")
+    if cores:
+        cpushare.limit(name, h["pid"], cores)
+    else:
+        cpushare.unlimit(name)
+    return cpushare.cores_of(name)
 
 
 def block(name: str, port: str) -> list[str]:

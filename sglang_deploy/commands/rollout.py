@@ -4,12 +4,13 @@ pyinfra alone cannot roll: ``--serial`` visits hosts in a random order and a fai
 not stop the run. The rollout owns the loop:
 
 1. a fixed order (the canary first, then inventory order), printed before anything starts;
-2. every host must answer SSH (and pass the data checks) before any host is touched;
+2. every host must answer SSH (and pass the data checks) before any host is drained;
 3. staging (``--no-stage`` skips it): one ``deploy.py`` run over every host of the rollout at
    once, "stage only" (``shell/staging.py``): the release venv, the patch, the model files,
    the flag check, the JIT check and the release smoke under the unit's sandbox, nothing
-   serving touched; a host that fails it stops the rollout before any drain, every host
-   still serving its release;
+   serving touched; a host that fails it (or does not answer: this run is also step 2's
+   check, with ``--no-stage`` a ``pyinfra exec -- true`` run) stops the rollout before any
+   drain, every host still serving its release;
 4. batches of N hosts (``--batch``), each a real ``pyinfra INVENTORY deploy.py --limit ...``
    run with ``verify_converged`` on, so a host that needed no change is verified, not
    assumed; the next batch starts only when the verifier passed on the whole batch;
@@ -105,7 +106,9 @@ class Rollout(RolloutSteps):
         results = {h: HostResult(h) for h in order}
         t_start = time.monotonic()
         self.progress.start(order)
-        verdict = self.reachable(order, results, run_dir)
+        # staged, the staging run is also the check that every host answers (one pyinfra
+        # run over all hosts, not two): the router is checked first, touching no host
+        verdict = None if self.stage else self.reachable(order, results, run_dir)
         fronts = []
         if verdict is None:
             fronts, verdict = self.routers(fleet, results)
@@ -204,10 +207,18 @@ class Rollout(RolloutSteps):
         log.write_text(run.output)
         got = journal.read(records).outcomes(order)
         failed = []
+        # pyinfra stops a run at a host's failure: the hosts it stopped did not fail, they
+        # are left as they were (not staged, not drained)
+        stopped = any(o.kind in (outcomemod.FAILED, outcomemod.UNREACHABLE) for o in got.values())
         for name in order:
             r = results[name]
             r.stage_seconds, r.log = round(run.seconds, 2), str(log)
             why = after_staging(got[name])
+            if why is not None and stopped and got[name].kind == outcomemod.INTERRUPTED:
+                r.message = f"not staged, not drained: {got[name].message}"
+                self.progress.update(name, "not staged")
+                self.say(f"    {name}: not staged ({got[name].message})")
+                continue
             if why is not None:
                 if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's words
                     why += "\n" + common.host_error(run.output)
@@ -219,9 +230,13 @@ class Rollout(RolloutSteps):
         if not failed:
             return None
         for name in set(order) - set(failed):
-            results[name].message = "staged, not drained: another host failed staging"
-        return (f"rollout stopped before any drain: staging failed on {', '.join(failed)}; "
-                "no host was drained or restarted, every host still serves its release")
+            results[name].message = (results[name].message
+                                     or "staged, not drained: another host failed staging")
+        down = [h for h in failed if got[h].kind == outcomemod.UNREACHABLE]
+        return ("rollout stopped before any drain: "
+                + (f"{', '.join(down)} did not answer over SSH; " if down else "")
+                + f"staging failed on {', '.join(failed)}; no host was drained or restarted, "
+                "every host that answered still serves its release")
 
     def roll(self, fronts: list, groups: list, results: dict, run_dir: Path) -> None:
         """Batch by batch: drain, deploy (the staged release: switch, unit, restart, verify),

@@ -114,7 +114,8 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("sglang_model_download", bool, False,
        "Download the model (huggingface_hub, token from `sglang_hf_token_env`) if shards are missing."),
     _k("sglang_model_revision", str, "main",
-       "Revision of `sglang_model_repo` to download: a branch, tag or (to pin it) a commit hash."),
+       "Revision of `sglang_model_repo` to download: a branch, tag or (to pin it) a commit hash; "
+       "another revision than the downloaded folder's is downloaded beside it, `PATH@REV`."),
     _k("sglang_hf_endpoint", (str, NONE), None,
        "Hugging Face endpoint the host downloads from (a mirror, as `HF_ENDPOINT`); null: "
        "https://huggingface.co."),

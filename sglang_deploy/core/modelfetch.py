@@ -8,6 +8,7 @@ in argv) and turns its JSON result into a typed, actionable :class:`ModelError`.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -41,6 +42,32 @@ class FetchSpec:
 def model_complete(model: Mapping[str, Any] | None, path: str) -> bool:
     """True when the folder holds config.json and every shard its index names, full size."""
     return check_model(model or {}, path)[0].status == "pass"
+
+
+def revision_dir(path: str, repo: str | None, revision: str,
+                 model: Mapping[str, Any] | None) -> str:
+    """Where the deploy keeps revision REVISION of REPO: PATH itself when PATH holds it (its
+    record, written by model_fetch.py, names them) or holds no record (a first download, a
+    folder copied by hand or fetched before records: taken as it is, as before); else the
+    sibling ``PATH@REV``, so that a new revision is downloaded (staged) beside the files that
+    serve, which stay for a rollback until they are removed by hand. MODEL: the host-state
+    read of PATH (``hoststate.model_state``)."""
+    fetched = (model or {}).get("fetched")
+    if not isinstance(fetched, Mapping) or (fetched.get("repo"), fetched.get("revision")) == (
+            repo, revision):
+        return path
+    slug = re.sub(r"[^A-Za-z0-9._-]", "_", revision)
+    return f"{path.rstrip('/')}@{slug}"
+
+
+def state_of(model: Mapping[str, Any] | None, path: str) -> dict:
+    """The host-state read of the model folder PATH, from the read of the configured folder
+    (MODEL: itself, or one of its sibling revisions)."""
+    model = model or {}
+    if model.get("path") == path:
+        return dict(model)
+    got = (model.get("revisions") or {}).get(path.rsplit("/", 1)[-1])
+    return dict(got) if got else {"path": path, "exists": False}
 
 
 RC_MARK = "@@model-fetch-rc="

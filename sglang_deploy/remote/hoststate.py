@@ -139,10 +139,22 @@ def safetensors_shard(path: str) -> dict:
     return info
 
 
-def model_state(path: str) -> dict:
+#: in a model folder that model_fetch.py downloaded: which repo and revision it holds
+FETCHED_RECORD = ".sglang-deploy-fetched.json"
+
+
+def model_state(path: str, revisions: bool = True) -> dict:
+    """The model folder at PATH; with REVISIONS also its record (``fetched``: the repo and
+    revision model_fetch.py downloaded there) and each sibling ``PATH@REV`` folder (another
+    revision, downloaded beside the one that serves)."""
     state = {"path": path, "exists": os.path.isdir(path)}
+    if revisions:
+        parent, name = os.path.split(path.rstrip("/"))
+        state["revisions"] = {os.path.basename(d): model_state(d, revisions=False)
+                              for d in entries(parent or "/", glob.escape(name) + "@*")}
     if not state["exists"]:
         return state
+    state["fetched"] = read_json(os.path.join(path, FETCHED_RECORD))
     state["config"] = read_json(os.path.join(path, "config.json")) is not None
     index = read_json(os.path.join(path, "model.safetensors.index.json"))
     state["index"] = index is not None

@@ -163,7 +163,21 @@ def fetch(repo: str, revision: str, dest: str, endpoint: str | None, token: str 
     for folder, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != ".cache"]  # huggingface_hub's own metadata
         count += len(files)
+    write_record(dest, repo, revision, commit)
     return {"commit": commit, "files": count}
+
+
+def write_record(dest: str, repo: str, revision: str, commit: str | None) -> None:
+    """Which repo and revision DEST holds (``hoststate.FETCHED_RECORD``): a later deploy with
+    another revision downloads that one beside it (``DEST@REV``) instead of taking this
+    folder for it."""
+    import hoststate
+
+    path = os.path.join(dest, hoststate.FETCHED_RECORD)
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"repo": repo, "revision": revision, "commit": commit}, fh, sort_keys=True)
+        fh.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,7 @@ find them too), the CUDA probe and the patch status through ``fact`` (kept on th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from pyinfra.api.state import StateStage
@@ -76,6 +77,13 @@ def expectations(s: datamod.Settings) -> preflight.Expectations:
     return preflight.Expectations(count=s.gpu_expected_count, model=s.gpu_expected_model,
                                   min_driver=s.gpu_min_driver, p2p_policy=s.gpu_p2p_policy,
                                   min_gbps=s.gpu_p2p_min_gbps)
+
+
+def model_revision(s: datamod.Settings, hs: HostState) -> tuple[datamod.Settings, HostState]:
+    """S and HS for a new model revision (``staging.model_revision``: its own folder beside
+    the one that serves), the same on the node itself and on its peers."""
+    s, model = staging.model_revision(s, hs.model)
+    return s, dataclasses.replace(hs, model=model)
 
 
 def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> dict:
@@ -146,6 +154,7 @@ def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_
                  f"restart ({s.sglang_system_python} hoststate.py printing JSON)",
             found="\n".join((snap.output or "").strip().splitlines()[-5:]) or "no output",
             fix=f"check that `{s.sglang_system_python}` runs on {h.name} (its own error above)")
+    s, hs = model_revision(s, hs)
     status = patch_status(h, s, hs, release[0])
     ifname = s.sglang_nccl_socket_ifname or hs.route_dev
     unit_text = unit_of(s, hs, release, nccl_env(h, s, snap),

@@ -133,6 +133,8 @@ def preflight_stage() -> Context:
     # peers read it while they are prepared, ``groupprep``)
     snap = groupprep.snapshot(host, settings, release_id)
     hs = snap.state
+    if hs is not None:  # a new model revision: its own folder beside the one that serves
+        settings, hs = groupprep.model_revision(settings, hs)
     if hs is None:
         raise RuntimeSetupError(
             what=f"the host-state read ({settings.sglang_system_python} hoststate.py) to print JSON",

@@ -17,13 +17,14 @@ install, model, JIT check and smoke come before any host's restart).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from io import StringIO
 
 from pyinfra import host
 
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import jit, service
+from sglang_deploy.core import jit, modelfetch, service
 from sglang_deploy.core import staging as stagingcore
 from sglang_deploy.shell import jitcheck, releaseops
 from sglang_deploy.shell import operations as ops
@@ -45,6 +46,24 @@ def trusts_record() -> bool:
 def record_path(layout, release_id: str) -> str:
     """Where the staging record of RELEASE_ID lives (removed with its release)."""
     return f"{layout.release_dir(release_id)}/staged.json"
+
+
+def model_revision(settings, model: dict | None) -> tuple:
+    """(the settings this run deploys, the host-state read of its model folder): with
+    ``sglang_model_download`` a revision that the configured folder does not hold lives in
+    its sibling ``PATH@REV`` (``modelfetch.revision_dir``): downloaded there while staging,
+    beside the files that serve, and the unit's ``--model-path`` names it (the served model
+    name stays what it was)."""
+    path = settings.sglang_model_path
+    if not settings.sglang_model_download:
+        return settings, model
+    where = modelfetch.revision_dir(path, settings.sglang_model_repo,
+                                    settings.sglang_model_revision, model)
+    if where == path:
+        return settings, model
+    return (dataclasses.replace(settings, sglang_model_path=where,
+                                sglang_served_model_name=settings.served_model_name),
+            modelfetch.state_of(model, where))
 
 
 def _inputs(ctx, unit_text: str, smoke: bool) -> dict:

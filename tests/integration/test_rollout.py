@@ -200,11 +200,13 @@ def test_unreachable_host_stops_the_rollout_before_any_host_is_touched(testbed, 
            f"{TB3}'s link down (`ip link set v{TB3} down`) when `sglang-deploy rollout` starts", r,
            others_untouched=untouched, serving=all(health(testbed.address(h)) == 200 for h in (TB1, TB2)),
            converged=again.returncode == 0,
-           notes="the rollout checks every host answers (SSH, host keys, data) before touching "
-                 "any; no host was touched")
+           notes="the rollout's staging run (every host at once) is also its check that every "
+                 "host answers (SSH, host keys, data); it stops before any drain, no server "
+                 "touched")
     assert r.returncode != 0
-    assert "before touching any host" in out and TB3 in out
-    assert {h["status"] for h in doc["hosts"]} == {"untouched"}
+    assert f"stopped before any drain: {TB3} did not answer over SSH" in out
+    assert [h["status"] for h in doc["hosts"]] == ["untouched", "untouched", "failed"]
+    assert all(h["router"] is None for h in doc["hosts"])
     assert untouched
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert {h["status"] for h in doc2["hosts"]} == {"converged"}

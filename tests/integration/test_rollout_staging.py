@@ -17,9 +17,11 @@ import uuid
 from pathlib import Path
 
 from bench import router_load
+from testbed.hfmirror import Repo
+from testbed.sim.model import make_model_dir
 
 from .helpers import REPO, broken_lock
-from .hubmirror import TOKEN, download_data, mirror  # noqa: F401  (`mirror` is a fixture)
+from .hubmirror import HF_REPO, TOKEN, download_data, mirror  # noqa: F401  (`mirror`: a fixture)
 from .routedfleet import (  # noqa: F401  (`routed` and `fleet` are fixtures)
     BIN,
     DATA,
@@ -169,3 +171,78 @@ def serving_model(testbed) -> dict:
         unit = testbed.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
         out[h] = re.search(r"--model-path (\S+)", unit).group(1)
     return out
+
+
+def model_data(mirror, path: str, *extra: str) -> list[str]:
+    """The download's data (the stand-in Hub) with the model at PATH."""
+    return [*[d for d in download_data(mirror) if d.startswith(("sglang_model", "sglang_hf"))],
+            f"sglang_model_path={path}", *extra]
+
+
+def test_a_new_revision_is_staged_beside_the_files_that_serve(fleet, mirror, tmp_path,
+                                                             monkeypatch):
+    """Needs: `fleet`. The fleet serves a downloaded model (revision `main`); the Hub gets a
+    new commit and the rollout names it (`sglang_model_revision`): the staging run downloads
+    it on every host, with its progress, into its own folder beside the one that serves
+    (complete, before the first drain); each host then serves it under the same name, the
+    old revision's files kept. Leaves the fleet on that model (the next `fleet` deploys its
+    own back)."""
+    monkeypatch.setenv("TB_HF_TOKEN", TOKEN)
+    path = f"/srv/models/rev-{uuid.uuid4().hex[:6]}/GLM-5-NVFP4"
+    r, doc = rollout(fleet, data=model_data(mirror, path))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    first = mirror.repo
+    src = make_model_dir(tmp_path / "GLM-5-NVFP4", n_shards=4, shard_bytes=128 * 1024)
+    mirror.repo = Repo(HF_REPO, src, TOKEN)  # the same repo, a new commit
+    try:
+        commit = mirror.repo.commit
+        r, doc = rollout(fleet, data=model_data(mirror, path, f"sglang_model_revision={commit}"))
+    finally:
+        mirror.repo = first
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert out.index("staged in") < out.index("draining")
+    staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+    for h in servers(fleet):
+        assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
+        assert serving_model(fleet)[h] == f"{path}@{commit}"
+        unit = fleet.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
+        assert "--served-model-name glm-5" in unit  # clients keep the name they use
+        record = json.loads(fleet.ssh(h, f"cat {path}@{commit}/.sglang-deploy-fetched.json",
+                                      check=True).stdout)
+        assert record["revision"] == commit
+        # the old revision's files stay for a rollback
+        assert fleet.ssh(h, f"test -f {path}/model-00004-of-00004.safetensors").returncode == 0
+    assert [(h["status"], h["router"]) for h in doc["hosts"]] == [("done", "back")] * 3
+
+
+def test_a_host_short_of_space_for_the_new_model_stops_the_rollout_before_any_drain(
+        fleet, mirror, monkeypatch):
+    """Needs: `fleet`. The last host's model disk is a 64 MiB file system: the new model's
+    missing bytes and the 2 GiB headroom do not fit; the staging run fails there with the
+    figures and the fix (and stops there), and the rollout stops before any drain, every host
+    serving as before. Leaves the fleet as it was."""
+    monkeypatch.setenv("TB_HF_TOKEN", TOKEN)
+    short = servers(fleet)[-1]
+    disk = f"/srv/models/small-{uuid.uuid4().hex[:6]}"
+    fleet.ssh(short, f"mkdir -p {disk} && mount -t tmpfs -o size=64m tmpfs {disk}", check=True)
+    before = serving_state(fleet)
+    try:
+        r, doc = rollout(fleet, data=model_data(mirror, f"{disk}/GLM-5-NVFP4"))
+    finally:
+        fleet.ssh(short, f"umount {disk}", check=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-4000:]
+    assert "draining" not in out and "rollout stopped before any drain" in doc["verdict"]
+    failed = {h["host"]: h for h in doc["hosts"] if h["status"] == "failed"}
+    assert list(failed) == [short], doc["hosts"]
+    # pyinfra stops a run at a host's failure: the others' staging did not finish either
+    assert all(f"the run stopped when {short} failed" in h["message"]
+               for h in doc["hosts"] if h["host"] != short), doc["hosts"]
+    message = failed[short]["message"]
+    assert re.search(r"0\.0 GiB free \(\d+\.\d GiB short\)|\d+\.\d GiB free \(\d+\.\d GiB short\)",
+                     message), message
+    assert "free " in message and "nothing was drained" in message, message
+    assert serving_state(fleet) == before  # same release, same server process on each
+    rc, st = status_json(fleet)
+    assert rc == 0 and [w["state"] for w in st["router"]["workers"]] == ["ready"] * 3, st

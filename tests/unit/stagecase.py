@@ -79,11 +79,32 @@ def _pointer_set(doc: Any, pointer: str, value: Any) -> None:
     doc[int(parts[-1]) if isinstance(doc, list) else parts[-1]] = value
 
 
+def _current_tools(doc: Any) -> Any:
+    """DOC as the host would report it with the tools of this tree: each installed tool's
+    sha256 is the one of the file the deploy ships (``stages.runtime_stage``), so that a
+    change to a host-side script does not turn every captured host into one that needs new
+    tools (a case about outdated tools sets the sha256 it wants with ``set``)."""
+    import hashlib
+
+    from sglang_deploy.core import patch as patchmod
+    from sglang_deploy.core import service
+    from sglang_deploy.shell.facts import REMOTE
+
+    state = doc.get("hoststate.json", {}).get("out") if "hoststate.json" in doc else doc
+    paths = state.get("paths") if isinstance(state, dict) else None
+    for name in service.TOOLS if isinstance(paths, dict) else ():
+        src = Path(patchmod.__file__) if name == "patch.py" else REMOTE / name
+        for path, entry in paths.items():
+            if path.endswith(f"/tools/{name}") and isinstance(entry, dict) and "sha256" in entry:
+                entry["sha256"] = hashlib.sha256(src.read_bytes()).hexdigest()
+    return doc
+
+
 def resolve_raw(value: Any) -> Any:
     """A fact's raw output as a case gives it: inline, or ``{"$file": NAME}`` (a file of
     ``tests/fixtures/stagecases``) with ``"set"``: JSON pointer -> value changed in it."""
     if isinstance(value, dict) and "$file" in value:
-        doc = json.loads((RAW / value["$file"]).read_text())
+        doc = _current_tools(json.loads((RAW / value["$file"]).read_text()))
         for pointer, new in (value.get("set") or {}).items():
             _pointer_set(doc, pointer, new)
         return doc

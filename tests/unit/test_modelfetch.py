@@ -170,3 +170,44 @@ def test_the_host_measures_the_model_already_there_and_the_free_bytes(tmp_path):
     exc = model_fetch.NoSpaceForModel({**got, "free_bytes": 1})
     described = model_fetch.describe(exc, None)
     assert described["code"] == "NOSPACE_BEFORE" and described["space"]["free_bytes"] == 1
+
+
+# ------------------------------------------------------------------ a new revision, staged beside
+
+def test_a_new_revision_lives_beside_the_folder_that_holds_another(tmp_path):
+    path = str(tmp_path / "GLM-5")
+    make_model_dir(tmp_path / "GLM-5", n_shards=2)
+    model_fetch.write_record(path, "org/GLM-5", "main", "c0ffee")
+    state = hoststate.model_state(path)
+    assert state["fetched"] == {"repo": "org/GLM-5", "revision": "main", "commit": "c0ffee"}
+    assert modelfetch.revision_dir(path, "org/GLM-5", "main", state) == path
+    new = modelfetch.revision_dir(path, "org/GLM-5", "refs/pr/7", state)
+    assert new == path + "@refs_pr_7"
+    assert modelfetch.state_of(state, new) == {"path": new, "exists": False}  # to download
+    make_model_dir(tmp_path / "GLM-5@refs_pr_7", n_shards=2)
+    got = modelfetch.state_of(hoststate.model_state(path), new)
+    assert got["path"] == new and modelfetch.model_complete(got, new)
+    # another repo at the same folder is another revision too
+    assert modelfetch.revision_dir(path, "org/other", "main", state) == path + "@main"
+
+
+def test_a_folder_without_record_is_taken_as_it_is():
+    """Copied by hand, or downloaded before records: the configured revision, as before."""
+    assert modelfetch.revision_dir("/m/x", "org/x", "v2", {"path": "/m/x", "exists": True}) == "/m/x"
+    assert modelfetch.revision_dir("/m/x", "org/x", "v2", None) == "/m/x"
+
+
+def test_the_deploy_serves_the_new_revision_under_its_old_name(tmp_path):
+    from sglang_deploy.core import service
+    from sglang_deploy.shell import staging
+
+    s = data.resolve({"sglang_model_path": "/m/GLM-5", "sglang_model_download": True,
+                      "sglang_model_repo": "org/GLM-5", "sglang_model_revision": "v2"}, environ={})
+    model = {"path": "/m/GLM-5", "exists": True, "fetched": {"repo": "org/GLM-5", "revision": "v1"},
+             "revisions": {}}
+    got, state = staging.model_revision(s, model)
+    assert got.sglang_model_path == "/m/GLM-5@v2" and state["exists"] is False
+    flags = service.flag_map(got)
+    assert (flags["model-path"], flags["served-model-name"]) == ("/m/GLM-5@v2", "/m/GLM-5")
+    same, _ = staging.model_revision(s, {**model, "fetched": {"repo": "org/GLM-5", "revision": "v2"}})
+    assert same is s

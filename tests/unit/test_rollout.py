@@ -273,8 +273,9 @@ class FakeRouter:
         self.calls.append(("put_back", name))
 
 
-def fake_runs(monkeypatch, stage_fails=()):
-    """pyinfra faked: the staging run fails on STAGE_FAILS; every deploy verifies."""
+def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=()):
+    """pyinfra faked: the staging run fails on STAGE_FAILS and does not reach UNREACHABLE;
+    STOPPED: left unfinished by the run's stop; every deploy verifies."""
     from sglang_deploy.shell import journal, runner, staging
 
     runs = []
@@ -284,7 +285,13 @@ def fake_runs(monkeypatch, stage_fails=()):
         runs.append((deploy_file, list(limit), env.get(staging.STAGE_ENV),
                      env.get(staging.STAGED_ENV)))
         for h in limit:
-            if env.get(staging.STAGE_ENV) and h in stage_fails:
+            if env.get(staging.STAGE_ENV) and h in stopped:
+                rec_ = outcome.record(h, "interrupted", "runtime",
+                                      note="the run stopped when c failed, before this host finished")
+            elif env.get(staging.STAGE_ENV) and h in unreachable:
+                rec_ = outcome.record(h, "unreachable", "connect",
+                                      error=outcome.unreachable_error("timed out"))
+            elif env.get(staging.STAGE_ENV) and h in stage_fails:
                 rec_ = outcome.record(h, "failed", "service", error=outcome.error_of(
                     VerifyError(what="`import sglang` works", found="No module named 'x'")))
             elif env.get(staging.STAGE_ENV) or deploy_file != "deploy.py":
@@ -315,6 +322,31 @@ def test_a_host_that_fails_staging_stops_the_rollout_before_any_drain(tmp_path, 
     assert results["b"].status == "failed" and "No module named 'x'" in results["b"].message
     assert results["a"].status == "untouched" and results["a"].message.startswith("staged, not")
     assert front.calls == [] and all(x.router is None for x in results.values())
+
+
+def test_the_staging_run_is_also_the_check_that_every_host_answers(tmp_path, monkeypatch):
+    runs = fake_runs(monkeypatch, unreachable={"c"})
+    r = a_rollout()
+    results = {h: HostResult(h) for h in ("a", "b", "c")}
+    verdict = r.stage_all(["a", "b", "c"], results, tmp_path)
+    assert verdict.startswith("rollout stopped before any drain: c did not answer over SSH; "
+                              "staging failed on c")
+    assert "did not answer over SSH: timed out" in results["c"].message
+    assert [x.status for x in results.values()] == ["untouched", "untouched", "failed"]
+    assert runs == [("deploy.py", ["a", "b", "c"], "1", None)]  # no separate `exec` run
+
+
+def test_hosts_the_staging_run_stopped_at_another_failure_are_left_untouched(tmp_path,
+                                                                             monkeypatch):
+    fake_runs(monkeypatch, unreachable={"c"}, stopped={"a"})
+    r = a_rollout()
+    results = {h: HostResult(h) for h in ("a", "b", "c")}
+    verdict = r.stage_all(["a", "b", "c"], results, tmp_path)
+    assert "staging failed on c;" in verdict
+    assert results["a"].status == "untouched"
+    assert results["a"].message.startswith("not staged, not drained: ")
+    assert "the run stopped when c failed" in results["a"].message
+    assert results["b"].message.startswith("staged, not drained")
 
 
 def test_after_staging_each_batch_only_rolls_and_trusts_the_staging_record(tmp_path, monkeypatch):
