@@ -241,8 +241,9 @@ _READS = "_sglang_deploy_host_state_reads"
 
 
 def read_host_state(host, fact: type[FactBase], **kwargs):
-    """FACT (``HostSnapshot`` or ``SglangHostState``) of HOST with KWARGS: one round trip
-    the first time in HOST's run, then the same answer (pyinfra 3 caches no fact). The reads
+    """FACT of HOST with KWARGS (``HostSnapshot`` or ``SglangHostState``, or another fact a
+    group's preparation reads: ``groupprep.fact``): one round trip the first time in HOST's
+    run, then the same answer (pyinfra 3 caches no fact). The reads
     are kept on the Host object, which lives as long as its pyinfra State; the operations
     that compare a path or the secrets with the host find them there (``known_path``)."""
     reads = getattr(host, _READS, None)

@@ -72,12 +72,10 @@ class GroupRun:
 
 
 class GroupRuns:
-    """Every group's run in one pyinfra State (``attach``), made when a node first asks;
-    FACTS: the facts read while preparing (``groupprep.fact``: a cache, pyinfra has none)."""
+    """Every group's run in one pyinfra State (``attach``), made when a node first asks."""
 
     def __init__(self) -> None:
         self.runs: dict[str, GroupRun] = {}
-        self.facts: dict[tuple, object] = {}
 
     def of(self, group: groupmod.Group) -> GroupRun:
         if group.name not in self.runs:

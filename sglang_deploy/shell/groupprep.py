@@ -7,10 +7,10 @@ node has one, and every node's card for the rendezvous. So every node adds the s
 operations with static conditions, whatever order pyinfra prepares them in.
 
 pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
-decision reads is read once per host in one run, whichever node asks first: the host-state
-reads through ``facts.read_host_state`` (kept for the run on the Host, where the operations
-find them too), the CUDA probe and the patch status through ``fact`` (kept on the run's
-``groupops.GroupRuns``, released at its end, while the operations are prepared).
+decision reads is read once per host in one run, whichever node asks first, through
+``facts.read_host_state`` (kept for the run on the Host, where the operations find the host
+state too); ``fact`` reads the CUDA probe and the patch status afresh once the operations
+execute (a retest is never an answer kept from the preparation).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import render_secrets_env
-from sglang_deploy.shell import groupops, plan, routing, staging
+from sglang_deploy.shell import plan, routing, staging
 from sglang_deploy.shell.facts import (
     CudaProbe,
     HostSnapshot,
@@ -46,14 +46,9 @@ def fact(h, cls, **kwargs):
     """H's fact CLS(KWARGS), read once per run while the operations are prepared (a peer's
     fact read by another node's preparation is not read again by its own); while they
     execute, read afresh."""
-    state = h.state
-    if state.current_stage >= StateStage.Execute:
+    if h.state.current_stage >= StateStage.Execute:
         return h.get_fact(cls, **kwargs)
-    cache = groupops.runs(state).facts
-    key = (h.name, cls.__name__, repr(sorted(kwargs.items())))
-    if key not in cache:
-        cache[key] = h.get_fact(cls, **kwargs)
-    return cache[key]
+    return read_host_state(h, cls, **kwargs)  # the run's one store of reads, on the Host
 
 
 def snapshot(h, s: datamod.Settings, release_id: str) -> Snapshot:
