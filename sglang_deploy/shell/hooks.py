@@ -113,7 +113,7 @@ def check_group_selection(inventory, resolved: dict[str, datamod.Settings],
 
 
 def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_limit,
-                      params: dict, parallel: int) -> None:
+                      params: dict) -> None:
     """Refuse, before any connection, a pyinfra mode that splits a multi-node group of the
     selection: ``--serial`` and ``--no-wait`` run one host's operations without waiting for
     the others (its nodes rendezvous, stop, all-reduce, start and are verified one operation
@@ -325,8 +325,7 @@ def check_run(run: RunStart) -> dict[str, datamod.Settings]:
     fleet = routing.fleet_of(inventory)  # the run's one Fleet (``_fleet`` keeps it)
     resolved = validate_inventory(inventory, run.cwd, fleet=fleet)
     check_group_selection(inventory, resolved, initial_limit, fleet)
-    check_group_modes(inventory, resolved, initial_limit, cli_params(),
-                      run.state.config.PARALLEL or len(list(inventory)))
+    check_group_modes(inventory, resolved, initial_limit, cli_params())
     routing.attach(run.state, fleet)
     return resolved
 

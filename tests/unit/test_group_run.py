@@ -215,9 +215,9 @@ def test_any_pool_size_works_for_a_group_its_all_reduce_check_included():
     for check in (True, False):
         resolved = {h: SimpleNamespace(sglang_group="g1", gpu_allreduce_check=check)
                     for h in "ab"}
-        hooks.check_group_modes(inventory, resolved, None, {"parallel": 1}, 1)   # no wait
+        hooks.check_group_modes(inventory, resolved, None, {"parallel": 1})   # no wait
     with pytest.raises(Exception, match="no --serial"):
-        hooks.check_group_modes(inventory, resolved, None, {"serial": True}, 1)
+        hooks.check_group_modes(inventory, resolved, None, {"serial": True})
 
 
 def test_the_rendezvous_tool_writes_its_result_whole_to_a_file(tmp_path):
