@@ -151,14 +151,9 @@ def test_a_new_model_is_downloaded_on_every_host_before_the_first_drain(
     monkeypatch.setenv("TB_HF_TOKEN", TOKEN)
     old = serving_model(fleet)
     path = f"/srv/models/staged-{uuid.uuid4().hex[:6]}/GLM-5-NVFP4"
-    data = [d for d in download_data(mirror) if d.startswith(("sglang_model", "sglang_hf"))]
-    r, doc = rollout(fleet, data=[*data, f"sglang_model_path={path}"])
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    assert out.index("staged in") < out.index("draining")
-    staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+    r, doc = rollout(fleet, data=model_data(mirror, path))
+    downloaded_while_staging(fleet, r, doc)
     for h in servers(fleet):
-        assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
         assert fleet.ssh(h, f"test -f {path}/model-00004-of-00004.safetensors").returncode == 0
         assert fleet.ssh(h, f"test -d {old[h]}").returncode == 0  # the old model is kept
     assert [(h["status"], h["router"]) for h in doc["hosts"]] == [("done", "back")] * 3
@@ -171,6 +166,17 @@ def serving_model(testbed) -> dict:
         unit = testbed.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
         out[h] = re.search(r"--model-path (\S+)", unit).group(1)
     return out
+
+
+def downloaded_while_staging(testbed, r, doc) -> None:
+    """The rollout R (its report DOC) passed, its staging run downloaded the model on every
+    server (its progress to 100 %), and it did so before any host was drained."""
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert out.index("staged in") < out.index("draining")
+    staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+    for h in servers(testbed):
+        assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
 
 
 def model_data(mirror, path: str, *extra: str) -> list[str]:
@@ -199,12 +205,8 @@ def test_a_new_revision_is_staged_beside_the_files_that_serve(fleet, mirror, tmp
         r, doc = rollout(fleet, data=model_data(mirror, path, f"sglang_model_revision={commit}"))
     finally:
         mirror.repo = first
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    assert out.index("staged in") < out.index("draining")
-    staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+    downloaded_while_staging(fleet, r, doc)
     for h in servers(fleet):
-        assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
         assert serving_model(fleet)[h] == f"{path}@{commit}"
         unit = fleet.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
         assert "--served-model-name glm-5" in unit  # clients keep the name they use
