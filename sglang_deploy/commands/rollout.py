@@ -244,10 +244,10 @@ class Rollout(RolloutSteps):
         for i, group in enumerate(groups, 1):
             if self.min_throughput_ratio is not None:
                 self.baseline(group)
-            if not self.take_out(fronts, group, results):
-                self.put_back(fronts, group, results)  # drained, not restarted: still serving
+            ok = self.drain_and_deploy(i, fronts, group, results, run_dir)
+            if ok is None:  # a drain failed: drained, not restarted, still serving
+                self.put_back(fronts, group, results)
                 return
-            ok = self.deploy_batch(i, group, results, run_dir)
             if ok and self.min_throughput_ratio is not None:
                 ok = self.gate_batch(group, results)
             if ok:
@@ -257,6 +257,31 @@ class Rollout(RolloutSteps):
                 self.put_back(fronts, [h for h in group if verified_after_rollback(results[h])],
                               results)
                 return
+
+    def drain_and_deploy(self, index: int, fronts: list, group: list[str], results: dict,
+                         run_dir: Path) -> bool | None:
+        """Drain GROUP, then deploy it: whether every host of it verified, None when a drain
+        failed (nothing restarted). Staged, with a router: the batch's run starts with the
+        drain, its start, connections and host reads overlapping it, and waits at its gate
+        (``shell/rollgate.py``) until the batch is drained; --no-stage: after the drain."""
+        from sglang_deploy.shell import rollgate
+
+        gate = None
+        if self.stage and fronts:  # the drains' deadlines, then a margin
+            gate = rollgate.Gate(run_dir / f"batch{index}.gate",
+                                 sum(r.drain_timeout_s for r in fronts) + 120)
+        running = self.start_batch(index, group, run_dir, gate) if gate else None
+        drained = self.take_out(fronts, group, results)
+        if running is not None and not drained:  # the run stops at its gate: nothing changed
+            gate.stop(f"the drain of {', '.join(group)} failed")
+            (run_dir / f"batch{index}-deploy.log").write_text(running.finish().output)
+        if not drained:
+            return None
+        if running is None:
+            running = self.start_batch(index, group, run_dir, None)
+        else:
+            gate.open()
+        return self.end_batch(index, group, results, run_dir, running, gate)
 
     def take_out(self, fronts: list, group: list[str], results: dict) -> bool:
         """Drain GROUP out of every router, waiting for their requests in flight (at most the
@@ -302,27 +327,42 @@ class Rollout(RolloutSteps):
                 results[name].router = "left out"
         return ok
 
-    def deploy_batch(self, index: int, group: list[str], results: dict, run_dir: Path) -> bool:
+    def start_batch(self, index: int, group: list[str], run_dir: Path, gate):
+        """Start the batch's deploy.py run (its gate's, when it has one)."""
         from sglang_deploy.shell import journal, runner, staging
 
-        records = run_dir / f"batch{index}.journal.json"
-        self.say(f"[{index}] deploying {', '.join(group)} ...")
-        gated = ["verify_promote_known_good=false"] if self.min_throughput_ratio is not None else []
-        self.progress.update(group, "deploying")
+        self.say(f"[{index}] deploying {', '.join(group)} ..."
+                 + (" (started with the drain: it waits for it)" if gate else ""))
+        gated = ["verify_converged=true"]
+        if self.min_throughput_ratio is not None:
+            gated.append("verify_promote_known_good=false")
         # after this rollout's staging run: its proven checks stand (``shell/staging.py``)
         staged = {staging.STAGED_ENV: "1"} if self.stage else {}
-        run = runner.run_pyinfra(self.inventory, "deploy.py", limit=group,
-                                 data=[*self.data, "verify_converged=true", *gated], cwd=self.cwd,
-                                 env={**journal.env(records), **staged,
-                                      # the summaries, kept per batch (`sglang-deploy report`)
-                                      "SGLANG_DEPLOY_REPORTS": str(run_dir / f"batch{index}-reports")},
-                                 on_line=self.progress.feed)
-        log = run_dir / f"batch{index}-deploy.log"
+        return runner.start_pyinfra(
+            self.inventory, "deploy.py", limit=group, data=[*self.data, *gated], cwd=self.cwd,
+            env={**journal.env(run_dir / f"batch{index}.journal.json"), **staged,
+                 **(gate.env() if gate else {}),
+                 # the summaries, kept per batch (`sglang-deploy report`)
+                 "SGLANG_DEPLOY_REPORTS": str(run_dir / f"batch{index}-reports")})
+
+    def end_batch(self, index: int, group: list[str], results: dict, run_dir: Path, running,
+                  gate) -> bool:
+        """Wait for the batch's run: each host's result from its record. A host's seconds
+        are the run's, less the time it sat at its gate; the part of them spent while the
+        host drained is ``prepared_while_draining_s``."""
+        from sglang_deploy.shell import journal
+
+        self.progress.update(group, "deploying")
+        run, log = running.finish(self.progress.feed), run_dir / f"batch{index}-deploy.log"
         log.write_text(run.output)
-        got = journal.read(records).outcomes(group)
+        waited = gate.waited_s() if gate else 0.0
+        got = journal.read(run_dir / f"batch{index}.journal.json").outcomes(group)
         for name in group:
             r = results[name]
-            r.seconds, r.log = round(run.seconds, 2), str(log)
+            r.seconds, r.log = round(run.seconds - waited, 2), str(log)
+            if gate is not None and gate.opened is not None:
+                r.prepared_while_draining_s = round(
+                    max(0.0, gate.opened - running.started - waited), 2)
             r.status, r.message, r.restart_to_ready_s = after_deploy(got[name])
             r.action = got[name].action if got[name].verified else None
             if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's own words

@@ -64,6 +64,9 @@ class HostResult:
     rollback: str | None = None  # the rollback's verified action: rolled-back | unchanged
     stage_seconds: float | None = None  # the staging run (all hosts at once), before any drain
     out_of_router_s: float | None = None  # from its drain's start to its put back
+    #: staged, with a router: the part of its deploy step run while it drained (the run's
+    #: start, connections and host reads: ``shell/rollgate.py``)
+    prepared_while_draining_s: float | None = None
 
 
 def outcome(results: list[HostResult]) -> tuple[bool, str]:

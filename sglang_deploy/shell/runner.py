@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -90,24 +92,55 @@ def run_pyinfra(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequ
                 env: dict | None = None, cwd: str | os.PathLike = ".",
                 on_line: Callable[[str], None] | None = None) -> Run:
     """Run pyinfra, streaming its output lines to ON_LINE; return the exit status and output."""
+    return start_pyinfra(inventory, deploy_file, limit=limit, data=data, dry=dry, env=env,
+                         cwd=cwd).finish(on_line)
+
+
+def start_pyinfra(inventory: str, deploy_file: str | Sequence[str], *, limit: Sequence[str] = (),
+                  data: Sequence[str] | None = None, dry: bool = False,
+                  env: dict | None = None, cwd: str | os.PathLike = ".") -> Running:
+    """Start pyinfra without waiting for it (``Running.finish`` waits)."""
     argv = pyinfra_argv(inventory, deploy_file, limit=limit, data=data, dry=dry)
-    t0 = time.monotonic()
-    rc, output = run_lines(argv, on_line, cwd=cwd, env={**os.environ, **(env or {})})
-    return Run(argv=argv, rc=rc, output=output, seconds=time.monotonic() - t0)
+    return Running(argv, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+class Running:
+    """A started process (no stdin, stderr into stdout): its output lines are read as they
+    come by a thread of their own, kept in order until ``finish`` hands them on."""
+
+    def __init__(self, argv: list[str], **popen) -> None:
+        self.argv = argv
+        self.t0, self.started = time.monotonic(), time.time()
+        self.proc = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **popen)
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def finish(self, on_line: Callable[[str], None] | None = None) -> Run:
+        """Wait for the process, ON_LINE called (in this thread) with each output line: the
+        lines kept so far, then each as it comes."""
+        lines = []
+        while (line := self._lines.get()) is not None:
+            lines.append(line)
+            if on_line:
+                on_line(line.rstrip("\n"))
+        rc = self.proc.wait()
+        self.proc.stdout.close()
+        return Run(argv=self.argv, rc=rc, output="".join(lines),
+                   seconds=time.monotonic() - self.t0)
 
 
 def run_lines(argv: list[str], on_line: Callable[[str], None] | None = None,
               **popen) -> tuple[int, str]:
     """Run ARGV (no stdin, stderr into stdout), ON_LINE called with each output line as it
     comes: (exit status, output)."""
-    lines = []
-    with subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, **popen) as proc:
-        for line in proc.stdout:
-            lines.append(line)
-            if on_line:
-                on_line(line.rstrip("\n"))
-        return proc.wait(), "".join(lines)
+    run = Running(argv, **popen).finish(on_line)
+    return run.rc, run.output
 
 
 def inventory_hosts(inventory: str, cwd: str | os.PathLike = ".",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
@@ -29,7 +29,7 @@ from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, 
 from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, groupops, groupprep, groupstage, lockfiles
 from sglang_deploy.shell import outcomes
-from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, routing, staging
+from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, rollgate, routing, staging
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
 from sglang_deploy.shell.verified import verify_and_record
@@ -328,6 +328,11 @@ def service_stage(ctx: Context):
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         return
+    # a staged rollout's rolling run, started with its drain: what follows needs the host
+    # out of the router (the P2P retest's copies, every operation); the reads above do not
+    waited = rollgate.wait(host.name)
+    if waited is not None:
+        logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
     # a group's node: the group's decision, from every node's facts (the same on every node)
     restart = reasons if ctx.group is None else groupstage.decided(ctx, reasons, peer_unit)
     if preflight.retest_before_restart(ctx.p2p_skipped, restart):

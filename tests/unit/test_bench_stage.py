@@ -23,7 +23,8 @@ def test_installs_saved_and_the_phases():
     assert figs["stage_saved"].samples == [55 / 24] * 2  # (100 - 45) / (28 - 4)
     assert "saved 0.91, 0.91 installs" in figs["stage_saved"].notes  # (38 - 35) / 3.3
     assert "the staging run 16.0 s" in figs["stage_total"].notes
-    assert "4.0 s staged, 28.0 s with --no-stage" in figs["stage_total"].notes
+    assert "4.0 s staged, of which 0.0 s (its start" in figs["stage_total"].notes
+    assert "28.0 s with --no-stage" in figs["stage_total"].notes
     assert figs["stage_out"].samples == [9] * 6 and figs["stage_failed"].samples == [0, 0]
 
 
@@ -32,3 +33,14 @@ def test_without_the_shared_pair_the_notes_say_nothing_of_it():
     del run["staged_shared"], run["nostage_shared"]
     figs = {f.key: f for f in stage.figures([run])}
     assert "without the limit" not in figs["stage_saved"].notes
+
+
+def test_the_steps_done_while_draining_are_told_apart_from_the_installs():
+    run = a_run()
+    run["staged"]["doc"]["hosts"] = [dict(h, prepared_while_draining_s=1.25)
+                                     for h in run["staged"]["doc"]["hosts"]]
+    figs = {f.key: f for f in stage.figures([run])}
+    assert "of which 1.2 s (its start, connection and host reads) while it drained" \
+        in figs["stage_total"].notes
+    assert "done while their hosts drained (--no-stage keeps today's order: drain, then the " \
+        "run): 3.8 s" in figs["stage_saved"].notes

@@ -2,6 +2,7 @@
 (pure parts)."""
 
 import json
+import time
 
 import pytest
 
@@ -12,6 +13,8 @@ from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import (
     DataError,
     RollbackError,
+    RolloutError,
+    RouterError,
     RuntimeSetupError,
     UsageError,
     VerifyError,
@@ -204,10 +207,11 @@ def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch)
         return runner.Run(argv=[], rc=1 if deploy_file == "deploy.py" else 0, output=text, seconds=2.0)
 
     monkeypatch.setattr(runner, "run_pyinfra", fake)
+    monkeypatch.setattr(runner, "start_pyinfra", started(fake))
     r = rollout.Rollout(inventory="inv.py", out=io.StringIO(),
                         progress=HostProgress(out=io.StringIO()))
     results = {h: HostResult(h) for h in ("a", "b", "c")}
-    assert r.deploy_batch(1, ["a", "b"], results, tmp_path) is False
+    assert r.drain_and_deploy(1, [], ["a", "b"], results, tmp_path) is False
     assert (results["a"].status, results["a"].action, results["a"].restart_to_ready_s) == ("done", "restarted", 40.0)
     assert results["b"].status == "failed" and "phase `autotune`" in results["b"].message
     r.rollback(["a", "b"], results, tmp_path)
@@ -261,27 +265,56 @@ def test_staging_is_judged_by_its_record():
     assert rollout.after_staging(outcome.decide("c", None)).startswith("staging failed")
 
 
+def started(fake, calls=None):
+    """pyinfra's start faked from a fake run: the run happens when the rollout waits for it
+    (CALLS: when it was started and when waited for)."""
+    def start(inventory, deploy_file, **kw):
+        if calls is not None:
+            calls.append(("start", list(kw.get("limit", ()))))
+
+        class Running:
+            started = time.time()
+
+            def finish(self, on_line=None):
+                if calls is not None:
+                    calls.append(("finish", list(kw.get("limit", ()))))
+                return fake(inventory, deploy_file, on_line=on_line, **kw)
+        return Running()
+    return start
+
+
 class FakeRouter:
-    def __init__(self, names):
+    def __init__(self, names, fails=(), calls=None):
         self.workers = {n: f"http://{n}:30000" for n in names}
-        self.calls = []
+        self.calls = [] if calls is None else calls
+        self.fails = set(fails)
+        self.drain_timeout_s = 60.0
 
     def drain(self, name, say):
         self.calls.append(("drain", name))
+        if name in self.fails:
+            raise RouterError(what=f"{name} drained", found="router in-flight 3 at the deadline")
 
     def put_back(self, name, say):
         self.calls.append(("put_back", name))
 
 
-def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=()):
+def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=(), calls=None):
     """pyinfra faked: the staging run fails on STAGE_FAILS and does not reach UNREACHABLE;
-    STOPPED: left unfinished by the run's stop; every deploy verifies."""
-    from sglang_deploy.shell import journal, runner, staging
+    STOPPED: left unfinished by the run's stop; every deploy verifies, unless its gate
+    (``shell/rollgate.py``) stops it. CALLS: when each batch run started and was waited for."""
+    from sglang_deploy.shell import journal, rollgate, runner, staging
 
     runs = []
 
     def fake(inventory, deploy_file, *, limit=(), env=None, on_line=None, **kw):
         put = journal.Writer(env[journal.JOURNAL_ENV]).put
+        if env.get(rollgate.GATE_ENV):  # the real run waits there before any change
+            try:
+                rollgate.wait(limit[0], env)
+            except RolloutError as exc:
+                runs.append((deploy_file, list(limit), "stopped at its gate", exc.found))
+                return runner.Run(argv=[], rc=1, output=str(exc), seconds=0.5)
         runs.append((deploy_file, list(limit), env.get(staging.STAGE_ENV),
                      env.get(staging.STAGED_ENV)))
         for h in limit:
@@ -302,6 +335,7 @@ def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=()):
         return runner.Run(argv=[], rc=0, output="", seconds=2.0)
 
     monkeypatch.setattr(runner, "run_pyinfra", fake)
+    monkeypatch.setattr(runner, "start_pyinfra", started(fake, calls))
     return runs
 
 
@@ -368,3 +402,52 @@ def test_no_stage_rolls_without_the_staging_record(tmp_path, monkeypatch):
     r.roll([], [["a"]], results, tmp_path)
     assert runs == [("deploy.py", ["a"], None, None)]
     assert results["a"].status == "done" and results["a"].out_of_router_s is None
+
+
+def test_staged_each_batch_run_starts_with_its_drain_and_goes_on_once_drained(tmp_path,
+                                                                             monkeypatch):
+    """Staged, with a router: the batch's deploy.py run is started before the drain (its
+    start, connections and reads overlap it) and its changes come after: the fake run waits
+    at its gate as the real one does, and goes on only once the gate says drained."""
+    from sglang_deploy.shell import rollgate
+
+    calls = []
+    runs = fake_runs(monkeypatch, calls=calls)
+    r, front = a_rollout(), FakeRouter(["a", "b"], calls=calls)
+    results = {h: HostResult(h) for h in ("a", "b")}
+    r.roll([front], [["a"], ["b"]], results, tmp_path)
+    assert calls == [("start", ["a"]), ("drain", "a"), ("finish", ["a"]), ("put_back", "a"),
+                     ("start", ["b"]), ("drain", "b"), ("finish", ["b"]), ("put_back", "b")]
+    assert [x[:2] for x in runs] == [("deploy.py", ["a"]), ("deploy.py", ["b"])]
+    assert rollgate.verdict((tmp_path / "batch2.gate").read_text()) == ("go", "")
+    assert all(x.status == "done" and x.router == "back" and x.prepared_while_draining_s is not None
+               for x in results.values())
+
+
+def test_a_failed_drain_stops_the_batch_run_at_its_gate(tmp_path, monkeypatch):
+    """The drain of b fails: its run, already started, is stopped at its gate (nothing
+    changed), b is put back still serving and no later batch starts."""
+    calls = []
+    runs = fake_runs(monkeypatch, calls=calls)
+    r, front = a_rollout(), FakeRouter(["a", "b", "c"], fails={"b"}, calls=calls)
+    results = {h: HostResult(h) for h in ("a", "b", "c")}
+    r.roll([front], [["a"], ["b"], ["c"]], results, tmp_path)
+    assert runs[1] == ("deploy.py", ["b"], "stopped at its gate",
+                       "the rollout stopped this batch: the drain of b failed")
+    assert calls[4:] == [("start", ["b"]), ("drain", "b"), ("finish", ["b"]), ("put_back", "b")]
+    assert results["b"].status == "failed"
+    assert results["b"].message.startswith("not restarted: drain failed")
+    assert results["b"].seconds is None and results["c"].status == "untouched"
+    assert "stopped this batch" in (tmp_path / "batch2-deploy.log").read_text()
+
+
+def test_no_stage_starts_each_batch_run_after_its_drain(tmp_path, monkeypatch):
+    """--no-stage keeps today's order: drain, then the run (no gate)."""
+    calls = []
+    runs = fake_runs(monkeypatch, calls=calls)
+    r, front = a_rollout(stage=False), FakeRouter(["a"], calls=calls)
+    results = {"a": HostResult("a")}
+    r.roll([front], [["a"]], results, tmp_path)
+    assert calls == [("drain", "a"), ("start", ["a"]), ("finish", ["a"]), ("put_back", "a")]
+    assert runs == [("deploy.py", ["a"], None, None)]
+    assert results["a"].prepared_while_draining_s is None
