@@ -13,7 +13,9 @@ not stop the run. The rollout owns the loop:
    drain, every host still serving its release;
 4. batches of N hosts (``--batch``), each a real ``pyinfra INVENTORY deploy.py --limit ...``
    run with ``verify_converged`` on, so a host that needed no change is verified, not
-   assumed; the next batch starts only when the verifier passed on the whole batch;
+   assumed; the next batch starts only when the verifier passed on the whole batch; staged,
+   with a router, the batch's run starts with its drain and waits at its gate
+   (``shell/rollgate.py``) before anything that needs the host out of the router;
 5. the first failure halts the rollout: no further host is touched; the failed batch's
    hosts are rolled back (``rollback.py``: the last known-good unit, secrets and release,
    restarted and verified), and a failed rollback is reported loudly;

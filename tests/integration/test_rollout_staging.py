@@ -85,6 +85,13 @@ def test_a_new_release_is_staged_everywhere_then_rolled_under_load(fleet, tmp_pa
     # the rolling runs found the release installed and its smoke proven
     batch = Path(doc["hosts"][0]["log"]).with_name("batch1-deploy.log").read_text()
     assert "Release smoke" not in batch and "JIT toolchain" not in batch
+    # each rolling run started with its drain and waited at its gate before the P2P retest
+    assert batch.index("drained by the rollout (waited") < batch.index("P2P before restarting")
+    assert (Path(doc["hosts"][0]["log"]).with_name("batch1.gate").read_text() == "drained\n")
+    assert all(h["prepared_while_draining_s"] > 0 for h in doc["hosts"]), doc["hosts"]
+    for i, h in enumerate(doc["hosts"], 1):
+        assert out.index(f"[{i}] deploying {h['host']} ... (started with the drain") \
+            < out.index(f"{h['host']}: drained in")
 
 
 def status_json(testbed) -> tuple[int, dict]:
