@@ -127,8 +127,8 @@ class Gate:
                 DEADLINE_ENV: f"{self.deadline_s:g}"}
 
     def open(self) -> None:
+        self.opened = time.time()  # the run may go on the moment the file is there
         atomicfile.write(self.path, f"{DRAINED}\n")
-        self.opened = time.time()
 
     def stop(self, why: str) -> None:
         atomicfile.write(self.path, f"{STOP}{why}\n")
