@@ -273,13 +273,12 @@ class Rollout(RolloutSteps):
             gate = rollgate.Gate(run_dir / f"batch{index}.gate",
                                  sum(r.drain_timeout_s for r in fronts) + 120)
         running = self.start_batch(index, group, run_dir, gate) if gate else None
-        drained = self.take_out(fronts, group, results)
-        if running is not None and not drained:  # the run stops at its gate: nothing changed
-            gate.stop(f"the drain of {', '.join(group)} failed")
-            (run_dir / f"batch{index}-deploy.log").write_text(running.finish().output)
-        if not drained:
+        if not self.take_out(fronts, group, results):
+            if gate is not None:  # the run stops at its gate: nothing changed
+                gate.stop(f"the drain of {', '.join(group)} failed")
+                (run_dir / f"batch{index}-deploy.log").write_text(running.finish().output)
             return None
-        if running is None:
+        if gate is None:
             running = self.start_batch(index, group, run_dir, None)
         else:
             gate.open()
@@ -335,13 +334,13 @@ class Rollout(RolloutSteps):
 
         self.say(f"[{index}] deploying {', '.join(group)} ..."
                  + (" (started with the drain: it waits for it)" if gate else ""))
-        gated = ["verify_converged=true"]
-        if self.min_throughput_ratio is not None:
-            gated.append("verify_promote_known_good=false")
+        data = [*self.data, "verify_converged=true"]
+        if self.min_throughput_ratio is not None:  # promoted only once the throughput holds
+            data.append("verify_promote_known_good=false")
         # after this rollout's staging run: its proven checks stand (``shell/staging.py``)
         staged = {staging.STAGED_ENV: "1"} if self.stage else {}
         return runner.start_pyinfra(
-            self.inventory, "deploy.py", limit=group, data=[*self.data, *gated], cwd=self.cwd,
+            self.inventory, "deploy.py", limit=group, data=data, cwd=self.cwd,
             env={**journal.env(run_dir / f"batch{index}.journal.json"), **staged,
                  **(gate.env() if gate else {}),
                  # the summaries, kept per batch (`sglang-deploy report`)
