@@ -42,6 +42,7 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 
 from sglang_deploy.core import group as groupmod
+from sglang_deploy.core import unitstart
 from sglang_deploy.core.errors import GroupPreflightError, VerifyError
 from sglang_deploy.shell.operations import _sh
 
@@ -225,6 +226,8 @@ def group_service(service: str, action: str):
     """
     if action == "start":  # a unit that hit its start limit (a node restarted alone) starts
         yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
+        yield unitstart.start_command("start", f"{service}.service")
+        return
     yield _sh("systemctl", action, f"{service}.service")
 
 

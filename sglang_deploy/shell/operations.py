@@ -25,6 +25,7 @@ from pyinfra.api.exceptions import NestedOperationError
 from pyinfra.facts.files import Directory, File, Link, Sha256File
 from pyinfra.operations import files
 
+from sglang_deploy.core import unitstart
 from sglang_deploy.core.errors import PreflightError, SglangDeployError
 from sglang_deploy.core.hoststate import PathState, ServiceState
 from sglang_deploy.shell import facts, outcomes
@@ -171,7 +172,7 @@ def service_started(service: str, active_state: str | None, sub_state: str | Non
         host.noop(f"{service}.service is {active_state}/{sub_state}")
         return
     yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
-    yield _sh("systemctl", "start", f"{service}.service")
+    yield unitstart.start_command("start", f"{service}.service")
 
 
 @operation()
@@ -187,7 +188,7 @@ def service_restarted(service: str):
 
         service_restarted(service="sglang", _if=any_changed(unit, secrets, patch))
     """
-    yield _sh("systemctl", "restart", f"{service}.service")
+    yield unitstart.start_command("restart", f"{service}.service")
 
 
 @operation()

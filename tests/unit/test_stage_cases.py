@@ -15,6 +15,7 @@ import re
 import pytest
 
 import stagecase
+from sglang_deploy.core import unitstart
 
 CASES = stagecase.case_files()
 
@@ -25,6 +26,14 @@ def _ops(got: dict, host: str) -> list[dict]:
 
 def _changing(got: dict, host: str) -> list[str]:
     return [op["name"] for op in _ops(got, host) if op.get("commands")]
+
+
+def _service_command(command: str) -> str:
+    """COMMAND, or `systemctl VERB UNIT` when it is ``unitstart.start_command(VERB, UNIT)``."""
+    m = re.search(r"if systemctl (start|restart) (\S+); then", command)
+    if m and command == unitstart.start_command(m.group(1), m.group(2)):
+        return f"systemctl {m.group(1)} {m.group(2)}"
+    return command
 
 
 def _check(rule: str, want, got: dict, host: str) -> None:
@@ -49,7 +58,8 @@ def _check(rule: str, want, got: dict, host: str) -> None:
         for pattern in want:
             assert any(re.fullmatch(pattern, n) for n in names), (pattern, names)
     elif rule == "systemctl":  # the service commands, in order (start, restart)
-        service = [c for c in commands if re.match(r"systemctl (start|restart|stop) ", c)]
+        service = [c for c in map(_service_command, commands)
+                   if re.match(r"systemctl (start|restart|stop) ", c)]
         assert service == want, service
     elif rule == "conditions":  # the ``_if`` of the operations named (patterns)
         for pattern, condition in want.items():
