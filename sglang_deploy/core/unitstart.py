@@ -31,25 +31,29 @@ JOURNAL_LINES = 15
 PRE_EXEC_STATUSES: dict[int, tuple[str, str, str]] = {
     200: ("CHDIR", "WorkingDirectory= does not exist",
           "re-run the deploy (it creates the service user's home)"),
-    203: ("EXEC", "the ExecStart program could not be run (a release's python missing or "
-                  "not executable)", "re-run the deploy: the release is checked and reinstalled"),
+    203: ("EXEC",
+          ("the ExecStart program could not be run (a release's python missing or not "
+           "executable)"),
+          "re-run the deploy: the release is checked and reinstalled"),
     216: ("GROUP", "the unit's Group= does not exist", "re-run the deploy (it creates the group)"),
     217: ("USER", "the unit's User= does not exist", "re-run the deploy (it creates the user)"),
     218: ("CAPABILITIES", "the container refused the unit's capability settings",
-          "let the container's systemd drop capabilities (LXC: do not drop sys_admin for "
-          "systemd), or remove the setting from the unit"),
-    CGROUP: ("CGROUP", "systemd could not put the new process into the unit's cgroup; it "
-                       "never ran", "re-run the deploy; if it persists, the container's cgroup "
-                                    "file system is not writable by its systemd"),
-    226: ("NAMESPACE", "the sandbox's mount namespace could not be set up (a ReadWritePaths= "
-                       "folder missing, or the container forbids mount namespaces)",
-          "read the journal lines below for the path; on LXC allow nesting (features: "
-          "nesting=1) so that systemd can sandbox services"),
+          ("let the container's systemd drop capabilities (LXC: do not drop sys_admin for "
+           "systemd), or remove the setting from the unit")),
+    CGROUP: ("CGROUP",
+             "systemd could not put the new process into the unit's cgroup; it never ran",
+             ("re-run the deploy; if it persists, the container's cgroup file system is not "
+              "writable by its systemd")),
+    226: ("NAMESPACE",
+          ("the sandbox's mount namespace could not be set up (a ReadWritePaths= folder "
+           "missing, or the container forbids mount namespaces)"),
+          ("read the journal lines below for the path; on LXC allow nesting (features: "
+           "nesting=1) so that systemd can sandbox services")),
     227: ("NO_NEW_PRIVILEGES", "the container refused NoNewPrivileges=",
           "allow the container's systemd to set no_new_privs"),
     228: ("SECCOMP", "the container refused the unit's SystemCallFilter=",
-          "allow seccomp filters in the container (LXC: no seccomp profile that blocks "
-          "seccomp(2))"),
+          ("allow seccomp filters in the container (LXC: no seccomp profile that blocks "
+           "seccomp(2))")),
     232: ("ADDRESS_FAMILIES", "the container refused RestrictAddressFamilies=",
           "allow seccomp filters in the container"),
 }
@@ -64,8 +68,11 @@ def start_command(verb: str, unit: str, *, attempts: int = ATTEMPTS) -> str:
         raise ValueError(f"verb must be start or restart, not {verb!r}")
     u = shlex.quote(unit)
     status = f"$(systemctl show -p ExecMainStatus --value {u})"
+    again = (f"{unit}: status {CGROUP}/CGROUP: systemd could not put the new process into the "
+             "unit cgroup (a race in containers right after a stop; the process never ran): "
+             "starting it again")
     retry = (f"[ \"$st\" = {CGROUP} ] && [ $n -lt {attempts} ] || break; "
-             f"echo {shlex.quote(f'{unit}: status {CGROUP}/CGROUP: systemd could not put the new process into the unit cgroup (a race in containers right after a stop; the process never ran): starting it again')} >&2; "
+             f"echo {shlex.quote(again)} >&2; "
              f"systemctl reset-failed {u} || true; sleep {RETRY_PAUSE_S}; ")
     loop = (f"ok=0; n=0; while [ $n -lt {attempts} ]; do n=$((n+1)); "
             f"if systemctl {verb} {u}; then ok=1; break; fi; st={status}; {retry}done")

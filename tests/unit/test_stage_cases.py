@@ -13,8 +13,8 @@ import json
 import re
 
 import pytest
-
 import stagecase
+
 from sglang_deploy.core import unitstart
 
 CASES = stagecase.case_files()

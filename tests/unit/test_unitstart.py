@@ -46,7 +46,7 @@ def run(tmp_path: Path, statuses: list[int], verb: str = "restart") -> tuple[int
     (tmp_path / "calls").write_text("")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_DIR": str(tmp_path)}
     r = subprocess.run(["/bin/sh", "-c", unitstart.start_command(verb, "sglang.service")],
-                       env=env, capture_output=True, text=True, timeout=30)
+                       env=env, capture_output=True, text=True, timeout=30, check=False)
     return r.returncode, r.stderr, (tmp_path / "calls").read_text().splitlines()
 
 
