@@ -26,6 +26,7 @@ from pathlib import Path
 
 from sglang_deploy.core.errors import RolloutError
 from sglang_deploy.shell import atomicfile
+from sglang_deploy.shell.deploylock import pid_alive
 
 GATE_ENV = "SGLANG_DEPLOY_ROLL_GATE"
 PID_ENV = "SGLANG_DEPLOY_ROLL_GATE_PID"
@@ -53,16 +54,6 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process of that number: it exists
-        return True
-    return True
-
-
 def _mark_reached(path: str) -> None:
     """The first host of the run to reach the gate notes when (wall clock: the rollout's
     process compares it with its own)."""
@@ -75,7 +66,7 @@ def _mark_reached(path: str) -> None:
 
 def wait(name: str, env: Mapping[str, str] | None = None, *,
          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-         alive: Callable[[int], bool] = _alive) -> float | None:
+         alive: Callable[[int], bool] = pid_alive) -> float | None:
     """Block until the rollout says host NAME's batch is drained: the seconds waited, None
     when this run has no gate. Raises RolloutError when the rollout stopped the batch, its
     process is gone, or the deadline passed (nothing changed on the host)."""
