@@ -51,9 +51,15 @@ def test_the_first_exception_of_a_chained_traceback_is_the_cause():
     r = explain(CHAINED)
     assert (r["outcome"], r["phase"], r["cause"]) == ("failed", "loading", "KeyError")
     assert r["summary"] == ("'model.layers.78.mlp.experts.w13_weight_scale_2' (raised in "
-                            "sglang/srt/models/glm4_moe.py:1423, in load_weights) on TP0")
-    assert r["error"]["type"] == "KeyError" and r["error"]["rank"] == "TP0"
-    assert r["error"]["code"] == "param = params_dict[name]"
+                            "sglang/srt/models/glm4_moe.py:1423, in load_weights) on TP0; "
+                            "ended by RuntimeError: init failed: 'model.layers.78.mlp.experts."
+                            "w13_weight_scale_2' (raised in sglang/srt/managers/scheduler.py:"
+                            "3130, in run_scheduler_process) on TP0")
+    # `error` is the exception that ended the log; the cause, its root
+    assert r["error"]["type"] == "RuntimeError" and r["error"]["rank"] == "TP0"
+    assert r["error"]["root"] == {"type": "KeyError",
+                                  "message": "'model.layers.78.mlp.experts.w13_weight_scale_2'",
+                                  "where": "sglang/srt/models/glm4_moe.py:1423, in load_weights"}
     assert r["relevant_lines"][0] == "KeyError: 'model.layers.78.mlp.experts.w13_weight_scale_2'"
     assert "no catalogued cause" in r["fix"] and "glm4_moe.py:1423" in r["fix"]
     text = render_text(r)
@@ -78,6 +84,7 @@ def test_warnings_and_the_teardowns_own_message_are_not_the_cause():
                 "1)")])
     r = explain(lines)
     assert r["cause"] == "KeyError" and r["error"]["rank"] == "TP1"
+    assert r["error"]["type"] == "KeyError" and r["error"]["code"] == "param = params_dict[name]"
 
 
 def test_the_teardown_alone_stays_other():
@@ -90,7 +97,10 @@ def test_a_known_cause_keeps_its_name():
     lines = CHAINED[:9] + [("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
                            "2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")]
     r = explain(lines)
-    assert r["cause"] == "cuda-oom" and r["error"] is None
+    assert r["cause"] == "cuda-oom" and r["error"]["type"] == "torch.OutOfMemoryError"
+    # its message is in the summary already: only where it was raised is added
+    assert r["summary"].endswith("; ended by torch.OutOfMemoryError (raised in "
+                                 "sglang/srt/models/glm4_moe.py:1423, in load_weights) on TP0")
 
 
 def test_an_unknown_exception_while_serving_stays_a_scheduler_exception():
@@ -100,7 +110,9 @@ def test_an_unknown_exception_while_serving_stays_a_scheduler_exception():
              "    batch_result = self.run_batch(batch)",
              "ValueError: too many values to unpack (expected 2)"]
     r = explain(lines)
-    assert (r["phase"], r["cause"]) == ("serving", "scheduler-exception") and r["error"] is None
+    assert (r["phase"], r["cause"]) == ("serving", "scheduler-exception")
+    assert r["error"]["type"] == "ValueError"
+    assert r["error"]["where"] == "sglang/srt/managers/scheduler.py:999, in event_loop_overlap"
     assert "too many values to unpack" in r["summary"]
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sglang_deploy.core.errors import UsageError
+from sglang_deploy.core.logs.lastexc import describe, ending_exception
 from sglang_deploy.core.logs.markers import PHASES
 from sglang_deploy.core.logs.parse import StartupTracker
 from sglang_deploy.core.logs.prefix import strip_prefix, timeline
@@ -122,21 +123,43 @@ def explain(lines: Iterable[str], version: str | None = None, *,
         # profile) counts as reached, even when its own marker was cut off
         proven = [hit.sig.phase for hit in tracker.hits if hit.sig.phase]
         phase = max(filter(None, [phase, *proven]), key=PHASES.index, default=None)
+    summary, error = d["summary"], d.get("error")
+    if outcome == "failed":
+        summary, error = _ended_by(text, d)
     return {
         "outcome": outcome,
         "phase": phase,
         "cause": d["cause"],
-        "summary": d["summary"],
+        "summary": summary,
         "fix": d["fix"],
         "phases": _phases(tracker, stamped, None if outcome == "ready" else last_ts),
         "relevant_lines": _relevant(tracker, d, outcome),
         "ranks": sorted(tracker.ranks, key=_natural),
         "parallel": _parallel(text),
         "version": version,
-        # the uncatalogued exception that is the cause (type, message, where, code, rank)
-        "error": d.get("error"),
+        # the exception that ended the log (type, message, where, code, rank, line, root)
+        "error": error,
         "worker": worker if outcome == "ready" else None,
     }
+
+
+def _ended_by(text: list[str], d: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The summary of a failure with the exception that ended its log added (unless the
+    summary names it already: an uncatalogued exception is the cause itself), and that
+    exception (lastexc.ending_exception) for ``error``; without one, the diagnosis's own."""
+    exc = ending_exception(text)
+    summary, first = d["summary"] or "", d.get("error")
+    if exc is None:
+        return summary, first
+    same = first is not None and (first["type"], first["message"][:200], first["where"]) == (
+        exc["type"], exc["message"], exc["where"])
+    exc = {**exc, "summary": describe(exc)}
+    said = bool(exc["message"]) and exc["message"][:60] in summary
+    # nothing to add: the summary quotes its message and the log shows no frame or root
+    if not same and not (said and exc["where"] is None and exc["root"] is None):
+        known = f"{d['cause']}: {summary}"
+        summary += f"; ended by {describe(exc, known)}"
+    return summary, exc
 
 
 _DUMMY_HEALTH_RE = re.compile(r"Dummy health check server started in background thread at (\S+)")
