@@ -170,3 +170,27 @@ def test_the_real_tail_that_starts_inside_a_traceback():
     assert (r["error"]["type"], r["error"]["rank"]) == ("ValueError", "TP2")
     assert r["error"]["where"] == "sglang/srt/model_executor/model_runner.py:849, in load_model"
     assert "ended by ValueError: TP rank 2 could finish" in r["summary"]
+
+
+WRAP = "2025-03-08 02:04:48,693 - __main__ - INFO - "
+
+
+def test_a_wrapper_that_stamps_every_line_keeps_the_rank_of_the_traceback():
+    """A Python logging wrapper (allenai/olmocr#105's shape) stamps each line of a rank's
+    traceback with its own time and no rank: the lines still belong to that rank, and
+    the parent's own stamped line after it does not."""
+    lines = [WRAP + "[2025-03-08 02:04:48 TP0] Scheduler hit an exception: Traceback (most "
+             "recent call last):",
+             WRAP + f'  File "{VENV}/sglang/srt/models/llama.py", line 5, in load_weights',
+             WRAP + "    param = params[name]",
+             WRAP + "KeyError: 'lm_head.weight'",
+             WRAP + "", WRAP + "The above exception was the direct cause of the following "
+             "exception:", WRAP + "",
+             WRAP + "Traceback (most recent call last):",
+             WRAP + f'  File "{VENV}/sglang/srt/model_loader/loader.py", line 9, in load_model',
+             WRAP + "RuntimeError: weights do not match"]
+    exc = ending_exception(lines)
+    assert (exc["type"], exc["rank"], exc["root"]["type"]) == ("RuntimeError", "TP0",
+                                                               "KeyError")
+    parent = ending_exception([*lines, "[2025-03-08 02:04:49] ValueError: a parent's own"])
+    assert (parent["type"], parent["rank"], parent["where"]) == ("ValueError", None, None)

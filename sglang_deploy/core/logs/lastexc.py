@@ -63,6 +63,7 @@ class _Stream:
         self.code: str | None = None
         self.after_frame = False
         self.chained = False
+        self.open = False       # inside a traceback: after its header or a frame
         self.root: dict[str, Any] | None = None   # the first exception of the current chain
 
 
@@ -82,17 +83,22 @@ def ending_exception(lines: Iterable[str]) -> dict[str, Any] | None:
         if "\x1b" in raw:
             raw = _ANSI_RE.sub("", raw)
         ts, rank, msg = strip_prefix(raw)
-        # a line with no prefix continues the traceback of the rank printed last (SGLang
-        # prints one prefix, then the traceback's lines bare)
-        key = rank if rank is not None else (None if ts is not None else last_rank)
-        if rank is not None or ts is not None:
-            last_rank = rank
-        s = streams.setdefault(key, _Stream())
         text = msg.strip()
-        after_frame, s.after_frame = s.after_frame, False
         if not text:
             continue
+        # a line with no rank continues the traceback of the rank printed last (SGLang
+        # prints one prefix, then the traceback's lines bare; a wrapper may stamp each of
+        # them with its own time): unless it is a line of its own, stamped and no
+        # traceback's (the parent's `[date] Received sigquit ...`)
+        if rank is None and ts is not None and not _continues(text, streams.get(last_rank)):
+            last_rank = None
+        elif rank is not None:
+            last_rank = rank
+        key = rank if rank is not None else last_rank
+        s = streams.setdefault(key, _Stream())
+        after_frame, s.after_frame = s.after_frame, False
         if _TRACEBACK in text:
+            s.open = True
             if not s.chained:
                 s.root = None
             s.where = s.code = None
@@ -102,7 +108,7 @@ def ending_exception(lines: Iterable[str]) -> dict[str, Any] | None:
             continue
         if (m := _FRAME_RE.match(text)) is not None:
             s.where = f"{redact(short_path(m['path']))}:{m['line']}, in {m['func']}"
-            s.code, s.after_frame = None, True
+            s.code, s.after_frame, s.open = None, True, True
             continue
         m = _EXC_RE.match(text)
         if m is None or m["type"].endswith("Warning"):
@@ -119,10 +125,21 @@ def ending_exception(lines: Iterable[str]) -> dict[str, Any] | None:
                                                                     exc["message"]):
             exc["root"] = {k: root[k] for k in ("type", "message", "where")}
         s.root = root or exc
-        s.chained = False
+        s.chained = s.open = False
         s.where = s.code = None
         found = exc
     return found
+
+
+def _continues(text: str, stream: _Stream | None) -> bool:
+    """Is TEXT a line of a traceback being printed (a frame, its code, a chain's marker,
+    the exception)?"""
+    if stream is None:
+        return False
+    if any(c in text for c in _CHAINED) or stream.chained and _TRACEBACK in text:
+        return True
+    return stream.open and (stream.after_frame or _FRAME_RE.match(text) is not None
+                            or _EXC_RE.match(text) is not None)
 
 
 def describe(exc: dict[str, Any], known: str = "") -> str:
