@@ -66,6 +66,42 @@ class _Stream:
         self.open = False       # inside a traceback: after its header or a frame
         self.root: dict[str, Any] | None = None   # the first exception of the current chain
 
+    def feed(self, text: str, raw: str, rank: str | None) -> dict[str, Any] | None:
+        """One line of this rank's (TEXT without its prefixes, RAW as printed): the
+        exception it is, or None."""
+        after_frame, self.after_frame = self.after_frame, False
+        if _TRACEBACK in text:
+            self.open = True
+            if not self.chained:
+                self.root = None
+            self.where = self.code = None
+            return None
+        if any(c in text for c in _CHAINED):
+            self.chained = True
+            return None
+        if (m := _FRAME_RE.match(text)) is not None:
+            self.where = f"{redact(short_path(m['path']))}:{m['line']}, in {m['func']}"
+            self.code, self.after_frame, self.open = None, True, True
+            return None
+        m = _EXC_RE.match(text)
+        if m is None or m["type"].endswith("Warning"):
+            if after_frame and self.where is not None:
+                self.code = redact(text)
+            return None
+        message = redact((m["msg"] or "").strip())
+        if _TEARDOWN_RE.search(message):
+            return None
+        exc = {"type": m["type"], "message": message[:_MESSAGE_MAX], "where": self.where,
+               "code": self.code, "rank": rank, "line": redact(raw), "root": None}
+        root = self.root if self.chained else None
+        if root is not None and (root["type"], root["message"]) != (exc["type"],
+                                                                    exc["message"]):
+            exc["root"] = {k: root[k] for k in ("type", "message", "where")}
+        self.root = root or exc
+        self.chained = self.open = False
+        self.where = self.code = None
+        return exc
+
 
 def ending_exception(lines: Iterable[str]) -> dict[str, Any] | None:
     """The last exception the text printed (a warning or the teardown's report is none):
@@ -96,38 +132,9 @@ def ending_exception(lines: Iterable[str]) -> dict[str, Any] | None:
             last_rank = rank
         key = rank if rank is not None else last_rank
         s = streams.setdefault(key, _Stream())
-        after_frame, s.after_frame = s.after_frame, False
-        if _TRACEBACK in text:
-            s.open = True
-            if not s.chained:
-                s.root = None
-            s.where = s.code = None
-            continue
-        if any(c in text for c in _CHAINED):
-            s.chained = True
-            continue
-        if (m := _FRAME_RE.match(text)) is not None:
-            s.where = f"{redact(short_path(m['path']))}:{m['line']}, in {m['func']}"
-            s.code, s.after_frame, s.open = None, True, True
-            continue
-        m = _EXC_RE.match(text)
-        if m is None or m["type"].endswith("Warning"):
-            if after_frame and s.where is not None:
-                s.code = redact(text)
-            continue
-        message = redact((m["msg"] or "").strip())
-        if _TEARDOWN_RE.search(message):
-            continue
-        exc = {"type": m["type"], "message": message[:_MESSAGE_MAX], "where": s.where,
-               "code": s.code, "rank": key, "line": redact(raw.strip()), "root": None}
-        root = s.root if s.chained else None
-        if root is not None and (root["type"], root["message"]) != (exc["type"],
-                                                                    exc["message"]):
-            exc["root"] = {k: root[k] for k in ("type", "message", "where")}
-        s.root = root or exc
-        s.chained = s.open = False
-        s.where = s.code = None
-        found = exc
+        exc = s.feed(text, raw.strip(), key)
+        if exc is not None:
+            found = exc
     return found
 
 
