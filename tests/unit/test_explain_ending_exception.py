@@ -194,3 +194,32 @@ def test_a_wrapper_that_stamps_every_line_keeps_the_rank_of_the_traceback():
                                                                "KeyError")
     parent = ending_exception([*lines, "[2025-03-08 02:04:49] ValueError: a parent's own"])
     assert (parent["type"], parent["rank"], parent["where"]) == ("ValueError", None, None)
+
+
+@pytest.mark.parametrize(("name", "cause", "ended"), [
+    # a tail with no traceback header, then the parent's SIGQUIT teardown
+    ("001-nccl-unhandled-system-error-init.log", "nccl-p2p",
+     ("RuntimeError", ("sglang/srt/distributed/device_communicators/pynccl_wrapper.py:350, in "
+      "NCCL_CHECK"), None)),
+    # Ray's prefix and `[repeated 2x across cluster]`, cut inside the chained traceback
+    ("012-ray-ninja-build-failed-capture.log", "jit-build",
+     ("subprocess.CalledProcessError", "subprocess.py:571, in run", "TP1")),
+    # the child's exception, then the parent's `Received sigquit`
+    ("086-serving-lora-illegal-access-overlap-sigquit.log", "illegal-memory-access",
+     ("RuntimeError", "torch/cuda/streams.py:100, in synchronize", "TP0")),
+    # a Ray worker's tail that starts inside the traceback
+    ("089-ray-workerdict-illegal-access-get-model-worker-batch.log", "illegal-memory-access",
+     ("RuntimeError", "sglang/srt/managers/schedule_batch.py:1602, in get_model_worker_batch",
+      None)),
+    # the parent's `scheduler died` alone: no exception of the child's in the text
+    ("025-mi300x-scheduler-died-exit-3.log", "other", None),
+    ("079-kt-tail-starts-mid-traceback-ranks-not-loaded.log", "ValueError",
+     ("ValueError", "sglang/srt/model_executor/model_runner.py:849, in load_model", "TP2")),
+])
+def test_real_logs_name_the_exception_that_ended_them(name, cause, ended):
+    r = explain((REAL / name).read_text(encoding="utf-8", errors="replace").splitlines())
+    assert r["cause"] == cause
+    got = r["error"] and (r["error"]["type"], r["error"]["where"], r["error"]["rank"])
+    assert got == ended
+    if ended is not None and ended[1] is not None:
+        assert f"(raised in {ended[1]})" in r["summary"]
