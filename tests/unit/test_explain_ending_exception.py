@@ -6,6 +6,7 @@ the parent's report of a dead child (which is no exception of its own)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,39 @@ def test_real_logs_name_the_exception_that_ended_them(name, cause, ended):
     assert got == ended
     if ended is not None and ended[1] is not None:
         assert f"(raised in {ended[1]})" in r["summary"]
+
+
+def test_the_command_prints_it_and_its_json_carries_it(tmp_path, capsys):
+    """`explain-log FILE` on a journal export of a tail (journal prefixes, ANSI colours,
+    no traceback header): the cause line names it, `--json`'s error holds it."""
+    from sglang_deploy.commands import cli, common
+
+    journal = "Dec 05 12:05:00 gpu1 python3[4242]: "
+    lines = [journal + x for x in SERVING[2:7]]
+    lines[-1] = lines[-1].replace("IndexError", "\x1b[31mIndexError") + "\x1b[0m"
+    path = tmp_path / "sglang.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert cli.main(["explain-log", str(path)]) == common.EXIT_FAILED
+    out = capsys.readouterr().out
+    cause = next(x for x in out.splitlines() if x.startswith("cause:"))
+    assert "IndexError" in cause and "sampler.py:120, in forward" in cause
+    assert cli.main(["explain-log", "--json", str(path)]) == common.EXIT_FAILED
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert (error["type"], error["where"]) == ("IndexError",
+                                               "sglang/srt/layers/sampler.py:120, in forward")
+
+
+@pytest.mark.parametrize("start", range(len(SERVING)))
+def test_a_tail_cut_anywhere_before_the_exception_still_names_it(start):
+    """Every tail of the log that holds the exception line names it; where it was raised
+    whenever the frame above it is in the tail too."""
+    tail = SERVING[start:]
+    exc = ending_exception(tail)
+    if start > 6:
+        assert exc is None
+        return
+    assert exc["type"] == "IndexError"
+    assert exc["where"] == ("sglang/srt/layers/sampler.py:120, in forward" if start <= 4
+                            else None)
+    r = explain(tail)
+    assert r["outcome"] == "failed" and r["error"]["type"] == "IndexError"
