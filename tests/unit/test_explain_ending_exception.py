@@ -260,3 +260,12 @@ def test_a_tail_cut_anywhere_before_the_exception_still_names_it(start):
                             else None)
     r = explain(tail)
     assert r["outcome"] == "failed" and r["error"]["type"] == "IndexError"
+
+
+@pytest.mark.parametrize("line", [
+    "Error: No such container: sglang", "Exit code: -9", ("Exception raised from recvBytes at "
+    "/pytorch/torch/csrc/distributed/c10d/Utils.hpp:679 (most recent call first):"),
+    "[2026-03-01 12:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+])
+def test_lines_that_are_no_exception(line):
+    assert ending_exception([line]) is None

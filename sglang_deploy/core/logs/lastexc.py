@@ -25,10 +25,10 @@ from sglang_deploy.core.logs.prefix import redact, strip_prefix
 __all__ = ["describe", "ending_exception", "short_path"]
 
 # `torch.OutOfMemoryError: ...`, `KeyError: 'x'`, `Exception: ...`, `AssertionError`,
-# `triton.runtime.errors.OutOfResources: ...`; never a warning
+# `triton.runtime.errors.OutOfResources: ...`; never a warning, nor a tool's bare `Error: `
 _EXC_RE = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Fault|"
-    r"OutOfResources)|Exception|Error))(?::(?P<msg>.*))?$")
+    r"OutOfResources)|Exception))(?::(?P<msg>.*))?$")
 _FRAME_RE = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+),? in (?P<func>\S+)')
 _CHAINED = ("The above exception was the direct cause of the following exception",
             "During handling of the above exception, another exception occurred")
