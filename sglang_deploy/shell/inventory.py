@@ -88,13 +88,23 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
         sys.path.append(cwd)
     ctx_state.set(State())
     try:
-        return make_inventory(str(path), cwd=cwd, override_data=data or {})
+        inv = make_inventory(str(path), cwd=cwd, override_data=data or {})
+    except DataError:
+        raise
     except Exception as exc:
+        from sglang_deploy.shell.inputerror import InputError
+
+        if isinstance(exc, InputError):  # a YAML inventory's loader (``yamldata.groups``)
+            raise exc.error from None
         text = " ".join(str(exc).split()) or type(exc).__name__
         raise UsageError(what=f"an inventory that pyinfra can load ({inventory})",
                          found=f"{type(exc).__name__}: {text}",
                          fix="fix the inventory file (try `pyinfra INVENTORY debug-inventory`)"
                          ) from exc
+    from sglang_deploy.shell import yamldata
+
+    yamldata.apply(inv, path, cwd)
+    return inv
 
 
 def group_members(inv, name: str) -> list:
