@@ -214,7 +214,7 @@ def launch_flags(owned: Mapping[str, str]) -> Callable:
             flagmod.check_shape(value)
         except SglangDeployError as exc:
             raise DataError(key=name, what=f"well-formed launch flags ({exc.what})",
-                            found=exc.found, fix=exc.fix) from exc
+                            found=exc.found, fix=exc.fix, details=exc.details) from exc
         for flag in map(flagmod.normalise_name, value):
             if flag in owned:
                 raise DataError(key=name, what=f"`{flag}` is set through `{owned[flag]}`",

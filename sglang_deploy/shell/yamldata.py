@@ -21,14 +21,19 @@ from sglang_deploy.core.errors import DataError
 
 #: host data key (pyinfra passes `_` keys through) holding where each value was set
 SOURCES_KEY = "_sglang_sources"
+#: a YAML inventory that its loader could not read (loader file -> the error): ``apply``
+#: raises it
+_FAILED: dict[str, DataError] = {}
 #: host data key of a YAML inventory's host: the YAML file it came from
 YAML_KEY = "_sglang_yaml"
 SUFFIXES = (".yml", ".yaml")
 
 
 def _label(path: Path, cwd: str | os.PathLike | None = None) -> str:
+    """PATH as the operator names it: relative to the current folder when under it."""
+    path = Path(path).resolve()
     try:
-        return os.path.relpath(path, cwd or os.getcwd())
+        return str(path.relative_to(Path(cwd or os.getcwd()).resolve()))
     except ValueError:
         return str(path)
 
@@ -68,13 +73,14 @@ def groups(loader_file: str | os.PathLike) -> dict:
     """The pyinfra groups of the YAML inventory beside LOADER_FILE: ``all`` (each host with
     ``YAML_KEY``: the rest of its data is layered by ``apply``), and each group with the
     hosts of its child groups too (``--limit PARENT`` selects them, as in Ansible)."""
-    from sglang_deploy.shell.inputerror import InputError
-
     try:
         path = yaml_of(loader_file)
         inv = load_inventory(path)
-    except DataError as exc:  # pyinfra's CLI ends on it as an input error (exit status 2)
-        raise InputError(exc) from exc
+    except DataError as exc:
+        # pyinfra would wrap it (an "unexpected" error, exit 1): kept for ``apply``, which
+        # raises it as the input error it is (exit status 2), and no host meanwhile
+        _FAILED[str(Path(loader_file).resolve())] = exc
+        return {}
     out: dict = {name: inv.members(name) for name in inv.groups if name != "all"}
     out["all"] = ([(h, {YAML_KEY: str(path)}) for h in inv.hosts], {})
     return out
@@ -168,6 +174,9 @@ def apply(inventory, inventory_file: str | os.PathLike,
     """Layer every host's data of INVENTORY (pyinfra's, made from INVENTORY_FILE) with the
     YAML data (``host_layers``), in place: each host's pyinfra host data becomes the merge,
     with ``SOURCES_KEY``. Raises ``DataError`` (``where`` = FILE:LINE) for a bad file."""
+    failed = _FAILED.pop(str(Path(inventory_file).resolve()), None)
+    if failed is not None:
+        raise failed
     for host in inventory:
         if SOURCES_KEY in inventory.get_host_data(host.name):
             continue  # done (apply runs once per inventory, whichever path comes first)
