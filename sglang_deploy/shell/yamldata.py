@@ -135,15 +135,17 @@ def check_vars_names(folder: Path, groups_: set[str], hosts: set[str], cwd=None)
 
 
 def host_layers(inventory, host, inventory_file: str | os.PathLike,
-                cwd: str | os.PathLike | None = None) -> list[ad.Layer] | None:
+                cwd: str | os.PathLike | None = None, always: bool = False
+                ) -> list[ad.Layer] | None:
     """HOST's data layers (lowest first, ``--data`` excluded) of a pyinfra INVENTORY made from
     INVENTORY_FILE: None where there is nothing but pyinfra's own data (a Python inventory
-    with no group_vars/ nor host_vars/ beside it)."""
+    with no group_vars/ nor host_vars/ beside it), unless ALWAYS."""
     own = dict(inventory.get_host_data(host.name))
     yaml_path = own.pop(YAML_KEY, None)
     own.pop(SOURCES_KEY, None)
     folder = Path(yaml_path).parent if yaml_path else Path(inventory_file).resolve().parent
-    if not yaml_path and not any((folder / k).is_dir() for k in ("group_vars", "host_vars")):
+    if not (yaml_path or always
+            or any((folder / k).is_dir() for k in ("group_vars", "host_vars"))):
         return None
     pyinfra_groups = [g for g in host.groups if g != "all"]
     layers = [ad.Layer("pyinfra group data all (group_data/all.py)", dict(inventory.get_data()))]
@@ -177,16 +179,94 @@ def apply(inventory, inventory_file: str | os.PathLike,
     failed = _FAILED.pop(str(Path(inventory_file).resolve()), None)
     if failed is not None:
         raise failed
+    override = inventory.get_override_data()
     for host in inventory:
         if SOURCES_KEY in inventory.get_host_data(host.name):
             continue  # done (apply runs once per inventory, whichever path comes first)
         layers = host_layers(inventory, host, inventory_file, cwd)
         if layers is None:
-            continue
-        data, sources = ad.merge(layers)
+            if not host.data.get(CONFIG_KEY):
+                continue
+            layers = host_layers(inventory, host, inventory_file, cwd, always=True)
+        data, sources = ad.merge(layers or [])
+        config = override.get(CONFIG_KEY, data.get(CONFIG_KEY))
+        if config:
+            with_config(data, sources, str(config), cwd)
         data[SOURCES_KEY] = sources
         inventory.host_data[host.name] = data
 
 
+#: the data key naming an SGLang YAML config file (``--config``), read on the controller
+CONFIG_KEY = "sglang_config_file"
+
+
+def config_flags(path: Path, cwd=None) -> tuple[dict, dict, str]:
+    """The launch flags of the SGLang YAML config file PATH (its keys as sglang's
+    ``--config`` reads them: ``tp-size`` or ``tp_size``, no leading dashes): (flags by their
+    dashed name, the line of each, the file's label)."""
+    if not path.is_file():
+        err = DataError(key=CONFIG_KEY, what="`sglang_config_file` names a file on the "
+                        "controller (relative to the deploy folder)",
+                        found=f"no file {_label(path, cwd)}",
+                        fix="fix the path, or remove `sglang_config_file`")
+        raise err
+    value, lines, label = read_yaml(path, cwd)
+    if value is None:
+        return {}, {}, label
+    if not isinstance(value, dict) or "config" in value:
+        err = DataError(key=CONFIG_KEY, what="an SGLang config file: a mapping of launch "
+                        "flags (`tp-size: 8`), no nested `config`",
+                        found=f"a {type(value).__name__}" if not isinstance(value, dict)
+                        else "`config` (a config file naming another)",
+                        fix="write one `flag: value` line per flag")
+        err.where = label
+        raise err
+    flags, flag_lines = {}, {}
+    for key, item in value.items():
+        name = str(key).strip().removeprefix("--").replace("_", "-")
+        if name in flags:
+            err = DataError(key=CONFIG_KEY, what="each flag once in the config file",
+                            found=f"`{key}` and another spelling of `{name}`",
+                            fix="keep one of them")
+            err.where = f"{label}:{lines.get((key,))}"
+            raise err
+        flags[name] = item
+        flag_lines[name] = lines.get((key,))
+    return flags, flag_lines, label
+
+
+def with_config(data: dict, sources: dict, config: str, cwd=None) -> None:
+    """DATA's ``sglang_flags`` with the flags of the SGLang config file CONFIG under them: a
+    flag that ``sglang_flags`` sets too keeps ``sglang_flags``' value (as sglang's own
+    command line wins over its ``--config`` file); SOURCES name the file's line of each."""
+    path = Path(config) if os.path.isabs(config) else Path(cwd or os.getcwd(), config)
+    flags, lines, label = config_flags(path, cwd)
+    own = data.get("sglang_flags") or {}
+    if not isinstance(own, dict):
+        return  # the data check says what sglang_flags must be
+    normalised = {str(k).strip().removeprefix("--").replace("_", "-") for k in own}
+    added = {k: v for k, v in flags.items() if k not in normalised}
+    data["sglang_flags"] = {**added, **own}
+    for name in added:
+        sources[f"sglang_flags.{name}"] = (label, lines[name])
+    if "sglang_flags" not in sources:
+        sources["sglang_flags"] = (label, None)
+
+
 def sources_of(host_data: dict) -> dict:
     return dict(host_data.get(SOURCES_KEY) or {})
+
+
+def sources(inventory, host, inventory_file: str | os.PathLike,
+            cwd: str | os.PathLike | None = None) -> dict:
+    """Where each of HOST's values was set (``ad.merge``'s sources), ``--data`` included."""
+    found = sources_of(inventory.get_host_data(host.name))
+    if not found:  # a Python inventory as pyinfra made it: its layers, told apart here
+        found = ad.merge(host_layers(inventory, host, inventory_file, cwd, always=True) or [])[1]
+    for key, value in inventory.get_override_data().items():
+        for old in [s for s in found if s == key or s.startswith(f"{key}.")]:
+            del found[old]
+        found[key] = ("--data", None)
+        if isinstance(value, dict):
+            found.update({f"{key}.{sub}": ("--data", None) for sub in value})
+    return found

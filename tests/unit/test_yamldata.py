@@ -357,3 +357,95 @@ def test_a_loader_without_its_yaml_says_so(tmp_path):
 
 def test_ansible_inventory_is_installed_for_the_oracle():
     assert shutil.which("ansible-inventory"), "scripts/setup.sh installs ansible-core"
+
+
+# ------------------------------------------------------ an SGLang YAML config file (--config)
+
+CONFIG_TREE = {
+    "inv.py": LOADER,
+    "inv.yml": "all:\n  hosts:\n    h1:\n",
+    "group_vars/all.yml": "sglang_model_path: /srv/models/m\nsglang_config_file: sglang.yaml\n"
+                          "sglang_flags:\n  tp-size: 4\n",
+    "sglang.yaml": "tp_size: 8\nmem-fraction-static: 0.85\nenable-metrics: true\n",
+}
+
+
+def test_a_config_files_flags_are_launch_flags_under_sglang_flags(tmp_path):
+    from sglang_deploy.core import service
+
+    root = write(tmp_path, CONFIG_TREE)
+    data = loaded(root)["h1"]
+    # sglang_flags wins a flag set in both (sglang's command line wins over --config)
+    assert data["sglang_flags"] == {"mem-fraction-static": 0.85, "enable-metrics": True,
+                                    "tp-size": 4}
+    s = datamod.resolve(data, {})
+    argv = service.launch_argv(s, service.Layout.of(s), "r1")
+    assert "--config" not in argv
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.85"
+    assert argv[argv.index("--tp-size") + 1] == "4" and "--enable-metrics" in argv
+
+
+def test_a_config_files_values_name_its_lines(tmp_path):
+    root = write(tmp_path, CONFIG_TREE)
+    inv = invmod.load(str(root / "inv.py"), cwd=root)
+    sources = yamldata.sources_of(inv.get_host_data("h1"))
+    assert ansibledata.where(sources, "sglang_flags", "mem-fraction-static") == "sglang.yaml:2"
+    assert ansibledata.where(sources, "sglang_flags", "tp-size") == "group_vars/all.yml:4"
+
+
+def test_a_bad_flag_in_a_config_file_fails_the_data_check_at_its_line(tmp_path):
+    from sglang_deploy.shell import hooks
+
+    root = write(tmp_path, {**CONFIG_TREE, "sglang.yaml": "tp-size: 8\nhost: 0.0.0.0\n"})
+    inv = invmod.load(str(root / "inv.py"), cwd=root)
+    host = next(iter(inv))
+    with pytest.raises(DataError) as exc:
+        datamod.resolve({k: v for k, v in host.data.dict().items()}, {})
+    hooks.locate(exc.value, yamldata.sources_of(host.data.dict()))
+    assert "`--host` is set through `sglang_host`" in exc.value.what
+    assert exc.value.where == "sglang.yaml:2" and exc.value.key == "sglang_flags.host"
+
+
+@pytest.mark.parametrize("text, where", [("tp-size: 8\ntp_size: 4\n", "sglang.yaml:2"),
+                                         ("- tp-size\n", "sglang.yaml")])
+def test_a_bad_config_file_is_refused(tmp_path, text, where):
+    root = write(tmp_path, {**CONFIG_TREE, "sglang.yaml": text})
+    with pytest.raises(DataError) as exc:
+        loaded(root)
+    assert exc.value.where == where and exc.value.key == "sglang_config_file"
+
+
+def test_a_missing_config_file_is_named(tmp_path):
+    root = write(tmp_path, {k: v for k, v in CONFIG_TREE.items() if k != "sglang.yaml"})
+    with pytest.raises(DataError) as exc:
+        loaded(root)
+    assert "no file sglang.yaml" in exc.value.found
+
+
+# ------------------------------------------------------------------- sglang-deploy data
+
+def test_data_shows_each_value_with_the_file_and_line_that_set_it(tmp_path, capsys):
+    from sglang_deploy.commands import cli
+
+    root = write(tmp_path, {**ORACLE_TREE, "host_vars/h2.yml": "f: hv-h2\nssh_password: hunter2\n"})
+    (root / "group_data").mkdir()
+    rc = cli.main(["data", "inv.py", "h2", "--data", "e=cli"])
+    out = capsys.readouterr().out
+    assert rc == 2  # a, b, c...: unknown data keys for the data check (shown first)
+    assert "hunter2" not in out and "ssh_password: \"(secret: not shown)\"" in out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines()[1:]}
+    assert lines["f"].rstrip().endswith("host_vars/h2.yml:1")
+    assert lines["e"].rstrip().endswith("--data")
+    assert lines["m.z"].rstrip().endswith("group_vars/all.yml:3")
+
+
+def test_data_of_the_example_twins_is_the_same_but_for_where(capsys, monkeypatch):
+    from sglang_deploy.commands import cli
+
+    monkeypatch.chdir(REPO)
+    outputs = []
+    for inventory in ("inventory/prod.py", "inventory/yaml/prod.py"):
+        assert cli.main(["data", inventory, "gpu-node-1.example.internal", "sglang_flags",
+                         "--json"]) == 0
+        outputs.append({k: v["value"] for k, v in json.loads(capsys.readouterr().out)["data"].items()})
+    assert outputs[0] == outputs[1] and outputs[0]["sglang_flags.tp-size"] == 8
