@@ -449,3 +449,10 @@ def test_data_of_the_example_twins_is_the_same_but_for_where(capsys, monkeypatch
                          "--json"]) == 0
         outputs.append({k: v["value"] for k, v in json.loads(capsys.readouterr().out)["data"].items()})
     assert outputs[0] == outputs[1] and outputs[0]["sglang_flags.tp-size"] == 8
+
+
+def test_e_is_data_as_ansibles_extra_vars():
+    from sglang_deploy.commands import cli
+
+    args = cli.build_parser().parse_args(["data", "i.py", "h", "-e", "a=1", "--data", "b=2"])
+    assert args.data == ["a=1", "b=2"]
