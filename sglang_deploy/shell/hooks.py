@@ -62,12 +62,14 @@ def once(warn: Callable[[str], None]) -> Callable[[str], None]:
 
 def locate(exc: errors.DataError, sources: dict) -> None:
     """EXC's ``where``: the YAML file and line that set its key (a launch flag's own line,
-    and ``sglang_flags.FLAG`` as its key), from the host's SOURCES (``shell/yamldata.py``)."""
-    flag = exc.details.get("key") if exc.details.get("data_key") == exc.key else None
-    if exc.where is None:
-        from sglang_deploy.core.ansibledata import where
+    and ``sglang_flags.FLAG`` as its key), from the host's SOURCES (``shell/yamldata.py``;
+    none: pyinfra's own data, the error left as it is)."""
+    if not sources or exc.where is not None:
+        return
+    from sglang_deploy.core.ansibledata import where
 
-        exc.where = where(sources, exc.key, flag)
+    flag = exc.details.get("key") if exc.details.get("data_key") == exc.key else None
+    exc.where = where(sources, exc.key, flag)
     if flag is not None and exc.key and "." not in exc.key:
         exc.key = f"{exc.key}.{flag}"
 

@@ -1,9 +1,11 @@
 """An inventory read the way pyinfra reads it, before any connection: ``load`` (pyinfra's own
-``make_inventory``: group data, ``--data`` overrides, groups), ``match`` (``--limit`` by
-pyinfra's rules) and ``parse_data`` (``--data K=V`` as pyinfra's CLI parses it).
+``make_inventory``: group data, ``--data`` overrides, groups; then the YAML data beside it,
+``yamldata.apply``, as the hooks do in a pyinfra run), ``match`` (``--limit`` by pyinfra's
+rules) and ``parse_data`` (``--data K=V`` as pyinfra's CLI parses it).
 
-The bottom of the shell's inventory code: it imports nothing of the shell, so that the data
-checks (``hooks``, ``routing``), ``runner`` and ``hosts.select`` can all build on it.
+The bottom of the shell's inventory code: it imports nothing of the shell but ``yamldata``
+(which imports only core) and ``inputerror``, so that the data checks (``hooks``,
+``routing``), ``runner`` and ``hosts.select`` can all build on it.
 """
 
 from __future__ import annotations
