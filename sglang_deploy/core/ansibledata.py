@@ -142,70 +142,8 @@ def parse_inventory(doc: Any, lines: dict, file: str) -> Inventory:
                    "(`all: {children: ..., hosts: ..., vars: ...}`)",
                    f"a {type(doc).__name__}", "start the file with `all:`")
     inv = Inventory(file, {"all": Group("all")}, [], {})
-
-    def group(name: str, body: Any, path: tuple, parent: str | None) -> None:
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise _err(file, lines, path, "a group name of letters, digits, `_`, `-`, `.`",
-                       repr(name), "rename the group")
-        g = inv.groups.setdefault(name, Group(name))
-        if parent and parent not in g.parents and name != "all":
-            g.parents.append(parent)
-            if name not in inv.groups[parent].children:
-                inv.groups[parent].children.append(name)
-        if body is None:
-            return
-        if not isinstance(body, dict):
-            raise _err(file, lines, path, f"group `{name}`: a mapping of {', '.join(GROUP_KEYS)}",
-                       f"a {type(body).__name__}", "write `hosts:`, `vars:` or `children:` under it")
-        for key in body:
-            if key not in GROUP_KEYS:
-                raise _err(file, lines, path + (key,),
-                           f"group `{name}`: only {', '.join(GROUP_KEYS)}", f"`{key}`",
-                           f"move `{key}` under `vars:` (a variable) or `children:` (a group)")
-        vars_ = body.get("vars")
-        if vars_ is not None:
-            if not isinstance(vars_, dict):
-                raise _err(file, lines, path + ("vars",), f"group `{name}`: vars as a mapping",
-                           f"a {type(vars_).__name__}", "write `key: value` lines under `vars:`")
-            if g.vars is not None:  # the same group's vars in two places: the later ones win
-                g.vars.values.update(vars_)
-                g.vars.lines.update(_sub_lines(lines, path + ("vars",)))
-            else:
-                g.vars = Layer(file, dict(vars_), _sub_lines(lines, path + ("vars",)))
-        hosts = body.get("hosts") or {}
-        if not isinstance(hosts, dict):
-            raise _err(file, lines, path + ("hosts",), f"group `{name}`: hosts as a mapping "
-                       "(`name:` or `name: {vars}`)", f"a {type(hosts).__name__}",
-                       "write each host as `name:` on its own line under `hosts:`")
-        for host, hvars in hosts.items():
-            hpath = path + ("hosts", host)
-            if not isinstance(host, str) or not re.fullmatch(r"[A-Za-z0-9_.\-:]+", host):
-                raise _err(file, lines, hpath, "a host name (Ansible's ranges such as "
-                           "`node[01:08]` are not read)", repr(host),
-                           "list each host by its name")
-            if hvars is not None and not isinstance(hvars, dict):
-                raise _err(file, lines, hpath, f"host `{host}`: vars as a mapping",
-                           f"a {type(hvars).__name__}", "write `key: value` lines under it")
-            if host not in inv.hosts:
-                inv.hosts.append(host)
-            if host not in g.hosts:
-                g.hosts.append(host)
-            if hvars:
-                inv.host_vars.setdefault(host, []).append(
-                    Layer(file, dict(hvars), _sub_lines(lines, hpath)))
-        children = body.get("children") or {}
-        if not isinstance(children, dict):
-            raise _err(file, lines, path + ("children",), f"group `{name}`: children as a "
-                       "mapping of groups", f"a {type(children).__name__}",
-                       "write each child group as `name:` under `children:`")
-        for child, cbody in children.items():
-            if child == "all":
-                raise _err(file, lines, path + ("children", child), "`all` only at the top",
-                           "`all` as a child group", "rename the child group")
-            group(child, cbody, path + ("children", child), name)
-
     for name, body in doc.items():
-        group(name, body, (name,), None if name == "all" else "all")
+        _group(inv, lines, name, body, (name,), None if name == "all" else "all")
     for name, g in inv.groups.items():
         if name != "all" and not g.parents:
             g.parents.append("all")
@@ -215,6 +153,75 @@ def parse_inventory(doc: Any, lines: dict, file: str) -> Inventory:
     if ungrouped:
         inv.groups["ungrouped"] = Group("ungrouped", hosts=ungrouped, parents=["all"])
     return inv
+
+
+def _group(inv: Inventory, lines: dict, name: Any, body: Any, path: tuple,
+           parent: str | None) -> None:
+    """Group NAME of INV (its BODY at PATH), a child of PARENT: its vars, hosts, children."""
+    file = inv.file
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise _err(file, lines, path, "a group name of letters, digits, `_`, `-`, `.`",
+                   repr(name), "rename the group")
+    g = inv.groups.setdefault(name, Group(name))
+    if parent and parent not in g.parents and name != "all":
+        g.parents.append(parent)
+        if name not in inv.groups[parent].children:
+            inv.groups[parent].children.append(name)
+    if body is None:
+        return
+    if not isinstance(body, dict):
+        raise _err(file, lines, path, f"group `{name}`: a mapping of {', '.join(GROUP_KEYS)}",
+                   f"a {type(body).__name__}", "write `hosts:`, `vars:` or `children:` under it")
+    for key in body:
+        if key not in GROUP_KEYS:
+            raise _err(file, lines, path + (key,),
+                       f"group `{name}`: only {', '.join(GROUP_KEYS)}", f"`{key}`",
+                       f"move `{key}` under `vars:` (a variable) or `children:` (a group)")
+    vars_ = body.get("vars")
+    if vars_ is not None:
+        if not isinstance(vars_, dict):
+            raise _err(file, lines, path + ("vars",), f"group `{name}`: vars as a mapping",
+                       f"a {type(vars_).__name__}", "write `key: value` lines under `vars:`")
+        if g.vars is not None:  # the same group's vars in two places: the later ones win
+            g.vars.values.update(vars_)
+            g.vars.lines.update(_sub_lines(lines, path + ("vars",)))
+        else:
+            g.vars = Layer(file, dict(vars_), _sub_lines(lines, path + ("vars",)))
+    _hosts(inv, g, lines, body.get("hosts") or {}, path + ("hosts",))
+    children = body.get("children") or {}
+    if not isinstance(children, dict):
+        raise _err(file, lines, path + ("children",), f"group `{name}`: children as a "
+                   "mapping of groups", f"a {type(children).__name__}",
+                   "write each child group as `name:` under `children:`")
+    for child, cbody in children.items():
+        if child == "all":
+            raise _err(file, lines, path + ("children", child), "`all` only at the top",
+                       "`all` as a child group", "rename the child group")
+        _group(inv, lines, child, cbody, path + ("children", child), name)
+
+
+def _hosts(inv: Inventory, g: Group, lines: dict, hosts: Any, path: tuple) -> None:
+    """The ``hosts:`` of group G (at PATH): each host in G, its vars a layer of its own."""
+    file = inv.file
+    if not isinstance(hosts, dict):
+        raise _err(file, lines, path, f"group `{g.name}`: hosts as a mapping "
+                   "(`name:` or `name: {vars}`)", f"a {type(hosts).__name__}",
+                   "write each host as `name:` on its own line under `hosts:`")
+    for host, hvars in hosts.items():
+        hpath = path + (host,)
+        if not isinstance(host, str) or not re.fullmatch(r"[A-Za-z0-9_.\-:]+", host):
+            raise _err(file, lines, hpath, "a host name (Ansible's ranges such as "
+                       "`node[01:08]` are not read)", repr(host), "list each host by its name")
+        if hvars is not None and not isinstance(hvars, dict):
+            raise _err(file, lines, hpath, f"host `{host}`: vars as a mapping",
+                       f"a {type(hvars).__name__}", "write `key: value` lines under it")
+        if host not in inv.hosts:
+            inv.hosts.append(host)
+        if host not in g.hosts:
+            g.hosts.append(host)
+        if hvars:
+            inv.host_vars.setdefault(host, []).append(
+                Layer(file, dict(hvars), _sub_lines(lines, hpath)))
 
 
 def _no_cycle(inv: Inventory, file: str, lines: dict) -> None:

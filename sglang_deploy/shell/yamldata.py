@@ -21,9 +21,9 @@ from sglang_deploy.core.errors import DataError
 
 #: host data key (pyinfra passes `_` keys through) holding where each value was set
 SOURCES_KEY = "_sglang_sources"
-#: a YAML inventory that its loader could not read (loader file -> the error): ``apply``
-#: raises it
-_FAILED: dict[str, DataError] = {}
+#: host data key of the stand-in host of a YAML inventory its loader could not read: the
+#: error, which ``apply`` raises
+ERROR_KEY = "_sglang_yaml_error"
 #: host data key of a YAML inventory's host: the YAML file it came from
 YAML_KEY = "_sglang_yaml"
 SUFFIXES = (".yml", ".yaml")
@@ -77,10 +77,11 @@ def groups(loader_file: str | os.PathLike) -> dict:
         path = yaml_of(loader_file)
         inv = load_inventory(path)
     except DataError as exc:
-        # pyinfra would wrap it (an "unexpected" error, exit 1): kept for ``apply``, which
-        # raises it as the input error it is (exit status 2), and no host meanwhile
-        _FAILED[str(Path(loader_file).resolve())] = exc
-        return {}
+        # pyinfra would wrap it (an "unexpected" error, exit 1): carried to ``apply`` by a
+        # stand-in host (named after the file), which raises it as the input error it is
+        # (exit status 2) before any connection
+        name = Path(loader_file).with_suffix(".yml").name
+        return {"all": ([(name, {ERROR_KEY: exc})], {})}
     out: dict = {name: inv.members(name) for name in inv.groups if name != "all"}
     out["all"] = ([(h, {YAML_KEY: str(path)}) for h in inv.hosts], {})
     return out
@@ -176,9 +177,10 @@ def apply(inventory, inventory_file: str | os.PathLike,
     """Layer every host's data of INVENTORY (pyinfra's, made from INVENTORY_FILE) with the
     YAML data (``host_layers``), in place: each host's pyinfra host data becomes the merge,
     with ``SOURCES_KEY``. Raises ``DataError`` (``where`` = FILE:LINE) for a bad file."""
-    failed = _FAILED.pop(str(Path(inventory_file).resolve()), None)
-    if failed is not None:
-        raise failed
+    for host in inventory:
+        failed = inventory.get_host_data(host.name).get(ERROR_KEY)
+        if isinstance(failed, DataError):
+            raise failed
     override = inventory.get_override_data()
     for host in inventory:
         if SOURCES_KEY in inventory.get_host_data(host.name):
