@@ -136,11 +136,12 @@ def check_vars_names(folder: Path, groups_: set[str], hosts: set[str], cwd=None)
 
 
 def host_layers(inventory, host, inventory_file: str | os.PathLike,
-                cwd: str | os.PathLike | None = None, always: bool = False
-                ) -> list[ad.Layer] | None:
+                cwd: str | os.PathLike | None = None, always: bool = False,
+                parsed: dict | None = None) -> list[ad.Layer] | None:
     """HOST's data layers (lowest first, ``--data`` excluded) of a pyinfra INVENTORY made from
     INVENTORY_FILE: None where there is nothing but pyinfra's own data (a Python inventory
-    with no group_vars/ nor host_vars/ beside it), unless ALWAYS."""
+    with no group_vars/ nor host_vars/ beside it), unless ALWAYS. PARSED: the YAML
+    inventories already read (path -> Inventory), one read per run."""
     own = dict(inventory.get_host_data(host.name))
     yaml_path = own.pop(YAML_KEY, None)
     own.pop(SOURCES_KEY, None)
@@ -153,7 +154,10 @@ def host_layers(inventory, host, inventory_file: str | os.PathLike,
     layers += [ad.Layer(f"pyinfra group data {g} (group_data/{g}.py or the inventory)",
                         dict(inventory.get_group_data(g))) for g in pyinfra_groups]
     if yaml_path:
-        inv = load_inventory(Path(yaml_path), cwd)
+        parsed = {} if parsed is None else parsed
+        if yaml_path not in parsed:
+            parsed[yaml_path] = load_inventory(Path(yaml_path), cwd)
+        inv = parsed[yaml_path]
         order = inv.groups_of(host.name)
         layers += [inv.groups[g].vars for g in order if inv.groups[g].vars]
         check_vars_names(folder, set(inv.groups), set(inv.hosts), cwd)
@@ -181,11 +185,11 @@ def apply(inventory, inventory_file: str | os.PathLike,
         failed = inventory.get_host_data(host.name).get(ERROR_KEY)
         if isinstance(failed, DataError):
             raise failed
-    override = inventory.get_override_data()
+    override, parsed = inventory.get_override_data(), {}
     for host in inventory:
         if SOURCES_KEY in inventory.get_host_data(host.name):
             continue  # done (apply runs once per inventory, whichever path comes first)
-        layers = host_layers(inventory, host, inventory_file, cwd)
+        layers = host_layers(inventory, host, inventory_file, cwd, parsed=parsed)
         if layers is None:
             if not host.data.get(CONFIG_KEY):
                 continue
