@@ -101,7 +101,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
                                settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
         except errors.DataError as exc:
-            locate(exc, each.data.get(yamldata.SOURCES_KEY) or {})
+            locate(exc, each.data.dict().get(yamldata.SOURCES_KEY) or {})
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
             outcomes.failed(each.name, exc, "data")
