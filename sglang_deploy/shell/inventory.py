@@ -86,6 +86,16 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
     path = Path(inventory) if os.path.isabs(inventory) else Path(cwd, inventory)
     if not path.is_file():
         raise no_inventory_file(inventory, path)
+    if path.suffix in (".yml", ".yaml"):
+        loader = path.with_suffix(".py")
+        raise UsageError(
+            what="a pyinfra inventory file: a YAML inventory is read through its Python loader "
+                 "beside it (pyinfra loads only Python inventories)",
+            found=f"the YAML file {inventory}" + (f" (its loader {loader.name} exists)"
+                                                  if loader.is_file() else ""),
+            fix=f"pass {loader.name} beside it" + ("" if loader.is_file() else
+                f", made by copying inventory/yaml/prod.py to {loader}")
+            + " (docs/data-keys.md, \"YAML data\")")
     if cwd not in sys.path:
         sys.path.append(cwd)
     ctx_state.set(State())

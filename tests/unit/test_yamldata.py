@@ -456,3 +456,10 @@ def test_e_is_data_as_ansibles_extra_vars():
 
     args = cli.build_parser().parse_args(["data", "i.py", "h", "-e", "a=1", "--data", "b=2"])
     assert args.data == ["a=1", "b=2"]
+
+
+def test_a_yaml_file_given_as_the_inventory_names_its_loader(tmp_path):
+    write(tmp_path, {"prod.yml": "all:\n  hosts:\n    h1:\n"})
+    with pytest.raises(UsageError) as exc:
+        invmod.load("prod.yml", cwd=tmp_path)
+    assert "pass prod.py beside it, made by copying inventory/yaml/prod.py" in exc.value.fix
