@@ -401,7 +401,7 @@ def _typed_values(raw: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def resolve(raw: dict[str, Any], environ: Mapping[str, str]) -> "Settings":
+def resolve(raw: dict[str, Any], environ: Mapping[str, str]) -> Settings:
     """Check one host's merged data and return its Settings (raises DataError). ENVIRON: the
     controller's environment, where the secrets that ``*_env`` keys name are read."""
     values = _typed_values(raw)

@@ -34,12 +34,17 @@ from pyinfra.api.state import BaseStateCallback
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, routing, yamldata
-from sglang_deploy.shell.integration import (PerRun, PyinfraIntegration, ReleasePerRun, RunStart,
-                                             cli_params, is_checked)
+from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, plan, routing, yamldata
+from sglang_deploy.shell.integration import (
+    PerRun,
+    PyinfraIntegration,
+    ReleasePerRun,
+    RunStart,
+    cli_params,
+    is_checked,
+)
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file, with_group_limits
 from sglang_deploy.shell.lockfiles import read as read_lock
-from sglang_deploy.shell import plan
 from sglang_deploy.shell.plan import PLAN_ENV
 from sglang_deploy.shell.pyinfraerror import for_pyinfra
 
