@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "sglang_deploy.commands.bench",
     "sglang_deploy.commands.explain",
     "sglang_deploy.commands.htmlreport",
+    "sglang_deploy.commands.datashow",
 )
 
 

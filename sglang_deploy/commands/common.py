@@ -72,9 +72,10 @@ def add_limit(p: argparse.ArgumentParser) -> None:
 
 
 def add_data(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                   help="override host data, as pyinfra --data; checked like the "
-                        "inventory's data before any connection (repeatable)")
+    p.add_argument("--data", "-e", action="append", default=[], metavar="KEY=VALUE",
+                   help="override host data, as pyinfra --data (Ansible's -e: above "
+                        "host_vars/); checked like the inventory's data before any "
+                        "connection (repeatable)")
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:

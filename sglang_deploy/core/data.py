@@ -126,6 +126,12 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "Launch flags: `{flag: value}`; `true` -> bare flag, `false`/null -> omitted, "
        "list -> `--flag a b` (sglang's list options take several values). Full flag names only; `--host`, `--port`, `--api-key`, "
        "`--model-path`, `--served-model-name` come from their own keys."),
+    _k("sglang_config_file", (str, NONE), None,
+       "An SGLang YAML config file (what `--config` reads: `tp-size: 8` lines) ON THE "
+       "CONTROLLER, relative to the deploy folder: its flags are launch flags under "
+       "`sglang_flags` (a flag set in both takes `sglang_flags`' value, as sglang's command "
+       "line wins over its config file), checked and rendered into the unit as every flag; "
+       "`--config` itself is never passed."),
     _k("sglang_host", str, "127.0.0.1", "Address the server binds."),
     _k("sglang_port", int, 30000, "Port the server listens on.", minimum=1),
     _k("sglang_allow_public_without_key", bool, False,
@@ -395,7 +401,7 @@ def _typed_values(raw: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def resolve(raw: dict[str, Any], environ: Mapping[str, str]) -> "Settings":
+def resolve(raw: dict[str, Any], environ: Mapping[str, str]) -> Settings:
     """Check one host's merged data and return its Settings (raises DataError). ENVIRON: the
     controller's environment, where the secrets that ``*_env`` keys name are read."""
     values = _typed_values(raw)

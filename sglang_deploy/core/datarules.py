@@ -214,12 +214,14 @@ def launch_flags(owned: Mapping[str, str]) -> Callable:
             flagmod.check_shape(value)
         except SglangDeployError as exc:
             raise DataError(key=name, what=f"well-formed launch flags ({exc.what})",
-                            found=exc.found, fix=exc.fix) from exc
-        for flag in map(flagmod.normalise_name, value):
+                            found=exc.found, fix=exc.fix, details=exc.details) from exc
+        for key in value:
+            flag = flagmod.normalise_name(key)
             if flag in owned:
                 raise DataError(key=name, what=f"`{flag}` is set through `{owned[flag]}`",
                                 found=f"`{flag}` in {name}",
-                                fix=f"remove it from {name} and set `{owned[flag]}`")
+                                fix=f"remove it from {name} and set `{owned[flag]}`",
+                                details={"key": str(key), "data_key": name})
 
     return checker
 

@@ -129,7 +129,12 @@ class GroupPreflightError(PreflightError):
 class DataError(SglangDeployError):
     """Bad group data / inventory value. ``key`` names the offending data key. Its headline
     reads as an input error, the host first: ``[tb1] invalid data: KEY: expected ...`` (the
-    host's tag, ``[NAME] `` at the start of ``what``, is moved to the front)."""
+    host's tag, ``[NAME] `` at the start of ``what``, is moved to the front). ``where``: the
+    data file and line that set the value (``group_vars/gpu.yml:12``), when known, after
+    the host's tag."""
+
+    #: FILE:LINE of the value, when it came from a YAML data file (``core/yamlfile.py``)
+    where: str | None = None
 
     title = "invalid data"
     exit_status = 2
@@ -144,11 +149,12 @@ class DataError(SglangDeployError):
         if what.startswith("[") and "] " in what:
             tag, rest = what.split("] ", 1)
             host, what = f"{tag}] ", rest
-        where = f": {self.key}" if self.key else ""
-        return f"{host}{self.title}{where}: expected {what}"
+        key = f": {self.key}" if self.key else ""
+        place = f"{self.where}: " if self.where else ""
+        return f"{host}{place}{self.title}{key}: expected {what}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "key": self.key}
+        return {**super().to_dict(), "key": self.key, "where": self.where}
 
 
 class PatchError(SglangDeployError):

@@ -34,12 +34,17 @@ from pyinfra.api.state import BaseStateCallback
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, routing
-from sglang_deploy.shell.integration import (PerRun, PyinfraIntegration, ReleasePerRun, RunStart,
-                                             cli_params, is_checked)
+from sglang_deploy.shell import deploylock, groupops, lockedflags, outcomes, plan, routing, yamldata
+from sglang_deploy.shell.integration import (
+    PerRun,
+    PyinfraIntegration,
+    ReleasePerRun,
+    RunStart,
+    cli_params,
+    is_checked,
+)
 from sglang_deploy.shell.inventory import match, no_host, no_inventory_file, with_group_limits
 from sglang_deploy.shell.lockfiles import read as read_lock
-from sglang_deploy.shell import plan
 from sglang_deploy.shell.plan import PLAN_ENV
 from sglang_deploy.shell.pyinfraerror import for_pyinfra
 
@@ -58,6 +63,20 @@ def once(warn: Callable[[str], None]) -> Callable[[str], None]:
             warn(text)
 
     return warn_once
+
+
+def locate(exc: errors.DataError, sources: dict) -> None:
+    """EXC's ``where``: the YAML file and line that set its key (a launch flag's own line,
+    and ``sglang_flags.FLAG`` as its key), from the host's SOURCES (``shell/yamldata.py``;
+    none: pyinfra's own data, the error left as it is)."""
+    if not sources or exc.where is not None:
+        return
+    from sglang_deploy.core.ansibledata import where
+
+    flag = exc.details.get("key") if exc.details.get("data_key") == exc.key else None
+    exc.where = where(sources, exc.key, flag)
+    if flag is not None and exc.key and "." not in exc.key:
+        exc.key = f"{exc.key}.{flag}"
 
 
 def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
@@ -87,6 +106,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
                                settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
         except errors.DataError as exc:
+            locate(exc, each.data.dict().get(yamldata.SOURCES_KEY) or {})
             if not exc.what.startswith(f"[{each.name}] "):
                 exc.what = f"[{each.name}] {exc.what}"
             outcomes.failed(each.name, exc, "data")
@@ -306,6 +326,20 @@ class HoldDeployLock(BaseStateCallback):
             logger.warning(f"{host.print_prefix}{verdict.message}")
 
 
+def _select(inventory, initial_limit):
+    """The YAML data layered onto the inventory's hosts (``yamldata.apply``: a YAML
+    inventory's, group_vars/ and host_vars/ beside the inventory), then ``_group_limit``."""
+    from sglang_deploy.shell.inputerror import InputError
+
+    name = cli_params().get("inventory")
+    if name and Path(str(name)).is_file():
+        try:
+            yamldata.apply(inventory, str(name))
+        except errors.DataError as exc:
+            raise InputError(exc) from exc
+    return _group_limit(inventory, initial_limit)
+
+
 def _group_limit(inventory, initial_limit):
     """``--limit GROUP`` of a multi-node group's name (``sglang_group``) selects its nodes,
     as ``sglang-deploy --limit`` does (``inventory.with_group_limits``)."""
@@ -374,7 +408,7 @@ def handlers(release: ReleasePerRun) -> list[BaseStateCallback]:
 
 
 #: everything done to pyinfra (``shell/integration.py``), with this module's parts
-INTEGRATION = PyinfraIntegration(handlers=handlers, per_run=PER_RUN, select=_group_limit,
+INTEGRATION = PyinfraIntegration(handlers=handlers, per_run=PER_RUN, select=_select,
                                  check=check_run)
 
 

@@ -1,9 +1,11 @@
 """An inventory read the way pyinfra reads it, before any connection: ``load`` (pyinfra's own
-``make_inventory``: group data, ``--data`` overrides, groups), ``match`` (``--limit`` by
-pyinfra's rules) and ``parse_data`` (``--data K=V`` as pyinfra's CLI parses it).
+``make_inventory``: group data, ``--data`` overrides, groups; then the YAML data beside it,
+``yamldata.apply``, as the hooks do in a pyinfra run), ``match`` (``--limit`` by pyinfra's
+rules) and ``parse_data`` (``--data K=V`` as pyinfra's CLI parses it).
 
-The bottom of the shell's inventory code: it imports nothing of the shell, so that the data
-checks (``hooks``, ``routing``), ``runner`` and ``hosts.select`` can all build on it.
+The bottom of the shell's inventory code: it imports nothing of the shell but ``yamldata``
+(which imports only core) and ``inputerror``, so that the data checks (``hooks``,
+``routing``), ``runner`` and ``hosts.select`` can all build on it.
 """
 
 from __future__ import annotations
@@ -84,17 +86,37 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
     path = Path(inventory) if os.path.isabs(inventory) else Path(cwd, inventory)
     if not path.is_file():
         raise no_inventory_file(inventory, path)
+    if path.suffix in (".yml", ".yaml"):
+        loader = path.with_suffix(".py")
+        raise UsageError(
+            what="a pyinfra inventory file: a YAML inventory is read through its Python loader "
+                 "beside it (pyinfra loads only Python inventories)",
+            found=f"the YAML file {inventory}" + (f" (its loader {loader.name} exists)"
+                                                  if loader.is_file() else ""),
+            fix=f"pass {loader.name} beside it" + ("" if loader.is_file() else
+                f", made by copying inventory/yaml/prod.py to {loader}")
+            + " (docs/data-keys.md, \"YAML data\")")
     if cwd not in sys.path:
         sys.path.append(cwd)
     ctx_state.set(State())
     try:
-        return make_inventory(str(path), cwd=cwd, override_data=data or {})
+        inv = make_inventory(str(path), cwd=cwd, override_data=data or {})
+    except DataError:
+        raise
     except Exception as exc:
+        from sglang_deploy.shell.inputerror import InputError
+
+        if isinstance(exc, InputError):  # a YAML inventory's loader (``yamldata.groups``)
+            raise exc.error from None
         text = " ".join(str(exc).split()) or type(exc).__name__
         raise UsageError(what=f"an inventory that pyinfra can load ({inventory})",
                          found=f"{type(exc).__name__}: {text}",
                          fix="fix the inventory file (try `pyinfra INVENTORY debug-inventory`)"
                          ) from exc
+    from sglang_deploy.shell import yamldata
+
+    yamldata.apply(inv, path, cwd)
+    return inv
 
 
 def group_members(inv, name: str) -> list:

@@ -82,7 +82,7 @@ COMMANDS = dict(_commands())
 def test_the_convention_test_sees_every_command():
     assert {"patch", "patch status", "patch apply", "doctor", "lock", "wheelhouse", "rollout",
             "status", "logs", "cache", "cache save", "rebuild", "bench", "explain-log",
-            "report", "data-table"} == set(COMMANDS)
+            "report", "data-table", "data"} == set(COMMANDS)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
