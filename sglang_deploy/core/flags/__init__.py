@@ -333,7 +333,7 @@ def _item_problem(key: str, name: str, item: Any, info, version: str) -> Problem
     """One value of flag NAME not of its type, or not one of its choices."""
     if not _convertible(item, info.type):
         return Problem("error", key, name, f"{name} expects {info.type}, got {item!r}",
-                       f"write a {info.type} value")
+                       f"write {'an' if str(info.type)[:1] in 'aeiou' else 'a'} {info.type} value")
     if info.choices is not None and not _in_choices(item, info.choices):
         sugg = _close(str(item), [str(c) for c in info.choices])
         fix = (f"did you mean {sugg[0]!r}? " if sugg else "") + \
