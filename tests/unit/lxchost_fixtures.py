@@ -21,3 +21,12 @@ def fixture(name: str) -> str:
 def grep_excerpt(name: str) -> str:
     """A fixture that is a grep of /proc/devices, with the header the grep dropped."""
     return "Character devices:\n" + fixture(name)
+
+
+def on_full_listing(name: str) -> str:
+    """The NVIDIA lines of the /proc/devices excerpt NAME added to a real complete listing
+    (proc-devices/no-nvidia-debian12.txt: this build machine's): the excerpt's host's other
+    devices are unknown, and a test of rules for unregistered majors needs a whole listing."""
+    base = fixture("proc-devices/no-nvidia-debian12.txt")
+    head, block = base.split("\nBlock devices:", 1)
+    return head.rstrip("\n") + "\n" + fixture(name) + "\nBlock devices:" + block

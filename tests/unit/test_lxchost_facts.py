@@ -120,8 +120,8 @@ def test_uvm_loaded_but_its_nodes_not_created_yet():
                          "/dev/nvidia0|character special file|c3|0|666\n"
                          "/dev/nvidiactl|character special file|c3|ff|666\n")
     problems = [what for what, _ in f.host_problems(facts)]
-    assert problems == ["/dev/nvidia-uvm or /dev/nvidia-uvm-tools is missing (the module "
-                        "creates them only when first used)"]
+    assert problems == [("/dev/nvidia-uvm or /dev/nvidia-uvm-tools is missing (the module "
+                        "creates them only when first used)")]
 
 
 def test_no_nodes_at_all():

@@ -20,8 +20,11 @@ the record to keep. Its contract:
   holds, a bind mount or ``devN`` of a ``/dev/nvidia*`` node) conflict: ``LxcHostError``
   lists each with its line number and why, and nothing changes, unless ADOPT (the
   container's ``adopt_passthrough_lines`` data key) lets the tool replace them.
-- A device rule for a major no driver on the host registers is left alone and reported
-  in ``warnings`` (a left-over of an earlier driver, or copied from another host).
+- A hand-written whole-major device rule (``c M:* rwm``) for a major no driver on the host
+  registers conflicts too when the operator wrote NVIDIA lines by hand: NVIDIA recipes
+  write such rules for ``nvidia-uvm`` and ``nvidia-caps``, so it is most likely another
+  host's or an earlier driver's major (a forum post's). Any other rule for such a major
+  is left alone and reported in ``warnings`` (a device whose driver is not loaded now).
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ def nvidia_conflict(key: str, value: str, majors: DriverMajors) -> str | None:
 def _unregistered_rule(key: str, value: str, majors: DriverMajors) -> str | None:
     m = re.match(r"^[cb]\s+(\d+):", value) if key in _RULE_KEYS else None
     if m and majors.char_majors and int(m.group(1)) not in majors.char_majors:
-        return f"major {m.group(1)} is registered by no driver on this host"
+        return f"major {m.group(1)}, which no driver on this host registers"
     return None
 
 
@@ -182,10 +185,12 @@ def _dev_index(text: str, dialect: str) -> tuple[int, str] | None:
 
 def _classify(main, owned, dialect, majors, desired):
     """The operator's lines: adopted (identical to a desired one; a devN by its value),
-    conflicting (NVIDIA lines), and warnings."""
+    conflicting (NVIDIA lines; and device rules for a major no driver registers when the
+    operator wrote NVIDIA lines by hand: another host's or an earlier driver's NVIDIA
+    majors), and warnings (such rules without hand-written NVIDIA lines)."""
     rendered = set(_assign([d for d in desired if d.key != DEV], dialect, set(), {}))
     dev_values = {d.value for d in desired if d.key == DEV}
-    adopted, conflicts, warnings = [], [], []
+    adopted, conflicts, dead = [], [], []
     for line in main:
         kv = None if line.number in owned else key_value(line.text, dialect)
         if kv is None:
@@ -197,8 +202,16 @@ def _classify(main, owned, dialect, majors, desired):
         elif why:
             conflicts.append((line, why))
         elif note := _unregistered_rule(kv[0], kv[1], majors):
-            warnings.append(f"line {line.number}: {line.text} ({note}; left as it is)")
-    return adopted, conflicts, warnings
+            dead.append((line, note))
+    whole = [(line, n) for line, n in dead if ":*" in line.text]
+    if (adopted or conflicts) and whole:
+        conflicts += [(line, (f"a device rule for all of {note}, beside hand-written NVIDIA "
+                              "lines: an NVIDIA major of another host or of an earlier driver"))
+                      for line, note in whole]
+        conflicts.sort(key=lambda c: c[0].number)
+        dead = [x for x in dead if x not in whole]
+    return adopted, conflicts, [f"line {line.number}: {line.text} ({note}; left as it is)"
+                                for line, note in dead]
 
 
 def _conflict_error(conflicts, path: str) -> LxcHostError:
