@@ -30,3 +30,23 @@ def on_full_listing(name: str) -> str:
     base = fixture("proc-devices/no-nvidia-debian12.txt")
     head, block = base.split("\nBlock devices:", 1)
     return head.rstrip("\n") + "\n" + fixture(name) + "\nBlock devices:" + block
+
+
+def run_standin(argv, tmp_path, answers=None):
+    """Run ARGV with the stand-in CLIs first on PATH; ANSWERS (relative path -> text) are
+    written to the stand-ins' answer folder. Returns (completed process, calls logged)."""
+    import json
+    import os
+    import subprocess
+
+    folder = tmp_path / "answers"
+    for rel, text in (answers or {}).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}",
+           "LXCHOST_STANDIN_LOG": str(log), "LXCHOST_STANDIN_DIR": str(folder)}
+    done = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=30,
+                          check=False)
+    calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
