@@ -62,9 +62,14 @@ def test_the_list_itself_and_duplicates():
 
 
 def test_dialect_from_the_hosts_tools_and_checked_late():
+    plain = c.ContainerSpec("n")
+    assert c.resolve_dialect(plain, {"incus", "lxc-start"}).dialect == "incus"
+    assert c.resolve_dialect(plain, {"lxd", "lxc-start"}).dialect == "lxd"
     spec = c.ContainerSpec("n", base_image="/srv/images/debian12-rootfs")
-    assert c.resolve_dialect(spec, {"incus", "lxc-start"}).dialect == "incus"
-    assert c.resolve_dialect(spec, ["lxc-start"]).dialect == "lxc"
+    assert c.resolve_dialect(spec, ["lxc-start"]).image == c.BaseImage(
+        "folder", "/srv/images/debian12-rootfs")
+    with pytest.raises(DataError, match="image alias"):  # a folder is no Incus image
+        c.resolve_dialect(spec, ["incus"])
     with pytest.raises(DataError, match="ctid"):  # on Proxmox it needs its CTID
         c.resolve_dialect(spec, "pct\nlxc-start\n")
     pve_spec = c.ContainerSpec("n", ctid=105, base_image="/srv/images/debian12-rootfs")
@@ -74,7 +79,7 @@ def test_dialect_from_the_hosts_tools_and_checked_late():
         c.resolve_dialect(pve_spec, ["incus"])
     assert c.resolve_dialect(c.ContainerSpec("n", ctid=105), ["pct"]).dialect == "proxmox"
     with pytest.raises(LxcHostError, match="none of pct"):
-        c.resolve_dialect(spec, "")
+        c.resolve_dialect(plain, "")
     with pytest.raises(LxcHostError, match="`incus`"):
         c.resolve_dialect(c.ContainerSpec("n", dialect="incus"), ["lxc-start"])
 
