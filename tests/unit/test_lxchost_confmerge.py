@@ -186,3 +186,30 @@ def test_proxmox_reads_lxc_keys_with_equals_too():
     assert cm.key_value("lxc.mount.entry = /dev/nvidia0 dev/nvidia0 none bind", "proxmox") == \
         ("lxc.mount.entry", "/dev/nvidia0 dev/nvidia0 none bind")
     assert cm.key_value("#lxc.mount.entry: x", "proxmox") is None
+
+
+def test_a_begin_marker_without_its_end_claims_nothing_of_the_operators():
+    text = fixture("lxc/testbed-lxc5-debian12.conf")
+    r = merge(text, "lxc", rtx())
+    # the operator deletes the END marker and adds a line below the block
+    edited = r.text.replace(cm.END + "\n", "") + "lxc.start.auto = 1\n"
+    again = merge(edited, "lxc", rtx(), record=None)  # no record: only markers could tell
+    assert again.text.count(cm.BEGIN) == 1 and again.text.count(cm.END) == 1
+    assert again.text.endswith(cm.END + "\nlxc.start.auto = 1\n")
+    assert len(again.adopted) == 8  # the block's lines, identical to the desired ones
+    assert not merge(again.text, "lxc", rtx(), again.record).changed
+
+
+@pytest.mark.parametrize(("name", "dialect", "dev"), [
+    ("pve/100-snapshots.conf", "proxmox", False), ("pve/100-snapshots.conf", "proxmox", True),
+    ("pve/110-dev-entries.conf", "proxmox", False), ("pve/110-dev-entries.conf", "proxmox", True),
+    ("lxc/testbed-lxc5-debian12.conf", "lxc", False), ("lxc/2991-cgroup-v1-rules.conf", "lxc", False),
+])
+@pytest.mark.parametrize("uvm", [511, 234])
+def test_every_real_config_merges_once_then_never_again(name, dialect, dev, uvm):
+    text = fixture(name)
+    first = merge(text, dialect, rtx(uvm), dev=dev)
+    second = merge(first.text, dialect, rtx(uvm), first.record, dev=dev)
+    assert first.changed and not second.changed and second.text == first.text
+    kept = [line for line in text.splitlines() if line in first.text.splitlines()]
+    assert kept == text.splitlines()  # no operator line lost

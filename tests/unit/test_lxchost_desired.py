@@ -120,3 +120,8 @@ def test_pve_container_decides_over_the_manager():
 def test_not_proxmox():
     with pytest.raises(LxcHostError, match="Proxmox VE host"):
         pve.parse_pveversion("bash: pveversion: command not found\n")
+
+
+def test_all_gpus_named_in_another_order_are_still_all():
+    out = lines("lxc", eight(), gpus=[7, 6, 5, 4, 3, 2, 1, 0])
+    assert out[0] == "lxc.cgroup2.devices.allow = c 195:* rwm"

@@ -147,15 +147,19 @@ def _unregistered_rule(key: str, value: str, majors: DriverMajors) -> str | None
 
 
 def _owned(main: list[_Line], record: Record, dialect: str) -> set[int]:
-    ours, inside = set(record.lines), False
-    owned = set()
-    for line in main:
-        if dialect == "lxc" and line.text == BEGIN:
-            inside = True
-        if inside or line.text in ours:
-            owned.add(line.number)
-        if dialect == "lxc" and line.text == END:
-            inside = False
+    """The numbers of the tool's lines: the record's, and (plain LXC) the marker lines and
+    each END marker's block back to the BEGIN before it (a BEGIN without its END marks
+    nothing but itself)."""
+    ours = set(record.lines) | ({BEGIN, END} if dialect == "lxc" else set())
+    owned = {line.number for line in main if line.text in ours}
+    if dialect == "lxc":
+        begin = None
+        for line in main:
+            if line.text == BEGIN:
+                begin = line.number
+            elif line.text == END and begin is not None:
+                owned.update(range(begin, line.number + 1))
+                begin = None
     return owned
 
 

@@ -78,7 +78,7 @@ def device_rules(facts: HostFacts, minors: Sequence[int]) -> list[Directive]:
     when only some GPUs are passed, the GPU major gets one rule per passed minor and one
     for nvidiactl (255) instead, so that the cgroup itself keeps the others out."""
     key, majors = RULE_KEY[facts.cgroup], facts.majors
-    if tuple(minors) == facts.gpu_minors:
+    if set(minors) == set(facts.gpu_minors):
         rules = [f"c {majors.gpu}:* rwm"]
     else:
         rules = [f"c {majors.gpu}:{n} rwm" for n in minors] + [f"c {majors.gpu}:255 rwm"]
