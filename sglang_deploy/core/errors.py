@@ -22,6 +22,7 @@ __all__ = [
     "DataError",
     "FlagError",
     "GroupPreflightError",
+    "LxcHostError",
     "ModelError",
     "PatchError",
     "PreflightError",
@@ -192,6 +193,16 @@ class UsageError(SglangDeployError):
 
     title = "invalid command line"
     exit_status = 2
+
+
+class LxcHostError(SglangDeployError):
+    """An LXC host (the machine that runs the containers) cannot pass its NVIDIA GPUs into a
+    container as asked: no NVIDIA kernel module, stale device nodes, hand-written passthrough
+    lines that conflict with the tool's, a container config the tool cannot read. Nothing was
+    changed on the host. ``details["lines"]`` lists the offending config lines where there
+    are some (``core/lxchost/``)."""
+
+    title = "GPU passthrough on the LXC host"
 
 
 class RouterError(SglangDeployError):
