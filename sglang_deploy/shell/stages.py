@@ -28,7 +28,7 @@ from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, groupops, groupprep, groupstage, lockfiles
-from sglang_deploy.shell import outcomes
+from sglang_deploy.shell import gpugate, outcomes
 from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, rollgate, routing, staging
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
@@ -56,6 +56,7 @@ class Context:
     group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
     group: group.Group | None = None  # the multi-node group this host is a node of
     group_decision: tuple | None = None  # its (decision, cards): ``groupstage.decided``
+    gpu_report: dict | None = None  # the GPU health read, judged (``gpugate.report``)
 
     @property
     def venv_python(self) -> str:
@@ -173,7 +174,8 @@ def preflight_stage() -> Context:
     checks[:0] = preflight.check_wheel_platform(hs.platform.python, hs.platform.glibc, target,
                                                 system_python=settings.sglang_system_python)
     p2pview.show(checks, record=kind == "p2p", policy=settings.gpu_p2p_policy)
-    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
+    ctx.gpu_report = gpugate.report(settings, hs).to_dict()
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix, gpu_health=ctx.gpu_report)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
     return ctx
 
@@ -289,7 +291,7 @@ def full_p2p_check(ctx: Context) -> None:
     fails), its record kept (an operation)."""
     checks, matrix = run_probe(ctx, "p2p")
     p2pview.show(checks, record=True, policy=ctx.settings.gpu_p2p_policy)
-    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix, gpu_health=ctx.gpu_report)
     ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
     put_p2p_record(ctx)
     ctx.p2p_skipped = False
@@ -325,6 +327,11 @@ def service_stage(ctx: Context):
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
     reasons = restart_reasons(ctx, unit_text, secrets_text)
+    if not hs.service.unit_active or reasons:  # (re)starts: never onto a GPU judged fatal
+        # (a rollout's staging run says so before its first drain; a group's node also
+        # checks its peers once the group's decision is made, below)
+        gpugate.check(host.name, s, hs, f"{'restart' if hs.service.unit_active else 'start'} "
+                                        f"{s.sglang_service} ({', '.join(reasons) or 'not running'})")
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         return
@@ -335,6 +342,9 @@ def service_stage(ctx: Context):
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
     # a group's node: the group's decision, from every node's facts (the same on every node)
     restart = reasons if ctx.group is None else groupstage.decided(ctx, reasons, peer_unit)
+    if ctx.group is not None and restart:  # every node's GPUs, before any node stops
+        gpugate.check_nodes(groupprep.node_states(state, ctx.group, ctx.release_id),
+                            ctx.group.name, f"restart {s.sglang_service}")
     if preflight.retest_before_restart(ctx.p2p_skipped, restart):
         # the server is about to be replaced: the copies skipped in pre-flight (it was
         # serving) run first; a read-only run's plan only names them (never run there)
@@ -479,6 +489,8 @@ def rollback_stage():
         return groupstage.rollback_group_node(s, g, rb)
     restart = None
     if rb.restart:
+        gpugate.check(host.name, s, hs, f"restart {s.sglang_service} on its known-good "
+                                        "configuration")
         restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
                                         service=s.sglang_service)
     python.call(name="Verify the known-good configuration serves",
