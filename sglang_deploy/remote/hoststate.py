@@ -20,8 +20,8 @@ import os
 import platform
 import pwd
 import re
-import struct
 import shutil
+import struct
 import subprocess
 import sys
 import threading

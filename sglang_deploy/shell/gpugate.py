@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import gpuhealth
+from sglang_deploy.core import group as groupmod
 from sglang_deploy.core.hoststate import HostState
-from sglang_deploy.shell import plan
+from sglang_deploy.shell import groupprep, plan
 
 
 def report(s: datamod.Settings, hs: HostState | None) -> gpuhealth.Report:
@@ -38,3 +39,22 @@ def check_nodes(nodes: list[tuple[str, datamod.Settings, HostState | None]], gro
     GPU: every node raises the same error, naming the node."""
     for name, s, hs in nodes:
         check(name, s, hs, f"{action} (group {group} restarts as one)")
+
+
+def before_start(name: str, s: datamod.Settings, hs: HostState, reasons: list[str]) -> None:
+    """The deploy's gate (the service stage, the rollout's staging run too): host NAME starts
+    (its unit is not active) or restarts (for REASONS) only onto GPUs not judged fatal."""
+    active = hs.service.unit_active
+    if active and not reasons:
+        return
+    check(name, s, hs, f"{'restart' if active else 'start'} {s.sglang_service} "
+                       f"({', '.join(reasons) or 'not running'})")
+
+
+def before_group_start(state, g: groupmod.Group | None, restart: bool, release_id: str,
+                       service: str) -> None:
+    """A group's node, once its group's decision is made: when group G RESTARTs, every node's
+    GPUs (each node's pre-flight read, ``groupprep.node_states``) before any node stops."""
+    if g is None or not restart:
+        return
+    check_nodes(groupprep.node_states(state, g, release_id), g.name, f"restart {service}")

@@ -27,9 +27,9 @@ from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import check_serving
-from sglang_deploy.shell import allreduce, flagcache, groupops, groupprep, groupstage, lockfiles
-from sglang_deploy.shell import gpugate, outcomes
-from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, rollgate, routing, staging
+from sglang_deploy.shell import allreduce, flagcache, gpugate, groupops, groupprep, groupstage
+from sglang_deploy.shell import lockfiles, outcomes, p2pretest, p2pview, plan, releaseops, rollgate
+from sglang_deploy.shell import routing, staging
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
 from sglang_deploy.shell.verified import verify_and_record
@@ -327,11 +327,7 @@ def service_stage(ctx: Context):
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
     reasons = restart_reasons(ctx, unit_text, secrets_text)
-    if not hs.service.unit_active or reasons:  # (re)starts: never onto a GPU judged fatal
-        # (a rollout's staging run says so before its first drain; a group's node also
-        # checks its peers once the group's decision is made, below)
-        gpugate.check(host.name, s, hs, f"{'restart' if hs.service.unit_active else 'start'} "
-                                        f"{s.sglang_service} ({', '.join(reasons) or 'not running'})")
+    gpugate.before_start(host.name, s, hs, reasons)  # (staging too: before the first drain)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         return
@@ -342,9 +338,7 @@ def service_stage(ctx: Context):
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
     # a group's node: the group's decision, from every node's facts (the same on every node)
     restart = reasons if ctx.group is None else groupstage.decided(ctx, reasons, peer_unit)
-    if ctx.group is not None and restart:  # every node's GPUs, before any node stops
-        gpugate.check_nodes(groupprep.node_states(state, ctx.group, ctx.release_id),
-                            ctx.group.name, f"restart {s.sglang_service}")
+    gpugate.before_group_start(state, ctx.group, bool(restart), ctx.release_id, s.sglang_service)
     if preflight.retest_before_restart(ctx.p2p_skipped, restart):
         # the server is about to be replaced: the copies skipped in pre-flight (it was
         # serving) run first; a read-only run's plan only names them (never run there)
@@ -481,16 +475,17 @@ def rollback_stage():
     lay = Layout.of(s)
     hs = groupprep.rollback_hoststate(host, s)  # read once per run (a group's peers too)
     rb = service.rollback_plan(host.name, hs, s.sglang_root)
+    g = routing.fleet_of_state(state).group_of(host.name)
+    if rb.restart and g is None:  # before anything is put back (a group's: with its group)
+        gpugate.check(host.name, s, hs, f"restart {s.sglang_service} on its known-good "
+                                        "configuration")
     ops.known_good_restored(
         name=f"Known-good configuration (release {rb.params['release']})", layout=lay,
         release=rb.params["release"], restore=rb.restore)
-    g = routing.fleet_of_state(state).group_of(host.name)
     if g is not None:
         return groupstage.rollback_group_node(s, g, rb)
     restart = None
     if rb.restart:
-        gpugate.check(host.name, s, hs, f"restart {s.sglang_service} on its known-good "
-                                        "configuration")
         restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
                                         service=s.sglang_service)
     python.call(name="Verify the known-good configuration serves",

@@ -235,9 +235,11 @@ HEALTH_ONLY = ("ecc.errors.uncorrected.aggregate.total", "remapped_rows.pending"
 LOST_EXIT = 15
 
 
-def lost_line(g: "Gpu") -> str:
+def lost_line(g: Gpu) -> str:
     return (f"Unable to determine the device handle for GPU{g.index}: {g.bus_id[4:]}: "
             "GPU is lost.  Reboot the system to recover this GPU\n")
+
+
 UNITS = {"memory.total": "MiB", "memory.used": "MiB", "memory.free": "MiB",
          "memory.reserved": "MiB", "utilization.gpu": "%", "utilization.memory": "%",
          "power.draw": "W", "power.limit": "W", "fan.speed": "%"}

@@ -51,7 +51,7 @@ def test_the_table_fits_120_columns_and_cuts_nothing(monkeypatch):
     header = next(line for line in lines if line.split()[:2] == ["host", "group"])
     assert header.split() == ["host", "group", "ssh", "unit", "up", "release", "sglang", "patch",
                               "http", "gpu", "model", "verified", "drift"]
-    rows = {line.split()[0]: line.split() for line in lines if line.startswith("  gpu-node")}
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(" gpu-node")}
     assert rows["gpu-node-1"] == ["gpu-node-1", "tbg1/0", "yes", "running", "1h23m", "d5e0ed0f",
                                   "0.5.12.post1", "applied", "200", "ok", "glm-5", "12-04",
                                   "19:29", "in", "sync"]
