@@ -390,3 +390,24 @@ def test_the_state_read_without_the_option_asks_no_gpu(tmp_path):
                           "--service", "x"], capture_output=True, text=True, check=True,
                          stdin=subprocess.DEVNULL, env={"PATH": str(tmp_path / "bin")}).stdout
     assert "gpu_health" not in json.loads(out) and not (tmp_path / "asked").exists()
+
+
+# ------------------------------------------------------------------------ status
+
+
+def test_status_lists_the_findings_under_the_table_and_a_fatal_gpu_fails_it(capsys):
+    from sglang_deploy.commands import status
+
+    report = gpuhealth.evaluate(raw(project(H100, remapped_rows__failure="Yes")), 1).to_dict()
+    rows = [{"host": "h1", "in_sync": True, "healthy": True, "gpu_health": report},
+            {"host": "h2", "in_sync": True, "healthy": True, "gpu_health": None}]
+    status.render_gpu_health(rows)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["gpu: h1: fatal: GPU 0: a row remapping failed: the GPU's memory has no spare "
+                   "rows left where it needed one (fix: replace the GPU (NVIDIA's RMA policy for "
+                   "row-remapping failure))"]
+    assert status.ok(rows, [], None) is False
+    rows[0]["gpu_health"] = gpuhealth.evaluate(raw(project(H100)), 1).to_dict()
+    assert status.ok(rows, [], None) is True
+    assert status.gpu_cell(rows[0]) == "healthy" and status.gpu_cell(rows[1]) == "-"
+    assert status.gpu_cell({"gpu_health": report}, short=True) == "FATAL"

@@ -204,8 +204,8 @@ _ACTIONS = {  # the driver's recovery action (NVML's nvmlDeviceGpuRecoveryAction
 }
 
 _RESET_FIX = ("reset the GPU on the LXC host once nothing uses it (`nvidia-smi -r -i {index}`): "
-              "the reset applies the pending remap and clears the volatile count; if it comes "
-              "back, replace the GPU")
+              "the reset clears the volatile count and applies a pending row remap; if the "
+              "errors come back, replace the GPU")
 
 
 def _field_findings(g: _Gpu) -> list[Finding]:
