@@ -304,8 +304,8 @@ def add_parser(sub) -> None:
                            help="one row per host: unit, release, patch, health, drift; one line "
                                 "per multi-node group: serving, degraded or down (read-only)",
                            description=DESCRIPTION,
-                           failed="a host is unreachable, unhealthy or drifted, or a group is not "
-                                  "serving")
+                           failed="a host is unreachable, unhealthy or drifted, its GPU health "
+                                  "is fatal, or a group is not serving")
     common.add_inventory(p)
     common.add_limit(p)
     common.add_json(p, 'one document, {"hosts": [one object per host, with "group" and '

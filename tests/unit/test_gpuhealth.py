@@ -403,9 +403,9 @@ def test_status_lists_the_findings_under_the_table_and_a_fatal_gpu_fails_it(caps
             {"host": "h2", "in_sync": True, "healthy": True, "gpu_health": None}]
     status.render_gpu_health(rows)
     out = capsys.readouterr().out.splitlines()
-    assert out == ["gpu: h1: fatal: GPU 0: a row remapping failed: the GPU's memory has no spare "
+    assert out == [("gpu: h1: fatal: GPU 0: a row remapping failed: the GPU's memory has no spare "
                    "rows left where it needed one (fix: replace the GPU (NVIDIA's RMA policy for "
-                   "row-remapping failure))"]
+                   "row-remapping failure))")]
     assert status.ok(rows, [], None) is False
     rows[0]["gpu_health"] = gpuhealth.evaluate(raw(project(H100)), 1).to_dict()
     assert status.ok(rows, [], None) is True
