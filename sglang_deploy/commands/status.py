@@ -23,12 +23,18 @@ With a ``routers`` group, the router too (``router`` in ``--json``: its ``url`` 
 ```--json`` prints ``{"hosts": [...], "groups": [{"name", "nodes", "dist_init_addr",
 "state", "problem"}], "router": {...} or null}``.
 
+Each host's ``gpu_health`` (``core.gpuhealth``: its ``verdict``, healthy, warning, unknown or
+fatal, and its ``findings``, each with ``code``, ``severity``, ``gpu``, ``message`` and ``fix``;
+null when the host-state read brought none) is read in the same round trip as the rest: the
+``gpus`` column shows the verdict and what decided it, the findings are listed under the table.
+
 Each host's ``hardening`` (``core.hardening.summary``, null before a release smoke ran under
 the unit's sandbox there): the properties in force, those not in force with why and the fix,
 and those it cannot tell; the text output lists the ones not in force under the table.
 
-Exit status: 0 when every host is reachable, in sync and healthy, every group is serving
-(and, with a router, every serving host is ready in it); 1 otherwise; 2 for a missing
+Exit status: 0 when every host is reachable, in sync and healthy, no host's GPU health is
+fatal, every group is serving (and, with a router, every serving host is ready in it); 1
+otherwise; 2 for a missing
 inventory, a --limit that matches nothing or bad --data (nothing contacted).
 """
 
@@ -91,8 +97,25 @@ def _group_cell(r: dict) -> str:
 
 #: the columns; on a terminal (not --wide) the short headers, so that a row fits 120 columns
 COLUMNS = ("host", "group", "reachable", "unit", "uptime", "release", "sglang", "patch",
-           "health", "model", "last verified", "drift")
-SHORT = {"reachable": "ssh", "uptime": "up", "last verified": "verified"}
+           "health", "gpus", "model", "last verified", "drift")
+SHORT = {"reachable": "ssh", "uptime": "up", "health": "http", "last verified": "verified",
+         "gpus": "gpu"}
+#: a terminal's short form of a GPU health verdict (the findings are listed under the table)
+SHORT_VERDICT = {"healthy": "ok", "warning": "warn", "unknown": "?", "fatal": "FATAL"}
+
+
+def gpu_cell(r: dict, short: bool = False) -> str:
+    """The ``gpus`` column: the GPU health's verdict, short (``ok``, ``warn``, ``?``,
+    ``FATAL``) or with what decided it (``fatal: GPU 1 ecc-uncorrected-volatile``); ``-``
+    when none was read."""
+    from sglang_deploy.core import gpuhealth
+
+    doc = r.get("gpu_health")
+    if not doc:
+        return "-"
+    if short:
+        return SHORT_VERDICT.get(doc.get("verdict"), doc.get("verdict") or "-")
+    return gpuhealth.summary_of(doc)
 
 
 def short_cells(r: dict) -> dict:
@@ -121,6 +144,7 @@ def render(rows: list[dict], out=None, wide: bool = False) -> None:
     short = common.is_terminal(out) and not wide
     table = common.table([SHORT.get(c, c) if short else c for c in COLUMNS],
                          title="sglang-deploy status", out=out)
+    table.pad_edge = False  # 13 columns in 120: no padding outside the first and last
     below = []
     for r in rows:
         if r.get("reachable") is not True or r.get("preflight") == "fail":
@@ -129,7 +153,8 @@ def render(rows: list[dict], out=None, wide: bool = False) -> None:
                 below.append(f"{r['host']}: {problem}")
             table.add_row(r["host"], _group_cell(r),
                           "no" if r.get("reachable") is False else ("yes" if r.get("reachable") else "?"),
-                          "", "", "", "", "", "", "", "", "see below" if short else problem)
+                          "", "", "", "", "", "", gpu_cell(r, short), "", "",
+                          "see below" if short else problem)
             continue
         drift = _drift(r)
         if short and not r["in_sync"]:
@@ -142,7 +167,8 @@ def render(rows: list[dict], out=None, wide: bool = False) -> None:
                       _fmt_uptime(r.get("uptime_s")),
                       cells["release"], r.get("sglang_version") or "-",
                       r.get("patch_state") or "-", str(r.get("health") or "down"),
-                      ", ".join(r.get("models") or []) or "-", cells["last verified"],
+                      gpu_cell(r, short), ", ".join(r.get("models") or []) or "-",
+                      cells["last verified"],
                       drift)
     common.print_table(table, out)
     console = common.console(out)
@@ -158,6 +184,16 @@ def render_hardening(rows: list[dict], out=None) -> None:
     for r in rows:
         for line in hardening.lines(r["host"], r.get("hardening")):
             print(f"hardening: {line}", file=out or sys.stdout)
+
+
+def render_gpu_health(rows: list[dict], out=None) -> None:
+    """Under the table, one line per host and GPU health finding (fatal, warning, unknown):
+    what was found and the fix (``core.gpuhealth``)."""
+    from sglang_deploy.core import gpuhealth
+
+    for r in rows:
+        for line in gpuhealth.lines(r["host"], r.get("gpu_health")):
+            print(f"gpu: {line}", file=out or sys.stdout)
 
 
 def render_groups(groups: list[dict], out=None) -> None:
@@ -233,17 +269,25 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
 
 
 def ok(rows: list[dict], groups: list[dict], router: dict | None) -> bool:
-    """Pure: every host in sync and healthy, every group serving, every routed host ready."""
+    """Pure: every host in sync and healthy with no fatal GPU, every group serving, every
+    routed host ready."""
+    from sglang_deploy.core.gpuhealth import FATAL
     from sglang_deploy.core.groupstatus import SERVING
 
     routed = router is None or (not router["error"] and all(
         w["state"] == "ready" for w in router["workers"] if w["host"]))
     return (routed and all(r.get("in_sync") and r.get("healthy") for r in rows)
+            and not any((r.get("gpu_health") or {}).get("verdict") == FATAL for r in rows)
             and all(g["state"] == SERVING for g in groups))
 
 
 DESCRIPTION = """\
-One row per host: unit, release, patch, health, drift (read-only).
+One row per host: unit, release, patch, health, GPU health, drift (read-only).
+
+The gpus column is the GPUs' health as read with the rest of the host's state (nvidia-smi's
+ECC, row remapping and recovery-action fields, a lost GPU, the kernel log's Xid lines, DCGM
+where installed): healthy, warning, unknown (a read that failed) or fatal (a deploy refuses
+to restart a server there); one line per finding under the table, with its fix.
 
 Under the table, one line per host and property of the unit's sandbox that is not in force
 there (what the last release smoke saw), with why and the fix. No CUDA probe and no peer
@@ -260,8 +304,8 @@ def add_parser(sub) -> None:
                            help="one row per host: unit, release, patch, health, drift; one line "
                                 "per multi-node group: serving, degraded or down (read-only)",
                            description=DESCRIPTION,
-                           failed="a host is unreachable, unhealthy or drifted, or a group is not "
-                                  "serving")
+                           failed="a host is unreachable, unhealthy or drifted, its GPU health "
+                                  "is fatal, or a group is not serving")
     common.add_inventory(p)
     common.add_limit(p)
     common.add_json(p, 'one document, {"hosts": [one object per host, with "group" and '
@@ -270,7 +314,10 @@ def add_parser(sub) -> None:
                        '"problem"}], "router": null (no routers group) or {"host", "url", '
                        '"error", "workers": [{"host", "url", "state"}]}}; each host\'s '
                        '"hardening": {"in_force", "not_in_force" [{"name", "why", "fix", '
-                       '"found"}], "unknown", "checked_at", "release"} or null,')
+                       '"found"}], "unknown", "checked_at", "release"} or null; each host\'s '
+                       '"gpu_health": {"verdict", "gpus", "sources", "findings" [{"code", '
+                       '"severity", "gpu", "bus_id", "message", "fix", "source"}], "notes"} or '
+                       'null,')
     common.add_data(p)
     p.add_argument("--wide", action="store_true",
                    help="on a terminal, every value whole (default: short forms that fit 120 "
@@ -290,6 +337,7 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         render(rows, wide=args.wide)
+        render_gpu_health(rows)
         render_hardening(rows)
         render_groups(states)
         render_router(router)

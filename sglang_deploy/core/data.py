@@ -80,6 +80,12 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("gpu_allreduce_timeout_s", (int, float), 120,
        "Deadline of the whole all-reduce check on a host (torch import, rendezvous, NCCL set-up, "
        "the all-reduces), seconds.", minimum=10),
+    _k("gpu_health_policy", dict, {},
+       "Severity per GPU health finding code over the defaults (docs/operations.md, GPU "
+       "health): `fatal` refuses a (re)start onto the host, `warning` and `unknown` are "
+       "shown, `ignore` is left out. E.g. `{\"xid-48\": \"warning\"}` after resetting the GPU "
+       "(the Xid stays in the kernel log until a reboot), `{\"query-failed\": \"fatal\"}` to "
+       "refuse a start when the health cannot be read."),
     # --- runtime ----------------------------------------------------------------------------
     _k("sglang_lock", str, "locks/glm5-blackwell.txt",
        "Lock file (on the controller, relative to the deploy folder): the exact packages, with "
@@ -270,7 +276,18 @@ def _hardening_names(name: str, value: list, default: Any = None) -> None:
                         found=repr(unknown), fix='e.g. ["DevicePolicy"]')
 
 
+def _gpu_health_policy(name: str, value: dict, default: Any = None) -> None:
+    """Finding codes of ``core.gpuhealth`` mapped to its severities."""
+    from sglang_deploy.core import gpuhealth
+
+    problem = gpuhealth.policy_problem(value)
+    if problem:
+        raise DataError(key=name, what=f"`{name}` to map {problem[0]}", found=problem[1],
+                        fix='e.g. {"xid-48": "warning", "query-failed": "fatal"}')
+
+
 RULES = (
+    rules.Each(("gpu_health_policy",), _gpu_health_policy),
     rules.Each(("sglang_model_path", "sglang_root", "sglang_cache_dir", "sglang_home",
                 "sglang_wheelhouse", "sglang_system_python", "router_root"), rules.absolute_path),
     rules.Each(("sglang_env",), rules.env_mapping),

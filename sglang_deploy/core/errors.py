@@ -21,6 +21,7 @@ __all__ = [
     "BenchError",
     "DataError",
     "FlagError",
+    "GpuHealthError",
     "GroupPreflightError",
     "LxcHostError",
     "ModelError",
@@ -125,6 +126,17 @@ class GroupPreflightError(PreflightError):
     releases, flags, drivers and clocks) before any of its servers stopped."""
 
     title = "group pre-flight failed"
+
+
+class GpuHealthError(SglangDeployError):
+    """A (re)start refused: a GPU of the host is judged fatal by its health read
+    (``core.gpuhealth``: Xid, uncorrectable ECC, a recovery action the driver asks for, a lost
+    GPU). Raised before anything is stopped."""
+
+    title = "GPU health"
+
+    def headline(self) -> str:
+        return f"{self.title}: expected {self.what}"
 
 
 class DataError(SglangDeployError):

@@ -204,6 +204,9 @@ class HostState:
     cache_files: int | None = None
     route_dev: str | None = None  # a group's node: the interface toward its rank 0
     monotonic_now: float | None = None
+    #: the GPU health read's raw answers (``core.gpuhealth.evaluate`` judges them); None: not
+    #: asked for (``--gpu-health``) or not brought back
+    gpu_health: Mapping[str, Any] | None = None
     #: the object as printed (the wire form, for what stores it as it is: the plan's record)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -228,7 +231,7 @@ class HostState:
             p2p_verified=_record(raw.get("p2p_verified")), hardening=_record(raw.get("hardening")),
             model=_record(raw.get("model")), cache_files=raw.get("cache_files"),
             route_dev=raw.get("route_dev"), monotonic_now=raw.get("monotonic_now"),
-            raw=raw)
+            gpu_health=_record(raw.get("gpu_health")), raw=raw)
 
     @property
     def verified_invocation(self) -> str | None:

@@ -5,7 +5,7 @@ Shipped to the host (or fed on stdin) and run with the system python, so that on
 trip returns everything a fact or a verifier poll needs.
 
   hoststate.py state --root R --service S [--model PATH] [--secrets FILE] [--cache DIR]
-                     [--path P]... [--dev-open]
+                     [--path P]... [--dev-open] [--gpu-health FIELDS --kernel-pattern RE]
   hoststate.py poll --service S --port P [--host H] [--cursor C] [--invocation ID]
                     [--http] [--generate] [--no-journal] [--secrets FILE]
   hoststate.py platform      # {"python": "3.11", "glibc": "2.36"} (also part of `state`)
@@ -20,9 +20,11 @@ import os
 import platform
 import pwd
 import re
+import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 SHOW_PROPS = (
@@ -86,6 +88,59 @@ def open_test(paths=None) -> str:
             os.close(fd)
             lines.append(f"{path} ok")
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+GPU_TIMEOUT_S = 20.0
+
+
+def run_merged(argv: list[str], timeout_s: float = GPU_TIMEOUT_S) -> dict:
+    """``{"rc", "out"}`` of a command, stdout and stderr together (nvidia-smi says a lost
+    GPU's handle error on stderr, between the other GPUs' rows); ``{"rc": None, "error"}``
+    when it cannot start or does not end within TIMEOUT_S (killed): a GPU read must not
+    hold the host-state read, nor pass for an answer."""
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+    except OSError as exc:
+        return {"rc": None, "out": "", "error": f"{argv[0]}: {exc.strerror or exc}"}
+    except subprocess.TimeoutExpired:
+        return {"rc": None, "out": "", "error": f"`{' '.join(argv)}` did not finish within "
+                                                f"{timeout_s:g} s (killed)"}
+    return {"rc": proc.returncode, "out": proc.stdout.decode("utf-8", "replace")}
+
+
+def gpu_health(fields: list[str], kernel_pattern: str) -> dict:
+    """The raw answers the GPU health is judged from (``core.gpuhealth``), read-only:
+    ``query``: ``nvidia-smi --query-gpu=FIELDS`` (a field this driver does not know is dropped
+    and the query asked again: ``dropped``); ``xml``: ``nvidia-smi -q -x`` when a field was
+    dropped; ``kernel``: the kernel log's lines matching KERNEL_PATTERN (``dmesg``; its error
+    when the container may not read it); ``dcgm``: ``dcgmi health -c`` where DCGM is
+    installed (None otherwise)."""
+    asked, dropped = list(fields), []
+    while True:
+        query = run_merged(["nvidia-smi", f"--query-gpu={','.join(asked)}",
+                            "--format=csv,noheader,nounits"])
+        bad = re.search(r'Field "([^"]+)" is not a valid field to query', query["out"])
+        if query["rc"] == 0 or not bad or bad.group(1) not in asked or len(asked) == 1:
+            break
+        asked.remove(bad.group(1))
+        dropped.append(bad.group(1))
+    query.update(fields=asked, dropped=dropped)
+    out = {"query": query, "xml": run_merged(["nvidia-smi", "-q", "-x"]) if dropped else None}
+    if shutil.which("dmesg") is None:
+        out["kernel"] = {"rc": None, "error": "dmesg: not installed", "lines": []}
+    else:
+        log = run_merged(["dmesg"])
+        text = log.pop("out", "")
+        if log["rc"] == 0:
+            pattern = re.compile(kernel_pattern)
+            log["lines"] = [line for line in text.splitlines() if pattern.search(line)][-200:]
+            log["scanned"] = text.count("\n")
+        else:
+            log["error"] = log.get("error") or text.strip()[-500:]
+        out["kernel"] = log
+    out["dcgm"] = run_merged(["dcgmi", "health", "-c"]) if shutil.which("dcgmi") else None
+    return out
 
 
 def read_json(path: str):
@@ -244,6 +299,12 @@ def host_platform() -> dict:
 
 def cmd_state(args) -> dict:
     root = args.root
+    health: dict = {}
+    reader = None
+    if args.gpu_health:  # read while the rest is: nvidia-smi may take a while per GPU
+        reader = threading.Thread(target=lambda: health.update(gpu_health(
+            args.gpu_health.split(","), args.kernel_pattern)), daemon=True)
+        reader.start()
     current = None
     link = os.path.join(root, "current")
     if os.path.islink(link):
@@ -273,6 +334,9 @@ def cmd_state(args) -> dict:
         result["dev_open"] = open_test()
     if args.route_to:
         result["route_dev"] = route_dev(args.route_to)
+    if reader is not None:
+        reader.join()
+        result["gpu_health"] = health or None
     return result
 
 
@@ -385,6 +449,10 @@ def main(argv=None) -> int:
     st.add_argument("--route-to", help="report the interface that carries this address")
     st.add_argument("--dev-open", action="store_true",
                     help="also the open test of every /dev/nvidia* node (dev_open)")
+    st.add_argument("--gpu-health", metavar="FIELDS",
+                    help="also the GPU health read (gpu_health): nvidia-smi --query-gpu=FIELDS, "
+                         "the kernel log's lines matching --kernel-pattern, dcgmi health -c")
+    st.add_argument("--kernel-pattern", default=r"NVRM: Xid")
     po = sub.add_parser("poll")
     po.add_argument("--service", required=True)
     po.add_argument("--host", default="127.0.0.1")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase
 
-from sglang_deploy.core import nvsmi
+from sglang_deploy.core import gpuhealth, nvsmi
 from sglang_deploy.core.hoststate import HostState, PathState
 
 REMOTE = Path(__file__).resolve().parent.parent / "remote"
@@ -114,24 +114,29 @@ class SglangHostState(FactBase):
     service's ``systemctl show`` properties, the user names, ``paths`` (kind, owner, group,
     mode, sha256 of each path given: the folders and files the deploy manages) and, with
     ``model``, the model folder's shards; with ``dev_open``, the open test of every
-    /dev/nvidia* node as ``dev_open`` (the text of a ``dev-open.txt``). Returns the typed
+    /dev/nvidia* node as ``dev_open`` (the text of a ``dev-open.txt``); with ``gpu_health``,
+    the GPU health read (``core.gpuhealth``). Returns the typed
     ``HostState`` (``HostState.from_json`` of the script's JSON), None if it printed none.
     """
 
     @staticmethod
     def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
              cache: str | None = None, paths: tuple = (), dev_open: bool = False,
-             route_to: str | None = None) -> list[str]:
-        """``hoststate.py state`` and its options."""
+             route_to: str | None = None, gpu_health: bool = False) -> list[str]:
+        """``hoststate.py state`` and its options; GPU_HEALTH: with the GPU health read
+        (``core.gpuhealth``'s fields and kernel-log pattern)."""
         options = [("root", root), ("service", service), ("model", model), ("secrets", secrets),
                    ("cache", cache), *(("path", p) for p in paths), ("route-to", route_to)]
+        if gpu_health:
+            options += [("gpu-health", ",".join(gpuhealth.HEALTH_FIELDS)),
+                        ("kernel-pattern", gpuhealth.KERNEL_PATTERN)]
         return (["state"] + [f"--{name}={value}" for name, value in options if value]
                 + (["--dev-open"] if dev_open else []))
 
     def command(self, root: str, service: str, secrets: str | None = None,
-                python: str = "python3", paths: tuple = ()) -> str:
-        return stdin_script("hoststate.py", self.args(root, service, secrets=secrets, paths=paths),
-                            python=python)
+                python: str = "python3", paths: tuple = (), gpu_health: bool = False) -> str:
+        return stdin_script("hoststate.py", self.args(root, service, secrets=secrets, paths=paths,
+                                                      gpu_health=gpu_health), python=python)
 
     def process(self, output: list[str]) -> HostState | None:
         raw = _json_fact_output(output)
@@ -186,7 +191,7 @@ class Snapshot:
 class HostSnapshot(FactBase):
     """
     The pre-flight's one round trip: the host state (``SglangHostState``, with the open test
-    of every /dev/nvidia* node) and the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
+    of every /dev/nvidia* node and the GPU health read) and the GPU snapshot (nvidia-smi ``--query-gpu`` csv,
     ``topo -m``, ``topo -p2p r|w``, ``ls -l /dev/nvidia*``), run at the same time on the host.
     Returns a ``Snapshot``. The CUDA probe is a second round trip, run when the host state
     calls for it (``preflight.probe_plan``).
@@ -196,7 +201,8 @@ class HostSnapshot(FactBase):
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
                 paths: tuple = (), route_to: str | None = None) -> str:
         state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
-                                     cache=cache, paths=paths, dev_open=True, route_to=route_to)
+                                     cache=cache, paths=paths, dev_open=True, route_to=route_to,
+                                     gpu_health=True)
         return _sections_command({"hoststate.json": stdin_script("hoststate.py", state, python),
                                   **GPU_SECTIONS})
 

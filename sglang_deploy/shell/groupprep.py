@@ -204,7 +204,20 @@ def decide(state, g: groupmod.Group, release: Release, unit_of: UnitOf
 def rollback_hoststate(h, s: datamod.Settings) -> HostState:
     """H's host state as the rollback reads it (once in H's run: ``facts.read_host_state``)."""
     return read_host_state(h, SglangHostState, root=s.sglang_root, service=s.sglang_service,
-                secrets=Layout.of(s).secrets_file, python=s.sglang_system_python)
+                secrets=Layout.of(s).secrets_file, python=s.sglang_system_python,
+                gpu_health=True)
+
+
+def node_states(state, g: groupmod.Group, release_id: str, rollback: bool = False
+                ) -> list[tuple[str, datamod.Settings, HostState | None]]:
+    """(name, Settings, host state) of every node of G in this run: the pre-flight's read of
+    each (``snapshot``), or with ROLLBACK the rollback's (read once per run either way)."""
+    out = []
+    for peer in peers(state, g):
+        s = routing.settings_of(peer, state)
+        hs = rollback_hoststate(peer, s) if rollback else snapshot(peer, s, release_id).state
+        out.append((peer.name, s, hs))
+    return out
 
 
 def decide_rollback(state, g: groupmod.Group

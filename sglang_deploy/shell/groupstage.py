@@ -21,7 +21,7 @@ from sglang_deploy.core import preflight
 from sglang_deploy.core.errors import RuntimeSetupError
 from sglang_deploy.core.groupdecision import Decision
 from sglang_deploy.core.service import Layout
-from sglang_deploy.shell import groupops, groupprep, plan
+from sglang_deploy.shell import gpugate, groupops, groupprep, plan
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.verified import record_verified, verified_summary, verify_and_record
 
@@ -169,6 +169,8 @@ def rollback_group_node(s: datamod.Settings, g: groupmod.Group, rb) -> None:
                     function=ops.reported(lambda: verify_and_record(
                         s, rb.params, "unchanged", groupops.Watch(run, host.name))))
         return
+    gpugate.check_nodes(groupprep.node_states(state, g, "", rollback=True), g.name,
+                        f"restart {s.sglang_service} on its known-good configuration")
     add_preflight(run, decision, cards, Layout.of(s).tool("rendezvous.py"),
                   s.sglang_system_python)
     add_restart(run, s.sglang_service, "goes back as one",

@@ -45,9 +45,10 @@ def read_only() -> bool:
 
 
 def preflight(name: str, checks: list, nccl_env: dict | None = None,
-              matrix: str | None = None) -> None:
+              matrix: str | None = None, gpu_health: dict | None = None) -> None:
     """Record the pre-flight: every check as the host's ``preflight`` (what ``doctor
-    INVENTORY`` shows), and a failing one as its ``plan`` (the deploy would stop there)."""
+    INVENTORY`` shows), and a failing one as its ``plan`` (the deploy would stop there), with
+    the host's GPU_HEALTH (``gpugate.report``'s, which `status` shows either way)."""
     if not planning():
         return
     journal.record(name, shape.PREFLIGHT, {
@@ -57,7 +58,7 @@ def preflight(name: str, checks: list, nccl_env: dict | None = None,
     if not failed:
         return
     journal.record(name, shape.PLAN, {
-        "host": name, "preflight": "fail", "changes": None,
+        "host": name, "preflight": "fail", "changes": None, "gpu_health": gpu_health,
         "failed": [{"name": c.name, "message": c.message, "fix": c.fix} for c in failed]})
 
 
@@ -116,4 +117,6 @@ def record(state, host, ctx, serving: dict | None, extra: dict | None = None) ->
     group's node: ``groupops.group_fields``)."""
     journal.record(host.name, shape.PLAN, {
         "host": host.name, "preflight": "pass", "changes": changes(state, host),
-        **status_fields(ctx.hoststate.raw, serving, ctx.release_id), **(extra or {})})
+        **status_fields(ctx.hoststate.raw, serving, ctx.release_id),
+        # the GPU health read, judged (``core.gpuhealth``: the pre-flight's ``gpugate.report``)
+        "gpu_health": getattr(ctx, "gpu_report", None), **(extra or {})})

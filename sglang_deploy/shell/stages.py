@@ -27,9 +27,9 @@ from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import check_serving
-from sglang_deploy.shell import allreduce, flagcache, groupops, groupprep, groupstage, lockfiles
-from sglang_deploy.shell import outcomes
-from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, rollgate, routing, staging
+from sglang_deploy.shell import allreduce, flagcache, gpugate, groupops, groupprep, groupstage
+from sglang_deploy.shell import lockfiles, outcomes, p2pretest, p2pview, plan, releaseops, rollgate
+from sglang_deploy.shell import routing, staging
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
 from sglang_deploy.shell.verified import verify_and_record
@@ -56,6 +56,7 @@ class Context:
     group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
     group: group.Group | None = None  # the multi-node group this host is a node of
     group_decision: tuple | None = None  # its (decision, cards): ``groupstage.decided``
+    gpu_report: dict | None = None  # the GPU health read, judged (``gpugate.report``)
 
     @property
     def venv_python(self) -> str:
@@ -173,7 +174,8 @@ def preflight_stage() -> Context:
     checks[:0] = preflight.check_wheel_platform(hs.platform.python, hs.platform.glibc, target,
                                                 system_python=settings.sglang_system_python)
     p2pview.show(checks, record=kind == "p2p", policy=settings.gpu_p2p_policy)
-    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
+    ctx.gpu_report = gpugate.report(settings, hs).to_dict()
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix, gpu_health=ctx.gpu_report)
     ops.preflight_gate(checks, title="pre-flight (GPU, CUDA, P2P, model)")
     return ctx
 
@@ -289,7 +291,7 @@ def full_p2p_check(ctx: Context) -> None:
     fails), its record kept (an operation)."""
     checks, matrix = run_probe(ctx, "p2p")
     p2pview.show(checks, record=True, policy=ctx.settings.gpu_p2p_policy)
-    plan.preflight(host.name, checks, ctx.nccl_env, matrix)
+    plan.preflight(host.name, checks, ctx.nccl_env, matrix, gpu_health=ctx.gpu_report)
     ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
     put_p2p_record(ctx)
     ctx.p2p_skipped = False
@@ -325,6 +327,7 @@ def service_stage(ctx: Context):
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
     reasons = restart_reasons(ctx, unit_text, secrets_text)
+    gpugate.before_start(host.name, s, hs, reasons)  # (staging too: before the first drain)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         return
@@ -335,6 +338,7 @@ def service_stage(ctx: Context):
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
     # a group's node: the group's decision, from every node's facts (the same on every node)
     restart = reasons if ctx.group is None else groupstage.decided(ctx, reasons, peer_unit)
+    gpugate.before_group_start(state, ctx.group, bool(restart), ctx.release_id, s.sglang_service)
     if preflight.retest_before_restart(ctx.p2p_skipped, restart):
         # the server is about to be replaced: the copies skipped in pre-flight (it was
         # serving) run first; a read-only run's plan only names them (never run there)
@@ -471,10 +475,13 @@ def rollback_stage():
     lay = Layout.of(s)
     hs = groupprep.rollback_hoststate(host, s)  # read once per run (a group's peers too)
     rb = service.rollback_plan(host.name, hs, s.sglang_root)
+    g = routing.fleet_of_state(state).group_of(host.name)
+    if rb.restart and g is None:  # before anything is put back (a group's: with its group)
+        gpugate.check(host.name, s, hs, f"restart {s.sglang_service} on its known-good "
+                                        "configuration")
     ops.known_good_restored(
         name=f"Known-good configuration (release {rb.params['release']})", layout=lay,
         release=rb.params["release"], restore=rb.restore)
-    g = routing.fleet_of_state(state).group_of(host.name)
     if g is not None:
         return groupstage.rollback_group_node(s, g, rb)
     restart = None

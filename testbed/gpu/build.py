@@ -123,7 +123,9 @@ DEFAULT_GPU_ENV = {
     "REPLAY_DIR": "",
 }
 SCENARIOS = ("healthy", "uvm-missing", "driver-mismatch", "gpu-missing", "p2p-unsupported",
-             "p2p-corrupt", "p2p-slow")
+             "p2p-corrupt", "p2p-slow",
+             # GPU health fault profiles (nvidia-smi only; core.gpuhealth judges them)
+             "ecc-uncorrectable", "remap-pending", "smi-err", "gpu-lost", "health-query-error")
 
 
 def render_gpu_env(**overrides: str | float) -> str:

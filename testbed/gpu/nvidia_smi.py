@@ -145,6 +145,8 @@ class Machine:
         # the socket split uses the configured count: a missing GPU does not move the others
         self.gpus = [Gpu(i, cfg["GPU_NAME"], mem, host, i * self.sockets // max(1, configured))
                      for i in range(count)]
+        # gpu-lost: the last GPU's node is there, NVML cannot get its handle
+        self.lost = [self.gpus.pop()] if self.scenario == "gpu-lost" and self.gpus else []
 
     def cpu_affinity(self, sock: int) -> str:
         c, s = self.cpus_per_socket, self.sockets
@@ -174,8 +176,11 @@ def render_table(m: Machine, gpus: list[Gpu]) -> str:
     for g in gpus:
         name = g.name if len(g.name) <= 27 else g.name[:24] + "..."
         pwr, total = f"{int(g.power)}W", f"{g.mem}MiB"
+        ecc = field_values(m, g)["ecc.errors.uncorrected.volatile.total"]
+        if m.scenario == "smi-err" and g.index == FAULTY_GPU:
+            pwr, ecc = "ERR!", "ERR!"  # the table's word for a reading NVML failed
         out += [
-            f"|{g.index:>4}  {name:<27}{'On':>6}  |   {g.bus_id} Off |{'0':>21} |",
+            f"|{g.index:>4}  {name:<27}{'On':>6}  |   {g.bus_id} Off |{ecc:>21} |",
             (f"| N/A   {str(g.temp) + 'C':>3}    P8{pwr:>16} /  600W "
              f"|{'0MiB':>11} / {total:>9} |{'0%':>8}{'Default':>13} |"),
             f"|{'':41}|{'':24}|{'Disabled':>21} |",
@@ -205,7 +210,36 @@ CONSTANT_FIELDS = {
     "ecc.errors.corrected.volatile.total": "0", "ecc.errors.uncorrected.volatile.total": "0",
     "pcie.link.gen.current": "5", "pcie.link.gen.max": "5",
     "pcie.link.width.current": "16", "pcie.link.width.max": "16", "fan.speed": "[N/A]",
+    # health (the values of a healthy datacenter GPU with row remapping, as the real H100/H200
+    # captures of driver 590 print them: tests/fixtures/gpuhealth/)
+    "ecc.errors.corrected.aggregate.total": "0", "ecc.errors.uncorrected.aggregate.total": "0",
+    "retired_pages.pending": "[N/A]", "remapped_rows.correctable": "0",
+    "remapped_rows.uncorrectable": "0", "remapped_rows.pending": "No",
+    "remapped_rows.failure": "No", "gpu_recovery_action": "None",
 }
+#: the GPU the health fault scenarios hit (ecc-uncorrectable, remap-pending, smi-err)
+FAULTY_GPU = 1
+#: scenario -> the faulty GPU's field values (health fault profiles)
+FAULTS = {
+    "ecc-uncorrectable": {"ecc.errors.uncorrected.volatile.total": "2",
+                          "ecc.errors.uncorrected.aggregate.total": "2"},
+    "remap-pending": {"remapped_rows.uncorrectable": "1", "remapped_rows.pending": "Yes"},
+    "smi-err": {"power.draw": "[Unknown Error]",
+                "ecc.errors.uncorrected.volatile.total": "[Unknown Error]"},
+}
+#: fields only the GPU health read asks for: health-query-error fails a query naming one
+HEALTH_ONLY = ("ecc.errors.uncorrected.aggregate.total", "remapped_rows.pending",
+               "gpu_recovery_action")
+#: the text and exit status of nvidia-smi when it cannot get a lost GPU's handle (real text:
+#: tests/fixtures/gpuhealth/query_lost_gpu0_616.92.txt; 15 = "GPU is lost", nvidia-smi(1))
+LOST_EXIT = 15
+
+
+def lost_line(g: Gpu) -> str:
+    return (f"Unable to determine the device handle for GPU{g.index}: {g.bus_id[4:]}: "
+            "GPU is lost.  Reboot the system to recover this GPU\n")
+
+
 UNITS = {"memory.total": "MiB", "memory.used": "MiB", "memory.free": "MiB",
          "memory.reserved": "MiB", "utilization.gpu": "%", "utilization.memory": "%",
          "power.draw": "W", "power.limit": "W", "fan.speed": "%"}
@@ -214,7 +248,9 @@ ALIASES = {"gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid",
 
 
 def field_values(m: Machine, g: Gpu) -> dict[str, str]:
-    """Every --query-gpu field of GPU g, by its header name."""
+    """Every --query-gpu field of GPU g, by its header name (a fault scenario's values on
+    FAULTY_GPU)."""
+    faults = FAULTS.get(m.scenario, {}) if g.index == FAULTY_GPU else {}
     return {
         **CONSTANT_FIELDS,
         "timestamp": time.strftime("%Y/%m/%d %H:%M:%S.000"),
@@ -231,6 +267,7 @@ def field_values(m: Machine, g: Gpu) -> dict[str, str]:
         "memory.free": str(g.mem),
         "temperature.gpu": str(g.temp),
         "power.draw": f"{g.power:.2f}",
+        **faults,
     }
 
 
@@ -400,11 +437,18 @@ def run(args: list[str]) -> tuple[int, str]:
             return 255, "Failed to initialize NVML: Unknown Error\n"
         if req["mode"] == "version":
             return 0, render_version(m)
+        if req["mode"] == "query" and m.scenario == "health-query-error" \
+                and any(f in HEALTH_ONLY for f in req["fields"]):
+            return 255, "Failed to initialize NVML: Unknown Error\n"  # as cgroup-denied prints it
         gpus = _select(m, req["ids"])
+        lost = "".join(lost_line(g) for g in m.lost) if req["ids"] is None else ""
+        if lost and req["mode"] == "table":  # nvidia-smi prints only the handle error
+            return LOST_EXIT, lost
         if req["mode"] == "query":
-            return 0, render_query(m, req["fields"], req["format"], gpus)
+            text = render_query(m, req["fields"], req["format"], gpus)
+            return (LOST_EXIT, text + lost) if lost else (0, text)
         if req["mode"] == "list":
-            return 0, render_list(gpus)
+            return (LOST_EXIT, render_list(gpus) + lost) if lost else (0, render_list(gpus))
         if req["mode"] == "topo-m":
             return 0, render_topo_m(m)
         if req["mode"] == "p2p":

@@ -433,7 +433,7 @@ def test_status_table_when_not_a_terminal():
     assert lines[0] == "sglang-deploy status" and lines[1].split()[:4] == ["host", "group", "reachable", "unit"]
     assert lines[2].split()[:3] == ["a1", "-", "no"] and lines[2].endswith("127.0.0.1)")
     assert lines[3].split() == ["a2", "-", "yes", "active/running", "1m40s", "r1", "0.5", "applied",
-                                "200", "m", "t", "in", "sync"]
+                                "200", "-", "m", "t", "in", "sync"]  # gpus: no health read
 
 
 def test_doctor_table_when_not_a_terminal(capsys):

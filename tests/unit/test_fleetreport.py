@@ -111,3 +111,19 @@ def test_report_counts_one_host_in_the_singular(tmp_path, monkeypatch, capsys):
     out = tmp_path / "r.html"
     assert cli.main(["report", "inventory/testbed.py", "--out", str(out), "--no-status"]) == 0
     assert capsys.readouterr().err == f"report: {out} (1 host)\n"
+
+
+def test_page_shows_the_gpu_health_verdict_and_each_finding():
+    finding = {"code": "ecc-uncorrected-volatile", "severity": "fatal", "gpu": 1,
+               "bus_id": "00000000:25:00.0", "message": "2 uncorrectable ECC error(s) <since>",
+               "fix": "reset the GPU", "source": "nvidia-smi"}
+    rows = [dict(ROWS[0], host="gpu-a", gpu_health={"verdict": "fatal", "findings": [finding]}),
+            dict(ROWS[0], host="gpu-b", gpu_health=None)]
+    doc = fleetreport.build("inv.py", ["gpu-a", "gpu-b"], rows, {}, {}, {}, "now")
+    assert doc["hosts"][0]["status"]["gpu_health"]["verdict"] == "fatal"
+    page = htmlreport.render_html(doc)
+    assert '<td class="gpu-fatal" data-field="gpu_health">fatal</td>' in page
+    assert '<td class="gpu-none" data-field="gpu_health">-</td>' in page
+    assert ('<p class="gpu-finding gpu-fatal" data-host="gpu-a" data-code="ecc-uncorrected-volatile">'
+            "gpu-a: <b>GPU health fatal</b> (GPU 1): 2 uncorrectable ECC error(s) &lt;since&gt;; "
+            "fix: reset the GPU</p>") in page

@@ -321,6 +321,83 @@ def test_gpu_missing(host: Host) -> None:
     assert len(host.smi("topo", "-p2p", "r").stdout.split("\n\n")[0].splitlines()) == 1 + 7
 
 
+HEALTH_QUERY = (("--query-gpu=index,pci.bus_id,uuid,ecc.errors.uncorrected.volatile.total,"
+                "ecc.errors.uncorrected.aggregate.total,retired_pages.pending,"
+                "remapped_rows.pending,remapped_rows.failure,gpu_recovery_action,temperature.gpu,"
+                "power.draw"), "--format=csv,noheader,nounits")
+
+
+def _health(host: Host, scenario: str, expected: int = 8):
+    from sglang_deploy.core import gpuhealth
+
+    host.write(SCENARIO=scenario)
+    r = host.smi(*HEALTH_QUERY)
+    raw = {"query": {"rc": r.returncode, "out": r.stdout, "fields": HEALTH_QUERY[0][12:].split(","),
+                     "dropped": []}, "kernel": {"rc": 0, "lines": []}}
+    return r, gpuhealth.evaluate(raw, expected)
+
+
+def test_healthy_answers_the_health_fields_as_the_real_h100_capture(host: Host) -> None:
+    r, report = _health(host, "healthy")
+    assert r.returncode == 0 and report.verdict == "healthy" and report.gpus == 8
+    # the values of the real 590 H100 capture (tests/fixtures/gpuhealth/)
+    assert r.stdout.splitlines()[0].split(", ")[3:9] == ["0", "0", "[N/A]", "No", "No", "None"]
+
+
+@pytest.mark.parametrize("scenario, verdict, code", [
+    ("ecc-uncorrectable", "fatal", "ecc-uncorrected-volatile"),
+    ("remap-pending", "warning", "remap-pending"),
+    ("smi-err", "warning", "field-error"),
+])
+def test_health_fault_profiles_hit_gpu_1(host: Host, scenario: str, verdict: str, code: str) -> None:
+    r, report = _health(host, scenario)
+    assert r.returncode == 0 and report.verdict == verdict
+    assert {f.gpu for f in report.findings} == {1} and code in {f.code for f in report.findings}
+
+
+def test_smi_err_reads_err_in_the_table_and_unknown_error_in_the_csv(host: Host) -> None:
+    r, report = _health(host, "smi-err")
+    assert "[Unknown Error]" in r.stdout.splitlines()[1]
+    assert {f.code: f.severity for f in report.findings} == {"field-unreadable": "unknown",
+                                                             "field-error": "warning"}
+    table = host.smi().stdout.splitlines()
+    assert table[12].startswith("|   1  NVIDIA") and table[12].rstrip().endswith("ERR! |")
+    assert table[13].startswith("| N/A") and "ERR! /  600W" in table[13]
+    assert "ERR!" not in "".join(table[8:12])  # GPU 0
+
+
+def test_ecc_uncorrectable_shows_in_the_tables_ecc_column(host: Host) -> None:
+    host.write(SCENARIO="ecc-uncorrectable")
+    table = host.smi().stdout.splitlines()
+    assert table[12].startswith("|   1  NVIDIA") and table[12].rstrip().endswith(" 2 |")
+    assert table[8].startswith("|   0  NVIDIA") and table[8].rstrip().endswith(" 0 |")
+
+
+def test_gpu_lost_prints_the_handle_error_as_real_nvidia_smi(host: Host) -> None:
+    real = (REPO / "tests" / "fixtures" / "gpuhealth" / "query_lost_gpu0_616.92.txt").read_text().splitlines()[0]
+    r, report = _health(host, "gpu-lost")
+    assert r.returncode == 15 and len(r.stdout.splitlines()) == 8
+    line = r.stdout.splitlines()[-1]
+    assert line == ("Unable to determine the device handle for GPU7: 0000:E1:00.0: GPU is lost.  "
+                    "Reboot the system to recover this GPU")
+    assert line.split(": ", 2)[2] == real.split(": ", 2)[2]
+    assert report.verdict == "fatal" and [(f.code, f.gpu) for f in report.findings] == [("gpu-lost", 7)]
+    table = host.smi()
+    assert table.returncode == 15 and table.stdout == line + "\n"
+    # the deploy's own query fails too (the pre-flight names it: nvsmi.classify_smi_error)
+    from sglang_deploy.core import nvsmi
+
+    q = host.smi("--query-gpu=index,name", "--format=csv,noheader,nounits")
+    assert nvsmi.classify_smi_error(q.stdout, q.returncode) is nvsmi.SmiFailure.GPU_LOST
+
+
+def test_health_query_error_fails_only_the_health_query(host: Host) -> None:
+    r, report = _health(host, "health-query-error")
+    assert r.returncode == 255 and report.verdict == "unknown"
+    assert [f.code for f in report.findings] == ["query-failed"]
+    assert host.smi("--query-gpu=index,name", "--format=csv,noheader").returncode == 0
+
+
 def test_p2p_unsupported(host: Host) -> None:
     host.write(SCENARIO="p2p-unsupported")
     for cap in "rw":
