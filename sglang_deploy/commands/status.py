@@ -160,6 +160,15 @@ def render_hardening(rows: list[dict], out=None) -> None:
             print(f"hardening: {line}", file=out or sys.stdout)
 
 
+def render_model_memory(rows: list[dict], out=None) -> None:
+    """Under the table, one line per host: its served model's shards in the page cache
+    (``core.residency``), ``HOST: model: 97% in memory (...)``."""
+    for r in rows:
+        found = r.get("model_memory")
+        if found:
+            print(f"{r['host']}: model: {found['text']}", file=out or sys.stdout)
+
+
 def render_groups(groups: list[dict], out=None) -> None:
     """One line per group: its nodes in rank order, rank 0's address, its state and why."""
     for g in groups:
@@ -246,7 +255,8 @@ DESCRIPTION = """\
 One row per host: unit, release, patch, health, drift (read-only).
 
 Under the table, one line per host and property of the unit's sandbox that is not in force
-there (what the last release smoke saw), with why and the fix. No CUDA probe and no peer
+there (what the last release smoke saw), with why and the fix; and one line per host with how
+much of its served model is in the page cache (`model: 97% in memory`) and its MemAvailable. No CUDA probe and no peer
 copies run on a serving host.
 
 A multi-node group (hosts with the same sglang_group) is one unit: each row names its
@@ -270,7 +280,9 @@ def add_parser(sub) -> None:
                        '"problem"}], "router": null (no routers group) or {"host", "url", '
                        '"error", "workers": [{"host", "url", "state"}]}}; each host\'s '
                        '"hardening": {"in_force", "not_in_force" [{"name", "why", "fix", '
-                       '"found"}], "unknown", "checked_at", "release"} or null,')
+                       '"found"}], "unknown", "checked_at", "release"} or null; each '
+                       'host\'s "model_memory": {"shard_bytes", "resident_bytes", "percent", '
+                       '"shards", "mem_available", "mem_total", "text"} or null (no shard)')
     common.add_data(p)
     p.add_argument("--wide", action="store_true",
                    help="on a terminal, every value whole (default: short forms that fit 120 "
@@ -291,6 +303,7 @@ def run(args) -> int:
     else:
         render(rows, wide=args.wide)
         render_hardening(rows)
+        render_model_memory(rows)
         render_groups(states)
         render_router(router)
     return common.EXIT_OK if ok(rows, states, router) else common.EXIT_FAILED

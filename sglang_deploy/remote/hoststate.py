@@ -9,6 +9,10 @@ trip returns everything a fact or a verifier poll needs.
   hoststate.py poll --service S --port P [--host H] [--cursor C] [--invocation ID]
                     [--http] [--generate] [--no-journal] [--secrets FILE]
   hoststate.py platform      # {"python": "3.11", "glibc": "2.36"} (also part of `state`)
+
+With ``--model`` each shard also says how many of its bytes are in the page cache
+(``resident``: mincore over a read-only mapping of the file, as util-linux ``fincore`` does;
+nothing of the data is read), and ``memory`` gives /proc/meminfo's MemAvailable and MemTotal.
 """
 
 from __future__ import annotations
@@ -118,13 +122,116 @@ def releases(root: str) -> dict:
     return found
 
 
+#: bytes of the file mapped per mincore call (its vector: one byte per page)
+RESIDENCY_WINDOW = 1 << 30
+_LOW_BIT = bytes(i & 1 for i in range(256))  # mincore: only the low bit of each byte means
+_LIBC: list = []
+
+
+def _libc():
+    """The C library's mmap, munmap and mincore through ctypes (None: not Linux, or none)."""
+    if _LIBC:
+        return _LIBC[0]
+    lib = None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.mmap.restype = ctypes.c_void_p
+            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_int, ctypes.c_long]
+            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        except (OSError, AttributeError):
+            lib = None
+    _LIBC.append(lib)
+    return lib
+
+
+def resident_pages(fd: int, offset: int, length: int) -> int | None:
+    """Pages of the file FD in [OFFSET, OFFSET+LENGTH) that are in the page cache (OFFSET a
+    multiple of the page size): the range mapped read-only, mincore, unmapped; no page is
+    read. None when it cannot be told (no mincore, the mapping refused)."""
+    import ctypes
+
+    lib = _libc()
+    if lib is None or length <= 0:
+        return None if lib is None else 0
+    page = mmap_page_size()
+    pages = (length + page - 1) // page
+    addr = lib.mmap(None, length, 1, 1, fd, offset)  # PROT_READ, MAP_SHARED
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        return None
+    try:
+        vec = (ctypes.c_ubyte * pages)()
+        if lib.mincore(ctypes.c_void_p(addr), length, vec) != 0:
+            return None
+        return bytes(vec).translate(_LOW_BIT).count(1)
+    finally:
+        lib.munmap(ctypes.c_void_p(addr), length)
+
+
+def mmap_page_size() -> int:
+    return os.sysconf("SC_PAGE_SIZE")
+
+
+def residency_visible(path: str, st) -> bool:
+    """Whether the kernel tells this process the file's page-cache residency: since Linux 5.2
+    mincore reports the cache of a file mapping only to its owner, root (CAP_FOWNER) or a
+    process that may write the file (to others every page it has not touched reads absent)."""
+    euid = os.geteuid()
+    return euid == 0 or st.st_uid == euid or os.access(path, os.W_OK)
+
+
+def resident_bytes(path: str) -> int | None:
+    """Bytes of the file at PATH in the page cache (whole pages, at most the file's size);
+    None when it cannot be told (``resident_pages``, ``residency_visible``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not residency_visible(path, st):
+            return None
+        done = 0
+        for offset in range(0, st.st_size, RESIDENCY_WINDOW):
+            length = min(RESIDENCY_WINDOW, st.st_size - offset)
+            pages = resident_pages(fd, offset, length)
+            if pages is None:
+                return None
+            done += min(pages * mmap_page_size(), length)
+        return done
+    finally:
+        os.close(fd)
+
+
+def meminfo() -> dict:
+    """MemAvailable and MemTotal of /proc/meminfo, in bytes (None: not reported)."""
+    found = {"available": None, "total": None}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                name = {"MemAvailable": "available", "MemTotal": "total"}.get(key)
+                words = rest.split()
+                if name and words and words[0].isdigit():
+                    found[name] = int(words[0]) * (1024 if words[1:2] == ["kB"] else 1)
+    except OSError:
+        pass
+    return found
+
+
 def safetensors_shard(path: str) -> dict:
-    """Size and internal consistency of one shard (header length + data end == file size)."""
+    """Size and internal consistency of one shard (header length + data end == file size),
+    and its bytes in the page cache (``resident``, None: cannot be told)."""
     info = {"exists": os.path.exists(path)}
     if not info["exists"]:
         return info
     size = os.path.getsize(path)
     info["size"] = size
+    info["resident"] = resident_bytes(path)
     try:
         with open(path, "rb") as fh:
             (hlen,) = struct.unpack("<Q", fh.read(8))
@@ -267,6 +374,7 @@ def cmd_state(args) -> dict:
     }
     if args.model:
         result["model"] = model_state(args.model)
+        result["memory"] = meminfo()
     if args.cache:
         result["cache_files"] = sum(len(files) for _, _, files in os.walk(args.cache))
     if args.dev_open:

@@ -28,7 +28,7 @@ from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, groupops, groupprep, groupstage, lockfiles
-from sglang_deploy.shell import outcomes
+from sglang_deploy.shell import outcomes, warm
 from sglang_deploy.shell import p2pretest, p2pview, plan, releaseops, rollgate, routing, staging
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
@@ -327,6 +327,8 @@ def service_stage(ctx: Context):
     reasons = restart_reasons(ctx, unit_text, secrets_text)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
+        # the model into the page cache while every host still serves, before the first drain
+        warm.add_warm(ctx, restart_coming=not hs.service.unit_active or bool(reasons))
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
     # out of the router (the P2P retest's copies, every operation); the reads above do not
@@ -352,6 +354,12 @@ def service_stage(ctx: Context):
         staging.checks_before_start(ctx, unit_text, reasons, groupstage.condition(ctx) or None)
         if not active and ctx.group is None:  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
+    # the model into the page cache before the stop, while the server still serves (a
+    # group's nodes at once, when their group restarts)
+    if ctx.group is None:
+        warm.add_warm(ctx, restart_coming=not active or bool(reasons))
+    elif run is not None:
+        warm.add_warm(ctx, restart_coming=True, gate=groupstage.condition(ctx))
     if run is not None:  # the group's pre-flight, before any of its servers stops
         decision, cards = ctx.group_decision
         groupstage.add_preflight(run, decision, cards, lay.tool("rendezvous.py"),
