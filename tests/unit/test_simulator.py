@@ -11,11 +11,13 @@ import ast
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import string
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -342,6 +344,38 @@ def test_http_lifecycle_and_api_key(site, model_dir, tmp_path, runs):
     assert r.http("/metrics")[0] == 404  # no --enable-metrics
     ready = json.loads(r.ready_file.read_text())
     assert ready["pid"] == r.p.pid and ready["version"] == VERSION and ready["autotune"] is False
+
+
+def test_the_load_maps_and_touches_every_shard_page(site, tmp_path, runs):
+    """The load phase reads the weights as safetensors does (every page of every shard mapped
+    and touched): shards dropped from the page cache are back in it once the weights are
+    loaded, and the ready record says how many bytes were read, in how long."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "hoststate_for_sim", Path(__file__).resolve().parents[2] / "sglang_deploy" / "remote"
+        / "hoststate.py")
+    hoststate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hoststate)
+    model = make_model_dir(Path(tempfile.mkdtemp(dir="/var/tmp")) / "GLM-5-NVFP4", n_shards=3,
+                           shard_bytes=2 << 20)
+    try:
+        shards = sorted(model.glob("*.safetensors"))
+        for shard in shards:  # out of the page cache
+            fd = os.open(shard, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        assert all(hoststate.resident_bytes(str(s)) == 0 for s in shards)
+        r = start(runs, tmp_path, site, model)
+        r.wait_for("The server is fired up and ready to roll!")
+        assert r.wait_until(lambda _: r.ready_file.exists()), r.text[-2000:]
+        ready = json.loads(r.ready_file.read_text())
+        assert ready["loaded_bytes"] == sum(s.stat().st_size for s in shards)
+        assert ready["load_read_s"] > 0
+        assert all(hoststate.resident_bytes(str(s)) == s.stat().st_size for s in shards)
+    finally:
+        shutil.rmtree(model.parent, ignore_errors=True)
 
 
 def test_port_closed_while_loading_and_metrics(site, model_dir, tmp_path, runs):
