@@ -231,7 +231,7 @@ def safetensors_shard(path: str) -> dict:
         return info
     size = os.path.getsize(path)
     info["size"] = size
-    info["resident"] = resident_bytes(path)
+    info["resident"] = resident_bytes(path)  # before the header's read brings a page in
     try:
         with open(path, "rb") as fh:
             (hlen,) = struct.unpack("<Q", fh.read(8))
