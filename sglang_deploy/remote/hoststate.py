@@ -125,41 +125,23 @@ def releases(root: str) -> dict:
 #: bytes of the file mapped per mincore call (its vector: one byte per page)
 RESIDENCY_WINDOW = 1 << 30
 _LOW_BIT = bytes(i & 1 for i in range(256))  # mincore: only the low bit of each byte means
-_LIBC: list = []
-
-
-def _libc():
-    """The C library's mmap, munmap and mincore through ctypes (None: not Linux, or none)."""
-    if _LIBC:
-        return _LIBC[0]
-    lib = None
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            lib = ctypes.CDLL(None, use_errno=True)
-            lib.mmap.restype = ctypes.c_void_p
-            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                 ctypes.c_int, ctypes.c_long]
-            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        except (OSError, AttributeError):
-            lib = None
-    _LIBC.append(lib)
-    return lib
 
 
 def resident_pages(fd: int, offset: int, length: int) -> int | None:
-    """Pages of the file FD in [OFFSET, OFFSET+LENGTH) that are in the page cache (OFFSET a
-    multiple of the page size): the range mapped read-only, mincore, unmapped; no page is
-    read. None when it cannot be told (no mincore, the mapping refused)."""
+    """Pages of the file FD in [OFFSET, OFFSET+LENGTH) in the page cache (OFFSET a multiple of
+    the page size): the range mapped read-only (libc's mmap through ctypes), mincore,
+    unmapped; no page is read. None when it cannot be told (not Linux, mapping refused)."""
     import ctypes
 
-    lib = _libc()
-    if lib is None or length <= 0:
-        return None if lib is None else 0
-    page = mmap_page_size()
-    pages = (length + page - 1) // page
+    if not sys.platform.startswith("linux") or length <= 0:
+        return 0 if length <= 0 else None
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.mmap.restype = ctypes.c_void_p
+    lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_int, ctypes.c_long]
+    lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    pages = (length + mmap_page_size() - 1) // mmap_page_size()
     addr = lib.mmap(None, length, 1, 1, fd, offset)  # PROT_READ, MAP_SHARED
     if addr is None or addr == ctypes.c_void_p(-1).value:
         return None
@@ -176,26 +158,18 @@ def mmap_page_size() -> int:
     return os.sysconf("SC_PAGE_SIZE")
 
 
-def residency_visible(path: str, st) -> bool:
-    """Whether the kernel tells this process the file's page-cache residency: since Linux 5.2
-    mincore reports the cache of a file mapping only to its owner, root (CAP_FOWNER) or a
-    process that may write the file (to others every page it has not touched reads absent)."""
-    euid = os.geteuid()
-    return euid == 0 or st.st_uid == euid or os.access(path, os.W_OK)
-
-
 def resident_bytes(path: str) -> int | None:
-    """Bytes of the file at PATH in the page cache (whole pages, at most the file's size);
-    None when it cannot be told (``resident_pages``, ``residency_visible``)."""
+    """Bytes of the file at PATH in the page cache (whole pages, at most its size). None when
+    it cannot be told (``resident_pages``), or when the kernel would not say: since Linux 5.2
+    mincore reports a file's cache only to root, its owner or a process that may write it."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
-        st = os.fstat(fd)
-        if not residency_visible(path, st):
+        st, done = os.fstat(fd), 0
+        if os.geteuid() not in (0, st.st_uid) and not os.access(path, os.W_OK):
             return None
-        done = 0
         for offset in range(0, st.st_size, RESIDENCY_WINDOW):
             length = min(RESIDENCY_WINDOW, st.st_size - offset)
             pages = resident_pages(fd, offset, length)

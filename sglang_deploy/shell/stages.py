@@ -327,8 +327,7 @@ def service_stage(ctx: Context):
     reasons = restart_reasons(ctx, unit_text, secrets_text)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
-        # the model into the page cache while every host still serves, before the first drain
-        warm.add_warm(ctx, restart_coming=not hs.service.unit_active or bool(reasons))
+        warm.add_warm(ctx, not hs.service.unit_active or bool(reasons))  # before any drain
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
     # out of the router (the P2P retest's copies, every operation); the reads above do not
@@ -354,12 +353,8 @@ def service_stage(ctx: Context):
         staging.checks_before_start(ctx, unit_text, reasons, groupstage.condition(ctx) or None)
         if not active and ctx.group is None:  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
-    # the model into the page cache before the stop, while the server still serves (a
-    # group's nodes at once, when their group restarts)
-    if ctx.group is None:
-        warm.add_warm(ctx, restart_coming=not active or bool(reasons))
-    elif run is not None:
-        warm.add_warm(ctx, restart_coming=True, gate=groupstage.condition(ctx))
+    # the model into the page cache before the stop, while the server still serves
+    warm.before_restart(ctx, active, reasons, group_restarts=run is not None)
     if run is not None:  # the group's pre-flight, before any of its servers stops
         decision, cards = ctx.group_decision
         groupstage.add_preflight(run, decision, cards, lay.tool("rendezvous.py"),

@@ -22,7 +22,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 
 from sglang_deploy.core import modelfetch, residency
-from sglang_deploy.shell import plan, streamed
+from sglang_deploy.shell import groupops, plan, streamed
 from sglang_deploy.shell.operations import reported
 
 TOOL = "model_warm.py"
@@ -56,6 +56,15 @@ def add_warm(ctx, restart_coming: bool, gate: dict | None = None) -> residency.W
     elif restart_coming and s.sglang_model_warm and not plan.read_only():
         host.noop(f"model warm: {found.reason}")
     return found
+
+
+def before_restart(ctx, active: bool, reasons: list[str], group_restarts: bool) -> None:
+    """The service stage's warm: a single server's when it (re)starts (not ACTIVE, or
+    REASONS), a group's node's when its group restarts (gated by the group's decision)."""
+    if ctx.group is None:
+        add_warm(ctx, restart_coming=not active or bool(reasons))
+    elif group_restarts:
+        add_warm(ctx, restart_coming=True, gate={"_if": groupops.Decided()})
 
 
 def _run_json(command: str) -> dict | None:
