@@ -46,8 +46,8 @@ def add_warm(ctx, restart_coming: bool, gate: dict | None = None) -> residency.W
     s = ctx.settings
     found = decision(ctx, restart_coming)
     if found.action == residency.WARM:
-        model_warmed(name=f"Model {s.sglang_model_path} into the page cache (before the "
-                          f"(re)start, while the server serves)",
+        model_warmed(name=f"Model {s.sglang_model_path} into the page cache, before the "
+                          "server (re)starts",
                      path=s.sglang_model_path, python=s.sglang_system_python,
                      tool=ctx.layout.tool(TOOL), margin_pct=s.sglang_model_warm_margin_pct,
                      timeout_s=s.sglang_model_warm_timeout_s, **(gate or {}))

@@ -20,8 +20,7 @@ from .helpers import BIN, REPO, TB1, both, changed, pyinfra_deploy
 
 MODEL = "/srv/models/GLM-5-NVFP4"
 SERVICE = "Service: launch flags, secrets, systemd unit, (re)start"
-WARM_OP = f"{SERVICE} | Model {MODEL} into the page cache (before the (re)start, while the " \
-          "server serves)"
+WARM_OP = f"{SERVICE} | Model {MODEL} into the page cache, before the server (re)starts"
 
 # on the host: every shard written back and dropped from the page cache
 DROP = (f"python3 -c 'import glob, os\nfor f in glob.glob(\"{MODEL}/*.safetensors\"):\n"
@@ -155,3 +154,35 @@ def test_warming_off_reads_nothing_in(testbed, deployed_host):
     out = both(r)
     assert r.returncode == 0, out[-4000:]
     assert "into the page cache" not in out and "model warm" not in out
+
+
+def test_a_rollouts_staging_run_reads_the_model_in_and_restarts_nothing(testbed, deployed_host):
+    """The rollout's staging run (every host at once, before the first drain) reads the model
+    in while the server serves: the restart that follows finds it in memory."""
+    deployed_host(TB1)
+    before = testbed.host_state(TB1)["invocation"]
+    cold(testbed)
+    r = pyinfra_deploy([TB1], *restart_data(), inventory=testbed.inventory,
+                       env={"SGLANG_DEPLOY_STAGE_ONLY": "1"})
+    testbed.log.append(r)
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert WARM_OP in changed(out) and "now 100% in memory" in out, out[-4000:]
+    assert "Restart sglang" not in out
+    assert testbed.host_state(TB1)["invocation"] == before  # still the same server
+
+
+def test_a_rebuilt_host_reads_the_model_in_before_its_first_start(testbed, fresh_host):
+    fresh_host(TB1)
+    cold(testbed)
+    r = subprocess.run([str(BIN / "sglang-deploy"), "rebuild", str(testbed.inventory), TB1],
+                       cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+                       stdin=subprocess.DEVNULL)
+    testbed.log.append(r)
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    started = [line for line in out.splitlines() if "--> Starting operation" in line]
+    warm_at = next(i for i, line in enumerate(started) if "into the page cache" in line)
+    start_at = next(i for i, line in enumerate(started) if line.rstrip().endswith("| Start sglang"))
+    assert warm_at < start_at, started
+    assert "now 100% in memory" in out, out[-4000:]
