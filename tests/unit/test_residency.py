@@ -244,3 +244,11 @@ def test_status_and_the_report_show_the_model_in_memory():
     page = htmlreport.render_html(doc)
     assert '<td data-field="model_memory" title="97% in memory (388.0 GB of 400.0 GB; ' \
            'MemAvailable 200.0 GB)">97%</td>' in page
+
+
+def test_the_typed_host_state_carries_the_memory_beside_the_model():
+    from sglang_deploy.core.hoststate import HostState
+
+    hs = HostState.from_json({"model": shards((GB, GB)), "memory": MEM})
+    assert hs.memory == MEM and Residency.of(hs.model, hs.memory).percent == 100
+    assert HostState.from_json({}).memory is None
