@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import ROOT, log, plural
 
-SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage")
+SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage",
+          "residency")
 
 
 def git_commit() -> str:
@@ -113,6 +114,8 @@ def _fmt(x, unit="s"):
         return f"{x / 1000:.1f} KB"
     if unit == "installs":
         return f"{x:.2f} installs"
+    if unit == "GB/s":
+        return f"{x:.2f} GB/s"
     return f"{x:.3f} s" if abs(x) < 10 else f"{x:.1f} s"
 
 
@@ -243,8 +246,8 @@ figure beside its baseline in the same run, writes `bench/results/<timestamp>.js
 `docs/performance.md` (figures, medians, ratios, goals, the machine). Figures: no-op converge
 (1 and 8 hosts, against a pyinfra run of `true`), readiness and crash detection latency (the
 simulator records its ready and exit moments under the cache dir; the report's `verified_epoch_s`),
-rollout overhead per host, disaster-recovery rebuild, and scale (many hosts, controller peak
-memory). About 6 minutes with the default counts on a quiet 2-core machine, longer on busy cores.
+rollout overhead per host, disaster-recovery rebuild, scale (many hosts, controller peak
+memory), and a restart with the model in the page cache against one with it evicted. About 6 minutes with the default counts on a quiet 2-core machine, longer on busy cores.
 `.venv/bin/python bench/timeline.py [--hosts 8]` is a diagnostic beside them: the phases of a
 no-op run on 1 and on N hosts, each with how many of the machine's cores were busy and how many
 the controller used (bench/performance-notes.md, fifth round).

@@ -196,6 +196,15 @@ def render_gpu_health(rows: list[dict], out=None) -> None:
             print(f"gpu: {line}", file=out or sys.stdout)
 
 
+def render_model_memory(rows: list[dict], out=None) -> None:
+    """Under the table, one line per host: its served model's shards in the page cache
+    (``core.residency``), ``HOST: model: 97% in memory (...)``."""
+    for r in rows:
+        found = r.get("model_memory")
+        if found:
+            print(f"{r['host']}: model: {found['text']}", file=out or sys.stdout)
+
+
 def render_groups(groups: list[dict], out=None) -> None:
     """One line per group: its nodes in rank order, rank 0's address, its state and why."""
     for g in groups:
@@ -290,7 +299,8 @@ where installed): healthy, warning, unknown (a read that failed) or fatal (a dep
 to restart a server there); one line per finding under the table, with its fix.
 
 Under the table, one line per host and property of the unit's sandbox that is not in force
-there (what the last release smoke saw), with why and the fix. No CUDA probe and no peer
+there (what the last release smoke saw), with why and the fix; and one line per host with how
+much of its served model is in the page cache (`model: 97% in memory`) and its MemAvailable. No CUDA probe and no peer
 copies run on a serving host.
 
 A multi-node group (hosts with the same sglang_group) is one unit: each row names its
@@ -317,7 +327,9 @@ def add_parser(sub) -> None:
                        '"found"}], "unknown", "checked_at", "release"} or null; each host\'s '
                        '"gpu_health": {"verdict", "gpus", "sources", "findings" [{"code", '
                        '"severity", "gpu", "bus_id", "message", "fix", "source"}], "notes"} or '
-                       'null,')
+                       'null; each '
+                       'host\'s "model_memory": {"shard_bytes", "resident_bytes", "percent", '
+                       '"shards", "mem_available", "mem_total", "text"} or null (no shard)')
     common.add_data(p)
     p.add_argument("--wide", action="store_true",
                    help="on a terminal, every value whole (default: short forms that fit 120 "
@@ -339,6 +351,7 @@ def run(args) -> int:
         render(rows, wide=args.wide)
         render_gpu_health(rows)
         render_hardening(rows)
+        render_model_memory(rows)
         render_groups(states)
         render_router(router)
     return common.EXIT_OK if ok(rows, states, router) else common.EXIT_FAILED

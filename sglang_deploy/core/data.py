@@ -127,6 +127,19 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "https://huggingface.co."),
     _k("sglang_model_download_timeout_s", int, 86400,
        "Deadline of the model download, seconds (it then fails, naming what arrived).", minimum=1),
+    _k("sglang_model_warm", bool, True,
+       "Before the server (re)starts, read the model's shards into the host's page cache while "
+       "the old server still serves (a rollout: in its staging run, before the first drain), "
+       "at I/O priority idle, when they are not there already and fit "
+       "(`sglang_model_warm_margin_pct`); the restart then loads them from memory. Never in a "
+       "read-only run (`status`, `--dry`)."),
+    _k("sglang_model_warm_margin_pct", (int, float), 10,
+       "Memory the warm leaves free, in percent of the host's MemTotal: it reads the shard "
+       "bytes not yet in the page cache only when they plus this margin fit in MemAvailable "
+       "(else it says why, with the figures, and the server loads from disk).", minimum=0),
+    _k("sglang_model_warm_timeout_s", (int, float), 1800,
+       "Deadline of the warm, seconds: it then stops where it is (what it read stays in the "
+       "page cache) and the deploy goes on.", minimum=1),
     # --- service ----------------------------------------------------------------------------
     _k("sglang_flags", dict, {},
        "Launch flags: `{flag: value}`; `true` -> bare flag, `false`/null -> omitted, "

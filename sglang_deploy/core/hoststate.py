@@ -201,6 +201,8 @@ class HostState:
     p2p_verified: Mapping[str, Any] | None = None
     hardening: Mapping[str, Any] | None = None
     model: Mapping[str, Any] | None = None  # the model folder (``hoststate.model_state``)
+    #: with the model: MemAvailable and MemTotal in bytes (``available``, ``total``)
+    memory: Mapping[str, Any] | None = None
     cache_files: int | None = None
     route_dev: str | None = None  # a group's node: the interface toward its rank 0
     monotonic_now: float | None = None
@@ -229,7 +231,8 @@ class HostState:
             secrets_sha256=raw.get("secrets_sha256"), unit_sha256=raw.get("unit_sha256"),
             last_verified=_record(raw.get("last_verified")),
             p2p_verified=_record(raw.get("p2p_verified")), hardening=_record(raw.get("hardening")),
-            model=_record(raw.get("model")), cache_files=raw.get("cache_files"),
+            model=_record(raw.get("model")), memory=_record(raw.get("memory")),
+            cache_files=raw.get("cache_files"),
             route_dev=raw.get("route_dev"), monotonic_now=raw.get("monotonic_now"),
             gpu_health=_record(raw.get("gpu_health")), raw=raw)
 

@@ -1,8 +1,9 @@
 """Progress of long steps on the host (pure): the lines ``remote/progress_watch.py`` and
 ``remote/model_fetch.py`` print, rate and ETA from two samples, the text shown.
 
-A sample is a dict with ``kind`` (``venv`` or ``model``) and ``elapsed_s``; a venv sample has
-``packages``/``packages_total``/``venv_bytes``/``cache_bytes``, a model sample
+A sample is a dict with ``kind`` (``venv``, ``model`` or ``warm``) and ``elapsed_s``; a venv
+sample has ``packages``/``packages_total``/``venv_bytes``/``cache_bytes``, a model sample (the
+download) and a warm sample (the shards read into the page cache, ``remote/model_warm.py``)
 ``done_bytes``/``total_bytes``/``files_done``/``files_total``.
 """
 
@@ -71,7 +72,7 @@ def rate_eta(sample: Mapping[str, Any], previous: Mapping[str, Any] | None) -> t
 
 def fraction(sample: Mapping[str, Any]) -> float | None:
     """How far the step is (0..1) when a total is known."""
-    if sample.get("kind") == "model" and sample.get("total_bytes"):
+    if sample.get("kind") in ("model", "warm") and sample.get("total_bytes"):
         return min(sample["done_bytes"] / sample["total_bytes"], 1.0)
     if sample.get("packages_total"):
         return min((sample.get("packages") or 0) / sample["packages_total"], 1.0)
@@ -81,13 +82,15 @@ def fraction(sample: Mapping[str, Any]) -> float | None:
 def describe(sample: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -> str:
     """One plain line: what is done, how fast, how long it has run (and is left to run)."""
     elapsed = duration(sample.get("elapsed_s"))
-    if sample.get("kind") == "model":
+    if sample.get("kind") in ("model", "warm"):
         rate, eta = rate_eta(sample, previous)
         total = sample.get("total_bytes")
         pct = f" ({100 * sample['done_bytes'] / total:.1f}%)" if total else ""
         files = (f", {sample.get('files_done')}/{sample.get('files_total')} files"
                  if sample.get("files_total") else "")
-        return (f"model download: {size(sample.get('done_bytes'))} of {size(total)}{pct}, "
+        what = "model download" if sample["kind"] == "model" else \
+            "model into the page cache"
+        return (f"{what}: {size(sample.get('done_bytes'))} of {size(total)}{pct}, "
                 f"{size(rate) + '/s' if rate else 'no data moved'}"
                 f"{', ETA ' + duration(eta) if eta is not None else ''}{files}, {elapsed}")
     total = sample.get("packages_total")

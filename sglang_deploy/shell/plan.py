@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from sglang_deploy.core import hardening
+from sglang_deploy.core import hardening, residency
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.shell import journal
@@ -109,7 +109,16 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
         "last_verified": verified.get("verified_at"),
         # what the last release smoke saw of the unit's sandbox (``core.hardening``)
         "hardening": hardening.summary(hoststate.get("hardening")),
+        # the served model's shards in the page cache, and the host's memory
+        "model_memory": model_memory(hoststate),
     }
+
+
+def model_memory(hoststate: dict) -> dict | None:
+    """Pure: the served model's shards in the page cache (``core.residency``): bytes, percent,
+    MemAvailable/MemTotal and the line ``status`` shows; None without a shard on the host."""
+    res = residency.Residency.of(hoststate.get("model"), hoststate.get("memory"))
+    return None if res is None else {**res.as_json(), "text": res.text()}
 
 
 def record(state, host, ctx, serving: dict | None, extra: dict | None = None) -> None:
@@ -117,6 +126,8 @@ def record(state, host, ctx, serving: dict | None, extra: dict | None = None) ->
     group's node: ``groupops.group_fields``)."""
     journal.record(host.name, shape.PLAN, {
         "host": host.name, "preflight": "pass", "changes": changes(state, host),
-        **status_fields(ctx.hoststate.raw, serving, ctx.release_id),
+        # the model folder the deploy serves (a new revision's: ``staging.model_revision``)
+        **status_fields({**ctx.hoststate.raw, "model": ctx.hoststate.model}, serving,
+                        ctx.release_id),
         # the GPU health read, judged (``core.gpuhealth``: the pre-flight's ``gpugate.report``)
         "gpu_health": getattr(ctx, "gpu_report", None), **(extra or {})})

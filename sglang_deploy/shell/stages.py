@@ -29,7 +29,7 @@ from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, 
 from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, gpugate, groupops, groupprep, groupstage
 from sglang_deploy.shell import lockfiles, outcomes, p2pretest, p2pview, plan, releaseops, rollgate
-from sglang_deploy.shell import routing, staging
+from sglang_deploy.shell import routing, staging, warm
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
 from sglang_deploy.shell.verified import verify_and_record
@@ -330,6 +330,7 @@ def service_stage(ctx: Context):
     gpugate.before_start(host.name, s, hs, reasons)  # (staging too: before the first drain)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
+        warm.add_warm(ctx, not hs.service.unit_active or bool(reasons))  # before any drain
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
     # out of the router (the P2P retest's copies, every operation); the reads above do not
@@ -356,6 +357,8 @@ def service_stage(ctx: Context):
         staging.checks_before_start(ctx, unit_text, reasons, groupstage.condition(ctx) or None)
         if not active and ctx.group is None:  # the GPUs are free: no server yet
             allreduce.add_allreduce_check(ctx)
+    # the model into the page cache before the stop, while the server still serves
+    warm.before_restart(ctx, active, reasons, group_restarts=run is not None)
     if run is not None:  # the group's pre-flight, before any of its servers stops
         decision, cards = ctx.group_decision
         groupstage.add_preflight(run, decision, cards, lay.tool("rendezvous.py"),

@@ -245,10 +245,14 @@ class Sim:
         hang = n
         if self.cfg.scenario == "load-hang":
             hang = int(self.cfg.hang_at) if self.cfg.hang_at else n // 2
+        files = self.model.get("shard_files") or []
+        self.loaded_bytes, self.load_read_s = 0, 0.0
         for i in range(n + 1):
             if i:
                 while i > hang:  # progress stops; the process stays alive
                     time.sleep(3600)
+                if i <= len(files):  # the shard's bytes, from the page cache or the disk
+                    self.loaded_bytes += self.map_shard(Path(self.model_path) / files[i - 1])
                 self.cfg.sleep("per_shard")
             if self.node_rank:  # the bar is torch rank 0's (weight_utils enable_tqdm)
                 continue
@@ -263,6 +267,24 @@ class Sim:
             sim_faults.one_rank_fails_loading(self)
         self.all_ranks("load_end", elapsed=elapsed, arch=self.model["arch"], quant=self.model["quant"],
                        avail=self.avail_after_load, usage=usage)
+
+    def map_shard(self, path: Path) -> int:
+        """Map the shard read-only and touch every page of it, as safetensors' ``safe_open``
+        and the copy to the GPU do: a page in the page cache costs a memory read, any other
+        one a read from the disk. Returns its size (0: no such file)."""
+        import mmap
+
+        tic = time.monotonic()
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size:
+                    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                        _ = m[::mmap.PAGESIZE]  # a byte of every page: each one faulted in
+        except OSError:
+            return 0
+        self.load_read_s += time.monotonic() - tic
+        return size
 
     def alloc_kv(self):
         self.cfg.sleep("kv_alloc")
@@ -431,7 +453,10 @@ class Sim:
             "ready_at": time.time(), "ready_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "started_at": self.started, "pid": os.getpid(), "version": self.version,
             "scenario": self.cfg.scenario, "autotune": self.autotune_ran,
-            "autotune_reason": self.autotune_reason, "host": self.host, "port": self.port})
+            "autotune_reason": self.autotune_reason, "host": self.host, "port": self.port,
+            # the weights' pages read (mapped and touched) and how long that took
+            "loaded_bytes": getattr(self, "loaded_bytes", 0),
+            "load_read_s": round(getattr(self, "load_read_s", 0.0), 4)})
 
     def write_record(self, file: str, data: dict):
         """Wall-clock moments for the benchmarks (same kernel clock as the controller)."""

@@ -115,7 +115,7 @@ class Config:
 def read_model(model_path: str) -> dict:
     p = Path(model_path)
     info = {"arch": "LlamaForCausalLM", "shards": 1, "total_size": 0, "quant": "", "ctx": 4096,
-            "model_type": None}
+            "model_type": None, "shard_files": []}
     try:
         cfg = json.loads((p / "config.json").read_text())
         info["arch"] = (cfg.get("architectures") or [info["arch"]])[0]
@@ -132,10 +132,12 @@ def read_model(model_path: str) -> dict:
         pass
     try:
         idx = json.loads((p / "model.safetensors.index.json").read_text())
-        info["shards"] = max(1, len(set(idx.get("weight_map", {}).values())))
+        info["shard_files"] = sorted(set(idx.get("weight_map", {}).values()))
+        info["shards"] = max(1, len(info["shard_files"]))
         info["total_size"] = int((idx.get("metadata") or {}).get("total_size") or 0)
     except (OSError, ValueError):
-        info["shards"] = max(1, len(list(p.glob("*.safetensors"))))
+        info["shard_files"] = sorted(f.name for f in p.glob("*.safetensors"))
+        info["shards"] = max(1, len(info["shard_files"]))
     return info
 
 

@@ -150,7 +150,10 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
     assert len(smoke) == 1 and smoke[0].endswith(" under the unit's sandbox"), ops
     assert ops.index(smoke[0]) < ops.index(
         "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit changed)")
-    assert sorted(o for o in ops if o not in smoke) == sorted([
+    # the model's shards are read into the page cache first when some are not there (this
+    # machine pages idle memory out by itself): test_residency.py tests that operation
+    warm = [o for o in ops if "into the page cache" in o]
+    assert sorted(o for o in ops if o not in smoke + warm) == sorted([
         "Service: launch flags, secrets, systemd unit, (re)start | JIT toolchain (nvcc, ninja, c++) in the service's environment",
         "Service: launch flags, secrets, systemd unit, (re)start | Unit /etc/systemd/system/sglang.service",
         "Service: launch flags, secrets, systemd unit, (re)start | systemd daemon-reload",

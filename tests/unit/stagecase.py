@@ -92,6 +92,14 @@ def _current_tools(doc: Any) -> Any:
 
     state = doc.get("hoststate.json", {}).get("out") if "hoststate.json" in doc else doc
     paths = state.get("paths") if isinstance(state, dict) else None
+    # a tool added to the tree since the capture: reported as the others were (installed,
+    # or absent on a blank host)
+    tools = [(p, e) for p, e in (paths or {}).items() if p.endswith(".py") and "/tools/" in p]
+    if tools:
+        path, entry = tools[0]
+        for name in service.TOOLS:
+            paths.setdefault(f"{path.rsplit('/', 1)[0]}/{name}",
+                             dict(entry) if isinstance(entry, dict) else entry)
     for name in service.TOOLS if isinstance(paths, dict) else ():
         src = Path(patchmod.__file__) if name == "patch.py" else REMOTE / name
         for path, entry in paths.items():

@@ -369,7 +369,7 @@ def test_model_stand_in_tokenizer_is_fixed_and_covers_the_simulator_words(tmp_pa
     from testbed.sim.model import make_model_dir, tokenizer_files
 
     assert tokenizer_files() == tokenizer_files()
-    d = make_model_dir(tmp_path / "m", n_shards=1)
+    d = make_model_dir(tmp_path / "m", n_shards=1, shard_bytes=4096)
     tok = json.loads((d / "tokenizer.json").read_text())
     vocab = tok["model"]["vocab"]
     assert sorted(vocab.values()) == list(range(1024))

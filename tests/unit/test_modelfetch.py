@@ -29,7 +29,7 @@ def spec(**kw) -> modelfetch.FetchSpec:
     return modelfetch.FetchSpec(**base)
 
 def test_complete_folder_is_complete_and_a_missing_or_short_shard_is_not(tmp_path):
-    root = make_model_dir(tmp_path / "m", n_shards=3)
+    root = make_model_dir(tmp_path / "m", n_shards=3, shard_bytes=4096)
     assert modelfetch.model_complete(hoststate.model_state(str(root)), str(root))
     shard = root / "model-00002-of-00003.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])
@@ -66,7 +66,7 @@ def test_parse_output_takes_the_json_line_and_the_exit_status():
     assert modelfetch.parse_output("") == (None, None)
 
 def result(tmp_path, error=None, complete=True):
-    root = make_model_dir(tmp_path / "m", n_shards=2)
+    root = make_model_dir(tmp_path / "m", n_shards=2, shard_bytes=4096)
     if not complete:
         (root / "model-00002-of-00002.safetensors").unlink()
     return {"ok": error is None, "commit": "a" * 40, "files": 4, "error": error,
@@ -176,7 +176,7 @@ def test_the_host_measures_the_model_already_there_and_the_free_bytes(tmp_path):
 
 def test_a_new_revision_lives_beside_the_folder_that_holds_another(tmp_path):
     path = str(tmp_path / "GLM-5")
-    make_model_dir(tmp_path / "GLM-5", n_shards=2)
+    make_model_dir(tmp_path / "GLM-5", n_shards=2, shard_bytes=4096)
     model_fetch.write_record(path, "org/GLM-5", "main", "c0ffee")
     state = hoststate.model_state(path)
     assert state["fetched"] == {"repo": "org/GLM-5", "revision": "main", "commit": "c0ffee"}
@@ -184,7 +184,7 @@ def test_a_new_revision_lives_beside_the_folder_that_holds_another(tmp_path):
     new = modelfetch.revision_dir(path, "org/GLM-5", "refs/pr/7", state)
     assert new == path + "@refs_pr_7"
     assert modelfetch.state_of(state, new) == {"path": new, "exists": False}  # to download
-    make_model_dir(tmp_path / "GLM-5@refs_pr_7", n_shards=2)
+    make_model_dir(tmp_path / "GLM-5@refs_pr_7", n_shards=2, shard_bytes=4096)
     got = modelfetch.state_of(hoststate.model_state(path), new)
     assert got["path"] == new and modelfetch.model_complete(got, new)
     # another repo at the same folder is another revision too

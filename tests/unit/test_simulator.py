@@ -11,13 +11,16 @@ import ast
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import string
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -342,6 +345,60 @@ def test_http_lifecycle_and_api_key(site, model_dir, tmp_path, runs):
     assert r.http("/metrics")[0] == 404  # no --enable-metrics
     ready = json.loads(r.ready_file.read_text())
     assert ready["pid"] == r.p.pid and ready["version"] == VERSION and ready["autotune"] is False
+
+
+def _hoststate():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "hoststate_for_sim", Path(__file__).resolve().parents[2] / "sglang_deploy" / "remote"
+        / "hoststate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dropped(shards) -> None:
+    """SHARDS out of the page cache (written back first), as on a host that just booted."""
+    for shard in shards:
+        fd = os.open(shard, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def test_mapping_a_shard_brings_every_page_into_the_page_cache():
+    """The load reads a shard as safetensors does (mapped, every page touched): a shard that
+    was not in the page cache is in it afterwards (measured at once)."""
+    hoststate = _hoststate()
+    folder = Path(tempfile.mkdtemp(dir="/var/tmp"))  # a disk: tmpfs pages cannot be dropped
+    try:
+        (shard,) = make_model_dir(folder / "m", n_shards=1, shard_bytes=2 << 20).glob(
+            "*.safetensors")
+        _dropped([shard])
+        assert hoststate.resident_bytes(str(shard)) == 0
+        server = types.SimpleNamespace(load_read_s=0.0)
+        assert sim.Sim.map_shard(server, shard) == shard.stat().st_size
+        assert hoststate.resident_bytes(str(shard)) == shard.stat().st_size
+        assert server.load_read_s > 0
+        assert sim.Sim.map_shard(server, folder / "none.safetensors") == 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_load_maps_every_shard_before_the_weights_are_loaded(site, tmp_path, runs):
+    """Every shard of the index is read by the load phase (shards out of the page cache
+    first, as after a boot): the ready record says how many bytes, in how long."""
+    model = make_model_dir(tmp_path / "GLM-5-NVFP4", n_shards=3, shard_bytes=2 << 20)
+    shards = sorted(model.glob("*.safetensors"))
+    _dropped(shards)
+    r = start(runs, tmp_path, site, model)
+    text = r.wait_for("The server is fired up and ready to roll!")
+    assert "Load weight end." in text
+    assert r.wait_until(lambda _: r.ready_file.exists()), r.text[-2000:]
+    ready = json.loads(r.ready_file.read_text())
+    assert ready["loaded_bytes"] == sum(s.stat().st_size for s in shards)
+    assert ready["load_read_s"] > 0
 
 
 def test_port_closed_while_loading_and_metrics(site, model_dir, tmp_path, runs):

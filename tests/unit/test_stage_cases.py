@@ -57,6 +57,9 @@ def _check(rule: str, want, got: dict, host: str) -> None:
     elif rule == "operation":
         for pattern in want:
             assert any(re.fullmatch(pattern, n) for n in names), (pattern, names)
+    elif rule == "order":  # operations (one per pattern, the first it names) in this order
+        where = [next((i for i, n in enumerate(names) if re.fullmatch(p, n)), None) for p in want]
+        assert None not in where and where == sorted(where), (want, names)
     elif rule == "systemctl":  # the service commands, in order (start, restart)
         service = [c for c in map(_service_command, commands)
                    if re.match(r"systemctl (start|restart|stop) ", c)]
