@@ -26,10 +26,26 @@ MARK = "@@sglang-deploy:"
 HEREDOC_END = "SGLANG_DEPLOY_EOF"
 
 
+#: a shipped script's import of a sibling in remote/ that is inlined when it is fed on stdin
+#: (no file beside it there); in the tools folder it is a plain import
+_SIBLING = re.compile(r"^from (\w+) import [^\n]*# noqa: F401 \(inlined when fed on stdin\)$",
+                      re.MULTILINE)
+
+
+def inline_siblings(body: str) -> str:
+    """BODY with each marked sibling import replaced by that sibling's code (its own
+    ``from __future__`` line dropped: the importing script's, at its top, covers it)."""
+    def code(m: re.Match) -> str:
+        text = (REMOTE / f"{m.group(1)}.py").read_text()
+        return "\n".join(line for line in text.splitlines()
+                         if not line.startswith(("#!", "from __future__ ")))
+    return _SIBLING.sub(code, body)
+
+
 def stdin_script(script: str, args: list[str], python: str = "python3") -> str:
     """Run a shipped stdlib script with the host's python, its source fed on stdin through a
     here-document (nothing written on the host)."""
-    body = (REMOTE / script).read_text()
+    body = inline_siblings((REMOTE / script).read_text())
     assert HEREDOC_END not in body
     return f"{shlex.quote(python)} - {shlex.join(args)} <<'{HEREDOC_END}'\n{body}\n{HEREDOC_END}"
 

@@ -403,3 +403,15 @@ def write_json_record(path: str, record: dict) -> None:
     host.run_shell_command(f"set -e; printf '%s\\n' {q(text)} > {q(path + '.tmp')}; "
                            f"chmod 644 {q(path + '.tmp')}; mv -f {q(path + '.tmp')} {q(path)}",
                            print_output=False)
+
+
+def server_files(lay, release_id: str, unit_text: str, secrets_text: str):
+    """The server's secrets file, unit file and ``current`` link (LAY: ``core.service.Layout``):
+    their operations, in that order."""
+    secrets = secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
+                          path=lay.secrets_file, content=secrets_text)
+    unit = file_content(name=f"Unit {lay.unit_file}", src=StringIO(unit_text),
+                        dest=lay.unit_file, mode="644")
+    link = symlink(name=f"{lay.current} -> release {release_id}", path=lay.current,
+                   target=lay.release_dir(release_id))
+    return unit, secrets, link

@@ -363,12 +363,7 @@ def service_stage(ctx: Context):
         decision, cards = ctx.group_decision
         groupstage.add_preflight(run, decision, cards, lay.tool("rendezvous.py"),
                                  s.sglang_system_python)
-    secrets = ops.secret_file(name=f"Secrets {lay.secrets_file} (0600, root)",
-                              path=lay.secrets_file, content=secrets_text)
-    unit = ops.file_content(name=f"Unit {lay.unit_file}", src=StringIO(unit_text),
-                            dest=lay.unit_file, mode="644")
-    link = ops.symlink(name=f"{lay.current} -> release {ctx.release_id}", path=lay.current,
-                       target=lay.release_dir(ctx.release_id))
+    unit, secrets, link = ops.server_files(lay, ctx.release_id, unit_text, secrets_text)
     svc = hs.service
     if ctx.group is not None:  # a group's node starts with its group, never alone
         ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
