@@ -98,6 +98,11 @@ class Router:
         if entry is None:
             watch.removed, watch.router_state = True, "removed"
             say(f"    {name}: not in the router ({url}); waiting for its own requests only")
+        elif entry.status in routermod.OUT_OF_ROUTING:
+            # drained before and not yet forgotten (a rollout killed after its drain, run
+            # again within the router's settle): its removal is pending, nothing to ask
+            watch.router_load, watch.router_state = entry.load, entry.status
+            say(f"    {name}: already {entry.status} in the router ({entry.load} in flight)")
         else:
             watch.router_load = entry.load
             got = self.call("DELETE", f"/workers/{entry.id}")

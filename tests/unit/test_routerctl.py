@@ -89,6 +89,15 @@ def test_drain_waits_for_the_router_s_count_even_when_the_server_counts_none(mon
     assert watch.router_load == 0 and sum(c == ("GET", "/workers/a") for c in fake.calls) == 3
 
 
+def test_a_worker_already_draining_is_not_deleted_again_only_watched(monkeypatch):
+    """A rollout run again within the router's settle after one killed after its drain."""
+    fake = FakeSMG(settle=10, router_loads=(1, 0))
+    fake.workers["a"]["status"] = "draining"
+    watch = router(fake, monkeypatch).drain("gpu-1")
+    assert ("DELETE", "/workers/a") not in fake.calls
+    assert (watch.router_state, watch.router_load) == ("draining", 0)
+
+
 def test_drain_until_removed_waits_for_the_router_to_forget_the_worker(monkeypatch):
     fake = FakeSMG(settle=3, server_reqs=(2, 1, 0))
     watch = router(fake, monkeypatch, until="removed").drain("gpu-1")
