@@ -121,12 +121,13 @@ def drain_figures(drain: dict | None, removed: dict | None) -> list[Figure]:
                                                 "(drain start to put back)",
                samples=_hosts(drain, "out_of_router_s"), baseline_name=base,
                baseline_samples=_hosts(removed, "out_of_router_s"),
-               notes="the rollout report's out_of_router_s; the put back waits for the router "
-                     "to forget a worker it still holds from the drain (a re-add is refused "
-                     "and a replace undone by the pending removal): it waited "
+               notes="the rollout report's out_of_router_s; when a host's drain, deploy step "
+                     "and verification take less than SMG's settle, its put back waits for the "
+                     "router to forget the worker (a re-add is refused and a replace undone "
+                     "by the pending removal), here "
                      + (", ".join(f"{x:.1f} s" for x in readd) if readd else "never")
-                     + "; on the testbed a restart (about 3 s) is shorter than the settle, so "
-                       "this is bounded by the settle; on a real host the restart is minutes"),
+                     + ": the time out of the router is then the settle plus the re-add; on a "
+                       "real host the restart alone takes minutes"),
         Figure(key="router_failed_settle", unit="requests", samples=[s["during"]["failed"]],
                name="Failed requests through the router during the rollout whose drain waits "
                     "for the router's settle",
