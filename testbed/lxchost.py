@@ -108,6 +108,7 @@ class SimDriver:
     state: Path = field(default_factory=state_dir)
     uvm: int = DEFAULT_UVM
     gpus: int = GPU_COUNT
+    loaded: bool = True
 
     @property
     def mntns(self) -> Path:
@@ -125,7 +126,8 @@ class SimDriver:
     def _ns_mounted(self) -> bool:
         return _run(["findmnt", "-rn", "-o", "FSTYPE", str(self.mntns)]).stdout.strip() == "nsfs"
 
-    def _write_fakes(self, loaded: bool = True) -> None:
+    def _write_fakes(self) -> None:
+        loaded = self.loaded
         text = Path("/proc/devices").read_text()  # this process is outside the namespace
         if "nvidia" in text:  # read inside a namespace by mistake: never stack fakes
             raise TestbedError("the real /proc/devices already lists nvidia: not a machine "
@@ -169,7 +171,8 @@ class SimDriver:
                 f"workdir={self.state}/etc-work /etc")
             log(f"LXC host namespace {self.mntns}: simulated NVIDIA driver {DRIVER_VERSION}, "
                 f"uvm major {self.uvm}")
-        self.modprobe("-u", *[f"-c={n}" for n in range(self.gpus)])
+        if self.loaded:
+            self.modprobe("-u", *[f"-c={n}" for n in range(self.gpus)])
         return self
 
     def ns_shell(self, command: str, check: bool = True, env: dict | None = None,
@@ -199,7 +202,8 @@ class SimDriver:
     def module_loaded(self, loaded: bool) -> None:
         """False: a host without the NVIDIA module (no nvidia lines in /proc/devices, no
         /proc/driver/nvidia); True puts them back. The nodes in /dev stay as they are."""
-        self._write_fakes(loaded)
+        self.loaded = loaded
+        self._write_fakes()
 
     def down(self) -> None:
         """The namespace unmounted and STATE removed (the nodes in /dev stay: other
