@@ -161,7 +161,8 @@ def prepare_rootfs(dest: Path, serving: bool = False) -> None:
     (wants / "testbed-gpu-nodes.service").unlink(missing_ok=True)
     dropin = dest / "etc/systemd/system/ssh.service.d"
     dropin.mkdir(parents=True, exist_ok=True)
-    (dropin / "host-keys.conf").write_text("[Service]\nExecStartPre=/usr/bin/ssh-keygen -A\n")
+    (dropin / "host-keys.conf").write_text("[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\n"
+                                             "ExecStartPre=/usr/sbin/sshd -t\n")
     if serving:
         (dest / "etc/systemd/system/sglang.service").write_text(
             "[Unit]\nDescription=stand-in server\n[Service]\nExecStart=/bin/sleep infinity\n"

@@ -118,15 +118,27 @@ def record_path(spec: ContainerSpec, record_dir: str) -> str:
     return f"{record_dir}/{spec.ctid if spec.dialect == 'proxmox' else spec.name}.json"
 
 
-def _record_text(record: confmerge.Record) -> str:
-    return json.dumps(record.to_json(), indent=1) + "\n"
+#: the record's key (beside the Record's own) saying that the running container has not been
+#: restarted since its passthrough changed: the next run reports it again, or restarts it.
+#: Its value is the container's init PID then (plain LXC; else true): another PID now means
+#: the operator restarted it meanwhile.
+PENDING = "restart_pending"
 
 
-def _record(text: str | None, path: str) -> confmerge.Record:
+def _record_text(record: confmerge.Record, pending: str | bool = False) -> str:
+    data = record.to_json()
+    if pending:
+        data[PENDING] = pending
+    return json.dumps(data, indent=1) + "\n"
+
+
+def _record(text: str | None, path: str) -> tuple[confmerge.Record, str | bool]:
+    """The Record in TEXT and its pending restart (False: none)."""
     if not text:
-        return confmerge.Record()
+        return confmerge.Record(), False
     try:
-        return confmerge.Record.from_json(json.loads(text))
+        data = json.loads(text)
+        return confmerge.Record.from_json(data), data.get(PENDING) or False
     except (ValueError, AttributeError):
         raise LxcHostError("a passthrough record (JSON) in " + path, found=text.strip()[:200],
                            fix=f"delete {path}: the tool then adopts its lines that are still "
@@ -152,7 +164,9 @@ def _missing(spec: ContainerSpec, info: HostInfo) -> CreatePlan:
 
 def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]) -> ContainerPlan:
     """The plan for SPEC's container from STATE (``exists``, ``config``, ``record``,
-    ``running``, ``serving``, ``libraries``, ``os_release``). Raises ``LxcHostError`` on a
+    ``running``, ``init`` (its init PID, plain LXC), ``serving``, ``libraries``,
+    ``os_release``). A restart reported as needed by an earlier run and not done since (the
+    same init PID) counts as a change until it is done. Raises ``LxcHostError`` on a
     missing container without a base image, hand-written NVIDIA lines that conflict (and
     ``adopt_passthrough_lines`` false), or a record it cannot read."""
     rpath = record_path(spec, info.record_dir)
@@ -163,11 +177,12 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
     incus_argv: tuple[tuple[str, ...], ...] = ()
     warnings: list[str] = []
     cpath = config_path(spec, info.lxc_path)
+    record, pending = (confmerge.Record(), False) if create else _record(state.get("record"), rpath)
+    merged = None
     if spec.dialect in desired.FILE_DIALECTS:
         want = desired.desired_directives(spec.dialect, info.facts, spec.gpus,
                                           dev_entries_ok=info.dev_entries)
         text = "\n".join(create.config_lines) + "\n" if create else (state.get("config") or "")
-        record = confmerge.Record() if create else _record(state.get("record"), rpath)
         merged = confmerge.merge(text, want, spec.dialect, info.facts.majors, record,
                                  adopt=spec.adopt_passthrough_lines, path=cpath or spec.name)
         if create:
@@ -175,8 +190,6 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
         if merged.changed or create:
             new_config = merged.text
             changes += [f"add: {x}" for x in merged.added] + [f"remove: {x}" for x in merged.removed]
-        if create or _record_text(merged.record) != (state.get("record") or ""):
-            new_record = _record_text(merged.record)
         warnings += merged.warnings
     else:
         plan = incus.plan(state.get("config") or "", spec.dialect, spec.name, info.facts,
@@ -187,9 +200,18 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
             and state.get("libraries") is not None:
         finding = userspace_mod.check(state.get("libraries") or "", state.get("os_release") or "",
                                       info.facts.module)
-    changed = bool(create or new_config is not None or incus_argv)
+    # a change not yet in force (a restart reported, not done) counts until the container
+    # restarts; a stopped container takes its config at its next start
+    init = state.get("init") or True
+    pending = bool(pending and running and (pending is True or pending == init))
+    changed = bool(create or new_config is not None or incus_argv or pending)
     decision = restart.decide(spec.dialect, spec.name, changed=changed, running=running,
                               serving=serving, policy=spec.restart, ctid=spec.ctid,
                               lxc_path=info.lxc_path)
+    if merged is not None:
+        keep = _record_text(merged.record,
+                            init if decision.action in (restart.NEEDED, restart.DRAIN) else False)
+        if create or keep != (state.get("record") or ""):
+            new_record = keep
     return ContainerPlan(spec, decision, cpath, new_config, rpath, new_record, incus_argv,
                          create, tuple(changes), finding, tuple(warnings))

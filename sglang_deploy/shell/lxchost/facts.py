@@ -124,7 +124,7 @@ class ContainerCommands:
 class LxcContainerState(FactBase):
     """One container on the LXC host: ``exists`` (bool), ``config`` (the file's exact text,
     or LXD/Incus ``config show``'s YAML; None when missing), ``record`` (the tool's Record
-    JSON text, None without), ``running``, ``serving`` (its SGLang unit is active: ``systemctl
+    JSON text, None without), ``running``, ``init`` (its init PID, plain LXC), ``serving`` (its SGLang unit is active: ``systemctl
     is-active SERVICE`` inside), ``libraries`` and ``os_release`` (read inside a running
     container; None when it is not running)."""
 
@@ -141,6 +141,8 @@ class LxcContainerState(FactBase):
             _section("record", f"base64 -w0 {shlex.quote(record_path)} 2>/dev/null; echo"),
             _section("running", f"{running} && echo yes || echo no"),
             f"if {running}; then "
+            + (_section("init", f"lxc-info -P {shlex.quote(lxc_path)} -n {shlex.quote(container)}"
+                                " -pH 2>/dev/null") + "; " if dialect == "lxc" else "")
             + _section("serving", f"{inside} systemctl is-active {unit} 2>/dev/null; true") + "; "
             + _section("libraries", f"{inside} sh -c {shlex.quote(userspace.LIBS_COMMAND)}; true")
             + "; "
@@ -164,6 +166,7 @@ class LxcContainerState(FactBase):
             "config": config if exists else None,
             "record": b64("record"),
             "running": running,
+            "init": (s.get("init") or "").strip() or None if running else None,
             "serving": running and s.get("serving", "").strip() == "active",
             "libraries": s.get("libraries") if running else None,
             "os_release": s.get("os-release") if running else None,
