@@ -96,6 +96,10 @@ def test_the_simulator_serves_names_of_the_locked_sglang():
 
     series = metricnames.sglang_series(sglang_sources(sglang_version()).values())
     served = {f"sglang:{name}" for name, _, _ in sim_http.METRICS}
+    served |= {f"sglang:{name}{suffix}" for name, _ in sim_http.HISTOGRAMS
+               for suffix in ("_bucket", "_sum", "_count")}
+    # and it serves every sglang name the dashboard and the rules use (the real scrape sees them)
+    assert {u.name for u in metricnames.shipped_uses() if u.name.startswith("sglang:")} <= served
     assert served and served <= series, served - series
 
 
