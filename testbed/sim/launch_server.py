@@ -60,10 +60,9 @@ if not __package__:  # run as /opt/sglang-sim/launch_server.py on a host (or by 
     sys.modules["sglang_sim"] = importlib.util.module_from_spec(_spec)
     __package__ = "sglang_sim"
 
-from . import sim_faults, sim_group
+from . import sim_faults, sim_group, sim_http
 from .model import WORDS
 from .sim_config import REAL_DURATIONS, Config, read_model
-from . import sim_http
 from .sim_http import make_handler
 from .sim_log import (
     PYNVML_WARNING,
