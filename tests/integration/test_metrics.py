@@ -102,39 +102,71 @@ def prometheus(tmp_path):
 
 
 def _wait_all_up(base: str, want: int) -> list[dict]:
-    """Prometheus's active targets once WANT of them are up (deadline: the last seen)."""
-    deadline, last = time.monotonic() + UP_DEADLINE_S, None
-    while time.monotonic() < deadline:
+    """Prometheus's active targets once WANT of them are up."""
+    def probe():
         try:
-            last = _api(base, "/api/v1/targets")["activeTargets"]
+            active = _api(base, "/api/v1/targets")["activeTargets"]
         except OSError as exc:  # not listening yet
-            last = repr(exc)
-        else:
-            if len(last) == want and all(t["health"] == "up" for t in last):
-                return last
+            return False, repr(exc)
+        return len(active) == want and all(t["health"] == "up" for t in active), active
+
+    return _poll(f"{want} targets up", probe)
+
+
+def _poll(what: str, probe, deadline_s: float = UP_DEADLINE_S):
+    """PROBE() until it returns (ok, observation) with ok true; the last observation at the
+    deadline fails the test."""
+    deadline, last = time.monotonic() + deadline_s, None
+    while time.monotonic() < deadline:
+        ok, last = probe()
+        if ok:
+            return last
         time.sleep(0.5)
-    raise AssertionError(f"not every target up within {UP_DEADLINE_S} s; last seen: {last}")
+    raise AssertionError(f"{what}: not within {deadline_s} s; last seen: {last}")
 
 
-def test_prometheus_scrapes_every_target_of_metrics_targets(routed_one, prometheus, tmp_path):
-    st = routed_one.state
+def _scraping(testbed, prometheus, tmp_path) -> tuple[str, dict, dict]:
+    """metrics-targets, then Prometheus scraping its file with every target up: (API base,
+    the server host, the router host) of the testbed state."""
+    st = testbed.state
     server = next(h for h in st["hosts"] if h.get("role") != "router")
     router = next(h for h in st["hosts"] if h.get("role") == "router")
     targets = tmp_path / "sglang-targets.json"
-    r = subprocess.run([str(BIN / "sglang-deploy"), "metrics-targets", str(routed_one.inventory),
+    r = subprocess.run([str(BIN / "sglang-deploy"), "metrics-targets", str(testbed.inventory),
                         "--out", str(targets), *_data_args()],
                        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     groups = json.loads(targets.read_text())
-    release = routed_one.ssh(server["name"], "readlink /opt/sglang/current",
-                             check=True).stdout.strip().rsplit("/", 1)[-1]
-    worker = f"http://{server['address']}:30000"
+    release = testbed.ssh(server["name"], "readlink /opt/sglang/current",
+                          check=True).stdout.strip().rsplit("/", 1)[-1]
     assert sorted((g["targets"][0], g["labels"]["component"]) for g in groups) == sorted([
         (f"{server['address']}:30000", "server"), (f"{router['address']}:29000", "router")])
     srv = next(g["labels"] for g in groups if g["labels"]["component"] == "server")
-    assert srv["release"] == release and srv["worker"] == worker and srv["model"]
+    assert srv["release"] == release and srv["worker"] == _worker(server) and srv["model"]
+    base = prometheus(targets)
+    active = _wait_all_up(base, want=2)
+    assert {t["labels"]["component"]: t["labels"]["host"] for t in active} == {
+        "server": server["name"], "router": router["name"]}
+    return base, server, router
 
-    # one generation through the router, so that its request counter exists
+
+def _worker(server: dict) -> str:
+    return f"http://{server['address']}:30000"
+
+
+def _query(base: str, expr: str) -> list[dict]:
+    return _api(base, "/api/v1/query", query=expr)["result"]
+
+
+#: the host-out-of-router rule's condition (without its `for:`)
+OUT_OF_ROUTER = 'up{component="server", worker!=""} == 1 unless on(worker) (smg_worker_health == 1)'
+IN_ROUTER = 'up{component="server"} == 1 and on(worker) (smg_worker_health == 1)'
+
+
+def test_prometheus_scrapes_every_target_of_metrics_targets(routed_one, prometheus, tmp_path):
+    st = routed_one.state
+    router = next(h for h in st["hosts"] if h.get("role") == "router")
+    # one generation through the router first, so that its request counter exists
     key = (Path(st["state_dir"]) / "router-key").read_text().strip()
     req = urllib.request.Request(
         f"http://{router['address']}:30000/generate",
@@ -142,31 +174,51 @@ def test_prometheus_scrapes_every_target_of_metrics_targets(routed_one, promethe
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         assert resp.status == 200
-
-    base = prometheus(targets)
-    active = _wait_all_up(base, want=2)
-    assert {t["labels"]["component"]: t["labels"]["host"] for t in active} == {
-        "server": server["name"], "router": router["name"]}
+    base, server, _ = _scraping(routed_one, prometheus, tmp_path)
 
     # every SGLang and SMG name of the dashboard and the rules is in what was scraped (the
     # watchdog's come from the watchdog, not deployed here)
     used = {u.name for u in metricnames.shipped_uses()
             if not u.name.startswith(metricnames.WATCHDOG_PREFIX)}
-    deadline, missing = time.monotonic() + UP_DEADLINE_S, used
-    while missing and time.monotonic() < deadline:
-        names = set(_api(base, "/api/v1/label/__name__/values"))
-        missing = used - names
-        time.sleep(0.5)
-    assert not missing, f"not scraped: {sorted(missing)}"
+
+    def scraped():
+        missing = used - set(_api(base, "/api/v1/label/__name__/values"))
+        return not missing, sorted(missing)
+
+    _poll("every SGLang and SMG name of the dashboard and rules scraped", scraped)
 
     # the router's view of the worker joins the server's `worker` label, healthy
-    joined = _api(base, "/api/v1/query", query=(
-        'up{component="server"} == 1 and on(worker) (smg_worker_health == 1)'))["result"]
-    assert [s["metric"]["host"] for s in joined] == [server["name"]], joined
-    out = _api(base, "/api/v1/query", query=(
-        'up{component="server", worker!=""} == 1 unless on(worker) (smg_worker_health == 1)'))
-    assert out["result"] == []
+    joined = _query(base, IN_ROUTER)
+    assert [x["metric"]["host"] for x in joined] == [server["name"]], joined
+    assert _query(base, OUT_OF_ROUTER) == []
 
     rules = [r for g in _api(base, "/api/v1/rules")["groups"] for r in g["rules"]]
     assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
     assert _api(base, "/api/v1/alerts")["alerts"] == []
+
+
+def test_a_host_drained_out_of_the_router_reads_as_out_of_it(routed_one, prometheus, tmp_path):
+    """The rollout's own drain (shell.routerctl, DELETE /workers/ID on the real SMG): the
+    router's smg_worker_health series of the worker goes, so the out-of-router condition
+    holds for that host until it is put back (the rule's `for:` and the deploy-lock guard
+    keep a rollout's drain from firing it: tests/fixtures/monitoring/alerts_test.yml)."""
+    from sglang_deploy.shell import routerctl
+
+    base, server, _ = _scraping(routed_one, prometheus, tmp_path)
+    _poll("the worker healthy in the router", lambda: (
+        bool(got := _query(base, IN_ROUTER)), got))
+    router = routerctl.routers(str(routed_one.inventory), cwd=str(REPO), data=DATA)[0]
+    router.drain(server["name"])
+    health = f'smg_worker_health{{worker="{_worker(server)}"}}'
+
+    def out_of_router():
+        got = _query(base, OUT_OF_ROUTER)
+        hosts = [x["metric"].get("host") for x in got]
+        return hosts == [server["name"]], {"out": got, "router's series": _query(base, health)}
+
+    try:
+        seen = _poll("the drained host out of the router in Prometheus", out_of_router)
+        assert seen["out"][0]["metric"]["worker"] == _worker(server)
+    finally:
+        router.put_back(server["name"])
+    _poll("the host back in the router", lambda: (not (got := _query(base, OUT_OF_ROUTER)), got))
