@@ -244,6 +244,12 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("rollout_drain_timeout_s", (int, float), 300,
        "`sglang-deploy rollout`: deadline for a host taken out of the router to finish the "
        "requests in flight on it before its restart.", minimum=1),
+    _k("rollout_drain_until", str, "idle",
+       "`sglang-deploy rollout`: when a host's drain ends. `idle`: once the router routes no "
+       "new request to it (SMG lists it `draining`, or has forgotten it) and neither the "
+       "router nor the server counts a request in flight. `removed`: also until the router "
+       "has forgotten it (SMG's fixed `drain_settle_secs`, 5 s, whatever is in flight): the "
+       "behaviour before, kept as the bench's baseline.", choices=("idle", "removed")),
     # --- metrics ----------------------------------------------------------------------------
     _k("watchdog_metrics_port", (int, NONE), None,
        "Port of the watchdog's Prometheus metrics (`/metrics`) on each serving host, at the "

@@ -292,12 +292,19 @@ class FakeRouter:
         self.drain_timeout_s = 60.0
 
     def drain(self, name, say):
+        from sglang_deploy.core.router import DrainWatch
+
         self.calls.append(("drain", name))
         if name in self.fails:
             raise RouterError(what=f"{name} drained", found="router in-flight 3 at the deadline")
+        return DrainWatch(url=self.workers[name], worker_id=name, router_load=0, worker_reqs=0,
+                          router_state="draining", drained_s=0.25)
 
     def put_back(self, name, say):
+        from sglang_deploy.shell.routerctl import PutBack
+
         self.calls.append(("put_back", name))
+        return PutBack(steps=["wait-removal", "add", "verify"], removal_wait_s=1.5, tries=1)
 
 
 def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=(), calls=None):
@@ -394,6 +401,10 @@ def test_after_staging_each_batch_only_rolls_and_trusts_the_staging_record(tmp_p
     assert front.calls == [("drain", "a"), ("put_back", "a"), ("drain", "b"), ("put_back", "b")]
     assert all(x.status == "done" and x.router == "back" and x.out_of_router_s is not None
                and x.stage_seconds == 2.0 for x in results.values())
+    # what the drain and the put back saw is in the report: the drain ended while the router
+    # still held the worker, the put back waited for the router to forget it
+    assert [(x.drain_s, x.drain_router, x.readd_wait_s) for x in results.values()] == \
+        [(0.25, "draining", 1.5)] * 2
 
 
 def test_no_stage_rolls_without_the_staging_record(tmp_path, monkeypatch):
