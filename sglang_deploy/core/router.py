@@ -79,11 +79,12 @@ def lock_version(text: str, package: str = "smg") -> str | None:
 # ------------------------------------------------------------------------------ unit
 
 def launch_argv(*, python: str, launcher: str, host: str, port: int, policy: str,
-                workers: list[str], prometheus_port: int) -> list[str]:
+                workers: list[str], prometheus_port: int,
+                prometheus_host: str = "127.0.0.1") -> list[str]:
     """``smg launch`` through the key-reading launcher: every secret stays out of argv."""
     return [python, launcher, "launch", "--host", host, "--port", str(port),
             "--worker-urls", *workers, "--policy", policy, "--disable-tokenizer-autoload",
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port),
+            "--prometheus-host", prometheus_host, "--prometheus-port", str(prometheus_port),
             "--health-check-interval-secs", "10", "--log-level", "info"]
 
 

@@ -177,13 +177,26 @@ def release_of_lock(text: str, path: str) -> tuple[str, str]:
 # the launch command and the environment
 
 
+#: SGLang's /metrics (Prometheus) is on unless ``sglang_flags`` sets this flag itself
+METRICS_FLAG = "--enable-metrics"
+
+
+def metrics_on(settings) -> bool:
+    """Whether the server serves ``/metrics`` (its rendered flags hold ``--enable-metrics``)."""
+    return METRICS_FLAG in flagmod.render_flags(flag_map(settings))
+
+
 def flag_map(settings, *, with_api_key: bool = False) -> dict[str, Any]:
-    """The launch flags: ``sglang_flags`` plus the flags that come from their own keys. The API
+    """The launch flags: ``sglang_flags`` plus the flags that come from their own keys, and
+    ``--enable-metrics`` unless ``sglang_flags`` names that flag itself (``false`` turns the
+    server's ``/metrics`` off); it is checked against the locked SGLang as every flag. The API
     key never goes into argv (the launcher reads it from the environment); WITH_API_KEY adds a
     placeholder so that the flag check knows the server will get ``--api-key``."""
     s = settings
     out = {**s.sglang_flags, "model-path": s.sglang_model_path, "host": s.sglang_host,
            "port": s.sglang_port}
+    if not any(flagmod.normalise_name(k) == METRICS_FLAG for k in s.sglang_flags):
+        out["enable-metrics"] = True  # on by default; `enable-metrics: false` turns it off
     if s.sglang_served_model_name:
         out["served-model-name"] = s.sglang_served_model_name
     if with_api_key and s.api_key:

@@ -139,7 +139,9 @@ def test_bad_input_fails_before_connecting_naming_the_key(testbed):
 def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed, deployed_host):
     deployed_host(TB1)
     before = invocation(testbed, TB1)
-    flags = {**SEED_FLAGS, "enable-metrics": True}
+    unit = testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service", check=True).stdout
+    assert "--enable-metrics" in unit  # metrics are on by default
+    flags = {**SEED_FLAGS, "enable-metrics": False}  # the operator turns them off
     r = deploy(testbed, TB1, "--data", f"sglang_flags={json.dumps(flags)}")
     out = both(r)
     assert r.returncode == 0, out[-4000:]
@@ -162,9 +164,9 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
     ])
     assert invocation(testbed, TB1) != before
     unit = testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service", check=True).stdout
-    assert "--enable-metrics" in unit
+    assert "--enable-metrics" not in unit
     metrics = testbed.ssh(TB1, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/metrics")
-    assert metrics.stdout.strip() == "200"
+    assert metrics.stdout.strip() == "404"
 
 
 def test_a_flag_unknown_to_the_installed_sglang_never_reaches_a_restart(testbed, deployed_host):

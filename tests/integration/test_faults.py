@@ -49,7 +49,7 @@ LOCKS = REPO / ".sglang-deploy" / "fault-locks"
 SERVING, UNTOUCHED, SPARE = TB1, TB2, TB3
 BOTH = (SERVING, UNTOUCHED)
 UV_SYNC = "^/opt/sglang/tools/venv/bin/uv pip sync"
-FLAG_SETS = [SEED_FLAGS, {**SEED_FLAGS, "enable-metrics": True}]
+FLAG_SETS = [SEED_FLAGS, {**SEED_FLAGS, "enable-metrics": False}]  # metrics on, off
 deploy = fault_deploy
 
 
@@ -66,7 +66,7 @@ def next_flags(testbed) -> dict:
     """The other flag set than the one SERVING runs now, read from its unit (a change = a
     restart)."""
     unit = testbed.ssh(SERVING, "cat /etc/systemd/system/sglang.service", check=True).stdout
-    return {"sglang_flags": FLAG_SETS[0 if "--enable-metrics" in unit else 1]}
+    return {"sglang_flags": FLAG_SETS[1 if "--enable-metrics" in unit else 0]}
 
 
 def push(testbed, host: str, path: str, text: str) -> None:

@@ -4,6 +4,7 @@ environment, restarts, servers no deploy verified, verifier parameters, rollback
 import pytest
 
 from sglang_deploy.core import data, service
+from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import DataError, RollbackError
 from sglang_deploy.core.hoststate import HostState, ServiceState
 from sglang_deploy.core.service import Layout
@@ -78,10 +79,25 @@ def test_one_flag_map_for_argv_and_check():
                  sglang_served_model_name="glm", sglang_api_key_env="KEY")
     fm = service.flag_map(s)
     assert fm == {"tp-size": 8, "disable-cuda-graph": True, "model-path": "/srv/models/m",
-                  "host": "127.0.0.1", "port": 30000, "served-model-name": "glm"}
+                  "host": "127.0.0.1", "port": 30000, "served-model-name": "glm",
+                  "enable-metrics": True}
     checked = service.flag_map(s, with_api_key=True)
     assert checked["api-key"] == "<secret>" and "s3cret" not in str(checked)
     assert "api-key" not in service.flag_map(settings(), with_api_key=True)
+
+
+@pytest.mark.parametrize("flags, on", [
+    ({}, True),  # on by default
+    ({"enable-metrics": True}, True),
+    ({"enable-metrics": False}, False),  # the operator turns it off
+    ({"enable_metrics": None}, False),  # any spelling of the flag is the operator's choice
+    ({"--enable-metrics": False}, False),
+])
+def test_metrics_are_on_unless_the_flags_turn_them_off(flags, on):
+    s = settings(sglang_flags={"tp-size": 8, **flags})
+    argv = flagmod.render_flags(service.flag_map(s))
+    assert ("--enable-metrics" in argv) is on and service.metrics_on(s) is on
+    assert argv.count("--enable-metrics") <= 1
 
 
 def test_launch_argv_runs_the_launcher_with_the_release_python_and_no_secret():
