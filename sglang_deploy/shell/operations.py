@@ -192,6 +192,23 @@ def service_restarted(service: str):
 
 
 @operation()
+def service_stopped(service: str):
+    """
+    Stop the service (gate it with ``_if``): before the P2P retest of a server about to be
+    replaced, whose copies need GPUs no server holds (``p2pretest``).
+
+    + service: unit name without ``.service``
+
+    **Example:**
+
+    .. code:: python
+
+        service_stopped(service="sglang", _if=restart_due)
+    """
+    yield f"systemctl stop {service}.service"
+
+
+@operation()
 def daemon_reload():
     """
     ``systemctl daemon-reload`` (gate it with ``_if=unit.did_change``).

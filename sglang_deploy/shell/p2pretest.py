@@ -1,11 +1,15 @@
-"""The P2P retest before a serving host's restart: the CUDA probe with the peer copies, run
-as an operation when the deploy executes, after the decision to restart and before the unit,
-the ``current`` link or the service change.
+"""The P2P retest before a server is replaced: the CUDA probe with the peer copies, an
+operation in the real run and the dry run alike (``core.restart.Decision.retest``).
 
-The pre-flight skips the copies while the server serves (its GPU memory is the server's,
-``preflight.probe_plan``); a deploy that will replace that server proves P2P first. Being an
-operation, it never runs in a read-only command (``status``, ``rollout --dry``, ``report``,
-``deploy.py --dry``): their plan shows it as ``preflight.RETEST_NOTE``.
+The pre-flight skips the copies while a server runs on the GPUs (``preflight.probe_plan``:
+its GPU memory is the server's, and a read-only command never touches the GPUs of a unit that
+is active or activating). A deploy that will replace that server proves P2P first, on GPUs no
+server holds: a single host's unit is stopped just before (``Stop SERVICE for the P2P
+retest``), after the new unit and secrets files are in place; a group's node retests once its
+whole group has stopped. Being an operation, it never runs while pyinfra prepares, nor in a
+read-only command (``status``, ``rollout --dry``, ``report``, ``deploy.py --dry``), whose plan
+shows the same operations. A failed retest leaves the server stopped: a new one would not
+serve on those GPUs either.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from sglang_deploy.shell import p2pview
 
 def add_retest(ctx, run_probe: Callable, **gate) -> None:
     """Add the retest of CTX's host (``stages.Context``); RUN_PROBE: ``stages.run_probe``;
-    GATE: a group's node's ``_if`` (the retest runs when its group restarts)."""
+    GATE: its ``_if`` (the server was stopped for it; a group's node: its group restarts)."""
     name = (f"{preflight.RETEST_NOTE} of {ctx.settings.sglang_service} (peer copies on every "
             "GPU pair)")
     python.call(name=name, function=ops.reported(functools.partial(
@@ -47,9 +51,9 @@ def retest(ctx, run_probe: Callable, rendered_env: dict) -> None:
             what=f"the P2P verdict {s.sglang_service}'s new unit was rendered with (the last "
                  f"recorded test on {host.name}) to still hold",
             found=f"the retest asks for NCCL environment {_env(ctx.nccl_env)}, the unit has "
-                  f"{_env(rendered_env)}; nothing was changed, the old server still serves",
-            fix="run the deploy again: the new verdict is recorded on the host and the next "
-                "run renders the unit with it")
+                  f"{_env(rendered_env)}; {s.sglang_service} is stopped (for the retest)",
+            fix="run the deploy again: the new verdict is recorded on the host, and the next "
+                "run renders the unit with it and starts the server")
 
 
 def _env(env: dict) -> str:

@@ -19,7 +19,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import group, jit, modelfetch, preflight, service
+from sglang_deploy.core import group, jit, modelfetch, preflight, restart, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
@@ -48,6 +48,7 @@ class Context:
     nccl_env: dict = field(default_factory=dict)
     ops: StageOps = field(default_factory=StageOps)
     patch_state: str = "unknown"
+    patch_status: dict | None = None  # the patch's status on the release (None: unknown)
     p2p_record: dict | None = None
     verify_running: bool = False
     p2p_skipped: bool = False
@@ -55,7 +56,8 @@ class Context:
     expect: preflight.Expectations | None = None
     group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
     group: group.Group | None = None  # the multi-node group this host is a node of
-    group_decision: tuple | None = None  # its (decision, cards): ``groupstage.decided``
+    group_decision: tuple | None = None  # its (decision, cards): ``groupprep.decide``
+    restart: object = None  # the restart decision: ``restart.Decision`` or ``GroupDecision``
     gpu_report: dict | None = None  # the GPU health read, judged (``gpugate.report``)
 
     @property
@@ -248,6 +250,7 @@ def autotune_patch(ctx: Context, rel) -> None:
             or groupprep.fact(host, PatchStatus, python=ctx.venv_python, site=ctx.site,
                               tool=lay.tool("patch_tool.py"))
     found = (status or {}).get("state")
+    ctx.patch_status = status
     ctx.patch_state = "applied" if found in (None, "", "needed") else found
     ctx.ops.triggers[Trigger.PATCH] = releaseops.autotune_patch(
         name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
@@ -277,24 +280,26 @@ def peer_unit(s: datamod.Settings, hs: dict, release: tuple, nccl_env: dict, gro
                             group_env=group_env, patch_state=patch_state))
 
 
-def restart_reasons(ctx: Context, unit_text: str, secrets_text: str) -> list[str]:
-    hs = ctx.hoststate
-    unit = hs.paths.get(ctx.layout.unit_file)
-    return service.restart_reasons(
-        unit_text=unit_text, unit_sha256=unit.sha256 if unit is not None else None,
-        secrets_text=secrets_text, secrets_sha256=hs.secrets_sha256, changing=ctx.ops.changing())
+def decide(ctx: Context, unit_text: str, secrets_text: str) -> restart.Decision:
+    """A single host's restart decision (``core.restart``) from its facts: its poll
+    (``ServingProbe``) is read only when a running server no deploy verified must be judged."""
+    s, hs = ctx.settings, ctx.hoststate
+    facts = restart.Facts.of(hs, ctx.layout.unit_file)
+    changes = groupprep.changing(s, hs, ctx.release_id, ctx.patch_status)
+    wanted = groupprep.wanted(s, (ctx.release_id, ctx.sglang_version, ctx.lock_text), unit_text,
+                              changes, ctx.p2p_skipped)
+    serves = None
+    if restart.needs_poll(facts):
+        poll = _serving_poll(s)
+        serves = bool(poll) and check_serving(poll, s.served_model_name, False).kind == "ready"
+    return restart.decide(facts, wanted, serves=serves)
 
 
-def full_p2p_check(ctx: Context) -> None:
-    """A real deploy's P2P retest before a serving host's restart, while its operations are
-    prepared: the data-verified peer copies, then the pre-flight verdict again (raises if it
-    fails), its record kept (an operation)."""
-    checks, matrix = run_probe(ctx, "p2p")
-    p2pview.show(checks, record=True, policy=ctx.settings.gpu_p2p_policy)
-    plan.preflight(host.name, checks, ctx.nccl_env, matrix, gpu_health=ctx.gpu_report)
-    ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
-    put_p2p_record(ctx)
-    ctx.p2p_skipped = False
+def say_decision(why: str, restarts: bool) -> None:
+    """``-v``: the decision and its reasons, before anything restarts."""
+    if state.print_noop_info and why:
+        verb = "restart" if restarts else "no restart"
+        logger.info(f"{host.print_prefix}{verb}: {why}")
 
 
 def _serving_poll(s: datamod.Settings):
@@ -326,84 +331,108 @@ def service_stage(ctx: Context):
     launch_flags_checked(ctx)
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
-    reasons = restart_reasons(ctx, unit_text, secrets_text)
+    # the one restart decision (``core.restart``): this host's, or its group's, made once per
+    # run from every node's facts (the same on every node)
+    if ctx.group is None:
+        decision = decide(ctx, unit_text, secrets_text)
+        ctx.restart = decision
+        why, restarts = decision.why(), bool(decision.reasons)
+    else:
+        ctx.group_decision = groupprep.decide(
+            state, ctx.group, (ctx.release_id, ctx.sglang_version, ctx.lock_text), peer_unit)
+        gd = ctx.group_decision[0]
+        decision = gd.decisions[host.name]
+        ctx.restart = gd
+        why, restarts = gd.why(), gd.restart
+    reasons = decision.triggers  # this host's own changes that restart its server
+    outcomes.decided(host.name, restart.record(ctx.restart, host.name), restarts)
+    say_decision(why, restarts)
     gpugate.before_start(host.name, s, hs, reasons)  # (staging too: before the first drain)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         warm.add_warm(ctx, not hs.service.unit_active or bool(reasons))  # before any drain
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
-    # out of the router (the P2P retest's copies, every operation); the reads above do not
+    # out of the router (every operation); the reads above do not
     waited = rollgate.wait(host.name)
     if waited is not None:
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
-    # a group's node: the group's decision, from every node's facts (the same on every node)
-    restart = reasons if ctx.group is None else groupstage.decided(ctx, reasons, peer_unit)
-    gpugate.before_group_start(state, ctx.group, bool(restart), ctx.release_id, s.sglang_service)
-    if preflight.retest_before_restart(ctx.p2p_skipped, restart):
-        # the server is about to be replaced: the copies skipped in pre-flight (it was
-        # serving) run first; a read-only run's plan only names them (never run there)
-        if plan.read_only():  # (a group's node: retested with its group, ``Decided``)
-            p2pretest.add_retest(ctx, run_probe, **groupstage.condition(ctx))
-        else:  # still before any operation executes: the new unit follows their verdict
-            full_p2p_check(ctx)
-            unit_text = unit_for(ctx)
-            reasons = restart_reasons(ctx, unit_text, secrets_text)
-    run = groupops.run_of(state, ctx.group) if ctx.group is not None and restart else None
+    run = groupops.run_of(state, ctx.group) if ctx.group is not None and restarts else None
+    gpugate.before_group_start(state, ctx.group, run is not None, ctx.release_id,
+                               s.sglang_service)
     active = hs.service.unit_active
     if run is not None or (ctx.group is None and (not active or reasons)):
         # the server will (re)start: its JIT compilers and the release checked first (a
         # group's node whatever its own reasons: ``Decided``, the group's decision)
         staging.checks_before_start(ctx, unit_text, reasons, groupstage.condition(ctx) or None)
-        if not active and ctx.group is None:  # the GPUs are free: no server yet
+        if not active and ctx.group is None and not decision.retest:  # the GPUs are free
             allreduce.add_allreduce_check(ctx)
     # the model into the page cache before the stop, while the server still serves
     warm.before_restart(ctx, active, reasons, group_restarts=run is not None)
     if run is not None:  # the group's pre-flight, before any of its servers stops
-        decision, cards = ctx.group_decision
-        groupstage.add_preflight(run, decision, cards, lay.tool("rendezvous.py"),
+        _, cards = ctx.group_decision
+        groupstage.add_preflight(run, gd, cards, lay.tool("rendezvous.py"),
                                  s.sglang_system_python)
     unit, secrets, link = ops.server_files(lay, ctx.release_id, unit_text, secrets_text)
     svc = hs.service
     if ctx.group is not None:  # a group's node starts with its group, never alone
         ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
-        # the optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU free
         if run is not None:
+            def between(when) -> None:
+                # every server of the group stopped: this node's P2P retest (its copies were
+                # skipped while a server ran), then the optional NCCL all-reduce across the
+                # group (gpu_allreduce_check): every GPU free
+                if gd.retest(host.name):
+                    p2pretest.add_retest(ctx, run_probe, _if=when)
+                allreduce.add_allreduce_check(ctx, group=ctx.group, when=when)
+
             groupstage.add_restart(
                 run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with "
-                f"group {ctx.group.name}", between=lambda when: allreduce.add_allreduce_check(
-                    ctx, group=ctx.group, when=when))
+                f"group {ctx.group.name}", between=between)
         ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
         return
-    started, restarted = start_or_restart(ctx, unit, secrets, reasons)
+    started, restarted = start_or_restart(ctx, unit, secrets, decision)
     ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
     ctx.ops.started, ctx.ops.restarted = started, restarted
 
 
-def start_or_restart(ctx: Context, unit, secrets, reasons: list[str]) -> tuple:
-    """A single server's start, or its restart when one of REASONS' operations changes (or it
-    runs a never-verified invocation that does not serve): (started, restarted) operations."""
+def start_or_restart(ctx: Context, unit, secrets, decision: restart.Decision) -> tuple:
+    """A single server's start, or its restart when one of the DECISION's reasons' operations
+    changes (or it runs a never-verified invocation that does not serve): (started,
+    restarted) operations. When the pre-flight skipped the peer copies (a server ran), the
+    server is stopped first and P2P retested on the free GPUs (``p2pretest``)."""
     s, hs = ctx.settings, ctx.hoststate
     svc = hs.service
-    started = ops.enabled_and_started(s.sglang_service, unit, svc)
+    reasons = decision.triggers
     triggers = {"unit": unit, "secrets": secrets, **ctx.ops.triggers}
+    action = decision.action
+
+    def due() -> bool:  # the restart's condition, once the operations before it have run
+        return action == restart.RESTART or any(triggers[r].did_change() for r in reasons)
+
+    if decision.retest:  # never beside a server that runs: stopped first (drained or not)
+        stopped = ops.service_stopped(
+            name=f"Stop {s.sglang_service} for the P2P retest", service=s.sglang_service,
+            **({} if decision.start else {"_if": due}))
+        p2pretest.add_retest(ctx, run_probe, _if=stopped.did_change)
+        if decision.start:  # the GPUs free at last: the all-reduce check of a first start
+            allreduce.add_allreduce_check(ctx)
+    started = ops.enabled_and_started(s.sglang_service, unit, svc)
     # Gated operations are added only when a trigger may fire, so that a converged host shows
     # no change at all, not even a conditional one, in --dry.
-    action = "none"
-    if service.runs_unverified(svc, hs.last_verified, started.will_change):
-        poll = _serving_poll(s)
-        serves = bool(poll) and check_serving(poll, s.served_model_name, False).kind == "ready"
-        action = service.unverified_action(serves, restart_due=bool(reasons))
-    ctx.verify_running = action == "verify"
+    ctx.verify_running = action == restart.VERIFY
     restarted = None
     if reasons and not started.will_change:
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} ({', '.join(reasons)} changed)",
-            service=s.sglang_service,
-            _if=lambda: action == "restart" or any(triggers[r].did_change() for r in reasons))
-    elif action == "restart":
+            service=s.sglang_service, _if=due)
+    elif action == restart.RESTART:
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} (running, never verified)", service=s.sglang_service)
+    elif decision.retest and not started.will_change:  # a unit coming up, stopped for the retest
+        restarted = ops.service_restarted(
+            name=f"Restart {s.sglang_service} (stopped for the P2P retest)",
+            service=s.sglang_service)
     return started, restarted
 
 
