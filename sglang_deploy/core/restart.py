@@ -323,11 +323,21 @@ def decide_group(nodes: Sequence[str], facts: Mapping[str, Facts],
                          running={n: facts[n].up for n in nodes})
 
 
+KNOWN_GOOD = "known-good restored"
+
+
+def rollback_reason(release: str, restore: Sequence[str]) -> Reason:
+    """Why a rollback restarts a server: the known-good RELEASE, and what it RESTORES
+    (``service.rollback_plan``; nothing: the server did not serve)."""
+    what = ", ".join(restore) if restore else "nothing restored: the server did not serve"
+    return Reason(KNOWN_GOOD, f"rollback to the known-good release {short(release)} ({what})")
+
+
 def rollback_group(nodes: Sequence[str], restarts: Mapping[str, bool],
                    running: Mapping[str, bool]) -> GroupDecision:
     """A rollback's decision: a node that restores something or does not serve restarts the
     group (``service.rollback_plan``'s ``restart`` of each node: RESTARTS)."""
-    reason = Reason("known-good restored", "known-good configuration restored")
+    reason = Reason(KNOWN_GOOD, "known-good configuration restored")
     return GroupDecision(nodes=tuple(nodes),
                          decisions={n: Decision(reasons=(reason,) if restarts[n] else ())
                                     for n in nodes},
@@ -341,3 +351,31 @@ def record(decision: Decision | GroupDecision, node: str | None = None) -> dict:
         return {"why": "; ".join(r.text for r in reasons),
                 "reasons": [r.as_json() for r in reasons]}
     return {"why": decision.why(), "reasons": decision.as_json()}
+
+
+#: a verification's actions that follow a (re)start of the server
+RESTART_ACTIONS = ("started", "restarted", "rolled-back")
+
+
+def last_restart(action: str | None, decided: Mapping | None, previous: Mapping | None
+                 ) -> dict | None:
+    """The ``last_restart`` a verification keeps in the host's ``last-verified.json`` (which
+    ``status`` and the reports show): after a (re)start (ACTION in ``RESTART_ACTIONS``) this
+    run's decision (DECIDED: ``record``'s ``why`` and ``reasons``), its time added when it is
+    recorded (``at``); else the PREVIOUS one, kept (a converged host was not restarted)."""
+    if action in RESTART_ACTIONS:
+        return {"action": action, "why": (decided or {}).get("why") or "",
+                "reasons": list((decided or {}).get("reasons") or [])}
+    return dict(previous) if previous else None
+
+
+def last_restart_text(entry: Mapping | None) -> str | None:
+    """``2026-12-05 18:20 UTC restarted: flags changed: tp-size 8 -> 4; release d5e0… ->
+    7a1c…``, or None when no restart was recorded."""
+    if not entry:
+        return None
+    at = str(entry.get("at") or "?")
+    if len(at) >= 16 and at[10] == "T":
+        at = f"{at[:10]} {at[11:16]} UTC"
+    why = entry.get("why") or "no reason recorded"
+    return f"{at} {entry.get('action') or 'restarted'}: {why}"

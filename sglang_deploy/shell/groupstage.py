@@ -19,7 +19,7 @@ from pyinfra.operations import python
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import preflight
+from sglang_deploy.core import preflight, restart
 from sglang_deploy.core.restart import GroupDecision
 from sglang_deploy.core.service import Layout
 from sglang_deploy.shell import gpugate, groupops, groupprep, plan
@@ -123,18 +123,20 @@ def group_checks(ctx, serving_poll) -> tuple:
         plan.record(state, host, ctx, serving_poll(),
                     extra=groupops.group_fields(g, host.name, decision.own(host.name)))
     params = ctx.verify_params()
+    previous = (ctx.hoststate.last_verified or {}).get("last_restart")
     if decision.restart:
-        was_active = ctx.hoststate.service.unit_active
+        action = "restarted" if ctx.hoststate.service.unit_active else "started"
+        last = restart.last_restart(action, restart.record(decision, host.name), previous)
         checks = verify_as_one(
             run, s.sglang_service, lambda watch: verified_summary(
-                s, params, "restarted" if was_active else "started", watch),
+                s, params, action, watch, last),
             lambda summary: record_verified(s, params, summary), " as one")
         return (*checks, None)
     running = None
     if s.verify_converged:
         running = (f"Verify the running node (group {g.name}, not restarted)",
                    lambda: verify_and_record(s, params, "converged",
-                                             groupops.Watch(run, host.name)), {})
+                                             groupops.Watch(run, host.name), previous), {})
     return None, None, None, running
 
 

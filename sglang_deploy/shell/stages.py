@@ -475,8 +475,13 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     if plan.planning():
         plan.record(state, host, ctx, _serving_poll(s))
 
+    decided = restart.record(ctx.restart) if ctx.restart is not None else None
+    previous = (ctx.hoststate.last_verified or {}).get("last_restart")
+
     def verify(action: str | None = None) -> None:
-        verify_and_record(s, ctx.verify_params(), action or _action(started, restarted))
+        act = action or _action(started, restarted)
+        verify_and_record(s, ctx.verify_params(), act,
+                          last_restart=restart.last_restart(act, decided, previous))
 
     after_start = running = None
     if may_restart:
@@ -511,11 +516,22 @@ def rollback_stage():
         release=rb.params["release"], restore=rb.restore)
     if g is not None:
         return groupstage.rollback_group_node(s, g, rb)
-    restart = None
+    restarted = None
     if rb.restart:
-        restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
+        restarted = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
                                         service=s.sglang_service)
+    reason = restart.rollback_reason(rb.params["release"], rb.restore)
+    decided = {"why": reason.text, "reasons": [reason.as_json()]} if rb.restart else {}
+    outcomes.decided(host.name, {"why": decided.get("why", ""),
+                                 "reasons": decided.get("reasons", [])}, rb.restart)
+    say_decision(decided.get("why", ""), rb.restart)
+    previous = (hs.last_verified or {}).get("last_restart")
+
+    def verify() -> None:
+        action = "rolled-back" if restarted is not None and restarted.did_change() \
+            else "unchanged"
+        verify_and_record(s, rb.params, action,
+                          last_restart=restart.last_restart(action, decided, previous))
+
     python.call(name="Verify the known-good configuration serves",
-                function=ops.reported(lambda: verify_and_record(
-                    s, rb.params, "rolled-back" if restart is not None and restart.did_change()
-                    else "unchanged")))
+                function=ops.reported(verify))
