@@ -44,7 +44,9 @@ def retest(ctx, run_probe: Callable, rendered_env: dict) -> None:
     p2pview.show(checks, record=True, policy=s.gpu_p2p_policy)
     if ctx.p2p_record is not None:
         ops.write_json_record(ctx.layout.p2p_record, ctx.p2p_record)
-    ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}")
+    ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}",
+                       before=f"before {s.sglang_service} starts again (retested with it "
+                              "stopped; it stays stopped)")
     ctx.p2p_skipped = False
     if dict(ctx.nccl_env) != rendered_env:
         raise PreflightError(

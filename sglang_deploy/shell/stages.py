@@ -379,11 +379,12 @@ def service_stage(ctx: Context):
         ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
         if run is not None:
             def between(when) -> None:
-                # every server of the group stopped: this node's P2P retest (its copies were
-                # skipped while a server ran), then the optional NCCL all-reduce across the
-                # group (gpu_allreduce_check): every GPU free
-                if gd.retest(host.name):
-                    p2pretest.add_retest(ctx, run_probe, _if=when)
+                # every server of the group stopped: this node's P2P retest (every node adds
+                # it; it runs where the copies were skipped while a server ran), then the
+                # optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU
+                # free
+                p2pretest.add_retest(ctx, run_probe,
+                                     _if=groupops.Decided(gd.retest(host.name)))
                 allreduce.add_allreduce_check(ctx, group=ctx.group, when=when)
 
             groupstage.add_restart(
