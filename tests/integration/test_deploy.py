@@ -162,8 +162,8 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
         "Service: launch flags, secrets, systemd unit, (re)start | systemd daemon-reload",
         # the peer copies skipped while it served: stopped, P2P retested, then restarted
         "Service: launch flags, secrets, systemd unit, (re)start | Stop sglang for the P2P retest",
-        "Service: launch flags, secrets, systemd unit, (re)start | P2P will be retested "
-        "before the restart of sglang (peer copies on every GPU pair)",
+        ("Service: launch flags, secrets, systemd unit, (re)start | P2P will be retested "
+         "before the restart of sglang (peer copies on every GPU pair)"),
         "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit changed)",
         "Verify: block until the model really serves | Verify startup, API and a one-token generation",
     ])
