@@ -411,6 +411,11 @@ def start_or_restart(ctx: Context, unit, secrets, decision: restart.Decision) ->
     def due() -> bool:  # the restart's condition, once the operations before it have run
         return action == restart.RESTART or any(triggers[r].did_change() for r in reasons)
 
+    stopped = None
+
+    def due_or_stopped() -> bool:  # a server stopped for the retest always starts again
+        return due() or (stopped is not None and stopped.did_change())
+
     if decision.retest:  # never beside a server that runs: stopped first (drained or not)
         stopped = ops.service_stopped(
             name=f"Stop {s.sglang_service} for the P2P retest", service=s.sglang_service,
@@ -426,14 +431,14 @@ def start_or_restart(ctx: Context, unit, secrets, decision: restart.Decision) ->
     if reasons and not started.will_change:
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} ({', '.join(reasons)} changed)",
-            service=s.sglang_service, _if=due)
+            service=s.sglang_service, _if=due_or_stopped)
     elif action == restart.RESTART:
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} (running, never verified)", service=s.sglang_service)
     elif decision.retest and not started.will_change:  # a unit coming up, stopped for the retest
         restarted = ops.service_restarted(
             name=f"Restart {s.sglang_service} (stopped for the P2P retest)",
-            service=s.sglang_service)
+            service=s.sglang_service, _if=due_or_stopped)
     return started, restarted
 
 
