@@ -15,27 +15,46 @@ serve on those GPUs either.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 from pyinfra import host
 from pyinfra.operations import python
 
 from sglang_deploy.core import preflight
 from sglang_deploy.core.errors import PreflightError
+from sglang_deploy.shell import groupprep, p2pview
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell import p2pview
 
 
-def add_retest(ctx, run_probe: Callable, **gate) -> None:
-    """Add the retest of CTX's host (``stages.Context``); RUN_PROBE: ``stages.run_probe``;
-    GATE: its ``_if`` (the server was stopped for it; a group's node: its group restarts)."""
+def run_probe(ctx, kind: str) -> tuple[list, str | None]:
+    """The CUDA probe of KIND on CTX's host (``stages.Context``; ``preflight.probe_plan``:
+    "p2p", "basic" or "none": no probe), then the GPUs judged: (checks, P2P matrix text), the
+    NCCL environment and a passed full test's record kept in CTX. A probe that should have run and gave no
+    result fails the checks: the deploy never installs on a host whose CUDA was not proven."""
+    s = ctx.settings
+    probe = None
+    if kind != "none":
+        probe = groupprep.probe(host, s, kind)  # read once per run (a group's peers too)
+    checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
+    if kind != "none" and probe is None:
+        checks.append(preflight.Check(
+            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
+            fix=f"run `{s.sglang_system_python} cuda_probe.py --p2p` on the host (or "
+                "`sglang-deploy doctor` there) and read its error"))
+    if kind == "p2p":
+        ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
+    return checks, matrix
+
+
+def add_retest(ctx, **gate) -> None:
+    """Add the retest of CTX's host (``stages.Context``); GATE: its ``_if`` (the server was
+    stopped for it; a group's node: its group restarts)."""
     name = (f"{preflight.RETEST_NOTE} of {ctx.settings.sglang_service} (peer copies on every "
             "GPU pair)")
     python.call(name=name, function=ops.reported(functools.partial(
-        retest, ctx, run_probe, dict(ctx.nccl_env))), **gate)
+        retest, ctx, dict(ctx.nccl_env))), **gate)
 
 
-def retest(ctx, run_probe: Callable, rendered_env: dict) -> None:
+def retest(ctx, rendered_env: dict) -> None:
     """On the host's turn: the probe with the peer copies, its matrix, the new verdict kept
     on the host; raises when P2P fails, or when the verdict asks for another NCCL environment
     than the unit was rendered with (RENDERED_ENV: from the last recorded test)."""

@@ -26,12 +26,12 @@ from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
-from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, gpugate, groupops, groupprep, groupstage
 from sglang_deploy.shell import lockfiles, outcomes, p2pretest, p2pview, plan, releaseops, rollgate
+from sglang_deploy.shell import restarts as restarts_mod
 from sglang_deploy.shell import routing, staging, warm
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
+from sglang_deploy.shell.facts import REMOTE, PatchStatus
 from sglang_deploy.shell.verified import verify_and_record
 
 
@@ -105,25 +105,6 @@ def put_p2p_record(ctx: Context) -> None:
                          dest=dest)
 
 
-def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
-    """The CUDA probe of KIND (``preflight.probe_plan``: "p2p", "basic" or "none": no probe),
-    then the GPUs judged: (checks, P2P matrix text). A probe that should have run and gave no
-    result fails the checks: the deploy never installs on a host whose CUDA was not proven."""
-    s = ctx.settings
-    probe = None
-    if kind != "none":
-        probe = groupprep.probe(host, s, kind)  # read once per run (a group's peers too)
-    checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
-    if kind != "none" and probe is None:
-        checks.append(preflight.Check(
-            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
-            fix=f"run `{s.sglang_system_python} cuda_probe.py --p2p` on the host (or "
-                "`sglang-deploy doctor` there) and read its error"))
-    if kind == "p2p":
-        ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
-    return checks, matrix
-
-
 @outcomes.stage("preflight")
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage() -> Context:
@@ -159,7 +140,7 @@ def preflight_stage() -> Context:
     kind = preflight.probe_plan(hs.service, last_verified, record, settings.gpu_p2p_test,
                                 read_only=plan.read_only())
     ctx.p2p_skipped = kind != "p2p"
-    checks, matrix = run_probe(ctx, kind)
+    checks, matrix = p2pretest.run_probe(ctx, kind)
     if ctx.p2p_skipped and record:
         checks, ctx.nccl_env = preflight.use_p2p_record(checks, ctx.nccl_env, record,
                                                         settings.sglang_service)
@@ -280,34 +261,6 @@ def peer_unit(s: datamod.Settings, hs: dict, release: tuple, nccl_env: dict, gro
                             group_env=group_env, patch_state=patch_state))
 
 
-def decide(ctx: Context, unit_text: str, secrets_text: str) -> restart.Decision:
-    """A single host's restart decision (``core.restart``) from its facts: its poll
-    (``ServingProbe``) is read only when a running server no deploy verified must be judged."""
-    s, hs = ctx.settings, ctx.hoststate
-    facts = restart.Facts.of(hs, ctx.layout.unit_file)
-    changes = groupprep.changing(s, hs, ctx.release_id, ctx.patch_status)
-    wanted = groupprep.wanted(s, (ctx.release_id, ctx.sglang_version, ctx.lock_text), unit_text,
-                              changes, ctx.p2p_skipped)
-    serves = None
-    if restart.needs_poll(facts):
-        poll = _serving_poll(s)
-        serves = bool(poll) and check_serving(poll, s.served_model_name, False).kind == "ready"
-    return restart.decide(facts, wanted, serves=serves)
-
-
-def say_decision(why: str, restarts: bool) -> None:
-    """``-v``: the decision and its reasons, before anything restarts."""
-    if state.print_noop_info and why:
-        verb = "restart" if restarts else "no restart"
-        logger.info(f"{host.print_prefix}{verb}: {why}")
-
-
-def _serving_poll(s: datamod.Settings):
-    return host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
-                         host_addr=service.probe_address(s.sglang_host),
-                         secrets=service.SECRETS_FILE, python=s.sglang_system_python)
-
-
 def launch_flags_checked(ctx: Context):
     """The launch flags checked against the installed sglang's own (the final guard), its
     parsed ``server_args.py`` from the controller's cache when the host's sha256 is there."""
@@ -334,7 +287,7 @@ def service_stage(ctx: Context):
     # the one restart decision (``core.restart``): this host's, or its group's, made once per
     # run from every node's facts (the same on every node)
     if ctx.group is None:
-        decision = decide(ctx, unit_text, secrets_text)
+        decision = restarts_mod.decide(ctx, unit_text)
         ctx.restart = decision
         why, restarts = decision.why(), bool(decision.reasons)
     else:
@@ -346,7 +299,7 @@ def service_stage(ctx: Context):
         why, restarts = gd.why(), gd.restart
     reasons = decision.triggers  # this host's own changes that restart its server
     outcomes.decided(host.name, restart.record(ctx.restart, host.name), restarts)
-    say_decision(why, restarts)
+    restarts_mod.say(why, restarts)
     gpugate.before_start(host.name, s, hs, reasons)  # (staging too: before the first drain)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
@@ -374,72 +327,12 @@ def service_stage(ctx: Context):
         groupstage.add_preflight(run, gd, cards, lay.tool("rendezvous.py"),
                                  s.sglang_system_python)
     unit, secrets, link = ops.server_files(lay, ctx.release_id, unit_text, secrets_text)
-    svc = hs.service
-    if ctx.group is not None:  # a group's node starts with its group, never alone
-        ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
-        if run is not None:
-            def between(when) -> None:
-                # every server of the group stopped: this node's P2P retest (every node adds
-                # it; it runs where the copies were skipped while a server ran), then the
-                # optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU
-                # free
-                p2pretest.add_retest(ctx, run_probe,
-                                     _if=groupops.Decided(gd.retest(host.name)))
-                allreduce.add_allreduce_check(ctx, group=ctx.group, when=when)
-
-            groupstage.add_restart(
-                run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with "
-                f"group {ctx.group.name}", between=between)
-        ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
-        return
-    started, restarted = start_or_restart(ctx, unit, secrets, decision)
     ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
-    ctx.ops.started, ctx.ops.restarted = started, restarted
-
-
-def start_or_restart(ctx: Context, unit, secrets, decision: restart.Decision) -> tuple:
-    """A single server's start, or its restart when one of the DECISION's reasons' operations
-    changes (or it runs a never-verified invocation that does not serve): (started,
-    restarted) operations. When the pre-flight skipped the peer copies (a server ran), the
-    server is stopped first and P2P retested on the free GPUs (``p2pretest``)."""
-    s, hs = ctx.settings, ctx.hoststate
-    svc = hs.service
-    reasons = decision.triggers
-    triggers = {"unit": unit, "secrets": secrets, **ctx.ops.triggers}
-    action = decision.action
-
-    def due() -> bool:  # the restart's condition, once the operations before it have run
-        return action == restart.RESTART or any(triggers[r].did_change() for r in reasons)
-
-    stopped = None
-
-    def due_or_stopped() -> bool:  # a server stopped for the retest always starts again
-        return due() or (stopped is not None and stopped.did_change())
-
-    if decision.retest:  # never beside a server that runs: stopped first (drained or not)
-        stopped = ops.service_stopped(
-            name=f"Stop {s.sglang_service} for the P2P retest", service=s.sglang_service,
-            **({} if decision.start else {"_if": due}))
-        p2pretest.add_retest(ctx, run_probe, _if=stopped.did_change)
-        if decision.start:  # the GPUs free at last: the all-reduce check of a first start
-            allreduce.add_allreduce_check(ctx)
-    started = ops.enabled_and_started(s.sglang_service, unit, svc)
-    # Gated operations are added only when a trigger may fire, so that a converged host shows
-    # no change at all, not even a conditional one, in --dry.
-    ctx.verify_running = action == restart.VERIFY
-    restarted = None
-    if reasons and not started.will_change:
-        restarted = ops.service_restarted(
-            name=f"Restart {s.sglang_service} ({', '.join(reasons)} changed)",
-            service=s.sglang_service, _if=due_or_stopped)
-    elif action == restart.RESTART:
-        restarted = ops.service_restarted(
-            name=f"Restart {s.sglang_service} (running, never verified)", service=s.sglang_service)
-    elif decision.retest and not started.will_change:  # a unit coming up, stopped for the retest
-        restarted = ops.service_restarted(
-            name=f"Restart {s.sglang_service} (stopped for the P2P retest)",
-            service=s.sglang_service, _if=due_or_stopped)
-    return started, restarted
+    if ctx.group is not None:  # a group's node starts with its group, never alone
+        restarts_mod.group_node(ctx, unit, run, gd)
+        return
+    ctx.ops.started, ctx.ops.restarted = restarts_mod.start_or_restart(ctx, unit, secrets,
+                                                                       decision)
 
 
 def _action(started, restarted) -> str | None:
@@ -457,7 +350,7 @@ def verify_stage(ctx: Context):
     # before the next, so single hosts are verified beside a group's workers, not in turn.
     if ctx.group is not None:
         workers, rank0, ready, running = groupstage.group_checks(
-            ctx, lambda: _serving_poll(ctx.settings))
+            ctx, lambda: restarts_mod.serving_poll(ctx.settings))
     else:
         (workers, running), rank0, ready = single_checks(ctx), None, None
     if workers is not None:
@@ -479,7 +372,7 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     started, restarted = ctx.ops.started, ctx.ops.restarted
     may_restart = started.will_change or restarted is not None
     if plan.planning():
-        plan.record(state, host, ctx, _serving_poll(s))
+        plan.record(state, host, ctx, restarts_mod.serving_poll(s))
 
     decided = restart.record(ctx.restart) if ctx.restart is not None else None
     previous = (ctx.hoststate.last_verified or {}).get("last_restart")
@@ -530,7 +423,7 @@ def rollback_stage():
     decided = {"why": reason.text, "reasons": [reason.as_json()]} if rb.restart else {}
     outcomes.decided(host.name, {"why": decided.get("why", ""),
                                  "reasons": decided.get("reasons", [])}, rb.restart)
-    say_decision(decided.get("why", ""), rb.restart)
+    restarts_mod.say(decided.get("why", ""), rb.restart)
     previous = (hs.last_verified or {}).get("last_restart")
 
     def verify() -> None:

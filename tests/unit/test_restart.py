@@ -172,15 +172,15 @@ def test_verbose_prints_the_decision_before_the_restart(caplog):
     from pyinfra.api import Config, Inventory
     from pyinfra.context import ctx_host
 
-    from sglang_deploy.shell import stages
+    from sglang_deploy.shell import restarts
 
     inventory = Inventory(([("fx1", {})], {}))
     state = State(inventory, Config())
     with ctx_state.use(state), ctx_host.use(inventory.get_host("fx1")), \
             caplog.at_level("INFO", logger="pyinfra"):
-        stages.say_decision("flags changed: tp-size 8 -> 4", True)
+        restarts.say("flags changed: tp-size 8 -> 4", True)
         assert "restart: flags changed" not in caplog.text
         state.print_noop_info = True
-        stages.say_decision("flags changed: tp-size 8 -> 4", True)
-        stages.say_decision("", False)
+        restarts.say("flags changed: tp-size 8 -> 4", True)
+        restarts.say("", False)
     assert caplog.text.count("restart: flags changed: tp-size 8 -> 4") == 1
