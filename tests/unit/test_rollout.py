@@ -460,3 +460,26 @@ def test_no_stage_starts_each_batch_run_after_its_drain(tmp_path, monkeypatch):
     assert calls == [("drain", "a"), ("start", ["a"]), ("finish", ["a"]), ("put_back", "a")]
     assert runs == [("deploy.py", ["a"], None, None)]
     assert results["a"].prepared_while_draining_s is None
+
+
+def test_the_rollouts_report_says_why_each_host_restarted(tmp_path):
+    """Each host's restart decision (its outcome record's ``restart``) is in the report
+    (``rollout.json``, ``--json``) and said under the table."""
+    import io
+
+    out, doc = io.StringIO(), io.StringIO()
+    r = rollout.Rollout(inventory="inv.py", out=out, json_out=doc,
+                        progress=HostProgress(out=io.StringIO()))
+    why = {"restart": True, "why": "flags changed: tp-size 8 -> 4; release d5e0… -> 7a1c…",
+           "reasons": [{"name": "unit", "text": "flags changed: tp-size 8 -> 4"}]}
+    results = {"a": HostResult("a", "done", restart=why),
+               "b": HostResult("b", "converged", restart={"restart": False, "why": "",
+                                                          "reasons": []})}
+    r.progress.start(["a", "b"])
+    assert r.finish(results, tmp_path, None, 0.0) == common.EXIT_OK
+    hosts = {h["host"]: h for h in json.loads(doc.getvalue())["hosts"]}
+    assert hosts["a"]["restart"] == why and not hosts["b"]["restart"]["restart"]
+    assert json.loads((tmp_path / "rollout.json").read_text())["hosts"][0]["restart"] == why
+    text = out.getvalue()
+    assert "a: restarted for: flags changed: tp-size 8 -> 4; release d5e0… -> 7a1c…" in text
+    assert "b: restarted for" not in text
