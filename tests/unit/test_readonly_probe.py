@@ -45,9 +45,9 @@ def test_a_read_only_command_never_probes_a_unit_coming_up(unit):
     for record in (RECORD, None):
         assert preflight.probe_plan(unit, None, record, "auto", read_only=True) == "none"
         assert preflight.probe_plan(unit, None, record, "always", read_only=True) == "none"
-    # the run: with a recorded verdict the copies wait for the retest after the stop
+    # the run: the copies wait for the retest after the stop, whatever is recorded
     assert preflight.probe_plan(unit, None, RECORD, "auto") == "basic"
-    assert preflight.probe_plan(unit, None, None, "auto") == "p2p"
+    assert preflight.probe_plan(unit, None, None, "auto") == "basic"
 
 
 @pytest.mark.parametrize("skipped, reasons, start, want", [

@@ -20,12 +20,14 @@ def probe_plan(service: ServiceState, last_verified: Mapping[str, Any] | None,
       starts, or waits to restart after a crash): a read-only command never touches the GPUs
       a server holds or is about to take, whatever ``gpu_p2p_test`` says; the run retests P2P
       once that server has stopped, when it replaces it (``restart.Decision.retest``);
+    - ``"basic"``: init and devices: the unit is up but does not serve (activating: starting,
+      or a crash loop), whatever is recorded, unless ``gpu_p2p_test: always``: the copies
+      wait for the retest, after the stop;
     - ``"p2p"``: init, devices and the data-verified peer copies: ``gpu_p2p_test: always``,
       or the unit is not up (no server on the GPUs), or no full P2P test has passed on this
       host yet;
-    - ``"basic"``: init and devices: the unit is up and the last P2P verdict stands, but it
-      does not serve (activating: a crash loop) or serves an invocation no deploy verified
-      (e.g. started at boot); the copies wait for the retest, after the stop;
+    - ``"basic"``: init and devices: the service serves and the last P2P verdict stands, but
+      the running server was never verified by a deploy (e.g. started at boot);
     - ``"none"``: the service serves the very invocation a deploy verified
       (``last_verified.invocation`` is its ``InvocationID``). That server initialised CUDA on
       these GPUs and serves from them, which proves more than the probe does; a run that
@@ -35,10 +37,10 @@ def probe_plan(service: ServiceState, last_verified: Mapping[str, Any] | None,
     (None when absent)."""
     if read_only and service.up:
         return "none"
+    if p2p_test != "always" and service.up and not service.serving:
+        return "basic"
     if p2p_test == "always" or not (service.up and p2p_verified):
         return "p2p"
-    if not service.serving:
-        return "basic"
     invocation = service.invocation_id
     if invocation and (last_verified or {}).get("invocation") == invocation:
         return "none"
