@@ -369,6 +369,7 @@ class Rollout(RolloutSteps):
                     max(0.0, gate.opened - running.started - waited), 2)
             r.status, r.message, r.restart_to_ready_s = after_deploy(got[name])
             r.action = got[name].action if got[name].verified else None
+            r.restart = got[name].restart
             if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's own words
                 r.message += "\n" + common.host_error(run.output)
         ok = all(results[name].status in ("done", "converged") for name in group)

@@ -73,6 +73,9 @@ class HostResult:
     #: staged, with a router: the part of its deploy step run while it drained (the run's
     #: start, connections and host reads: ``shell/rollgate.py``)
     prepared_while_draining_s: float | None = None
+    #: the deploy's restart decision on the host (its outcome record: ``restart`` true or
+    #: false, ``why``, ``reasons``; ``core.restart``); None: the run did not reach it
+    restart: dict | None = None
 
 
 def outcome(results: list[HostResult]) -> tuple[bool, str]:

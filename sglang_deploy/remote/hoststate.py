@@ -37,10 +37,12 @@ if HERE and HERE not in sys.path:
 
 from pagecache import RESIDENCY_WINDOW, meminfo, mmap_page_size, resident_bytes, resident_pages  # noqa: F401 (inlined when fed on stdin)
 
+#: ``ExecStart``: the loaded unit's command, whose launch flags the restart decision compares
+#: with the new unit's to say which changed (``core.restart``)
 SHOW_PROPS = (
     "ActiveState", "SubState", "Result", "InvocationID", "MainPID", "ExecMainCode",
     "ExecMainStatus", "NRestarts", "ActiveEnterTimestampMonotonic", "UnitFileState",
-    "LoadState", "FragmentPath",
+    "LoadState", "FragmentPath", "ExecStart",
 )
 
 

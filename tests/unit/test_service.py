@@ -6,7 +6,7 @@ import pytest
 from sglang_deploy.core import data, service
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import DataError, RollbackError
-from sglang_deploy.core.hoststate import HostState, ServiceState
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
 
 BASE = {"sglang_model_path": "/srv/models/m", "_sudo": False}
@@ -133,45 +133,6 @@ def test_unit_patch_state_does_not_change_between_runs(state, in_unit):
                                         ("127.0.0.1", "127.0.0.1"), ("10.0.0.5", "10.0.0.5")])
 def test_probe_address(bind, addr):
     assert service.probe_address(bind) == addr
-
-
-# ---- restarts ------------------------------------------------------------------------------
-
-U, S = "unit text\n", "secrets\n"
-US, SS = service.sha256_text(U), service.sha256_text(S)
-
-
-@pytest.mark.parametrize("unit_sha, secrets_sha, changing, reasons", [
-    (US, SS, [], []),
-    (None, SS, [], ["unit"]),                        # first deploy: no unit yet
-    (US, "old", [], ["secrets"]),
-    (US, SS, ["release"], ["release"]),
-    (US, SS, ["patch", "model"], ["patch", "model"]),
-    (US, SS, ["lock", "flags"], []),                 # not restart triggers
-    ("old", "old", ["model", "release"], ["unit", "secrets", "release", "model"]),
-])
-def test_restart_reasons(unit_sha, secrets_sha, changing, reasons):
-    assert service.restart_reasons(unit_text=U, unit_sha256=unit_sha, secrets_text=S,
-                                   secrets_sha256=secrets_sha, changing=changing) == reasons
-
-
-@pytest.mark.parametrize("invocation, verified, will_start, unverified", [
-    ("", None, False, False),          # not running
-    ("inv1", {"invocation": "inv1"}, False, False),
-    ("inv2", {"invocation": "inv1"}, False, True),   # restarted behind the deploy's back
-    ("inv1", None, False, True),       # started at boot, never verified
-    ("inv1", None, True, False),       # this run starts it
-])
-def test_runs_unverified(invocation, verified, will_start, unverified):
-    assert service.runs_unverified(ServiceState.from_json({"InvocationID": invocation}), verified,
-                                   will_start) is unverified
-
-
-@pytest.mark.parametrize("serves, restart_due, action", [
-    (True, False, "verify"), (True, True, "none"), (False, False, "restart"), (False, True, "restart"),
-])
-def test_unverified_action(serves, restart_due, action):
-    assert service.unverified_action(serves, restart_due) == action
 
 
 # ---- verifier parameters ----------------------------------------------------------------
