@@ -108,8 +108,8 @@ def judge(state: State, obs: Observation, cfg: Config) -> tuple[State, Verdict]:
         state = State(invocation=obs.invocation, progress_at=obs.at)
     if not obs.http_up:
         return replace(state, fail_streak=0, first_fail_at=None, tokens=obs.tokens), Verdict(
-            "down", (f"the server does not answer HTTP ({obs.probe_error or 'no answer'}): "
-                     "not a wedge, systemd's Restart= and the deploy own a server that is down",))
+            "down", ((f"the server does not answer HTTP ({obs.probe_error or 'no answer'}): "
+                      "not a wedge, systemd's Restart= and the deploy own a server that is down"),))
     moved = (obs.tokens is not None and state.tokens is not None and obs.tokens > state.tokens)
     idle = obs.busy == 0
     progress_at = state.progress_at if state.progress_at is not None else obs.at
@@ -120,9 +120,9 @@ def judge(state: State, obs: Observation, cfg: Config) -> tuple[State, Verdict]:
     if obs.probe_ok or moved:
         new = replace(new, fail_streak=0, first_fail_at=None, last_error="")
         if obs.probe_ok is False:  # failed, but requests still finish: slow, not wedged
-            return new, Verdict("slow", (
+            return new, Verdict("slow", ((
                 f"1-token generation failed ({obs.probe_error}) but "
-                f"generation_tokens_total rose to {_fmt(obs.tokens)}: progressing",))
+                f"generation_tokens_total rose to {_fmt(obs.tokens)}: progressing"),))
         return new, Verdict("healthy")
     if obs.probe_ok is None:
         return new, Verdict("healthy" if state.fail_streak == 0 else "suspect")
@@ -130,8 +130,8 @@ def judge(state: State, obs: Observation, cfg: Config) -> tuple[State, Verdict]:
     streak = state.fail_streak + 1
     first = state.first_fail_at if state.first_fail_at is not None else obs.at
     new = replace(new, fail_streak=streak, first_fail_at=first, last_error=obs.probe_error)
-    evidence = [f"1-token generation failed {streak} time(s) in a row since "
-                f"{_fmt(obs.at - first)}s ago (last: {obs.probe_error})"]
+    evidence = [(f"1-token generation failed {streak} time(s) in a row since "
+                 f"{_fmt(obs.at - first)}s ago (last: {obs.probe_error})")]
     stalled = False
     if obs.busy:
         flat_for = obs.at - progress_at

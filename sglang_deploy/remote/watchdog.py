@@ -70,7 +70,7 @@ def http(method: str, url: str, key: str | None = None, body: dict | None = None
 def run(argv: list[str], timeout_s: float = 60.0) -> tuple[int, str]:
     try:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout_s, check=False)
         return p.returncode, p.stdout
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"
@@ -132,7 +132,7 @@ def unit_show(service: str) -> dict:
 def journal_last(service: str, invocation: str) -> float | None:
     argv = ["journalctl", "--no-pager", "-o", "json", "--output-fields=__REALTIME_TIMESTAMP", "-n", "1"]
     argv += [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else ["-u", f"{service}.service"]
-    rc, out = run(argv, timeout_s=20)
+    _, out = run(argv, timeout_s=20)
     for line in reversed(out.splitlines()):
         try:
             return int(json.loads(line)["__REALTIME_TIMESTAMP"]) / 1e6
@@ -186,7 +186,7 @@ def try_lock():
     """The deploy lock without waiting: the open file (held) or None (busy) and the owner."""
     try:
         os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
-        fh = open(LOCK_FILE, "a")
+        fh = open(LOCK_FILE, "a")  # noqa: SIM115 (held open: the flock lives as long as it)
     except OSError as exc:
         return None, f"cannot open {LOCK_FILE}: {exc}"
     try:
