@@ -46,7 +46,9 @@ GPU_SCENARIOS = (*gpu_build.SCENARIOS, "cgroup-denied")
 SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", "capture-oom",
                  "rank-fail", "nccl-watchdog", "warmup-502", "scheduler-exception",
                  # multi-node groups: act on a node with --node-rank >= 1 (testbed/sim/sim_group.py)
-                 "node-capture-crash", "node-dies-serving")
+                 "node-capture-crash", "node-dies-serving",
+                 # serving, for the watchdog (re-read while running: testbed/sim/sim_faults.py)
+                 "wedge", "leak", "slow-progress")
 
 # TOKENS_PER_S per request, MAX_TOKENS_PER_S for the whole server (the simulated decode
 # throughput that `sglang-deploy bench` measures; low enough that this machine's CPUs are
