@@ -44,7 +44,6 @@ except ImportError:  # in the repository (tests)
     from sglang_deploy.core import watchdog as wj
 
 LOCK_FILE = "/run/sglang-deploy/lock"
-OWNER_FILE = "/run/sglang-deploy/owner.json"
 EVENTS_KEEP = 500
 
 
@@ -182,27 +181,31 @@ def observe(cfg: dict, wcfg: wj.Config, key: str | None) -> wj.Observation:
 
 # ------------------------------------------------------------------ never-act conditions
 
-def try_lock():
-    """The deploy lock without waiting: the open file (held) or None (busy) and the owner."""
+def try_lock(lock_file: str = LOCK_FILE, claim: bool = True):
+    """The deploy lock without waiting: the open file (held) or None (busy) and the owner.
+    CLAIM: name this process in owner.json (it is going to act)."""
+    owner_file = os.path.join(os.path.dirname(lock_file), "owner.json")
     try:
-        os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
-        fh = open(LOCK_FILE, "a")  # noqa: SIM115 (held open: the flock lives as long as it)
+        os.makedirs(os.path.dirname(lock_file), exist_ok=True)
+        fh = open(lock_file, "a")  # noqa: SIM115 (held open: the flock lives as long as it)
     except OSError as exc:
-        return None, f"cannot open {LOCK_FILE}: {exc}"
+        return None, f"cannot open {lock_file}: {exc}"
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         fh.close()
-        owner = load_json(OWNER_FILE) or {}
+        owner = load_json(owner_file) or {}
         return None, f"{owner.get('user', '?')}@{owner.get('controller', '?')} `{owner.get('command', '?')}`"
-    write_json(OWNER_FILE, {"controller": socket.gethostname(), "pid": os.getpid(), "user": "root",
+    if not claim:
+        return fh, ""
+    write_json(owner_file, {"controller": socket.gethostname(), "pid": os.getpid(), "user": "root",
                             "started": iso(time.time()), "command": "sglang-watchdog restart",
                             "holder_pid": os.getpid()})
     return fh, ""
 
 
-def lock_busy() -> tuple[bool, str]:
-    fh, owner = try_lock()
+def lock_busy(lock_file: str = LOCK_FILE) -> tuple[bool, str]:
+    fh, owner = try_lock(lock_file, claim=False)
     if fh is None:
         return True, owner
     fh.close()  # closing frees the flock
@@ -345,7 +348,7 @@ def tick(cfg: dict) -> dict | None:
     state, verdict = wj.judge(state, obs, wcfg)
     event = None
     if verdict.wedged:
-        busy, owner = lock_busy()
+        busy, owner = lock_busy(cfg.get("lock_file", LOCK_FILE))
         ctx = wj.Context(lock_busy=busy, lock_owner=owner,
                          verified=bool(obs.invocation) and obs.invocation == verified_invocation(cfg),
                          group_nodes=int(cfg.get("group_nodes", 1)), gpu_fatal=gpu_fatal(cfg),
@@ -371,7 +374,8 @@ def tick(cfg: dict) -> dict | None:
 
 
 def act(cfg: dict, wcfg: wj.Config, key: str | None, invocation: str) -> dict:
-    fh, owner = try_lock()
+    lock_file = cfg.get("lock_file", LOCK_FILE)
+    fh, owner = try_lock(lock_file)
     if fh is None:  # a deploy took the lock between the check and now
         return {"action": "report", "outcome": f"not restarted: the deploy lock is held ({owner})"}
     a = Acting(cfg, wcfg, key)
@@ -387,7 +391,7 @@ def act(cfg: dict, wcfg: wj.Config, key: str | None, invocation: str) -> dict:
         outcome = f"restart FAILED after {time.time() - t0:.1f}s: {exc}"
     finally:
         try:
-            os.unlink(OWNER_FILE)
+            os.unlink(os.path.join(os.path.dirname(lock_file), "owner.json"))
         except OSError:
             pass
         fh.close()
