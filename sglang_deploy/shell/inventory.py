@@ -11,6 +11,7 @@ The bottom of the shell's inventory code: it imports nothing of the shell but ``
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from fnmatch import fnmatch
@@ -30,10 +31,41 @@ def parse_data(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(what="--data KEY=VALUE", found=f"--data {item!r}",
-                             fix="write it as KEY=VALUE, e.g. --data verify_timeout_s=1800 "
-                                 "(keys: the data table in docs/data-keys.md)")
+                             fix=_data_fix(item))
         out[key.strip()] = parse_cli_arg(value)
     return out
+
+
+def _data_fix(item: str) -> str:
+    """The fix for a ``--data``/``-e`` ITEM that is not KEY=VALUE, Ansible's other forms named."""
+    if item.startswith("@"):
+        return ("Ansible's `-e @FILE` is not read (pyinfra's --data takes KEY=VALUE): put those "
+                "values in host_vars/HOST.yml or group_vars/GROUP.yml beside the inventory "
+                "(docs/data-keys.md, \"YAML data\"), or pass each as -e KEY=VALUE")
+    if item.lstrip().startswith("{"):
+        return ("pass each key on its own, its value may be JSON: -e 'sglang_flags={\"tp-size\": "
+                "4}' -e sglang_port=30001 (a JSON object of several keys is not read)")
+    return ("write it as KEY=VALUE, e.g. --data verify_timeout_s=1800 (keys: the data table in "
+            "docs/data-keys.md)")
+
+
+#: the first line of an Ansible INI inventory: a section header such as ``[gpu_servers]``
+_INI_SECTION = re.compile(r"^\s*\[[^\]\s]+\]\s*(?:[#;].*)?$")
+
+
+def ansible_ini(path: Path) -> bool:
+    """PATH looks like an Ansible INI inventory: not Python, its first line that is not blank
+    nor a comment a ``[group]`` section header."""
+    if path.suffix == ".py":
+        return False
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.strip() and not line.lstrip().startswith(("#", ";")):
+                    return bool(_INI_SECTION.match(line))
+    except OSError:
+        return False
+    return False
 
 
 def no_inventory_file(inventory: str, path: Path) -> UsageError:
@@ -96,6 +128,14 @@ def load(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None)
             fix=f"pass {loader.name} beside it" + ("" if loader.is_file() else
                 f", made by copying inventory/yaml/prod.py to {loader}")
             + " (docs/data-keys.md, \"YAML data\")")
+    if ansible_ini(path):
+        yml = path.with_suffix(".yml")
+        raise UsageError(
+            what="a pyinfra inventory file, or a YAML inventory through its loader",
+            found=f"an Ansible INI inventory ({inventory}), which is not read",
+            fix=f"convert it once with ansible-core: `ansible-inventory -i {inventory} --list "
+                f"--yaml --export > {yml}`, copy inventory/yaml/prod.py to "
+                f"{yml.with_suffix('.py')} and pass that (docs/data-keys.md, \"YAML data\")")
     if cwd not in sys.path:
         sys.path.append(cwd)
     ctx_state.set(State())
