@@ -259,3 +259,28 @@ def summary_line(host: str, events: list[dict], now: float) -> str | None:
     return (f"watchdog {host}: {last.get('verdict')} -> {last.get('action')} "
             f"({last.get('outcome') or last.get('reason', '')}) at {last.get('at_iso', '?')}; "
             f"{restarts} restart(s) in the last hour" + (f"; evidence: {ev}" if ev else ""))
+
+
+def status_doc(raw: dict | None) -> dict | None:
+    """The watchdog of one host as ``status`` shows it, from the host-state read's
+    ``watchdog`` (its unit, ``state.json``, last events, the host's clock): None when none
+    is installed and it never recorded an event. ``text``: the line under the table."""
+    if not isinstance(raw, dict):
+        return None
+    svc, st = raw.get("service") or {}, raw.get("state") or {}
+    events = [e for e in raw.get("events") or [] if isinstance(e, dict)]
+    if svc.get("LoadState") in (None, "", "not-found") and not events:
+        return None
+    now = float(raw.get("now") or st.get("at") or 0)
+    unit = f"{svc.get('ActiveState') or '?'}/{svc.get('SubState') or '?'}"
+    restarts = sum(1 for e in events if e.get("action") == "restart"
+                   and now - float(e.get("at", 0)) < HOUR_S)
+    text = f"{unit}, " + (f"{st['verdict']} {_fmt(max(0.0, now - float(st['at'])))}s ago"
+                          if st.get("verdict") and st.get("at") else "no observation yet")
+    last = events[-1] if events else None
+    if last is not None:
+        text += (f"; last event {last.get('at_iso', '?')}: {last.get('verdict')} -> "
+                 f"{last.get('action')} ({last.get('outcome') or last.get('reason', '')})")
+    text += f"; {restarts} restart(s) in the last hour"
+    return {"unit": unit, "verdict": st.get("verdict"), "observed_at": st.get("at"),
+            "last_event": last, "restarts_last_hour": restarts, "text": text}

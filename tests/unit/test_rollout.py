@@ -74,7 +74,8 @@ def test_status_fields_from_host_state_and_one_poll():
                  "sglang_version": "0.5.12.post1", "patch_state": "applied", "health": 200,
                  "models": ["glm-5"], "last_verified": "2026-12-02T10:00:00+00:00",
                  "hardening": None,  # no release smoke ran under the sandbox there yet
-                 "model_memory": None}  # no model folder in the read
+                 "model_memory": None,  # no model folder in the read
+                 "watchdog": None}  # no watchdog read
     down = plan.status_fields(hs, {"service": {"ActiveState": "failed", "SubState": "failed"},
                                    "health": {"status": None}}, "r1")
     assert down["unit"] == "failed/failed" and down["uptime_s"] is None and down["health"] is None
