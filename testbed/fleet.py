@@ -56,6 +56,7 @@ SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", 
 SIM_ENV_DEFAULT = "SCENARIO=healthy\nTIME_SCALE=0.02\nTOKENS_PER_S=400\nMAX_TOKENS_PER_S=1000\n"
 # Keys `python -m testbed sim-env` may set (read by testbed/sim/launch_server.py).
 SIM_ENV_KEYS = ("TIME_SCALE", "TOKENS_PER_S", "MAX_TOKENS_PER_S", "WARMUP_GATE", "HANG_AT_SHARD",
+                "LEAK_AFTER", "PROGRESS_DELAY_S",
                 "GPU_MEMORY_MIB", "SLOW_WHEN", "SLOW_FACTOR", "LOG_SEED")
 
 
