@@ -37,21 +37,22 @@ def router_for(name: str, s) -> wu.Router | None:
 
 
 def install(ctx) -> None:
-    """The watchdog of this host as its data says (``watchdog``); a group's node of rank >= 1
-    (no API of its own) gets none."""
+    """The watchdog of this host as its data says (``watchdog``). A multi-node group's nodes
+    get none yet: it could only report there (a group restarts as one), a node of rank >= 1
+    has no API to probe, and every node of a group adds the same operations."""
     s, hs = ctx.settings, ctx.hoststate
-    if s.watchdog == "off" or (ctx.group is not None and ctx.group.rank_of(host.name) > 0):
-        removed(name="Watchdog removed (watchdog: off)", root=s.sglang_root)
+    if s.watchdog == "off" or ctx.group is not None:
+        why = "watchdog: off" if s.watchdog == "off" else "a multi-node group's node"
+        removed(name=f"Watchdog removed ({why})", root=s.sglang_root)
         return
     router = router_for(host.name, s)
     key = wu.router_key(s, router)
-    nodes = ctx.group.nnodes if ctx.group is not None else 1
     tools = ops.files_content(
         name=f"Watchdog tools ({', '.join(n for n, _ in wu.TOOLS)})", mode="755",
         sources=[(str(PACKAGE / src), dest) for (_, src), dest in
                  zip(wu.TOOLS, wu.tool_paths(s.sglang_root), strict=True)])
     conf = ops.file_content(name=f"Watchdog config {wu.CONFIG_FILE}", mode="644",
-                            src=StringIO(wu.config_text(wu.config(s, host.name, nodes, router))),
+                            src=StringIO(wu.config_text(wu.config(s, host.name, 1, router))),
                             dest=wu.CONFIG_FILE)
     changing = [tools, conf]
     if key:
