@@ -257,7 +257,13 @@ class Acting:
     def out_of_router(self) -> None:
         if not self.router:
             return
-        entry = self._find()
+        try:
+            entry = self._find()
+        except RuntimeError as exc:  # the router is down: it routes nothing here anyway
+            self.say(f"the router does not answer ({exc}): restarting without taking the host "
+                     "out (it still lists the host, and checks it itself)")
+            self.router = None  # nor is it put back
+            return
         if entry is None:
             self.say("not in the router")
             return
