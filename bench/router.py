@@ -77,6 +77,7 @@ def figures(doc: dict) -> list[Figure]:
                 notes="the rollout report's seconds per host: without drain the server, which "
                       "keeps taking new requests during its SIGTERM drain, stops only once the "
                       "router's health check (every 10 s) has taken it out"))
+    out += drain_figures(drain, doc.get("drain-removed"))
     failed = doc.get("failed-host-rolled-back")
     if failed:
         s = failed["summary"]
@@ -86,3 +87,47 @@ def figures(doc: dict) -> list[Figure]:
             goal="0 failed", goal_kind="value_max", goal_value=1,
             notes=f"{rate}; {s['during']['requests']} requests during the rollout"))
     return out
+
+
+SETTLE_S = 5.0  # SMG's drain_settle_secs (default; `smg launch` does not expose it)
+
+
+def _hosts(run: dict | None, key: str) -> list:
+    return [h[key] for h in ((run or {}).get("hosts") or {}).values() if h.get(key) is not None]
+
+
+def drain_figures(drain: dict | None, removed: dict | None) -> list[Figure]:
+    """The drain against the one that waits for the router's settle (rollout_drain_until=
+    removed), the same 3-host rollout under the same load in the same run: each drain's wait
+    (with the baseline's failed requests) and each host's time out of the router."""
+    if not drain or not removed:
+        return []
+    base = "same rollout, drain until the router forgets the worker (rollout_drain_until=removed)"
+    readd = _hosts(drain, "readd_wait_s")
+    ended = [h.get("drain_router") for h in drain["hosts"].values()]
+    s = removed["summary"]
+    return [
+        Figure(key="router_drain", unit="s", name="The drain under load (DELETE to out of "
+                                                  "routing and idle), per host",
+               samples=_hosts(drain, "drain_s"), baseline_name=base,
+               baseline_samples=_hosts(removed, "drain_s"),
+               goal=f"shorter than SMG's fixed settle ({SETTLE_S:g} s)", goal_kind="value_max",
+               goal_value=SETTLE_S,
+               notes="the rollout report's drain_s: from the DELETE until the router lists the "
+                     "worker `draining` and neither its load nor the server's /v1/loads counts "
+                     f"a request; the router's state when each drain ended: {', '.join(map(str, ended))} "
+                     "(draining: the drain ended before the router's settle did); failed "
+                     f"requests during the baseline's rollout: {s['during']['failed']} of "
+                     f"{s['during']['requests']}"),
+        Figure(key="router_out", unit="s", name="A host's time out of the router under load "
+                                                "(drain start to put back)",
+               samples=_hosts(drain, "out_of_router_s"), baseline_name=base,
+               baseline_samples=_hosts(removed, "out_of_router_s"),
+               notes="the rollout report's out_of_router_s; when a host's drain, deploy step "
+                     "and verification take less than SMG's settle, its put back waits for the "
+                     "router to forget the worker (a re-add is refused and a replace undone "
+                     "by the pending removal), here "
+                     + (", ".join(f"{x:.1f} s" for x in readd) if readd else "never")
+                     + ": the time out of the router is then the settle plus the re-add; on a "
+                       "real host the restart alone takes minutes"),
+    ]

@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "sglang_deploy.commands.explain",
     "sglang_deploy.commands.htmlreport",
     "sglang_deploy.commands.datashow",
+    "sglang_deploy.commands.metricstargets",
 )
 
 

@@ -293,8 +293,10 @@ class Rollout(RolloutSteps):
             for name in [n for n in group if n in r.workers]:  # a group: its rank 0
                 self.drained.setdefault(name, time.monotonic())
                 try:
-                    r.drain(name, say=self.say)
+                    watch = r.drain(name, say=self.say)
                     results[name].router = "out"
+                    results[name].drain_s = watch.drained_s
+                    results[name].drain_router = watch.router_state
                 except RouterError as exc:
                     results[name].status = "failed"
                     results[name].router = "out"
@@ -311,8 +313,9 @@ class Rollout(RolloutSteps):
         for r in fronts:
             for name in [n for n in names if n in r.workers]:  # a group: its rank 0
                 try:
-                    r.put_back(name, say=self.say)
+                    back = r.put_back(name, say=self.say)
                     results[name].router = "back"
+                    results[name].readd_wait_s = back.removal_wait_s
                     if name in self.drained:  # drain start to put back
                         results[name].out_of_router_s = round(
                             time.monotonic() - self.drained.pop(name), 2)
@@ -366,6 +369,7 @@ class Rollout(RolloutSteps):
                     max(0.0, gate.opened - running.started - waited), 2)
             r.status, r.message, r.restart_to_ready_s = after_deploy(got[name])
             r.action = got[name].action if got[name].verified else None
+            r.restart = got[name].restart
             if got[name].kind == outcomemod.MISSING:  # no record says why: pyinfra's own words
                 r.message += "\n" + common.host_error(run.output)
         ok = all(results[name].status in ("done", "converged") for name in group)

@@ -64,9 +64,18 @@ class HostResult:
     rollback: str | None = None  # the rollback's verified action: rolled-back | unchanged
     stage_seconds: float | None = None  # the staging run (all hosts at once), before any drain
     out_of_router_s: float | None = None  # from its drain's start to its put back
+    drain_s: float | None = None  # its drain: from the DELETE to out of routing and idle
+    #: the router's state of it when its drain ended: ``draining`` (the router still held it
+    #: in its settle: the drain ended first) or ``removed``
+    drain_router: str | None = None
+    #: its put back: how long it waited for the router to forget its drain (None: no wait)
+    readd_wait_s: float | None = None
     #: staged, with a router: the part of its deploy step run while it drained (the run's
     #: start, connections and host reads: ``shell/rollgate.py``)
     prepared_while_draining_s: float | None = None
+    #: the deploy's restart decision on the host (its outcome record: ``restart`` true or
+    #: false, ``why``, ``reasons``; ``core.restart``); None: the run did not reach it
+    restart: dict | None = None
 
 
 def outcome(results: list[HostResult]) -> tuple[bool, str]:

@@ -115,7 +115,8 @@ class RolloutSteps:
                 self.say(f"  {name}: no plan (unreachable, or its data is invalid):\n"
                          + indent(error))
                 continue
-            entry = {"host": name, "ok": True, "error": None, "changes": p["changes"]}
+            entry = {"host": name, "ok": True, "error": None, "changes": p["changes"],
+                     "restart": got[name].restart}
             entries.append(entry)
             if p.get("preflight") == "fail":
                 entry["ok"] = False
@@ -128,6 +129,8 @@ class RolloutSteps:
                 self.say(f"  {name}: {len(p['changes'])} change(s):")
                 for c in p["changes"]:
                     self.say(f"      - {c}")
+                if (got[name].restart or {}).get("restart"):
+                    self.say(f"      would restart: {got[name].restart.get('why')}")
         ok = run.ok and all(e["ok"] for e in entries)
         if self.json_out is not None:
             print(json.dumps({"ok": ok, "dry": True, "order": order, "hosts": entries},
@@ -158,6 +161,9 @@ class RolloutSteps:
                           "-" if r.restart_to_ready_s is None else f"{r.restart_to_ready_s}",
                           note[:120])
         common.print_table(table, self.out)
+        for r in rows:
+            if (r.restart or {}).get("restart") and r.restart.get("why"):
+                self.say(f"{r.host}: restarted for: {r.restart['why']}")
         for r in rows:
             if r.status in ("failed", "rolled-back", "rollback-failed") and r.message:
                 self.say(f"{r.host} ({r.status}):\n{indent(r.message)}")

@@ -217,6 +217,16 @@ def render_watchdog(rows: list[dict], out=None) -> None:
             print(f"{r['host']}: watchdog: {found['text']}", file=out or sys.stdout)
 
 
+def render_last_restart(rows: list[dict], out=None) -> None:
+    """Under the table, one line per host whose verifier recorded a (re)start: when and why
+    (``core.restart``), ``HOST: last restart: 2026-12-05 18:20 UTC restarted: flags changed:
+    tp-size 8 -> 4; release d5e0… -> 7a1c…``."""
+    for r in rows:
+        found = r.get("last_restart")
+        if found and found.get("text"):
+            print(f"{r['host']}: last restart: {found['text']}", file=out or sys.stdout)
+
+
 def render_groups(groups: list[dict], out=None) -> None:
     """One line per group: its nodes in rank order, rank 0's address, its state and why."""
     for g in groups:
@@ -368,6 +378,7 @@ def run(args) -> int:
         render_gpu_health(rows)
         render_hardening(rows)
         render_model_memory(rows)
+        render_last_restart(rows)
         render_watchdog(rows)
         render_groups(states)
         render_router(router)

@@ -254,7 +254,11 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("router_service", str, "smg", "systemd unit name of the router (without `.service`)."),
     _k("router_user", str, "smg", "Unprivileged user the router runs as."),
     _k("router_prometheus_port", int, 29000,
-       "Port of the router's Prometheus metrics, bound to 127.0.0.1.", minimum=1),
+       "Port of the router's Prometheus metrics (`/metrics`).", minimum=1),
+    _k("router_prometheus_host", str, "127.0.0.1",
+       "Address the router's Prometheus metrics bind. SMG serves them without a key: bind "
+       "an address other than loopback only where Prometheus must reach it "
+       "(`sglang-deploy metrics-targets` leaves a loopback-bound router out)."),
     _k("router_worker_address", (str, NONE), None,
        "Per serving host: the address the router reaches it at; null: its `ssh_hostname`, "
        "else its inventory name. Behind a router, a server whose `sglang_host` is loopback "
@@ -265,6 +269,18 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("rollout_drain_timeout_s", (int, float), 300,
        "`sglang-deploy rollout`: deadline for a host taken out of the router to finish the "
        "requests in flight on it before its restart.", minimum=1),
+    _k("rollout_drain_until", str, "idle",
+       "`sglang-deploy rollout`: when a host's drain ends. `idle`: once the router routes no "
+       "new request to it (SMG lists it `draining`, or has forgotten it) and neither the "
+       "router nor the server counts a request in flight. `removed`: also until the router "
+       "has forgotten it (SMG's fixed `drain_settle_secs`, 5 s, whatever is in flight): the "
+       "behaviour before, kept as the bench's baseline.", choices=("idle", "removed")),
+    # --- metrics ----------------------------------------------------------------------------
+    _k("watchdog_metrics_port", (int, NONE), None,
+       "Port of the watchdog's Prometheus metrics (`/metrics`) on each serving host, at the "
+       "server's address; null: no watchdog target. `sglang-deploy metrics-targets` lists "
+       "it; the alert rules read its restarts, GPU health and deploy-lock metrics "
+       "(docs/operations.md, Metrics).", minimum=1),
     # --- bench ------------------------------------------------------------------------------
     _k("bench_concurrency", list, [256, 512, 1024],
        "`sglang-deploy bench`: concurrency levels (`--max-concurrency` of "

@@ -37,10 +37,13 @@ FINAL = (PASSED, FAILED, UNREACHABLE)
 
 def record(host: str, outcome: str, stage: str, *, phase: str = "prepare", dry: bool = False,
            action: str | None = None, error: dict | None = None, summary: dict | None = None,
-           note: str = "") -> dict[str, Any]:
-    """A host's outcome record (what ``shell/outcomes.py`` writes)."""
+           note: str = "", restart: dict | None = None) -> dict[str, Any]:
+    """A host's outcome record (what ``shell/outcomes.py`` writes). RESTART: the run's restart
+    decision for the host (``core.restart.record``: ``restart`` true or false, ``why`` and
+    its ``reasons``), once the service stage has made it."""
     return {"host": host, "outcome": outcome, "stage": stage, "phase": phase, "dry": dry,
-            "action": action, "error": error, "summary": summary, "note": note}
+            "action": action, "error": error, "summary": summary, "note": note,
+            "restart": restart}
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
@@ -80,6 +83,12 @@ class HostOutcome:
     summary: dict | None = None
     message: str = ""
     record: dict | None = field(default=None, repr=False)
+
+    @property
+    def restart(self) -> dict | None:
+        """The run's restart decision for the host (``record``'s ``restart``), None when the
+        run did not reach it."""
+        return (self.record or {}).get("restart")
 
     @property
     def passed(self) -> bool:

@@ -9,10 +9,11 @@ the host's MemAvailable and MemTotal. ``Residency.of`` makes one figure of them;
 ``warm_decision`` says whether a run reads the shards in while the old server still serves
 (``remote/model_warm.py``), and why not.
 
-The decision: warm only when a (re)start is coming, warming is on (``sglang_model_warm``), the
-run changes things (never a read-only run: ``status``, ``--dry``), some shard bytes are not in
-the page cache, and those bytes plus a margin (``sglang_model_warm_margin_pct`` of MemTotal)
-fit in MemAvailable; otherwise nothing, or a skip that names the figures.
+The decision: warm only when a (re)start is coming, warming is on (``sglang_model_warm``), some
+shard bytes are not in the page cache, and those bytes plus a margin (``sglang_model_warm_margin_pct`` of MemTotal)
+fit in MemAvailable; otherwise nothing, or a skip that names the figures. A read-only run
+(``status``, ``--dry``) decides the same: its plan names the operation, which only the run
+executes (the dry run equals the run).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sglang_deploy.core.progress import size
 
 WARM = "warm"  # read the missing bytes in
 SKIP = "skip"  # would help, but does not fit (or cannot be told): said, with the figures
-NONE = "none"  # nothing to do (off, read-only, no restart, already in memory, no shards)
+NONE = "none"  # nothing to do (off, no restart, already in memory, no shards)
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,7 @@ class WarmDecision:
     keep_available: int = 0  # WARM: stop reading if MemAvailable falls below this
 
 
-def warm_decision(residency: Residency | None, *, enabled: bool, read_only: bool,
-                  restart_coming: bool, margin_pct: float, pending: bool = False
+def warm_decision(residency: Residency | None, *, enabled: bool, restart_coming: bool, margin_pct: float, pending: bool = False
                   ) -> WarmDecision:
     """Whether to read the model's shards into the page cache before the server (re)starts.
 
@@ -111,8 +111,6 @@ def warm_decision(residency: Residency | None, *, enabled: bool, read_only: bool
     not there yet: warm, and let the host's own measure decide once they are."""
     if not enabled:
         return WarmDecision(NONE, "off (sglang_model_warm: false)")
-    if read_only:
-        return WarmDecision(NONE, "a read-only run reads nothing in")
     if not restart_coming:
         return WarmDecision(NONE, "no (re)start coming")
     if pending:

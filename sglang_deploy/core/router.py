@@ -8,13 +8,14 @@ a host:
   and API key follow from the inventory, loopback is kept where no router is used;
 * the router's addresses, its launch argv and its systemd unit (``templates/smg.service.j2``);
 * how the router's ``GET /workers`` answer maps onto the inventory's hosts (``worker_states``);
-* when a drained worker is idle (``drain_step``) and when the router routes to every worker
-  again (``routing_missing``).
+* when a drained worker is out of routing and idle (``drain_step``), what the put back does
+  while the router still holds it (``put_back_step``), and when the router routes to every
+  worker again (``routing_missing``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_deploy.core import lockfile
@@ -78,11 +79,12 @@ def lock_version(text: str, package: str = "smg") -> str | None:
 # ------------------------------------------------------------------------------ unit
 
 def launch_argv(*, python: str, launcher: str, host: str, port: int, policy: str,
-                workers: list[str], prometheus_port: int) -> list[str]:
+                workers: list[str], prometheus_port: int,
+                prometheus_host: str = "127.0.0.1") -> list[str]:
     """``smg launch`` through the key-reading launcher: every secret stays out of argv."""
     return [python, launcher, "launch", "--host", host, "--port", str(port),
             "--worker-urls", *workers, "--policy", policy, "--disable-tokenizer-autoload",
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port),
+            "--prometheus-host", prometheus_host, "--prometheus-port", str(prometheus_port),
             "--health-check-interval-secs", "10", "--log-level", "info"]
 
 
@@ -141,6 +143,23 @@ def find_worker(listed: list[Worker], url: str) -> Worker | None:
 
 
 # ------------------------------------------------------------------------------ drain
+#
+# What SMG does with a DELETEd worker (read in its source, smg-project/smg `drain_workers.rs`,
+# and seen on the testbed with the pinned wheel, tests/fixtures/router/smg-1.13.0/drain.json):
+# the worker turns `draining` at once (no policy selects it again: only `ready` is routable),
+# its `load` (the router's requests in flight to it) falls as they finish, and the router
+# forgets it (404 on its id) only after a FIXED sleep, `drain_settle_secs` (5 s by default,
+# not exposed by `smg launch`), whatever is in flight. While it drains, a re-add is refused
+# (409 WORKER_ALREADY_EXISTS) and a replace (PUT) turns it `ready` only until the pending
+# removal takes it anyway (it removes by URL). So the drain ends when the router routes no
+# new request to the worker and nothing is in flight; the put back waits for the forget.
+
+#: worker states in which the router routes no new request to it and a removal is pending
+OUT_OF_ROUTING = ("draining",)
+#: ``rollout_drain_until``: ``idle`` ends the drain once out of routing and idle; ``removed``
+#: also waits for the router to forget the worker (its fixed settle: the old behaviour)
+DRAIN_UNTIL = ("idle", "removed")
+
 
 @dataclass
 class DrainWatch:
@@ -151,25 +170,65 @@ class DrainWatch:
     router_load: int | None = None      # the router's in-flight count while it listed the worker
     removed: bool = False                # the router has forgotten the worker (404 on its id)
     worker_reqs: int | None = None       # the server's own running + waiting requests
-    history: list[str] = field(default_factory=list)
+    router_state: str | None = None      # the router's state of the worker (draining, ready...)
+    until: str = "idle"                  # DRAIN_UNTIL
+    drained_s: float | None = None       # how long the wait took, once done
 
     def last(self) -> str:
-        return (f"router: {'removed' if self.removed else 'draining'}"
-                + (f", router in-flight {self.router_load}" if self.router_load is not None else "")
+        state = "removed" if self.removed else (self.router_state or "listed")
+        return (f"router: {state}"
+                + (f", router in-flight {self.router_load}"
+                   if self.router_load is not None and not self.removed else "")
                 + (f", server requests {self.worker_reqs}" if self.worker_reqs is not None
                    else ", server requests unknown (no /v1/loads)"))
 
+    def observe(self, status: int | None, doc: dict | None) -> None:
+        """The router's answer to ``GET /workers/{id}``: 404 is forgotten; 200 its state and
+        its in-flight count. Anything else (the router busy, unreachable) changes nothing."""
+        if status == 404:
+            self.removed, self.router_state = True, "removed"
+        elif status == 200 and isinstance(doc, dict):
+            self.router_state = str(doc.get("status") or ("ready" if doc.get("is_healthy")
+                                                         else "not_ready"))
+            self.router_load = int(doc.get("load") or 0)
+
+
+def out_of_routing(watch: DrainWatch) -> bool:
+    """The router routes no new request to the worker: forgotten, or listed as draining."""
+    return watch.removed or watch.router_state in OUT_OF_ROUTING
+
+
+def idle(watch: DrainWatch) -> bool:
+    """Nothing in flight: the router counts none to it (while it lists it) and the server
+    runs and queues none (when the server cannot say: the router's last count is the word)."""
+    router_idle = watch.removed or watch.router_load == 0
+    server_idle = watch.worker_reqs == 0 or (watch.worker_reqs is None and not watch.router_load)
+    return router_idle and server_idle
+
 
 def drain_step(watch: DrainWatch, elapsed_s: float, timeout_s: float) -> str:
-    """``done`` when the router has forgotten the worker (so a re-add cannot race its drain)
-    and the server itself runs no request (or, when the server cannot say, the router saw
-    none in flight); ``timeout`` past the deadline; else ``wait``."""
-    idle = watch.worker_reqs == 0 or (watch.worker_reqs is None and not watch.router_load)
-    if watch.removed and idle:
+    """``done`` once the router routes no new request to the worker (``draining``, or
+    forgotten) and nothing is in flight on it (``idle``); with ``until="removed"``, only once
+    the router has also forgotten it. ``timeout`` past the deadline; else ``wait``."""
+    if out_of_routing(watch) and idle(watch) and (watch.until != "removed" or watch.removed):
         return "done"
     if elapsed_s >= timeout_s:
         return "timeout"
     return "wait"
+
+
+def put_back_step(status: str | None) -> str:
+    """What the put back does with the router's current state of the worker (None: not
+    listed): ``add`` (POST it), ``wait-removal`` (it is still draining: a re-add is refused
+    and a replace would be undone by the pending removal, so wait until the router forgets
+    it), ``wait-ready`` (added, not yet healthy), ``verify`` (ready: route a generation)."""
+    if status is None:
+        return "add"
+    if status in OUT_OF_ROUTING:
+        return "wait-removal"
+    if status == "ready":
+        return "verify"
+    return "wait-ready"
 
 
 def routing_missing(expected: list[str], seen: dict[str, int]) -> list[str]:

@@ -1,6 +1,6 @@
 """The service decisions (pure): where everything lives on a host, how the server is launched,
-its environment, why a restart is due, what to do with a server no deploy verified, what the
-verifier expects, and what a rollback restores.
+its environment, what the verifier expects, and what a rollback restores. Whether and why a
+server restarts: ``core.restart``.
 
 ``shell/stages.py`` reads the host's state (facts), asks these functions, and adds operations.
 Nothing here talks to a host or to pyinfra.
@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import lockfile
 from sglang_deploy.core.errors import RollbackError
-from sglang_deploy.core.hoststate import HostState, ServiceState
+from sglang_deploy.core.hoststate import HostState
 
 SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
@@ -30,22 +30,21 @@ TOOLS = ("patch.py", "patch_tool.py", "launch.py", "hoststate.py", "model_fetch.
 
 class Trigger(StrEnum):
     """An operation that, having changed in this run, restarts the server (besides the unit
-    and the secrets); its value is the restart reason's name. The stages keep these
-    operations under these keys (``StageOps.triggers``), so a name cannot differ."""
+    and the secrets); its value is the restart reason's name (``core.restart.TRIGGERS``). The
+    stages keep these operations under these keys (``StageOps.triggers``), so a name cannot
+    differ."""
 
     RELEASE = "release"
     PATCH = "patch"
     MODEL = "model"
 
 
-RESTART_TRIGGERS = tuple(Trigger)
-
-
 @dataclass
 class StageOps:
     """The operations one stage adds and a later one reads (pyinfra's ``OperationMeta``, kept
     opaque here; None: not added on this host): ``stages.Context.ops``. The restart triggers
-    are keyed by ``Trigger``, the names ``restart_reasons`` gives, so the two cannot differ."""
+    are keyed by ``Trigger``, the names the restart decision gives (``core.restart``), so the
+    two cannot differ: the restart's condition is whether the operation of a reason changed."""
 
     triggers: dict[Trigger, Any] = field(default_factory=dict)  # release, patch, model
     unit: Any = None
@@ -53,10 +52,6 @@ class StageOps:
     link: Any = None
     started: Any = None
     restarted: Any = None
-
-    def changing(self) -> list[Trigger]:
-        """The triggers whose operation will change the host in this run."""
-        return [t for t, op in self.triggers.items() if op is not None and op.will_change]
 
 
 def sha256_text(text: str) -> str:
@@ -177,13 +172,26 @@ def release_of_lock(text: str, path: str) -> tuple[str, str]:
 # the launch command and the environment
 
 
+#: SGLang's /metrics (Prometheus) is on unless ``sglang_flags`` sets this flag itself
+METRICS_FLAG = "--enable-metrics"
+
+
+def metrics_on(settings) -> bool:
+    """Whether the server serves ``/metrics`` (its rendered flags hold ``--enable-metrics``)."""
+    return METRICS_FLAG in flagmod.render_flags(flag_map(settings))
+
+
 def flag_map(settings, *, with_api_key: bool = False) -> dict[str, Any]:
-    """The launch flags: ``sglang_flags`` plus the flags that come from their own keys. The API
+    """The launch flags: ``sglang_flags`` plus the flags that come from their own keys, and
+    ``--enable-metrics`` unless ``sglang_flags`` names that flag itself (``false`` turns the
+    server's ``/metrics`` off); it is checked against the locked SGLang as every flag. The API
     key never goes into argv (the launcher reads it from the environment); WITH_API_KEY adds a
     placeholder so that the flag check knows the server will get ``--api-key``."""
     s = settings
     out = {**s.sglang_flags, "model-path": s.sglang_model_path, "host": s.sglang_host,
            "port": s.sglang_port}
+    if not any(flagmod.normalise_name(k) == METRICS_FLAG for k in s.sglang_flags):
+        out["enable-metrics"] = True  # on by default; `enable-metrics: false` turns it off
     if s.sglang_served_model_name:
         out["served-model-name"] = s.sglang_served_model_name
     if with_api_key and s.api_key:
@@ -229,47 +237,6 @@ def unit_patch_state(patch_state: str) -> str:
 def probe_address(bind: str) -> str:
     """Where the host itself reaches the server (a wildcard bind answers on loopback)."""
     return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-
-
-# ---------------------------------------------------------------------------------------
-# restarts and servers no deploy verified
-
-
-def restart_reasons(*, unit_text: str, unit_sha256: str | None, secrets_text: str,
-                    secrets_sha256: str | None, changing: Iterable[str] = ()) -> list[str]:
-    """Why this run restarts the server: ``unit`` and ``secrets`` when the rendered text differs
-    from the host's file (by sha256), plus each of RESTART_TRIGGERS that this run changes
-    (CHANGING: the names of those operations that will change). Empty: no restart is due."""
-    reasons = []
-    if sha256_text(unit_text) != unit_sha256:
-        reasons.append("unit")
-    if sha256_text(secrets_text) != secrets_sha256:
-        reasons.append("secrets")
-    reasons += [k.value for k in RESTART_TRIGGERS if k in set(changing)]
-    return reasons
-
-
-def runs_unverified(service: ServiceState, last_verified: Mapping[str, Any] | None,
-                    will_start: bool) -> bool:
-    """Does the unit run an invocation that no deploy verified (started at boot, by hand, or
-    by a deploy that stopped half-way)? A unit this run starts is not such a server."""
-    invocation = service.invocation_id
-    return bool(invocation) and not will_start and \
-        invocation != (last_verified or {}).get("invocation")
-
-
-def unverified_action(serves: bool, restart_due: bool) -> str:
-    """What to do with a server that runs but was never verified:
-
-    - ``"verify"``: it serves (health and the model answer) and nothing else restarts it: verify
-      it as it is (a reload costs a model load);
-    - ``"restart"``: it does not serve (a failed start, a hang, a deadline passed): restart it and
-      verify, so that a re-run after the fault converges;
-    - ``"none"``: it serves and a change restarts it anyway (verified after that restart).
-    """
-    if not serves:
-        return "restart"
-    return "none" if restart_due else "verify"
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,9 +38,10 @@ if HERE and HERE not in sys.path:
 
 from pagecache import RESIDENCY_WINDOW, meminfo, mmap_page_size, resident_bytes, resident_pages  # noqa: F401 (inlined when fed on stdin)
 
+#: ``ExecStart``: the unit's command; ``core.restart`` compares its flags with the new unit's
 SHOW_PROPS = ("ActiveState", "SubState", "Result", "InvocationID", "MainPID", "ExecMainCode",
               "ExecMainStatus", "NRestarts", "ActiveEnterTimestampMonotonic", "UnitFileState",
-              "LoadState", "FragmentPath")
+              "LoadState", "FragmentPath", "ExecStart")
 
 
 def entries(folder: str, pattern: str = "*") -> list[str]:
@@ -353,8 +354,7 @@ def cmd_state(args) -> dict:
     return result
 
 
-def watchdog_state(state_dir: str, keep: int = 20) -> dict:
-    """sglang-watchdog's unit, its state.json and its last KEEP events (events.jsonl)."""
+def watchdog_state(state_dir: str, keep: int = 20) -> dict:  # its unit, state, last events
     try:
         with open(os.path.join(state_dir, "events.jsonl")) as fh:
             events = [json.loads(line) for line in fh.read().splitlines()[-keep:] if line.strip()]

@@ -7,10 +7,10 @@ N+1. So every node of a group adds the SAME operations, and no operation ever wa
 running (pool full): a wait is only ever on a host-side process that an EARLIER operation
 started on every node (the barrier between operations guarantees they all started).
 
-The group's decision (does it restart, and why) is made while the nodes are prepared, by
-every node from every node's facts (``groupprep``, ``core.groupdecision``): every node adds
-the same operations, their conditions static (``Decided``). What the nodes share during the
-run are execute-time results only, in one ``GroupRun`` per group, in the ``GroupRuns``
+The group's decision (does it restart, and why) is made once while the nodes are prepared,
+from every node's facts (``groupprep``, ``core.restart``), and kept on the group's run: every
+node adds the same operations, their conditions static (``Decided``). What the nodes share
+during the run are execute-time results only, in one ``GroupRun`` per group, in the ``GroupRuns``
 attached to the pyinfra ``State`` (``attach``: by the hooks, released at the run's end):
 
 - the group pre-flight, three operations: ``rendezvous_started`` starts the rendezvous tool
@@ -64,6 +64,9 @@ class GroupRun:
     verified: dict[str, dict] = field(default_factory=dict)      # node -> its summary
     errors: dict[str, VerifyError] = field(default_factory=dict)  # node -> why it failed
     failed: tuple[str, str] | None = None                        # (node, why), the first
+    #: the group's (``restart.GroupDecision``, cards), made once while the first node is
+    #: prepared (``groupprep.decide``), before anything executes
+    decision: tuple | None = None
 
     def worker(self, node: str) -> bool:
         return self.group.rank_of(node) > 0

@@ -1,10 +1,11 @@
-"""A multi-node group's decision, made while its nodes are prepared (``core.groupdecision``).
+"""A multi-node group's decision, made while its nodes are prepared (``core.restart``).
 
-Every node of a group, when pyinfra prepares it, reads every node's facts (its own and its
-peers', ``peer.get_fact``) and computes the group's decision itself: each node's restart
-reasons from its host state and its Settings (``node_view``), the group restarting when any
-node has one, and every node's card for the rendezvous. So every node adds the same
-operations with static conditions, whatever order pyinfra prepares them in.
+The first node of a group that pyinfra prepares reads every node's facts (its own and its
+peers', ``peer.get_fact``) and makes the group's decision, once per run (kept on the group's
+run, ``groupops.GroupRun.decision``): each node's restart reasons from its host state and its
+Settings (``node_view``, the same ``restart.decide`` a single host's follows), the group
+restarting when any node has one, and every node's card for the rendezvous. So every node
+adds the same operations with static conditions, whatever order pyinfra prepares them in.
 
 pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
 decision reads is read once per host in one run, whichever node asks first, through
@@ -22,13 +23,13 @@ from pyinfra.api.state import StateStage
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import groupdecision, modelfetch, nvsmi, preflight, service, watchdogunit
+from sglang_deploy.core import modelfetch, nvsmi, preflight, restart, service, watchdogunit
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
 from sglang_deploy.core.unit import render_secrets_env
-from sglang_deploy.shell import plan, routing, staging
+from sglang_deploy.shell import groupops, plan, routing, staging
 from sglang_deploy.shell.facts import (
     CudaProbe,
     HostSnapshot,
@@ -83,8 +84,9 @@ def model_revision(s: datamod.Settings, hs: HostState) -> tuple[datamod.Settings
     return s, dataclasses.replace(hs, model=model)
 
 
-def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> dict:
-    """The NCCL environment H's pre-flight gives its unit (``stages.preflight_stage``)."""
+def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> tuple[dict, bool]:
+    """The NCCL environment H's pre-flight gives its unit (``stages.preflight_stage``), and
+    whether its pre-flight skipped the peer copies (a server ran: ``preflight.probe_plan``)."""
     hs = snap.state
     record = hs.p2p_verified
     kind = preflight.probe_plan(hs.service, hs.last_verified, record,
@@ -93,7 +95,7 @@ def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> dict:
     _, env, _ = preflight.evaluate(snap.gpu, result, expectations(s))
     if kind != "p2p" and record:
         _, env = preflight.use_p2p_record([], env, record, s.sglang_service)
-    return env
+    return env, kind != "p2p"
 
 
 def patch_status(h, s: datamod.Settings, hs: HostState, release_id: str) -> dict | None:
@@ -117,17 +119,24 @@ def patch_state(s: datamod.Settings, status: dict | None) -> str:
 
 def changing(s: datamod.Settings, hs: HostState, release_id: str, status: dict | None
              ) -> tuple[str, ...]:
-    """Of ``service.RESTART_TRIGGERS``, what this run changes on the host (as its release,
-    patch and model operations decide)."""
-    out = []
-    if not hs.releases.complete(release_id):
-        out.append("release")
-    if s.sglang_autotune_patch and (status or {}).get("state") in (None, "needed"):
-        out.append("patch")
-    if s.sglang_model_download and not modelfetch.model_complete(hs.model,
-                                                                 s.sglang_model_path):
-        out.append("model")
-    return tuple(out)
+    """Of ``restart.TRIGGERS``, what this run changes on the host (``restart.changing``: as
+    its release, patch and model operations decide), from its facts."""
+    return restart.changing(
+        release_complete=hs.releases.complete(release_id), patch_enabled=s.sglang_autotune_patch,
+        patch_state=(status or {}).get("state"), model_download=s.sglang_model_download,
+        model_complete=modelfetch.model_complete(hs.model, s.sglang_model_path))
+
+
+def wanted(s: datamod.Settings, release: Release, unit_text: str, changes: tuple[str, ...],
+           copies_skipped: bool) -> restart.Wanted:
+    """What this run gives a host (``restart.Wanted``): its unit text, its secrets, the
+    release and launch argv, the triggers it changes (CHANGES) and whether its pre-flight
+    skipped the peer copies."""
+    lay = Layout.of(s)
+    return restart.Wanted(unit_text=unit_text, secrets_text=render_secrets_env(s.secrets),
+                          release=release[0],
+                          argv=tuple(service.launch_argv(s, lay, release[0])),
+                          changing=changes, p2p_skipped=copies_skipped)
 
 
 def driver(snap: Snapshot) -> str | None:
@@ -141,7 +150,7 @@ UnitOf = Callable[[datamod.Settings, HostState, Release, dict, dict, str], str]
 
 
 def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_of: UnitOf
-              ) -> tuple[groupdecision.NodeState, groupdecision.Wanted, dict]:
+              ) -> tuple[restart.Facts, restart.Wanted, dict]:
     """Node H's state, what this run renders for it, and its card, from its facts alone."""
     snap = snapshot(h, s, release[0])
     hs = snap.state
@@ -154,20 +163,14 @@ def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_
     s, hs = model_revision(s, hs)
     status = patch_status(h, s, hs, release[0])
     ifname = s.sglang_nccl_socket_ifname or hs.route_dev
-    unit_text = unit_of(s, hs, release, nccl_env(h, s, snap),
-                        groupmod.group_environment(ifname), patch_state(s, status))
-    svc = hs.service
-    unit = hs.paths.get(Layout.of(s).unit_file)
-    state = groupdecision.NodeState(
-        active=svc.unit_active, running=svc.up,
-        unverified=service.runs_unverified(svc, hs.last_verified, False),
-        unit_sha256=unit.sha256 if unit is not None else None,
-        secrets_sha256=hs.secrets_sha256, changing=changing(s, hs, release[0], status))
-    wanted = groupdecision.Wanted(service.sha256_text(unit_text),
-                                  service.sha256_text(render_secrets_env(s.secrets)))
+    env, skipped = nccl_env(h, s, snap)
+    unit_text = unit_of(s, hs, release, env, groupmod.group_environment(ifname),
+                        patch_state(s, status))
+    facts = restart.Facts.of(hs, Layout.of(s).unit_file)
+    want = wanted(s, release, unit_text, changing(s, hs, release[0], status), skipped)
     card = groupmod.card(h.name, g.rank_of(h.name), release[0], service.flag_map(s),
                          driver(snap))
-    return state, wanted, card
+    return facts, want, card
 
 
 def peers(state, g: groupmod.Group) -> list:
@@ -192,15 +195,19 @@ def peers(state, g: groupmod.Group) -> list:
 
 
 def decide(state, g: groupmod.Group, release: Release, unit_of: UnitOf
-           ) -> tuple[groupdecision.Decision, dict[str, dict]]:
-    """The deploy's decision for G and every node's card, from every node's facts."""
-    states, wanted, cards = {}, {}, {}
-    for peer in peers(state, g):
-        s = routing.settings_of(peer, state)
-        states[peer.name], wanted[peer.name], cards[peer.name] = node_view(
-            peer, s, g, release, unit_of)
-    nodes = [n for n in g.members() if n in states]
-    return groupdecision.decide(nodes, states, wanted), cards
+           ) -> tuple[restart.GroupDecision, dict[str, dict]]:
+    """The deploy's decision for G and every node's card, from every node's facts: made once
+    per run, by the first node prepared (kept on G's run, ``groupops.GroupRun``)."""
+    run = groupops.run_of(state, g)
+    if run.decision is None:
+        facts, wanted_, cards = {}, {}, {}
+        for peer in peers(state, g):
+            s = routing.settings_of(peer, state)
+            facts[peer.name], wanted_[peer.name], cards[peer.name] = node_view(
+                peer, s, g, release, unit_of)
+        nodes = [n for n in g.members() if n in facts]
+        run.decision = (restart.decide_group(nodes, facts, wanted_), cards)
+    return run.decision
 
 
 def rollback_hoststate(h, s: datamod.Settings) -> HostState:
@@ -223,18 +230,21 @@ def node_states(state, g: groupmod.Group, release_id: str, rollback: bool = Fals
 
 
 def decide_rollback(state, g: groupmod.Group
-                    ) -> tuple[groupdecision.Decision, dict[str, dict]]:
+                    ) -> tuple[restart.GroupDecision, dict[str, dict]]:
     """The rollback's decision for G (a node that restores something or does not serve
     restarts the group) and every node's card (its known-good release), from every node's
     facts; a node with nothing to roll back to fails the rollback (``RollbackError``)."""
-    restarts, running, cards = {}, {}, {}
-    for peer in peers(state, g):
-        s = routing.settings_of(peer, state)
-        hs = rollback_hoststate(peer, s)
-        rb = service.rollback_plan(peer.name, hs, s.sglang_root)
-        restarts[peer.name] = rb.restart
-        running[peer.name] = hs.service.up
-        cards[peer.name] = groupmod.card(peer.name, g.rank_of(peer.name), rb.params["release"],
-                                         {}, None)
-    nodes = [n for n in g.members() if n in restarts]
-    return groupdecision.rollback_decision(nodes, restarts, running), cards
+    run = groupops.run_of(state, g)
+    if run.decision is None:  # once per run, by the first node prepared
+        restarts, running, cards = {}, {}, {}
+        for peer in peers(state, g):
+            s = routing.settings_of(peer, state)
+            hs = rollback_hoststate(peer, s)
+            rb = service.rollback_plan(peer.name, hs, s.sglang_root)
+            restarts[peer.name] = rb.restart
+            running[peer.name] = hs.service.up
+            cards[peer.name] = groupmod.card(peer.name, g.rank_of(peer.name),
+                                             rb.params["release"], {}, None)
+        nodes = [n for n in g.members() if n in restarts]
+        run.decision = (restart.rollback_group(nodes, restarts, running), cards)
+    return run.decision

@@ -1,10 +1,12 @@
 """The group parts of the deploy's and the rollback's stages (``stages``): the operations a
 node of a multi-node group adds, the same on every node and in the same order, their
-conditions static: the group's decision is made while each node is prepared, from every
-node's facts (``groupprep``), and none of the operations waits for another host's.
+conditions static: the group's decision is made once while the nodes are prepared, from every
+node's facts (``groupprep.decide``, ``core.restart``), and none of the operations waits for
+another host's.
 
     every node, one operation at a time (a barrier between operations), when the group restarts:
-    rendezvous started -> collected (own host) -> judged (all) -> stop -> [all-reduce] -> start
+    rendezvous started -> collected (own host) -> judged (all) -> stop -> [P2P retest]
+    -> [all-reduce] -> start
     -> workers verified -> rank 0 verified -> the group ready as one (all)
 """
 
@@ -17,16 +19,15 @@ from pyinfra.operations import python
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import preflight
-from sglang_deploy.core.errors import RuntimeSetupError
-from sglang_deploy.core.groupdecision import Decision
+from sglang_deploy.core import preflight, restart
+from sglang_deploy.core.restart import GroupDecision
 from sglang_deploy.core.service import Layout
 from sglang_deploy.shell import gpugate, groupops, groupprep, plan
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.verified import record_verified, verified_summary, verify_and_record
 
 
-def add_preflight(run: groupops.GroupRun, decision: Decision, cards: dict, tool: str,
+def add_preflight(run: groupops.GroupRun, decision: GroupDecision, cards: dict, tool: str,
                   python_path: str) -> None:
     """The group pre-flight, three operations on every node (the group restarts): the
     rendezvous tool started in the background, this node's result collected, every node's
@@ -104,25 +105,6 @@ def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflig
                                    f"--dist-init-addr {addr}"), groupmod.group_environment(ifname)
 
 
-def decided(ctx, reasons: list[str], unit_of: groupprep.UnitOf) -> list[str]:
-    """The group's decision for this node (CTX: its ``stages.Context``), made from every
-    node's facts (``groupprep.decide``) and kept in CTX: the group's reasons (every node's,
-    empty: the group does not restart). REASONS: this node's own, from its operations; they
-    are the decision's too (the same facts), else the deploy stops here."""
-    decision, cards = groupprep.decide(state, ctx.group,
-                                       (ctx.release_id, ctx.sglang_version, ctx.lock_text),
-                                       unit_of)
-    if reasons and not decision.restart:
-        raise RuntimeSetupError(
-            what=f"the decision of group {ctx.group.name}, made from every node's facts, to "
-                 f"restart it for {host.name}'s own changes",
-            found=f"{host.name} changes {', '.join(reasons)}; the group's decision: no restart",
-            fix="a bug of sglang-deploy (``groupprep.node_view`` and the stages disagree): "
-                "report it with `pyinfra ... -vv`; nothing of the group was changed")
-    ctx.group_decision = (decision, cards)
-    return decision.texts()
-
-
 def condition(ctx) -> dict:
     """The global arguments of an operation a node adds because its group restarts: the
     group's decision (``groupops.Decided``); none for a single host's."""
@@ -139,20 +121,22 @@ def group_checks(ctx, serving_poll) -> tuple:
     run = groupops.run_of(state, g)
     if plan.planning():
         plan.record(state, host, ctx, serving_poll(),
-                    extra=groupops.group_fields(g, host.name, decision.of(host.name)))
+                    extra=groupops.group_fields(g, host.name, decision.own(host.name)))
     params = ctx.verify_params()
+    previous = (ctx.hoststate.last_verified or {}).get("last_restart")
     if decision.restart:
-        was_active = ctx.hoststate.service.unit_active
+        action = "restarted" if ctx.hoststate.service.unit_active else "started"
+        last = restart.last_restart(action, restart.record(decision, host.name), previous)
         checks = verify_as_one(
             run, s.sglang_service, lambda watch: verified_summary(
-                s, params, "restarted" if was_active else "started", watch),
+                s, params, action, watch, last),
             lambda summary: record_verified(s, params, summary), " as one")
         return (*checks, None)
     running = None
     if s.verify_converged:
         running = (f"Verify the running node (group {g.name}, not restarted)",
                    lambda: verify_and_record(s, params, "converged",
-                                             groupops.Watch(run, host.name)), {})
+                                             groupops.Watch(run, host.name), previous), {})
     return None, None, None, running
 
 

@@ -67,13 +67,16 @@ def _found_suffix(check, limit: int = 200) -> str:
     return f" ({found if len(found) <= limit else found[:limit - 1] + '…'})"
 
 
-def preflight_gate(checks: list, title: str = "pre-flight") -> None:
+def preflight_gate(checks: list, title: str = "pre-flight",
+                   before: str = "before anything is installed") -> None:
     """
     Report pre-flight checks and stop the deploy (while operations are still being prepared,
     so before anything runs on any host) if any failed.
 
     + checks: list of ``preflight.Check`` from the pure evaluation
     + title: heading of the report
+    + before: when it must pass, for the error (the P2P retest's: before the server starts
+      again)
 
     **Example:**
 
@@ -87,7 +90,7 @@ def preflight_gate(checks: list, title: str = "pre-flight") -> None:
             logger.warning(f"{host.print_prefix}{title}: {c.status.upper()} {c.name}: {c.message}")
     if failed:
         raise PreflightError(
-            what=f"{title} passes on {host.name} before anything is installed",
+            what=f"{title} passes on {host.name} {before}",
             found="\n".join(f"{c.name}: {c.message}" + _found_suffix(c) for c in failed),
             fix="\n".join(f"{c.name}: {c.fix}" for c in failed if getattr(c, "fix", None))
             or "see the checks above",
@@ -189,6 +192,23 @@ def service_restarted(service: str):
         service_restarted(service="sglang", _if=any_changed(unit, secrets, patch))
     """
     yield unitstart.start_command("restart", f"{service}.service")
+
+
+@operation()
+def service_stopped(service: str):
+    """
+    Stop the service (gate it with ``_if``): before the P2P retest of a server about to be
+    replaced, whose copies need GPUs no server holds (``p2pretest``).
+
+    + service: unit name without ``.service``
+
+    **Example:**
+
+    .. code:: python
+
+        service_stopped(service="sglang", _if=restart_due)
+    """
+    yield f"systemctl stop {service}.service"
 
 
 @operation()

@@ -17,6 +17,8 @@ when the run starts: ``attach``, a per-run object of ``hooks.PER_RUN``):
   prepared (``failed``, the typed error, or an untyped exception's type and message);
 - an operation that fails on the host (``operation_host_error``): ``failed``, with the typed
   error ``operations.reported`` noted for it, else the operation's name and output;
+- the service stage's restart decision (``decided``): whether the server restarts and why
+  (``core.restart``), in every record of the host from then on;
 - a verification that passed (``verified``): its summary and action, kept for the end;
 - the end of the host's connection (``host_disconnect``): ``passed`` when pyinfra ran every
   operation (or, with ``--dry``, prepared every host) and the host did not fail, else
@@ -60,6 +62,7 @@ class Recorder(BaseStateCallback):
         self.pending: dict[str, Any] = {}  # host -> error noted for the failing operation
         self.op_stage: dict[tuple[str, str], str] = {}  # (host, op hash) -> its stage
         self.failed_op: dict[str, str] = {}  # host -> the op hash that failed on it
+        self.restart: dict[str, dict] = {}  # host -> its restart decision (``decided``)
 
     # -------------------------------------------------------------- writing
     def phase(self) -> str:
@@ -70,7 +73,7 @@ class Recorder(BaseStateCallback):
         stage = kw.pop("stage", None) or self.stage.get(host) or "connect"
         summary = kw.pop("summary", None) or self.summary.get(host)
         rec = outcome.record(host, kind, stage, phase=self.phase(), dry=self.dry,
-                             summary=summary, **kw)
+                             summary=summary, restart=self.restart.get(host), **kw)
         self.last[host] = rec
         self.journal.put(host, shape.OUTCOME, rec)
         return rec
@@ -247,6 +250,15 @@ def failed(host_name: str, error: BaseException | dict, stage: str) -> None:
     rec = recorder()
     if rec is not None:
         rec.failed(host_name, error, stage)
+
+
+def decided(host_name: str, record: dict, restarts: bool) -> None:
+    """The service stage's restart decision for HOST_NAME (``core.restart.record``: its
+    ``why`` and ``reasons``; RESTARTS: whether its server restarts): kept in each record the
+    host gets from now on."""
+    rec = recorder()
+    if rec is not None:
+        rec.restart[host_name] = {"restart": bool(restarts), **record}
 
 
 def verified(summary: dict) -> None:

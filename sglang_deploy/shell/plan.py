@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from sglang_deploy.core import hardening, residency, watchdog
+from sglang_deploy.core import hardening, residency, restart, watchdog
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.shell import journal
@@ -107,6 +107,8 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
         "health": health,
         "models": models,
         "last_verified": verified.get("verified_at"),
+        # the last (re)start and why (``core.restart.last_restart``, kept by the verifier)
+        "last_restart": last_restart(verified.get("last_restart")),
         # what the last release smoke saw of the unit's sandbox (``core.hardening``)
         "hardening": hardening.summary(hoststate.get("hardening")),
         # the served model's shards in the page cache, and the host's memory
@@ -114,6 +116,16 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
         # the watchdog after ready (``core.watchdog.status_doc``): None when none runs there
         "watchdog": watchdog.status_doc(hoststate.get("watchdog")),
     }
+
+
+def last_restart(entry: dict | None) -> dict | None:
+    """Pure: the last restart as ``status`` shows it: ``at``, ``action``, ``why``,
+    ``reasons`` and the line (``text``); None when no restart was recorded."""
+    if not entry:
+        return None
+    return {"at": entry.get("at"), "action": entry.get("action"), "why": entry.get("why") or "",
+            "reasons": list(entry.get("reasons") or []),
+            "text": restart.last_restart_text(entry)}
 
 
 def model_memory(hoststate: dict) -> dict | None:

@@ -7,7 +7,9 @@
 2. The release smoke (``remote/release_smoke.py``, judged by ``core.smoke``) with the GPUs
    hidden, once per distinct set of launch flags of the hosts that use LOCK (``--inventory``;
    default: group_data/ alone).
-3. ``uv pip check`` of the venv (not for a partial, ``--no-deps`` lock).
+3. The metric names of the shipped dashboard and alert rules against the sglang and SMG the
+   venv holds (``core.metricnames``): a release that renames one fails here.
+4. ``uv pip check`` of the venv (not for a partial, ``--no-deps`` lock).
 
 The verdict: exit 0, or 1 with the import error and the packages that meet there.
 """
@@ -223,6 +225,47 @@ def pip_check(venv: Venv) -> tuple[int, str]:
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
+def site_packages(venv: Venv) -> Path | None:
+    found = sorted(venv.path.glob("lib/python*/site-packages"))
+    return found[0] if found else None
+
+
+def metric_check(lock: Path, site: Path | None) -> dict | None:
+    """The metric names of the shipped dashboard and alert rules (``core.metricnames``)
+    against what the sglang and SMG installed under SITE define; None when LOCK installs
+    neither. Raises SglangDeployError naming each name the release does not define."""
+    from sglang_deploy.core import metricnames
+
+    if site is None:
+        return None
+    sglang = metricnames.sglang_series_in(site) if (site / "sglang").is_dir() else None
+    binary = metricnames.smg_binary(site)
+    smg = binary.read_bytes() if binary else None
+    if sglang is None and smg is None:
+        return None
+    used = metricnames.shipped_uses()
+    bad = metricnames.problems(used, sglang=sglang, smg=smg)
+    products = [p for p, v in (("sglang", sglang), ("smg", smg)) if v is not None]
+    if bad:
+        known = sorted(sglang or ())
+        hints = [f"{b.split(' ')[0]} -> {', '.join(c)}" for b in bad
+                 if (c := metricnames.close(b.split(" ")[0], known))]
+        raise SglangDeployError(
+            what=f"every metric name the shipped dashboard and alert rules use "
+                 f"({metricnames.MONITORING}) to be defined by the {' and '.join(products)} "
+                 f"of {lock}",
+            found="not defined: " + "; ".join(bad),
+            fix="the release renamed or removed them: update alerts.yml and dashboard.json "
+                "to its names" + (f" (close: {'; '.join(hints)})" if hints else "")
+                + ", or keep the previous release")
+    checked = sorted({u.name for u in used if any(
+        u.name.startswith(metricnames.SGLANG_PREFIX if p == "sglang" else metricnames.SMG_PREFIX)
+        for p in products)})
+    _say(f"metric names: the {len(checked)} {' and '.join(products)} names the dashboard and "
+         f"alert rules use are defined by this release")
+    return {"products": products, "names": checked}
+
+
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
@@ -264,6 +307,7 @@ def check(lock: Path, inventory: str | None = None, python: str | None = None,
             record.write_text(json.dumps(res, sort_keys=True) + "\n")
             _say(f"{smoke.summary(res)} ({time.monotonic() - t0:.0f} s)")
         result["smoke"].append({"hosts": fs.hosts, "result": res})
+    result["metrics"] = metric_check(lock, site_packages(venv))
     if header.partial:
         _say(f"{lock} is a partial lock (--no-deps): installed; the release smoke and "
              "`uv pip check` need a whole environment and do not apply")

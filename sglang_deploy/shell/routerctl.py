@@ -13,7 +13,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core.errors import RouterError
@@ -63,6 +63,7 @@ class Router:
     drain_timeout_s: float
     verify_timeout_s: float
     poll_s: float = 0.2
+    drain_until: str = "idle"        # ``rollout_drain_until`` (core.router.DRAIN_UNTIL)
 
     def call(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> Answer:
         if routermod.is_loopback(self.url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")):
@@ -86,14 +87,22 @@ class Router:
         return routermod.worker_states(list(self.workers.items()), self.listed())
 
     def drain(self, name: str, say=lambda text: None) -> routermod.DrainWatch:
-        """Take NAME out of the router and wait until it is idle (raises RouterError with the
-        last observation at the deadline)."""
+        """Take NAME out of the router and wait until the router routes no new request to it
+        and nothing is in flight on it (``core.router.drain_step``; raises RouterError with
+        the last observation at the deadline). The router may still hold the worker in its
+        settle when this returns: ``put_back`` waits for that."""
         url = self.workers[name]
         entry = routermod.find_worker(self.listed(), url)
-        watch = routermod.DrainWatch(url=url, worker_id=entry.id if entry else None)
+        watch = routermod.DrainWatch(url=url, worker_id=entry.id if entry else None,
+                                     until=self.drain_until)
         if entry is None:
-            watch.removed = True
+            watch.removed, watch.router_state = True, "removed"
             say(f"    {name}: not in the router ({url}); waiting for its own requests only")
+        elif entry.status in routermod.OUT_OF_ROUTING:
+            # drained before and not yet forgotten (a rollout killed after its drain, run
+            # again within the router's settle): its removal is pending, nothing to ask
+            watch.router_load, watch.router_state = entry.load, entry.status
+            say(f"    {name}: already {entry.status} in the router ({entry.load} in flight)")
         else:
             watch.router_load = entry.load
             got = self.call("DELETE", f"/workers/{entry.id}")
@@ -106,15 +115,14 @@ class Router:
         while True:
             if not watch.removed:
                 got = self.call("GET", f"/workers/{watch.worker_id}")
-                if got.status == 404:
-                    watch.removed = True
-                elif got.status == 200 and isinstance(got.json(), dict):
-                    watch.router_load = int(got.json().get("load") or 0)
-            if watch.removed:
-                watch.worker_reqs = self.server_requests(url)
+                watch.observe(got.status, got.json())
+            # the server's count after the router's: once the router routes nothing to it,
+            # a request the server does not count yet is one the router still counts
+            watch.worker_reqs = self.server_requests(url)
             verdict = routermod.drain_step(watch, time.monotonic() - t0, self.drain_timeout_s)
             if verdict == "done":
-                say(f"    {name}: drained in {time.monotonic() - t0:.1f}s ({watch.last()})")
+                watch.drained_s = round(time.monotonic() - t0, 2)
+                say(f"    {name}: drained in {watch.drained_s:.1f}s ({watch.last()})")
                 return watch
             if verdict == "timeout":
                 raise RouterError(
@@ -138,17 +146,22 @@ class Router:
                         for x in doc.get("loads") or [])
         return int(total)
 
-    def put_back(self, name: str, say=lambda text: None) -> int:
-        """Add NAME back and confirm the router routes a generation to it; returns the number
-        of generations it took (raises RouterError at the deadline)."""
+    def put_back(self, name: str, say=lambda text: None) -> PutBack:
+        """Add NAME back and confirm the router routes a generation to it (raises RouterError
+        at the deadline). While the router still holds the worker from its drain (SMG's fixed
+        settle), it waits for the router to forget it first: a re-add is refused then, and a
+        replace would be undone by the pending removal (``core.router.put_back_step``)."""
         url = self.workers[name]
         t0 = time.monotonic()
         deadline = t0 + self.verify_timeout_s
-        tries, last = 0, ""
+        done = PutBack()
+        last = ""
         while time.monotonic() < deadline:
             entry = routermod.find_worker(self.listed(), url)
-            if entry is None:
-                # absent (or removed since by a drain still pending on it): add it (again)
+            step = routermod.put_back_step(entry.status if entry else None)
+            if step != (done.steps[-1] if done.steps else None):
+                done.steps.append(step)
+            if step == "add":
                 got = self.call("POST", "/workers", {"url": url, "api_key": self.key})
                 last = f"POST /workers: {got.status} {got.text[:200]}"
                 if got.status not in (200, 201, 202, 409):
@@ -156,26 +169,47 @@ class Router:
                                       found=last, fix="check the router's journal (`journalctl -u smg`)")
                 time.sleep(self.poll_s)
                 continue
-            if entry.status != "ready":
+            if step == "wait-removal":
+                if done.removal_wait_s is None:
+                    say(f"    {name}: the router still holds it from the drain ({entry.status}); "
+                        "waiting for it to forget it before adding it back")
+                done.removal_wait_s = round(time.monotonic() - t0, 2)
+                last = f"router lists it as {entry.status} (its removal is pending)"
+                time.sleep(self.poll_s)
+                continue
+            if step == "wait-ready":
                 last = f"router lists it as {entry.status}"
                 time.sleep(self.poll_s)
                 continue
-            tries += 1
+            done.tries += 1
             got = self.call("POST", "/v1/completions",
-                            {"model": self.model, "prompt": f"put back {name} {tries}", "max_tokens": 1},
-                            timeout=60.0)
+                            {"model": self.model, "prompt": f"put back {name} {done.tries}",
+                             "max_tokens": 1}, timeout=60.0)
             routed = routermod.routed_url(got.headers)
-            last = f"generation {tries}: {got.status}, routed to {routed}"
+            last = f"generation {done.tries}: {got.status}, routed to {routed}"
             if got.status == 200 and routed == url:
-                say(f"    {name}: back in the router, routed to it after {tries} generation(s) "
-                    f"({time.monotonic() - t0:.1f}s)")
-                return tries
-            if tries >= 16 * max(1, len(self.workers)):
+                say(f"    {name}: back in the router, routed to it after {done.tries} "
+                    f"generation(s) ({time.monotonic() - t0:.1f}s"
+                    + (f", of which {done.removal_wait_s:.1f}s waiting for the router to "
+                       "forget its drain" if done.removal_wait_s is not None else "") + ")")
+                return done
+            if done.tries >= 16 * max(1, len(self.workers)):
                 break
         raise RouterError(what=f"the router to route a generation to {name} ({url}) again",
                           found=f"last: {last}",
                           fix=f"check `sglang-deploy status` and the router's journal; {name} "
                               "was verified before it was put back")
+
+
+@dataclass
+class PutBack:
+    """What a put back went through: its steps in order (``core.router.put_back_step``),
+    how long it waited for the router to forget the drained worker (None: it never had to),
+    the generations it took to see one routed to the worker."""
+
+    steps: list = field(default_factory=list)
+    removal_wait_s: float | None = None
+    tries: int = 0
 
 
 def routers(inventory: str, cwd: str = ".", data: list[str] | None = None) -> list[Router]:
@@ -194,6 +228,7 @@ def routers_of(fl: routing.Fleet, settings: dict | None = None) -> list[Router]:
         out.append(Router(host=name, url=routermod.http_url(address, s.router_port),
                           key=s.router_key, model=s.served_model_name, workers=dict(workers),
                           drain_timeout_s=float(s.rollout_drain_timeout_s),
-                          verify_timeout_s=float(s.router_verify_timeout_s)))
+                          verify_timeout_s=float(s.router_verify_timeout_s),
+                          drain_until=s.rollout_drain_until))
     return out
 

@@ -144,7 +144,7 @@ def _unit_and_link(s, release_id: str, version: str, urls: list[str]) -> tuple:
     argv = routermod.launch_argv(
         python=f"{root}/current/venv/bin/python", launcher=f"{root}/tools/{LAUNCHER}", host=s.router_host,
         port=s.router_port, policy=s.router_policy, workers=urls,
-        prometheus_port=s.router_prometheus_port)
+        prometheus_port=s.router_prometheus_port, prometheus_host=s.router_prometheus_host)
     unit_text = routermod.render_unit(routermod.RouterUnitSpec(
         release_id=release_id, version=version, user=s.router_user, home=home(s),
         secrets_file=SECRETS_FILE, argv=tuple(argv), workers=tuple(urls)))

@@ -19,19 +19,19 @@ from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import group, jit, modelfetch, preflight, service
+from sglang_deploy.core import group, jit, modelfetch, preflight, restart, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
 from sglang_deploy.core.errors import DataError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
-from sglang_deploy.core.verify import check_serving
 from sglang_deploy.shell import allreduce, flagcache, gpugate, groupops, groupprep, groupstage
 from sglang_deploy.shell import lockfiles, outcomes, p2pretest, p2pview, plan, releaseops, rollgate
+from sglang_deploy.shell import restarts as restarts_mod
 from sglang_deploy.shell import routing, staging, warm, watchdogstage
 from sglang_deploy.shell import operations as ops
-from sglang_deploy.shell.facts import REMOTE, PatchStatus, ServingProbe
+from sglang_deploy.shell.facts import REMOTE, PatchStatus
 from sglang_deploy.shell.verified import verify_and_record
 
 
@@ -48,6 +48,7 @@ class Context:
     nccl_env: dict = field(default_factory=dict)
     ops: StageOps = field(default_factory=StageOps)
     patch_state: str = "unknown"
+    patch_status: dict | None = None  # the patch's status on the release (None: unknown)
     p2p_record: dict | None = None
     verify_running: bool = False
     p2p_skipped: bool = False
@@ -55,7 +56,8 @@ class Context:
     expect: preflight.Expectations | None = None
     group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
     group: group.Group | None = None  # the multi-node group this host is a node of
-    group_decision: tuple | None = None  # its (decision, cards): ``groupstage.decided``
+    group_decision: tuple | None = None  # its (decision, cards): ``groupprep.decide``
+    restart: object = None  # the restart decision: ``restart.Decision`` or ``GroupDecision``
     gpu_report: dict | None = None  # the GPU health read, judged (``gpugate.report``)
 
     @property
@@ -103,25 +105,6 @@ def put_p2p_record(ctx: Context) -> None:
                          dest=dest)
 
 
-def run_probe(ctx: Context, kind: str) -> tuple[list, str | None]:
-    """The CUDA probe of KIND (``preflight.probe_plan``: "p2p", "basic" or "none": no probe),
-    then the GPUs judged: (checks, P2P matrix text). A probe that should have run and gave no
-    result fails the checks: the deploy never installs on a host whose CUDA was not proven."""
-    s = ctx.settings
-    probe = None
-    if kind != "none":
-        probe = groupprep.probe(host, s, kind)  # read once per run (a group's peers too)
-    checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
-    if kind != "none" and probe is None:
-        checks.append(preflight.Check(
-            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
-            fix=f"run `{s.sglang_system_python} cuda_probe.py --p2p` on the host (or "
-                "`sglang-deploy doctor` there) and read its error"))
-    if kind == "p2p":
-        ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
-    return checks, matrix
-
-
 @outcomes.stage("preflight")
 @deploy("Pre-flight: GPUs, CUDA, P2P and model")
 def preflight_stage() -> Context:
@@ -157,7 +140,7 @@ def preflight_stage() -> Context:
     kind = preflight.probe_plan(hs.service, last_verified, record, settings.gpu_p2p_test,
                                 read_only=plan.read_only())
     ctx.p2p_skipped = kind != "p2p"
-    checks, matrix = run_probe(ctx, kind)
+    checks, matrix = p2pretest.run_probe(ctx, kind)
     if ctx.p2p_skipped and record:
         checks, ctx.nccl_env = preflight.use_p2p_record(checks, ctx.nccl_env, record,
                                                         settings.sglang_service)
@@ -248,6 +231,7 @@ def autotune_patch(ctx: Context, rel) -> None:
             or groupprep.fact(host, PatchStatus, python=ctx.venv_python, site=ctx.site,
                               tool=lay.tool("patch_tool.py"))
     found = (status or {}).get("state")
+    ctx.patch_status = status
     ctx.patch_state = "applied" if found in (None, "", "needed") else found
     ctx.ops.triggers[Trigger.PATCH] = releaseops.autotune_patch(
         name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
@@ -277,32 +261,6 @@ def peer_unit(s: datamod.Settings, hs: dict, release: tuple, nccl_env: dict, gro
                             group_env=group_env, patch_state=patch_state))
 
 
-def restart_reasons(ctx: Context, unit_text: str, secrets_text: str) -> list[str]:
-    hs = ctx.hoststate
-    unit = hs.paths.get(ctx.layout.unit_file)
-    return service.restart_reasons(
-        unit_text=unit_text, unit_sha256=unit.sha256 if unit is not None else None,
-        secrets_text=secrets_text, secrets_sha256=hs.secrets_sha256, changing=ctx.ops.changing())
-
-
-def full_p2p_check(ctx: Context) -> None:
-    """A real deploy's P2P retest before a serving host's restart, while its operations are
-    prepared: the data-verified peer copies, then the pre-flight verdict again (raises if it
-    fails), its record kept (an operation)."""
-    checks, matrix = run_probe(ctx, "p2p")
-    p2pview.show(checks, record=True, policy=ctx.settings.gpu_p2p_policy)
-    plan.preflight(host.name, checks, ctx.nccl_env, matrix, gpu_health=ctx.gpu_report)
-    ops.preflight_gate(checks, title=f"P2P before restarting {ctx.settings.sglang_service}")
-    put_p2p_record(ctx)
-    ctx.p2p_skipped = False
-
-
-def _serving_poll(s: datamod.Settings):
-    return host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
-                         host_addr=service.probe_address(s.sglang_host),
-                         secrets=service.SECRETS_FILE, python=s.sglang_system_python)
-
-
 def launch_flags_checked(ctx: Context):
     """The launch flags checked against the installed sglang's own (the final guard), its
     parsed ``server_args.py`` from the controller's cache when the host's sha256 is there."""
@@ -326,85 +284,55 @@ def service_stage(ctx: Context):
     launch_flags_checked(ctx)
     secrets_text = render_secrets_env(s.secrets)
     unit_text = unit_for(ctx)
-    reasons = restart_reasons(ctx, unit_text, secrets_text)
+    # the one restart decision (``core.restart``): this host's, or its group's, made once per
+    # run from every node's facts (the same on every node)
+    if ctx.group is None:
+        decision = restarts_mod.decide(ctx, unit_text)
+        ctx.restart = decision
+        why, restarts = decision.why(), bool(decision.reasons)
+    else:
+        ctx.group_decision = groupprep.decide(
+            state, ctx.group, (ctx.release_id, ctx.sglang_version, ctx.lock_text), peer_unit)
+        gd = ctx.group_decision[0]
+        decision = gd.decisions[host.name]
+        ctx.restart = gd
+        why, restarts = gd.why(), gd.restart
+    reasons = decision.triggers  # this host's own changes that restart its server
+    outcomes.decided(host.name, restart.record(ctx.restart, host.name), restarts)
+    restarts_mod.say(why, restarts)
     gpugate.before_start(host.name, s, hs, reasons)  # (staging too: before the first drain)
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         warm.add_warm(ctx, not hs.service.unit_active or bool(reasons))  # before any drain
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
-    # out of the router (the P2P retest's copies, every operation); the reads above do not
+    # out of the router (every operation); the reads above do not
     waited = rollgate.wait(host.name)
     if waited is not None:
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
-    # a group's node: the group's decision, from every node's facts (the same on every node)
-    restart = reasons if ctx.group is None else groupstage.decided(ctx, reasons, peer_unit)
-    gpugate.before_group_start(state, ctx.group, bool(restart), ctx.release_id, s.sglang_service)
-    if preflight.retest_before_restart(ctx.p2p_skipped, restart):
-        # the server is about to be replaced: the copies skipped in pre-flight (it was
-        # serving) run first; a read-only run's plan only names them (never run there)
-        if plan.read_only():  # (a group's node: retested with its group, ``Decided``)
-            p2pretest.add_retest(ctx, run_probe, **groupstage.condition(ctx))
-        else:  # still before any operation executes: the new unit follows their verdict
-            full_p2p_check(ctx)
-            unit_text = unit_for(ctx)
-            reasons = restart_reasons(ctx, unit_text, secrets_text)
-    run = groupops.run_of(state, ctx.group) if ctx.group is not None and restart else None
+    run = groupops.run_of(state, ctx.group) if ctx.group is not None and restarts else None
+    gpugate.before_group_start(state, ctx.group, run is not None, ctx.release_id,
+                               s.sglang_service)
     active = hs.service.unit_active
     if run is not None or (ctx.group is None and (not active or reasons)):
         # the server will (re)start: its JIT compilers and the release checked first (a
         # group's node whatever its own reasons: ``Decided``, the group's decision)
         staging.checks_before_start(ctx, unit_text, reasons, groupstage.condition(ctx) or None)
-        if not active and ctx.group is None:  # the GPUs are free: no server yet
+        if not active and ctx.group is None and not decision.retest:  # the GPUs are free
             allreduce.add_allreduce_check(ctx)
     # the model into the page cache before the stop, while the server still serves
     warm.before_restart(ctx, active, reasons, group_restarts=run is not None)
     if run is not None:  # the group's pre-flight, before any of its servers stops
-        decision, cards = ctx.group_decision
-        groupstage.add_preflight(run, decision, cards, lay.tool("rendezvous.py"),
+        _, cards = ctx.group_decision
+        groupstage.add_preflight(run, gd, cards, lay.tool("rendezvous.py"),
                                  s.sglang_system_python)
     unit, secrets, link = ops.server_files(lay, ctx.release_id, unit_text, secrets_text)
-    svc = hs.service
-    if ctx.group is not None:  # a group's node starts with its group, never alone
-        ops.enabled_and_started(s.sglang_service, unit, svc, start=False)
-        # the optional NCCL all-reduce across the group (gpu_allreduce_check): every GPU free
-        if run is not None:
-            groupstage.add_restart(
-                run, s.sglang_service, "restarts as one", f"Start {s.sglang_service} with "
-                f"group {ctx.group.name}", between=lambda when: allreduce.add_allreduce_check(
-                    ctx, group=ctx.group, when=when))
-        ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
-        return
-    started, restarted = start_or_restart(ctx, unit, secrets, reasons)
     ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link
-    ctx.ops.started, ctx.ops.restarted = started, restarted
-
-
-def start_or_restart(ctx: Context, unit, secrets, reasons: list[str]) -> tuple:
-    """A single server's start, or its restart when one of REASONS' operations changes (or it
-    runs a never-verified invocation that does not serve): (started, restarted) operations."""
-    s, hs = ctx.settings, ctx.hoststate
-    svc = hs.service
-    started = ops.enabled_and_started(s.sglang_service, unit, svc)
-    triggers = {"unit": unit, "secrets": secrets, **ctx.ops.triggers}
-    # Gated operations are added only when a trigger may fire, so that a converged host shows
-    # no change at all, not even a conditional one, in --dry.
-    action = "none"
-    if service.runs_unverified(svc, hs.last_verified, started.will_change):
-        poll = _serving_poll(s)
-        serves = bool(poll) and check_serving(poll, s.served_model_name, False).kind == "ready"
-        action = service.unverified_action(serves, restart_due=bool(reasons))
-    ctx.verify_running = action == "verify"
-    restarted = None
-    if reasons and not started.will_change:
-        restarted = ops.service_restarted(
-            name=f"Restart {s.sglang_service} ({', '.join(reasons)} changed)",
-            service=s.sglang_service,
-            _if=lambda: action == "restart" or any(triggers[r].did_change() for r in reasons))
-    elif action == "restart":
-        restarted = ops.service_restarted(
-            name=f"Restart {s.sglang_service} (running, never verified)", service=s.sglang_service)
-    return started, restarted
+    if ctx.group is not None:  # a group's node starts with its group, never alone
+        restarts_mod.group_node(ctx, unit, run, gd)
+        return
+    ctx.ops.started, ctx.ops.restarted = restarts_mod.start_or_restart(ctx, unit, secrets,
+                                                                       decision)
 
 
 def _action(started, restarted) -> str | None:
@@ -422,7 +350,7 @@ def verify_stage(ctx: Context):
     # before the next, so single hosts are verified beside a group's workers, not in turn.
     if ctx.group is not None:
         workers, rank0, ready, running = groupstage.group_checks(
-            ctx, lambda: _serving_poll(ctx.settings))
+            ctx, lambda: restarts_mod.serving_poll(ctx.settings))
     else:
         (workers, running), rank0, ready = single_checks(ctx), None, None
     if workers is not None:
@@ -445,10 +373,15 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
     started, restarted = ctx.ops.started, ctx.ops.restarted
     may_restart = started.will_change or restarted is not None
     if plan.planning():
-        plan.record(state, host, ctx, _serving_poll(s))
+        plan.record(state, host, ctx, restarts_mod.serving_poll(s))
+
+    decided = restart.record(ctx.restart) if ctx.restart is not None else None
+    previous = (ctx.hoststate.last_verified or {}).get("last_restart")
 
     def verify(action: str | None = None) -> None:
-        verify_and_record(s, ctx.verify_params(), action or _action(started, restarted))
+        act = action or _action(started, restarted)
+        verify_and_record(s, ctx.verify_params(), act,
+                          last_restart=restart.last_restart(act, decided, previous))
 
     after_start = running = None
     if may_restart:
@@ -483,11 +416,22 @@ def rollback_stage():
         release=rb.params["release"], restore=rb.restore)
     if g is not None:
         return groupstage.rollback_group_node(s, g, rb)
-    restart = None
+    restarted = None
     if rb.restart:
-        restart = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
+        restarted = ops.service_restarted(name=f"Restart {s.sglang_service} on the known-good configuration",
                                         service=s.sglang_service)
+    reason = restart.rollback_reason(rb.params["release"], rb.restore)
+    decided = {"why": reason.text, "reasons": [reason.as_json()]} if rb.restart else {}
+    outcomes.decided(host.name, {"why": decided.get("why", ""),
+                                 "reasons": decided.get("reasons", [])}, rb.restart)
+    restarts_mod.say(decided.get("why", ""), rb.restart)
+    previous = (hs.last_verified or {}).get("last_restart")
+
+    def verify() -> None:
+        action = "rolled-back" if restarted is not None and restarted.did_change() \
+            else "unchanged"
+        verify_and_record(s, rb.params, action,
+                          last_restart=restart.last_restart(action, decided, previous))
+
     python.call(name="Verify the known-good configuration serves",
-                function=ops.reported(lambda: verify_and_record(
-                    s, rb.params, "rolled-back" if restart is not None and restart.did_change()
-                    else "unchanged")))
+                function=ops.reported(verify))

@@ -25,6 +25,8 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
     # Not promoted (a gate must pass first): kept as a candidate the rollout promotes.
     kg = lay.known_good(promote=s.verify_promote_known_good)
     summary["verified_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    if summary.get("last_restart") and not summary["last_restart"].get("at"):
+        summary["last_restart"] = {**summary["last_restart"], "at": summary["verified_at"]}
     record = json.dumps({**params, "verified_at": summary["verified_at"]}, sort_keys=True)
     q = shlex.quote
     host.run_shell_command(
@@ -40,17 +42,21 @@ def record_verified(s: datamod.Settings, params: dict, summary: dict) -> None:
 
 
 def verify_and_record(s: datamod.Settings, params: dict, action: str,
-                      watch: groupops.Watch | None = None) -> None:
+                      watch: groupops.Watch | None = None, last_restart: dict | None = None
+                      ) -> None:
     """Verify, then keep the result (``verified_summary``, ``record_verified``)."""
-    record_verified(s, params, verified_summary(s, params, action, watch))
+    record_verified(s, params, verified_summary(s, params, action, watch, last_restart))
 
 
 def verified_summary(s: datamod.Settings, params: dict, action: str,
-                     watch: groupops.Watch | None = None) -> dict:
+                     watch: groupops.Watch | None = None, last_restart: dict | None = None
+                     ) -> dict:
     """Verify: a started server from its log until it is ready, a running one
     (``converged``, ``unchanged``) by its API (raises VerifyError); returns the host's
     summary. WATCH: this host is a node of a group being verified as one (a node of rank
-    >= 1 is up when its /health answers; a peer's failure stops it at once)."""
+    >= 1 is up when its /health answers; a peer's failure stops it at once). LAST_RESTART:
+    the host's last restart and why (``core.restart.last_restart``), kept in the summary
+    (``last-verified.json``: ``status`` shows it; the outcome record and the reports)."""
     worker = watch is not None and watch.run.worker(watch.node)
     probe = {"tool": f"{Layout.of(s).tools}/hoststate.py", "service": s.sglang_service,
              "port": s.sglang_port, "host_addr": service.probe_address(s.sglang_host),
@@ -69,6 +75,8 @@ def verified_summary(s: datamod.Settings, params: dict, action: str,
                                   log=lambda msg: logger.info(f"{host.print_prefix}verify: {msg}"))
     summary = report.host_summary(host.name, params, result)
     summary["action"] = action
+    if last_restart:
+        summary["last_restart"] = dict(last_restart)
     if watch is not None:
         summary["group"] = watch.run.group.name
         summary["node_rank"] = watch.run.group.rank_of(watch.node)

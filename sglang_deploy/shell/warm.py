@@ -22,7 +22,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 
 from sglang_deploy.core import modelfetch, residency
-from sglang_deploy.shell import groupops, plan, streamed
+from sglang_deploy.shell import groupops, streamed
 from sglang_deploy.shell.operations import reported
 
 TOOL = "model_warm.py"
@@ -35,7 +35,7 @@ def decision(ctx, restart_coming: bool) -> residency.WarmDecision:
         hs.model, s.sglang_model_path)
     return residency.warm_decision(
         residency.Residency.of(hs.model, hs.memory), enabled=s.sglang_model_warm,
-        read_only=plan.read_only(), restart_coming=restart_coming,
+        restart_coming=restart_coming,
         margin_pct=s.sglang_model_warm_margin_pct, pending=pending)
 
 
@@ -53,7 +53,7 @@ def add_warm(ctx, restart_coming: bool, gate: dict | None = None) -> residency.W
                      timeout_s=s.sglang_model_warm_timeout_s, **(gate or {}))
     elif found.action == residency.SKIP:
         logger.warning(f"{host.print_prefix}model warm skipped: {found.reason}")
-    elif restart_coming and s.sglang_model_warm and not plan.read_only():
+    elif restart_coming and s.sglang_model_warm:
         host.noop(f"model warm: {found.reason}")
     return found
 
@@ -84,7 +84,7 @@ def _warm_on_host(path: str, python: str, tool: str, margin_pct: float, timeout_
         logger.warning(f"{prefix}model warm skipped: `{tool} measure` printed no result")
         return
     res = residency.Residency.of(measured.get("model"), measured.get("memory"))
-    found = residency.warm_decision(res, enabled=True, read_only=False, restart_coming=True,
+    found = residency.warm_decision(res, enabled=True, restart_coming=True,
                                     margin_pct=margin_pct)
     if found.action == residency.SKIP:
         logger.warning(f"{prefix}model warm skipped: {found.reason}")

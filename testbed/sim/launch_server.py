@@ -60,7 +60,7 @@ if not __package__:  # run as /opt/sglang-sim/launch_server.py on a host (or by 
     sys.modules["sglang_sim"] = importlib.util.module_from_spec(_spec)
     __package__ = "sglang_sim"
 
-from . import sim_faults, sim_group
+from . import sim_faults, sim_group, sim_http
 from .model import WORDS
 from .sim_config import REAL_DURATIONS, Config, read_model
 from .sim_http import make_handler
@@ -126,6 +126,9 @@ class Sim:
         self.lock = threading.Lock()
         self.counters = {"prompt": 0, "gen": 0, "requests": 0}
         self.served_reqs = 0     # generations asked of this process after ready (leak)
+        # latency histograms of /metrics: name -> [count per bucket of sim_http.BUCKETS, sum]
+        self.latency = {"time_to_first_token_seconds": [[0] * len(sim_http.BUCKETS), 0.0],
+                        "e2e_request_latency_seconds": [[0] * len(sim_http.BUCKETS), 0.0]}
         self.pace_lock = threading.Lock()
         self.next_slot = 0.0   # aggregate pacing: the earliest moment the next token may leave
         self.started = time.time()
@@ -530,12 +533,14 @@ class Sim:
                 time.sleep(self.cfg.progress_delay_s)
             out = []
             t0 = time.monotonic()
+            first = None
             for i, t in enumerate(toks):
                 target = self.token_time(t0 + (i + 1) * delay)
                 now = time.monotonic()
                 if target > now:
                     time.sleep(target - now)
                 out.append(t)
+                first = first if first is not None else time.monotonic() - t0
                 if on_token:
                     on_token(i, t)
             return out
@@ -544,6 +549,10 @@ class Sim:
                 self.inflight.pop(rid, None)
                 self.counters["gen"] += n
                 self.counters["requests"] += 1
+                end = time.monotonic() - t0
+                for name, v in (("time_to_first_token_seconds", end if first is None else first),
+                                ("e2e_request_latency_seconds", end)):
+                    sim_http.observe(self.latency[name], v)
 
 
 def main():

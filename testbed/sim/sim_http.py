@@ -31,6 +31,28 @@ METRICS = [("num_running_reqs", "gauge", "The number of running requests."),
            ("prompt_tokens_total", "counter", "Number of prefill tokens processed."),
            ("generation_tokens_total", "counter", "Number of generation tokens processed."),
            ("num_requests_total", "counter", "Number of requests processed.")]
+#: the latency histograms of /metrics (names and help of the locked sglang's collector)
+HISTOGRAMS = [("time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+              ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds")]
+BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def observe(hist: list, value: float) -> None:
+    """Add VALUE to HIST ([count per bucket of BUCKETS, sum]; the caller holds the lock)."""
+    for i, le in enumerate(BUCKETS):
+        if value <= le:
+            hist[0][i] += 1
+    hist[1] += value
+
+
+def render_histogram(name: str, text: str, hist: list, count: int, labels: str) -> str:
+    """Prometheus text of one histogram (cumulative buckets, +Inf = COUNT)."""
+    inner = labels[1:-1]
+    rows = [f'sglang:{name}_bucket{{{inner},le="{le}"}} {float(n)}\n'
+            for le, n in zip(BUCKETS, hist[0])]
+    rows.append(f'sglang:{name}_bucket{{{inner},le="+Inf"}} {float(count)}\n')
+    return (f"# HELP sglang:{name} {text}\n# TYPE sglang:{name} histogram\n" + "".join(rows)
+            + f"sglang:{name}_sum{labels} {hist[1]}\nsglang:{name}_count{labels} {float(count)}\n")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -154,11 +176,14 @@ class Handler(BaseHTTPRequestHandler):
         with self.sim.lock:
             running = len(self.sim.inflight)
             c = dict(self.sim.counters)
+            hists = {k: [list(v[0]), v[1]] for k, v in self.sim.latency.items()}
         values = [running, 0, self.sim.cfg.tokens_per_s if running else 0, 0, c["prompt"], c["gen"],
                   c["requests"]]
         text = "".join(f"# HELP sglang:{name} {text}\n# TYPE sglang:{name} {kind}\n"
                        f"sglang:{name}{lbl} {float(v)}\n"
                        for (name, kind, text), v in zip(METRICS, values))
+        text += "".join(render_histogram(name, help_, hists[name], c["requests"], lbl)
+                        for name, help_ in HISTOGRAMS)
         self._send(200, text, ctype="text/plain; version=0.0.4; charset=utf-8")
 
     def _sse_start(self):

@@ -117,6 +117,11 @@ def router_retries(testbed) -> dict[str, float]:
     return {m: router_load.metric_sum(out, m) for m in RETRY_METRICS}
 
 
+#: what the load figures keep of each host of a rollout's report
+HOST_FIELDS = ("status", "router", "seconds", "drain_s", "drain_router", "readd_wait_s",
+               "out_of_router_s")
+
+
 def under_load(testbed, name: str, *args: str, data=()):
     url, key, _ = router_of(testbed)
     before = router_retries(testbed)
@@ -126,7 +131,7 @@ def under_load(testbed, name: str, *args: str, data=()):
     summary["retries_by_metric"] = {m: after[m] - before[m] for m in RETRY_METRICS}
     summary["router_retries"] = sum(summary["retries_by_metric"].values())
     RESULTS[name] = {"summary": summary, "rollout_rc": r.returncode,
-                     "hosts": {h["host"]: {k: h.get(k) for k in ("status", "router", "seconds")}
+                     "hosts": {h["host"]: {k: h.get(k) for k in HOST_FIELDS}
                                for h in doc.get("hosts", [])}}
     return r, doc, summary
 

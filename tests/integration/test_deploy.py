@@ -139,10 +139,15 @@ def test_bad_input_fails_before_connecting_naming_the_key(testbed):
 def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed, deployed_host):
     deployed_host(TB1)
     before = invocation(testbed, TB1)
-    flags = {**SEED_FLAGS, "enable-metrics": True}
-    r = deploy(testbed, TB1, "--data", f"sglang_flags={json.dumps(flags)}")
+    unit = testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service", check=True).stdout
+    assert "--enable-metrics" in unit  # metrics are on by default
+    flags = {**SEED_FLAGS, "enable-metrics": False}  # the operator turns them off
+    r = deploy(testbed, TB1, "--data", f"sglang_flags={json.dumps(flags)}", "-v")
     out = both(r)
     assert r.returncode == 0, out[-4000:]
+    # -v: the restart decision and why, before anything runs (the loaded unit's ExecStart
+    # against the new one: the flag that changed)
+    assert "restart: flags changed: -enable-metrics" in out, out[-4000:]
     ops = changed(out)
     # new flags: the release is proven with them under the unit's sandbox before the restart
     smoke = [o for o in ops if o.startswith(
@@ -157,14 +162,23 @@ def test_one_flag_change_is_one_unit_change_one_restart_one_verification(testbed
         "Service: launch flags, secrets, systemd unit, (re)start | JIT toolchain (nvcc, ninja, c++) in the service's environment",
         "Service: launch flags, secrets, systemd unit, (re)start | Unit /etc/systemd/system/sglang.service",
         "Service: launch flags, secrets, systemd unit, (re)start | systemd daemon-reload",
+        # the peer copies skipped while it served: stopped, P2P retested, then restarted
+        "Service: launch flags, secrets, systemd unit, (re)start | Stop sglang for the P2P retest",
+        ("Service: launch flags, secrets, systemd unit, (re)start | P2P will be retested "
+         "before the restart of sglang (peer copies on every GPU pair)"),
         "Service: launch flags, secrets, systemd unit, (re)start | Restart sglang (unit changed)",
         "Verify: block until the model really serves | Verify startup, API and a one-token generation",
     ])
     assert invocation(testbed, TB1) != before
     unit = testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service", check=True).stdout
-    assert "--enable-metrics" in unit
+    assert "--enable-metrics" not in unit
     metrics = testbed.ssh(TB1, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/metrics")
-    assert metrics.stdout.strip() == "200"
+    assert metrics.stdout.strip() == "404"
+    # the reasons kept on the host (last-verified.json), which `status` shows
+    last = json.loads(testbed.ssh(TB1, "cat /opt/sglang/last-verified.json",
+                                  check=True).stdout)["last_restart"]
+    assert last["action"] == "restarted" and last["why"] == "flags changed: -enable-metrics"
+    assert last["at"] and last["reasons"][0]["name"] == "unit"
 
 
 def test_a_flag_unknown_to_the_installed_sglang_never_reaches_a_restart(testbed, deployed_host):

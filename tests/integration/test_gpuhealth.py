@@ -16,7 +16,7 @@ from .helpers import INVENTORY, REPO, SEED_FLAGS, TB1, both, pyinfra_deploy
 
 BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
 #: the other flag set than the seed's: a deploy with it restarts the server (reason: unit)
-OTHER_FLAGS = {**SEED_FLAGS, "enable-metrics": True}
+OTHER_FLAGS = {**SEED_FLAGS, "enable-metrics": False}
 
 
 def status_of(testbed, host: str) -> dict:
@@ -66,7 +66,7 @@ def test_a_fatal_gpu_stops_a_deploy_before_the_restart_and_the_server_keeps_serv
         testbed, serving_host):
     serving_host(TB1)
     unit = testbed.ssh(TB1, "cat /etc/systemd/system/sglang.service", check=True).stdout
-    flags = SEED_FLAGS if "--enable-metrics" in unit else OTHER_FLAGS  # a change: a restart
+    flags = OTHER_FLAGS if "--enable-metrics" in unit else SEED_FLAGS  # a change: a restart
     before = testbed.host_state(TB1)
     testbed.scenario(TB1, "ecc-uncorrectable")
     r = pyinfra_deploy([TB1], "--data", f"sglang_flags={json.dumps(flags)}")

@@ -207,7 +207,9 @@ def test_the_allreduce_check_runs_across_the_groups_nodes_while_they_are_stopped
     stop = next(i for i, line in enumerate(order) if "restarts as one" in line)
     check = next(i for i, line in enumerate(order) if "All-reduce (NCCL)" in line)
     start = next(i for i, line in enumerate(order) if "with group" in line and "Start" in line)
-    assert stop < check < start
+    # each node's P2P retest (its copies were skipped while it served) on the stopped group
+    retest = next(i for i, line in enumerate(order) if "P2P will be retested" in line)
+    assert stop < retest < check < start
     rc, doc = status(grouped)
     assert doc["groups"][0]["state"] == "serving", doc
     assert invocation(grouped, single) == before   # outside the run: untouched
@@ -407,4 +409,11 @@ def test_a_node_restarted_only_because_its_peer_changed_runs_the_jit_check_and_s
     for h in (rank0, rank1):
         assert any(f"[{h}]" in line and "JIT toolchain: nvcc" in line for line in lines), out[-4000:]
         assert any(f"[{h}]" in line and "release smoke:" in line for line in lines), out[-4000:]
+        # P2P retested once the group stopped, never while the nodes were prepared
+        assert any(f"[{h}]" in line and "P2P before restarting sglang:" in line
+                   for line in lines), out[-4000:]
     assert invocation(grouped, rank0) != before
+    # why rank 0 restarted, kept on it: its peer changed
+    last = json.loads(grouped.ssh(rank0, "cat /opt/sglang/last-verified.json",
+                                  check=True).stdout)["last_restart"]
+    assert last["why"].startswith(f"peer changed: {rank1} ("), last

@@ -120,7 +120,7 @@ def rollout_killed_after_first_drain(testbed, argv: list[str]) -> str:
 
 def test_a_rollout_killed_after_its_first_drain_is_seen_and_converges_on_a_rerun(fleet):
     """Needs: `fleet`. Under load: the rollout is killed right after its first drain; `status`
-    then exits 1 and names that host absent from the router; the same rollout run again
+    then exits 1 and names that host out of the router (draining or absent); the same rollout run again
     converges (every host back, every worker ready); no request fails. Leaves the fleet on a
     new `sglang_env` value (the next `fleet` deploys it back)."""
     url, key, _ = router_of(fleet)
@@ -141,7 +141,9 @@ def test_a_rollout_killed_after_its_first_drain_is_seen_and_converges_on_a_rerun
     rc, st = seen["status"]
     assert rc == 1, st
     workers = {w["host"]: w["state"] for w in (st.get("router") or {}).get("workers") or []}
-    assert workers.get(first) == "absent", st.get("router")
+    # out of the router: still `draining` (its drain ended before the router's settle, which
+    # the killed rollout never waited for) or already forgotten
+    assert workers.get(first) in ("draining", "absent"), st.get("router")
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert [h["router"] for h in doc["hosts"]] == ["back"] * 3
     wait_all_workers_ready(fleet, deadline_s=60)

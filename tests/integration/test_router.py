@@ -22,6 +22,7 @@ import uuid
 
 from bench import router_load
 
+from .helpers import REPO
 from .routedfleet import (  # noqa: F401  (`routed` and `fleet` are fixtures)
     DATA,
     SEED_FLAGS,
@@ -85,6 +86,45 @@ def test_rollout_with_drain_under_load_fails_no_request(fleet):
     assert s["before"]["requests"] > 0 and s["during"]["requests"] > 0
     assert s["before"]["failed"] == 0 and s["during"]["failed"] == 0, s
     assert s["router_retries"] == 0, s  # no request was ever sent to a stopping server
+    # each drain ended when the router routed nothing to the host and nothing was in flight:
+    # the router's own answer at that moment still listed it `draining`, i.e. the drain ended
+    # before SMG's fixed settle did (the put back then waited for the router to forget it)
+    assert [h["drain_router"] for h in doc["hosts"]] == ["draining"] * 3, doc["hosts"]
+
+
+def test_the_drain_that_waits_for_the_router_s_settle_fails_no_request_either(fleet):
+    """The baseline of the drain figure: the same rollout under load with
+    `rollout_drain_until=removed` (the drain also waits until the router has forgotten the
+    worker: SMG's fixed settle, the behaviour before). Needs: `fleet`. Leaves the fleet on a
+    new `sglang_env` value (the next `fleet` deploys it back)."""
+    routed = fleet
+    r, doc, s = under_load(routed, "drain-removed", data=[
+        "rollout_drain_until=removed", f'sglang_env={{"ROLL": "{uuid.uuid4().hex[:6]}"}}'])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert [(h["status"], h["router"]) for h in doc["hosts"]] == [("done", "back")] * 3
+    assert s["during"]["requests"] > 0 and s["during"]["failed"] == 0, s
+    # the router had forgotten each host when its drain ended: its put back never waited
+    assert [(h["drain_router"], h["readd_wait_s"]) for h in doc["hosts"]] == [("removed", None)] * 3
+
+
+def test_a_host_put_back_while_the_router_still_drains_it_is_added_back_after_the_removal(fleet):
+    """Put back right after a drain that ended before the router's settle (the host's server
+    never stopped, as if its restart were instant): the put back sees the router still
+    holding the worker `draining`, waits until the router forgets it, adds it back and gets a
+    generation routed to it; the router then lists every worker ready. Needs: `fleet`. Leaves
+    it as found (the worker back in the router, under a new id)."""
+    from sglang_deploy.shell import routerctl
+
+    routed = fleet
+    host = servers(routed)[0]
+    router = routerctl.routers(str(routed.inventory), cwd=str(REPO), data=DATA)[0]
+    lines: list[str] = []
+    watch = router.drain(host, say=lines.append)
+    assert (watch.router_state, watch.router_load, watch.worker_reqs) == ("draining", 0, 0)
+    back = router.put_back(host, say=lines.append)
+    assert back.steps[0] == "wait-removal" and back.steps[-1] == "verify", (back, lines)
+    assert back.steps.index("add") > 0 and back.removal_wait_s is not None
+    wait_all_workers_ready(routed)
 
 
 def test_a_host_that_fails_is_rolled_back_and_put_back_under_load_without_a_failed_request(fleet):

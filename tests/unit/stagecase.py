@@ -61,7 +61,10 @@ def base_data() -> dict:
     captured on testbed hosts deployed with that data)."""
     group_all = {k: v for k, v in _literals(REPO / "group_data" / "all.py").items()
                  if not k.startswith("_")}
-    return {**group_all, **_literals(REPO / "inventory" / "testbed.py")["TESTBED_DATA"]}
+    data = {**group_all, **_literals(REPO / "inventory" / "testbed.py")["TESTBED_DATA"]}
+    # the captures predate metrics on by default: their units have no --enable-metrics
+    data["sglang_flags"] = {**data.get("sglang_flags", {}), "enable-metrics": False}
+    return data
 
 
 def host_data(case: dict, name: str) -> dict:

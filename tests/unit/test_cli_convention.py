@@ -82,7 +82,7 @@ COMMANDS = dict(_commands())
 def test_the_convention_test_sees_every_command():
     assert {"patch", "patch status", "patch apply", "doctor", "lock", "wheelhouse", "rollout",
             "status", "logs", "cache", "cache save", "rebuild", "bench", "explain-log",
-            "report", "data-table", "data"} == set(COMMANDS)
+            "report", "data-table", "data", "metrics-targets"} == set(COMMANDS)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -99,7 +99,7 @@ def test_every_command_has_uppercase_positionals_v_and_its_exit_statuses(command
 
 @pytest.mark.parametrize("command", ["rollout", "status", "rebuild", "bench", "doctor",
                                      "wheelhouse", "lock", "data-table", "logs", "cache",
-                                     "cache save", "report"])
+                                     "cache save", "report", "metrics-targets"])
 def test_every_command_lists_its_exit_codes(command):
     text = COMMANDS[command].format_help()
     assert "exit status:" in text

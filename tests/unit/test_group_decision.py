@@ -1,8 +1,9 @@
-"""A multi-node group's decision, made while its nodes are prepared (``core.groupdecision``,
-``shell.groupprep``): every node reads every node's facts (each fact read once per run,
-whichever node asks first), computes the same decision whatever order pyinfra prepares the
-nodes in, and adds the same operations with static conditions; a node restarted only because
-its peer changed gets the JIT check, the release smoke and the P2P retest all the same."""
+"""A multi-node group's decision, made once per run while its nodes are prepared
+(``core.restart``, ``shell.groupprep``) from every node's facts (each fact read once per run,
+whichever node asks first): the same decision whatever order pyinfra prepares the nodes in,
+and the same operations with static conditions on every node; a node restarted only because
+its peer changed gets the JIT check, the release smoke and the P2P retest (after the group's
+stop) all the same."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from sglang_deploy.core import groupdecision, preflight, watchdogunit
-from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
-from sglang_deploy.core.groupdecision import NodeState, Wanted
+from sglang_deploy.core import preflight, restart, watchdogunit
+from sglang_deploy.core.errors import GroupPreflightError
 from sglang_deploy.core.hoststate import HostState
+from sglang_deploy.core.restart import Facts as NodeFacts
+from sglang_deploy.core.restart import Wanted
 from sglang_deploy.core.service import Layout
 from sglang_deploy.shell import facts as facts_mod
 from sglang_deploy.shell import groupops, groupprep, plan, routing, stages, staging
@@ -31,32 +33,36 @@ DATA = {"ssh_hostname": "10.0.0.10", "sglang_model_path": "/srv/models/m",
 
 
 # ------------------------------------------------------------------ pure
+U, S = restart.sha256_text("u1"), restart.sha256_text("s1")
+
+
 def test_a_nodes_reasons_come_from_its_own_state_and_what_this_run_renders():
-    want = Wanted("u1", "s1")
-    serving = NodeState(active=True, running=True, unverified=False, unit_sha256="u1",
-                        secrets_sha256="s1")
-    assert groupdecision.node_reasons(serving, want) == ()
-    assert groupdecision.node_reasons(serving, Wanted("u2", "s1")) == ("unit",)
-    stopped = NodeState(active=False, running=False, unverified=False, unit_sha256="u1",
-                        secrets_sha256="s0", changing=("model", "release"))
-    assert groupdecision.node_reasons(stopped, want) == ("secrets", "release", "model",
-                                                        "not running")
-    unverified = NodeState(active=True, running=True, unverified=True, unit_sha256="u1",
-                           secrets_sha256="s1")
-    assert groupdecision.node_reasons(unverified, want) == ("running, never verified",)
+    want = Wanted("u1", "s1", "rel1")
+    serving = NodeFacts(unit_sha256=U, secrets_sha256=S, active=True, up=True)
+    assert restart.decide(serving, want, group=True).names == []
+    assert restart.decide(serving, Wanted("u2", "s1", "rel1"), group=True).names == ["unit"]
+    stopped = NodeFacts(unit_sha256=U, secrets_sha256="s0")
+    assert restart.decide(stopped, Wanted("u1", "s1", "rel1", changing=("release", "model")),
+                          group=True).names == ["secrets", "release", "model", "not running"]
+    unverified = NodeFacts(unit_sha256=U, secrets_sha256=S, active=True, up=True,
+                           unverified=True)
+    assert restart.decide(unverified, want, group=True).names == ["running, never verified"]
 
 
 def test_the_group_restarts_when_any_node_has_a_reason():
-    ok = NodeState(active=True, running=True, unverified=False, unit_sha256="u",
-                   secrets_sha256="s")
-    want = {"n0": Wanted("u", "s"), "n1": Wanted("u", "s")}
-    quiet = groupdecision.decide(["n0", "n1"], {"n0": ok, "n1": ok}, want)
-    assert not quiet.restart and quiet.texts() == []
-    changed = groupdecision.decide(["n0", "n1"], {"n0": ok, "n1": ok},
-                                   {**want, "n1": Wanted("u2", "s")})
-    assert changed.restart and changed.texts() == ["n1: unit"] and changed.of("n0") == ()
-    rb = groupdecision.rollback_decision(["n0", "n1"], {"n0": False, "n1": True},
-                                         {"n0": True, "n1": True})
+    ok = NodeFacts(unit_sha256=U, secrets_sha256=S, active=True, up=True)
+    want = {"n0": Wanted("u1", "s1", "rel1", p2p_skipped=True), "n1": Wanted("u1", "s1", "rel1")}
+    quiet = restart.decide_group(["n0", "n1"], {"n0": ok, "n1": ok}, want)
+    assert not quiet.restart and quiet.texts() == [] and not quiet.retest("n0")
+    changed = restart.decide_group(["n0", "n1"], {"n0": ok, "n1": ok},
+                                   {**want, "n1": Wanted("u2", "s1", "rel1")})
+    assert changed.restart and changed.texts() == ["n1: unit"] and changed.own("n0") == ()
+    # n0 restarts because its peer changed, and says so; its copies were skipped: retested
+    assert [r.name for r in changed.of("n0")] == [restart.PEER]
+    assert changed.of("n0")[0].text == "peer changed: n1 (unit changed)"
+    assert changed.retest("n0") and not changed.retest("n1")
+    rb = restart.rollback_group(["n0", "n1"], {"n0": False, "n1": True},
+                                {"n0": True, "n1": True})
     assert rb.restart and rb.texts() == ["n1: known-good restored"]
 
 
@@ -117,8 +123,9 @@ def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
             with ctx_host.use(h):
                 _, wanted, _ = groupprep.node_view(h, s, fleet.group("g1"), RELEASE,
                                                    stages.peer_unit)
-            states[h.name]["paths"][Layout.of(s).unit_file]["sha256"] = wanted.unit_sha256
-            states[h.name]["secrets_sha256"] = wanted.secrets_sha256
+            states[h.name]["paths"][Layout.of(s).unit_file]["sha256"] = \
+                restart.sha256_text(wanted.unit_text)
+            states[h.name]["secrets_sha256"] = restart.sha256_text(wanted.secrets_text)
     if changed is not None:
         states[changed]["secrets_sha256"] = "s-old"
     groupops.release(state)
@@ -157,8 +164,6 @@ def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool
     real_checks = staging.checks_before_start
     monkeypatch.setattr(staging, "checks_before_start", checks)
     monkeypatch.setattr(stages, "launch_flags_checked", lambda ctx: None)
-    monkeypatch.setattr(stages, "full_p2p_check",
-                        lambda ctx: seen[_host_name()].append("P2P retested while preparing"))
     monkeypatch.setattr(plan, "read_only", lambda: read_only)
     with ctx_state.use(state):
         for name in order:
@@ -203,19 +208,26 @@ def test_every_node_makes_the_same_decision_and_adds_the_same_operations_in_any_
     verify = {n: [c for name, c in ops[n] if "Verify group" in name] for n in ops}
     assert verify["n0"] == ["Decided(False)", "Decided(True)", "Decided(True)"]  # rank 0
     assert verify["n1"] == ["Decided(True)", "Decided(False)", "Decided(True)"]  # a worker
-    # n0 changed nothing itself: restarted only because n1 did, it is retested and checked
-    assert "P2P retested while preparing" in seen["n0"]
+    # n0 changed nothing itself: restarted only because n1 did, it is checked, and retested
+    # once the group has stopped (an operation: nothing runs while the nodes are prepared)
     assert "checks Decided(True)" in seen["n0"]
+    for node in ("n0", "n1"):
+        order = [name for name, _ in ops[node]]
+        retest = next(i for i, n in enumerate(order) if preflight.RETEST_NOTE in n)
+        assert order.index("Stop sglang: group g1 restarts as one") < retest \
+            < order.index("Start sglang with group g1")
+        assert ops[node][retest][1] == "Decided(True)"
     # each node's facts read once in the whole preparation, whichever node asked first
     assert facts.reads == {(n, f): 1 for n in ("n0", "n1") for f in ("HostSnapshot",
                                                                      "PatchStatus")}
 
 
-def test_a_read_only_run_names_the_retest_of_a_node_restarted_by_its_peer(monkeypatch):
-    _, ops, seen, _ = _prepare(monkeypatch, ["n0", "n1"], changed="n1", read_only=True)
+def test_a_read_only_run_plans_the_real_runs_operations_on_every_node(monkeypatch):
+    _, ops, _, _ = _prepare(monkeypatch, ["n0", "n1"], changed="n1", read_only=True)
+    _, real, _, _ = _prepare(monkeypatch, ["n0", "n1"], changed="n1")
+    assert ops == real
     retest = [(name, c) for name, c in ops["n0"] if preflight.RETEST_NOTE in name]
     assert retest and retest[0][1] == "Decided(True)"   # static: the group restarts
-    assert "P2P retested while preparing" not in seen["n0"]
 
 
 @pytest.mark.parametrize("order", [["n0", "n1"], ["n1", "n0"]])
@@ -238,14 +250,18 @@ def test_a_peer_that_is_not_connected_fails_the_node_with_the_fix(monkeypatch):
     assert "--exclude" in exc.value.fix
 
 
-def test_own_changes_the_decision_does_not_see_stop_the_deploy(monkeypatch):
-    state, _ = _state(monkeypatch, changed=None)
-    from sglang_deploy.shell import groupstage
-
-    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")):
-        ctx = _context(state, "n0")
-        with pytest.raises(RuntimeSetupError, match="no restart"):
-            groupstage.decided(ctx, ["release"], stages.peer_unit)
+def test_the_groups_decision_is_made_once_per_run(monkeypatch):
+    """The first node prepared decides for the group; the second gets that very decision,
+    no node's facts read again."""
+    state, facts = _state(monkeypatch, changed="n1")
+    g = routing.fleet_of_state(state).group("g1")
+    made = []
+    for name in ("n1", "n0"):
+        with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
+            made.append(groupprep.decide(state, g, RELEASE, stages.peer_unit))
+    assert made[0] is made[1] and made[0][0].texts() == ["n1: secrets"]
+    assert facts.reads == {(n, f): 1 for n in ("n0", "n1") for f in ("HostSnapshot",
+                                                                     "PatchStatus")}
 
 
 def test_a_rollback_decides_the_same_on_every_node_from_every_nodes_state(monkeypatch):
@@ -269,7 +285,7 @@ def test_a_rollback_decides_the_same_on_every_node_from_every_nodes_state(monkey
     for name in ("n1", "n0"):
         with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
             decisions.append(groupprep.decide_rollback(state, g))
-    assert decisions[0] == decisions[1]
+    assert decisions[0] is decisions[1]  # made once, by the first node prepared
     decision, cards = decisions[0]
     assert decision.restart and decision.texts() == ["n1: known-good restored"]
     assert {c["release"] for c in cards.values()} == {"rel0"}

@@ -14,7 +14,8 @@ import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 
-from sglang_deploy.core import group, groupdecision
+from sglang_deploy.core import group
+from sglang_deploy.core import restart as restart_mod
 from sglang_deploy.core.errors import GroupPreflightError, VerifyError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.shell import groupops, groupstage, hooks
@@ -37,8 +38,10 @@ def _prepare(order: list[str], restart: bool) -> tuple[State, dict]:
     inventory = Inventory(([("n0", {}), ("n1", {})], {}))
     state = State(inventory, Config())
     groupops.attach(state)
-    decision = groupdecision.Decision(("n0", "n1"), {"n0": (), "n1": ("unit",) if restart else ()},
-                                      {"n0": True, "n1": True})
+    unit = (restart_mod.Reason("unit", "unit changed"),) if restart else ()
+    decision = restart_mod.GroupDecision(
+        ("n0", "n1"), {"n0": restart_mod.Decision(), "n1": restart_mod.Decision(reasons=unit)},
+        {"n0": True, "n1": True})
     cards = {n: _card(n) for n in G.members()}
     with ctx_state.use(state):
         for name in order:

@@ -13,7 +13,7 @@ import pytest
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import Directory, File, Sha256File
 
-from sglang_deploy.core import service
+from sglang_deploy.core import restart
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
 from sglang_deploy.core.service import StageOps, Trigger
 from sglang_deploy.shell import facts, operations
@@ -96,16 +96,15 @@ class _Op:
 def test_the_ops_record_keys_its_triggers_by_the_restart_reasons_names():
     ops = StageOps()
     ops.triggers[Trigger.RELEASE] = _Op(True)
-    ops.triggers[Trigger.PATCH] = _Op(False)
-    assert ops.changing() == [Trigger.RELEASE]
-    reasons = service.restart_reasons(unit_text="u", unit_sha256=service.sha256_text("u"),
-                                      secrets_text="s", secrets_sha256=service.sha256_text("s"),
-                                      changing=ops.changing())
+    facts = restart.Facts(unit_sha256=restart.sha256_text("u"),
+                          secrets_sha256=restart.sha256_text("s"), active=True)
+    reasons = restart.decide(facts, restart.Wanted("u", "s", "rel", changing=("release",))
+                             ).triggers
     assert reasons == ["release"] and type(reasons[0]) is str
     # the stages find a reason's operation by the reason's name
     triggers = {"unit": _Op(False), **ops.triggers}
     assert triggers["release"] is ops.triggers[Trigger.RELEASE]
-    assert [t.value for t in service.RESTART_TRIGGERS] == ["release", "patch", "model"]
+    assert [t.value for t in Trigger] == list(restart.TRIGGERS) == ["release", "patch", "model"]
     with pytest.raises(AttributeError):
         Trigger.RELAESE  # noqa: B018  (a misspelt trigger fails, it is not a new key)
 

@@ -820,10 +820,12 @@ RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data
     (SERVING, {"invocation": "older"}, RECORD, "auto", "basic"),
     (SERVING, None, RECORD, "auto", "basic"),
     ({**SERVING, "InvocationID": ""}, {"invocation": ""}, RECORD, "auto", "basic"),
-    # no P2P verdict yet, not serving, or asked to copy every time: the full test
-    (SERVING, {"invocation": "abc123"}, None, "auto", "p2p"),
+    # a unit waiting to restart after a crash: a server comes back on the GPUs; the copies
+    # wait for the retest once it is stopped (``restart.Decision.retest``)
     ({**SERVING, "SubState": "auto-restart", "ActiveState": "activating"}, {"invocation": "abc123"},
-     RECORD, "auto", "p2p"),
+     RECORD, "auto", "basic"),
+    # no P2P verdict yet, not up, or asked to copy every time: the full test
+    (SERVING, {"invocation": "abc123"}, None, "auto", "p2p"),
     ({"ActiveState": "inactive", "SubState": "dead"}, None, None, "auto", "p2p"),
     (SERVING, {"invocation": "abc123"}, RECORD, "always", "p2p"),
 ])

@@ -1,18 +1,23 @@
-"""Read-only commands stay read-only: no CUDA probe and no peer copies on a serving host
-(``preflight.probe_plan`` with ``read_only``), the retest before a restart is an operation
-(``preflight.retest_before_restart``), and the plan says so (``preflight.RETEST_NOTE``)."""
+"""Read-only commands stay read-only: no CUDA probe and no peer copies on a host whose unit is
+up, serving or coming up (``preflight.probe_plan`` with ``read_only``); the retest before a
+restart is an operation (``core.restart.Decision.retest``), and the plan says so
+(``preflight.RETEST_NOTE``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_deploy.core import preflight
+from sglang_deploy.core import preflight, restart
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.shell import plan
 
 SERVING = ServiceState.from_json({"ActiveState": "active", "SubState": "running",
                                   "InvocationID": "abc123"})
 STOPPED = ServiceState.from_json({"ActiveState": "inactive", "SubState": "dead"})
+CRASH_LOOP = ServiceState.from_json({"ActiveState": "activating", "SubState": "auto-restart",
+                                     "InvocationID": "abc124"})
+STARTING = ServiceState.from_json({"ActiveState": "activating", "SubState": "start",
+                                   "InvocationID": "abc125"})
 RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data", "p2p-bandwidth"]}
 
 
@@ -33,10 +38,25 @@ def test_a_read_only_command_still_probes_a_host_that_does_not_serve():
     assert preflight.probe_plan(STOPPED, None, None, "auto", read_only=True) == "p2p"
 
 
-@pytest.mark.parametrize("skipped, reasons, want", [
-    (True, ["unit"], True), (True, [], False), (False, ["release"], False)])
-def test_retest_before_restart(skipped, reasons, want):
-    assert preflight.retest_before_restart(skipped, reasons) is want
+@pytest.mark.parametrize("unit", [CRASH_LOOP, STARTING])
+def test_a_read_only_command_never_probes_a_unit_coming_up(unit):
+    """Activating (starting, or waiting to restart after a crash): a server takes or is about
+    to take the GPUs; a read-only command leaves them alone, whatever is recorded."""
+    for record in (RECORD, None):
+        assert preflight.probe_plan(unit, None, record, "auto", read_only=True) == "none"
+        assert preflight.probe_plan(unit, None, record, "always", read_only=True) == "none"
+    # the run: the copies wait for the retest after the stop, whatever is recorded
+    assert preflight.probe_plan(unit, None, RECORD, "auto") == "basic"
+    assert preflight.probe_plan(unit, None, None, "auto") == "basic"
+
+
+@pytest.mark.parametrize("skipped, reasons, start, want", [
+    (True, ["unit"], False, True), (True, [], False, False), (False, ["release"], False, False),
+    (True, [], True, True)])  # a unit coming up, started: stopped and retested first
+def test_the_retest_before_a_server_is_replaced(skipped, reasons, start, want):
+    decision = restart.Decision(reasons=tuple(restart.Reason(r, r) for r in reasons),
+                                start=start, copies_skipped=skipped)
+    assert decision.retest is want
 
 
 def test_read_only_checks_say_the_probe_was_not_run_and_when_p2p_is_retested():

@@ -172,7 +172,7 @@ MEM = {"available": 200 * GB, "total": 512 * GB}
 
 
 def decide(model, memory=MEM, **kw):
-    args = {"enabled": True, "read_only": False, "restart_coming": True, "margin_pct": 10}
+    args = {"enabled": True, "restart_coming": True, "margin_pct": 10}
     return warm_decision(Residency.of(model, memory), **{**args, **kw})
 
 
@@ -200,11 +200,10 @@ def test_skip_with_the_figures_when_they_do_not_fit():
     assert decide(shards((180 * GB, 0)), margin_pct=0).action == WARM
 
 
-def test_nothing_to_do_off_read_only_no_restart_or_already_in_memory():
+def test_nothing_to_do_off_no_restart_or_already_in_memory():
     cold = shards((100 * GB, 0))
     assert decide(cold, enabled=False).action == NONE
     assert "sglang_model_warm" in decide(cold, enabled=False).reason
-    assert decide(cold, read_only=True).action == NONE
     assert decide(cold, restart_coming=False).action == NONE
     warm = decide(shards((100 * GB, 100 * GB)))
     assert warm.action == NONE and warm.reason.startswith("already 100% in memory")
@@ -213,7 +212,6 @@ def test_nothing_to_do_off_read_only_no_restart_or_already_in_memory():
 
 def test_a_download_in_this_run_warms_and_decides_on_the_host():
     assert decide({"shards": {}}, pending=True).action == WARM
-    assert decide({"shards": {}}, pending=True, read_only=True).action == NONE
 
 
 def test_unknown_residency_or_memory_is_a_skip_that_says_so():

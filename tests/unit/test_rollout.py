@@ -75,6 +75,7 @@ def test_status_fields_from_host_state_and_one_poll():
                  "models": ["glm-5"], "last_verified": "2026-12-02T10:00:00+00:00",
                  "hardening": None,  # no release smoke ran under the sandbox there yet
                  "model_memory": None,  # no model folder in the read
+                 "last_restart": None,  # no restart recorded by the verifier
                  "watchdog": None}  # no watchdog read
     down = plan.status_fields(hs, {"service": {"ActiveState": "failed", "SubState": "failed"},
                                    "health": {"status": None}}, "r1")
@@ -237,6 +238,9 @@ def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, 
         put = journal.Writer(env[journal.JOURNAL_ENV]).put
         put("a", "plan", {"host": "a", "preflight": "pass", "changes": []})
         put("b", "plan", {"host": "b", "preflight": "pass", "changes": ["Restart sglang"]})
+        why = {"restart": True, "why": "flags changed: tp-size 8 -> 4",
+               "reasons": [{"name": "unit", "text": "flags changed: tp-size 8 -> 4"}]}
+        put("b", "outcome", outcome.record("b", "passed", "verify", dry=True, restart=why))
         put("c", "outcome", outcome.record("c", "unreachable", "connect",
                                            error=outcome.unreachable_error("timed out")))
         return runner.Run(argv=[], rc=1, output="", seconds=1.0)
@@ -248,11 +252,15 @@ def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, 
     assert r.dry_run(["a", "b", "c"], tmp_path) == common.EXIT_FAILED
     assert asked["dry"] and asked["env"][journal.PLAN_ENV] == "1"
     hosts = {h["host"]: h for h in json.loads(doc.getvalue())["hosts"]}
-    assert hosts["a"] == {"host": "a", "ok": True, "error": None, "changes": []}
+    assert hosts["a"] == {"host": "a", "ok": True, "error": None, "changes": [],
+                          "restart": None}
     assert hosts["b"]["changes"] == ["Restart sglang"]
+    # the restart decision and its reasons, from the host's outcome record
+    assert hosts["b"]["restart"]["why"] == "flags changed: tp-size 8 -> 4"
     assert not hosts["c"]["ok"] and hosts["c"]["error"] == "did not answer over SSH: timed out"
     text = out.getvalue()
     assert "  a: no change" in text and "      - Restart sglang" in text
+    assert "      would restart: flags changed: tp-size 8 -> 4" in text
     assert "  c: no plan (unreachable, or its data is invalid)" in text
 
 
@@ -293,12 +301,19 @@ class FakeRouter:
         self.drain_timeout_s = 60.0
 
     def drain(self, name, say):
+        from sglang_deploy.core.router import DrainWatch
+
         self.calls.append(("drain", name))
         if name in self.fails:
             raise RouterError(what=f"{name} drained", found="router in-flight 3 at the deadline")
+        return DrainWatch(url=self.workers[name], worker_id=name, router_load=0, worker_reqs=0,
+                          router_state="draining", drained_s=0.25)
 
     def put_back(self, name, say):
+        from sglang_deploy.shell.routerctl import PutBack
+
         self.calls.append(("put_back", name))
+        return PutBack(steps=["wait-removal", "add", "verify"], removal_wait_s=1.5, tries=1)
 
 
 def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=(), calls=None):
@@ -395,6 +410,10 @@ def test_after_staging_each_batch_only_rolls_and_trusts_the_staging_record(tmp_p
     assert front.calls == [("drain", "a"), ("put_back", "a"), ("drain", "b"), ("put_back", "b")]
     assert all(x.status == "done" and x.router == "back" and x.out_of_router_s is not None
                and x.stage_seconds == 2.0 for x in results.values())
+    # what the drain and the put back saw is in the report: the drain ended while the router
+    # still held the worker, the put back waited for the router to forget it
+    assert [(x.drain_s, x.drain_router, x.readd_wait_s) for x in results.values()] == \
+        [(0.25, "draining", 1.5)] * 2
 
 
 def test_no_stage_rolls_without_the_staging_record(tmp_path, monkeypatch):
@@ -453,3 +472,26 @@ def test_no_stage_starts_each_batch_run_after_its_drain(tmp_path, monkeypatch):
     assert calls == [("drain", "a"), ("start", ["a"]), ("finish", ["a"]), ("put_back", "a")]
     assert runs == [("deploy.py", ["a"], None, None)]
     assert results["a"].prepared_while_draining_s is None
+
+
+def test_the_rollouts_report_says_why_each_host_restarted(tmp_path):
+    """Each host's restart decision (its outcome record's ``restart``) is in the report
+    (``rollout.json``, ``--json``) and said under the table."""
+    import io
+
+    out, doc = io.StringIO(), io.StringIO()
+    r = rollout.Rollout(inventory="inv.py", out=out, json_out=doc,
+                        progress=HostProgress(out=io.StringIO()))
+    why = {"restart": True, "why": "flags changed: tp-size 8 -> 4; release d5e0… -> 7a1c…",
+           "reasons": [{"name": "unit", "text": "flags changed: tp-size 8 -> 4"}]}
+    results = {"a": HostResult("a", "done", restart=why),
+               "b": HostResult("b", "converged", restart={"restart": False, "why": "",
+                                                          "reasons": []})}
+    r.progress.start(["a", "b"])
+    assert r.finish(results, tmp_path, None, 0.0) == common.EXIT_OK
+    hosts = {h["host"]: h for h in json.loads(doc.getvalue())["hosts"]}
+    assert hosts["a"]["restart"] == why and not hosts["b"]["restart"]["restart"]
+    assert json.loads((tmp_path / "rollout.json").read_text())["hosts"][0]["restart"] == why
+    text = out.getvalue()
+    assert "a: restarted for: flags changed: tp-size 8 -> 4; release d5e0… -> 7a1c…" in text
+    assert "b: restarted for" not in text

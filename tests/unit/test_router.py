@@ -1,5 +1,8 @@
 """The router's pure decisions (sglang_deploy.core.router) and its data keys."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from sglang_deploy.core import data
@@ -143,21 +146,101 @@ def test_worker_states_name_absent_and_unknown_workers():
     ]
 
 
-@pytest.mark.parametrize("removed, router_load, worker_reqs, elapsed, want", [
-    (False, 3, 3, 1.0, "wait"),       # still listed: a re-add now would race the drain job
-    (False, 0, 0, 1.0, "wait"),       # idle but still listed
-    (True, 2, 1, 1.0, "wait"),        # forgotten by the router, the server still runs one
-    (True, 2, 0, 1.0, "done"),
-    (True, 0, None, 1.0, "done"),     # the server cannot say; the router saw none in flight
-    (True, 1, None, 1.0, "wait"),     # the server cannot say; the router last saw one
-    (True, 2, 1, 30.0, "timeout"),
-    (False, 1, 1, 30.0, "timeout"),
+@pytest.mark.parametrize("state, router_load, worker_reqs, until, elapsed, want", [
+    ("ready", 0, 0, "idle", 1.0, "wait"),          # the DELETE not seen yet: still routable
+    ("not_ready", 0, 0, "idle", 1.0, "wait"),      # not routed now, but may be again
+    ("draining", 3, 3, "idle", 1.0, "wait"),       # out of routing, requests in flight
+    ("draining", 1, 0, "idle", 1.0, "wait"),       # the router still waits for one
+    ("draining", 0, 1, "idle", 1.0, "wait"),       # the server still runs one
+    ("draining", 0, 0, "idle", 1.0, "done"),       # out of routing and idle: before the settle
+    ("draining", 0, None, "idle", 1.0, "done"),    # the server cannot say; the router counts 0
+    ("draining", 1, None, "idle", 1.0, "wait"),
+    ("draining", 0, 0, "removed", 1.0, "wait"),    # the baseline waits for the router's forget
+    ("removed", 2, 0, "removed", 1.0, "done"),     # forgotten: the last router count is moot
+    ("removed", 2, 0, "idle", 1.0, "done"),
+    ("removed", 2, 1, "idle", 1.0, "wait"),        # forgotten, the server still runs one
+    ("removed", 0, None, "idle", 1.0, "done"),     # the server cannot say; the router saw none
+    ("removed", 1, None, "idle", 1.0, "wait"),     # the server cannot say; the router last saw one
+    ("removed", 2, 1, "idle", 30.0, "timeout"),
+    ("draining", 1, 1, "idle", 30.0, "timeout"),
 ])
-def test_drain_step(removed, router_load, worker_reqs, elapsed, want):
+def test_drain_step(state, router_load, worker_reqs, until, elapsed, want):
     w = r.DrainWatch(url="http://10.0.0.1:30000", worker_id="a", router_load=router_load,
-                     removed=removed, worker_reqs=worker_reqs)
+                     removed=state == "removed", worker_reqs=worker_reqs, router_state=state,
+                     until=until)
     assert r.drain_step(w, elapsed, 30.0) == want
-    assert ("removed" if removed else "draining") in w.last()
+    assert f"router: {state}" in w.last()
+
+
+# Answers of the real router (smg 1.13.0, the wheel of locks/router.txt) and of the testbed's
+# server during a drain under load, captured by bench/smg_drain_capture.py.
+SMG = json.loads((Path(__file__).parents[1] / "fixtures" / "router" / "smg-1.13.0"
+                  / "drain.json").read_text())
+
+
+def _replay(until: str):
+    """drain_step over the captured drain, poll by poll (the router's answer, then the
+    server's): the label of the answer it ended at and the watch."""
+    w = r.DrainWatch(url=SMG["worker"], worker_id="x", until=until)
+    answers = SMG["answers"]
+    start = next(i for i, a in enumerate(answers) if a["label"] == "delete")
+    end = next(i for i, a in enumerate(answers) if a["label"] == "delete (second drain)")
+    for a in answers[start + 1:end]:
+        if a["on"] == "router" and a["path"].startswith("/workers/"):
+            w.observe(a["status"], a["body"])
+            if w.removed:
+                w.worker_reqs = 0  # the capture's last server answer before the 404: idle
+        elif a["on"] == "worker":
+            w.worker_reqs = int(a["body"]["aggregate"]["total_reqs"])
+        else:
+            continue
+        if r.drain_step(w, a["t"], 300.0) == "done":
+            return a, w
+    raise AssertionError("the drain never ended over the capture")
+
+
+def test_over_the_real_router_the_drain_ends_when_idle_while_the_router_still_settles():
+    first = next(a for a in SMG["answers"] if a["label"] == "poll worker while draining")
+    assert first["body"]["status"] == "draining" and first["body"]["load"] > 0  # the capture's premise
+    at, w = _replay("idle")
+    assert (w.router_state, w.router_load, w.worker_reqs) == ("draining", 0, 0)
+    gone = next(a for a in SMG["answers"] if a["status"] == 404)
+    assert at["t"] < gone["t"]  # it ended before the router forgot the worker (its settle)
+    at, w = _replay("removed")
+    assert w.removed and at["t"] >= gone["t"]
+
+
+def test_over_the_real_router_a_re_add_while_draining_is_refused_and_a_replace_is_undone():
+    """Why the put back waits for the forget: SMG refuses a re-add of a draining worker and
+    its pending removal takes a worker replaced (PUT) while it drained."""
+    by = {a["label"]: a for a in SMG["answers"]}
+    assert by["re-add while draining"]["status"] == 409
+    draining = next(a for a in SMG["answers"] if a["label"] == "poll worker while draining")
+    assert r.put_back_step(draining["body"]["status"]) == "wait-removal"
+    replaced = [a for a in SMG["answers"] if a["label"] == "poll replaced worker"]
+    assert replaced[0]["body"]["status"] == "ready" and replaced[-1]["status"] == 404
+    after = by["list after the replaced worker's removal"]["body"]["workers"]
+    assert SMG["worker"] not in [x["url"].rstrip("/") for x in after]
+
+
+@pytest.mark.parametrize("status, step", [
+    (None, "add"), ("draining", "wait-removal"), ("pending", "wait-ready"),
+    ("not_ready", "wait-ready"), ("ready", "verify"),
+])
+def test_put_back_step(status, step):
+    assert r.put_back_step(status) == step
+
+
+def test_observe_reads_the_real_answers():
+    by = {a["label"]: a for a in SMG["answers"]}
+    w = r.DrainWatch(url=SMG["worker"], worker_id="x")
+    w.observe(200, by["one worker, requests in flight"]["body"])
+    assert (w.router_state, w.removed) == ("ready", False) and w.router_load > 0
+    w.observe(503, {"error": "busy"})  # neither forgotten nor a state: nothing changes
+    assert w.router_state == "ready"
+    gone = next(a for a in SMG["answers"] if a["status"] == 404)
+    w.observe(gone["status"], gone["body"])
+    assert w.removed and w.router_state == "removed"
 
 
 @pytest.mark.parametrize("seen, missing", [

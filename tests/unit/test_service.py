@@ -4,8 +4,9 @@ environment, restarts, servers no deploy verified, verifier parameters, rollback
 import pytest
 
 from sglang_deploy.core import data, service
+from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core.errors import DataError, RollbackError
-from sglang_deploy.core.hoststate import HostState, ServiceState
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
 
 BASE = {"sglang_model_path": "/srv/models/m", "_sudo": False}
@@ -78,10 +79,25 @@ def test_one_flag_map_for_argv_and_check():
                  sglang_served_model_name="glm", sglang_api_key_env="KEY")
     fm = service.flag_map(s)
     assert fm == {"tp-size": 8, "disable-cuda-graph": True, "model-path": "/srv/models/m",
-                  "host": "127.0.0.1", "port": 30000, "served-model-name": "glm"}
+                  "host": "127.0.0.1", "port": 30000, "served-model-name": "glm",
+                  "enable-metrics": True}
     checked = service.flag_map(s, with_api_key=True)
     assert checked["api-key"] == "<secret>" and "s3cret" not in str(checked)
     assert "api-key" not in service.flag_map(settings(), with_api_key=True)
+
+
+@pytest.mark.parametrize("flags, on", [
+    ({}, True),  # on by default
+    ({"enable-metrics": True}, True),
+    ({"enable-metrics": False}, False),  # the operator turns it off
+    ({"enable_metrics": None}, False),  # any spelling of the flag is the operator's choice
+    ({"--enable-metrics": False}, False),
+])
+def test_metrics_are_on_unless_the_flags_turn_them_off(flags, on):
+    s = settings(sglang_flags={"tp-size": 8, **flags})
+    argv = flagmod.render_flags(service.flag_map(s))
+    assert ("--enable-metrics" in argv) is on and service.metrics_on(s) is on
+    assert argv.count("--enable-metrics") <= 1
 
 
 def test_launch_argv_runs_the_launcher_with_the_release_python_and_no_secret():
@@ -117,45 +133,6 @@ def test_unit_patch_state_does_not_change_between_runs(state, in_unit):
                                         ("127.0.0.1", "127.0.0.1"), ("10.0.0.5", "10.0.0.5")])
 def test_probe_address(bind, addr):
     assert service.probe_address(bind) == addr
-
-
-# ---- restarts ------------------------------------------------------------------------------
-
-U, S = "unit text\n", "secrets\n"
-US, SS = service.sha256_text(U), service.sha256_text(S)
-
-
-@pytest.mark.parametrize("unit_sha, secrets_sha, changing, reasons", [
-    (US, SS, [], []),
-    (None, SS, [], ["unit"]),                        # first deploy: no unit yet
-    (US, "old", [], ["secrets"]),
-    (US, SS, ["release"], ["release"]),
-    (US, SS, ["patch", "model"], ["patch", "model"]),
-    (US, SS, ["lock", "flags"], []),                 # not restart triggers
-    ("old", "old", ["model", "release"], ["unit", "secrets", "release", "model"]),
-])
-def test_restart_reasons(unit_sha, secrets_sha, changing, reasons):
-    assert service.restart_reasons(unit_text=U, unit_sha256=unit_sha, secrets_text=S,
-                                   secrets_sha256=secrets_sha, changing=changing) == reasons
-
-
-@pytest.mark.parametrize("invocation, verified, will_start, unverified", [
-    ("", None, False, False),          # not running
-    ("inv1", {"invocation": "inv1"}, False, False),
-    ("inv2", {"invocation": "inv1"}, False, True),   # restarted behind the deploy's back
-    ("inv1", None, False, True),       # started at boot, never verified
-    ("inv1", None, True, False),       # this run starts it
-])
-def test_runs_unverified(invocation, verified, will_start, unverified):
-    assert service.runs_unverified(ServiceState.from_json({"InvocationID": invocation}), verified,
-                                   will_start) is unverified
-
-
-@pytest.mark.parametrize("serves, restart_due, action", [
-    (True, False, "verify"), (True, True, "none"), (False, False, "restart"), (False, True, "restart"),
-])
-def test_unverified_action(serves, restart_due, action):
-    assert service.unverified_action(serves, restart_due) == action
 
 
 # ---- verifier parameters ----------------------------------------------------------------

@@ -408,8 +408,20 @@ def test_port_closed_while_loading_and_metrics(site, model_dir, tmp_path, runs):
     r.stop()
     r2 = start(runs, tmp_path, site, model_dir, "--enable-metrics")
     r2.wait_for("The server is fired up and ready to roll!")
+    r2.http("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 3}})
     status, body = r2.http("/metrics")
     assert status == 200 and b"sglang:num_running_reqs{" in body
+    # the latency histograms, in the exposition format Prometheus's own linter accepts
+    text = body.decode()
+    assert re.search(r'^sglang:e2e_request_latency_seconds_bucket\{.*le="\+Inf"\} [1-9]', text,
+                     re.MULTILINE), text
+    assert "sglang:time_to_first_token_seconds_count{" in text
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60, check=False)
+    # exit 3: lint findings only (1: not parsed); the real names' `sglang:` is one of them
+    other = [line for line in (lint.stdout + lint.stderr).splitlines()
+             if not line.endswith("metric names should not contain ':'")]
+    assert lint.returncode in (0, 3) and other == [], lint.stdout + lint.stderr
 
 
 # ----------------------------------------------------------------------------- (e) scenarios

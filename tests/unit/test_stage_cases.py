@@ -134,3 +134,23 @@ def test_a_fact_the_case_does_not_give_stops_the_host_naming_it(tmp_path, monkey
     assert re.search(r"the stages read CudaProbe\(mib=8, p2p=True, .*\), which the case does "
                      r"not give", got["fx1"]["error"]), got["fx1"]["error"]
     assert got["fx1"]["operations"] == []  # the pre-flight reads it before any operation
+
+
+REAL = [p for p in CASES if not stagecase.load(p).get("dry")]
+
+
+@pytest.mark.parametrize("path", REAL, ids=[p.stem for p in REAL])
+def test_the_dry_run_plans_the_real_runs_operations(path, tmp_path, monkeypatch):
+    """The dry run equals the run: each case run for real and as ``deploy.py --dry`` gives
+    every host the same operations (names, commands, conditions, noops, in order) and the
+    same failure; only the facts read differ (a read-only run touches no GPU of a unit that
+    is up: ``crash_loop_dry``, ``serving_drift_dry``)."""
+    case = stagecase.load(path)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "dry").mkdir()
+    real = stagecase.run_case(case, tmp_path / "real", monkeypatch)
+    dry = stagecase.run_case({**case, "dry": True}, tmp_path / "dry", monkeypatch)
+    assert set(real) == set(dry)
+    for host in real:
+        assert dry[host]["operations"] == real[host]["operations"], host
+        assert ("error" in dry[host]) == ("error" in real[host]), host

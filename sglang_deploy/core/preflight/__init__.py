@@ -37,7 +37,6 @@ from sglang_deploy.core.preflight.p2p import (
 from sglang_deploy.core.preflight.probeplan import (
     RETEST_NOTE,
     probe_plan,
-    retest_before_restart,
     use_verified_server,
 )
 from sglang_deploy.core.preflight.smi import (
@@ -60,7 +59,7 @@ __all__ = [
     "Expectations", "Status", "cgroup_fix", "check_cuda_probe", "check_device_nodes",
     "check_model", "check_open_results", "check_p2p", "check_smi", "classify_open",
     "diagnose_cuda_error", "evaluate", "gpu_nodes_fix", "p2p_record", "parse_dev_listing",
-    "parse_open_results", "probe_plan", "p2p_cells", "retest_before_restart", "plain_matrix", "rich_matrix", "required_node",
+    "parse_open_results", "probe_plan", "p2p_cells", "plain_matrix", "rich_matrix", "required_node",
     "summarise", "use_p2p_record", "use_verified_server", "uvm_fix", "uvm_major_of",
     "WheelTarget", "check_wheel_platform", "lock_target",
 ]

@@ -1,10 +1,10 @@
-"""Which CUDA probe a deploy runs, from the host state (pure), the checks that stand in for
-the probe when a verified server serves (or a read-only command leaves a serving host's GPUs
-alone), and whether P2P is retested before a restart."""
+"""Which CUDA probe a deploy runs, from the host state (pure), and the checks that stand in
+for the probe when a verified server serves (or a read-only command leaves the GPUs of a unit
+that is up alone). Whether P2P is retested before a restart: ``core.restart``."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.core.preflight.checks import Check
@@ -16,36 +16,35 @@ def probe_plan(service: ServiceState, last_verified: Mapping[str, Any] | None,
     """Which CUDA probe the pre-flight runs, from the host-state read:
 
     - ``"none"`` first of all when READ_ONLY (``status``, ``rollout --dry``, ``report``,
-      ``deploy.py --dry``) and the service serves: a read-only command never touches the GPUs
-      a server holds, whatever ``gpu_p2p_test`` says; the real deploy retests P2P before it
-      restarts that server (``retest_before_restart``);
+      ``deploy.py --dry``) and the unit is up (active, activating or reloading: it serves,
+      starts, or waits to restart after a crash): a read-only command never touches the GPUs
+      a server holds or is about to take, whatever ``gpu_p2p_test`` says; the run retests P2P
+      once that server has stopped, when it replaces it (``restart.Decision.retest``);
+    - ``"basic"``: init and devices: the unit is up but does not serve (activating: starting,
+      or a crash loop), whatever is recorded, unless ``gpu_p2p_test: always``: the copies
+      wait for the retest, after the stop;
     - ``"p2p"``: init, devices and the data-verified peer copies: ``gpu_p2p_test: always``,
-      or the service is not serving, or no full P2P test has passed on this host yet;
+      or the unit is not up (no server on the GPUs), or no full P2P test has passed on this
+      host yet;
     - ``"basic"``: init and devices: the service serves and the last P2P verdict stands, but
       the running server was never verified by a deploy (e.g. started at boot);
     - ``"none"``: the service serves the very invocation a deploy verified
       (``last_verified.invocation`` is its ``InvocationID``). That server initialised CUDA on
       these GPUs and serves from them, which proves more than the probe does; a run that
-      would restart it probes first, with the peer copies (``retest_before_restart``).
+      replaces it retests first, with the peer copies, once it has stopped.
 
-    ``service``: the unit's state (``serving``: ``active/running``); ``last_verified``/
-    ``p2p_verified``: the host's records (None when absent)."""
-    if read_only and service.serving:
+    ``service``: the unit's state; ``last_verified``/``p2p_verified``: the host's records
+    (None when absent)."""
+    if read_only and service.up:
         return "none"
-    if p2p_test == "always" or not (service.serving and p2p_verified):
+    if p2p_test != "always" and service.up and not service.serving:
+        return "basic"
+    if p2p_test == "always" or not (service.up and p2p_verified):
         return "p2p"
     invocation = service.invocation_id
     if invocation and (last_verified or {}).get("invocation") == invocation:
         return "none"
     return "basic"
-
-
-def retest_before_restart(p2p_skipped: bool, restart_reasons: Sequence[str]) -> bool:
-    """Whether the deploy retests P2P (the probe with the peer copies) before it restarts the
-    service: the pre-flight skipped the copies (the server was serving) and the service is
-    about to be replaced. The retest is an operation: it runs when the deploy executes, never
-    while a read-only command (a dry run) prepares its plan, which shows ``RETEST_NOTE``."""
-    return p2p_skipped and bool(restart_reasons)
 
 
 RETEST_NOTE = "P2P will be retested before the restart"
