@@ -17,6 +17,9 @@ TESTBED_DATA = {
     # The SGLang simulator stands in for `python -m sglang.launch_server` (same argv after it):
     # the release venv's python runs it, beside the real sglang wheel installed in that venv.
     "sglang_launch_command": ["/opt/sglang-sim/launch_server.py"],
+    # No watchdog by default: 2 CPU cores are shared by every host; the tests about it
+    # (tests/integration/test_watchdog.py) set `watchdog` themselves.
+    "watchdog": "off",
     # Containers have no route to the package index: install from the read-only bind mount.
     "sglang_wheelhouse": "/srv/wheelhouse",
     # The real sglang wheel of the pinned version, without its GPU dependencies.

@@ -46,7 +46,9 @@ GPU_SCENARIOS = (*gpu_build.SCENARIOS, "cgroup-denied")
 SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", "capture-oom",
                  "rank-fail", "nccl-watchdog", "warmup-502", "scheduler-exception",
                  # multi-node groups: act on a node with --node-rank >= 1 (testbed/sim/sim_group.py)
-                 "node-capture-crash", "node-dies-serving")
+                 "node-capture-crash", "node-dies-serving",
+                 # serving, for the watchdog (re-read while running: testbed/sim/sim_faults.py)
+                 "wedge", "leak", "slow-progress")
 
 # TOKENS_PER_S per request, MAX_TOKENS_PER_S for the whole server (the simulated decode
 # throughput that `sglang-deploy bench` measures; low enough that this machine's CPUs are
@@ -54,6 +56,7 @@ SIM_SCENARIOS = ("healthy", "autotune-crash", "load-hang", "oom", "slow-start", 
 SIM_ENV_DEFAULT = "SCENARIO=healthy\nTIME_SCALE=0.02\nTOKENS_PER_S=400\nMAX_TOKENS_PER_S=1000\n"
 # Keys `python -m testbed sim-env` may set (read by testbed/sim/launch_server.py).
 SIM_ENV_KEYS = ("TIME_SCALE", "TOKENS_PER_S", "MAX_TOKENS_PER_S", "WARMUP_GATE", "HANG_AT_SHARD",
+                "LEAK_AFTER", "PROGRESS_DELAY_S",
                 "GPU_MEMORY_MIB", "SLOW_WHEN", "SLOW_FACTOR", "LOG_SEED")
 
 

@@ -28,6 +28,9 @@ fatal, and its ``findings``, each with ``code``, ``severity``, ``gpu``, ``messag
 null when the host-state read brought none) is read in the same round trip as the rest: the
 ``gpus`` column shows the verdict and what decided it, the findings are listed under the table.
 
+Each host's ``watchdog`` (``core.watchdog.status_doc``, null where none runs): its unit,
+last verdict, last event and restarts in the last hour, read in the same round trip.
+
 Each host's ``hardening`` (``core.hardening.summary``, null before a release smoke ran under
 the unit's sandbox there): the properties in force, those not in force with why and the fix,
 and those it cannot tell; the text output lists the ones not in force under the table.
@@ -205,6 +208,15 @@ def render_model_memory(rows: list[dict], out=None) -> None:
             print(f"{r['host']}: model: {found['text']}", file=out or sys.stdout)
 
 
+def render_watchdog(rows: list[dict], out=None) -> None:
+    """Under the table, one line per host that runs the watchdog: its unit, its last verdict,
+    its last event (a wedge seen, what it did) and its restarts in the last hour."""
+    for r in rows:
+        found = r.get("watchdog")
+        if found:
+            print(f"{r['host']}: watchdog: {found['text']}", file=out or sys.stdout)
+
+
 def render_last_restart(rows: list[dict], out=None) -> None:
     """Under the table, one line per host whose verifier recorded a (re)start: when and why
     (``core.restart``), ``HOST: last restart: 2026-12-05 18:20 UTC restarted: flags changed:
@@ -310,7 +322,9 @@ to restart a server there); one line per finding under the table, with its fix.
 
 Under the table, one line per host and property of the unit's sandbox that is not in force
 there (what the last release smoke saw), with why and the fix; and one line per host with how
-much of its served model is in the page cache (`model: 97% in memory`) and its MemAvailable. No CUDA probe and no peer
+much of its served model is in the page cache (`model: 97% in memory`) and its MemAvailable;
+and one line per host that runs the watchdog (`watchdog: active/running, healthy 4s ago; last
+event ...: wedged -> restart (...)`). No CUDA probe and no peer
 copies run on a serving host.
 
 A multi-node group (hosts with the same sglang_group) is one unit: each row names its
@@ -339,7 +353,9 @@ def add_parser(sub) -> None:
                        '"severity", "gpu", "bus_id", "message", "fix", "source"}], "notes"} or '
                        'null; each '
                        'host\'s "model_memory": {"shard_bytes", "resident_bytes", "percent", '
-                       '"shards", "mem_available", "mem_total", "text"} or null (no shard)')
+                       '"shards", "mem_available", "mem_total", "text"} or null (no shard); '
+                       'each host\'s "watchdog": {"unit", "verdict", "observed_at", '
+                       '"last_event", "restarts_last_hour", "text"} or null (none runs there)')
     common.add_data(p)
     p.add_argument("--wide", action="store_true",
                    help="on a terminal, every value whole (default: short forms that fit 120 "
@@ -363,6 +379,7 @@ def run(args) -> int:
         render_hardening(rows)
         render_model_memory(rows)
         render_last_restart(rows)
+        render_watchdog(rows)
         render_groups(states)
         render_router(router)
     return common.EXIT_OK if ok(rows, states, router) else common.EXIT_FAILED

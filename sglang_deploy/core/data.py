@@ -211,6 +211,31 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     _k("verify_converged", bool, False,
        "Also check a server that was not restarted (health, models, a generation); "
        "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),
+    # --- watchdog (after ready) --------------------------------------------------------------
+    _k("watchdog", str, "report",
+       "The serving host's watchdog (`sglang-watchdog.service`): `report` judges the server "
+       "by a 1-token generation and its token counter and records a wedge; `restart` also "
+       "takes a wedged single host out of the router, restarts, verifies and puts it back "
+       "(never while the deploy lock is held, on a group's node, a fatal GPU or past the "
+       "cap); `off` removes it.", choices=("off", "report", "restart")),
+    _k("watchdog_interval_s", (int, float), 15, "Seconds between two watchdog observations.",
+       minimum=1),
+    _k("watchdog_probe_timeout_s", (int, float), 30,
+       "Deadline of the watchdog's 1-token generation, seconds.", minimum=1),
+    _k("watchdog_probe_failures", int, 3,
+       "Failed probes in a row, with the token counter flat, that make a wedge.", minimum=1),
+    _k("watchdog_stall_s", (int, float), 120,
+       "Requests waiting while the token counter stays flat this long make one failed probe "
+       "a wedge, seconds.", minimum=1),
+    _k("watchdog_journal_silence_s", (int, float), 120,
+       "Without metrics: a journal silent this long while requests wait counts as a stall, "
+       "seconds.", minimum=1),
+    _k("watchdog_max_restarts_per_hour", int, 2,
+       "Restarts the watchdog makes on one host per hour at most; past it, it reports only.",
+       minimum=0),
+    _k("watchdog_verify_timeout_s", (int, float), 600,
+       "Deadline for a server the watchdog restarted to serve again (health, model, a "
+       "1-token generation), seconds.", minimum=1),
     # --- router -----------------------------------------------------------------------------
     _k("router_host", str, "127.0.0.1",
        "Address the router (SMG, on the hosts of the inventory group `routers`) binds. A "

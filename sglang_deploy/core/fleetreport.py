@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # for the annotations only
 REPORT_VERSION = 1
 STATUS_FIELDS = ("reachable", "unit", "uptime_s", "release", "sglang_version", "patch_state",
                  "health", "models", "last_verified", "in_sync", "healthy", "changes", "problem",
-                 "hardening", "gpu_health", "model_memory", "last_restart")
+                 "hardening", "gpu_health", "model_memory", "last_restart", "watchdog")
 
 
 def _epoch(summary: Mapping[str, Any]) -> float:

@@ -209,6 +209,9 @@ class HostState:
     #: the GPU health read's raw answers (``core.gpuhealth.evaluate`` judges them); None: not
     #: asked for (``--gpu-health``) or not brought back
     gpu_health: Mapping[str, Any] | None = None
+    #: sglang-watchdog's unit (``systemctl show``), ``state`` and last ``events``; None: not
+    #: asked for (``--watchdog``)
+    watchdog: Mapping[str, Any] | None = None
     #: the object as printed (the wire form, for what stores it as it is: the plan's record)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -234,7 +237,8 @@ class HostState:
             model=_record(raw.get("model")), memory=_record(raw.get("memory")),
             cache_files=raw.get("cache_files"),
             route_dev=raw.get("route_dev"), monotonic_now=raw.get("monotonic_now"),
-            gpu_health=_record(raw.get("gpu_health")), raw=raw)
+            gpu_health=_record(raw.get("gpu_health")), watchdog=_record(raw.get("watchdog")),
+            raw=raw)
 
     @property
     def verified_invocation(self) -> str | None:

@@ -6,6 +6,7 @@ trip returns everything a fact or a verifier poll needs.
 
   hoststate.py state --root R --service S [--model PATH] [--secrets FILE] [--cache DIR]
                      [--path P]... [--dev-open] [--gpu-health FIELDS --kernel-pattern RE]
+                     [--watchdog STATE_DIR]
   hoststate.py poll --service S --port P [--host H] [--cursor C] [--invocation ID]
                     [--http] [--generate] [--no-journal] [--secrets FILE]
   hoststate.py platform      # {"python": "3.11", "glibc": "2.36"} (also part of `state`)
@@ -37,13 +38,10 @@ if HERE and HERE not in sys.path:
 
 from pagecache import RESIDENCY_WINDOW, meminfo, mmap_page_size, resident_bytes, resident_pages  # noqa: F401 (inlined when fed on stdin)
 
-#: ``ExecStart``: the loaded unit's command, whose launch flags the restart decision compares
-#: with the new unit's to say which changed (``core.restart``)
-SHOW_PROPS = (
-    "ActiveState", "SubState", "Result", "InvocationID", "MainPID", "ExecMainCode",
-    "ExecMainStatus", "NRestarts", "ActiveEnterTimestampMonotonic", "UnitFileState",
-    "LoadState", "FragmentPath", "ExecStart",
-)
+#: ``ExecStart``: the unit's command; ``core.restart`` compares its flags with the new unit's
+SHOW_PROPS = ("ActiveState", "SubState", "Result", "InvocationID", "MainPID", "ExecMainCode",
+              "ExecMainStatus", "NRestarts", "ActiveEnterTimestampMonotonic", "UnitFileState",
+              "LoadState", "FragmentPath", "ExecStart")
 
 
 def entries(folder: str, pattern: str = "*") -> list[str]:
@@ -339,6 +337,7 @@ def cmd_state(args) -> dict:
         "p2p_verified": read_json(os.path.join(root, "p2p-verified.json")),
         "hardening": read_json(os.path.join(root, "hardening.json")),
         "monotonic_now": time.monotonic(),  # systemd's *TimestampMonotonic use the same clock
+        "watchdog": watchdog_state(args.watchdog) if args.watchdog else None,
     }
     if args.model:
         result["model"] = model_state(args.model)
@@ -353,6 +352,16 @@ def cmd_state(args) -> dict:
         reader.join()
         result["gpu_health"] = health or None
     return result
+
+
+def watchdog_state(state_dir: str, keep: int = 20) -> dict:  # its unit, state, last events
+    try:
+        with open(os.path.join(state_dir, "events.jsonl")) as fh:
+            events = [json.loads(line) for line in fh.read().splitlines()[-keep:] if line.strip()]
+    except (OSError, ValueError):
+        events = []
+    return {"service": systemd_show("sglang-watchdog"), "events": events, "now": time.time(),
+            "state": read_json(os.path.join(state_dir, "state.json"))}
 
 
 def route_dev(addr: str) -> str | None:
@@ -468,6 +477,7 @@ def main(argv=None) -> int:
                     help="also the GPU health read (gpu_health): nvidia-smi --query-gpu=FIELDS, "
                          "the kernel log's lines matching --kernel-pattern, dcgmi health -c")
     st.add_argument("--kernel-pattern", default=r"NVRM: Xid")
+    st.add_argument("--watchdog", metavar="DIR", help="also sglang-watchdog's state (watchdog)")
     po = sub.add_parser("poll")
     po.add_argument("--service", required=True)
     po.add_argument("--host", default="127.0.0.1")

@@ -138,11 +138,14 @@ class SglangHostState(FactBase):
     @staticmethod
     def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
              cache: str | None = None, paths: tuple = (), dev_open: bool = False,
-             route_to: str | None = None, gpu_health: bool = False) -> list[str]:
+             route_to: str | None = None, gpu_health: bool = False,
+             watchdog: str | None = None) -> list[str]:
         """``hoststate.py state`` and its options; GPU_HEALTH: with the GPU health read
-        (``core.gpuhealth``'s fields and kernel-log pattern)."""
+        (``core.gpuhealth``'s fields and kernel-log pattern); WATCHDOG: sglang-watchdog's
+        state folder (its unit, state and last events: ``watchdog``)."""
         options = [("root", root), ("service", service), ("model", model), ("secrets", secrets),
-                   ("cache", cache), *(("path", p) for p in paths), ("route-to", route_to)]
+                   ("cache", cache), *(("path", p) for p in paths), ("route-to", route_to),
+                   ("watchdog", watchdog)]
         if gpu_health:
             options += [("gpu-health", ",".join(gpuhealth.HEALTH_FIELDS)),
                         ("kernel-pattern", gpuhealth.KERNEL_PATTERN)]
@@ -215,10 +218,11 @@ class HostSnapshot(FactBase):
 
     def command(self, root: str, service: str, model: str | None = None,
                 secrets: str | None = None, python: str = "python3", cache: str | None = None,
-                paths: tuple = (), route_to: str | None = None) -> str:
+                paths: tuple = (), route_to: str | None = None,
+                watchdog: str | None = None) -> str:
         state = SglangHostState.args(root=root, service=service, model=model, secrets=secrets,
                                      cache=cache, paths=paths, dev_open=True, route_to=route_to,
-                                     gpu_health=True)
+                                     gpu_health=True, watchdog=watchdog)
         return _sections_command({"hoststate.json": stdin_script("hoststate.py", state, python),
                                   **GPU_SECTIONS})
 

@@ -23,7 +23,7 @@ from pyinfra.api.state import StateStage
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import modelfetch, nvsmi, preflight, restart, service
+from sglang_deploy.core import modelfetch, nvsmi, preflight, restart, service, watchdogunit
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
@@ -59,8 +59,10 @@ def snapshot(h, s: datamod.Settings, release_id: str) -> Snapshot:
     return read_host_state(h, HostSnapshot, root=s.sglang_root, service=s.sglang_service,
                 model=s.sglang_model_path, secrets=lay.secrets_file,
                 python=s.sglang_system_python, cache=s.sglang_cache_dir,
-                paths=(*lay.state_paths(release_id), staging.record_path(lay, release_id)),
-                route_to=s.sglang_dist_init_addr if s.sglang_group else None)
+                paths=(*lay.state_paths(release_id), staging.record_path(lay, release_id),
+                       *watchdogunit.managed_paths(s.sglang_root)),
+                route_to=s.sglang_dist_init_addr if s.sglang_group else None,
+                watchdog=watchdogunit.STATE_DIR)
 
 
 def probe(h, s: datamod.Settings, kind: str):

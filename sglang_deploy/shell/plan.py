@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from sglang_deploy.core import hardening, residency, restart
+from sglang_deploy.core import hardening, residency, restart, watchdog
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.shell import journal
@@ -113,6 +113,8 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
         "hardening": hardening.summary(hoststate.get("hardening")),
         # the served model's shards in the page cache, and the host's memory
         "model_memory": model_memory(hoststate),
+        # the watchdog after ready (``core.watchdog.status_doc``): None when none runs there
+        "watchdog": watchdog.status_doc(hoststate.get("watchdog")),
     }
 
 

@@ -29,7 +29,7 @@ from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, 
 from sglang_deploy.shell import allreduce, flagcache, gpugate, groupops, groupprep, groupstage
 from sglang_deploy.shell import lockfiles, outcomes, p2pretest, p2pview, plan, releaseops, rollgate
 from sglang_deploy.shell import restarts as restarts_mod
-from sglang_deploy.shell import routing, staging, warm
+from sglang_deploy.shell import routing, staging, warm, watchdogstage
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus
 from sglang_deploy.shell.verified import verify_and_record
@@ -363,6 +363,7 @@ def verify_stage(ctx: Context):
         python.call(name=running[0], function=ops.reported(running[1]), **running[2])
     if workers is None and running is None:
         host.noop("the service was not (re)started: nothing to verify")
+    watchdogstage.install(ctx)  # after the server is verified (shell/watchdogstage.py)
 
 
 def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:

@@ -125,6 +125,7 @@ class Sim:
         self.inflight: dict[str, float] = {}
         self.lock = threading.Lock()
         self.counters = {"prompt": 0, "gen": 0, "requests": 0}
+        self.served_reqs = 0     # generations asked of this process after ready (leak)
         # latency histograms of /metrics: name -> [count per bucket of sim_http.BUCKETS, sum]
         self.latency = {"time_to_first_token_seconds": [[0] * len(sim_http.BUCKETS), 0.0],
                         "e2e_request_latency_seconds": [[0] * len(sim_http.BUCKETS), 0.0]}
@@ -517,11 +518,19 @@ class Sim:
         while self.peer_lost is not None:  # a node is gone: the collectives never complete
             time.sleep(3600)
         self.cfg.refresh_rates()
-        delay = 1.0 / self.cfg.tokens_per_s if self.cfg.tokens_per_s > 0 else 0.0
+        serving = self.cfg.serving_scenario() if self.status == "up" else "healthy"
+        rate = self.cfg.tokens_per_s * (0.1 if serving == "slow-progress" else 1.0)
+        delay = 1.0 / rate if rate > 0 else 0.0
+        with self.lock:
+            self.served_reqs += 1
+            nth = self.served_reqs
         toks = [(" " if i else "") + WORDS[i % len(WORDS)] for i in range(n)]
         with self.lock:
             self.inflight[rid] = time.time()
         try:
+            sim_faults.serving_hang(self, serving, nth)
+            if serving == "slow-progress":
+                time.sleep(self.cfg.progress_delay_s)
             out = []
             t0 = time.monotonic()
             first = None

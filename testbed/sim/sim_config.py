@@ -18,6 +18,14 @@
   HANG_AT_SHARD=        load-hang: shard index where progress stops (default: half)
   GPU_MEMORY_MIB=       simulated GPU memory (default: GPU_MEMORY_MIB of /etc/testbed/gpu.env, else 97887)
   LOG_SEED=0            the order the ranks' lines interleave in (seeded: the same each start)
+
+Serving scenarios (after ready; SCENARIO is re-read while running, sim_faults.SERVING):
+  wedge           HTTP stays up (/health 200), every generation of THIS process hangs from the
+                  moment the scenario is set; a server started after that serves (a restart cures it)
+  leak            every process hangs its generations after LEAK_AFTER requests (default 20):
+                  a restart cures it for LEAK_AFTER more requests
+  slow-progress   every request waits PROGRESS_DELAY_S (default 2, not scaled) before its first
+                  token and then runs at a tenth of TOKENS_PER_S: slow, but requests finish
 """
 
 from __future__ import annotations
@@ -84,6 +92,31 @@ class Config:
         self.hang_at = env.get("HANG_AT_SHARD", "")
         self.log_seed = int(env.get("LOG_SEED", "0") or 0)
         self.gpu_mib = int(env.get("GPU_MEMORY_MIB") or gpu.get("GPU_MEMORY_MIB") or 97887)
+        self.started = time.time()
+        self.live_scenario = self.scenario   # SCENARIO as sim.env says now (serving scenarios)
+        self.live_since = 0.0                # mtime of sim.env when it was read
+        self._apply_serving(env, start=True)
+
+    def _apply_serving(self, env: dict, start: bool = False) -> None:
+        scen = env.get("SCENARIO", "healthy") or "healthy"
+        when = env.get("SCENARIO_WHEN", "")
+        if when and not _launched_with(when):
+            scen = "healthy"
+        self.live_scenario = scen
+        try:
+            self.live_since = os.stat(self.path).st_mtime
+        except OSError:
+            self.live_since = 0.0
+        self.leak_after = int(env.get("LEAK_AFTER", "20") or 20)
+        self.progress_delay_s = float(env.get("PROGRESS_DELAY_S", "2") or 2)
+
+    def serving_scenario(self) -> str:
+        """The serving scenario in force for this process now: a `wedge` set before this
+        process started does not strike it (sim.env's mtime against the start)."""
+        scen = self.live_scenario
+        if scen == "wedge" and self.live_since <= self.started:
+            return "healthy"
+        return scen
 
     def _apply_rates(self, env: dict) -> None:
         self.tokens_per_s = float(env.get("TOKENS_PER_S", "5000") or 5000)
@@ -106,7 +139,9 @@ class Config:
             return
         if mtime != self._rates_mtime:
             self._rates_mtime = mtime
-            self._apply_rates(read_env_file(self.path))
+            env = read_env_file(self.path)
+            self._apply_rates(env)
+            self._apply_serving(env)
 
     def sleep(self, what: str, factor: float = 1.0):
         time.sleep(REAL_DURATIONS[what] * self.time_scale * factor)

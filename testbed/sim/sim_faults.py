@@ -16,6 +16,12 @@ messages where they speak):
                   loop (`Scheduler hit an exception`), then the SIGQUIT teardown
 The after-ready ones strike on the first request after the ready line: the verifier's own
 generation check, so the failure lands while the verifier is still checking.
+
+Serving scenarios (SERVING; re-read from sim.env while the server runs, see sim_config.py),
+for the watchdog: HTTP and /health stay up, what the server DOES goes wrong:
+  wedge           every generation of the running process hangs (SGLang#22779, vLLM#46811)
+  leak            generations hang after LEAK_AFTER requests of each process
+  slow-progress   requests wait and decode slowly, but finish
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .sim_log import M, _write, log
 from .sim_wheel import flashinfer_version
 
 AFTER_READY = ("nccl-watchdog", "scheduler-exception")
+SERVING = ("wedge", "leak", "slow-progress")
 SCHED = "sglang/srt/managers/scheduler.py"
 MR = "sglang/srt/model_executor/model_runner.py"
 _INIT = [(SCHED, "run_scheduler_process", "scheduler = Scheduler("),
@@ -159,3 +166,17 @@ def ninja_failure(sim) -> None:
         (f"{site}/flashinfer/jit/cpp_ext.py", "run_ninja", "raise RuntimeError(msg) from e"),
     ], [M("ninja_failed")])
 
+
+
+def serving_hang(sim, scenario: str, nth: int) -> None:
+    """A wedged or leaking server: the request (already counted in flight, so /metrics and
+    /v1/loads show it running) never gets a token; it hangs until the process ends. A
+    scenario lifted in sim.env (SCENARIO=healthy) frees the requests of this process again."""
+    if not (scenario == "wedge" or (scenario == "leak" and nth > sim.cfg.leak_after)):
+        return
+    while True:
+        time.sleep(0.2)
+        sim.cfg.refresh_rates()
+        now = sim.cfg.serving_scenario()
+        if now != scenario and now not in SERVING:
+            return

@@ -103,6 +103,11 @@ def _current_tools(doc: Any) -> Any:
         for name in service.TOOLS:
             paths.setdefault(f"{path.rsplit('/', 1)[0]}/{name}",
                              dict(entry) if isinstance(entry, dict) else entry)
+        # the watchdog's files (``core.watchdogunit``), captured before it existed: absent
+        from sglang_deploy.core import watchdogunit
+
+        for managed in watchdogunit.managed_paths(path.rsplit("/", 2)[0]):
+            paths.setdefault(managed, None)
     for name in service.TOOLS if isinstance(paths, dict) else ():
         src = Path(patchmod.__file__) if name == "patch.py" else REMOTE / name
         for path, entry in paths.items():

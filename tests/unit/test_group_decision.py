@@ -16,7 +16,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from sglang_deploy.core import preflight, restart
+from sglang_deploy.core import preflight, restart, watchdogunit
 from sglang_deploy.core.errors import GroupPreflightError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.restart import Facts as NodeFacts
@@ -75,7 +75,9 @@ def _hoststate(s, secrets_sha256: str | None) -> dict:
             "p2p_verified": {"gpus": 8, "policy": "require", "nccl_env": {}},
             "paths": {lay.unit_file: {"kind": "file", "mode": "644", "owner": "root",
                                       "group": "root", "sha256": None},
-                      lay.current: {"kind": "link", "target": lay.release_dir(RELEASE[0])}},
+                      lay.current: {"kind": "link", "target": lay.release_dir(RELEASE[0])},
+                      # the watchdog's files, reported absent by the same read
+                      **dict.fromkeys(watchdogunit.managed_paths(s.sglang_root))},
             "releases": {
                 RELEASE[0]: {"complete": True, "patch": None}},
             "python": "3.11", "secrets_sha256": secrets_sha256, "route_dev": "eth0",

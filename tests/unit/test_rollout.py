@@ -75,7 +75,8 @@ def test_status_fields_from_host_state_and_one_poll():
                  "models": ["glm-5"], "last_verified": "2026-12-02T10:00:00+00:00",
                  "hardening": None,  # no release smoke ran under the sandbox there yet
                  "model_memory": None,  # no model folder in the read
-                 "last_restart": None}  # no restart recorded by the verifier
+                 "last_restart": None,  # no restart recorded by the verifier
+                 "watchdog": None}  # no watchdog read
     down = plan.status_fields(hs, {"service": {"ActiveState": "failed", "SubState": "failed"},
                                    "health": {"status": None}}, "r1")
     assert down["unit"] == "failed/failed" and down["uptime_s"] is None and down["health"] is None

@@ -594,3 +594,121 @@ def test_failure_scenarios_read_as_real_failures(site, model_dir, tmp_path, runs
     assert r.exit_code() == -signal.SIGKILL
     result = explain(r.text.splitlines())
     assert (result["outcome"], result["phase"], result["cause"]) == ("failed", phase, cause)
+
+
+# ----------------------------------------------------------------------------- serving scenarios (watchdog)
+def _watchdog_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "watchdog_for_sim", ROOT / "sglang_deploy" / "remote" / "watchdog.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _set_sim_env(r, **keys):
+    path = r.tmp / "sim.env"
+    lines = [ln for ln in path.read_text().splitlines() if ln.split("=", 1)[0] not in keys]
+    path.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in keys.items())]) + "\n")
+
+
+def _tokens(r) -> float:
+    from sglang_deploy.core import watchdog as wd
+    return wd.from_metrics(wd.parse_metrics(r.http("/metrics")[1].decode()))[1]
+
+
+def _poll(pred, timeout=20.0) -> bool:
+    """PRED() polled until it holds (False at the deadline)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _hangs(r) -> bool:
+    try:
+        r.http("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 1}}, timeout=0.3)
+    except (TimeoutError, urllib.error.URLError):
+        return True
+    return False
+
+
+def test_wedge_hangs_generation_with_http_up_and_the_watchdog_calls_it_a_wedge(site, model_dir, tmp_path, runs):
+    from sglang_deploy.core import watchdog as wd
+    tool = _watchdog_tool()
+    r = start(runs, tmp_path, site, model_dir, "--enable-metrics")
+    r.wait_for("The server is fired up and ready to roll!")
+    cfg = {"host": "127.0.0.1", "port": r.port, "service": "sglang-sim-test", "probe_timeout_s": 0.5,
+           "probe_failures": 3, "stall_s": 3600}
+    wcfg = wd.Config.from_dict(cfg)
+    state, v = wd.judge(wd.State(), tool.observe(cfg, wcfg, None), wcfg)
+    assert v.kind == "healthy"
+    _set_sim_env(r, SCENARIO="wedge")
+    # in force once a generation hangs (the simulator re-reads sim.env at most twice a second);
+    # the hung requests stay in flight: /metrics shows them running
+    assert _poll(lambda: _hangs(r))
+    assert wd.from_metrics(wd.parse_metrics(r.http("/metrics")[1].decode()))[0] >= 1
+    kinds = []
+    while not kinds or (kinds[-1] != "wedged" and len(kinds) < 6):
+        state, v = wd.judge(state, tool.observe(cfg, wcfg, None), wcfg)
+        kinds.append(v.kind)
+    # the first tick may still see the counter move (requests that finished before the wedge)
+    assert kinds[-3:] == ["suspect", "suspect", "wedged"] and state.fail_streak == 3
+    assert r.http("/health")[0] == 200  # HTTP up all along
+    assert any("timed out" in e or "deadline 0.5s" in e for e in v.evidence)
+
+
+def test_a_wedge_set_before_a_server_started_does_not_strike_it(site, model_dir, tmp_path, runs):
+    r = start(runs, tmp_path, site, model_dir, scenario="wedge")
+    r.wait_for("The server is fired up and ready to roll!")
+    status, body = r.http("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2}}, timeout=10)
+    assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 2
+
+
+def test_leak_hangs_after_n_requests(site, model_dir, tmp_path, runs):
+    r = start(runs, tmp_path, site, model_dir, scenario="leak")
+    _set_sim_env(r, LEAK_AFTER="3")
+    # the file changed before the start: LEAK_AFTER is read at start
+    r.wait_for("The server is fired up and ready to roll!")
+    for _ in range(3):
+        assert r.http("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 1}})[0] == 200
+    with pytest.raises((TimeoutError, urllib.error.URLError)):
+        r.http("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 1}}, timeout=1.0)
+    assert r.http("/health")[0] == 200
+
+
+def test_slow_progress_misses_the_probe_deadline_but_is_not_a_wedge(site, model_dir, tmp_path, runs):
+    from sglang_deploy.core import watchdog as wd
+    tool = _watchdog_tool()
+    r = start(runs, tmp_path, site, model_dir, "--enable-metrics", scenario="slow-progress")
+    _set_sim_env(r, PROGRESS_DELAY_S="0.6")
+    r.wait_for("The server is fired up and ready to roll!")
+    cfg = {"host": "127.0.0.1", "port": r.port, "service": "sglang-sim-test", "probe_timeout_s": 0.3,
+           "probe_failures": 2, "stall_s": 3600}
+    wcfg = wd.Config.from_dict(cfg)
+    stop = threading.Event()
+
+    def load():
+        while not stop.is_set():
+            try:
+                r.http("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+            except OSError:  # the server ends with the test
+                return
+
+    workers = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        state, kinds, seen = wd.State(), [], 0.0
+        for _ in range(5):
+            # progress between ticks is the scenario's premise: requests keep finishing
+            assert _poll(lambda seen=seen: _tokens(r) > seen)
+            seen = _tokens(r)
+            state, v = wd.judge(state, tool.observe(cfg, wcfg, None), wcfg)
+            kinds.append(v.kind)
+        assert "wedged" not in kinds and "slow" in kinds
+    finally:
+        stop.set()
