@@ -159,6 +159,10 @@ def config_text(state: dict, h: dict) -> str:
         f"lxc.net.0.ipv4.address = {h['address']}/24",
         f"lxc.net.0.ipv4.gateway = {state['gateway']}",
         f"lxc.console.logfile = {h['console']}",
+        # /dev/fuse, as Proxmox's `features: fuse=1` passes it: a world-usable node outside
+        # every DeviceAllow, by which the release smoke tells whether DevicePolicy is in force
+        "lxc.cgroup.devices.allow = c 10:229 rwm",
+        "lxc.mount.entry = /dev/fuse dev/fuse none bind,create=file 0 0",
     ]
     return "".join(ln + "\n" for ln in lines)
 
@@ -188,16 +192,19 @@ def passthrough(state: dict, hosts: list[dict]) -> None:
     merged into each host's config."""
     from sglang_deploy.core.lxchost import confmerge, desired, facts
 
+    uvm = UVM_MAJOR
+    with contextlib.suppress(OSError):  # a simulated driver update may have moved it
+        uvm = os.major(os.stat("/dev/nvidia-uvm").st_rdev)
     nodes = [(f"/dev/nvidia{i}", GPU_MAJOR, i) for i in range(8)] + [
-        ("/dev/nvidiactl", GPU_MAJOR, 255), ("/dev/nvidia-uvm", UVM_MAJOR, 0),
-        ("/dev/nvidia-uvm-tools", UVM_MAJOR, 1)]
+        ("/dev/nvidiactl", GPU_MAJOR, 255), ("/dev/nvidia-uvm", uvm, 0),
+        ("/dev/nvidia-uvm-tools", uvm, 1)]
     for path, major, minor in nodes:
         with contextlib.suppress(FileExistsError):
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
             os.chmod(path, 0o666)
     devices = Path("/proc/devices").read_text().replace(
         "Character devices:\n",
-        f"Character devices:\n{GPU_MAJOR} nvidia-frontend\n{UVM_MAJOR} nvidia-uvm\n", 1)
+        f"Character devices:\n{GPU_MAJOR} nvidia-frontend\n{uvm} nvidia-uvm\n", 1)
     listing = subprocess.run(["sh", "-c", facts.NODES_COMMAND], capture_output=True,
                              text=True, check=True).stdout
     cgroup = subprocess.run(["sh", "-c", facts.CGROUP_COMMAND], capture_output=True,

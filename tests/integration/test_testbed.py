@@ -39,14 +39,14 @@ def test_each_host_has_its_own_address(testbed):
         testbed.ssh(a, f"timeout 5 bash -c 'echo > /dev/tcp/{testbed.address(b)}/22'", check=True)
 
 
-def test_systemd_is_pid1_in_an_nspawn_container(testbed):
+def test_systemd_is_pid1_in_an_lxc_container(testbed):
     for host in testbed.hosts:
         r = testbed.ssh(
             host, "cat /proc/1/comm; systemd-detect-virt; systemctl is-system-running || true",
             check=True)
         comm, virt, running = r.stdout.split()
         assert comm == "systemd"
-        assert virt == "systemd-nspawn"
+        assert virt == "lxc"
         assert running in ("running", "degraded")
 
 
