@@ -351,11 +351,42 @@ def _group_limit(inventory, initial_limit):
     return with_group_limits(inventory, initial_limit, limit, exclude)
 
 
+#: the deploy file run against LXC hosts (the machines that run the containers)
+LXC_HOST_DEPLOY = "lxc_host.py"
+
+
+def lxc_host_run(params: dict | None = None) -> bool:
+    """Whether this pyinfra run is ``lxc_host.py`` (its hosts are LXC hosts: their data is
+    ``lxc_containers``, not a server's)."""
+    ops = (params if params is not None else cli_params()).get("operations") or ()
+    return any(Path(str(op)).name == LXC_HOST_DEPLOY for op in ops)
+
+
+def check_lxc_hosts(inventory) -> None:
+    """Every LXC host's data (``lxc_containers``, ``lxc_path``, ``lxc_record_dir``) before
+    any connection; the first ``DataError`` names the host."""
+    from sglang_deploy.core.lxchost import hostplan
+
+    for each in inventory:
+        try:
+            hostplan.check_data(each.data.dict())
+        except errors.DataError as exc:
+            locate(exc, each.data.dict().get(yamldata.SOURCES_KEY) or {})
+            if not exc.what.startswith(f"[{each.name}] "):
+                exc.what = f"[{each.name}] {exc.what}"
+            outcomes.failed(each.name, exc, "data")
+            raise
+
+
 def check_run(run: RunStart) -> dict[str, datamod.Settings]:
     """The selection and every host's data, before any connection; each host's Settings,
-    resolved once here, are what the stages read."""
+    resolved once here, are what the stages read. A run of ``lxc_host.py`` checks its LXC
+    hosts' data instead (``check_lxc_hosts``; no server Settings)."""
     inventory, initial_limit = run.inventory, run.initial_limit
     check_selection(inventory, initial_limit, cli_params(), run.cwd)
+    if lxc_host_run():
+        check_lxc_hosts(inventory)
+        return {}
     fleet = routing.fleet_of(inventory)  # the run's one Fleet (``_fleet`` keeps it)
     resolved = validate_inventory(inventory, run.cwd, fleet=fleet)
     check_group_selection(inventory, resolved, initial_limit, fleet)

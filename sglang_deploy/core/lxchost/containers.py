@@ -19,6 +19,9 @@ The data is a list of mappings (``parse_containers``); each item's keys:
 ``unprivileged``            true (default) or false
 ``adopt_passthrough_lines`` false (default); true lets the tool replace hand-written NVIDIA
                             passthrough lines (``confmerge``) or gpu devices (``incus``)
+``config``                  plain LXC only: the lines (``key = value``) a container created
+                            from ``base_image`` gets besides rootfs, name and id map: its
+                            network (``lxc.net.0.*``), AppArmor profile, ``lxc.init.cmd``
 ==========================  =========================================================
 """
 
@@ -34,7 +37,7 @@ from sglang_deploy.core.errors import DataError, LxcHostError
 DIALECTS = ("lxc", "proxmox", "incus", "lxd")
 RESTART_POLICIES = ("when-idle", "now", "never")
 KEYS = ("name", "dialect", "ctid", "gpus", "restart", "base_image", "unprivileged",
-        "adopt_passthrough_lines")
+        "adopt_passthrough_lines", "config")
 #: the command whose output ``resolve_dialect`` reads: the container managers on the host
 DETECT_COMMAND = "for c in pct incus lxd lxc-start; do command -v $c >/dev/null && echo $c; done; true"
 #: the manager's command per dialect, in the order a dialect is chosen when data names none
@@ -68,6 +71,7 @@ class ContainerSpec:
     base_image: str | None = None
     unprivileged: bool = True
     adopt_passthrough_lines: bool = False
+    config: tuple[str, ...] = ()
 
     @property
     def image(self) -> BaseImage | None:
@@ -139,6 +143,20 @@ def _ctid(value: Any, dialect: str | None, key: str) -> int | None:
     return value
 
 
+def _config(value: Any, dialect: str | None, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if dialect not in (None, "lxc"):
+        raise _bad(key, f"no config lines for a {dialect} container (plain LXC's)", value,
+                   "remove config; set the container up with its manager's own tools")
+    if not isinstance(value, list) or not all(
+            isinstance(x, str) and re.match(r"^lxc\.[\w.\-]+\s*=", x) and "\n" not in x
+            for x in value):
+        raise _bad(key, "a list of plain-LXC config lines `lxc.KEY = VALUE`", value,
+                   "e.g. config: ['lxc.net.0.type = veth', 'lxc.net.0.link = br0']")
+    return tuple(value)
+
+
 def _name(value: Any, key: str) -> str:
     if not isinstance(value, str) or not _NAME.match(value):
         raise _bad(key, "a container name: letters, digits and `-`, starting with a letter, "
@@ -172,7 +190,8 @@ def parse_container(raw: Any, where: str = "lxc_containers[0]") -> ContainerSpec
         gpus=_gpus(raw.get("gpus"), f"{where}.gpus"), restart=restart, base_image=image,
         unprivileged=_bool(raw.get("unprivileged"), f"{where}.unprivileged", True),
         adopt_passthrough_lines=_bool(raw.get("adopt_passthrough_lines"),
-                                      f"{where}.adopt_passthrough_lines", False))
+                                      f"{where}.adopt_passthrough_lines", False),
+        config=_config(raw.get("config"), dialect, f"{where}.config"))
 
 
 def parse_containers(raw: Any, key: str = "lxc_containers") -> tuple[ContainerSpec, ...]:
@@ -209,6 +228,7 @@ def resolve_dialect(spec: ContainerSpec, available: Collection[str] | str) -> Co
     _ctid(spec.ctid, dialect, f"{spec.name}.ctid")
     if spec.base_image is not None:
         base_image(dialect, spec.base_image, f"{spec.name}.base_image")
+    _config(list(spec.config) or None, dialect, f"{spec.name}.config")
     return resolved
 
 
@@ -231,7 +251,9 @@ def _lxc_plan(spec: ContainerSpec, image: BaseImage, lxc_path: str) -> CreatePla
         lines += ["lxc.include = /usr/share/lxc/config/userns.conf",
                   "lxc.idmap = u 0 100000 65536", "lxc.idmap = g 0 100000 65536",
                   "lxc.rootfs.options = idmap=container"]
-    return CreatePlan((("lxc-create", "-n", spec.name, "-t", "none"),
+    lines += spec.config
+    where = () if lxc_path == LXC_PATH else ("-P", lxc_path)
+    return CreatePlan((("lxc-create", *where, "-n", spec.name, "-t", "none"),
                        ("mkdir", "-p", rootfs), fill), tuple(lines))
 
 

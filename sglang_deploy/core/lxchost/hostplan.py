@@ -1,0 +1,195 @@
+"""One LXC host's run of ``lxc_host.py``, planned (pure): the host's facts and each
+container's state in, what to write and run out, every check made before anything changes.
+
+``read_host`` types the host's facts (the driver's majors, nodes, module, cgroup layout,
+the container managers, Proxmox's version) and the data (``lxc_containers``; raises
+``DataError`` or ``LxcHostError``); ``plan_container`` plans one container from its state
+(``shell/lxchost/facts.LxcContainerState``'s dict). The shell fetches, calls these, and
+applies the plans only once every container of the host is planned: bad data, a host
+without the NVIDIA module, conflicting hand-written lines or a missing container without a
+base image stop the run before anything is changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_deploy.core.errors import DataError, LxcHostError
+from sglang_deploy.core.lxchost import confmerge, containers, desired, facts, incus, pve, restart
+from sglang_deploy.core.lxchost import userspace as userspace_mod
+from sglang_deploy.core.lxchost.containers import ContainerSpec, CreatePlan
+
+#: the default folder of the tool's Record files on the LXC host (data: lxc_record_dir)
+RECORD_DIR = "/var/lib/sglang-deploy/lxc-host"
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """The LXC host as planned from: its facts, the containers' specs (dialects resolved),
+    where plain-LXC containers live, where records are kept, Proxmox's devN support."""
+
+    facts: facts.HostFacts
+    specs: tuple[ContainerSpec, ...]
+    lxc_path: str = containers.LXC_PATH
+    record_dir: str = RECORD_DIR
+    dev_entries: bool = False
+
+
+def _str_key(data: Mapping[str, Any], key: str, default: str) -> str:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value.startswith("/") or value.rstrip("/") != value:
+        raise DataError(key=key, what=f"`{key}`: an absolute path without a trailing /",
+                        found=repr(value), fix=f"e.g. {key}: {default}")
+    return value
+
+
+def check_data(data: Mapping[str, Any]) -> tuple[tuple[ContainerSpec, ...], str, str]:
+    """The LXC host's data checked: (the containers' specs, ``lxc_path``,
+    ``lxc_record_dir``). Raises ``DataError`` naming the key."""
+    specs = containers.parse_containers(data.get("lxc_containers"))
+    if not specs:
+        raise DataError(key="lxc_containers", what="at least one container in `lxc_containers`",
+                        found="an empty list or none", fix="lxc_containers: [{name: gpu-node-1}]")
+    return (specs, _str_key(data, "lxc_path", containers.LXC_PATH),
+            _str_key(data, "lxc_record_dir", RECORD_DIR))
+
+
+def read_host(data: Mapping[str, Any], raw: Mapping[str, str]) -> HostInfo:
+    """DATA (the LXC host's data: ``lxc_containers``, ``lxc_path``, ``lxc_record_dir``) and
+    RAW (``shell/lxchost/facts.HOST_SECTIONS``' outputs by name) -> ``HostInfo``. Raises
+    ``DataError`` on bad data and ``LxcHostError`` when the host cannot pass GPUs in (no
+    NVIDIA module, nodes missing or stale: ``facts.check_host``) or lacks a container's
+    manager."""
+    specs, lxc_path, record_dir = check_data(data)
+    host = facts.host_facts(raw.get("proc-devices", ""), raw.get("nodes", ""),
+                            raw.get("version", ""), raw.get("cgroup", "").strip() or "cgroup2fs",
+                            raw.get("gpus", ""))
+    facts.check_host(host)
+    managers = raw.get("managers", "")
+    specs = tuple(containers.resolve_dialect(s, managers) for s in specs)
+    dev_entries = False
+    if any(s.dialect == "proxmox" for s in specs):
+        dev_entries = pve.parse_pveversion(raw.get("pveversion", "")).dev_entries
+    return HostInfo(host, specs, lxc_path, record_dir, dev_entries)
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """What ``lxc_host.py`` does to one container. ``create`` (a missing container's
+    commands), ``config_path`` / ``new_config`` (the config file's new text; None: unchanged),
+    ``record_path`` / ``new_record`` (the Record JSON to keep; None: unchanged),
+    ``incus_argv`` (LXD/Incus), ``changes`` (one line each, for the operator), ``restart``
+    (``restart.RestartDecision``), ``userspace`` (the driver libraries' finding; None when
+    not read: a stopped container, or LXD/Incus's injected user space), ``warnings``."""
+
+    spec: ContainerSpec
+    restart: restart.RestartDecision
+    config_path: str | None = None
+    new_config: str | None = None
+    record_path: str | None = None
+    new_record: str | None = None
+    incus_argv: tuple[tuple[str, ...], ...] = ()
+    create: CreatePlan | None = None
+    changes: tuple[str, ...] = ()
+    userspace: userspace_mod.UserspaceFinding | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.create or self.new_config is not None or self.incus_argv)
+
+
+def config_path(spec: ContainerSpec, lxc_path: str) -> str | None:
+    """The config file of SPEC's container (None for LXD/Incus)."""
+    if spec.dialect == "lxc":
+        return f"{lxc_path}/{spec.name}/config"
+    if spec.dialect == "proxmox":
+        return f"/etc/pve/lxc/{spec.ctid}.conf"
+    return None
+
+
+def record_path(spec: ContainerSpec, record_dir: str) -> str:
+    """Where the Record of SPEC's passthrough lines is kept (Proxmox: by CTID)."""
+    return f"{record_dir}/{spec.ctid if spec.dialect == 'proxmox' else spec.name}.json"
+
+
+def _record_text(record: confmerge.Record) -> str:
+    return json.dumps(record.to_json(), indent=1) + "\n"
+
+
+def _record(text: str | None, path: str) -> confmerge.Record:
+    if not text:
+        return confmerge.Record()
+    try:
+        return confmerge.Record.from_json(json.loads(text))
+    except (ValueError, AttributeError):
+        raise LxcHostError("a passthrough record (JSON) in " + path, found=text.strip()[:200],
+                           fix=f"delete {path}: the tool then adopts its lines that are still "
+                               "right") from None
+
+
+def _missing(spec: ContainerSpec, info: HostInfo) -> CreatePlan:
+    if spec.base_image is None:
+        where = (f"in {info.lxc_path}" if spec.dialect == "lxc"
+                 else f"({spec.dialect}" + (f", CTID {spec.ctid})" if spec.ctid else ")"))
+        raise LxcHostError(
+            f"the container {spec.name} {where} on the LXC host", found="no such container",
+            fix=f"fix the name in lxc_containers, create the container, or give it a "
+                f"`base_image` (lxc_containers: {spec.name}) to have lxc_host.py create it")
+    if spec.dialect != "lxc":
+        plan = containers.create_plan(spec)
+        raise LxcHostError(
+            f"the container {spec.name} on the LXC host", found="no such container",
+            fix=("create it with `" + " ".join(plan.argv[0]) + "`, then run lxc_host.py again "
+                 "(lxc_host.py creates plain-LXC containers only, so far)"))
+    return containers.create_plan(spec, lxc_path=info.lxc_path)
+
+
+def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]) -> ContainerPlan:
+    """The plan for SPEC's container from STATE (``exists``, ``config``, ``record``,
+    ``running``, ``serving``, ``libraries``, ``os_release``). Raises ``LxcHostError`` on a
+    missing container without a base image, hand-written NVIDIA lines that conflict (and
+    ``adopt_passthrough_lines`` false), or a record it cannot read."""
+    rpath = record_path(spec, info.record_dir)
+    running, serving = bool(state.get("running")), bool(state.get("serving"))
+    create = None if state.get("exists") else _missing(spec, info)
+    changes: list[str] = []
+    new_config = new_record = None
+    incus_argv: tuple[tuple[str, ...], ...] = ()
+    warnings: list[str] = []
+    cpath = config_path(spec, info.lxc_path)
+    if spec.dialect in desired.FILE_DIALECTS:
+        want = desired.desired_directives(spec.dialect, info.facts, spec.gpus,
+                                          dev_entries_ok=info.dev_entries)
+        text = "\n".join(create.config_lines) + "\n" if create else (state.get("config") or "")
+        record = confmerge.Record() if create else _record(state.get("record"), rpath)
+        merged = confmerge.merge(text, want, spec.dialect, info.facts.majors, record,
+                                 adopt=spec.adopt_passthrough_lines, path=cpath or spec.name)
+        if create:
+            changes.append(f"create {spec.name} from {spec.base_image}")
+        if merged.changed or create:
+            new_config = merged.text
+            changes += [f"add: {x}" for x in merged.added] + [f"remove: {x}" for x in merged.removed]
+        if create or _record_text(merged.record) != (state.get("record") or ""):
+            new_record = _record_text(merged.record)
+        warnings += merged.warnings
+    else:
+        plan = incus.plan(state.get("config") or "", spec.dialect, spec.name, info.facts,
+                          spec.gpus, adopt=spec.adopt_passthrough_lines)
+        incus_argv, changes = plan.argv, list(plan.changes)
+    finding = None
+    if running and info.facts.module and spec.dialect in desired.FILE_DIALECTS \
+            and state.get("libraries") is not None:
+        finding = userspace_mod.check(state.get("libraries") or "", state.get("os_release") or "",
+                                      info.facts.module)
+    changed = bool(create or new_config is not None or incus_argv)
+    decision = restart.decide(spec.dialect, spec.name, changed=changed, running=running,
+                              serving=serving, policy=spec.restart, ctid=spec.ctid,
+                              lxc_path=info.lxc_path)
+    return ContainerPlan(spec, decision, cpath, new_config, rpath, new_record, incus_argv,
+                         create, tuple(changes), finding, tuple(warnings))

@@ -1,0 +1,165 @@
+"""pyinfra operations of ``lxc_host.py``: what ``core.lxchost.hostplan`` planned, applied.
+
+``lxc_host_stage`` reads the facts, plans every container of the host (each check before
+anything changes), then adds the operations: nvidia_uvm at boot, each container's creation,
+config, record, LXD/Incus device commands, and its restart as ``restart.decide`` says. A
+restart that is due but not done is told with its command (``restart needed``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.operations import files, python, server
+
+from sglang_deploy.core import errors
+from sglang_deploy.core.lxchost import hostplan, restart
+from sglang_deploy.core.lxchost.hostplan import ContainerPlan, HostInfo
+from sglang_deploy.shell.lxchost.facts import ContainerCommands, LxcContainerState, LxcHostState
+from sglang_deploy.shell.pyinfraerror import for_pyinfra
+
+MODULES_LOAD = "/etc/modules-load.d/nvidia-uvm.conf"
+UNIT_NAME = "nvidia-uvm-nodes.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+UNIT_LINK = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
+#: the oneshot unit that makes the nvidia-uvm nodes at every boot (the module alone makes
+#: none until CUDA's first use: a container started before that would find no node to bind)
+UNIT_TEXT = """\
+# written by sglang-deploy (lxc_host.py): the nvidia-uvm device nodes at boot, before any
+# container with GPUs starts
+[Unit]
+Description=NVIDIA unified-memory module and device nodes (for GPU containers)
+After=systemd-modules-load.service
+Before=lxc.service pve-guests.service incus.service snap.lxd.daemon.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/nvidia-modprobe -u -c=0
+RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+#: how long a started container may take to run systemd (running or degraded)
+BOOT_DEADLINE_S = 180
+FINGERPRINT = "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub"
+
+
+def _tag(name: str) -> str:
+    return f"{host.print_prefix}[{name}] "
+
+
+def plan_host() -> tuple[HostInfo, list[ContainerPlan]]:
+    """Every container of this host planned, or the first typed error (nothing changed)."""
+    try:
+        info = hostplan.read_host(host.data.dict(), host.get_fact(LxcHostState))
+        plans = []
+        for spec in info.specs:
+            state = host.get_fact(LxcContainerState, dialect=spec.dialect, container=spec.name,
+                                  ctid=spec.ctid, lxc_path=info.lxc_path,
+                                  record_path=hostplan.record_path(spec, info.record_dir),
+                                  service=str(host.data.get("sglang_service") or "sglang"))
+            plans.append(hostplan.plan_container(spec, info, state))
+    except errors.SglangDeployError as exc:
+        if not exc.what.startswith(f"[{host.name}] "):
+            exc.what = f"[{host.name}] {exc.what}"
+        raise for_pyinfra(exc) from exc
+    return info, plans
+
+
+def boot_operations() -> None:
+    """nvidia_uvm loaded at every boot and its nodes made by the oneshot unit (enabled by its
+    symlink: no systemctl, so that a host without systemd as PID 1 takes it too)."""
+    files.put(name="nvidia_uvm loaded at boot (modules-load.d)", src=StringIO("nvidia_uvm\n"),
+              dest=MODULES_LOAD, mode="644")
+    files.put(name=f"{UNIT_NAME}: the nvidia-uvm nodes at boot", src=StringIO(UNIT_TEXT),
+              dest=UNIT_PATH, mode="644")
+    files.link(name=f"{UNIT_NAME} enabled", path=UNIT_LINK, target=UNIT_PATH)
+
+
+def _wait_command(c: ContainerCommands, deadline_s: int) -> str:
+    """Polls until the container runs systemd (running or degraded), DEADLINE_S at most;
+    on the deadline it fails with the last observation."""
+    return (f"end=$(( $(date +%s) + {deadline_s} )); while :; do "
+            f"s=$({c.state}); r=$({c.exec_prefix} systemctl is-system-running 2>/dev/null); "
+            'case "$r" in running|degraded) echo "$s, systemd $r"; exit 0;; esac; '
+            'if [ "$(date +%s)" -ge "$end" ]; then '
+            f"echo \"{c.name} not booted within {deadline_s} s: last seen state=${{s:-none}} "
+            "systemd=${r:-no answer}\" >&2; exit 1; fi; sleep 1; done")
+
+
+def _after_boot(plan: ContainerPlan, c: ContainerCommands, info: HostInfo):
+    """The new container's SSH host key fingerprint (to check, never accepted silently) and
+    its driver user space against the module, read once it runs."""
+    def call() -> None:
+        name = plan.spec.name
+        if plan.create:
+            ok, out = host.run_shell_command(f"{c.exec_prefix} {FINGERPRINT}")
+            key = out.stdout.strip() if ok else "none yet (" + out.stderr.strip()[:200] + ")"
+            logger.warning(
+                f"{_tag(name)}new container, new SSH host key: {key}\n"
+                "    check this fingerprint (on the container's console: `" + FINGERPRINT
+                + "`) before you trust it, then add the key to your known-hosts file as "
+                "docs/quickstart.md step 3 says; nothing was written to any known-hosts file")
+        if info.facts.module and plan.spec.dialect in ("lxc", "proxmox"):
+            from sglang_deploy.core.lxchost import userspace
+
+            _, libs = host.run_shell_command(f"{c.exec_prefix} sh -c "
+                                             + shlex.quote(userspace.LIBS_COMMAND))
+            _, osr = host.run_shell_command(f"{c.exec_prefix} {userspace.OS_RELEASE_COMMAND}")
+            _report_userspace(name, userspace.check(libs.stdout, osr.stdout, info.facts.module))
+    return call
+
+
+def _report_userspace(name: str, finding) -> None:
+    if finding is not None and not finding.ok:
+        logger.warning(f"{_tag(name)}{finding.summary()}: the driver user space does not match "
+                       "the module (CUDA fails with a driver/library mismatch); fix (not done by "
+                       "lxc_host.py):\n    " + finding.fix.replace("\n", "\n    "))
+
+
+def container_operations(plan: ContainerPlan, info: HostInfo) -> None:
+    """One container's operations, in order: create, config, record, LXD/Incus commands,
+    the restart (or its report)."""
+    spec = plan.spec
+    c = ContainerCommands(spec.dialect, spec.name, spec.ctid, info.lxc_path)
+    for line in plan.warnings:
+        logger.warning(f"{_tag(spec.name)}{line}")
+    if plan.create:
+        server.shell(name=f"[{spec.name}] create from {spec.base_image}",
+                     commands=[" && ".join(shlex.join(a) for a in plan.create.argv)])
+    if plan.new_config is not None and plan.config_path:
+        files.put(name=f"[{spec.name}] GPU passthrough in {plan.config_path}",
+                  src=StringIO(plan.new_config), dest=plan.config_path)
+    if plan.new_record is not None and plan.record_path:
+        files.directory(name="the passthrough records' folder", path=info.record_dir,
+                        mode="700")
+        files.put(name=f"[{spec.name}] passthrough record", src=StringIO(plan.new_record),
+                  dest=plan.record_path, mode="600")
+    for argv in plan.incus_argv:
+        server.shell(name=f"[{spec.name}] {shlex.join(argv[2:])}", commands=[shlex.join(argv)])
+    decision = plan.restart
+    for line in plan.changes:
+        logger.info(f"{_tag(spec.name)}{line}")
+    if decision.action in (restart.START, restart.RESTART):
+        server.shell(name=f"[{spec.name}] {decision.action}: {decision.reason}",
+                     commands=[decision.command])
+        server.shell(name=f"[{spec.name}] booted (systemd running, {BOOT_DEADLINE_S} s at most)",
+                     commands=[_wait_command(c, BOOT_DEADLINE_S)])
+        python.call(name=f"[{spec.name}] after boot: host key, driver user space",
+                    function=_after_boot(plan, c, info))
+    elif decision.action in (restart.NEEDED, restart.DRAIN):
+        logger.warning(f"{_tag(spec.name)}restart needed: {decision.reason}; "
+                       f"run `{decision.command}`")
+    if decision.action not in (restart.START, restart.RESTART):
+        _report_userspace(spec.name, plan.userspace)
+
+
+def lxc_host_stage() -> None:
+    """The whole run on this LXC host (``lxc_host.py``)."""
+    info, plans = plan_host()
+    boot_operations()
+    for plan in plans:
+        container_operations(plan, info)
