@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from testbed import TestbedError, cgroupmode, cpushare, log, lxc, net, procs, rootfs
+from testbed import TestbedError, cgroupmode, cpushare, log, lxc, lxchost, net, procs, rootfs
 from testbed.gpu import build as gpu_build
 from testbed.sim.model import make_model_dir
 from testbed.sim.sim_config import read_env_file
@@ -329,8 +329,8 @@ def _mount_overlay(state: dict, h: dict) -> None:
 
 
 def create_host(state: dict, h: dict, libcuda: Path) -> None:
-    """Fresh overlay + files + container config; start it (no boot wait). Any old one is
-    torn down first."""
+    """Fresh overlay + files (not started: ``start_containers``). Any old one is torn down
+    first."""
     if Path(h["dir"]).exists() or Path(h["lxc_config"]).parent.exists():
         teardown_host(state, h)
     for k in ("upper", "work", "merged"):
@@ -340,7 +340,6 @@ def create_host(state: dict, h: dict, libcuda: Path) -> None:
     # the container's root owns what we made (changed through the mounted overlay)
     lxc.shift_tree(Path(h["upper"]), lxc.root_id(h), via=Path(h["merged"]))
     _known_hosts_replace(state, h["address"], pubkey)
-    start_container(state, h)
 
 
 #: the controller's folders bind-mounted read-only into each host (mounted onto the overlay
@@ -359,16 +358,20 @@ def _mount_binds(state: dict, h: dict) -> None:
                            capture_output=True)
 
 
-def start_container(state: dict, h: dict) -> None:
-    """Boot the host's LXC container on its overlay (kept as it is): its config written
-    (base lines, then the GPU passthrough merged in), lxc-start, its netns named."""
-    _mount_binds(state, h)
-    lxc.write_config(state, h)
-    lxc.passthrough(state, [h])
-    h["pid"] = lxc.start(state, h)
-    h["started"] = time.time()
-    sync_gpu_nodes(state, h)
-    log(f"{h['name']}: {lxc.kind(h)} LXC container, init pid {h['pid']}, {h['address']}")
+def start_containers(state: dict, hosts: list[dict]) -> None:
+    """Boot the hosts' LXC containers on their overlays (kept as they are): each config
+    written (the base lines), the GPU passthrough merged in by the product's lxc_host.py
+    (one run for all; it starts the containers whose passthrough it changed), any still
+    stopped started, each netns named, the GPU nodes as gpu.env says."""
+    for h in hosts:
+        _mount_binds(state, h)
+        lxc.write_config(state, h)
+    lxc.passthrough(state, hosts)
+    for h in hosts:
+        h["pid"] = lxc.start(state, h)
+        h["started"] = time.time()
+        sync_gpu_nodes(state, h)
+        log(f"{h['name']}: {lxc.kind(h)} LXC container, init pid {h['pid']}, {h['address']}")
 
 
 def _lockcheck_dir(state: dict) -> str:
@@ -515,14 +518,17 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
             lxc.shifted_base(Path(state["base"]))  # once, before the hosts boot in parallel
         lock = threading.Lock()
 
-        def boot(h):
+        def create(h):
             create_host(state, h, libcuda)
             with lock:
                 save_state(state)
-            return wait_host(state, h)
 
         with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-            futures = {h["name"]: pool.submit(boot, h) for h in todo}
+            list(pool.map(create, todo))
+        start_containers(state, todo)
+        save_state(state)
+        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            futures = {h["name"]: pool.submit(wait_host, state, h) for h in todo}
             errors = []
             for name, f in futures.items():
                 try:
@@ -577,6 +583,7 @@ def down() -> None:
             _remove(state, list(state["hosts"]), "down")
         finally:
             net.delete_bridge(state["bridge"])
+            lxchost.SimDriver().down()  # its namespace (the /dev nodes stay: shared)
         state_file().unlink(missing_ok=True)
     log(f"down: {n} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
 
@@ -659,6 +666,7 @@ def wipe(name: str) -> dict:
         h = find_host(state, name)
         h["pid"] = h["pid"] if host_alive(h) else None
         create_host(state, h, gpu_build.build_libcuda(Path(state["state_dir"]) / "gpu-build"))
+        start_containers(state, [h])
         save_state(state)
         wait_host(state, h)
     log(f"wipe: {h['name']} blank and up in {time.monotonic() - t0:.1f}s")
@@ -682,7 +690,7 @@ def kind(name: str, new_kind: str) -> dict:
         h["privileged"] = new_kind == "privileged"
         lxc.shift_tree(Path(h["upper"]), lxc.root_id(h) - old)
         _mount_overlay(state, h)
-        start_container(state, h)
+        start_containers(state, [h])
         save_state(state)
         wait_host(state, h)
     return h

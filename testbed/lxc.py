@@ -16,8 +16,9 @@ testbeds never collide), named as the host, its config at ``LXCPATH/NAME/config`
 - Network: a veth on the testbed's bridge, configured by LXC
   (``lxc.net.0.*``: address, gateway, the fixed MAC); the container's network namespace is
   then named after the host (``ip netns attach``) so ``ip -n HOST`` works as before.
-- The GPU device nodes come from this machine through the config lines that the product's
-  ``lxc_host.py`` merges into the config (``passthrough``); the scenarios that take nodes
+- The GPU device nodes come from this machine (``testbed/lxchost.py``'s simulated driver)
+  through the config lines that the product's ``lxc_host.py`` merges into the config
+  (``passthrough``); the scenarios that take nodes
   away or put them back act on the container's mount namespace from here
   (``testbed/lxcnodes.py``) and on its devices cgroup (``deny_devices``).
 """
@@ -180,42 +181,35 @@ def write_config(state: dict, h: dict) -> Path:
 
 # --------------------------------------------------------------------------- GPU passthrough
 
-#: this machine's simulated nvidia-uvm major (as testbed/lxchost.py's default)
-UVM_MAJOR = 511
-GPU_MAJOR = 195
-
-
 def passthrough(state: dict, hosts: list[dict]) -> None:
-    """INTERIM until branch lxchost's ``testbed/lxchost.py`` ``passthrough`` is merged (the
-    lead swaps this function for it): the nodes on this machine, then the lines the
-    product's passthrough writes (``sglang_deploy.core.lxchost``: desired + confmerge),
-    merged into each host's config."""
-    from sglang_deploy.core.lxchost import confmerge, desired, facts
+    """The product's GPU passthrough (``pyinfra @local lxc_host.py``, through
+    ``testbed/lxchost.py``: this machine as the LXC host with its simulated driver) for
+    HOSTS' containers: their configs get its lines, or the run fails the testbed. A stopped
+    container whose lines it changed is started by it; a running one is left running
+    (``restart: never``)."""
+    from testbed import lxchost
 
-    uvm = UVM_MAJOR
-    with contextlib.suppress(OSError):  # a simulated driver update may have moved it
-        uvm = os.major(os.stat("/dev/nvidia-uvm").st_rdev)
-    nodes = [(f"/dev/nvidia{i}", GPU_MAJOR, i) for i in range(8)] + [
-        ("/dev/nvidiactl", GPU_MAJOR, 255), ("/dev/nvidia-uvm", uvm, 0),
-        ("/dev/nvidia-uvm-tools", uvm, 1)]
-    for path, major, minor in nodes:
-        with contextlib.suppress(FileExistsError):
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-            os.chmod(path, 0o666)
-    devices = Path("/proc/devices").read_text().replace(
-        "Character devices:\n",
-        f"Character devices:\n{GPU_MAJOR} nvidia-frontend\n{uvm} nvidia-uvm\n", 1)
-    listing = subprocess.run(["sh", "-c", facts.NODES_COMMAND], capture_output=True,
-                             text=True, check=True).stdout
-    cgroup = subprocess.run(["sh", "-c", facts.CGROUP_COMMAND], capture_output=True,
-                            text=True, check=True).stdout
-    hf = facts.host_facts(devices, listing, None, cgroup.strip())
-    lines = desired.desired_directives("lxc", hf)
-    for h in hosts:
-        path = config_path(state, h)
-        result = confmerge.merge(path.read_text(), lines, "lxc", hf.majors, path=str(path))
-        if result.changed:
-            path.write_text(result.text)
+    sim = lxchost.SimDriver()
+
+    def drop_namespace() -> None:
+        # lxc_host.py (and the containers it starts) run in lxchost's namespace, a private
+        # copy of this machine's mounts made when it is made: made afresh for each run, it
+        # sees the hosts' overlays as they are now; dropped after, it holds none of them
+        # (a kept copy of an overlay would keep its work dir busy for the next mount)
+        if sim.mntns.exists() and subprocess.run(["findmnt", "-rn", str(sim.mntns)],
+                                                 capture_output=True, check=False).returncode == 0:
+            subprocess.run(["umount", str(sim.mntns)], capture_output=True, check=False)
+
+    drop_namespace()
+    try:
+        lxchost.passthrough(lxc_path(state), [
+            {"name": h["name"], "dialect": "lxc", "unprivileged": not privileged(h),
+             "restart": "never"} for h in hosts])
+    except TestbedError as e:
+        raise TestbedError(f"{', '.join(h['name'] for h in hosts)}: the GPU passthrough "
+                           f"failed: {e}") from None
+    finally:
+        drop_namespace()
 
 
 def passed_nodes(state: dict, h: dict) -> list[str]:
@@ -336,9 +330,12 @@ def init_pid(state: dict, h: dict) -> int | None:
 
 
 def start(state: dict, h: dict) -> int:
-    """lxc-start the host's container (daemonised); name its netns; its init's PID."""
+    """lxc-start the host's container (daemonised) unless the passthrough started it; name
+    its netns; its init's PID."""
     log_file = Path(h["dir"]) / "lxc.log"
-    r = _lxc("lxc-start", state, h, "-l", "WARN", "-o", str(log_file))
+    r = subprocess.CompletedProcess([], 0, "", "")
+    if init_pid(state, h) is None:
+        r = _lxc("lxc-start", state, h, "-l", "WARN", "-o", str(log_file))
     if r.returncode != 0:
         raise TestbedError(f"{h['name']}: lxc-start failed (rc={r.returncode}): "
                            f"{r.stderr.strip()[-800:]}\nlxc log tail:\n{tail(log_file)}")
