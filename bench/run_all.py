@@ -29,7 +29,7 @@ from bench import common
 from bench.common import ROOT, log, plural
 
 SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage",
-          "residency")
+          "residency", "lxcdr")
 
 
 def git_commit() -> str:
@@ -70,6 +70,15 @@ def run_suites(args) -> dict:
 def _updates(result: dict) -> list:
     u = result.get("updated") or []
     return [u] if isinstance(u, dict) else list(u)
+
+
+def current_updates(result: dict) -> tuple[list, int]:
+    """The reruns whose figures are still shown (a rerun all of whose suites were rerun
+    later is superseded), and how many were superseded (all stay in the results file)."""
+    ups = _updates(result)
+    kept = [u for i, u in enumerate(ups)
+            if any(all(s not in later["suites"] for later in ups[i + 1:]) for s in u["suites"])]
+    return kept, len(ups) - len(kept)
 
 
 def merge_update(old: dict, new: dict) -> dict:
@@ -183,7 +192,10 @@ def render(result: dict, before: dict | None = None, source: str | None = None) 
         f"- Conditions: {result.get('conditions') or 'not stated'}",
         *[f"- Rerun of {', '.join(u['suites'])} at {u['at']} (commit `{u['commit']}`, load before "
           f"{' / '.join(map(str, u['load_before'] or ['?']))}): their figures replace the first run's"
-          for u in _updates(result)],
+          for u in current_updates(result)[0]],
+        *([(f"- Earlier reruns superseded by later ones of the same suites: "
+            f"{current_updates(result)[1]} (listed in the results file's `updated`)")]
+          if current_updates(result)[1] else []),
         f"- Counts: {result['config']['runs']} runs per figure, {result['config']['scale_runs']} for scale",
         "",
         release.rstrip(),

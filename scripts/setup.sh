@@ -6,7 +6,7 @@ UV_VERSION=0.13.9
 need=()
 # chromium + chromium-driver: the HTML report's test loads the page in a real headless browser
 # ansible-core: its ansible-inventory is the oracle of the YAML inventory tests (tests/unit/test_yamldata.py)
-for pkg_cmd in systemd-container:systemd-nspawn debootstrap:debootstrap openssh-client:ssh iproute2:ip gcc:gcc \
+for pkg_cmd in lxc:lxc-start uidmap:newuidmap debootstrap:debootstrap openssh-client:ssh iproute2:ip gcc:gcc \
                chromium:chromium chromium-driver:chromedriver ansible-core:ansible-inventory prometheus:promtool; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || need+=("${pkg_cmd%%:*}")
 done

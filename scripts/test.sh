@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, then integration tests on a real systemd-nspawn testbed
+# The whole test suite: unit tests, then integration tests on a real LXC testbed
 # (booted and torn down by the session fixture). Slow cases included unless SGLANG_DEPLOY_QUICK=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."

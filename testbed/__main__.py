@@ -1,4 +1,4 @@
-"""`python -m testbed up|down|status|wipe|cgroup|scenario|sim-env|block|unblock|ssh` (as root). See
+"""`python -m testbed up|down|status|wipe|kind|scenario|sim-env|block|unblock|ssh` (as root). See
 testbed/README.md."""
 
 from __future__ import annotations
@@ -24,17 +24,20 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--group", type=int, metavar="N",
                    help="the first N hosts form one multi-node group (<prefix>g1: sglang_group and "
                         "tp-size N x 8 in the inventory); 0 removes the group")
+    a.add_argument("--privileged", action="store_true",
+                   help="new hosts' LXC containers privileged (default: unprivileged, as Proxmox "
+                        "makes them; env TESTBED_PRIVILEGED=1 does the same)")
     a = sub.add_parser("down", help="stop and remove every host (keeps the rootfs cache and the key)")
     a.add_argument("--router", action="store_true", help="remove only the router host (`up --router`)")
-    a = sub.add_parser("status", help="per host: address, nspawn alive, ssh reachable, scenarios")
+    a = sub.add_parser("status", help="per host: address, container kind, alive, ssh reachable, scenarios")
     a.add_argument("--json", action="store_true")
     a = sub.add_parser("wipe", help="replace HOST by a blank one (new overlay, new host key)")
     a.add_argument("host")
-    a = sub.add_parser("cgroup", help="reboot HOST keeping its overlay, its container's "
-                                      "systemd able (unified) or not (legacy, the default) to "
-                                      "apply DevicePolicy")
+    a = sub.add_parser("kind", help="reboot HOST's LXC container privileged (its systemd applies "
+                                    "DevicePolicy) or unprivileged (the default: it cannot), "
+                                    "keeping its overlay")
     a.add_argument("host")
-    a.add_argument("mode", choices=("legacy", "unified"))
+    a.add_argument("kind", choices=("unprivileged", "privileged"))
     a = sub.add_parser("cpu", help="hold HOST to CORES of this machine's cores, as a real "
                                    "host has its own (testbed/cpushare.py; 0: no limit)")
     a.add_argument("host")
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if os.geteuid() != 0:
-        print("python -m testbed: must run as root (overlays, netns, systemd-nspawn)", file=sys.stderr)
+        print("python -m testbed: must run as root (overlays, netns, LXC)", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     try:
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.hosts < 1:
                 p.error("--hosts must be >= 1")
             state = fleet.up(args.hosts, prefix=args.prefix, wheels=not args.no_wheels,
-                             router=args.router, group=args.group)
+                             router=args.router, group=args.group,
+                             privileged=True if args.privileged else None)
             for h in state["hosts"]:
                 print(f"{h['name']}\t{h['address']}\tpid {h['pid']}")
             for g in state.get("groups", []):
@@ -91,19 +95,20 @@ def main(argv: list[str] | None = None) -> int:
             elif not st["up"]:
                 print(f"no testbed is up ({st['state_dir']})")
             else:
-                print(f"{'NAME':8} {'ADDRESS':14} {'PID':>8} {'ALIVE':5} {'SSH':5} GPU / SERVER SCENARIO")
+                print(f"{'NAME':8} {'ADDRESS':14} {'KIND':12} {'PID':>8} {'ALIVE':5} {'SSH':5} "
+                      "GPU / SERVER SCENARIO")
                 for h in st["hosts"]:
                     blocked = f"  blocked: {' '.join(h['blocked_ports'])}" if h.get("blocked_ports") else ""
-                    print(f"{h['name']:8} {h['address']:14} {h['pid'] or '-':>8} {h['alive']!s:5} "
+                    print(f"{h['name']:8} {h['address']:14} {h['kind']:12} {h['pid'] or '-':>8} {h['alive']!s:5} "
                           f"{h['ssh']!s:5} {h['gpu_scenario']} / {h['sim_scenario']}{blocked}")
                 for g in st.get("groups", []):
                     print(f"group {g['name']}: {' '.join(g['hosts'])}")
         elif args.cmd == "wipe":
             h = fleet.wipe(args.host)
             print(f"wiped {h['name']} ({h['address']}) in {time.monotonic() - t0:.1f}s")
-        elif args.cmd == "cgroup":
-            h = fleet.cgroup(args.host, args.mode)
-            print(f"{h['name']}: cgroup {args.mode} ({time.monotonic() - t0:.1f}s)")
+        elif args.cmd == "kind":
+            h = fleet.kind(args.host, args.kind)
+            print(f"{h['name']}: {args.kind} ({time.monotonic() - t0:.1f}s)")
         elif args.cmd == "cpu":
             got = fleet.cpu(args.host, args.cores)
             print(f"{args.host}: " + (f"{got:g} cores" if got else "no cpu limit"))

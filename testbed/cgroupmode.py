@@ -1,41 +1,19 @@
-"""How a testbed host's container boots with respect to device control (``cgroup`` in its
-record; ``python -m testbed cgroup HOST MODE``).
+"""A testbed host's container kind, and what it means for device control (``privileged`` in
+its record; ``python -m testbed up --privileged``, ``TESTBED_PRIVILEGED=1``, ``python -m
+testbed kind HOST KIND``).
 
-- ``legacy`` (the default): nspawn gives the container this machine's cgroup v1
-  controllers read-only; the container's systemd cannot write a devices cgroup and cannot
-  load BPF device programs, so it does not apply ``DevicePolicy=``/``DeviceAllow=`` and says
-  nothing, exactly as in an unprivileged LXC container (systemd issue 23198; lxc issues 3199,
-  4347). Every other property of the unit is applied.
-- ``unified``: the container boots on the cgroup v2 hierarchy with CAP_BPF and the ``bpf``
-  system call allowed, so its systemd applies ``DevicePolicy=closed`` with BPF device programs:
-  a node outside ``DeviceAllow`` is refused (EPERM), as on a privileged container or a
-  machine.
+- ``unprivileged`` (the default, as Proxmox makes them): the container's root is uid 100000
+  on this machine. Its systemd sees its own devices cgroup (LXC delegates it) but may not
+  write device rules there (the v1 devices controller wants CAP_SYS_ADMIN on the machine),
+  so it does not apply ``DevicePolicy=``/``DeviceAllow=`` and says nothing (systemd issue
+  23198). Every other property of the unit is applied.
+- ``privileged``: the container's root is this machine's root; its systemd writes the
+  device rules of ``DevicePolicy=closed`` into its units' devices cgroups: a node outside
+  ``DeviceAllow`` is refused (EPERM), as on a machine.
 
 Production code never knows which: the release smoke reads what the sandbox really does.
 """
 
 from __future__ import annotations
 
-import os
-
-MODES = ("legacy", "unified")
-
-
-def mode(h: dict) -> str:
-    return h.get("cgroup") or "legacy"
-
-
-def nspawn_env(h: dict) -> dict:
-    """nspawn's environment for host H."""
-    env = {k: v for k, v in os.environ.items() if k != "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY"}
-    if mode(h) == "unified":
-        env["SYSTEMD_NSPAWN_UNIFIED_HIERARCHY"] = "1"
-    return env
-
-
-def nspawn_options(h: dict) -> list[str]:
-    """nspawn's extra options for host H: a "unified" host may load BPF programs (nspawn drops
-    CAP_BPF and filters bpf() otherwise)."""
-    if mode(h) != "unified":
-        return []
-    return ["--capability=CAP_BPF,CAP_PERFMON", "--system-call-filter=bpf"]
+KINDS = ("unprivileged", "privileged")

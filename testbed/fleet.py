@@ -1,10 +1,13 @@
-"""The testbed fleet: real systemd containers (systemd-nspawn) standing in for 8-GPU LXC hosts.
+"""The testbed fleet: real plain-LXC containers (testbed.lxc) standing in for the 8-GPU
+containers of an LXC host (this machine is the LXC host).
 
-Each host: an overlay over the cached base rootfs (testbed.rootfs), its own network
-namespace with one address on the controller's bridge (testbed.net), per-host SSH host
+Each host: an LXC container (unprivileged by default, privileged on request) on an overlay
+over the cached base rootfs (testbed.rootfs), its own network namespace with one address on
+the controller's bridge (a veth LXC makes; the namespace named after the host), per-host SSH host
 key (known in advance: written to the testbed's known_hosts, so clients check strictly),
-GPU stand-ins, the SGLang simulator and a model stand-in in its overlay upper dir, and the
-controller's wheelhouse bind-mounted read-only at /srv/wheelhouse.
+GPU stand-ins, the SGLang simulator and a model stand-in in its overlay upper dir, the
+controller's wheelhouse bind-mounted read-only at /srv/wheelhouse, and the GPU device nodes
+of this machine passed in by the config lines the product's LXC-host passthrough writes.
 
 See testbed/README.md for commands and layout. Everything here runs as root.
 """
@@ -15,9 +18,9 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -25,8 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from testbed import TestbedError, log, net, procs, rootfs
-from testbed import cgroupmode, cpushare
+from testbed import TestbedError, cgroupmode, cpushare, log, lxc, lxchost, net, procs, rootfs
 from testbed.gpu import build as gpu_build
 from testbed.sim.model import make_model_dir
 from testbed.sim.sim_config import read_env_file
@@ -70,12 +72,15 @@ def _wait(done, timeout: float, interval: float) -> bool:
     return True
 
 
-def _write(path: Path, content: str | bytes, mode: int = 0o644) -> None:
-    """Write PATH whole or not at all (readers such as the simulator never see half a file)."""
+def _write(path: Path, content: str | bytes, mode: int = 0o644, owner: int | None = None) -> None:
+    """Write PATH whole or not at all (readers such as the simulator never see half a file);
+    OWNER: its uid and gid (a host's file: the container's root, ``lxc.root_id``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(content if isinstance(content, bytes) else content.encode())
     tmp.chmod(mode)
+    if owner is not None:
+        os.chown(tmp, owner, owner)
     tmp.rename(path)
 
 
@@ -130,6 +135,7 @@ def new_state(prefix: str) -> dict:
         "bridge": f"{prefix}br0", "gateway": f"{SUBNET}.1", "subnet": f"{SUBNET}.0/24",
         "key": str(d / "id_ed25519"), "known_hosts": str(d / "known_hosts"),
         "wheelhouse": str(Path(wheelhouse).expanduser()), "base": str(rootfs.base_path()),
+        "lxc_path": str(d / "lxc"),
         "sglang_version": SGLANG_VERSION, "hosts": [],
         # the scratch venvs of `sglang-deploy lock --check`, read-only at /srv/lockcheck: the
         # suite runs the production release's smoke under the unit's sandbox in a host
@@ -147,7 +153,7 @@ def lockcheck_cache() -> Path:
 ROUTER_INDEX = 0
 
 
-def host_record(state: dict, index: int) -> dict:
+def host_record(state: dict, index: int, privileged: bool = False) -> dict:
     name = f"{state['prefix']}router" if index == ROUTER_INDEX else f"{state['prefix']}{index}"
     d = Path(state["state_dir"]) / name
     return {
@@ -155,6 +161,7 @@ def host_record(state: dict, index: int) -> dict:
         "address": f"{SUBNET}.{HOST_OFFSET + index}", "netns": name, "veth": net.veth_name(name),
         "pid": None, "dir": str(d), "upper": str(d / "upper"), "work": str(d / "work"),
         "merged": str(d / "merged"), "console": str(d / "console.log"),
+        "privileged": privileged, "lxc_config": str(Path(state["state_dir"]) / "lxc" / name / "config"),
     }
 
 
@@ -166,13 +173,13 @@ def find_host(state: dict, name: str) -> dict:
 
 
 def host_alive(h: dict) -> bool:
-    """The host's recorded PID is a running systemd-nspawn of its machine."""
+    """The host's recorded PID is the running init of its LXC container."""
     try:
-        cmdline = Path(f"/proc/{h.get('pid')}/cmdline").read_bytes().split(b"\0")
+        cgroups = Path(f"/proc/{h.get('pid')}/cgroup").read_text()
     except OSError:
         return False
-    return (procs.pid_running(h["pid"]) and cmdline[0].endswith(b"systemd-nspawn")
-            and f"--machine={h['name']}".encode() in cmdline)
+    return procs.pid_running(h["pid"]) and re.search(
+        rf":/lxc\.payload\.{re.escape(h['name'])}(/|$)", cgroups, re.MULTILINE) is not None
 
 
 # --------------------------------------------------------------------------- ssh
@@ -277,7 +284,8 @@ def write_etc_hosts(state: dict, h: dict) -> None:
     others = "".join(f"{o['address']}\t{o['name']}\n" for o in state["hosts"] if o["name"] != h["name"])
     _write(Path(h["merged"]) / "etc/hosts",
            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-           f"{h['address']}\t{h['name']}\n{state['gateway']}\ttestbed-controller\n{others}")
+           f"{h['address']}\t{h['name']}\n{state['gateway']}\ttestbed-controller\n{others}",
+           owner=lxc.root_id(h))
 
 
 def _populate(state: dict, h: dict, libcuda: Path) -> str:
@@ -314,48 +322,59 @@ def _populate(state: dict, h: dict, libcuda: Path) -> str:
     return hk.with_suffix(".pub").read_text()
 
 
-def create_host(state: dict, h: dict, libcuda: Path) -> None:
-    """Fresh overlay + files + netns (any old ones torn down); start nspawn (no boot wait)."""
-    if Path(h["dir"]).exists():
-        teardown_host(h)
-    for k in ("upper", "work", "merged"):
-        Path(h[k]).mkdir(parents=True, exist_ok=True)
+def _mount_overlay(state: dict, h: dict) -> None:
     subprocess.run(
         ["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir={state['base']},upperdir={h['upper']},workdir={h['work']}", h["merged"]],
+         f"lowerdir={lxc.lower_dir(state, h)},upperdir={h['upper']},workdir={h['work']}",
+         h["merged"]],
         check=True, capture_output=True, text=True,
     )
-    _known_hosts_replace(state, h["address"], _populate(state, h, libcuda))
-    start_nspawn(state, h)
 
 
-def start_nspawn(state: dict, h: dict) -> None:
-    """Boot the host's container on its overlay (kept as it is), in its own netns."""
-    net.ensure_host_net(h["netns"], state["bridge"], f"{h['address']}/24", state["gateway"])
-    cmd = [
-        "systemd-nspawn", "-D", h["merged"], "-b",
-        f"--machine={h['name']}", f"--hostname={h['name']}",
-        "--register=no", "--keep-unit",
-        f"--network-namespace-path=/run/netns/{h['netns']}",
-        f"--bind-ro={state['wheelhouse']}:/srv/wheelhouse",
-        f"--bind-ro={_lockcheck_dir(state)}:/srv/lockcheck",
-        "--link-journal=no", "--resolv-conf=off", "--timezone=off",
-        "--console=read-only",
-        *cgroupmode.nspawn_options(h),
-    ]
-    with open(h["console"], "ab") as out:
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True, env=cgroupmode.nspawn_env(h))
-    h["pid"] = p.pid
-    h["started"] = time.time()
-    # until the fork has exec'd nspawn (or it died)
-    _wait(lambda: host_alive(h) or p.poll() is not None, 10, 0.02)
-    if p.poll() is not None:
-        raise TestbedError(f"{h['name']}: systemd-nspawn exited at once (rc={p.returncode}); "
-                           f"console tail:\n{_tail(h['console'])}")
-    # Do not keep the Popen: the process outlives us (reparented when `up` exits).
-    p.returncode = 0  # keeps Popen.__del__ quiet
-    log(f"{h['name']}: nspawn pid {p.pid}, {h['address']}")
+def create_host(state: dict, h: dict, libcuda: Path) -> None:
+    """Fresh overlay + files (not started: ``start_containers``). Any old one is torn down
+    first."""
+    if Path(h["dir"]).exists() or Path(h["lxc_config"]).parent.exists():
+        teardown_host(state, h)
+    for k in ("upper", "work", "merged"):
+        Path(h[k]).mkdir(parents=True, exist_ok=True)
+    _mount_overlay(state, h)
+    pubkey = _populate(state, h, libcuda)
+    # the container's root owns what we made (changed through the mounted overlay)
+    lxc.shift_tree(Path(h["upper"]), lxc.root_id(h), via=Path(h["merged"]))
+    _known_hosts_replace(state, h["address"], pubkey)
+
+
+#: the controller's folders bind-mounted read-only into each host (mounted onto the overlay
+#: before the start: the container's root could not reach them under /root to mount them)
+def _binds(state: dict) -> list[tuple[str, str]]:
+    return [(state["wheelhouse"], "srv/wheelhouse"), (_lockcheck_dir(state), "srv/lockcheck")]
+
+
+def _mount_binds(state: dict, h: dict) -> None:
+    for src, rel in _binds(state):
+        target = Path(h["merged"]) / rel
+        target.mkdir(parents=True, exist_ok=True)
+        if not os.path.ismount(target):
+            subprocess.run(["mount", "--bind", src, str(target)], check=True, capture_output=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], check=True,
+                           capture_output=True)
+
+
+def start_containers(state: dict, hosts: list[dict]) -> None:
+    """Boot the hosts' LXC containers on their overlays (kept as they are): each config
+    written (the base lines), the GPU passthrough merged in by the product's lxc_host.py
+    (one run for all; it starts the containers whose passthrough it changed), any still
+    stopped started, each netns named, the GPU nodes as gpu.env says."""
+    for h in hosts:
+        _mount_binds(state, h)
+        lxc.write_config(state, h)
+    lxc.passthrough(state, hosts)
+    for h in hosts:
+        h["pid"] = lxc.start(state, h)
+        h["started"] = time.time()
+        sync_gpu_nodes(state, h)
+        log(f"{h['name']}: {lxc.kind(h)} LXC container, init pid {h['pid']}, {h['address']}")
 
 
 def _lockcheck_dir(state: dict) -> str:
@@ -370,8 +389,9 @@ def wait_host(state: dict, h: dict, timeout: float = BOOT_TIMEOUT) -> float:
     last = "not tried yet"
     while time.monotonic() < t0 + timeout:
         if not host_alive(h):
-            raise TestbedError(f"{h['name']}: systemd-nspawn (pid {h['pid']}) exited during boot; "
-                               f"console tail:\n{_tail(h['console'])}")
+            raise TestbedError(f"{h['name']}: its container (init pid {h['pid']}) stopped during "
+                               f"boot; console tail:\n{_tail(h['console'])}\nlxc log tail:\n"
+                               f"{_tail(str(Path(h['dir']) / 'lxc.log'))}")
         try:
             r = ssh(state, h, "systemctl is-system-running", timeout=10)
         except subprocess.TimeoutExpired:
@@ -393,19 +413,14 @@ def _tail(path: str, n: int = 25) -> str:
         return "(no console log)"
 
 
-def stop_hosts(hosts: list[dict], timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM each nspawn (-> orderly poweroff of the container), wait, then SIGKILL."""
+def stop_hosts(state: dict, hosts: list[dict], timeout: float = STOP_TIMEOUT) -> None:
+    """lxc-stop each container (an orderly poweroff; killed after TIMEOUT), all at once."""
     live = [h for h in hosts if host_alive(h)]
-    for h in live:
-        procs.kill(h["pid"], signal.SIGTERM)
-    if not _wait(lambda: not any(host_alive(h) for h in live), timeout, 0.1):
-        live = [h for h in live if host_alive(h)]
-        for h in live:
-            log(f"{h['name']}: no orderly shutdown within {timeout:.0f}s, killing")
-            for child in procs.children(h["pid"]):  # the container's init: ends its pid namespace
-                procs.kill(child)
-            procs.kill(h["pid"])
-        _wait(lambda: not any(host_alive(h) for h in live), 10, 0.1)
+    if live:
+        with ThreadPoolExecutor(max_workers=len(live)) as pool:
+            for h, clean in zip(live, pool.map(lambda h: lxc.stop(state, h, timeout), live)):
+                if not clean:
+                    log(f"{h['name']}: no orderly shutdown within {timeout:.0f}s, killed")
     for h in hosts:
         h["pid"] = None
 
@@ -421,19 +436,23 @@ def _umount(path: str) -> None:
         subprocess.run(["umount", "-l", path], check=False, capture_output=True)
 
 
-def teardown_host(h: dict) -> None:
-    """Stop, unmount, drop the netns/veth and the host dir (idempotent)."""
-    stop_hosts([h])
+def _umount_all(state: dict, h: dict) -> None:
+    for _, rel in _binds(state):
+        _umount(str(Path(h["merged"]) / rel))
+    _umount(h["merged"])
+
+
+def teardown_host(state: dict, h: dict) -> None:
+    """Stop, unmount, drop the netns/veth, the container's lxc folder and the host dir
+    (idempotent)."""
+    stop_hosts(state, [h])
     for pid in procs.orphan_inits(h["upper"]):
         log(f"{h['name']}: killing orphaned container init (pid {pid})")
         procs.kill(pid)
         _wait(lambda pid=pid: not procs.pid_running(pid), 10, 0.05)
-    _umount(h["merged"])
+    _umount_all(state, h)
     net.delete_host_net(h["netns"])
-    with contextlib.suppress(OSError, TestbedError):
-        procs.allow_devices(h["name"], timeout=2.0)  # the cgroup-denied scenario's cgroup
-    with contextlib.suppress(OSError, TestbedError):
-        cpushare.unlimit(h["name"], timeout=2.0)  # `cpu HOST CORES`'s cgroup
+    shutil.rmtree(Path(h["lxc_config"]).parent, ignore_errors=True)
     d = Path(h["dir"])
     if d.exists():
         if os.path.ismount(h["merged"]):
@@ -452,7 +471,11 @@ def group_record(prefix: str, n_hosts: int, size: int) -> dict:
 
 
 def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
-       router: bool = False, group: int | None = None) -> dict:
+       router: bool = False, group: int | None = None, privileged: bool | None = None) -> dict:
+    """Boot the missing hosts. PRIVILEGED: new hosts' containers privileged (default: env
+    TESTBED_PRIVILEGED=1, else unprivileged, as Proxmox makes them)."""
+    if privileged is None:
+        privileged = os.environ.get("TESTBED_PRIVILEGED", "") not in ("", "0")
     t0 = time.monotonic()
     with locked():
         state = load_state() or new_state(prefix)
@@ -462,6 +485,7 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
         if group is not None:  # recorded before any host boots: the inventory reads it
             state["groups"] = [group_record(prefix, n_hosts, group)] if group else []
         base = rootfs.ensure_base()
+        lxc.ensure_subids()
         if state["base"] != str(base) and any(host_alive(h) for h in state["hosts"]):
             log(f"note: running hosts use an older base ({state['base']}); `down` + `up` to refresh")
         else:
@@ -484,7 +508,7 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
             if h:
                 log(f"{h['name']}: recorded but not running, recreating")
                 state["hosts"].remove(h)
-            h = host_record(state, i)
+            h = host_record(state, i, privileged)
             state["hosts"].append(h)
             todo.append(h)
         if not todo:
@@ -493,16 +517,21 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
             return state
         save_state(state)
         libcuda = gpu_build.build_libcuda(Path(state["state_dir"]) / "gpu-build")
+        if not all(lxc.privileged(h) for h in todo):
+            lxc.shifted_base(Path(state["base"]))  # once, before the hosts boot in parallel
         lock = threading.Lock()
 
-        def boot(h):
+        def create(h):
             create_host(state, h, libcuda)
             with lock:
                 save_state(state)
-            return wait_host(state, h)
 
         with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-            futures = {h["name"]: pool.submit(boot, h) for h in todo}
+            list(pool.map(create, todo))
+        start_containers(state, todo)
+        save_state(state)
+        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            futures = {h["name"]: pool.submit(wait_host, state, h) for h in todo}
             errors = []
             for name, f in futures.items():
                 try:
@@ -523,11 +552,11 @@ def up(n_hosts: int, prefix: str = DEFAULT_PREFIX, wheels: bool = True,
 def _remove(state: dict, hosts: list[dict], what: str) -> None:
     """Stop HOSTS, tear each down and forget its host key; the state keeps only those whose
     directory is left (TestbedError listing what failed)."""
-    stop_hosts(hosts)
+    stop_hosts(state, hosts)
     errors = []
     for h in hosts:
         try:
-            teardown_host(h)
+            teardown_host(state, h)
             _known_hosts_replace(state, h["address"], None)
         except Exception as e:  # noqa: BLE001
             errors.append(f"{h['name']}: {e}")
@@ -551,11 +580,13 @@ def down() -> None:
                 if name.startswith(DEFAULT_PREFIX) and index.isdigit():
                     log(f"no state file; cleaning up {name} found in {d}")
                     state["hosts"].append(host_record(state, int(index)))
+                    state["hosts"][-1]["pid"] = lxc.init_pid(state, state["hosts"][-1])
         n = len(state["hosts"])
         try:
             _remove(state, list(state["hosts"]), "down")
         finally:
             net.delete_bridge(state["bridge"])
+            lxchost.SimDriver().down()  # its namespace (the /dev nodes stay: shared)
         state_file().unlink(missing_ok=True)
     log(f"down: {n} hosts stopped and removed in {time.monotonic() - t0:.1f}s")
 
@@ -569,8 +600,8 @@ def cpu(name: str, cores: float) -> float | None:
     if cores:
         cpushare.limit(name, h["pid"], cores)
     else:
-        cpushare.unlimit(name)
-    return cpushare.cores_of(name)
+        cpushare.unlimit(name, h["pid"])
+    return cpushare.cores_of(h["pid"])
 
 
 def block(name: str, port: str) -> list[str]:
@@ -620,7 +651,7 @@ def status() -> dict:
         return {"name": h["name"], "address": h["address"], "pid": h["pid"], "alive": alive,
                 "ssh": reach, "gpu_scenario": read_env_file(etc / "gpu.env").get("SCENARIO"),
                 "sim_scenario": read_env_file(etc / "sim.env").get("SCENARIO"),
-                "cgroup": cgroupmode.mode(h),
+                "kind": lxc.kind(h),
                 "blocked_ports": net.blocked_ports(h["netns"]) if alive else []}
 
     with ThreadPoolExecutor(max_workers=max(1, len(state["hosts"]))) as pool:
@@ -636,35 +667,42 @@ def wipe(name: str) -> dict:
     with locked():
         state = current_state()
         h = find_host(state, name)
+        h["pid"] = h["pid"] if host_alive(h) else None
         create_host(state, h, gpu_build.build_libcuda(Path(state["state_dir"]) / "gpu-build"))
+        start_containers(state, [h])
         save_state(state)
         wait_host(state, h)
     log(f"wipe: {h['name']} blank and up in {time.monotonic() - t0:.1f}s")
     return h
 
 
-def cgroup(name: str, new_mode: str) -> dict:
-    """Reboot HOST with its container in cgroup mode NEW_MODE (``cgroupmode``), its overlay
-    (deployment, records) kept; nothing happens when it already runs so."""
-    if new_mode not in cgroupmode.MODES:
-        raise TestbedError(f"cgroup mode {new_mode!r}: one of {', '.join(cgroupmode.MODES)}")
+def kind(name: str, new_kind: str) -> dict:
+    """Reboot HOST's container privileged or unprivileged (``cgroupmode``), its overlay
+    (deployment, records) kept, its ids moved to the new owner; nothing happens when it
+    already runs so."""
+    if new_kind not in cgroupmode.KINDS:
+        raise TestbedError(f"container kind {new_kind!r}: one of {', '.join(cgroupmode.KINDS)}")
     with locked():
         state = current_state()
         h = find_host(state, name)
-        if cgroupmode.mode(h) == new_mode and host_alive(h):
+        if lxc.kind(h) == new_kind and host_alive(h):
             return h
-        stop_hosts([h])
-        h["cgroup"] = new_mode
-        start_nspawn(state, h)
+        stop_hosts(state, [h])
+        _umount_all(state, h)
+        old = lxc.root_id(h)
+        h["privileged"] = new_kind == "privileged"
+        lxc.shift_tree(Path(h["upper"]), lxc.root_id(h) - old)
+        _mount_overlay(state, h)
+        start_containers(state, [h])
         save_state(state)
         wait_host(state, h)
     return h
 
 
-def _set_env_key(path: Path, key: str, value: str) -> None:
+def _set_env_key(path: Path, key: str, value: str, owner: int | None = None) -> None:
     lines = path.read_text().splitlines() if path.exists() else []
     keep = [line for line in lines if line.split("=", 1)[0].strip() != key]
-    _write(path, "\n".join([*keep, f"{key}={value}"]) + "\n")
+    _write(path, "\n".join([*keep, f"{key}={value}"]) + "\n", owner=owner)
 
 
 def running_host(name: str) -> tuple[dict, dict]:
@@ -682,20 +720,45 @@ def scenario(name: str, scen: str, when: str = "") -> None:
     "--mem-fraction-static 0.8": a configuration that fails while others still work."""
     state, h = running_host(name)
     etc = Path(h["merged"]) / "etc/testbed"
+    owner = lxc.root_id(h)
     if scen in GPU_SCENARIOS and scen != "cgroup-denied":
-        procs.allow_devices(h["name"])
+        lxc.allow_devices(state, h)
     if scen in GPU_SCENARIOS:
-        _set_env_key(etc / "gpu.env", "SCENARIO", scen)
+        _set_env_key(etc / "gpu.env", "SCENARIO", scen, owner)
     if scen in SIM_SCENARIOS:
-        _set_env_key(etc / "sim.env", "SCENARIO", scen)
-        _set_env_key(etc / "sim.env", "SCENARIO_WHEN", when)
-    # The device nodes live in the container's /dev (a tmpfs): sync them from inside.
-    r = ssh(state, h, "/usr/local/sbin/testbed-gpu-nodes", timeout=30)
-    if r.returncode != 0:
-        raise TestbedError(f"{h['name']}: syncing device nodes failed (rc={r.returncode}): "
-                           f"{r.stderr.strip()}")
+        _set_env_key(etc / "sim.env", "SCENARIO", scen, owner)
+        _set_env_key(etc / "sim.env", "SCENARIO_WHEN", when, owner)
+    sync_gpu_nodes(state, h)
     if scen == "cgroup-denied":
-        procs.deny_devices(h["name"], h["pid"])
+        lxc.deny_devices(state, h)
+
+
+def gpu_nodes_wanted(passed: list[str], gpu_env: dict) -> tuple[list[str], list[str]]:
+    """(present, absent): the passed nodes a host's container should have and lack for its
+    gpu.env: GPUs below GPU_COUNT, less the last one in gpu-missing; no nvidia-uvm nodes in
+    uvm-missing."""
+    count = int(gpu_env.get("GPU_COUNT") or 8)
+    scen = gpu_env.get("SCENARIO") or "healthy"
+    present, absent = [], []
+    for path in passed:
+        keep = True
+        m = re.fullmatch(r"/dev/nvidia(\d+)", path)
+        if m:
+            i = int(m.group(1))
+            keep = i < count and not (scen == "gpu-missing" and i == count - 1)
+        elif path.startswith("/dev/nvidia-uvm"):
+            keep = scen != "uvm-missing"
+        (present if keep else absent).append(path)
+    return present, absent
+
+
+def sync_gpu_nodes(state: dict, h: dict) -> dict:
+    """The container's /dev/nvidia* as its gpu.env says: a node the LXC host's node missing
+    from it (uvm-missing, gpu-missing) is taken away, one it should have put back (a bind
+    mount of this machine's node, as its config's mount entry makes it)."""
+    env = read_env_file(Path(h["merged"]) / "etc/testbed/gpu.env")
+    present, absent = gpu_nodes_wanted(lxc.passed_nodes(state, h), env)
+    return lxc.sync_nodes(h, present, absent)
 
 
 def sim_env(name: str, settings: dict) -> dict:
@@ -712,5 +775,5 @@ def sim_env(name: str, settings: dict) -> dict:
     for key, value in settings.items():
         if "\n" in str(value):
             raise TestbedError(f"{key}: the value must be one line")
-        _set_env_key(path, key, str(value))
+        _set_env_key(path, key, str(value), lxc.root_id(h))
     return read_env_file(path)

@@ -1,22 +1,12 @@
-"""The processes of the testbed hosts: liveness, process trees, container inits left behind,
-and the devices cgroup of the cgroup-denied scenario.
-
-cgroup-denied: the host's processes are moved into a child of the (v1) devices cgroup that
-denies read/write on the NVIDIA majors, as an LXC config without the
-`lxc.cgroup*.devices.allow` lines does: opening the nodes really fails with EPERM.
-"""
+"""The processes of the testbed hosts: liveness, process trees, container inits left behind.
+(The cgroup-denied scenario's devices cgroup: testbed/lxc.py.)"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
-
-from testbed import TestbedError, rootfs
-
-DEVICES_CGROUP = Path(os.environ.get("TESTBED_DEVICES_CGROUP", "/sys/fs/cgroup/devices"))
 
 
 def pid_running(pid: int) -> bool:
@@ -62,46 +52,3 @@ def orphan_inits(upper: str) -> list[int]:
         except (OSError, IndexError):
             continue
     return found
-
-
-def _move_procs(name: str, pids, src: Path, dest: Path, timeout: float) -> None:
-    """Write each of PIDS() into DEST's cgroup.procs until PIDS() is empty: processes forked
-    while we move inherit their parent's (old) cgroup, so one pass may not catch them all."""
-    deadline = time.monotonic() + timeout
-    while left := pids():
-        if time.monotonic() > deadline:
-            raise TestbedError(f"{name}: could not move every process from {src} to {dest}; "
-                               f"left: {left[:10]}")
-        for pid in left:
-            with contextlib.suppress(OSError):  # it may have exited meanwhile
-                (dest / "cgroup.procs").write_text(f"{pid}\n")
-
-
-def deny_devices(name: str, pid: int, timeout: float = 10.0) -> None:
-    """Move host NAME's processes (PID and its descendants) into a devices cgroup that denies
-    the NVIDIA majors."""
-    if not (DEVICES_CGROUP / "devices.deny").exists():
-        raise TestbedError(
-            f"the cgroup-denied scenario needs the cgroup v1 devices controller at "
-            f"{DEVICES_CGROUP} (this machine has none); on a cgroup v2 host with systemd the "
-            "equivalent is `systemctl set-property --runtime <the container's scope> "
-            "DevicePolicy=closed`")
-    cg = DEVICES_CGROUP / f"testbed-{name}"
-    cg.mkdir(exist_ok=True)
-    for major in (195, rootfs.UVM_MAJOR):
-        (cg / "devices.deny").write_text(f"c {major}:* rw\n")
-
-    def outside():
-        inside = set((cg / "cgroup.procs").read_text().split())
-        return [p for p in _descendants(pid) if str(p) not in inside]
-
-    _move_procs(name, outside, DEVICES_CGROUP, cg, timeout)
-
-
-def allow_devices(name: str, timeout: float = 10.0) -> None:
-    """Undo deny_devices: processes back to the parent cgroup, the child removed."""
-    cg = DEVICES_CGROUP / f"testbed-{name}"
-    if cg.exists():
-        _move_procs(name, lambda: (cg / "cgroup.procs").read_text().split(), cg, DEVICES_CGROUP,
-                    timeout)
-        cg.rmdir()  # empty now, and nothing is left inside to fork into it

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from testbed import log
 
-ROOTFS_VERSION = 1
+ROOTFS_VERSION = 2
 SUITE = "bookworm"
 ARCH = "amd64"
 PACKAGES = (
@@ -35,10 +35,6 @@ PACKAGES = (
 )
 FALLBACK_MIRROR = "http://deb.debian.org/debian"
 
-# Major number of /dev/nvidia-uvm in the testbed. The real one is dynamic (assigned by the
-# kernel when nvidia-uvm.ko loads; commonly 5xx). 510 is in the dynamic range.
-UVM_MAJOR = 510
-
 # Units that slow the boot, fail in a container, or are useless here.
 MASKED_UNITS = (
     "console-getty.service", "getty@.service", "getty.target",
@@ -47,19 +43,20 @@ MASKED_UNITS = (
     "apt-daily.timer", "apt-daily-upgrade.timer", "dpkg-db-backup.timer",
     "e2scrub_all.timer", "e2scrub_reap.service", "fstrim.timer", "man-db.timer",
     "systemd-hwdb-update.service", "systemd-remount-fs.service",
+    "sys-kernel-debug.mount",  # debugfs: not mountable in an LXC container
 )
 
-# Baked into the base at the same path: an sshd drop-in and the testbed-gpu-nodes script and
-# unit (the stand-in for the LXC host passing /dev/nvidia* in).
+# Baked into the base at the same path: an sshd drop-in. (The GPU device nodes are no part
+# of the base: they come from the LXC host, this machine, by the container's config.)
 BASE_FILES = Path(__file__).resolve().parent / "base"
 
 
 def baked_files() -> dict[str, tuple[str, int]]:
-    """Path in the base -> (content, with @UVM_MAJOR@ filled in; mode: 0755 if executable)."""
+    """Path in the base -> (content, mode: 0755 if executable)."""
     files = {}
     for f in sorted(BASE_FILES.rglob("*")):
         if f.is_file():
-            text = f.read_text().replace("@UVM_MAJOR@", str(UVM_MAJOR))
+            text = f.read_text()
             mode = 0o755 if os.access(f, os.X_OK) else 0o644
             files[str(f.relative_to(BASE_FILES))] = (text, mode)
     return files
@@ -110,10 +107,7 @@ def _customise(root: Path) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(content)
         p.chmod(mode)
-    wants = root / "etc/systemd/system/multi-user.target.wants"
-    wants.mkdir(parents=True, exist_ok=True)
-    unit = "testbed-gpu-nodes.service"
-    (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
+    (root / "etc/systemd/system").mkdir(parents=True, exist_ok=True)
     for unit in MASKED_UNITS:
         p = root / "etc/systemd/system" / unit
         p.unlink(missing_ok=True)

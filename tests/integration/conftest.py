@@ -1,4 +1,4 @@
-"""Integration tests: one real testbed (systemd-nspawn hosts) per session, and fixtures that
+"""Integration tests: one real testbed (LXC containers) per session, and fixtures that
 put hosts into the state a test needs.
 
 Every test sets up what it needs through these fixtures, so it passes when selected alone
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
 def testbed():
     n = os.environ.get("TESTBED_HOSTS", "3")
     if os.geteuid() != 0:
-        pytest.fail("the integration testbed needs root (overlays, netns, systemd-nspawn)")
+        pytest.fail("the integration testbed needs root (overlays, netns, LXC)")
     t0 = time.monotonic()
     r = run_testbed("up", "--hosts", n, timeout=900, check=False)
     if r.returncode != 0:

@@ -4,9 +4,10 @@ unit's sandbox, and each host's hardening in force is what `status` shows.
 - The stand-in libcuda appends a line to /var/log/testbed-gpu-peer-copies for every copy
   between two devices: `status` and `deploy.py --dry` on a drifted serving host make none,
   the real deploy that restarts it makes them (the P2P retest before the restart).
-- `python -m testbed cgroup HOST unified` boots a host whose container's systemd applies
-  DevicePolicy (cgroup v2, BPF device programs); the default hosts cannot (read-only v1
-  devices cgroup), as an unprivileged LXC container.
+- `python -m testbed kind HOST privileged` reboots a host as a privileged LXC container, whose
+  systemd applies DevicePolicy (it writes its units' devices cgroups); the default hosts are
+  unprivileged LXC containers, whose systemd cannot (systemd issue 23198): each as `status`
+  says.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ def test_read_only_commands_make_no_peer_copies_on_a_serving_host(testbed, servi
 
 def test_the_smoke_opens_the_gpu_nodes_and_status_shows_the_hardening_in_force(
         testbed, serving_host):
-    """Needs: TB1 (default: its systemd cannot apply DevicePolicy) and TB2, booted so that
-    its systemd applies DevicePolicy, both serving; leaves both serving with
-    sglang_restart_sec=39 and TB2 booted as the other hosts. Also: a property required by
+    """Needs: TB1 (default: an unprivileged LXC container, its systemd cannot apply
+    DevicePolicy) and TB2, rebooted as a privileged LXC container (its systemd applies
+    DevicePolicy), both serving; leaves both serving with sglang_restart_sec=39 and TB2
+    unprivileged again. Also: a property required by
     `sglang_hardening_required` that is not in force fails the smoke on TB1."""
-    run_testbed("cgroup", TB2, "unified", timeout=300)
+    run_testbed("kind", TB2, "privileged", timeout=300)
     try:
         serving_host(TB1, TB2)
         r = pyinfra_deploy([TB1, TB2], "--data", "sglang_restart_sec=39")  # a smoke on each
@@ -106,4 +108,4 @@ def test_the_smoke_opens_the_gpu_nodes_and_status_shows_the_hardening_in_force(
         assert code == "200"
     finally:
         testbed.ssh(TB2, "rm -f /dev/nvidia8")
-        run_testbed("cgroup", TB2, "legacy", timeout=300)
+        run_testbed("kind", TB2, "unprivileged", timeout=300)

@@ -1,8 +1,10 @@
-"""The testbed itself: real systemd hosts with their own addresses and the GPU stand-ins."""
+"""The testbed itself: real LXC containers with their own addresses, the GPU nodes of the LXC
+host (this machine) passed in by their config, and the GPU stand-ins."""
 
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import subprocess
 import sys
@@ -37,14 +39,14 @@ def test_each_host_has_its_own_address(testbed):
         testbed.ssh(a, f"timeout 5 bash -c 'echo > /dev/tcp/{testbed.address(b)}/22'", check=True)
 
 
-def test_systemd_is_pid1_in_an_nspawn_container(testbed):
+def test_systemd_is_pid1_in_an_lxc_container(testbed):
     for host in testbed.hosts:
         r = testbed.ssh(
             host, "cat /proc/1/comm; systemd-detect-virt; systemctl is-system-running || true",
             check=True)
         comm, virt, running = r.stdout.split()
         assert comm == "systemd"
-        assert virt == "systemd-nspawn"
+        assert virt == "lxc"
         assert running in ("running", "degraded")
 
 
@@ -204,9 +206,9 @@ def test_status_json_shape(testbed):
     assert [h["name"] for h in st["hosts"]] == testbed.hosts
     for h in st["hosts"]:
         assert set(h) == {"name", "address", "pid", "alive", "ssh", "gpu_scenario", "sim_scenario",
-                          "cgroup", "blocked_ports"}
+                          "kind", "blocked_ports"}
         assert h["blocked_ports"] == []  # `python -m testbed block` was not used
-        assert h["cgroup"] == "legacy"  # `python -m testbed cgroup` left every host as booted
+        assert h["kind"] == "unprivileged"  # `python -m testbed kind` left every host as booted
         assert h["alive"] is True and h["ssh"] is True
         assert h["address"] == testbed.address(h["name"])
         assert isinstance(h["pid"], int)
@@ -240,3 +242,32 @@ def test_inventory_data(testbed):
     assert data["ssh_known_hosts_file"] == testbed.state["known_hosts"]
     assert data["sglang_wheelhouse"] == "/srv/wheelhouse"
     json.dumps(data)  # plain data only
+
+
+def test_hosts_are_unprivileged_lxc_containers_with_the_passthrough_lines(testbed):
+    """Each host is an LXC container of the testbed's lxcpath, its root mapped to 100000 as
+    Proxmox maps it, its config holding the passthrough block with one device rule per
+    major and one bind mount per node of this machine."""
+    host = testbed.hosts[0]
+    lxcpath = Path(testbed.state["state_dir"]) / "lxc"
+    r = subprocess.run(["lxc-info", "-P", str(lxcpath), "-n", host, "-sH"], capture_output=True,
+                       text=True, check=True)
+    assert r.stdout.strip() == "RUNNING"
+    assert testbed.ssh(host, "cat /proc/self/uid_map", check=True).stdout.split() == [
+        "0", "100000", "65536"]
+    config = (lxcpath / host / "config").read_text()
+    block = config[config.index("# BEGIN sglang-deploy"):config.index("# END sglang-deploy")]
+    rules = [ln for ln in block.splitlines() if ln.startswith("lxc.cgroup.devices.allow")]
+    assert rules[0] == "lxc.cgroup.devices.allow = c 195:* rwm" and len(rules) == 2
+    mounts = [ln.split()[2] for ln in block.splitlines() if ln.startswith("lxc.mount.entry")]
+    assert mounts == [*GPU_NODES, "/dev/nvidia-uvm-tools"]
+    # the nodes inside are this machine's (same major and minor), not made in the container
+    inside = testbed.ssh(host, "stat -c '%n %t:%T' /dev/nvidia0 /dev/nvidia-uvm", check=True)
+    for line in inside.stdout.splitlines():
+        path, numbers = line.split()
+        st = Path(path).stat()
+        assert numbers == f"{os.major(st.st_rdev):x}:{os.minor(st.st_rdev):x}"
+    # no mknod inside an unprivileged container: the LXC host passes the nodes
+    r = testbed.ssh(host, "mknod /dev/testbed-null c 1 3 && cat /dev/testbed-null; "
+                          "echo rc=$?; rm -f /dev/testbed-null")
+    assert "rc=0" not in r.stdout, r.stdout + r.stderr

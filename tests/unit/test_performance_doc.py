@@ -34,3 +34,13 @@ def test_the_page_is_short_and_names_its_run_and_the_release_check_place():
     assert f"`bench/results/{run_all.newest_result().name}` (the newest run)" in text
     assert "## Release check (lock --check)" in text
     assert text.index("## Release check") < text.index("## Figures")
+
+
+def test_a_rerun_superseded_by_later_reruns_of_all_its_suites_is_not_listed():
+    ups = [{"suites": ["router"]}, {"suites": ["latency", "router"]}, {"suites": ["versions"]},
+           {"suites": ["router"]}, {"suites": ["versions"]}]
+    kept, superseded = run_all.current_updates({"updated": ups})
+    # latency's figures still come from the second rerun; the first and third are replaced
+    assert kept == [ups[1], ups[3], ups[4]] and superseded == 2
+    assert run_all.current_updates({"updated": {"suites": ["dr"]}}) == ([{"suites": ["dr"]}], 0)
+    assert run_all.current_updates({}) == ([], 0)

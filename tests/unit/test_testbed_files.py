@@ -13,9 +13,9 @@ import pytest
 from testbed import fleet, net, procs, rootfs
 
 STATE_KEYS = {"version", "prefix", "state_dir", "bridge", "gateway", "subnet", "key", "known_hosts",
-              "wheelhouse", "base", "sglang_version", "hosts", "lockcheck"}
+              "wheelhouse", "base", "sglang_version", "hosts", "lockcheck", "lxc_path"}
 HOST_KEYS = {"name", "role", "index", "address", "netns", "veth", "pid", "dir", "upper", "work",
-             "merged", "console"}
+             "merged", "console", "privileged", "lxc_config"}
 
 
 def test_set_env_key_replaces_adds_and_leaves_no_temporary_file(tmp_path):
@@ -66,10 +66,9 @@ def test_no_state_is_an_actionable_error(tmp_path, monkeypatch):
 
 def test_baked_files_keep_the_recipe_and_their_modes():
     files = rootfs.baked_files()
-    script, mode = files["usr/local/sbin/testbed-gpu-nodes"]
-    assert mode == 0o755 and "UVM_MAJOR=510\n" in script and "@" not in script
     assert files["etc/ssh/sshd_config.d/10-testbed.conf"][1] == 0o644
-    assert files["etc/systemd/system/testbed-gpu-nodes.service"][1] == 0o644
+    # no GPU node maker in the base: the nodes come from the LXC host by the config's lines
+    assert not any("nvidia" in rel or "gpu-nodes" in rel for rel in files)
     assert set(rootfs.recipe()["files"]) == set(files)
 
 
@@ -84,8 +83,6 @@ def test_customise_bakes_masks_and_strips_the_host_identity(tmp_path):
     for rel, (content, mode) in rootfs.baked_files().items():
         assert (root / rel).read_text() == content
         assert (root / rel).stat().st_mode & 0o777 == mode
-    wants = root / "etc/systemd/system/multi-user.target.wants/testbed-gpu-nodes.service"
-    assert os.readlink(wants) == "/etc/systemd/system/testbed-gpu-nodes.service"
     for unit in rootfs.MASKED_UNITS:
         assert os.readlink(root / "etc/systemd/system" / unit) == "/dev/null"
     assert (root / "etc/machine-id").read_text() == ""
@@ -100,7 +97,7 @@ def test_process_tree_and_liveness():
     try:
         assert procs.pid_running(child.pid)
         assert child.pid in procs._descendants(os.getpid())
-        # a host record whose pid is not a systemd-nspawn of that machine is not alive
+        # a host record whose pid is not the init of that LXC container is not alive
         assert not fleet.host_alive({"name": "x1", "pid": child.pid})
         assert not fleet.host_alive({"name": "x1", "pid": None})
     finally:
