@@ -147,6 +147,12 @@ def config_text(state: dict, h: dict) -> str:
         lines += [f"lxc.include = {LXC_SHARE}/userns.conf",
                   f"lxc.idmap = u 0 {ID_BASE} {ID_COUNT}",
                   f"lxc.idmap = g 0 {ID_BASE} {ID_COUNT}"]
+        # userns.conf clears common.conf's device rules (`lxc.cgroup.devices.deny =`): a plain
+        # unprivileged container would open any node bound into it. They are set again, as
+        # Proxmox does for its unprivileged containers, so that lxc_host.py's device rules are
+        # what lets the GPUs open, and a wrong rule fails the suite
+        lines += [x for x in Path(LXC_SHARE, "common.conf").read_text().splitlines()
+                  if x.startswith("lxc.cgroup.devices.")]
     lines += [
         "lxc.apparmor.profile = unconfined",
         "lxc.init.cmd = /sbin/init",
