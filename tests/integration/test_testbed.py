@@ -271,3 +271,9 @@ def test_hosts_are_unprivileged_lxc_containers_with_the_passthrough_lines(testbe
     r = testbed.ssh(host, "mknod /dev/testbed-null c 1 3 && cat /dev/testbed-null; "
                           "echo rc=$?; rm -f /dev/testbed-null")
     assert "rc=0" not in r.stdout, r.stdout + r.stderr
+    # the device cgroup is in force (common.conf's rules set again after userns.conf cleared
+    # them): no blanket `a *:* rwm`, the passthrough's GPU major listed, so a wrong rule of
+    # lxc_host.py would keep the GPUs shut
+    listed = subprocess.run(["lxc-cgroup", "-P", str(lxcpath), "-n", host, "devices.list"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "a *:* rwm" not in listed and "c 195:* rwm" in listed, listed
