@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sglang_deploy.core import lockfile
 from testbed import fleet
+from testbed.lxchost import DEFAULT_UVM
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
@@ -38,9 +39,10 @@ GPU_SCENARIOS = {
     "p2p-corrupt": ["corrupt"],
     "p2p-slow": ["GB/s"],
     # opening the nodes really fails with EPERM (the container's devices cgroup denies them):
-    # the cause, and the allow lines with the real majors (510: the testbed's nvidia-uvm)
+    # the cause, and the allow lines with the real majors (the nvidia-uvm major of the
+    # testbed's simulated LXC host, testbed/lxchost.py)
     "cgroup-denied": ["device cgroup denies", "EPERM", "lxc.cgroup2.devices.allow: c 195:* rwm",
-                      "lxc.cgroup2.devices.allow: c 510:* rwm"],
+                      f"lxc.cgroup2.devices.allow: c {DEFAULT_UVM}:* rwm"],
 }
 # sim.env as `python -m testbed up` writes it (testbed/fleet.py SIM_ENV_DEFAULT); keys a test
 # may set through Testbed.sim_env and the value they go back to after it.
