@@ -24,6 +24,9 @@ CONFIG_DIR = "/etc/sglang-watchdog"
 CONFIG_FILE = f"{CONFIG_DIR}/config.json"
 STATE_NAME = SERVICE
 STATE_DIR = f"/var/lib/{STATE_NAME}"
+#: the host's GPU health report as the deploy judged it (``gpuhealth.Report.to_dict``): the
+#: watchdog's ``sglang_deploy_gpu_health_fatal`` and its never-act-on-a-fatal-GPU read it
+GPU_HEALTH_FILE = f"{CONFIG_DIR}/gpu-health.json"
 #: the router's key, root only (0600) in the secrets folder (0700): only with mode restart
 #: on a host behind a router whose key is set
 ROUTER_KEY_FILE = f"{service.SECRETS_DIR}/watchdog-router.key"
@@ -47,7 +50,7 @@ def tool_paths(root: str) -> tuple[str, ...]:
 def managed_paths(root: str) -> tuple[str, ...]:
     """The files the watchdog stage keeps (the host-state read reports them, so a converged
     host costs no round trip per file)."""
-    return (*tool_paths(root), UNIT_FILE, CONFIG_FILE, ROUTER_KEY_FILE)
+    return (*tool_paths(root), UNIT_FILE, CONFIG_FILE, GPU_HEALTH_FILE, ROUTER_KEY_FILE)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ def config(settings, host_name: str, group_nodes: int = 1, router: Router | None
         "service": s.sglang_service, "served_model_name": s.served_model_name,
         "host_name": host_name, "group_nodes": group_nodes, "state_dir": STATE_DIR,
         "last_verified": lay.last_verified, "lock_file": LOCK_FILE,
+        "gpu_health_file": GPU_HEALTH_FILE,
+        # /metrics bound as the server's API is (loopback unless the operator exposes it)
+        "metrics_host": s.sglang_host, "metrics_port": s.watchdog_metrics_port,
         "router_url": None, "worker_url": None})
     if router is not None and s.watchdog == "restart":
         doc.update({"router_url": router.url, "worker_url": router.worker_url})
@@ -76,6 +82,14 @@ def config(settings, host_name: str, group_nodes: int = 1, router: Router | None
 
 def config_text(doc: dict) -> str:
     return json.dumps(doc, sort_keys=True, indent=1) + "\n"
+
+
+def gpu_health_text(report: dict | None) -> str:
+    """``GPU_HEALTH_FILE``: the deploy's GPU health report of this host (its verdict and
+    findings; no time in it, so a host whose health did not change gets no change)."""
+    doc = report or {}
+    return json.dumps({"verdict": doc.get("verdict") or "unknown",
+                       "findings": list(doc.get("findings") or [])}, sort_keys=True, indent=1) + "\n"
 
 
 def router_key(settings, router: Router | None) -> str | None:

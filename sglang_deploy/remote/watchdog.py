@@ -16,6 +16,10 @@ acts finds the lock busy with this process named as its owner.
 
 Every event is one JSON line in ``STATE_DIR/events.jsonl`` (verdict, evidence, action,
 outcome); ``STATE_DIR/state.json`` keeps the judgement across restarts of the watchdog.
+With ``metrics_port`` set, ``run`` also serves ``/metrics`` (Prometheus text format) on
+``metrics_host`` (the server's bind): its restarts, the host's GPU health verdict as the last
+deploy recorded it (``gpu_health_file``) and whether the deploy lock is held (``METRICS``).
+
 Secrets come from systemd credentials (``$CREDENTIALS_DIRECTORY``): ``server-secrets`` (the
 server's secrets.env, for SGLANG_API_KEY) and ``router-key``; never argv, env or logs.
 """
@@ -30,9 +34,11 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -216,12 +222,92 @@ def verified_invocation(cfg: dict) -> str | None:
     return (load_json(cfg["last_verified"], {}) or {}).get("invocation")
 
 
+def gpu_report(cfg: dict) -> dict:
+    """The host's GPU health report as the last deploy recorded it (``core.gpuhealth``'s
+    ``Report.to_dict``: ``verdict``, ``findings``); {} when there is none."""
+    doc = load_json(cfg.get("gpu_health_file") or "", {})
+    return doc if isinstance(doc, dict) else {}
+
+
 def gpu_fatal(cfg: dict) -> str:
     """The latest GPU health finding judged fatal, as the deploy recorded it (empty: none)."""
-    doc = load_json(cfg.get("gpu_health_file") or "", {}) or {}
+    doc = gpu_report(cfg)
     fatal = [f.get("summary") or f.get("what") or str(f) for f in doc.get("findings", [])
              if isinstance(f, dict) and f.get("severity") == "fatal"]
     return "; ".join(fatal)
+
+
+# ------------------------------------------------------------------ metrics
+
+#: what ``/metrics`` serves: name -> (type, help). The contract is the controller's
+#: ``core/metricnames.WATCHDOG`` (a unit test holds the two equal).
+METRICS = {
+    "sglang_deploy_watchdog_restarts_total":
+        ("counter", "Restarts of the server the watchdog made on this host."),
+    "sglang_deploy_gpu_health_fatal":
+        ("gauge", ("1 when the host's GPU health verdict (as the last deploy recorded it) "
+                   "is fatal, 0 when healthy or warning; absent when unknown.")),
+    "sglang_deploy_lock_held":
+        ("gauge", ("1 while a deploy, rollout, rebuild or the watchdog's own restart holds "
+                   "the host's deploy lock, else 0.")),
+}
+
+
+def metrics_text(cfg: dict) -> str:
+    """The watchdog's metrics now, read at each scrape (state.json, the GPU report, the lock):
+    a sample left out is one the watchdog cannot read (never a healthy 0)."""
+    saved = load_json(os.path.join(cfg["state_dir"], "state.json"), {}) or {}
+    values: dict[str, float | None] = {
+        "sglang_deploy_watchdog_restarts_total": float(saved.get("restarts_total") or 0)}
+    verdict = gpu_report(cfg).get("verdict")
+    values["sglang_deploy_gpu_health_fatal"] = (
+        1.0 if verdict == "fatal" else 0.0 if verdict in ("healthy", "warning") else None)
+    fh, owner = try_lock(cfg.get("lock_file", LOCK_FILE), claim=False)
+    if fh is not None:
+        fh.close()
+    values["sglang_deploy_lock_held"] = (0.0 if fh is not None else
+                                         None if owner.startswith("cannot open") else 1.0)
+    lines = []
+    for name, (kind, text) in METRICS.items():
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        if values.get(name) is not None:
+            lines.append(f"{name} {values[name]:g}")
+    return "\n".join(lines) + "\n"
+
+
+def metrics_server(cfg: dict) -> ThreadingHTTPServer | None:
+    """``/metrics`` on ``metrics_host``:``metrics_port``, served from a daemon thread (None
+    when ``metrics_port`` is null)."""
+    port = cfg.get("metrics_port")
+    if not port:
+        return None
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # scrapes are not news
+            pass
+
+        def do_GET(self):
+            if self.path.split("?", 1)[0] != "/metrics":
+                body, status, ctype = b"not found: GET /metrics\n", 404, "text/plain"
+            else:
+                try:
+                    body, status = metrics_text(cfg).encode(), 200
+                except OSError as exc:
+                    body, status = f"cannot read the state: {exc}\n".encode(), 500
+                ctype = "text/plain; version=0.0.4; charset=utf-8"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    host = cfg.get("metrics_host") or "127.0.0.1"
+    cls = type("Server", (ThreadingHTTPServer,), {
+        "daemon_threads": True,
+        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
+    srv = cls((host, int(port)), Handler)
+    threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
+    return srv
 
 
 # ------------------------------------------------------------------ acting
@@ -349,6 +435,7 @@ def tick(cfg: dict) -> dict | None:
     saved = load_json(state_file, {}) or {}
     state = wj.State.from_dict(saved.get("judge"))
     restarts = tuple(float(t) for t in saved.get("restarts", []))
+    restarts_total = int(saved.get("restarts_total") or 0)
     key = secret("server-secrets", "SGLANG_API_KEY")
     obs = observe(cfg, wcfg, key)
     state, verdict = wj.judge(state, obs, wcfg)
@@ -366,6 +453,7 @@ def tick(cfg: dict) -> dict | None:
         if action.kind == "restart":
             event.update(act(cfg, wcfg, key, obs.invocation))
             restarts = (*restarts, obs.at)
+            restarts_total += event["action"] == "restart"
             state = wj.State()
         elif action.kind == "report":
             event["outcome"] = "reported"
@@ -373,7 +461,8 @@ def tick(cfg: dict) -> dict | None:
         append_event(events_file, event)
         print(f"sglang-watchdog: {json.dumps(event, sort_keys=True)}", flush=True)
     restarts = tuple(t for t in restarts if obs.at - t < wj.HOUR_S)
-    write_json(state_file, {"judge": state.to_dict(), "restarts": list(restarts), "at": obs.at,
+    write_json(state_file, {"judge": state.to_dict(), "restarts": list(restarts),
+                            "restarts_total": restarts_total, "at": obs.at,
                             "verdict": verdict.kind, "evidence": list(verdict.evidence),
                             "probe_s": obs.probe_s, "busy": obs.busy, "tokens": obs.tokens})
     return event
@@ -430,6 +519,7 @@ def main(argv=None) -> int:
     if args.cmd == "tick" or wcfg.mode == "off":
         tick(cfg) if wcfg.mode != "off" else None
         return 0
+    metrics_server(cfg)
     while True:
         t0 = time.monotonic()
         try:

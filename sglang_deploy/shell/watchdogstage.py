@@ -55,6 +55,9 @@ def install(ctx) -> None:
                             src=StringIO(wu.config_text(wu.config(s, host.name, 1, router))),
                             dest=wu.CONFIG_FILE)
     changing = [tools, conf]
+    # read at each scrape and tick, not at start: a change needs no restart
+    ops.file_content(name=f"GPU health as judged {wu.GPU_HEALTH_FILE}", mode="644",
+                     src=StringIO(wu.gpu_health_text(ctx.gpu_report)), dest=wu.GPU_HEALTH_FILE)
     if key:
         changing.append(ops.secret_file(name=f"Router key {wu.ROUTER_KEY_FILE} (0600, root)",
                                         path=wu.ROUTER_KEY_FILE, content=key + "\n"))

@@ -125,3 +125,89 @@ def test_a_router_that_does_not_answer_does_not_stop_the_restart(tmp_path):
     assert "the router does not answer" in a.steps[0] and "restarting without" in a.steps[0]
     a.back_in_router()  # nothing to do: no second wait on a router that is down
     assert len(a.steps) == 1
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def _scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _series(text: str) -> dict[str, float]:
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+@pytest.fixture
+def served(tmp_path):
+    import socket
+
+    tool = _tool()
+    cfg = _cfg(tmp_path, 1, metrics_host="127.0.0.1", metrics_port=None,
+               gpu_health_file=str(tmp_path / "gpu-health.json"))
+    assert tool.metrics_server(cfg) is None  # null: nothing served
+    (tmp_path / "state").mkdir()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        cfg["metrics_port"] = s.getsockname()[1]
+    server = tool.metrics_server(cfg)
+    yield tool, cfg, server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_served_names_are_the_contract(served):
+    from sglang_deploy.core import metricnames
+
+    _, cfg, port = served
+    (Path(cfg["gpu_health_file"])).write_text(json.dumps({"verdict": "healthy", "findings": []}))
+    status, text = _scrape(port)
+    assert status == 200
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert declared == set(metricnames.WATCHDOG) == set(_series(text))
+    kinds = {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert {n: k for n, k in kinds.items()} == {
+        n: metricnames.WATCHDOG[n].split(":", 1)[0] for n in metricnames.WATCHDOG}
+    assert _scrape(port, "/other")[0] == 404
+
+
+def test_metrics_read_the_restarts_the_gpu_report_and_the_lock(served):
+    _, cfg, port = served
+    state = Path(cfg["state_dir"]) / "state.json"
+    state.write_text(json.dumps({"restarts_total": 3}))
+    Path(cfg["gpu_health_file"]).write_text(json.dumps(
+        {"verdict": "fatal", "findings": [{"severity": "fatal", "code": "gpu-lost"}]}))
+    got = _series(_scrape(port)[1])
+    assert got == {"sglang_deploy_watchdog_restarts_total": 3.0,
+                   "sglang_deploy_gpu_health_fatal": 1.0, "sglang_deploy_lock_held": 0.0}
+    Path(cfg["lock_file"]).parent.mkdir(exist_ok=True)
+    with open(cfg["lock_file"], "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert _series(_scrape(port)[1])["sglang_deploy_lock_held"] == 1.0
+    assert _series(_scrape(port)[1])["sglang_deploy_lock_held"] == 0.0
+
+
+@pytest.mark.parametrize("doc", [None, {"verdict": "unknown", "findings": []}])
+def test_an_unknown_gpu_health_is_no_sample_never_a_healthy_0(served, doc):
+    _, cfg, port = served
+    if doc is not None:
+        Path(cfg["gpu_health_file"]).write_text(json.dumps(doc))
+    status, text = _scrape(port)
+    assert status == 200 and "# TYPE sglang_deploy_gpu_health_fatal gauge" in text
+    assert "sglang_deploy_gpu_health_fatal" not in _series(text)
+
+
+def test_a_restart_counts_and_a_report_does_not(tmp_path, wedged):
+    tool = _tool()
+    cfg = _cfg(tmp_path, wedged, mode="report")
+    _ticks(tool, cfg, 3)
+    assert json.loads((tmp_path / "state" / "state.json").read_text())["restarts_total"] == 0

@@ -83,3 +83,20 @@ def test_managed_paths_are_the_files_it_ships():
 def test_bad_mode_is_a_data_error():
     with pytest.raises(datamod.DataError, match="watchdog"):
         settings(watchdog="sometimes")
+
+
+def test_metrics_are_bound_as_the_server_and_off_without_a_port():
+    assert wu.config(settings(), "h1")["metrics_port"] is None
+    doc = wu.config(settings(sglang_host="10.0.0.5", watchdog_metrics_port=9400), "h1")
+    assert (doc["metrics_host"], doc["metrics_port"]) == ("10.0.0.5", 9400)
+    assert wu.config(settings(sglang_host="127.0.0.1", watchdog_metrics_port=9400),
+                     "h1")["metrics_host"] == "127.0.0.1"
+    assert doc["gpu_health_file"] == wu.GPU_HEALTH_FILE in wu.managed_paths("/opt/sglang")
+
+
+def test_the_gpu_health_file_keeps_the_verdict_and_findings_only():
+    report = {"verdict": "fatal", "findings": [{"code": "gpu-lost", "severity": "fatal"}],
+              "notes": ["n"], "gpus": 8}
+    assert json.loads(wu.gpu_health_text(report)) == {"verdict": "fatal",
+                                                     "findings": report["findings"]}
+    assert json.loads(wu.gpu_health_text(None))["verdict"] == "unknown"
