@@ -96,7 +96,9 @@ def hosts_of(sel, cwd: str = ".", read=_read_release) -> tuple[list, dict[str, s
             ssh_address=ssh_address, release=reads[n][0], model=s.served_model_name,
             group=s.sglang_group, node_rank=g.rank_of(n) if g else None,
             worker_url=routing.worker_url(n, raw) if n in listed else None,
-            metrics_on=service.metrics_on(s), watchdog_port=s.watchdog_metrics_port))
+            metrics_on=service.metrics_on(s),
+            # the deploy installs no watchdog with `watchdog: off` nor on a group's nodes
+            watchdog_port=s.watchdog_metrics_port if s.watchdog != "off" and g is None else None))
     return out, {n: err for n, (_, err) in reads.items() if err}
 
 

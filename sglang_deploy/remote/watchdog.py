@@ -245,12 +245,26 @@ METRICS = {
     "sglang_deploy_watchdog_restarts_total":
         ("counter", "Restarts of the server the watchdog made on this host."),
     "sglang_deploy_gpu_health_fatal":
-        ("gauge", ("1 when the host's GPU health verdict (as the last deploy recorded it) "
-                   "is fatal, 0 when healthy or warning; absent when unknown.")),
+        ("gauge", ("1 when the host's GPU health (as the last deploy judged it) is fatal, "
+                   "0 when not; absent when nvidia-smi could not be read.")),
     "sglang_deploy_lock_held":
         ("gauge", ("1 while a deploy, rollout, rebuild or the watchdog's own restart holds "
                    "the host's deploy lock, else 0.")),
 }
+
+
+def gpu_fatal_value(report: dict) -> float | None:
+    """1: the report judges the host fatal; 0: it does not, and nvidia-smi was read; None
+    (no sample): no report, or nvidia-smi itself unread (``query-failed``, a field unreadable).
+    A kernel log an unprivileged container may not read (``unknown`` for that source only)
+    does not hide what nvidia-smi said."""
+    findings = [f for f in report.get("findings") or [] if isinstance(f, dict)]
+    if report.get("verdict") == "fatal" or any(f.get("severity") == "fatal" for f in findings):
+        return 1.0
+    if not report or report.get("verdict") in (None, "") or any(
+            f.get("severity") == "unknown" and f.get("source") == "nvidia-smi" for f in findings):
+        return None
+    return 0.0
 
 
 def metrics_text(cfg: dict) -> str:
@@ -259,9 +273,7 @@ def metrics_text(cfg: dict) -> str:
     saved = load_json(os.path.join(cfg["state_dir"], "state.json"), {}) or {}
     values: dict[str, float | None] = {
         "sglang_deploy_watchdog_restarts_total": float(saved.get("restarts_total") or 0)}
-    verdict = gpu_report(cfg).get("verdict")
-    values["sglang_deploy_gpu_health_fatal"] = (
-        1.0 if verdict == "fatal" else 0.0 if verdict in ("healthy", "warning") else None)
+    values["sglang_deploy_gpu_health_fatal"] = gpu_fatal_value(gpu_report(cfg))
     fh, owner = try_lock(cfg.get("lock_file", LOCK_FILE), claim=False)
     if fh is not None:
         fh.close()

@@ -2,7 +2,8 @@
 
 One serving host and the router host (`python -m testbed up --hosts 1 --router`; the router
 host is removed when the module ends), deployed with the router's metrics on the router's
-address (`router_prometheus_host=0.0.0.0`: they bind loopback by default). Then
+address (`router_prometheus_host=0.0.0.0`: they bind loopback by default), and the watchdog
+(`watchdog=report`) serving its metrics on `watchdog_metrics_port`. Then
 `sglang-deploy metrics-targets` writes the file_sd JSON, Debian's `prometheus` (started here
 on 127.0.0.1, with the shipped example configuration and alert rules) scrapes it, and the
 test asks Prometheus's own API: every target up, with its labels; every metric name of the
@@ -30,7 +31,10 @@ from sglang_deploy.core import metricnames
 from .helpers import BIN, REPO, run_testbed
 
 PYINFRA = str(BIN / "pyinfra")
-DATA = ["router_prometheus_host=0.0.0.0", "gpu_p2p_min_gbps=0.05"]
+#: the watchdog on (report: it acts on nothing here) with its metrics on WATCHDOG_PORT
+WATCHDOG_PORT = 9400
+DATA = ["router_prometheus_host=0.0.0.0", "gpu_p2p_min_gbps=0.05", "watchdog=report",
+        f"watchdog_metrics_port={WATCHDOG_PORT}"]
 #: deadline for Prometheus to see every target up (scrapes every second)
 UP_DEADLINE_S = 120
 
@@ -140,13 +144,14 @@ def _scraping(testbed, prometheus, tmp_path) -> tuple[str, dict, dict]:
     release = testbed.ssh(server["name"], "readlink /opt/sglang/current",
                           check=True).stdout.strip().rsplit("/", 1)[-1]
     assert sorted((g["targets"][0], g["labels"]["component"]) for g in groups) == sorted([
-        (f"{server['address']}:30000", "server"), (f"{router['address']}:29000", "router")])
+        (f"{server['address']}:30000", "server"), (f"{router['address']}:29000", "router"),
+        (f"{server['address']}:{WATCHDOG_PORT}", "watchdog")])
     srv = next(g["labels"] for g in groups if g["labels"]["component"] == "server")
     assert srv["release"] == release and srv["worker"] == _worker(server) and srv["model"]
     base = prometheus(targets)
-    active = _wait_all_up(base, want=2)
+    active = _wait_all_up(base, want=3)
     assert {t["labels"]["component"]: t["labels"]["host"] for t in active} == {
-        "server": server["name"], "router": router["name"]}
+        "server": server["name"], "router": router["name"], "watchdog": server["name"]}
     return base, server, router
 
 
@@ -176,16 +181,22 @@ def test_prometheus_scrapes_every_target_of_metrics_targets(routed_one, promethe
         assert resp.status == 200
     base, server, _ = _scraping(routed_one, prometheus, tmp_path)
 
-    # every SGLang and SMG name of the dashboard and the rules is in what was scraped (the
-    # watchdog's come from the watchdog, not deployed here)
-    used = {u.name for u in metricnames.shipped_uses()
-            if not u.name.startswith(metricnames.WATCHDOG_PREFIX)}
+    # every name of the dashboard and the rules is in what was scraped: SGLang's, SMG's and
+    # the watchdog's
+    used = {u.name for u in metricnames.shipped_uses()}
+    assert used & set(metricnames.WATCHDOG) == set(metricnames.WATCHDOG)
 
     def scraped():
         missing = used - set(_api(base, "/api/v1/label/__name__/values"))
         return not missing, sorted(missing)
 
-    _poll("every SGLang and SMG name of the dashboard and rules scraped", scraped)
+    _poll("every SGLang, SMG and watchdog name of the dashboard and rules scraped", scraped)
+    # the watchdog's values, labelled with the server's host (the rules join on(host))
+    got = {x["metric"]["__name__"]: (x["metric"]["host"], x["value"][1]) for x in _query(
+        base, '{component="watchdog"}') if x["metric"]["__name__"] in metricnames.WATCHDOG}
+    assert got == {"sglang_deploy_watchdog_restarts_total": (server["name"], "0"),
+                   "sglang_deploy_gpu_health_fatal": (server["name"], "0"),
+                   "sglang_deploy_lock_held": (server["name"], "0")}, got
 
     # the router's view of the worker joins the server's `worker` label, healthy
     joined = _query(base, IN_ROUTER)

@@ -90,7 +90,8 @@ _base = {"ssh_port": 9, "sglang_model_path": "/srv/models/m", "sglang_lock": "lo
          "router_host": "0.0.0.0", "router_api_key_env": "MT_ROUTER_KEY"}
 gpu_hosts = ([("gpu1", {**_base, "ssh_hostname": "10.9.0.11"}),
               ("gpu2", {**_base, "ssh_hostname": "10.9.0.12",
-                        "sglang_flags": {"tp-size": 8, "enable-metrics": False}})], {})
+                        "sglang_flags": {"tp-size": 8, "enable-metrics": False},
+                        "watchdog": "off"})], {})
 routers = ([("rt", {**_base, "ssh_hostname": "10.9.0.10", "router_prometheus_host": "0.0.0.0"})],
            {})
 '''
@@ -135,7 +136,7 @@ def test_the_inventory_becomes_targets_with_one_parallel_read_per_host(project):
         "model": "glm-5", "worker": "http://10.9.0.11:30000"}}
     assert by["gpu1", "watchdog"]["targets"] == ["10.9.0.11:9400"]
     assert ("gpu2", "server") not in by and [lo.host for lo in left] == ["gpu2"]
-    assert by["gpu2", "watchdog"]["labels"]["release"] == "unknown"
+    assert ("gpu2", "watchdog") not in by  # `watchdog: off`: no watchdog serves there
     assert by["rt", "router"] == {"targets": ["10.9.0.10:29000"], "labels": {
         "component": "router", "host": "rt", "release": "smgrel"}}
 

@@ -196,7 +196,13 @@ def test_metrics_read_the_restarts_the_gpu_report_and_the_lock(served):
     assert _series(_scrape(port)[1])["sglang_deploy_lock_held"] == 0.0
 
 
-@pytest.mark.parametrize("doc", [None, {"verdict": "unknown", "findings": []}])
+QUERY_FAILED = {"code": "query-failed", "source": "nvidia-smi", "severity": "unknown"}
+KERNEL_UNREADABLE = {"code": "kernel-log-unreadable", "source": "kernel-log", "severity": "unknown"}
+
+
+@pytest.mark.parametrize("doc", [None, {"verdict": "unknown", "findings": [QUERY_FAILED]},
+                                 {"verdict": "unknown", "findings": [QUERY_FAILED, KERNEL_UNREADABLE]},
+                                 {}])
 def test_an_unknown_gpu_health_is_no_sample_never_a_healthy_0(served, doc):
     _, cfg, port = served
     if doc is not None:
@@ -211,3 +217,16 @@ def test_a_restart_counts_and_a_report_does_not(tmp_path, wedged):
     cfg = _cfg(tmp_path, wedged, mode="report")
     _ticks(tool, cfg, 3)
     assert json.loads((tmp_path / "state" / "state.json").read_text())["restarts_total"] == 0
+
+
+@pytest.mark.parametrize(("doc", "want"), [
+    ({"verdict": "unknown", "findings": [KERNEL_UNREADABLE]}, 0.0),  # an LXC guest's dmesg
+    ({"verdict": "warning", "findings": [{"code": "remap-pending", "source": "nvidia-smi",
+                                          "severity": "warning"}]}, 0.0),
+    ({"verdict": "unknown", "findings": [KERNEL_UNREADABLE, {
+        "code": "gpu-lost", "source": "nvidia-smi", "severity": "fatal"}]}, 1.0),
+])
+def test_the_gpu_gauge_says_what_nvidia_smi_said(served, doc, want):
+    _, cfg, port = served
+    Path(cfg["gpu_health_file"]).write_text(json.dumps(doc))
+    assert _series(_scrape(port)[1])["sglang_deploy_gpu_health_fatal"] == want
