@@ -5,7 +5,9 @@ One SSH session to HOST (``shell.hostshell``: the deploy's own SSH settings from
 inventory, plus ~/.ssh/config and the agent), running ``journalctl -u UNIT``. With
 ``--follow`` the journal streams until Ctrl-C, across restarts of the service. With
 ``--explain`` the journal since the service's last start is analysed as `explain-log` does
-(``core.logs.explain``: phases, outcome, the cause and its fix). Read-only.
+(``core.logs.explain``: phases, outcome, the cause and its fix), and a restart the watchdog
+made around that run is named (``watchdog_restart``: its events file, read in the same
+SSH command). Read-only.
 """
 
 from __future__ import annotations
@@ -60,16 +62,23 @@ def run(args) -> int:
             raise hostshell.HostShellError(what="--explain or --follow", found="both",
                                            fix="analyse the last start (--explain) or stream "
                                                "the journal (--follow), one at a time")
-        journal = hostshell.journal_since_last_start(args.inventory, args.host)
+        from sglang_deploy.core import watchdog as wj
+
+        last = hostshell.last_start(args.inventory, args.host)
+        journal = last.journal
         result = explain(journal.splitlines(), year=datetime.now().year)
         if result.get("worker"):  # a group's node of rank >= 1: named with its group
             _, data = hostshell.target(args.inventory, args.host)
             result = explain(journal.splitlines(), year=datetime.now().year,
                              group=hostshell.setting(data, "sglang_group"))
+        # the watchdog's restart around this run (its events file, read in the same round trip)
+        result["watchdog_restart"] = wj.restart_of(list(last.watchdog_events), last.invocation)
         if args.json:
             print(json.dumps(result, indent=2, ensure_ascii=False))
         else:
-            sys.stdout.write(render_text(result))
+            text = render_text(result)
+            line = wj.restart_line(result["watchdog_restart"])
+            sys.stdout.write(text + (f"watchdog:    {line}\n" if line else ""))
         return explain_log.EXIT[result["outcome"]]
     target, data = hostshell.target(args.inventory, args.host)
     unit = f"{hostshell.setting(data, 'sglang_service')}.service"

@@ -10,6 +10,7 @@ inventory leaves unset, ``~/.ssh/config`` and the SSH agent provide, as fabric d
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -131,23 +132,61 @@ def journal_command(unit: str, lines: int, follow: bool) -> str:
 NO_INVOCATION = 3
 
 
-def journal_since_last_start_command(unit: str) -> str:
+#: the lines ``journal_since_last_start_command`` prints before the journal when it is asked
+#: for the watchdog's events too (a journal line never starts so: short-iso starts with a date)
+SIDE_MARK = "#sglang-deploy "
+#: the watchdog's last events it prints (the events file keeps 500)
+WATCHDOG_EVENTS_TAIL = 50
+
+
+def journal_since_last_start_command(unit: str, watchdog_events: str | None = None) -> str:
     """The unit's journal from its last start: its lines and systemd's lines about it.
 
     ``journalctl --invocation=0`` does this from systemd 257 on; this is its equivalent for
     older hosts (Debian 12 has systemd 252): the last start's invocation id, the cursor of
     systemd's first message with that id, then ``-u UNIT`` from that cursor.
+
+    WATCHDOG_EVENTS (the watchdog's ``events.jsonl``): first, in the same round trip, the
+    invocation id and the file's last events, each line starting with ``SIDE_MARK``
+    (``split_side_lines`` takes them apart); nothing when the file is absent.
     """
     q = shlex.quote(unit)
+    side = ""
+    if watchdog_events:
+        w = shlex.quote(watchdog_events)
+        side = (f'printf "{SIDE_MARK}invocation %s\\n" "$id"; '
+                f"if [ -r {w} ]; then tail -n {WATCHDOG_EVENTS_TAIL} {w} | "
+                f"sed 's/^/{SIDE_MARK}watchdog /'; fi; ")
     return (
         f"id=$(systemctl show -p InvocationID --value {q}) && "
         f'[ -n "$id" ] || {{ echo "{unit} has not been started since the host booted" >&2; '
-        f"exit {NO_INVOCATION}; }}; "
+        f"exit {NO_INVOCATION}; }}; " + side +
         'cursor=$(journalctl --no-pager -q -r -o cat --show-cursor _PID=1 "INVOCATION_ID=$id" '
         "| sed -n 's/^-- cursor: //p' | tail -n 1); "
         f'if [ -n "$cursor" ]; then exec journalctl -u {q} --no-pager -o short-iso --cursor="$cursor"; '
         f'else exec journalctl --no-pager -o short-iso "_SYSTEMD_INVOCATION_ID=$id"; fi'
     )
+
+
+def split_side_lines(text: str) -> tuple[str, str, list[dict]]:
+    """(journal, invocation id, watchdog events) of ``journal_since_last_start_command``'s
+    output with WATCHDOG_EVENTS (an event line that is no JSON object is skipped)."""
+    journal, invocation, events = [], "", []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith(SIDE_MARK):
+            journal.append(line)
+            continue
+        kind, _, rest = line[len(SIDE_MARK):].rstrip("\n").partition(" ")
+        if kind == "invocation":
+            invocation = rest.strip()
+        elif kind == "watchdog":
+            try:
+                doc = json.loads(rest)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                events.append(doc)
+    return "".join(journal), invocation, events
 
 
 def cache_archive_command(cache_dir: str) -> str:

@@ -284,3 +284,36 @@ def status_doc(raw: dict | None) -> dict | None:
     text += f"; {restarts} restart(s) in the last hour"
     return {"unit": unit, "verdict": st.get("verdict"), "observed_at": st.get("at"),
             "last_event": last, "restarts_last_hour": restarts, "text": text}
+
+
+def restart_of(events: list[dict], invocation: str) -> dict | None:
+    """The watchdog's restart that concerns the server's run INVOCATION (its last start), from
+    the host's events (oldest first): the restart that STARTED it (the event's
+    ``new_invocation``), else the one that ENDED it (the wedged run was this one, and no new
+    run followed). None: the watchdog did not restart around this run."""
+    if not invocation:
+        return None
+    for e in reversed(events):
+        if not isinstance(e, dict) or e.get("action") != "restart":
+            continue
+        if e.get("new_invocation") == invocation:
+            relation = "started"
+        elif e.get("invocation") == invocation:
+            relation = "ended"
+        else:
+            continue
+        return {"relation": relation, "at": e.get("at_iso"), "verdict": e.get("verdict"),
+                "evidence": list(e.get("evidence") or []), "outcome": e.get("outcome"),
+                "wedged_invocation": e.get("invocation"), "new_invocation": e.get("new_invocation")}
+    return None
+
+
+def restart_line(restart: dict | None) -> str | None:
+    """``restart_of``'s finding for a person (``logs --explain``), or None."""
+    if not restart:
+        return None
+    what = ("this run was started by the watchdog's restart" if restart["relation"] == "started"
+            else "the watchdog restarted this run")
+    ev = "; ".join(restart.get("evidence") or [])
+    return (f"{what} at {restart.get('at') or '?'} ({restart.get('verdict')}"
+            + (f": {ev}" if ev else "") + f"); outcome: {restart.get('outcome') or '?'}")

@@ -487,6 +487,7 @@ def act(cfg: dict, wcfg: wj.Config, key: str | None, invocation: str) -> dict:
         return {"action": "report", "outcome": f"not restarted: the deploy lock is held ({owner})"}
     a = Acting(cfg, wcfg, key)
     t0 = time.time()
+    new = ""
     try:
         a.out_of_router()
         a.restart(invocation)
@@ -496,13 +497,16 @@ def act(cfg: dict, wcfg: wj.Config, key: str | None, invocation: str) -> dict:
         outcome = f"restarted and verified in {time.time() - t0:.1f}s"
     except RuntimeError as exc:
         outcome = f"restart FAILED after {time.time() - t0:.1f}s: {exc}"
+        after = unit_show(cfg["service"]).get("InvocationID", "")
+        new = after if after != invocation else ""
     finally:
         try:
             os.unlink(os.path.join(os.path.dirname(lock_file), "owner.json"))
         except OSError:
             pass
         fh.close()
-    return {"outcome": outcome, "steps": a.steps, "took_s": round(time.time() - t0, 3)}
+    return {"outcome": outcome, "steps": a.steps, "took_s": round(time.time() - t0, 3),
+            "new_invocation": new}
 
 
 def append_event(path: str, event: dict) -> None:

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -34,6 +35,7 @@ from sglang_deploy.core.sshtarget import (
     HostShellError,
     SshTarget,
     journal_since_last_start_command,
+    split_side_lines,
     target_from_data,
 )
 from sglang_deploy.shell import runner
@@ -316,10 +318,28 @@ def run(cxn, command: str, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str, st
 def journal_since_last_start(inventory: str, host: str, cwd: str = ".") -> str:
     """The service's journal on HOST from its last start (systemd's lines about it included),
     as ``journalctl -o short-iso`` text. Raises HostShellError when it cannot be read."""
+    return last_start(inventory, host, cwd).journal
+
+
+@dataclass(frozen=True)
+class LastStart:
+    """The service's last start on a host: its journal (``journal_since_last_start``), its
+    invocation id and the watchdog's last events (``core.watchdog.restart_of`` reads them)."""
+
+    journal: str
+    invocation: str = ""
+    watchdog_events: tuple = ()
+
+
+def last_start(inventory: str, host: str, cwd: str = ".") -> LastStart:
+    """The journal since the last start and the watchdog's events, in one round trip."""
+    from sglang_deploy.core import watchdogunit
+
     t, data = target(inventory, host, cwd)
     unit = f"{setting(data, 'sglang_service')}.service"
     with connect(t) as cxn:
-        status, text, err = run(cxn, journal_since_last_start_command(unit))
+        status, text, err = run(cxn, journal_since_last_start_command(
+            unit, watchdog_events=f"{watchdogunit.STATE_DIR}/events.jsonl"))
     if status == NO_INVOCATION:
         raise HostShellError(what=f"a run of {unit} on {host}", found=err.strip(),
                              fix=f"deploy the host (`pyinfra {inventory} deploy.py --limit {host}`)")
@@ -328,4 +348,5 @@ def journal_since_last_start(inventory: str, host: str, cwd: str = ".") -> str:
                              found=f"journalctl exited {status}: {err.strip()[-300:]}",
                              fix="check that the SSH user may read the system journal "
                                  "(root or the systemd-journal group)")
-    return text
+    journal, invocation, events = split_side_lines(text)
+    return LastStart(journal=journal, invocation=invocation, watchdog_events=tuple(events))

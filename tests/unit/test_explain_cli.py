@@ -127,10 +127,41 @@ def test_help_lists_the_verdict_exit_statuses(command):
 @pytest.mark.parametrize("path, outcome, rc", [(READY, "ready", 0), (FAILED, "failed", 1),
                                                (INCOMPLETE, "incomplete", 4)])
 def test_logs_explain_exits_as_explain_log_does(monkeypatch, capsys, path, outcome, rc):
-    monkeypatch.setattr(hostshell, "journal_since_last_start",
-                        lambda inventory, host: path.read_text())
+    monkeypatch.setattr(hostshell, "last_start",
+                        lambda inventory, host: hostshell.LastStart(path.read_text()))
     assert cli.main(["logs", "inv.py", "gpu-1", "--explain", "--json"]) == rc
-    assert json.loads(capsys.readouterr().out)["outcome"] == outcome
+    result = json.loads(capsys.readouterr().out)
+    assert result["outcome"] == outcome and result["watchdog_restart"] is None
+
+
+WEDGE = {"at": 1.0, "at_iso": "2026-12-05T19:00:00Z", "host": "gpu-1", "verdict": "wedged",
+         "evidence": ["1-token generation failed 3 time(s) in a row since 30s ago"],
+         "action": "restart", "reason": "wedged", "invocation": "inv-old",
+         "new_invocation": "inv-new", "outcome": "restarted and verified in 12.0s"}
+
+
+@pytest.mark.parametrize("invocation, relation", [("inv-new", "started"), ("inv-old", "ended"),
+                                                  ("inv-other", None)])
+def test_logs_explain_names_the_watchdogs_restart_of_this_run(monkeypatch, capsys, invocation,
+                                                               relation):
+    report = {**WEDGE, "action": "report", "new_invocation": invocation, "invocation": invocation}
+    monkeypatch.setattr(hostshell, "last_start", lambda inventory, host: hostshell.LastStart(
+        READY.read_text(), invocation, (WEDGE, report)))
+    assert cli.main(["logs", "inv.py", "gpu-1", "--explain", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["watchdog_restart"]
+    if relation is None:  # a restart of another run, and a report (no restart) of this one
+        assert got is None
+    else:
+        assert got["relation"] == relation and got["at"] == WEDGE["at_iso"]
+        assert got["evidence"] == WEDGE["evidence"] and got["outcome"] == WEDGE["outcome"]
+    assert cli.main(["logs", "inv.py", "gpu-1", "--explain"]) == 0
+    text = capsys.readouterr().out
+    if relation == "started":
+        assert ("watchdog:    this run was started by the watchdog's restart at "
+                "2026-12-05T19:00:00Z (wedged: 1-token generation failed 3 time(s)") in text
+        assert "outcome: restarted and verified in 12.0s" in text
+    else:
+        assert ("watchdog:    the watchdog restarted this run" in text) == (relation == "ended")
 
 
 # ---------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ def test_explain_log_calls_a_started_worker_ready_with_its_rank(capsys):
 
 def test_logs_explain_names_the_workers_group(monkeypatch, capsys):
     journal = "".join(PREFIX + line + "\n" for line in NODE1.read_text().splitlines())
-    monkeypatch.setattr(hostshell, "journal_since_last_start", lambda inventory, host: journal)
+    monkeypatch.setattr(hostshell, "last_start",
+                        lambda inventory, host: hostshell.LastStart(journal))
     monkeypatch.setattr(hostshell, "target",
                         lambda inventory, host: (None, {"sglang_group": "tbg1"}))
     assert cli.main(["logs", "inventory/testbed.py", "tb2", "--explain", "--json"]) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tarfile
@@ -111,6 +112,22 @@ def test_journal_since_last_start_without_systemds_message_uses_the_invocation_f
     assert r.returncode == 0, r
     assert Path(env["LOG"]).read_text().splitlines()[-1] == \
         "journalctl --no-pager -o short-iso _SYSTEMD_INVOCATION_ID=abc123"
+
+
+def test_the_watchdogs_events_come_in_the_same_round_trip(tmp_path):
+    env = _fake_bin(tmp_path, "abc123", "-- cursor: s=1;i=2\\n")
+    events = tmp_path / "events dir" / "events.jsonl"
+    events.parent.mkdir()
+    ev = {"action": "restart", "invocation": "old", "new_invocation": "abc123"}
+    events.write_text(json.dumps({"action": "report"}) + "\nnot json\n" + json.dumps(ev) + "\n")
+    r = _run_script(sshtarget.journal_since_last_start_command("sglang.service", str(events)), env)
+    assert r.returncode == 0, r
+    journal, invocation, got = sshtarget.split_side_lines(r.stdout)
+    assert (journal, invocation, got) == ("LINES\n", "abc123", [{"action": "report"}, ev])
+    # no events file (no watchdog ever ran): the journal and the invocation only
+    events.unlink()
+    r = _run_script(sshtarget.journal_since_last_start_command("sglang.service", str(events)), env)
+    assert r.returncode == 0 and sshtarget.split_side_lines(r.stdout) == ("LINES\n", "abc123", [])
 
 
 def test_journal_since_last_start_of_a_never_started_unit(tmp_path):
