@@ -33,7 +33,8 @@ ROUTER_KEY_FILE = f"{service.SECRETS_DIR}/watchdog-router.key"
 LOCK_DIR = "/run/sglang-deploy"
 LOCK_FILE = f"{LOCK_DIR}/lock"
 #: the tools (ROOT/tools/NAME) and their source in this package (``remote/``, ``core/``)
-TOOLS = (("watchdog.py", "remote/watchdog.py"), ("watchdog_judge.py", "core/watchdog.py"))
+TOOLS = (("watchdog.py", "remote/watchdog.py"), ("watchdog_judge.py", "core/watchdog.py"),
+         ("watchdog_metrics.py", "remote/watchdog_metrics.py"))
 #: data keys -> the watchdog's ``core.watchdog.Config`` fields
 CONFIG_KEYS = {"watchdog": "mode", "watchdog_interval_s": "interval_s",
                "watchdog_probe_timeout_s": "probe_timeout_s",

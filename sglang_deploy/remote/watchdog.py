@@ -16,9 +16,8 @@ acts finds the lock busy with this process named as its owner.
 
 Every event is one JSON line in ``STATE_DIR/events.jsonl`` (verdict, evidence, action,
 outcome); ``STATE_DIR/state.json`` keeps the judgement across restarts of the watchdog.
-With ``metrics_port`` set, ``run`` also serves ``/metrics`` (Prometheus text format) on
-``metrics_host`` (the server's bind): its restarts, the host's GPU health verdict as the last
-deploy recorded it (``gpu_health_file``) and whether the deploy lock is held (``METRICS``).
+With ``metrics_port`` set, ``run`` also serves ``/metrics`` (``watchdog_metrics.py``, shipped
+beside this file).
 
 Secrets come from systemd credentials (``$CREDENTIALS_DIRECTORY``): ``server-secrets`` (the
 server's secrets.env, for SGLANG_API_KEY) and ``router-key``; never argv, env or logs.
@@ -34,11 +33,9 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -48,6 +45,7 @@ try:  # on the host: core/watchdog.py shipped beside this file as watchdog_judge
     import watchdog_judge as wj
 except ImportError:  # in the repository (tests)
     from sglang_deploy.core import watchdog as wj
+from watchdog_metrics import gpu_report, metrics_server  # beside this file, as above
 
 LOCK_FILE = "/run/sglang-deploy/lock"
 EVENTS_KEEP = 500
@@ -222,104 +220,12 @@ def verified_invocation(cfg: dict) -> str | None:
     return (load_json(cfg["last_verified"], {}) or {}).get("invocation")
 
 
-def gpu_report(cfg: dict) -> dict:
-    """The host's GPU health report as the last deploy recorded it (``core.gpuhealth``'s
-    ``Report.to_dict``: ``verdict``, ``findings``); {} when there is none."""
-    doc = load_json(cfg.get("gpu_health_file") or "", {})
-    return doc if isinstance(doc, dict) else {}
-
-
 def gpu_fatal(cfg: dict) -> str:
     """The latest GPU health finding judged fatal, as the deploy recorded it (empty: none)."""
     doc = gpu_report(cfg)
     fatal = [f.get("summary") or f.get("what") or str(f) for f in doc.get("findings", [])
              if isinstance(f, dict) and f.get("severity") == "fatal"]
     return "; ".join(fatal)
-
-
-# ------------------------------------------------------------------ metrics
-
-#: what ``/metrics`` serves: name -> (type, help). The contract is the controller's
-#: ``core/metricnames.WATCHDOG`` (a unit test holds the two equal).
-METRICS = {
-    "sglang_deploy_watchdog_restarts_total":
-        ("counter", "Restarts of the server the watchdog made on this host."),
-    "sglang_deploy_gpu_health_fatal":
-        ("gauge", ("1 when the host's GPU health (as the last deploy judged it) is fatal, "
-                   "0 when not; absent when nvidia-smi could not be read.")),
-    "sglang_deploy_lock_held":
-        ("gauge", ("1 while a deploy, rollout, rebuild or the watchdog's own restart holds "
-                   "the host's deploy lock, else 0.")),
-}
-
-
-def gpu_fatal_value(report: dict) -> float | None:
-    """1: the report judges the host fatal; 0: it does not, and nvidia-smi was read; None
-    (no sample): no report, or nvidia-smi itself unread (``query-failed``, a field unreadable).
-    A kernel log an unprivileged container may not read (``unknown`` for that source only)
-    does not hide what nvidia-smi said."""
-    findings = [f for f in report.get("findings") or [] if isinstance(f, dict)]
-    if report.get("verdict") == "fatal" or any(f.get("severity") == "fatal" for f in findings):
-        return 1.0
-    if not report or report.get("verdict") in (None, "") or any(
-            f.get("severity") == "unknown" and f.get("source") == "nvidia-smi" for f in findings):
-        return None
-    return 0.0
-
-
-def metrics_text(cfg: dict) -> str:
-    """The watchdog's metrics now, read at each scrape (state.json, the GPU report, the lock):
-    a sample left out is one the watchdog cannot read (never a healthy 0)."""
-    saved = load_json(os.path.join(cfg["state_dir"], "state.json"), {}) or {}
-    values: dict[str, float | None] = {
-        "sglang_deploy_watchdog_restarts_total": float(saved.get("restarts_total") or 0)}
-    values["sglang_deploy_gpu_health_fatal"] = gpu_fatal_value(gpu_report(cfg))
-    fh, owner = try_lock(cfg.get("lock_file", LOCK_FILE), claim=False)
-    if fh is not None:
-        fh.close()
-    values["sglang_deploy_lock_held"] = (0.0 if fh is not None else
-                                         None if owner.startswith("cannot open") else 1.0)
-    lines = []
-    for name, (kind, text) in METRICS.items():
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        if values.get(name) is not None:
-            lines.append(f"{name} {values[name]:g}")
-    return "\n".join(lines) + "\n"
-
-
-def metrics_server(cfg: dict) -> ThreadingHTTPServer | None:
-    """``/metrics`` on ``metrics_host``:``metrics_port``, served from a daemon thread (None
-    when ``metrics_port`` is null)."""
-    port = cfg.get("metrics_port")
-    if not port:
-        return None
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # scrapes are not news
-            pass
-
-        def do_GET(self):
-            if self.path.split("?", 1)[0] != "/metrics":
-                body, status, ctype = b"not found: GET /metrics\n", 404, "text/plain"
-            else:
-                try:
-                    body, status = metrics_text(cfg).encode(), 200
-                except OSError as exc:
-                    body, status = f"cannot read the state: {exc}\n".encode(), 500
-                ctype = "text/plain; version=0.0.4; charset=utf-8"
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    host = cfg.get("metrics_host") or "127.0.0.1"
-    cls = type("Server", (ThreadingHTTPServer,), {
-        "daemon_threads": True,
-        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
-    srv = cls((host, int(port)), Handler)
-    threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
-    return srv
 
 
 # ------------------------------------------------------------------ acting
