@@ -10,6 +10,7 @@ interpreter."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -113,11 +114,21 @@ def diagram_paths(block: str) -> list[str]:
 FOREIGN = {"server_args.py"}  # sglang's
 
 
+def repo_py_names() -> set[str]:
+    """The names of the repository's .py files, its hidden folders (.venv, .git, a testbed's
+    state with its containers' root file systems, changing while a testbed runs) left out."""
+    found = set()
+    for folder, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        found.update(f for f in files if f.endswith(".py"))
+    return found
+
+
 def tree_paths(block: str) -> list[str]:
     """The names in the tree's first column, each under the folder its indentation puts it
     in; and every `name.py` of the right-hand column, somewhere in the repository."""
     missing, folders = [], {}  # indentation -> the folder open at it
-    everywhere = {p.name for p in REPO.rglob("*.py") if ".venv" not in p.parts}
+    everywhere = repo_py_names()
     for line in block.splitlines():
         column, rest = line[:26], line[26:]
         if column.strip():
