@@ -61,6 +61,12 @@ class ServiceState:
                    n_restarts=_text(show.get("NRestarts")), show=show)
 
     @property
+    def need_daemon_reload(self) -> bool:
+        """systemd's ``NeedDaemonReload=yes``: the unit file on disk is not the one it runs
+        (a run wrote it and ended before its daemon-reload)."""
+        return self.show.get("NeedDaemonReload") == "yes"
+
+    @property
     def serving(self) -> bool:
         """``active/running``: the server's process runs (the probe plan's and rollback's
         "serving"; whether it answers HTTP is the verifier's question)."""

@@ -78,6 +78,7 @@ class Facts:
     unverified: bool = False              # it runs an invocation no deploy verified
     current: str | None = None            # the release ``current`` links to
     exec_start: str | None = None         # the loaded unit's ExecStart (``systemctl show``)
+    stale_load: bool = False              # the unit file on disk is not the loaded one
 
     @classmethod
     def of(cls, hs: HostState, unit_file: str) -> Facts:
@@ -88,7 +89,8 @@ class Facts:
                    secrets_sha256=hs.secrets_sha256, active=svc.unit_active, up=svc.up,
                    serving=svc.serving, started=svc.started,
                    unverified=bool(svc.invocation_id) and not hs.runs_verified,
-                   current=hs.releases.current, exec_start=svc.show.get("ExecStart") or None)
+                   current=hs.releases.current, exec_start=svc.show.get("ExecStart") or None,
+                   stale_load=svc.need_daemon_reload)
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,10 @@ def own_reasons(facts: Facts, wanted: Wanted) -> tuple[Reason, ...]:
     reasons = []
     if sha256_text(wanted.unit_text) != facts.unit_sha256:
         reasons.append(Reason("unit", _unit_text(facts, wanted, "release" in wanted.changing)))
+    elif facts.stale_load and facts.active:  # written by a run that ended before its reload
+        reasons.append(Reason("unit", _unit_text(facts, wanted, "release" in wanted.changing)
+                              .replace("unit changed", "the unit file written")
+                              + " (not loaded by systemd yet: daemon-reload pending)"))
     if sha256_text(wanted.secrets_text) != facts.secrets_sha256:
         reasons.append(Reason("secrets", "secrets changed" if facts.secrets_sha256
                               else "secrets new"))
@@ -257,6 +263,8 @@ def decide(facts: Facts, wanted: Wanted, *, serves: bool | None = None,
                 reasons.append(Reason(UNVERIFIED, "running, never verified, not serving"))
         elif not own:
             action = VERIFY
+    if facts.stale_load and facts.active and not group:
+        action = RESTART  # no operation of this run changes the unit: the restart is due as is
     return Decision(reasons=tuple(reasons), start=not facts.active and not group,
                     action=action, copies_skipped=wanted.p2p_skipped)
 

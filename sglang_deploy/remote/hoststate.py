@@ -41,7 +41,7 @@ from pagecache import RESIDENCY_WINDOW, meminfo, mmap_page_size, resident_bytes,
 #: ``ExecStart``: the unit's command; ``core.restart`` compares its flags with the new unit's
 SHOW_PROPS = ("ActiveState", "SubState", "Result", "InvocationID", "MainPID", "ExecMainCode",
               "ExecMainStatus", "NRestarts", "ActiveEnterTimestampMonotonic", "UnitFileState",
-              "LoadState", "FragmentPath", "ExecStart")
+              "LoadState", "FragmentPath", "ExecStart", "NeedDaemonReload")
 
 
 def entries(folder: str, pattern: str = "*") -> list[str]:

@@ -232,7 +232,9 @@ def enabled_and_started(service: str, unit, svc: ServiceState, start: bool = Tru
     show`` state from the host-state read. Returns the start operation (None: not START)."""
     service_enabled(name=f"Enable {service}", service=service,
                     unit_file_state=svc.unit_file_state)
-    if unit.will_change:
+    if svc.need_daemon_reload:  # a unit file an earlier run wrote and never loaded
+        daemon_reload(name="systemd daemon-reload (the unit file on disk is not loaded)")
+    elif unit.will_change:
         daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
     if not start:
         return None

@@ -184,3 +184,30 @@ def test_verbose_prints_the_decision_before_the_restart(caplog):
         restarts.say("flags changed: tp-size 8 -> 4", True)
         restarts.say("", False)
     assert caplog.text.count("restart: flags changed: tp-size 8 -> 4") == 1
+
+
+def test_a_unit_file_written_but_never_loaded_restarts_the_server_after_a_reload():
+    """An earlier run wrote the unit and ended before its daemon-reload (systemd's
+    NeedDaemonReload=yes): the file on disk equals this run's, yet the server runs the old
+    command; it is restarted (no operation of this run changes the unit to trigger it)."""
+    import dataclasses
+
+    stale = dataclasses.replace(SERVING, stale_load=True)
+    wanted = Wanted(UNIT, SECRETS, OLD, argv=_argv(OLD, 8, "--host", "10.0.0.3"))
+    d = restart.decide(stale, wanted)
+    assert d.names == ["unit"] and d.action == restart.RESTART
+    assert d.why() == ("flags changed: +host 10.0.0.3 (not loaded by systemd yet: "
+                       "daemon-reload pending)")
+    # the same host without the pending reload: converged, nothing
+    assert restart.decide(SERVING, Wanted(UNIT, SECRETS, OLD, argv=_argv(OLD, 8))).reasons == ()
+    # a stopped unit is started (after the reload), not restarted
+    stopped = dataclasses.replace(stale, active=False, up=False, serving=False, started=False)
+    d = restart.decide(stopped, wanted)
+    assert d.start and d.action == restart.NONE and d.names == ["not running"]
+
+
+def test_the_pending_reload_is_read_from_systemctl_show():
+    hs = HostState.from_json({"service": {"ActiveState": "active", "NeedDaemonReload": "yes"}})
+    assert hs.service.need_daemon_reload
+    assert not HostState.from_json({"service": {"ActiveState": "active",
+                                                "NeedDaemonReload": "no"}}).service.need_daemon_reload
