@@ -137,7 +137,10 @@ def _scraping(testbed, prometheus, tmp_path) -> tuple[str, dict, dict]:
     router = next(h for h in st["hosts"] if h.get("role") == "router")
     targets = tmp_path / "sglang-targets.json"
     r = subprocess.run([str(BIN / "sglang-deploy"), "metrics-targets", str(testbed.inventory),
-                        "--out", str(targets), *_data_args()],
+                        "--out", str(targets), *_data_args(),
+                        # the server and the router this test scrapes (the suite's testbed
+                        # may hold more servers: metrics-targets' unit tests cover several)
+                        "--limit", server["name"], "--limit", router["name"]],
                        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     groups = json.loads(targets.read_text())
