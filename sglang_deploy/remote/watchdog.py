@@ -45,7 +45,7 @@ try:  # on the host: core/watchdog.py shipped beside this file as watchdog_judge
     import watchdog_judge as wj
 except ImportError:  # in the repository (tests)
     from sglang_deploy.core import watchdog as wj
-from watchdog_metrics import gpu_report, metrics_server  # beside this file, as above
+from watchdog_metrics import gpu_report, load_json, metrics_server  # beside this file, as above
 
 LOCK_FILE = "/run/sglang-deploy/lock"
 EVENTS_KEEP = 500
@@ -101,14 +101,6 @@ def secret(name: str, var: str | None = None) -> str | None:
                 return re.sub(r"\\(.)", r"\1", v[1:-1])
             return v
     return None
-
-
-def load_json(path: str, default=None):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return default
 
 
 def write_json(path: str, doc) -> None:

@@ -106,10 +106,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
                                settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
         except errors.DataError as exc:
-            locate(exc, each.data.dict().get(yamldata.SOURCES_KEY) or {})
-            if not exc.what.startswith(f"[{each.name}] "):
-                exc.what = f"[{each.name}] {exc.what}"
-            outcomes.failed(each.name, exc, "data")
+            data_failed(each, exc)
             raise
         resolved[each.name] = settings
     return resolved
@@ -362,6 +359,15 @@ def lxc_host_run(params: dict | None = None) -> bool:
     return any(Path(str(op)).name == LXC_HOST_DEPLOY for op in ops)
 
 
+def data_failed(each, exc: errors.DataError) -> None:
+    """EXC, a bad value of host EACH's data: its YAML file and line where known, the host's
+    name in front, recorded as the host's failed outcome (the caller raises it)."""
+    locate(exc, each.data.dict().get(yamldata.SOURCES_KEY) or {})
+    if not exc.what.startswith(f"[{each.name}] "):
+        exc.what = f"[{each.name}] {exc.what}"
+    outcomes.failed(each.name, exc, "data")
+
+
 def check_lxc_hosts(inventory) -> None:
     """Every LXC host's data (``lxc_containers``, ``lxc_path``, ``lxc_record_dir``) before
     any connection; the first ``DataError`` names the host."""
@@ -371,10 +377,7 @@ def check_lxc_hosts(inventory) -> None:
         try:
             hostplan.check_data(each.data.dict())
         except errors.DataError as exc:
-            locate(exc, each.data.dict().get(yamldata.SOURCES_KEY) or {})
-            if not exc.what.startswith(f"[{each.name}] "):
-                exc.what = f"[{each.name}] {exc.what}"
-            outcomes.failed(each.name, exc, "data")
+            data_failed(each, exc)
             raise
 
 
