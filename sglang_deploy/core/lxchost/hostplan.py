@@ -255,7 +255,7 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
     # restarts; a stopped container takes its config at its next start
     init = state.get("init") or True
     pending = bool(pending and running and (pending is True or pending == init))
-    changed = bool(create or new_config is not None or incus_argv or pending)  # create: all
+    changed = bool(create or new_config is not None or incus_argv or pending)
     decision = restart.decide(spec.dialect, spec.name, changed=changed, running=running,
                               serving=serving, policy=spec.restart, ctid=spec.ctid,
                               lxc_path=info.lxc_path)
