@@ -226,7 +226,7 @@ def container_ops(ops: list) -> list[str]:
 @pytest.mark.parametrize(("pveversion", "passthrough"), [
     (PVE_8, "[gpu-node-1] GPU passthrough: devN entries by pct set"),
     (PVE_7, ("[gpu-node-1] GPU passthrough appended to /etc/pve/lxc/105.conf (after pct's "
-             "own lines)"))])
+             "own lines)"))], ids=["pve-8.4-devN", "pve-7.4-lxc-lines"])
 def test_lxc_host_py_creates_passes_in_and_starts_a_proxmox_container_once(
         tmp_path, monkeypatch, caplog, pveversion, passthrough):
     data = {"lxc_containers": [pve_item()], "lxc_record_dir": str(tmp_path / "rec")}
