@@ -99,7 +99,19 @@ def rollout(url: str, key: str, folder: Path, data: list[str], *args: str) -> di
     doc = json.loads(report.read_text())
     if [h["status"] for h in doc["hosts"]] != ["done"] * HOSTS:
         raise RuntimeError(f"rollout {' '.join(args)}: not every host done: {doc['hosts']}")
-    return {"doc": doc, "load": result.summary()}
+    return {"doc": doc, "load": result.summary(), "staging_lat": staging_latencies(result, doc)}
+
+
+def staging_latencies(result, doc: dict) -> list[float]:
+    """The latencies of the requests that left while the staging run ran (the rollout's
+    first STAGE_SECONDS, no host drained yet; the rollout's own start included): what the
+    staging (a revision's warm) costs the serving fleet. Empty without staging."""
+    stage_s = doc["hosts"][0].get("stage_seconds")
+    during = [s for s in result.samples if s.phase == "during"]
+    if not stage_s or not during:
+        return []
+    t0 = min(s.start for s in during)
+    return sorted(s.seconds for s in during if s.ok and s.start <= t0 + stage_s)
 
 
 def cpu_limit(cores: float, check: bool = True) -> None:
@@ -295,7 +307,22 @@ def revision_figures(runs: list[dict]) -> list[Figure]:
     cold = _hosts(runs, "revision_cold", "out_of_router_s")
     load = [r[c]["load"]["during"] for r in runs for c in ("revision", "revision_cold")]
     size = f"{model_mib()} MiB in {residency.SHARDS} shards"
+    warm_p99 = [x for r in runs if (x := p99(r["revision"].get("staging_lat"))) is not None]
+    cold_p99 = [x for r in runs if (x := p99(r["revision_cold"].get("staging_lat"))) is not None]
+    before = [r["revision"]["load"]["before"]["p99_s"] for r in runs]
     return [
+        Figure(key="stage_revision_warm_p99", unit="s",
+               name="Latency p99 through the router while the staging run warms a new model "
+                    "revision",
+               samples=warm_p99, baseline_name="the same staging run, warm off",
+               baseline_samples=cold_p99,
+               notes=f"requests that left during the staging run ({size} read into the page "
+                     f"cache on all {HOSTS} hosts at once, I/O priority idle; no host drained "
+                     "yet), one p99 per run; before the rollout: "
+                     + ", ".join(f"{x:.3f} s" for x in before if x is not None)
+                     + f"; {router_load.RATE:g} req/s; this machine's one disk serves every "
+                       "host's reads, a real fleet's hosts each their own",
+               extra={"before_p99_s": before}),
         Figure(key="stage_revision_out", unit="s",
                name="A host's time out of the router, new model revision staged and warmed",
                samples=_hosts(runs, "revision", "out_of_router_s"),
@@ -310,3 +337,7 @@ def revision_figures(runs: list[dict]) -> list[Figure]:
                      f"{sum(x['requests'] for x in load)}; {SHARED}",
                extra={"cold_out_s": cold}),
     ]
+
+
+def p99(latencies: list[float] | None) -> float | None:
+    return router_load.percentile(sorted(latencies), 0.99) if latencies else None

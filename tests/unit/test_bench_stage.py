@@ -48,11 +48,32 @@ def test_the_steps_done_while_draining_are_told_apart_from_the_installs():
 
 def test_a_model_revision_is_timed_against_the_config_only_change_with_the_cold_one_beside():
     run = {**a_run(), "revision": case(40, 4, 9.5), "revision_cold": case(44, 5, 11.5)}
-    run["revision_cold"]["load"] = {"during": {"failed": 2, "requests": 90}}
-    fig = {f.key: f for f in stage.figures([run])}["stage_revision_out"]
+    run["revision_cold"]["load"] = {"during": {"failed": 2, "requests": 90},
+                                    "before": {"p99_s": 0.7}}
+    run["revision"]["load"]["before"] = {"p99_s": 0.65}
+    run["revision"]["staging_lat"] = [0.6] * 99 + [1.5]
+    run["revision_cold"]["staging_lat"] = [0.6, 0.7]
+    figs = {f.key: f for f in stage.figures([run])}
+    p99 = figs["stage_revision_warm_p99"]
+    assert p99.samples == [0.6] and p99.baseline_samples == [0.7]  # nearest rank: 99th of 100
+    assert "before the rollout: 0.650 s" in p99.notes
+    fig = figs["stage_revision_out"]
     assert fig.samples == [9.5] * 3 and fig.baseline_samples == [8] * 3
     assert fig.goal_value == 1.2 and fig.goal_kind == "ratio_max"
     assert "warm off (`sglang_model_warm: false`): 11.5 s, 11.5 s, 11.5 s" in fig.notes
     assert "failed requests during both: 2 of 190" in fig.notes
     # runs without the revision rollouts (older results) give no such figure
     assert "stage_revision_out" not in {f.key for f in stage.figures([a_run()])}
+
+
+def test_the_staging_window_is_the_rollouts_first_stage_seconds():
+    from bench.router_load import LoadResult, Sample
+
+    result = LoadResult([Sample(99.0, "before", False, 0.5, True),
+                         Sample(100.0, "during", False, 0.8, True),
+                         Sample(104.0, "during", True, 0.9, False),   # failed: not a latency
+                         Sample(104.5, "during", False, 0.7, True),
+                         Sample(106.0, "during", False, 0.6, True)])  # after the staging run
+    doc = {"hosts": [{"stage_seconds": 5.0}]}
+    assert stage.staging_latencies(result, doc) == [0.7, 0.8]
+    assert stage.staging_latencies(result, {"hosts": [{"stage_seconds": None}]}) == []
