@@ -85,7 +85,9 @@ class ContainerPlan:
     ``record_path`` / ``new_record`` (the Record JSON to keep; None: unchanged),
     ``incus_argv`` (LXD/Incus), ``changes`` (one line each, for the operator), ``restart``
     (``restart.RestartDecision``), ``userspace`` (the driver libraries' finding; None when
-    not read: a stopped container, or LXD/Incus's injected user space), ``warnings``."""
+    not read: a stopped container, or LXD/Incus's injected user space), ``warnings``,
+    ``record_done`` (the record once a drained restart is done: ``new_record`` keeps the
+    restart pending until then, so that a run stopped before it restarts it next time)."""
 
     spec: ContainerSpec
     restart: restart.RestartDecision
@@ -98,6 +100,7 @@ class ContainerPlan:
     changes: tuple[str, ...] = ()
     userspace: userspace_mod.UserspaceFinding | None = None
     warnings: tuple[str, ...] = field(default=())
+    record_done: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -162,10 +165,12 @@ def _missing(spec: ContainerSpec, info: HostInfo) -> CreatePlan:
     return containers.create_plan(spec, lxc_path=info.lxc_path)
 
 
-def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]) -> ContainerPlan:
+def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any], *,
+                   behind_router: bool = False) -> ContainerPlan:
     """The plan for SPEC's container from STATE (``exists``, ``config``, ``record``,
     ``running``, ``init`` (its init PID, plain LXC), ``serving``, ``libraries``,
-    ``os_release``). A restart reported as needed by an earlier run and not done since (the
+    ``os_release``); BEHIND_ROUTER: a router fronts the server it holds (``spec.serves``).
+    A restart reported as needed by an earlier run and not done since (the
     same init PID) counts as a change until it is done. Raises ``LxcHostError`` on a
     missing container without a base image, hand-written NVIDIA lines that conflict (and
     ``adopt_passthrough_lines`` false), or a record it cannot read."""
@@ -207,11 +212,15 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
     changed = bool(create or new_config is not None or incus_argv or pending)
     decision = restart.decide(spec.dialect, spec.name, changed=changed, running=running,
                               serving=serving, policy=spec.restart, ctid=spec.ctid,
+                              behind_router=behind_router, serves=spec.serves is not None,
                               lxc_path=info.lxc_path)
+    record_done = None
     if merged is not None:
         keep = _record_text(merged.record,
                             init if decision.action in (restart.NEEDED, restart.DRAIN) else False)
         if create or keep != (state.get("record") or ""):
             new_record = keep
+        if decision.action == restart.DRAIN:
+            record_done = _record_text(merged.record)
     return ContainerPlan(spec, decision, cpath, new_config, rpath, new_record, incus_argv,
-                         create, tuple(changes), finding, tuple(warnings))
+                         create, tuple(changes), finding, tuple(warnings), record_done)
