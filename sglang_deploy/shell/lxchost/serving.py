@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import shlex
 from collections.abc import Callable, Iterator
 
@@ -108,8 +109,10 @@ def _verify(serves: Serves) -> None:
     from sglang_deploy.commands.rebuild import deploy_verified
 
     tail: list[str] = []
+    # the controller's folder by its path: a working directory inherited from another mount
+    # namespace (nsenter --wd) would make the deploy's relative writes cross devices
     result, rows = deploy_verified(serves.inventory, [serves.host], list(serves.data),
-                                   on_line=lambda line: tail.append(line))
+                                   on_line=lambda line: tail.append(line), cwd=os.getcwd())
     row = rows[0]
     if not result.ok or not row["ok"]:
         raise LxcHostError(f"{serves.host} verified serving",
