@@ -188,12 +188,15 @@ def test_a_server_that_fails_its_verify_stays_out_of_the_router_with_the_fix(rou
     state = testbed.reload()
     url, key, worker = router(testbed)
     # dry first: the steps are planned, nothing is drained or restarted
+    pid = lxc.init_pid(state, find_host(state, TB1))
     dry = sim.passthrough([container(testbed)], lxc.lxc_path(state), args=("--dry",),
                           check=False)
     assert dry.returncode == 0, both(dry)[-3000:]
-    for step in ("drain", "verify", "put"):
-        assert f"{step} {TB1}" in both(dry), (step, both(dry)[-3000:])
+    for step in (f"drain {TB1} out of the router", "drain: the GPU passthrough changed",
+                 f"verify {TB1}: pyinfra", f"put {TB1} back into the router"):
+        assert f"[{TB1}] planned: {step}" in both(dry), (step, both(dry)[-3000:])
     assert listed(url, key).get(worker) == "ready"
+    assert lxc.init_pid(state, find_host(state, TB1)) == pid
     testbed.scenario(TB1, "autotune-crash")  # the restarted server never serves
     try:
         run = sim.passthrough([container(testbed)], lxc.lxc_path(state), check=False)
@@ -205,4 +208,5 @@ def test_a_server_that_fails_its_verify_stays_out_of_the_router_with_the_fix(rou
         assert "stays out of the router" in out, out[-4000:]
         assert listed(url, key).get(worker) != "ready", listed(url, key)
     finally:
+        lostcontainer.adopt(TB1)  # the restarted container (its init PID) for the testbed
         testbed.scenario(TB1, "healthy")

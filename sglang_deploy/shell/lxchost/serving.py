@@ -134,6 +134,8 @@ def serving_operations(plan: ContainerPlan, routers: list, restart_command: str,
     steps = decision.steps
 
     def op(step: str, title: str, body: Callable[[], None]) -> None:
+        # said while the run is planned: `--dry -y` lists no operation, this it shows
+        logger.info(f"{host.print_prefix}[{name}] planned: {title}")
         python.call(name=f"[{name}] {title}", function=_step(name, serves, step, routed, body))
 
     def drain() -> None:
