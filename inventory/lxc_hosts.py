@@ -9,7 +9,8 @@ Each host's `lxc_containers` lists its GPU containers; each item's keys
 name, dialect (lxc | proxmox | incus | lxd; left out: what the host has), ctid (Proxmox),
 gpus (default all), restart (when-idle | now | never), base_image (create it when missing),
 unprivileged (default true), adopt_passthrough_lines, config (plain LXC: lines for a
-container created from base_image). Host keys: `lxc_path` (plain LXC, default
+container created from base_image), serves (the server it holds: {inventory, host, data};
+with restart: now it is drained out of its router, restarted, verified and put back). Host keys: `lxc_path` (plain LXC, default
 /var/lib/lxc), `lxc_record_dir` (default /var/lib/sglang-deploy/lxc-host).
 """
 
@@ -20,7 +21,11 @@ _KNOWN_HOSTS = str(Path(__file__).with_name("lxc_hosts_known_hosts"))
 lxc_hosts = (
     [
         ("pve-1.example.internal", {"lxc_containers": [
-            {"name": "gpu-node-1", "dialect": "proxmox", "ctid": 101},
+            {"name": "gpu-node-1", "dialect": "proxmox", "ctid": 101,
+             # restarted after a passthrough change through the router's drain, its server
+             # verified by the fleet's deploy, then put back (docs/operations.md)
+             "restart": "now",
+             "serves": {"inventory": "inventory/prod.py", "host": "gpu-node-1.example.internal"}},
         ]}),
         ("lxc-1.example.internal", {"lxc_containers": [
             {"name": "gpu-node-2", "dialect": "lxc",
