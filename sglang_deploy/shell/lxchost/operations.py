@@ -56,8 +56,9 @@ def _tag(name: str) -> str:
 
 def plan_host() -> tuple[HostInfo, list[ContainerPlan], dict[str, list]]:
     """Every container of this host planned, with the routers that front the server of
-    each that names one and may restart now (container name -> ``routerctl.Router``s), or
-    the first typed error (nothing changed)."""
+    each that restarts now while serving and names its server (container name ->
+    ``routerctl.Router``s; the serving inventory is read only then), or the first typed
+    error (nothing changed)."""
     try:
         info = hostplan.read_host(host.data.dict(), host.get_fact(LxcHostState))
         plans, fronts = [], {}
@@ -66,10 +67,12 @@ def plan_host() -> tuple[HostInfo, list[ContainerPlan], dict[str, list]]:
                                   ctid=spec.ctid, lxc_path=info.lxc_path,
                                   record_path=hostplan.record_path(spec, info.record_dir),
                                   service=str(host.data.get("sglang_service") or "sglang"))
-            if spec.serves is not None and spec.restart == "now":
+            plan = hostplan.plan_container(spec, info, state)
+            if plan.restart.verify:  # a serving restart now: the server's routers, if any
                 fronts[spec.name] = serving.fronting(spec.serves)
-            plans.append(hostplan.plan_container(spec, info, state,
-                                                 behind_router=bool(fronts.get(spec.name))))
+                if fronts[spec.name]:
+                    plan = hostplan.plan_container(spec, info, state, behind_router=True)
+            plans.append(plan)
     except errors.SglangDeployError as exc:
         if not exc.what.startswith(f"[{host.name}] "):
             exc.what = f"[{host.name}] {exc.what}"

@@ -87,6 +87,9 @@ def _step(container: str, serves: Serves, step: str, routed: bool,
         except SglangDeployError as exc:
             raise restart.step_failed(container, serves, step, exc.found or exc.message,
                                       routed) from exc
+        except Exception as exc:  # any failure of a step is the step's error
+            raise restart.step_failed(container, serves, step, f"{type(exc).__name__}: {exc}",
+                                      routed) from exc
     return reported(call)
 
 
