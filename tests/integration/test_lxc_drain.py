@@ -161,6 +161,12 @@ def test_a_serving_container_restarts_through_the_drain_verified_and_put_back(ro
     assert all(status != "ready" for t, status, pid in samples
                if t >= restarted_at and pid in (None, pid0)), samples
     assert samples[-1][1] == "ready" and samples[-1][2] not in (None, pid0), samples
+    back_at = next(t for t, status, pid in samples if t > restarted_at and status == "ready")
+    line = (f"lxc_host.py restart through the drain: out of the router at {out_at:.1f}s, "
+            f"container restarted at {restarted_at:.1f}s, back at {back_at:.1f}s; load "
+            f"during: {result.summary()['during']}")
+    print(line)
+    testbed.log.append(line)
     # tb1's server came back verified: a new invocation, the one the deploy verified
     testbed.reload()
     after = testbed.host_state(TB1)
