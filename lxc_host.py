@@ -20,7 +20,9 @@ against the containers (those are deploy.py's). For each container of the host's
    never installed);
 5. the restart: a stopped container is started, one that serves nothing is restarted, one
    that serves is left running with "restart needed" and the command unless its data says
-   `restart: now`.
+   `restart: now`; then, when its data names the server it holds (`serves`), the router
+   of that fleet drains it first, and the fleet's deploy verifies it before it is put back
+   (shell/lxchost/serving.py).
 
 Every check (the data, the NVIDIA module, hand-written conflicting lines, a missing container
 without a base image) is made before anything is changed. A second run changes nothing.

@@ -10,8 +10,9 @@ name, dialect (lxc | proxmox | incus | lxd; left out: what the host has), ctid (
 gpus (default all), restart (when-idle | now | never), base_image (create it when missing),
 unprivileged (default true), adopt_passthrough_lines, config (for a container created from
 base_image: plain LXC its config lines, Proxmox its `pct create` options as `KEY: VALUE`
-lines). Host keys: `lxc_path` (plain LXC, default /var/lib/lxc), `lxc_record_dir` (default
-/var/lib/sglang-deploy/lxc-host).
+lines), serves (the server it holds: {inventory, host, data}; with restart: now it is
+drained out of its router, restarted, verified and put back). Host keys: `lxc_path` (plain
+LXC, default /var/lib/lxc), `lxc_record_dir` (default /var/lib/sglang-deploy/lxc-host).
 """
 
 from pathlib import Path
@@ -25,7 +26,11 @@ lxc_hosts = (
              # disaster recovery: `pct create` from this template when CT 101 does not exist
              "base_image": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
              "config": ["net0: name=eth0,bridge=vmbr0,ip=dhcp", "rootfs: local-lvm:64",
-                        "memory: 262144", "cores: 64"]},
+                        "memory: 262144", "cores: 64"],
+             # restarted after a passthrough change through the router's drain, its server
+             # verified by the fleet's deploy, then put back (docs/operations.md)
+             "restart": "now",
+             "serves": {"inventory": "inventory/prod.py", "host": "gpu-node-1.example.internal"}},
         ]}),
         ("lxc-1.example.internal", {"lxc_containers": [
             {"name": "gpu-node-2", "dialect": "lxc",

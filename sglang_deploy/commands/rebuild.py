@@ -43,9 +43,9 @@ def with_groups(hosts: list[str], nodes: dict[str, list[str]]) -> list[str]:
 
 
 def run(args) -> int:
-    from sglang_deploy.core.errors import UsageError
     from sglang_deploy.core import group
-    from sglang_deploy.shell import hosts, journal, routing, runner
+    from sglang_deploy.core.errors import UsageError
+    from sglang_deploy.shell import hosts, routing
 
     if args.cache and not Path(args.cache).is_file():
         raise UsageError(what="--cache FILE: an archive from `sglang-deploy cache save`",
@@ -55,16 +55,7 @@ def run(args) -> int:
     # a group's node comes back with its whole group (its nodes start as one)
     limit = with_groups(chosen.hosts, group.units(routing.groups(chosen.inventory)))
     show = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    with tempfile.TemporaryDirectory(prefix="rebuild-") as tmp:
-        records = Path(tmp) / "journal.json"
-        result = runner.run_pyinfra(args.inventory, "deploy.py", limit=limit, data=data,
-                                    on_line=show, env=journal.env(records))
-        got = journal.read(records).outcomes(limit)  # each host's own record, never the text
-    # no record at all (pyinfra stopped before the host): pyinfra's own error, as printed
-    rows = [{"host": name, "ok": got[name].passed,
-             "error": None if got[name].passed else got[name].message
-             or f"{got[name].kind}: {common.host_error(result.output)}"}
-            for name in limit]
+    result, rows = deploy_verified(args.inventory, limit, data, on_line=show)
     if args.json:
         print(json.dumps({"ok": result.ok, "seconds": round(result.seconds, 2), "hosts": rows},
                          indent=2))
@@ -76,6 +67,27 @@ def run(args) -> int:
     for name in limit:  # a group: its rank 0 (the router's worker; put_back skips the others)
         put_back(args.inventory, name, args.data)
     return common.EXIT_OK
+
+
+def deploy_verified(inventory: str, limit: list[str], data: list[str], on_line=None,
+                    cwd: str = ".") -> tuple:
+    """The fleet's own deploy of LIMIT (``pyinfra -y INVENTORY deploy.py --limit HOST...``,
+    which waits until each server serves): (the run, one row per host: ``host``, ``ok``,
+    ``error``), each host's verdict from its own outcome record, never from the printed
+    text. Also what ``lxc_host.py`` runs to verify a server after its container's restart."""
+    from sglang_deploy.shell import journal, runner
+
+    with tempfile.TemporaryDirectory(prefix="rebuild-") as tmp:
+        records = Path(tmp) / "journal.json"
+        result = runner.run_pyinfra(inventory, "deploy.py", limit=limit, data=data,
+                                    on_line=on_line, env=journal.env(records), cwd=cwd)
+        got = journal.read(records).outcomes(limit)  # each host's own record, never the text
+    # no record at all (pyinfra stopped before the host): pyinfra's own error, as printed
+    rows = [{"host": name, "ok": got[name].passed,
+             "error": None if got[name].passed else got[name].message
+             or f"{got[name].kind}: {common.host_error(result.output)}"}
+            for name in limit]
+    return result, rows
 
 
 def put_back(inventory: str, host: str, data: list[str]) -> None:

@@ -45,11 +45,36 @@ def test_a_full_proxmox_item():
      "lxc_containers[0].base_image", "vztmpl"),
     ({"name": "n", "dialect": "incus", "base_image": "/srv/debian.tar.xz"},
      "lxc_containers[0].base_image", "image alias"),
+    ({"name": "n", "serves": "gpu1"}, "lxc_containers[0].serves", "inventory: PATH, host"),
+    ({"name": "n", "serves": {"host": "gpu1"}}, "lxc_containers[0].serves.inventory",
+     "non-empty string"),
+    ({"name": "n", "serves": {"inventory": "inventory/prod.py", "host": ""}},
+     "lxc_containers[0].serves.host", "non-empty string"),
+    ({"name": "n", "serves": {"inventory": "i.py", "host": "gpu1", "router": "r"}},
+     "lxc_containers[0].serves.router", "only the keys inventory, host, data"),
+    ({"name": "n", "serves": {"inventory": "i.py", "host": "gpu1", "data": "a=1"}},
+     "lxc_containers[0].serves.data", "KEY=VALUE"),
+    ({"name": "n", "serves": {"inventory": "i.py", "host": "gpu1", "data": ["--limit gpu2"]}},
+     "lxc_containers[0].serves.data", "KEY=VALUE"),
 ])
 def test_bad_items_name_their_key(item, key, text):
     with pytest.raises(DataError) as e:
         c.parse_containers([item])
     assert e.value.key == key and text in str(e.value)
+
+
+def test_serves_names_the_server_and_how_it_is_verified_and_put_back():
+    (spec,) = c.parse_containers([{"name": "gpu-node-1", "restart": "now", "serves": {
+        "inventory": "inventory/prod.py", "host": "gpu1", "data": ["gpu_p2p_min_gbps=0.5"]}}])
+    assert spec.serves == c.Serves("inventory/prod.py", "gpu1", ("gpu_p2p_min_gbps=0.5",))
+    assert spec.serves.deploy_command() == ("pyinfra inventory/prod.py deploy.py --limit gpu1 "
+                                            "--data gpu_p2p_min_gbps=0.5 -y")
+    assert spec.serves.rebuild_command() == ("sglang-deploy rebuild inventory/prod.py gpu1 "
+                                             "--data gpu_p2p_min_gbps=0.5")
+    assert c.parse_containers([{"name": "n"}])[0].serves is None
+    with pytest.raises(DataError, match="serves once"):
+        c.parse_containers([{"name": "a", "serves": {"inventory": "i.py", "host": "h"}},
+                            {"name": "b", "serves": {"inventory": "i.py", "host": "h"}}])
 
 
 def test_the_list_itself_and_duplicates():

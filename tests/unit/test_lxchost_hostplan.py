@@ -90,6 +90,33 @@ def test_a_serving_container_gets_restart_needed_and_it_stays_pending_until_done
     assert hostplan.PENDING not in json.loads(forced.new_record)
 
 
+def test_a_named_server_behind_a_router_is_drained_and_its_record_done_only_after():
+    """restart: now with `serves` behind a router: DRAIN. The record written before the
+    restart keeps it pending (a run stopped before the restart does it next time, on any
+    dialect); the one written once it booted (record_done) forgets it, so that the run
+    after changes nothing."""
+    serves = {"inventory": "inventory/prod.py", "host": "gpu1"}
+    host = info([{"name": "gpu1", "restart": "now", "serves": serves}])
+    first = hostplan.plan_container(host.specs[0], host, state())
+    old = first.new_config.replace("c 511:* rwm", "c 509:* rwm")
+    serving = {"running": True, "init": "42", "serving": True}
+    plan = hostplan.plan_container(host.specs[0], host, state(config=old, **serving),
+                                   behind_router=True)
+    assert plan.restart.action == restart.DRAIN
+    assert plan.restart.steps == ("drain", "restart", "boot", "verify", "put-back")
+    assert json.loads(plan.new_record)[hostplan.PENDING] == "42"
+    assert hostplan.PENDING not in json.loads(plan.record_done)
+    after = hostplan.plan_container(host.specs[0], host, state(
+        config=plan.new_config, record=plan.record_done, **{**serving, "init": "77"}),
+        behind_router=True)
+    assert (after.new_config, after.new_record, after.restart.action) == (None, None,
+                                                                          restart.NOTHING)
+    # no router in front: restarted, then verified; nothing pending to forget
+    alone = hostplan.plan_container(host.specs[0], host, state(config=old, **serving))
+    assert (alone.restart.action, alone.restart.steps, alone.record_done) == (
+        restart.RESTART, ("restart", "boot", "verify"), None)
+
+
 def test_a_missing_container_without_a_base_image_is_an_error_naming_the_fix():
     host = info()
     with pytest.raises(LxcHostError) as e:

@@ -27,12 +27,20 @@ The data is a list of mappings (``parse_containers``); each item's keys:
                             eth0,bridge=vmbr0,ip=dhcp``, ``rootfs: local-lvm:64``, ``memory``,
                             ``cores``; ``features`` replaces the default ``nesting=1``.
                             LXD/Incus: none (the default profile gives network and disk)
+``serves``                  the server the container holds in the serving fleet:
+                            ``{inventory: PATH, host: NAME, data: [K=V, ...]}`` (``Serves``;
+                            PATH on the controller, relative to where pyinfra runs; ``data``
+                            optional, the ``--data`` of that fleet's deploy). With ``restart:
+                            now`` a serving container is then drained out of that host's
+                            router (if any), restarted, verified by the fleet's deploy
+                            limited to the host, and put back
 ==========================  =========================================================
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,7 +50,9 @@ from sglang_deploy.core.errors import DataError, LxcHostError
 DIALECTS = ("lxc", "proxmox", "incus", "lxd")
 RESTART_POLICIES = ("when-idle", "now", "never")
 KEYS = ("name", "dialect", "ctid", "gpus", "restart", "base_image", "unprivileged",
-        "adopt_passthrough_lines", "config")
+        "adopt_passthrough_lines", "config", "serves")
+#: the keys of a container's ``serves`` mapping
+SERVES_KEYS = ("inventory", "host", "data")
 #: the command whose output ``resolve_dialect`` reads: the container managers on the host
 DETECT_COMMAND = "for c in pct incus lxd lxc-start; do command -v $c >/dev/null && echo $c; done; true"
 #: the manager's command per dialect, in the order a dialect is chosen when data names none
@@ -65,6 +75,28 @@ class BaseImage:
 
 
 @dataclass(frozen=True)
+class Serves:
+    """The server a container holds: HOST of the serving fleet's INVENTORY (a pyinfra
+    inventory file on the controller), deployed with DATA (``K=V`` items, as ``--data``)."""
+
+    inventory: str
+    host: str
+    data: tuple[str, ...] = ()
+
+    def deploy_command(self) -> str:
+        """The fleet's own deploy of this one host, as an operator types it."""
+        data = "".join(f" --data {shlex.quote(d)}" for d in self.data)
+        return (f"pyinfra {shlex.quote(self.inventory)} deploy.py --limit "
+                f"{shlex.quote(self.host)}{data} -y")
+
+    def rebuild_command(self) -> str:
+        """What verifies the host serving and puts it back into its router (``rebuild``)."""
+        data = "".join(f" --data {shlex.quote(d)}" for d in self.data)
+        return (f"sglang-deploy rebuild {shlex.quote(self.inventory)} "
+                f"{shlex.quote(self.host)}{data}")
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     """One container's validated data (see the module's table); ``gpus`` None is all."""
 
@@ -77,6 +109,7 @@ class ContainerSpec:
     unprivileged: bool = True
     adopt_passthrough_lines: bool = False
     config: tuple[str, ...] = ()
+    serves: Serves | None = None
 
     @property
     def image(self) -> BaseImage | None:
@@ -197,6 +230,33 @@ def _config(value: Any, dialect: str | None, key: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
+def _serves(value: Any, key: str) -> Serves | None:
+    if value is None:
+        return None
+    example = "e.g. serves: {inventory: inventory/prod.py, host: gpu-node-1}"
+    if not isinstance(value, Mapping):
+        raise _bad(key, "a mapping {inventory: PATH, host: NAME} (the server this container "
+                   "holds in the serving fleet)", value, example)
+    unknown = sorted(set(value) - set(SERVES_KEYS))
+    if unknown:
+        raise _bad(f"{key}.{unknown[0]}", "only the keys " + ", ".join(SERVES_KEYS), unknown,
+                   "remove or rename it")
+    for field_ in ("inventory", "host"):
+        got = value.get(field_)
+        if not isinstance(got, str) or not got.strip() or got != got.strip():
+            raise _bad(f"{key}.{field_}", f"`{field_}`: a non-empty string without surrounding "
+                       "spaces" + (" (the serving fleet's pyinfra inventory file)"
+                                   if field_ == "inventory" else
+                                   " (the host's name in that inventory)"), got, example)
+    data = value.get("data") or []
+    if not isinstance(data, list) or not all(
+            isinstance(d, str) and re.match(r"^[A-Za-z_]\w*=", d) and "\n" not in d
+            for d in data):
+        raise _bad(f"{key}.data", "a list of `KEY=VALUE` items (the fleet deploy's --data)",
+                   value.get("data"), "e.g. data: [gpu_p2p_min_gbps=0.5]")
+    return Serves(value["inventory"], value["host"], tuple(data))
+
+
 def _name(value: Any, key: str) -> str:
     if not isinstance(value, str) or not _NAME.match(value):
         raise _bad(key, "a container name: letters, digits and `-`, starting with a letter, "
@@ -231,7 +291,8 @@ def parse_container(raw: Any, where: str = "lxc_containers[0]") -> ContainerSpec
         unprivileged=_bool(raw.get("unprivileged"), f"{where}.unprivileged", True),
         adopt_passthrough_lines=_bool(raw.get("adopt_passthrough_lines"),
                                       f"{where}.adopt_passthrough_lines", False),
-        config=_config(raw.get("config"), dialect, f"{where}.config"))
+        config=_config(raw.get("config"), dialect, f"{where}.config"),
+        serves=_serves(raw.get("serves"), f"{where}.serves"))
 
 
 def parse_containers(raw: Any, key: str = "lxc_containers") -> tuple[ContainerSpec, ...]:
@@ -240,8 +301,10 @@ def parse_containers(raw: Any, key: str = "lxc_containers") -> tuple[ContainerSp
     if not isinstance(raw, Sequence) or isinstance(raw, str):
         raise _bad(key, "a list of containers", raw, f"{key}: [{{name: gpu-node-1}}]")
     specs = tuple(parse_container(item, f"{key}[{i}]") for i, item in enumerate(raw))
-    for attr in ("name", "ctid"):
+    for attr in ("name", "ctid", "serves"):
         seen = [getattr(s, attr) for s in specs if getattr(s, attr) is not None]
+        if attr == "serves":
+            seen = [(s.inventory, s.host) for s in seen]
         twice = sorted({v for v in seen if seen.count(v) > 1})
         if twice:
             raise _bad(key, f"each container's {attr} once", twice, f"give each its own {attr}")

@@ -95,7 +95,9 @@ class ContainerPlan:
     In the order the shell applies it: ``create.argv`` (create it, never started), the
     passthrough (the config file; ``pct_set`` or ``append_lines``), the record,
     ``incus_argv`` (LXD/Incus: the gpu device and ``nvidia.runtime``, also for a container
-    created by ``init``), then ``restart`` (a created container: start it)."""
+    created by ``init``), then ``restart`` (a created container: start it);
+    ``record_done`` (the record once a drained restart is done: ``new_record`` keeps the
+    restart pending until then, so that a run stopped before it restarts it next time)."""
 
     spec: ContainerSpec
     restart: restart.RestartDecision
@@ -110,6 +112,7 @@ class ContainerPlan:
     warnings: tuple[str, ...] = field(default=())
     pct_set: tuple[str, ...] = ()
     append_lines: tuple[str, ...] = ()
+    record_done: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -231,6 +234,15 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
     since (the same init PID) counts as a change until it is done. Raises ``LxcHostError``
     on a missing container without a base image, hand-written NVIDIA lines that conflict
     (and ``adopt_passthrough_lines`` false), or a record it cannot read."""
+def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any], *,
+                   behind_router: bool = False) -> ContainerPlan:
+    """The plan for SPEC's container from STATE (``exists``, ``config``, ``record``,
+    ``running``, ``init`` (its init PID, plain LXC), ``serving``, ``libraries``,
+    ``os_release``); BEHIND_ROUTER: a router fronts the server it holds (``spec.serves``).
+    A restart reported as needed by an earlier run and not done since (the
+    same init PID) counts as a change until it is done. Raises ``LxcHostError`` on a
+    missing container without a base image, hand-written NVIDIA lines that conflict (and
+    ``adopt_passthrough_lines`` false), or a record it cannot read."""
     rpath = record_path(spec, info.record_dir)
     running, serving = bool(state.get("running")), bool(state.get("serving"))
     create = None if state.get("exists") else _missing(spec, info)
@@ -258,12 +270,16 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
     changed = bool(create or new_config is not None or incus_argv or pending)
     decision = restart.decide(spec.dialect, spec.name, changed=changed, running=running,
                               serving=serving, policy=spec.restart, ctid=spec.ctid,
+                              behind_router=behind_router, serves=spec.serves is not None,
                               lxc_path=info.lxc_path)
+    record_done = None
     if merged is not None:
         keep = _record_text(merged.record,
                             init if decision.action in (restart.NEEDED, restart.DRAIN) else False)
         if create or keep != (state.get("record") or ""):
             new_record = keep
+        if decision.action == restart.DRAIN:
+            record_done = _record_text(merged.record)
     return ContainerPlan(spec, decision, config_path(spec, info.lxc_path), new_config, rpath,
                          new_record, incus_argv, create, tuple(changes), finding,
-                         tuple(warnings), pct_set, append)
+                         tuple(warnings), pct_set, append, record_done)

@@ -6,7 +6,9 @@ anything changes), then adds the operations: nvidia_uvm at boot, each container'
 (the config file; a new Proxmox container's ``pct set --devN`` or lines appended to pct's
 file), record, LXD/Incus device commands, and its restart as ``restart.decide`` says (a
 new container: started, waited for, its SSH host key fingerprint printed). A restart that
-is due but not done is told with its command (``restart needed``).
+is due but not done is told with its command (``restart needed``). A serving container
+whose data names its server restarts through the router's drain and the fleet's deploy
+(``serving``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pyinfra.operations import files, python, server
 from sglang_deploy.core import errors
 from sglang_deploy.core.lxchost import hostplan, restart
 from sglang_deploy.core.lxchost.hostplan import ContainerPlan, HostInfo
+from sglang_deploy.shell.lxchost import serving
 from sglang_deploy.shell.lxchost.facts import ContainerCommands, LxcContainerState, LxcHostState
 from sglang_deploy.shell.pyinfraerror import for_pyinfra
 
@@ -54,22 +57,30 @@ def _tag(name: str) -> str:
     return f"{host.print_prefix}[{name}] "
 
 
-def plan_host() -> tuple[HostInfo, list[ContainerPlan]]:
-    """Every container of this host planned, or the first typed error (nothing changed)."""
+def plan_host() -> tuple[HostInfo, list[ContainerPlan], dict[str, list]]:
+    """Every container of this host planned, with the routers that front the server of
+    each that restarts now while serving and names its server (container name ->
+    ``routerctl.Router``s; the serving inventory is read only then), or the first typed
+    error (nothing changed)."""
     try:
         info = hostplan.read_host(host.data.dict(), host.get_fact(LxcHostState))
-        plans = []
+        plans, fronts = [], {}
         for spec in info.specs:
             state = host.get_fact(LxcContainerState, dialect=spec.dialect, container=spec.name,
                                   ctid=spec.ctid, lxc_path=info.lxc_path,
                                   record_path=hostplan.record_path(spec, info.record_dir),
                                   service=str(host.data.get("sglang_service") or "sglang"))
-            plans.append(hostplan.plan_container(spec, info, state))
+            plan = hostplan.plan_container(spec, info, state)
+            if plan.restart.verify:  # a serving restart now: the server's routers, if any
+                fronts[spec.name] = serving.fronting(spec.serves)
+                if fronts[spec.name]:
+                    plan = hostplan.plan_container(spec, info, state, behind_router=True)
+            plans.append(plan)
     except errors.SglangDeployError as exc:
         if not exc.what.startswith(f"[{host.name}] "):
             exc.what = f"[{host.name}] {exc.what}"
         raise for_pyinfra(exc) from exc
-    return info, plans
+    return info, plans, fronts
 
 
 def boot_operations() -> None:
@@ -123,9 +134,11 @@ def _report_userspace(name: str, finding) -> None:
                        "lxc_host.py):\n    " + finding.fix.replace("\n", "\n    "))
 
 
-def container_operations(plan: ContainerPlan, info: HostInfo) -> None:
+def container_operations(plan: ContainerPlan, info: HostInfo, routers: list = ()) -> None:
     """One container's operations, in order: create, passthrough (config file, pct set or
-    lines appended), record, LXD/Incus commands, the restart (or its report)."""
+    lines appended), record, LXD/Incus commands, the restart (or its report): through
+    ROUTERS' drain and the fleet's deploy when the container's data names its server
+    (``serving``)."""
     spec = plan.spec
     c = ContainerCommands(spec.dialect, spec.name, spec.ctid, info.lxc_path)
     for line in plan.warnings:
@@ -153,23 +166,26 @@ def container_operations(plan: ContainerPlan, info: HostInfo) -> None:
     decision = plan.restart
     for line in plan.changes:
         logger.info(f"{_tag(spec.name)}{line}")
-    if decision.action in (restart.START, restart.RESTART):
+    if restart.VERIFY_STEP in decision.steps:
+        serving.serving_operations(plan, list(routers), decision.command,
+                                   _wait_command(c, BOOT_DEADLINE_S), _after_boot(plan, c, info))
+    elif decision.action in (restart.START, restart.RESTART):
         server.shell(name=f"[{spec.name}] {decision.action}: {decision.reason}",
                      commands=[decision.command])
         server.shell(name=f"[{spec.name}] booted (systemd running, {BOOT_DEADLINE_S} s at most)",
                      commands=[_wait_command(c, BOOT_DEADLINE_S)])
         python.call(name=f"[{spec.name}] after boot: host key, driver user space",
                     function=_after_boot(plan, c, info))
-    elif decision.action in (restart.NEEDED, restart.DRAIN):
+    elif decision.action == restart.NEEDED:
         logger.warning(f"{_tag(spec.name)}restart needed: {decision.reason}; "
                        f"run `{decision.command}`")
-    if decision.action not in (restart.START, restart.RESTART):
+    if not decision.steps:
         _report_userspace(spec.name, plan.userspace)
 
 
 def lxc_host_stage() -> None:
     """The whole run on this LXC host (``lxc_host.py``)."""
-    info, plans = plan_host()
+    info, plans, fronts = plan_host()
     boot_operations()
     for plan in plans:
-        container_operations(plan, info)
+        container_operations(plan, info, fronts.get(plan.spec.name, ()))
