@@ -38,7 +38,9 @@ RAW = REPO / "tests" / "fixtures" / "stagecases"
 UPDATE_ENV = "UPDATE_STAGE_CASES"
 #: the environment the stages read that a case must not inherit from the shell
 CLEARED_ENV = ("SGLANG_DEPLOY_PLAN", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_STAGED",
-               "SGLANG_DEPLOY_JOURNAL", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY")
+               "SGLANG_DEPLOY_JOURNAL", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY",
+               "SGLANG_DEPLOY_ROLL_GATE", "SGLANG_DEPLOY_ROLL_GATE_PID",
+               "SGLANG_DEPLOY_ROLL_GATE_S", "TESTBED_ROUTER_KEY")
 
 
 # ------------------------------------------------------------------ inputs: data and facts
@@ -375,6 +377,12 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
         monkeypatch.setenv(name, value)
     if case.get("stage_only"):  # the rollout's staging run (``shell/staging.py``)
         monkeypatch.setenv("SGLANG_DEPLOY_STAGE_ONLY", "1")
+    if case.get("roll_gate") is not None:  # a staged rollout's rolling run at its gate
+        from sglang_deploy.shell import rollgate
+
+        gate = cwd / "batch.gate"
+        gate.write_text(case["roll_gate"] + "\n")
+        monkeypatch.setenv(rollgate.GATE_ENV, str(gate))
     # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
     monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
     monkeypatch.setattr(flagcache, "_MEMORY", {}, raising=False)  # only this case's cache
@@ -396,7 +404,9 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
         raise AssertionError(f"the stage cases never connect ({self.name})")
 
     monkeypatch.setattr(pyinfra_host.Host, "connect", never)
-    inventory = Inventory(([(n, host_data(case, n)) for n in case["hosts"]], {}))
+    groups = {name: (list(members), {}) for name, members in
+              (case.get("groups") or {}).items()}  # inventory groups (``routers``)
+    inventory = Inventory(([(n, host_data(case, n)) for n in case["hosts"]], {}), **groups)
     state = State(inventory, Config())
     state.cwd = str(cwd)
     start_run(state, inventory, bool(case.get("dry")))
