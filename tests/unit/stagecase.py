@@ -26,8 +26,12 @@ from typing import Any
 
 import pyinfra.api.host as pyinfra_host
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.command import FileDownloadCommand, FileUploadCommand, FunctionCommand
-from pyinfra.api.command import StringCommand
+from pyinfra.api.command import (
+    FileDownloadCommand,
+    FileUploadCommand,
+    FunctionCommand,
+    StringCommand,
+)
 from pyinfra.context import ctx_host, ctx_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -366,11 +370,8 @@ def start_run(state, inventory, dry: bool) -> None:
         h.connected = True
 
 
-def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
-    """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
-    controller's caches go there); returns, per host, the facts read and the operations."""
-    from sglang_deploy.shell import flagcache, hooks
-
+def _environment(case: dict, cwd: Path, monkeypatch) -> None:
+    """The controller's environment of CASE: the case's own, its run mode, its gate."""
     for name in CLEARED_ENV:
         monkeypatch.delenv(name, raising=False)
     for name, value in (case.get("env") or {}).items():
@@ -383,6 +384,14 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
         gate = cwd / "batch.gate"
         gate.write_text(case["roll_gate"] + "\n")
         monkeypatch.setenv(rollgate.GATE_ENV, str(gate))
+
+
+def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
+    """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
+    controller's caches go there); returns, per host, the facts read and the operations."""
+    from sglang_deploy.shell import flagcache, hooks
+
+    _environment(case, cwd, monkeypatch)
     # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
     monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
     monkeypatch.setattr(flagcache, "_MEMORY", {}, raising=False)  # only this case's cache
