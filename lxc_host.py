@@ -9,7 +9,9 @@ against the containers (those are deploy.py's). For each container of the host's
 
 1. nvidia_uvm loaded now and at every boot, its nodes made (`nvidia-modprobe -u -c=0`, a
    oneshot unit enabled by its symlink);
-2. the container created from its `base_image` when it is missing (plain LXC);
+2. the container created from its `base_image` when it is missing, not started yet (plain
+   LXC from a rootfs folder or tarball, Proxmox `pct create` from a template, LXD/Incus
+   `init` from an image alias);
 3. every NVIDIA node passed in: the majors read from /proc/devices, one device rule per
    major, one bind mount per node, merged into the config (the operator's lines kept byte
    for byte; the tool's replaced after a driver update); Proxmox `devN:` entries where its

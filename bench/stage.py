@@ -9,7 +9,15 @@ The router host (SMG) in front of the 3 testbed hosts, a steady load through it
 2. a new release (the testbed lock plus a comment line: a new release id, installed offline
    from the wheelhouse) with `--no-stage`: each host installs while it is out of the router;
 3. another new release, staged (the default): every host installs and checks at once before
-   the first drain; each batch then only drains, restarts, verifies and puts back.
+   the first drain; each batch then only drains, restarts, verifies and puts back;
+4. a new model revision (a new folder of the same size, its shards evicted from the page
+   cache as after a download days ago), staged: the staging run warms it on every host while
+   they serve, before the first drain (issue 42);
+5. the same with the warm off (`sglang_model_warm: false`): what the warm takes out of a
+   host's time out of the router.
+
+The fleet serves a model of real bytes (``BENCH_STAGE_MODEL_MIB``, default 1024 MiB in 8
+shards, at the residency bench's path), so that a restart reads as much as a revision brings.
 
 Each testbed host is held to its own share of this machine's cores (``HOST_CORES``, ``python
 -m testbed cpu``, testbed/README.md): a real fleet's hosts install, import and smoke a release
@@ -27,16 +35,20 @@ and the failed requests during 3.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
-from bench import router_load
-from bench.common import PY, ROOT, Figure, log, median, state, testbed
+from bench import residency, router_load
+from bench.common import PY, ROOT, Figure, log, median, ssh, state, testbed
 
 INVENTORY = "inventory/testbed.py"
-DATA = ["gpu_p2p_min_gbps=0.05"]
+DATA = ["gpu_p2p_min_gbps=0.05", f"sglang_model_path={residency.MODEL}"]
+#: where each run's new model revision is written (replaced run by run)
+REVISION = "/srv/models/GLM-5-revision"
 HOSTS = 3
 #: each host's own CPUs (``testbed cpu``): 1.5 of the 2 cores for the 3 hosts, the rest for
 #: the controller, the router and the load
@@ -96,12 +108,45 @@ def cpu_limit(cores: float, check: bool = True) -> None:
         testbed("cpu", name, f"{cores:g}", check=check, timeout=60)
 
 
+def model_mib() -> int:
+    return int(os.environ.get("BENCH_STAGE_MODEL_MIB", "1024"))
+
+
+def servers() -> list[str]:
+    return [h["name"] for h in state()["hosts"] if h.get("role") != "router"]
+
+
+def new_revision(mib: int) -> str:
+    """A new model revision on every server host: a folder of MIB MiB (other bytes than the
+    last one), its shards evicted from the page cache; its path."""
+    path = f"{REVISION}-{uuid.uuid4().hex[:6]}"
+    code = (f"from model import make_model_dir; make_model_dir({path!r}, {residency.SHARDS}, "
+            f"{mib * (1 << 20) // residency.SHARDS})")
+    drop = residency.DROP.replace(residency.MODEL, path)
+    for host in servers():
+        ssh(host, f"rm -rf {REVISION}-*; cd /opt/sglang-sim && python3 -c {shlex.quote(code)}"
+                  f" && {drop}", timeout=600)
+    return path
+
+
+def revision_rollouts(url: str, key: str, folder: Path) -> dict:
+    """A new model revision staged (warmed before the first drain), then another with the
+    warm off; afterwards the fleet serves the bench's model again."""
+    mib = model_mib()
+    got = {"revision": rollout(url, key, folder, [f"sglang_model_path={new_revision(mib)}"]),
+           "revision_cold": rollout(url, key, folder, [f"sglang_model_path={new_revision(mib)}",
+                                                       "sglang_model_warm=false"])}
+    converge()
+    return got
+
+
 def one_run(url: str, key: str, folder: Path) -> dict:
     env = f'sglang_env={{"BENCH_STAGE": "{uuid.uuid4().hex[:6]}"}}'
     cpu_limit(HOST_CORES)
     got = {"config": rollout(url, key, folder, [env])}
     got["nostage"] = rollout(url, key, folder, [f"sglang_lock={new_release(folder)}"], "--no-stage")
     got["staged"] = rollout(url, key, folder, [f"sglang_lock={new_release(folder)}"])
+    got.update(revision_rollouts(url, key, folder))
     cpu_limit(0)  # the same pair on the shared cores
     got["nostage_shared"] = rollout(url, key, folder, [f"sglang_lock={new_release(folder)}"],
                                     "--no-stage")
@@ -118,13 +163,19 @@ def run(cfg) -> list[Figure]:
     testbed("up", "--hosts", str(HOSTS), "--router", timeout=900)
     runs = []
     try:
+        for host in servers():
+            residency.make_model(host, model_mib())
         converge()
         url, key = router_of()
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(cfg.runs):
                 runs.append(one_run(url, key, Path(tmp)))
-        converge()
     finally:
+        for host in servers():
+            ssh(host, f"rm -rf {REVISION}-*", check=False)
+        subprocess.run([str(Path(PY).parent / "pyinfra"), "-y", INVENTORY, "deploy.py",
+                        "--data", DATA[0]], check=False, cwd=ROOT, capture_output=True,
+                       timeout=1800)
         cpu_limit(0, check=False)
         testbed("down", "--router", check=False, timeout=300)
     return figures(runs)
@@ -226,10 +277,36 @@ def figures(runs: list[dict], shared: str = SHARED) -> list[Figure]:
                      "--no-stage: " + ", ".join(
                          f"{x:.1f} s" for x in _hosts(runs, "nostage", "out_of_router_s")),
                extra={"nostage_out_s": _hosts(runs, "nostage", "out_of_router_s")}),
+        *revision_figures(runs),
         Figure(key="stage_failed", unit="requests",
                name="Failed requests through the router during the staged rollout",
                samples=[x["failed"] for x in load], goal="0 failed", goal_kind="value_max",
                goal_value=1,
                notes=f"{router_load.RATE:g} req/s through the router; "
                      f"{sum(x['requests'] for x in load)} requests during the staged rollouts"),
+    ]
+
+
+def revision_figures(runs: list[dict]) -> list[Figure]:
+    """A host's time out of the router for a new model revision, staged and warmed, against
+    the config-only change of the same runs (issue 42: within 1.2x); its failed requests."""
+    if not all("revision" in r for r in runs):
+        return []
+    cold = _hosts(runs, "revision_cold", "out_of_router_s")
+    load = [r[c]["load"]["during"] for r in runs for c in ("revision", "revision_cold")]
+    size = f"{model_mib()} MiB in {residency.SHARDS} shards"
+    return [
+        Figure(key="stage_revision_out", unit="s",
+               name="A host's time out of the router, new model revision staged and warmed",
+               samples=_hosts(runs, "revision", "out_of_router_s"),
+               baseline_name="a config-only change (new sglang_env)",
+               baseline_samples=_hosts(runs, "config", "out_of_router_s"),
+               goal="<= 1.2x config-only", goal_kind="ratio_max", goal_value=1.2,
+               notes=f"a new model folder ({size}, the served model's size) evicted from the "
+                     "page cache before the rollout; the staging run reads it in on every host "
+                     "while they serve; one sample per host per run; the same rollout with the "
+                     "warm off (`sglang_model_warm: false`): " + _s(cold) + f"; failed requests "
+                     f"during both: {sum(x['failed'] for x in load)} of "
+                     f"{sum(x['requests'] for x in load)}; {SHARED}",
+               extra={"cold_out_s": cold}),
     ]

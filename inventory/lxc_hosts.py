@@ -8,9 +8,10 @@ Each host's `lxc_containers` lists its GPU containers; each item's keys
 (sglang_deploy/core/lxchost/containers.py, docs/data-keys.md "LXC host data"):
 name, dialect (lxc | proxmox | incus | lxd; left out: what the host has), ctid (Proxmox),
 gpus (default all), restart (when-idle | now | never), base_image (create it when missing),
-unprivileged (default true), adopt_passthrough_lines, config (plain LXC: lines for a
-container created from base_image). Host keys: `lxc_path` (plain LXC, default
-/var/lib/lxc), `lxc_record_dir` (default /var/lib/sglang-deploy/lxc-host).
+unprivileged (default true), adopt_passthrough_lines, config (for a container created from
+base_image: plain LXC its config lines, Proxmox its `pct create` options as `KEY: VALUE`
+lines). Host keys: `lxc_path` (plain LXC, default /var/lib/lxc), `lxc_record_dir` (default
+/var/lib/sglang-deploy/lxc-host).
 """
 
 from pathlib import Path
@@ -20,7 +21,11 @@ _KNOWN_HOSTS = str(Path(__file__).with_name("lxc_hosts_known_hosts"))
 lxc_hosts = (
     [
         ("pve-1.example.internal", {"lxc_containers": [
-            {"name": "gpu-node-1", "dialect": "proxmox", "ctid": 101},
+            {"name": "gpu-node-1", "dialect": "proxmox", "ctid": 101,
+             # disaster recovery: `pct create` from this template when CT 101 does not exist
+             "base_image": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+             "config": ["net0: name=eth0,bridge=vmbr0,ip=dhcp", "rootfs: local-lvm:64",
+                        "memory: 262144", "cores: 64"]},
         ]}),
         ("lxc-1.example.internal", {"lxc_containers": [
             {"name": "gpu-node-2", "dialect": "lxc",

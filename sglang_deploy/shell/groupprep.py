@@ -94,7 +94,7 @@ def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> tuple[dict, bool]:
     result = probe(h, s, kind) if kind != "none" else None
     _, env, _ = preflight.evaluate(snap.gpu, result, expectations(s))
     if kind != "p2p" and record:
-        _, env = preflight.use_p2p_record([], env, record, s.sglang_service)
+        _, env = preflight.use_p2p_record([], env, record, s.sglang_service, s.gpu_p2p_policy)
     return env, kind != "p2p"
 
 

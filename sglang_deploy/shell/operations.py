@@ -420,11 +420,23 @@ def symlink(path: str, target: str):
 def write_json_record(path: str, record: dict) -> None:
     """On the host's turn (a ``python.call`` or ``FunctionCommand``): RECORD as JSON in PATH
     (0644, replaced atomically), like the deploy's other records under its root."""
+    write_text(path, json.dumps(record, sort_keys=True) + "\n")
+
+
+def write_text(path: str, text: str, mode: str = "644") -> None:
+    """On the host's turn: TEXT, byte for byte, in PATH (MODE, replaced atomically); raises
+    ``SglangDeployError`` with the host's error when it cannot."""
     q = shlex.quote
-    text = json.dumps(record, sort_keys=True)
-    host.run_shell_command(f"set -e; printf '%s\\n' {q(text)} > {q(path + '.tmp')}; "
-                           f"chmod 644 {q(path + '.tmp')}; mv -f {q(path + '.tmp')} {q(path)}",
-                           print_output=False)
+    tmp = q(path + ".tmp")
+    ok, out = host.run_shell_command(f"set -e; printf '%s' {q(text)} > {tmp}; "
+                                     f"chmod {mode} {tmp}; mv -f {tmp} {q(path)}",
+                                     print_output=False)
+    if not ok:
+        raise SglangDeployError(what=f"{path} written on {host.name}",
+                                found=(out.stderr if out is not None else "")[-500:] or "no output",
+                                fix=f"check that {posixpath.dirname(path)} is writable by root "
+                                    "on the host (disk full, read-only file system) and run "
+                                    "the deploy again")
 
 
 def server_files(lay, release_id: str, unit_text: str, secrets_text: str):

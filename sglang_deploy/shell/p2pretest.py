@@ -9,14 +9,15 @@ retest``), after the new unit and secrets files are in place; a group's node ret
 whole group has stopped. Being an operation, it never runs while pyinfra prepares, nor in a
 read-only command (``status``, ``rollout --dry``, ``report``, ``deploy.py --dry``), whose plan
 shows the same operations. A failed retest leaves the server stopped: a new one would not
-serve on those GPUs either.
+serve on those GPUs either. A passed one whose verdict asks for another NCCL environment than
+the last record did rewrites the unit before the start (one restart, with what was proven).
 """
 
 from __future__ import annotations
 
 import functools
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.operations import python
 
 from sglang_deploy.core import preflight
@@ -56,8 +57,10 @@ def add_retest(ctx, **gate) -> None:
 
 def retest(ctx, rendered_env: dict) -> None:
     """On the host's turn: the probe with the peer copies, its matrix, the new verdict kept
-    on the host; raises when P2P fails, or when the verdict asks for another NCCL environment
-    than the unit was rendered with (RENDERED_ENV: from the last recorded test)."""
+    on the host; raises when P2P fails. A verdict that asks for another NCCL environment than
+    the unit was rendered with (RENDERED_ENV: from the last recorded test; e.g. P2P works again
+    where the unit had NCCL_P2P_DISABLE=1, or an `adapt` host lost it) rewrites the unit with
+    it and reloads systemd, so that the server starts once, with the verdict just proven."""
     s = ctx.settings
     checks, _ = run_probe(ctx, "p2p")
     p2pview.show(checks, record=True, policy=s.gpu_p2p_policy)
@@ -67,14 +70,20 @@ def retest(ctx, rendered_env: dict) -> None:
                        before=f"before {s.sglang_service} starts again (retested with it "
                               "stopped; it stays stopped)")
     ctx.p2p_skipped = False
-    if dict(ctx.nccl_env) != rendered_env:
-        raise PreflightError(
-            what=f"the P2P verdict {s.sglang_service}'s new unit was rendered with (the last "
-                 f"recorded test on {host.name}) to still hold",
-            found=f"the retest asks for NCCL environment {_env(ctx.nccl_env)}, the unit has "
-                  f"{_env(rendered_env)}; {s.sglang_service} is stopped (for the retest)",
-            fix="run the deploy again: the new verdict is recorded on the host, and the next "
-                "run renders the unit with it and starts the server")
+    if dict(ctx.nccl_env) != rendered_env:  # the hardware (or the policy) changed since
+        unit = ctx.layout.unit_file
+        ops.write_text(unit, ctx.unit_text())  # rendered with the new verdict: ctx.nccl_env
+        ok, out = host.run_shell_command("systemctl daemon-reload", print_output=False)
+        if not ok:
+            raise PreflightError(
+                what=f"systemd to load {unit}, rendered again with the retest's verdict",
+                found=(out.stderr or "no output")[-500:] + f"; {s.sglang_service} is stopped",
+                fix="run `systemctl daemon-reload` on the host and read its error, then run "
+                    "the deploy again")
+        logger.warning(f"{host.print_prefix}P2P retest: the verdict changed since the last "
+                       f"recorded test; {unit} rendered again with NCCL environment "
+                       f"{_env(ctx.nccl_env)} (was {_env(rendered_env)}) before "
+                       f"{s.sglang_service} starts")
 
 
 def _env(env: dict) -> str:

@@ -76,6 +76,10 @@ class Context:
         return service.service_environment(self.settings, {**self.nccl_env, **self.group_env},
                                            toolchain)
 
+    def unit_text(self) -> str:
+        """The systemd unit this host's server runs under (``unit_for``)."""
+        return unit_for(self)
+
     def verify_params(self) -> dict:
         return service.verify_params(self.settings, release_id=self.release_id,
                                      sglang_version=self.sglang_version,
@@ -143,7 +147,8 @@ def preflight_stage() -> Context:
     checks, matrix = p2pretest.run_probe(ctx, kind)
     if ctx.p2p_skipped and record:
         checks, ctx.nccl_env = preflight.use_p2p_record(checks, ctx.nccl_env, record,
-                                                        settings.sglang_service)
+                                                        settings.sglang_service,
+                                                        settings.gpu_p2p_policy)
     if kind == "none":
         checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified,
                                                record, read_only=plan.read_only())

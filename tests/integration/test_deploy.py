@@ -245,6 +245,22 @@ def test_p2p_unsupported_adapts_by_policy(testbed):
     assert "NCCL_P2P_DISABLE" in out
     unit = testbed.ssh(TB2, "cat /etc/systemd/system/sglang.service", check=True).stdout
     assert "Environment=NCCL_P2P_DISABLE=1" in unit
+    # P2P works again (the scenario healthy): the next restart's retest proves it, and the
+    # unit, planned from the last record (P2P disabled, the same policy), is rewritten
+    # before the one start
+    flags = ["--data", "gpu_p2p_policy=adapt",
+             "--data", f"sglang_flags={json.dumps({**SEED_FLAGS, 'enable-metrics': False})}"]
+    r = deploy(testbed, TB2, *flags)
+    out = both(r)
+    assert r.returncode == 0, out[-4000:]
+    assert "rendered again with NCCL environment (none) (was NCCL_P2P_DISABLE=1)" in out, out[-4000:]
+    unit = testbed.ssh(TB2, "cat /etc/systemd/system/sglang.service", check=True).stdout
+    assert "NCCL_P2P_DISABLE" not in unit and "--enable-metrics" not in unit
+    env = testbed.ssh(TB2, "tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value "
+                           "sglang)/environ", check=True).stdout
+    assert "NCCL_P2P_DISABLE" not in env  # the server runs the rewritten unit
+    r = deploy(testbed, TB2, *flags)  # and the next run plans that unit: nothing changes
+    assert r.returncode == 0 and changed(both(r)) == [], both(r)[-4000:]
 
 
 # ---------------------------------------------------------------------------------- tb3

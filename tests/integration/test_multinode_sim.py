@@ -39,6 +39,10 @@ def group2(testbed):
               "zipfile.ZipFile(glob.glob(\"/srv/wheelhouse/sglang-*.whl\")[0])"
               f".extractall(\"{SITE}\")'")
     for h in (a, b):
+        # the simulator nodes take the GPUs and port 30000 that a deployed server would hold
+        # (an earlier module's group leaves its units running); stopped, left to later deploys
+        testbed.ssh(h, "systemctl stop sglang-watchdog.service sglang.service 2>/dev/null; "
+                       "! systemctl is-active -q sglang.service", check=True)
         testbed.ssh(h, unpack, check=True, timeout=300)
     pids: dict[str, list[int]] = {a: [], b: []}
     try:
@@ -91,8 +95,12 @@ def test_group_rendezvous_across_hosts(testbed, group2):
                      timeout=120)
     assert get(f"http://{rank0}:{HTTP_PORT}/health")[0] == 200
     node1 = f"http://{testbed.address(b)}:{HTTP_PORT}"
-    testbed.wait_for("node 1's health server",
-                     lambda: "Dummy health check server started" in log_of(testbed, b, 1), timeout=60)
+    try:
+        testbed.wait_for("node 1's health server",
+                         lambda: "Dummy health check server started" in log_of(testbed, b, 1),
+                         timeout=60)
+    except AssertionError as e:  # what node 1 printed instead
+        raise AssertionError(f"{e}; node 1's log ends: {log_of(testbed, b, 1)[-2000:]}") from None
     assert get(node1 + "/health") == (200, b"")
     assert get(node1 + "/generate")[0] == 404
     text = log_of(testbed, b, 1)

@@ -87,7 +87,9 @@ def test_a_wedged_host_behind_the_router_is_taken_out_restarted_and_put_back(rou
                        "systemctl start sglang-watchdog", check=True)
     url, key = router(testbed)
     worker = f"http://{next(h['address'] for h in testbed.state['hosts'] if h['name'] == TB1)}:30000"
-    assert set(workers(url, key).values()) == {"ready"} and len(workers(url, key)) == 2
+    # TB1 and at least one other server ready behind it (the suite's testbed may hold more)
+    ready = workers(url, key)
+    assert set(ready.values()) == {"ready"} and worker in ready and len(ready) >= 2, ready
     before = testbed.host_state(TB1)["invocation"]
     wall_minus_mono = time.time() - time.monotonic()
 

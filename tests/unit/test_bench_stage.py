@@ -44,3 +44,15 @@ def test_the_steps_done_while_draining_are_told_apart_from_the_installs():
         in figs["stage_total"].notes
     assert "done while their hosts drained (--no-stage keeps today's order: drain, then the " \
         "run): 3.8 s" in figs["stage_saved"].notes
+
+
+def test_a_model_revision_is_timed_against_the_config_only_change_with_the_cold_one_beside():
+    run = {**a_run(), "revision": case(40, 4, 9.5), "revision_cold": case(44, 5, 11.5)}
+    run["revision_cold"]["load"] = {"during": {"failed": 2, "requests": 90}}
+    fig = {f.key: f for f in stage.figures([run])}["stage_revision_out"]
+    assert fig.samples == [9.5] * 3 and fig.baseline_samples == [8] * 3
+    assert fig.goal_value == 1.2 and fig.goal_kind == "ratio_max"
+    assert "warm off (`sglang_model_warm: false`): 11.5 s, 11.5 s, 11.5 s" in fig.notes
+    assert "failed requests during both: 2 of 190" in fig.notes
+    # runs without the revision rollouts (older results) give no such figure
+    assert "stage_revision_out" not in {f.key for f in stage.figures([a_run()])}

@@ -108,10 +108,18 @@ def test_no_base_image_is_a_data_error():
                      base_image="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"),
      ("pct", "create", "105", "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
       "--hostname", "gpu-node-1", "--unprivileged", "1", "--features", "nesting=1")),
+    (c.ContainerSpec("gpu-node-1", "proxmox", 105, unprivileged=False,
+                     base_image="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+                     config=("net0: name=eth0,bridge=vmbr0,ip=dhcp", "rootfs: local-lvm:64",
+                             "features: nesting=1,keyctl=1")),
+     ("pct", "create", "105", "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+      "--hostname", "gpu-node-1", "--unprivileged", "0", "--net0",
+      "name=eth0,bridge=vmbr0,ip=dhcp", "--rootfs", "local-lvm:64", "--features",
+      "nesting=1,keyctl=1")),
     (c.ContainerSpec("gpu-node-1", "incus", base_image="images:debian/12"),
-     ("incus", "launch", "images:debian/12", "gpu-node-1")),
+     ("incus", "init", "images:debian/12", "gpu-node-1")),
     (c.ContainerSpec("gpu-node-1", "lxd", base_image="ubuntu:24.04", unprivileged=False),
-     ("lxc", "launch", "ubuntu:24.04", "gpu-node-1", "-c", "security.privileged=true")),
+     ("lxc", "init", "ubuntu:24.04", "gpu-node-1", "-c", "security.privileged=true")),
 ])
 def test_create_commands_are_accepted_by_the_stand_ins(tmp_path, spec, argv):
     plan = c.create_plan(spec)
@@ -119,3 +127,50 @@ def test_create_commands_are_accepted_by_the_stand_ins(tmp_path, spec, argv):
     done, calls = run_standin(argv, tmp_path)
     assert done.returncode == 0, done.stderr
     assert calls == [{"tool": argv[0], "argv": list(argv)}]
+
+
+def test_created_containers_are_not_started_and_exist_in_the_stand_ins(tmp_path):
+    """`pct create` and `init` make the container stopped (the GPUs are passed in first);
+    a second create of the same one fails, as the real tools do."""
+    pve = c.create_plan(c.ContainerSpec(
+        "gpu-node-1", "proxmox", 105, config=("net0: name=eth0,bridge=vmbr0,ip=dhcp",),
+        base_image="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst")).argv[0]
+    assert "--start" not in pve
+    assert run_standin(pve, tmp_path)[0].returncode == 0
+    written = (tmp_path / "answers/pct/105.conf").read_text().splitlines()
+    assert written == sorted(written) and "net0: name=eth0,bridge=vmbr0,ip=dhcp" in written
+    assert run_standin(["pct", "status", "105"], tmp_path)[0].stdout == "status: stopped\n"
+    assert run_standin(pve, tmp_path)[0].returncode != 0
+    init = c.create_plan(c.ContainerSpec("gpu-node-1", "incus", base_image="images:debian/12"))
+    assert run_standin(init.argv[0], tmp_path)[0].returncode == 0
+    listed = run_standin(["incus", "list", "gpu-node-1", "-c", "s", "-f", "csv"], tmp_path)[0]
+    assert listed.stdout == "STOPPED\n"
+    assert run_standin(init.argv[0], tmp_path)[0].returncode == 1
+
+
+@pytest.mark.parametrize(("dialect", "config", "text"), [
+    ("proxmox", ["hostname: other"], "hostname"),
+    ("proxmox", ["password: hunter2"], "ssh-public-keys"),
+    ("proxmox", ["dev0: /dev/nvidia0"], "passthrough is the tool's"),
+    ("proxmox", ["lxc.net.0.type = veth"], "not `KEY: VALUE`"),
+    ("proxmox", ["start: 1"], "starts the container"),
+    ("lxc", ["net0: name=eth0"], "lxc.KEY = VALUE"),
+    ("incus", ["limits.cpu=8"], "default profile"),
+])
+def test_config_lines_of_the_wrong_shape_for_the_dialect_are_refused(dialect, config, text):
+    item = {"name": "n", "dialect": dialect, "config": config,
+            **({"ctid": 105} if dialect == "proxmox" else {})}
+    with pytest.raises(DataError) as e:
+        c.parse_containers([item])
+    assert e.value.key == "lxc_containers[0].config" and text in str(e.value)
+    assert "hunter2" not in str(e.value)
+
+
+def test_config_lines_are_checked_again_once_the_dialect_is_known():
+    """Without a dialect either shape is taken; the host's dialect then decides."""
+    (spec,) = c.parse_containers([{"name": "n", "ctid": 105,
+                                   "config": ["net0: name=eth0,bridge=vmbr0,ip=dhcp"]}])
+    assert c.resolve_dialect(spec, ["pct", "lxc-start"]).config == spec.config
+    (lxc_spec,) = c.parse_containers([{"name": "n", "config": ["lxc.net.0.type = veth"]}])
+    with pytest.raises(DataError, match="KEY: VALUE"):
+        c.resolve_dialect(lxc_spec.__class__(**{**lxc_spec.__dict__, "ctid": 105}), ["pct"])

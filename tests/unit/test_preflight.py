@@ -749,6 +749,24 @@ def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
     assert env == {"NCCL_P2P_DISABLE": "1"}
 
 
+def test_a_p2p_off_verdict_of_another_policy_does_not_stand():
+    """An `adapt` record that turned P2P off does not stand under `require`: the unit is
+    planned without its env (a restart, with the P2P retest first), and the check says so."""
+    from sglang_deploy.core.preflight import Check, use_p2p_record
+
+    checks = [Check("p2p-data", "skipped", "no copies"), Check("p2p-bandwidth", "skipped", "")]
+    off = {"gpus": 8, "policy": "adapt", "nccl_env": {"NCCL_P2P_DISABLE": "1"}}
+    out, env = use_p2p_record(checks, {}, off, "sglang", "require")
+    assert env == {} and out[-1].name == "p2p-data" and out[-1].status == "warn"
+    assert "passed only with NCCL_P2P_DISABLE=1 (policy adapt)" in out[-1].message
+    assert "retested" in out[-1].message and "gpu_p2p_policy: adapt" in out[-1].fix
+    # the same policy, or a verdict with P2P on under another policy, stands as before
+    assert use_p2p_record(checks, {}, off, "sglang", "adapt")[1] == {"NCCL_P2P_DISABLE": "1"}
+    on = {"gpus": 8, "policy": "adapt", "nccl_env": {}}
+    kept, env = use_p2p_record(checks, {}, on, "sglang", "require")
+    assert env == {} and kept[-1].status == "pass"
+
+
 def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
     """The pre-flight's one round trip (host state with the open test, nvidia-smi, device
     nodes), run for real with sh here: every section is there, in order, even the parts that

@@ -19,9 +19,14 @@ The data is a list of mappings (``parse_containers``); each item's keys:
 ``unprivileged``            true (default) or false
 ``adopt_passthrough_lines`` false (default); true lets the tool replace hand-written NVIDIA
                             passthrough lines (``confmerge``) or gpu devices (``incus``)
-``config``                  plain LXC only: the lines (``key = value``) a container created
-                            from ``base_image`` gets besides rootfs, name and id map: its
-                            network (``lxc.net.0.*``), AppArmor profile, ``lxc.init.cmd``
+``config``                  what a container created from ``base_image`` gets besides its
+                            rootfs, name and privilege. Plain LXC: config lines (``lxc.KEY =
+                            VALUE``): its network (``lxc.net.0.*``), AppArmor profile,
+                            ``lxc.init.cmd``. Proxmox: ``pct create`` options written as its
+                            config's lines (``KEY: VALUE`` -> ``--KEY VALUE``): ``net0: name=
+                            eth0,bridge=vmbr0,ip=dhcp``, ``rootfs: local-lvm:64``, ``memory``,
+                            ``cores``; ``features`` replaces the default ``nesting=1``.
+                            LXD/Incus: none (the default profile gives network and disk)
 ==========================  =========================================================
 """
 
@@ -143,18 +148,53 @@ def _ctid(value: Any, dialect: str | None, key: str) -> int | None:
     return value
 
 
+#: a plain-LXC config line, and a Proxmox one as ``pct create`` takes it (``KEY: VALUE``)
+_LXC_LINE = re.compile(r"^lxc\.[\w.\-]+\s*=")
+_PVE_LINE = re.compile(r"^([a-z][a-z0-9\-]*):\s*(\S.*?)\s*$")
+#: Proxmox keys `config` may not set: the tool's own (from other data keys, or the GPU
+#: passthrough it writes after the create), and a secret (argv is readable by every user)
+_PVE_REFUSED = {"hostname": "the container's `name` is its hostname",
+                "unprivileged": "the `unprivileged` data key sets it",
+                "password": "a secret on a command line; use `ssh-public-keys: FILE` instead",
+                "start": "lxc_host.py starts the container once its GPUs are passed in"}
+
+
+def _pve_option(line: str) -> str | None:
+    """Why a Proxmox `config` line cannot be a ``pct create`` option (None: it can)."""
+    m = _PVE_LINE.match(line)
+    if not m:
+        return "not `KEY: VALUE`"
+    if m.group(1) in _PVE_REFUSED:
+        return _PVE_REFUSED[m.group(1)]
+    if re.fullmatch(r"dev\d+", m.group(1)):
+        return "the GPU passthrough is the tool's (written after the create)"
+    return None
+
+
 def _config(value: Any, dialect: str | None, key: str) -> tuple[str, ...]:
     if value is None:
         return ()
-    if dialect not in (None, "lxc"):
-        raise _bad(key, f"no config lines for a {dialect} container (plain LXC's)", value,
-                   "remove config; set the container up with its manager's own tools")
-    if not isinstance(value, list) or not all(
-            isinstance(x, str) and re.match(r"^lxc\.[\w.\-]+\s*=", x) and "\n" not in x
-            for x in value):
-        raise _bad(key, "a list of plain-LXC config lines `lxc.KEY = VALUE`", value,
-                   "e.g. config: ['lxc.net.0.type = veth', 'lxc.net.0.link = br0']")
-    return tuple(value)
+    if dialect not in (None, "lxc", "proxmox"):
+        raise _bad(key, f"no config lines for a {dialect} container (plain LXC's and "
+                   "Proxmox's)", value,
+                   "remove config; the default profile gives its network and disk")
+    lines = value if isinstance(value, list) and all(
+        isinstance(x, str) and "\n" not in x for x in value) else None
+    if lines is None or (dialect == "lxc" and not all(_LXC_LINE.match(x) for x in lines)) \
+            or (dialect is None and not all(_LXC_LINE.match(x) or _PVE_LINE.match(x)
+                                            for x in lines)):
+        raise _bad(key, "a list of config lines: plain LXC `lxc.KEY = VALUE`, Proxmox "
+                   "`KEY: VALUE`", value,
+                   "e.g. config: ['lxc.net.0.type = veth', 'lxc.net.0.link = br0'] (plain "
+                   "LXC), ['net0: name=eth0,bridge=vmbr0,ip=dhcp'] (Proxmox)")
+    bad = [(x, why) for x in lines if (why := _pve_option(x))] if dialect == "proxmox" else []
+    if bad:  # the line's key only: its value may be a secret (password)
+        line, why = bad[0]
+        raise _bad(key, "Proxmox `pct create` options as config lines `KEY: VALUE`",
+                   line.split(":", 1)[0] + ": ..." if ":" in line else line,
+                   f"{why}; e.g. config: ['net0: name=eth0,bridge=vmbr0,ip=dhcp', "
+                   "'rootfs: local-lvm:64']")
+    return tuple(lines)
 
 
 def _name(value: Any, key: str) -> str:
@@ -264,8 +304,9 @@ def create_plan(spec: ContainerSpec, *, lxc_path: str = LXC_PATH) -> CreatePlan:
     common config; unprivileged: LXC's userns config, the 100000:65536 id map, which
     needs ``root:100000:65536`` in /etc/subuid and /etc/subgid, and an idmapped rootfs).
     Proxmox: ``pct create CTID TEMPLATE --hostname NAME --unprivileged 1|0 --features
-    nesting=1`` (nesting: systemd's service sandboxing needs it). LXD/Incus: ``launch ALIAS
-    NAME`` (privileged: ``-c security.privileged=true``). Raises ``DataError`` when SPEC
+    nesting=1`` (nesting: systemd's service sandboxing needs it) and the `config` options.
+    LXD/Incus: ``init ALIAS NAME`` (privileged: ``-c security.privileged=true``). None of
+    them starts the container: its GPUs are passed in first. Raises ``DataError`` when SPEC
     has no base image."""
     image = spec.image
     if image is None:
@@ -276,9 +317,17 @@ def create_plan(spec: ContainerSpec, *, lxc_path: str = LXC_PATH) -> CreatePlan:
     if spec.dialect == "lxc":
         return _lxc_plan(spec, image, lxc_path)
     if spec.dialect == "proxmox":
-        return CreatePlan((("pct", "create", str(spec.ctid), image.ref, "--hostname", spec.name,
-                            "--unprivileged", "1" if spec.unprivileged else "0",
-                            "--features", "nesting=1"),))
+        return CreatePlan((_pct_create(spec, image),))
     client = "incus" if spec.dialect == "incus" else "lxc"
     extra = () if spec.unprivileged else ("-c", "security.privileged=true")
-    return CreatePlan(((client, "launch", image.ref, spec.name, *extra),))
+    return CreatePlan(((client, "init", image.ref, spec.name, *extra),))
+
+
+def _pct_create(spec: ContainerSpec, image: BaseImage) -> tuple[str, ...]:
+    """``pct create`` (which does not start it: no ``--start``) with SPEC's `config`
+    lines as options, in order; ``--features nesting=1`` unless they set ``features``."""
+    options = [_PVE_LINE.match(x).groups() for x in spec.config]  # type: ignore[union-attr]
+    features = () if any(k == "features" for k, _ in options) else ("--features", "nesting=1")
+    return ("pct", "create", str(spec.ctid), image.ref, "--hostname", spec.name,
+            "--unprivileged", "1" if spec.unprivileged else "0", *features,
+            *(x for k, v in options for x in (f"--{k}", v)))

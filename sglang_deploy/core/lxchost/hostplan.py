@@ -13,7 +13,8 @@ base image stop the run before anything is changed.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,7 +86,16 @@ class ContainerPlan:
     ``record_path`` / ``new_record`` (the Record JSON to keep; None: unchanged),
     ``incus_argv`` (LXD/Incus), ``changes`` (one line each, for the operator), ``restart``
     (``restart.RestartDecision``), ``userspace`` (the driver libraries' finding; None when
-    not read: a stopped container, or LXD/Incus's injected user space), ``warnings``."""
+    not read: a stopped container, or LXD/Incus's injected user space), ``warnings``,
+    and for a Proxmox container created by this run (``new_config`` is None then: the file
+    is pct's, its lines not the tool's to write) ``pct_set`` (Proxmox 8.1 and newer: the
+    argv ``pct set CTID --devN VALUE ...``) or ``append_lines`` (before 8.1: the ``lxc.*``
+    lines appended to the file ``pct create`` wrote).
+
+    In the order the shell applies it: ``create.argv`` (create it, never started), the
+    passthrough (the config file; ``pct_set`` or ``append_lines``), the record,
+    ``incus_argv`` (LXD/Incus: the gpu device and ``nvidia.runtime``, also for a container
+    created by ``init``), then ``restart`` (a created container: start it)."""
 
     spec: ContainerSpec
     restart: restart.RestartDecision
@@ -98,10 +108,13 @@ class ContainerPlan:
     changes: tuple[str, ...] = ()
     userspace: userspace_mod.UserspaceFinding | None = None
     warnings: tuple[str, ...] = field(default=())
+    pct_set: tuple[str, ...] = ()
+    append_lines: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
-        return bool(self.create or self.new_config is not None or self.incus_argv)
+        return bool(self.create or self.new_config is not None or self.incus_argv
+                    or self.pct_set or self.append_lines)
 
 
 def config_path(spec: ContainerSpec, lxc_path: str) -> str | None:
@@ -153,48 +166,86 @@ def _missing(spec: ContainerSpec, info: HostInfo) -> CreatePlan:
             f"the container {spec.name} {where} on the LXC host", found="no such container",
             fix=f"fix the name in lxc_containers, create the container, or give it a "
                 f"`base_image` (lxc_containers: {spec.name}) to have lxc_host.py create it")
-    if spec.dialect != "lxc":
-        plan = containers.create_plan(spec)
-        raise LxcHostError(
-            f"the container {spec.name} on the LXC host", found="no such container",
-            fix=("create it with `" + " ".join(plan.argv[0]) + "`, then run lxc_host.py again "
-                 "(lxc_host.py creates plain-LXC containers only, so far)"))
     return containers.create_plan(spec, lxc_path=info.lxc_path)
+
+
+@dataclass(frozen=True)
+class _FilePart:
+    """The config-file dialects' share of a plan (see ``ContainerPlan``)."""
+
+    merged: confmerge.MergeResult
+    new_config: str | None
+    pct_set: tuple[str, ...]
+    append: tuple[str, ...]
+    changes: tuple[str, ...]
+
+
+def _pve_created(spec: ContainerSpec, lines: Sequence[str], dev_entries: bool
+                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A new Proxmox container's passthrough after ``pct create`` (which writes the config
+    itself: none of its lines is replaced): (the ``pct set CTID --devN VALUE ...`` argv,
+    the lines to append). ``devN`` entries go through ``pct set`` (its own file write,
+    under its lock); ``lxc.*`` lines are appended to the file pct wrote (``pct set`` takes
+    no ``lxc.*`` key). Either way the file then holds LINES verbatim, the record's lines."""
+    if not dev_entries:
+        return (), tuple(lines)
+    options = [x for kv in (confmerge.key_value(line, "proxmox") for line in lines) if kv
+               for x in (f"--{kv[0]}", kv[1])]
+    return ("pct", "set", str(spec.ctid), *options), ()
+
+
+def append_command(path: str, lines: Sequence[str]) -> str:
+    """The shell command that appends LINES (one a line) to the file PATH."""
+    return "printf '%s\\n' " + " ".join(shlex.quote(x) for x in lines) + " >> " \
+        + shlex.quote(path)
+
+
+def _file_part(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any],
+               create: CreatePlan | None, record: confmerge.Record) -> _FilePart:
+    """Plain LXC or Proxmox: the passthrough merged into the config (a created plain-LXC
+    container's whole file; a created Proxmox container's lines after pct's own)."""
+    want = desired.desired_directives(spec.dialect, info.facts, spec.gpus,
+                                      dev_entries_ok=info.dev_entries)
+    text = state.get("config") or ""
+    if create:
+        text = "\n".join(create.config_lines) + "\n" if spec.dialect == "lxc" else ""
+    merged = confmerge.merge(text, want, spec.dialect, info.facts.majors, record,
+                             adopt=spec.adopt_passthrough_lines,
+                             path=config_path(spec, info.lxc_path) or spec.name)
+    changes = [f"create {spec.name} from {spec.base_image}"] if create else []
+    new_config, pct_set, append = None, (), ()
+    if merged.changed or create:
+        changes += [f"add: {x}" for x in merged.added] + [f"remove: {x}" for x in merged.removed]
+        if create and spec.dialect == "proxmox":
+            pct_set, append = _pve_created(spec, merged.record.lines, info.dev_entries)
+        else:
+            new_config = merged.text
+    return _FilePart(merged, new_config, pct_set, append, tuple(changes))
 
 
 def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]) -> ContainerPlan:
     """The plan for SPEC's container from STATE (``exists``, ``config``, ``record``,
     ``running``, ``init`` (its init PID, plain LXC), ``serving``, ``libraries``,
-    ``os_release``). A restart reported as needed by an earlier run and not done since (the
-    same init PID) counts as a change until it is done. Raises ``LxcHostError`` on a
-    missing container without a base image, hand-written NVIDIA lines that conflict (and
-    ``adopt_passthrough_lines`` false), or a record it cannot read."""
+    ``os_release``). A missing container is created (from its base image), its GPUs
+    passed in, then started. A restart reported as needed by an earlier run and not done
+    since (the same init PID) counts as a change until it is done. Raises ``LxcHostError``
+    on a missing container without a base image, hand-written NVIDIA lines that conflict
+    (and ``adopt_passthrough_lines`` false), or a record it cannot read."""
     rpath = record_path(spec, info.record_dir)
     running, serving = bool(state.get("running")), bool(state.get("serving"))
     create = None if state.get("exists") else _missing(spec, info)
-    changes: list[str] = []
-    new_config = new_record = None
-    incus_argv: tuple[tuple[str, ...], ...] = ()
-    warnings: list[str] = []
-    cpath = config_path(spec, info.lxc_path)
+    new_record = None
     record, pending = (confmerge.Record(), False) if create else _record(state.get("record"), rpath)
-    merged = None
     if spec.dialect in desired.FILE_DIALECTS:
-        want = desired.desired_directives(spec.dialect, info.facts, spec.gpus,
-                                          dev_entries_ok=info.dev_entries)
-        text = "\n".join(create.config_lines) + "\n" if create else (state.get("config") or "")
-        merged = confmerge.merge(text, want, spec.dialect, info.facts.majors, record,
-                                 adopt=spec.adopt_passthrough_lines, path=cpath or spec.name)
-        if create:
-            changes.append(f"create {spec.name} from {spec.base_image}")
-        if merged.changed or create:
-            new_config = merged.text
-            changes += [f"add: {x}" for x in merged.added] + [f"remove: {x}" for x in merged.removed]
-        warnings += merged.warnings
+        part = _file_part(spec, info, state, create, record)
+        merged, new_config, pct_set, append = part.merged, part.new_config, part.pct_set, part.append
+        changes, warnings, incus_argv = part.changes, part.merged.warnings, ()
     else:
-        plan = incus.plan(state.get("config") or "", spec.dialect, spec.name, info.facts,
-                          spec.gpus, adopt=spec.adopt_passthrough_lines)
-        incus_argv, changes = plan.argv, list(plan.changes)
+        plan = incus.plan("" if create else state.get("config") or "", spec.dialect, spec.name,
+                          info.facts, spec.gpus, adopt=spec.adopt_passthrough_lines)
+        merged, new_config, pct_set, append, warnings = None, None, (), (), ()
+        incus_argv = plan.argv
+        changes = (f"create {spec.name} from {spec.base_image}",) * bool(create) + plan.changes
     finding = None
     if running and info.facts.module and spec.dialect in desired.FILE_DIALECTS \
             and state.get("libraries") is not None:
@@ -213,5 +264,6 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
                             init if decision.action in (restart.NEEDED, restart.DRAIN) else False)
         if create or keep != (state.get("record") or ""):
             new_record = keep
-    return ContainerPlan(spec, decision, cpath, new_config, rpath, new_record, incus_argv,
-                         create, tuple(changes), finding, tuple(warnings))
+    return ContainerPlan(spec, decision, config_path(spec, info.lxc_path), new_config, rpath,
+                         new_record, incus_argv, create, tuple(changes), finding,
+                         tuple(warnings), pct_set, append)

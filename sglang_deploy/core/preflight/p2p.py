@@ -384,14 +384,27 @@ def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> 
 
 
 def use_p2p_record(checks: list[Check], env: dict[str, str], record: Mapping[str, Any],
-                   service: str) -> tuple[list[Check], dict[str, str]]:
+                   service: str, policy: str | None = None) -> tuple[list[Check], dict[str, str]]:
     """Checks and NCCL env when the peer copies were skipped because SERVICE is serving:
-    the last full test's verdict (RECORD) stands for the copy and bandwidth checks."""
+    the last full test's verdict (RECORD) stands for the copy and bandwidth checks. Under
+    another POLICY than the record's, a verdict that turned P2P off (``adapt``: its NCCL env)
+    does not stand: the unit is planned without that env, and the check warns that P2P is
+    proven by the retest before the restart this brings."""
     kept = [c for c in checks if c.name not in P2P_RECORD_CHECKS]
+    recorded_env = dict(record.get("nccl_env") or {})
+    was = record.get("policy")
+    if policy is not None and was != policy and recorded_env:
+        found = " ".join(f"{k}={v}" for k, v in sorted(recorded_env.items()))
+        kept.append(Check("p2p-data", "warn",
+                          f"the last full P2P test on this host passed only with {found} "
+                          f"(policy {was}); with policy {policy} the unit is planned without "
+                          f"it, and P2P is retested, with {service} stopped, before it restarts",
+                          fix="nothing to do: the deploy retests P2P before the restart (it "
+                              f"fails there, leaving {service} stopped, if P2P still does not "
+                              f"work); set gpu_p2p_policy: {was} to keep serving without P2P"))
+        return kept, dict(env)
     kept.append(Check("p2p-data", "pass",
                       f"peer copies skipped while {service} serves on these GPUs; the last full "
                       f"test on this host passed ({record.get('gpus')} GPUs, policy "
-                      f"{record.get('policy')}); set gpu_p2p_test: always to copy anyway"))
-    return kept, {**dict(record.get("nccl_env") or {}), **env}
-
-
+                      f"{was}); set gpu_p2p_test: always to copy anyway"))
+    return kept, {**recorded_env, **env}

@@ -1,9 +1,12 @@
 """pyinfra operations of ``lxc_host.py``: what ``core.lxchost.hostplan`` planned, applied.
 
 ``lxc_host_stage`` reads the facts, plans every container of the host (each check before
-anything changes), then adds the operations: nvidia_uvm at boot, each container's creation,
-config, record, LXD/Incus device commands, and its restart as ``restart.decide`` says. A
-restart that is due but not done is told with its command (``restart needed``).
+anything changes), then adds the operations: nvidia_uvm at boot, each container's creation
+(plain LXC, ``pct create``, ``incus init`` / ``lxc init``: none starts it), its passthrough
+(the config file; a new Proxmox container's ``pct set --devN`` or lines appended to pct's
+file), record, LXD/Incus device commands, and its restart as ``restart.decide`` says (a
+new container: started, waited for, its SSH host key fingerprint printed). A restart that
+is due but not done is told with its command (``restart needed``).
 """
 
 from __future__ import annotations
@@ -121,15 +124,22 @@ def _report_userspace(name: str, finding) -> None:
 
 
 def container_operations(plan: ContainerPlan, info: HostInfo) -> None:
-    """One container's operations, in order: create, config, record, LXD/Incus commands,
-    the restart (or its report)."""
+    """One container's operations, in order: create, passthrough (config file, pct set or
+    lines appended), record, LXD/Incus commands, the restart (or its report)."""
     spec = plan.spec
     c = ContainerCommands(spec.dialect, spec.name, spec.ctid, info.lxc_path)
     for line in plan.warnings:
         logger.warning(f"{_tag(spec.name)}{line}")
     if plan.create:
-        server.shell(name=f"[{spec.name}] create from {spec.base_image}",
+        server.shell(name=f"[{spec.name}] create from {spec.base_image} (not started)",
                      commands=[" && ".join(shlex.join(a) for a in plan.create.argv)])
+    if plan.pct_set:
+        server.shell(name=f"[{spec.name}] GPU passthrough: devN entries by pct set",
+                     commands=[shlex.join(plan.pct_set)])
+    if plan.append_lines and plan.config_path:
+        server.shell(name=f"[{spec.name}] GPU passthrough appended to {plan.config_path} "
+                          "(after pct's own lines)",
+                     commands=[hostplan.append_command(plan.config_path, plan.append_lines)])
     if plan.new_config is not None and plan.config_path:
         files.put(name=f"[{spec.name}] GPU passthrough in {plan.config_path}",
                   src=StringIO(plan.new_config), dest=plan.config_path)
