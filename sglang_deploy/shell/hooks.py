@@ -181,9 +181,9 @@ def require_checked(deploy_file: str) -> None:
     folder no host's data is checked (a launch flag typo goes to the host) and nothing of
     ``install`` is in place (the deploy lock, FAIL_PERCENT=0): the run's State is not
     marked checked (``integration.is_checked``)."""
-    from pyinfra.context import ctx_state
+    from pyinfra import state  # the run's State (pyinfra's context); none outside a run
 
-    if is_checked(ctx_state.get()):
+    if is_checked(state):
         return
     project = Path(deploy_file).resolve().parent
     raise for_pyinfra(UsageError(

@@ -26,8 +26,12 @@ from typing import Any
 
 import pyinfra.api.host as pyinfra_host
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.command import FileDownloadCommand, FileUploadCommand, FunctionCommand
-from pyinfra.api.command import StringCommand
+from pyinfra.api.command import (
+    FileDownloadCommand,
+    FileUploadCommand,
+    FunctionCommand,
+    StringCommand,
+)
 from pyinfra.context import ctx_host, ctx_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +42,9 @@ RAW = REPO / "tests" / "fixtures" / "stagecases"
 UPDATE_ENV = "UPDATE_STAGE_CASES"
 #: the environment the stages read that a case must not inherit from the shell
 CLEARED_ENV = ("SGLANG_DEPLOY_PLAN", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_STAGED",
-               "SGLANG_DEPLOY_JOURNAL", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY")
+               "SGLANG_DEPLOY_JOURNAL", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY",
+               "SGLANG_DEPLOY_ROLL_GATE", "SGLANG_DEPLOY_ROLL_GATE_PID",
+               "SGLANG_DEPLOY_ROLL_GATE_S", "TESTBED_ROUTER_KEY")
 
 
 # ------------------------------------------------------------------ inputs: data and facts
@@ -364,17 +370,28 @@ def start_run(state, inventory, dry: bool) -> None:
         h.connected = True
 
 
-def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
-    """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
-    controller's caches go there); returns, per host, the facts read and the operations."""
-    from sglang_deploy.shell import flagcache, hooks
-
+def _environment(case: dict, cwd: Path, monkeypatch) -> None:
+    """The controller's environment of CASE: the case's own, its run mode, its gate."""
     for name in CLEARED_ENV:
         monkeypatch.delenv(name, raising=False)
     for name, value in (case.get("env") or {}).items():
         monkeypatch.setenv(name, value)
     if case.get("stage_only"):  # the rollout's staging run (``shell/staging.py``)
         monkeypatch.setenv("SGLANG_DEPLOY_STAGE_ONLY", "1")
+    if case.get("roll_gate") is not None:  # a staged rollout's rolling run at its gate
+        from sglang_deploy.shell import rollgate
+
+        gate = cwd / "batch.gate"
+        gate.write_text(case["roll_gate"] + "\n")
+        monkeypatch.setenv(rollgate.GATE_ENV, str(gate))
+
+
+def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
+    """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
+    controller's caches go there); returns, per host, the facts read and the operations."""
+    from sglang_deploy.shell import flagcache, hooks
+
+    _environment(case, cwd, monkeypatch)
     # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
     monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
     monkeypatch.setattr(flagcache, "_MEMORY", {}, raising=False)  # only this case's cache
@@ -396,7 +413,9 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
         raise AssertionError(f"the stage cases never connect ({self.name})")
 
     monkeypatch.setattr(pyinfra_host.Host, "connect", never)
-    inventory = Inventory(([(n, host_data(case, n)) for n in case["hosts"]], {}))
+    groups = {name: (list(members), {}) for name, members in
+              (case.get("groups") or {}).items()}  # inventory groups (``routers``)
+    inventory = Inventory(([(n, host_data(case, n)) for n in case["hosts"]], {}), **groups)
     state = State(inventory, Config())
     state.cwd = str(cwd)
     start_run(state, inventory, bool(case.get("dry")))

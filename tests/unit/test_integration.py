@@ -14,6 +14,8 @@ from pathlib import Path
 
 import gevent
 import pyinfra
+import pyinfra_internals
+import pyinfrascan
 import pytest
 from pyinfra import logger
 from pyinfra.api import Config, Inventory, State
@@ -185,3 +187,61 @@ def test_a_deploy_file_runs_only_on_a_checked_state():
         setattr(state, integration.CHECKED_ATTR, True)
         hooks.require_checked(str(REPO / "deploy.py"))
 
+
+
+# ------------------------------------------------------------------ pyinfra's internals, listed
+def test_every_use_of_pyinfra_is_public_or_listed():
+    """The package touches nothing of pyinfra that is neither its public API nor listed in
+    ``pyinfra_internals.INTERNALS`` (with why): a new private use fails here."""
+    unlisted = {key: files for key, files in pyinfrascan.scan().items()
+                if not pyinfra_internals.is_public(key) and key not in pyinfra_internals.listed()}
+    assert not unlisted, (
+        f"pyinfra internals used and not listed: {unlisted}; use pyinfra's public API, or add "
+        "an Internal to tests/unit/pyinfra_internals.py (why, its shape, how to drop it)")
+
+
+def test_every_listed_internal_is_still_used_and_none_is_public():
+    found = pyinfrascan.scan()
+    stale = [key for key in pyinfra_internals.listed() if key not in found]
+    assert not stale, f"listed but no longer used (drop them from INTERNALS): {stale}"
+    public = [key for key in pyinfra_internals.listed() if pyinfra_internals.is_public(key)]
+    assert not public, public
+
+
+@pytest.mark.parametrize("internal", pyinfra_internals.INTERNALS, ids=lambda i: i.what[:40])
+def test_each_internal_still_has_the_shape_used(internal):
+    assert internal.reason and internal.without
+    internal.shape()
+
+
+SOURCE = '''
+from pyinfra import host, state
+from pyinfra.api.util import get_kwargs_str
+from pyinfra.operations import server
+
+def op(tokens):
+    state = {"a": 1}           # a dict of ours: not pyinfra's State
+    state.get("a")
+    host.name                  # public
+    server.shell._inner        # a nested operation
+    host.current_op_hash       # pyinfra's bookkeeping
+    getattr(host.connector, "client", None)
+'''
+
+
+def test_the_scan_finds_private_uses_and_leaves_public_ones():
+    keys = set(pyinfrascan.uses_in(ast.parse(SOURCE)))
+    private = {k for k in keys if not pyinfra_internals.is_public(k)}
+    assert private == {"pyinfra.api.util.get_kwargs_str", "pyinfra.operations.server.shell._inner",
+                       "Host.current_op_hash", "Host.connector", "SSHConnector.client"}, private
+    assert {"Host.name", "pyinfra.operations.server"} <= keys - private
+    assert not any(k.startswith("State.") for k in keys)  # state.get: a dict's, not State's
+
+
+def test_a_shape_that_moved_fails_naming_it():
+    moved = pyinfra_internals._signature_has("pyinfra.api.state.State.init", "no_such_param")
+    with pytest.raises(AssertionError, match="no_such_param"):
+        moved()
+    gone = pyinfra_internals._has("pyinfra.api.state.State", "no_such_member", instance=True)
+    with pytest.raises(AssertionError, match="no_such_member"):
+        gone()
