@@ -306,6 +306,16 @@ INTERNALS = (
              _has("pyinfra_cli.exceptions", "CliError")),
         "load inventories with our own loader"),
     Internal(
+        "the run's pyinfra context kept while another inventory loads inside the run",
+        ("pyinfra.context.ctx_config", "pyinfra.context.ctx_host",
+         "pyinfra.context.ctx_inventory"),
+        "lxc_host.py reads the serving fleet's inventory (`serves.inventory`: its routers) "
+        "while its own run prepares; loading it sets pyinfra's context (State, inventory, "
+        "host, config), which shell/lxchost/serving.py puts back afterwards",
+        _all(*(_has(f"pyinfra.context.{c}", "get", "set")
+               for c in ("ctx_config", "ctx_host", "ctx_inventory", "ctx_state"))),
+        "read the serving fleet in a subprocess (`sglang-deploy` prints its routers as JSON)"),
+    Internal(
         "our own attributes on pyinfra's State and Host",
         tuple(f"own attribute {name}" for name in (
             "_sglang_deploy_checked", "_sglang_deploy_integration", "_sglang_deploy_read_only",
