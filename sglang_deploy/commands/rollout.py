@@ -303,6 +303,20 @@ class Rollout(RolloutSteps):
                     results[name].message = f"not restarted: drain failed: {exc.found}"
                     self.say(f"    {name}: drain failed, not restarted:\n{indent(exc.message)}")
                     return False
+            for name in r.strays(group):  # e.g. a new group's rank 1, a worker until now
+                self.say(f"    {name}: listed by the router {r.host} but {r.others[name][1]}: "
+                         "drained out of it, not put back (the router's unit may still name it "
+                         f"at its next start: `pyinfra {self.inventory} deploy.py --limit "
+                         f"{r.host}` writes the inventory's worker list there)")
+                try:
+                    r.drain(name, say=self.say)
+                    results[name].router = "removed"
+                except RouterError as exc:
+                    results[name].status = "failed"
+                    results[name].router = "out"
+                    results[name].message = f"not restarted: drain failed: {exc.found}"
+                    self.say(f"    {name}: drain failed, not restarted:\n{indent(exc.message)}")
+                    return False
         return True
 
     def put_back(self, fronts: list, names: list[str], results: dict) -> bool:

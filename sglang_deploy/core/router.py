@@ -126,15 +126,24 @@ def parse_workers(doc: dict) -> list[Worker]:
     return out
 
 
-def worker_states(expected: list[tuple[str, str]], listed: list[Worker]) -> list[dict]:
+def worker_states(expected: list[tuple[str, str]], listed: list[Worker],
+                  others: dict[str, tuple[str, str]] | None = None) -> list[dict]:
     """``{"host", "url", "state"}`` per inventory worker (EXPECTED: host, url), state as the
     router reports it (ready, not_ready, draining...) or ``absent``; workers the router
-    lists that are not in the inventory follow with host ``null``."""
+    lists that are not workers of the inventory follow: with the inventory host and why it is
+    not a worker (``"not_worker"``) where OTHERS (url -> (host, why)) knows the URL (a
+    group's node of rank >= 1, which a deploy of the router then removes), else host
+    ``null``."""
     by_url = {w.url: w for w in listed}
     rows = [{"host": h, "url": u, "state": by_url[u].status if u in by_url else "absent"}
             for h, u in expected]
     known = {u for _, u in expected}
-    rows += [{"host": None, "url": w.url, "state": w.status} for w in listed if w.url not in known]
+    for w in listed:
+        if w.url in known:
+            continue
+        host, why = (others or {}).get(w.url, (None, None))
+        rows.append({"host": host, "url": w.url, "state": w.status,
+                     **({"not_worker": why} if why else {})})
     return rows
 
 

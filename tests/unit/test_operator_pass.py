@@ -101,3 +101,58 @@ def test_a_missing_known_hosts_file_is_named_with_its_fix(caplog, known_hosts, e
     assert names in text
     assert "`ssh_known_hosts_file`" in text and "ssh-keyscan -t ed25519 10.0.0.10" in text
     assert "is not the one recorded" not in text
+
+
+def test_a_rollout_drains_a_new_groups_rank_1_out_of_the_router_and_leaves_it_out():
+    """`sglang-deploy rollout` that made two routed hosts a group (quickstart, "Multi-node
+    groups") left the router routing to the rank-1 node, which serves no API (404/501 to a
+    third of the clients), and said OK."""
+    import io
+
+    from sglang_deploy.commands import rollout
+    from sglang_deploy.commands.progress import HostProgress
+    from sglang_deploy.commands.rollout import HostResult
+    from tests.unit.test_rollout import FakeRouter
+
+    r = rollout.Rollout(inventory="inv.py", out=io.StringIO(),
+                        progress=HostProgress(out=io.StringIO()))
+    front = FakeRouter(["g0"], strays=["g1"])
+    results = {h: HostResult(h) for h in ("g0", "g1")}
+    assert r.take_out([front], ["g0", "g1"], results)
+    assert front.calls == [("drain", "g0"), ("drain", "g1")]
+    assert results["g1"].router == "removed"
+    assert "g1: listed by the router router-1 but node 1 of group g" in r.out.getvalue()
+    assert r.put_back([front], ["g0", "g1"], results)
+    assert front.calls[2:] == [("put_back", "g0")]  # the rank-1 node is not put back
+    assert results["g1"].router == "removed"
+
+
+def test_worker_states_name_an_inventory_host_that_is_no_worker():
+    from sglang_deploy.core import router
+
+    listed = router.parse_workers({"workers": [
+        {"id": "a", "url": "http://10.0.0.11:30000", "status": "ready"},
+        {"id": "b", "url": "http://10.0.0.12:30000", "status": "ready"},
+        {"id": "c", "url": "http://10.0.0.99:30000", "status": "ready"}]})
+    rows = router.worker_states([("g0", "http://10.0.0.11:30000")], listed,
+                                {"http://10.0.0.12:30000": ("g1", "node 1 of group g")})
+    assert rows[1] == {"host": "g1", "url": "http://10.0.0.12:30000", "state": "ready",
+                       "not_worker": "node 1 of group g"}
+    assert rows[2] == {"host": None, "url": "http://10.0.0.99:30000", "state": "ready"}
+
+
+@pytest.mark.parametrize(("state", "ok"), [("ready", False), ("draining", True)])
+def test_status_fails_while_the_router_routes_to_a_host_that_is_no_worker(capsys, state, ok):
+    """`sglang-deploy status` exited 0 with the router routing to a group's rank-1 node, and
+    named that inventory host `(not in the inventory)`."""
+    from sglang_deploy.commands import status
+
+    router = {"host": "router-1", "url": "http://10.0.0.10:30000", "error": None, "workers": [
+        {"host": "g0", "url": "http://10.0.0.11:30000", "state": "ready"},
+        {"host": "g1", "url": "http://10.0.0.12:30000", "state": state,
+         "not_worker": "node 1 of group g, not a router worker"}]}
+    assert status.ok([], [], router) is ok
+    status.render_router(router)
+    out = capsys.readouterr().out
+    assert "g1" in out and "(not in the inventory)" not in out
+    assert ("--limit router-1` writes the router's worker list" in out) is not ok
