@@ -220,8 +220,9 @@ def host_key_message(host_name: str, address: str, known_hosts: str | None) -> s
             f"  found:    the host presented a different key: nothing was run on {host_name}\n"
             f"  fix:      if {host_name} was really reinstalled, check its new key out of band "
             f"(console: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then replace the "
-            f"entry: `ssh-keygen -R {address} -f {where}` and add the new key; otherwise stop "
-            f"and find out who answers at {address}")
+            f"entry: `ssh-keygen -R {address} -f {where}` and add the new key: "
+            f"`ssh-keyscan -t ed25519 {address} >> {where}`; otherwise stop and find out who "
+            f"answers at {address}")
 
 
 def missing_known_hosts_message(host_name: str, address: str, known_hosts: str | None) -> str:
