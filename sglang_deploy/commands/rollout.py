@@ -143,6 +143,15 @@ class Rollout(RolloutSteps):
                  + (f", canary {self.canary}" if self.canary else "") + "):")
         for i, group in enumerate(groups, 1):
             self.say(f"  {i}. {', '.join(group)}")
+        if fleet.routed and self.drain:
+            from sglang_deploy.commands.rolloutplan import batches_emptying_the_router
+
+            workers = {name for name, _ in routing.router_workers(fleet)}
+            for i in batches_emptying_the_router(groups, workers):
+                self.say(f"  WARNING: batch {i} takes every worker of the router out at once "
+                         f"({', '.join(sorted(workers))}): its clients get no answer until the "
+                         f"batch is back; a smaller --batch (a group counts once) keeps one "
+                         f"serving")
         return fleet, order, groups
 
     def reachable(self, order: list[str], results: dict, run_dir: Path) -> str | None:

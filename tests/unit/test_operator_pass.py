@@ -156,3 +156,17 @@ def test_status_fails_while_the_router_routes_to_a_host_that_is_no_worker(capsys
     out = capsys.readouterr().out
     assert "g1" in out and "(not in the inventory)" not in out
     assert ("--limit router-1` writes the router's worker list" in out) is not ok
+
+
+@pytest.mark.parametrize(("groups", "workers", "warned"), [
+    ([["a", "g0", "g1"]], {"a", "g0"}, [1]),            # --batch 2: the group counts once
+    ([["a"], ["g0", "g1"]], {"a", "g0"}, []),
+    ([["a", "b"], ["c"]], {"a", "b", "c"}, []),
+    ([["a"]], {"a"}, []),                                # one worker: no other way
+])
+def test_a_batch_that_empties_the_router_is_named(groups, workers, warned):
+    """`sglang-deploy rollout inventory/site/hosts.py --batch 2` on a single host and a
+    2-node group drained both of the router's workers at once, without a word."""
+    from sglang_deploy.commands.rolloutplan import batches_emptying_the_router
+
+    assert batches_emptying_the_router(groups, workers) == warned
