@@ -170,3 +170,28 @@ def test_a_batch_that_empties_the_router_is_named(groups, workers, warned):
     from sglang_deploy.commands.rolloutplan import batches_emptying_the_router
 
     assert batches_emptying_the_router(groups, workers) == warned
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_a_groups_unreachable_node_leaves_a_read_only_run_going(monkeypatch, read_only):
+    """`sglang-deploy status` with a group's rank-1 node unreachable (wiped: a new host key)
+    showed no host at all: rank 0 failed its group preparation, which stopped the read of
+    every host (the single host too: `no result: the run stopped when ... failed`), and the
+    group line said rank 0 did not serve while it did."""
+    from types import SimpleNamespace as NS
+
+    from sglang_deploy.core.errors import GroupPreflightError
+    from sglang_deploy.core.group import Group, Node
+    from sglang_deploy.shell import groupprep, plan
+
+    hosts = {"g0": NS(name="g0", connected=True, data={}),
+             "g1": NS(name="g1", connected=False, data={"ssh_hostname": "10.0.0.12"})}
+    state = NS(inventory=NS(get_host=hosts.__getitem__), is_host_in_limit=lambda h: True)
+    g = Group(name="g", nodes=(Node("g0", 0), Node("g1", 1)), addr="10.0.0.11", port=50000)
+    monkeypatch.setattr(plan, "read_only", lambda: read_only)
+    if read_only:
+        assert [h.name for h in groupprep.peers(state, g)] == ["g0"]
+    else:  # a deploy still refuses to decide a group's restart without every node
+        with pytest.raises(GroupPreflightError, match="g1 is not connected") as err:
+            groupprep.peers(state, g)
+        assert "`ssh 10.0.0.12`" in str(err.value)  # its address, not the inventory alias
