@@ -195,3 +195,16 @@ def test_a_groups_unreachable_node_leaves_a_read_only_run_going(monkeypatch, rea
         with pytest.raises(GroupPreflightError, match="g1 is not connected") as err:
             groupprep.peers(state, g)
         assert "`ssh 10.0.0.12`" in str(err.value)  # its address, not the inventory alias
+
+
+def test_ansibles_limit_all_is_answered(tmp_path):
+    """`sglang-deploy status inventory/site/hosts.py --limit all` (Ansible's group of every
+    host) listed the groups there are, none of which is `all`."""
+    (tmp_path / "inv.py").write_text("gpu = ['gpu-node-1', 'gpu-node-2']\n")
+    inv = inventory.load("inv.py", tmp_path)
+    with pytest.raises(UsageError) as err:
+        inventory.match(inv, ["all"])
+    assert "for every host (Ansible's `all`), leave out --limit" in str(err.value)
+    with pytest.raises(UsageError) as err:
+        inventory.match(inv, ["gpu-node-9"])
+    assert "Ansible's `all`" not in str(err.value)
