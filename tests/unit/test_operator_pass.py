@@ -208,3 +208,25 @@ def test_ansibles_limit_all_is_answered(tmp_path):
     with pytest.raises(UsageError) as err:
         inventory.match(inv, ["gpu-node-9"])
     assert "Ansible's `all`" not in str(err.value)
+
+
+def test_data_of_a_host_says_when_another_host_fails_the_check(tmp_path, monkeypatch, capsys):
+    """`sglang-deploy data inventory/site/hosts.py gpu-node-1` showed gpu-node-1's data,
+    then `data check failed:` and gpu-node-3's error, as if it were gpu-node-1's."""
+    from sglang_deploy.commands import cli
+    from sglang_deploy.core.errors import DataError
+    from sglang_deploy.shell import hooks
+
+    (tmp_path / "inv.py").write_text("gpu = ['gpu-node-1', 'gpu-node-3']\n")
+    monkeypatch.chdir(tmp_path)
+
+    def check(inv, cwd, say):  # the deploy's check of every host: gpu-node-3 fails it
+        raise DataError(key="sglang_port", what="[gpu-node-3] an integer", found="'x'")
+
+    monkeypatch.setattr(hooks, "validate_inventory", check)
+    assert cli.main(["data", "inv.py", "gpu-node-1"]) == 2
+    captured = capsys.readouterr()
+    assert "data check failed (on another host of the inventory):" in captured.out
+    assert captured.err.startswith("[gpu-node-3]")
+    assert cli.main(["data", "inv.py", "gpu-node-3"]) == 2
+    assert "data check failed:\n" in capsys.readouterr().out
