@@ -101,7 +101,11 @@ def run(args) -> int:
         for key, value, where in table:
             text = f"{key}: {json.dumps(value, default=str)}"
             print(f"  {text.ljust(width + 2)}  {where}")
-        print("data check: ok" if problem is None else "data check failed:")
+        # the check is the deploy's, of every host: say so when another host fails it
+        other = problem is not None and not str(problem).startswith(f"[{host.name}]")
+        print("data check: ok" if problem is None else
+              "data check failed (on another host of the inventory):" if other else
+              "data check failed:")
         if problem is not None:
             print(str(problem), file=sys.stderr)
     return 0 if problem is None else 2

@@ -143,6 +143,15 @@ class Rollout(RolloutSteps):
                  + (f", canary {self.canary}" if self.canary else "") + "):")
         for i, group in enumerate(groups, 1):
             self.say(f"  {i}. {', '.join(group)}")
+        if fleet.routed and self.drain:
+            from sglang_deploy.commands.rolloutplan import batches_emptying_the_router
+
+            workers = {name for name, _ in routing.router_workers(fleet)}
+            for i in batches_emptying_the_router(groups, workers):
+                self.say(f"  WARNING: batch {i} takes every worker of the router out at once "
+                         f"({', '.join(sorted(workers))}): its clients get no answer until the "
+                         f"batch is back; a smaller --batch (a group counts once) keeps one "
+                         f"serving")
         return fleet, order, groups
 
     def reachable(self, order: list[str], results: dict, run_dir: Path) -> str | None:
@@ -297,6 +306,20 @@ class Rollout(RolloutSteps):
                     results[name].router = "out"
                     results[name].drain_s = watch.drained_s
                     results[name].drain_router = watch.router_state
+                except RouterError as exc:
+                    results[name].status = "failed"
+                    results[name].router = "out"
+                    results[name].message = f"not restarted: drain failed: {exc.found}"
+                    self.say(f"    {name}: drain failed, not restarted:\n{indent(exc.message)}")
+                    return False
+            for name in r.strays(group):  # e.g. a new group's rank 1, a worker until now
+                self.say(f"    {name}: listed by the router {r.host} but {r.others[name][1]}: "
+                         "drained out of it, not put back (the router's unit may still name it "
+                         f"at its next start: `pyinfra {self.inventory} deploy.py --limit "
+                         f"{r.host}` writes the inventory's worker list there)")
+                try:
+                    r.drain(name, say=self.say)
+                    results[name].router = "removed"
                 except RouterError as exc:
                     results[name].status = "failed"
                     results[name].router = "out"

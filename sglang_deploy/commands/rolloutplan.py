@@ -154,3 +154,12 @@ def verified_after_rollback(r: HostResult) -> bool:
 
 def indent(text: str, prefix: str = "      ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
+
+
+def batches_emptying_the_router(groups: list[list[str]], workers: set[str]) -> list[int]:
+    """The (1-based) batches of GROUPS that hold every one of the router's WORKERS: while
+    such a batch is out, the router has no worker to send a request to. None with fewer than
+    two workers (one worker cannot be rolled without that)."""
+    if len(workers) < 2:
+        return []
+    return [i for i, batch in enumerate(groups, 1) if workers <= set(batch)]

@@ -265,7 +265,15 @@ def render_router(router: dict | None, out=None) -> None:
     print(f"router {router['host']}: {router['url']}"
           + (f"  NOT ANSWERING: {router['error']}" if router["error"] else ""), file=out or sys.stdout)
     for w in router["workers"]:
-        print(f"  {w['host'] or '(not in the inventory)':<16} {w['url']:<32} {w['state']}",
+        note = ""
+        if w.get("not_worker"):
+            note = f"  ({w['not_worker']}"
+            if w["state"] == "ready":
+                note += ("; the router sends it requests that fail; fix: `sglang-deploy "
+                         "rollout INVENTORY` drains it out, then `pyinfra INVENTORY deploy.py "
+                         f"--limit {router['host']}` writes the router's worker list")
+            note += ")"
+        print(f"  {w['host'] or '(not in the inventory)':<16} {w['url']:<32} {w['state']}{note}",
               file=out or sys.stdout)
 
 
@@ -305,8 +313,11 @@ def ok(rows: list[dict], groups: list[dict], router: dict | None) -> bool:
     from sglang_deploy.core.gpuhealth import FATAL
     from sglang_deploy.core.groupstatus import SERVING
 
+    # a host the router lists that is no worker of it (a group's node of rank >= 1) must not
+    # be routed to: its requests fail
     routed = router is None or (not router["error"] and all(
-        w["state"] == "ready" for w in router["workers"] if w["host"]))
+        (w["state"] != "ready") if w.get("not_worker") else (w["state"] == "ready")
+        for w in router["workers"] if w["host"]))
     return (routed and all(r.get("in_sync") and r.get("healthy") for r in rows)
             and not any((r.get("gpu_health") or {}).get("verdict") == FATAL for r in rows)
             and all(g["state"] == SERVING for g in groups))

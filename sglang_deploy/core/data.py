@@ -356,8 +356,10 @@ RULES = (
     rules.Each(("sglang_launch_command",), rules.non_empty_strings),
     rules.Each(("verify_phase_timeouts",), rules.phase_timeouts(PHASES)),
     rules.Each(("sglang_flags",), rules.launch_flags(_FLAG_KEYS_OWNED)),
-    rules.Secrets((("sglang_api_key_env", "SGLANG_API_KEY"), ("sglang_hf_token_env", "HF_TOKEN"),
-                   ("router_api_key_env", "ROUTER_API_KEY"))),
+    # the router's key first: a worker behind the router takes it as its own
+    # (core/router.routed_data), so a missing one is named by the key the operator set
+    rules.Secrets((("router_api_key_env", "ROUTER_API_KEY"),
+                   ("sglang_api_key_env", "SGLANG_API_KEY"), ("sglang_hf_token_env", "HF_TOKEN"))),
     rules.RequiredIf(
         "sglang_host", when=lambda host: host not in LOOPBACK,
         one_of=("secret:SGLANG_API_KEY", "sglang_allow_public_without_key"),

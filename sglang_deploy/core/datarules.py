@@ -66,7 +66,10 @@ class Secrets:
                 continue
             secret = state.environ.get(var)
             if not secret:
-                raise DataError(key=key_name, what=f"the secret named by `{key_name}` must be set",
+                named_by = ", ".join(f"`{k}`" for k, _ in self.pairs if state.values[k] == var)
+                raise DataError(key=key_name,
+                                what=f"the controller's environment variable `{var}` (named by "
+                                     f"{named_by}) to hold the secret",
                                 found=f"environment variable `{var}` is not set on the controller",
                                 fix=f"export {var}=... in the shell that runs the deploy "
                                     f"(never put the secret itself into data files)")

@@ -48,10 +48,23 @@ def routed_data(raw: dict, name: str, routed: bool) -> dict:
         return raw
     out = dict(raw)
     host = out.get("sglang_host", KEYS["sglang_host"].default)
-    if isinstance(host, str) and is_loopback(host):
-        out["sglang_host"] = worker_address(raw, name)
     router_key = raw.get("router_api_key_env")
     own_key = raw.get("sglang_api_key_env")
+    if isinstance(host, str) and is_loopback(host):
+        out["sglang_host"] = worker_address(raw, name)
+        if router_key is None and own_key is None and not raw.get("sglang_allow_public_without_key"):
+            # said here: the data check would blame the loopback `sglang_host` the operator
+            # wrote, and name `sglang_api_key_env`, which a worker takes from the router's
+            raise DataError(
+                key="router_api_key_env",
+                what=f"[{name}] a key for the router and its workers: with a `routers` group "
+                     f"every serving host is a worker and binds the address the router "
+                     f"reaches it at ({out['sglang_host']}), which needs an API key",
+                found="no `router_api_key_env` in the data",
+                fix="set `router_api_key_env` for every host (group_data/all.py or "
+                    "group_vars/all.yml, with the other router keys: docs/operations.md, "
+                    "\"The router in front of the fleet\") to the name of a controller "
+                    "environment variable holding the key")
     if own_key is None:
         out["sglang_api_key_env"] = router_key
     elif router_key is not None and own_key != router_key:
@@ -126,15 +139,24 @@ def parse_workers(doc: dict) -> list[Worker]:
     return out
 
 
-def worker_states(expected: list[tuple[str, str]], listed: list[Worker]) -> list[dict]:
+def worker_states(expected: list[tuple[str, str]], listed: list[Worker],
+                  others: dict[str, tuple[str, str]] | None = None) -> list[dict]:
     """``{"host", "url", "state"}`` per inventory worker (EXPECTED: host, url), state as the
     router reports it (ready, not_ready, draining...) or ``absent``; workers the router
-    lists that are not in the inventory follow with host ``null``."""
+    lists that are not workers of the inventory follow: with the inventory host and why it is
+    not a worker (``"not_worker"``) where OTHERS (url -> (host, why)) knows the URL (a
+    group's node of rank >= 1, which a deploy of the router then removes), else host
+    ``null``."""
     by_url = {w.url: w for w in listed}
     rows = [{"host": h, "url": u, "state": by_url[u].status if u in by_url else "absent"}
             for h, u in expected]
     known = {u for _, u in expected}
-    rows += [{"host": None, "url": w.url, "state": w.status} for w in listed if w.url not in known]
+    for w in listed:
+        if w.url in known:
+            continue
+        host, why = (others or {}).get(w.url, (None, None))
+        rows.append({"host": host, "url": w.url, "state": w.status,
+                     **({"not_worker": why} if why else {})})
     return rows
 
 

@@ -176,11 +176,15 @@ def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_
 def peers(state, g: groupmod.Group) -> list:
     """The hosts of G's nodes in this run (a node outside the selection, on purpose:
     ``SGLANG_DEPLOY_PARTIAL_GROUP``, is left out); a selected node that is not connected
-    fails the node being prepared, naming it."""
+    fails the node being prepared, naming it, unless the run only reads (``status``,
+    ``--dry``: it is left out, and its own row says why it was not read; failing the node
+    would stop the whole read, every other host's row with it)."""
     out = []
     for name in g.members():
         peer = state.inventory.get_host(name)
         if not state.is_host_in_limit(peer):
+            continue
+        if not peer.connected and plan.read_only():
             continue
         if not peer.connected:
             raise GroupPreflightError(
@@ -188,7 +192,8 @@ def peers(state, g: groupmod.Group) -> list:
                      "its decision to restart is made from every node's state",
                 found=f"{name} is not connected (its connection failed: above); nothing of "
                       "the group was changed",
-                fix=f"make {name} reachable (`ssh {name}`) and re-run the deploy, or leave the "
+                fix=f"make {name} reachable (its own error above; `ssh "
+                    f"{peer.data.get('ssh_hostname') or name}`) and re-run the deploy, or leave the "
                     f"whole group out of this run (`--exclude` each of its nodes)")
         out.append(peer)
     return out

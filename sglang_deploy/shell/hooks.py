@@ -220,20 +220,43 @@ def host_key_message(host_name: str, address: str, known_hosts: str | None) -> s
             f"  found:    the host presented a different key: nothing was run on {host_name}\n"
             f"  fix:      if {host_name} was really reinstalled, check its new key out of band "
             f"(console: `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then replace the "
-            f"entry: `ssh-keygen -R {address} -f {where}` and add the new key; otherwise stop "
-            f"and find out who answers at {address}")
+            f"entry: `ssh-keygen -R {address} -f {where}` and add the new key: "
+            f"`ssh-keyscan -t ed25519 {address} >> {where}`; otherwise stop and find out who "
+            f"answers at {address}")
+
+
+def missing_known_hosts_message(host_name: str, address: str, known_hosts: str | None) -> str:
+    """pyinfra's `Could not connect ([Errno 2] No such file or directory: '~/.ssh/known_hosts')`
+    for a host whose data names no known-hosts file (or one that does not exist)."""
+    where = known_hosts or "~/.ssh/known_hosts"
+    unset = "" if known_hosts else " (its data sets no `ssh_known_hosts_file`)"
+    return (f"sglang-deploy: {host_name}'s SSH host key cannot be checked: the known-hosts file "
+            f"{where} does not exist{unset}\n"
+            f"  found:    nothing was run on {host_name}\n"
+            f"  fix:      give {host_name} the inventory's known-hosts settings "
+            f"(`ssh_known_hosts_file`, `ssh_strict_host_key_checking: yes`, as the serving "
+            f"hosts' group has them: a `routers` group needs its own), and record its key "
+            f"there once, checked out of band: `ssh-keyscan -t ed25519 {address} >> FILE` "
+            f"(docs/quickstart.md, step 3)")
 
 
 class ExplainConnectErrors(BaseStateCallback):
     """A changed host key: name the host, the inventory's known-hosts file and the fix
-    (pyinfra suggests `ssh-keygen -R` on the default file, not the inventory's)."""
+    (pyinfra suggests `ssh-keygen -R` on the default file, not the inventory's). A missing
+    known-hosts file: say so (pyinfra prints only the errno)."""
 
     def host_connect_error(self, state, host, error):  # type: ignore[override]
-        if "host key" not in str(error).lower():
+        text = str(error)
+        address = host.data.get("ssh_hostname") or host.name
+        known_hosts = host.data.get("ssh_known_hosts_file")
+        if "known_hosts" in text and "No such file or directory" in text or (
+                known_hosts and known_hosts in text and "No such file" in text):
+            logger.error(host.print_prefix + missing_known_hosts_message(
+                host.name, address, known_hosts))
             return
-        logger.error(host.print_prefix + host_key_message(
-            host.name, host.data.get("ssh_hostname") or host.name,
-            host.data.get("ssh_known_hosts_file")))
+        if "host key" not in text.lower():
+            return
+        logger.error(host.print_prefix + host_key_message(host.name, address, known_hosts))
 
 
 class ExplainLostConnection(BaseStateCallback):

@@ -197,7 +197,9 @@ def match(inv, patterns: Sequence[str], option: str = "--limit") -> list:
             found=f"nothing matches {', '.join(repr(p) for p in unmatched)}",
             fix=f"use one of the hosts: {', '.join(h.name for h in inv) or '(none)'}"
                 + (f"; or groups: {', '.join(groups)}" if groups else "")
-                + (f"; or multi-node groups (sglang_group): {', '.join(multi)}" if multi else ""))
+                + (f"; or multi-node groups (sglang_group): {', '.join(multi)}" if multi else "")
+                + ("; for every host (Ansible's `all`), leave out --limit"
+                   if "all" in unmatched and option == "--limit" else ""))
     return [h for h in inv if h in chosen]
 
 

@@ -64,6 +64,9 @@ class Router:
     verify_timeout_s: float
     poll_s: float = 0.2
     drain_until: str = "idle"        # ``rollout_drain_until`` (core.router.DRAIN_UNTIL)
+    #: host -> (its URL, why) of the inventory's serving hosts that are not its workers (a
+    #: group's node of rank >= 1: the router may still list it from before it joined)
+    others: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def call(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> Answer:
         if routermod.is_loopback(self.url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")):
@@ -84,14 +87,24 @@ class Router:
         return routermod.parse_workers(got.json())
 
     def states(self) -> list[dict]:
-        return routermod.worker_states(list(self.workers.items()), self.listed())
+        return routermod.worker_states(list(self.workers.items()), self.listed(),
+                                       {url: (h, why) for h, (url, why) in self.others.items()})
+
+    def strays(self, names: list[str]) -> list[str]:
+        """Those of NAMES that are no workers of this router but that it lists (it still
+        routes to them, or drains them)."""
+        mine = [n for n in names if n in self.others]
+        if not mine:
+            return []
+        listed = self.listed()
+        return [n for n in mine if routermod.find_worker(listed, self.others[n][0])]
 
     def drain(self, name: str, say=lambda text: None) -> routermod.DrainWatch:
         """Take NAME out of the router and wait until the router routes no new request to it
         and nothing is in flight on it (``core.router.drain_step``; raises RouterError with
         the last observation at the deadline). The router may still hold the worker in its
         settle when this returns: ``put_back`` waits for that."""
-        url = self.workers[name]
+        url = self.workers[name] if name in self.workers else self.others[name][0]
         entry = routermod.find_worker(self.listed(), url)
         watch = routermod.DrainWatch(url=url, worker_id=entry.id if entry else None,
                                      until=self.drain_until)
@@ -222,6 +235,8 @@ def routers_of(fl: routing.Fleet, settings: dict | None = None) -> list[Router]:
     once); SETTINGS: the hosts' Settings resolved elsewhere (host name -> Settings)."""
     out = []
     workers = {w: routing.worker_url(w, wraw) for w, wraw in routing.router_workers(fl)}
+    others = {w: (routing.worker_url(w, wraw), routing.not_worker_why(wraw))
+              for w, wraw in fl.workers if w not in workers}
     for name, raw in fl.routers:
         s = (settings or {}).get(name) or fl.settings(name)
         address = routermod.router_address(s.router_host, raw, name)
@@ -229,6 +244,6 @@ def routers_of(fl: routing.Fleet, settings: dict | None = None) -> list[Router]:
                           key=s.router_key, model=s.served_model_name, workers=dict(workers),
                           drain_timeout_s=float(s.rollout_drain_timeout_s),
                           verify_timeout_s=float(s.router_verify_timeout_s),
-                          drain_until=s.rollout_drain_until))
+                          drain_until=s.rollout_drain_until, others=others))
     return out
 

@@ -116,6 +116,13 @@ def router_workers(fleet: Fleet) -> list[tuple[str, dict]]:
             if int((raw.get("sglang_flags") or {}).get("node-rank") or 0) == 0]
 
 
+def not_worker_why(raw: dict) -> str:
+    """Why a serving host (its data RAW) that ``router_workers`` leaves out is no worker."""
+    rank = int((raw.get("sglang_flags") or {}).get("node-rank") or 0)
+    return (f"node {rank} of group {raw.get('sglang_group')}, not a router worker (only rank 0 "
+            "serves HTTP)")
+
+
 def groups(inventory) -> dict[str, group.Group]:
     """The multi-node groups of INVENTORY's serving hosts (``Fleet.groups``)."""
     return Fleet(inventory).groups

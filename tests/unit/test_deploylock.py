@@ -55,6 +55,8 @@ def test_connection_messages_name_host_file_and_fix():
     text = hooks.host_key_message("gpu-1", "10.0.0.5", "/inv/known_hosts")
     assert "gpu-1" in text and "/inv/known_hosts" in text
     assert "ssh-keygen -R 10.0.0.5 -f /inv/known_hosts" in text and "out of band" in text
+    # the operator pass: "add the new key" said nothing of how
+    assert "`ssh-keyscan -t ed25519 10.0.0.5 >> /inv/known_hosts`" in text
     lost = hooks.lost_connection_message("gpu-1", "10.0.0.5", "Runtime | Release …")
     assert "gpu-1" in lost and "`Runtime | Release …`" in lost and ".complete" in lost
     assert "ssh root@10.0.0.5 true" in lost and "re-run" in lost

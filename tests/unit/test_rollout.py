@@ -294,11 +294,18 @@ def started(fake, calls=None):
 
 
 class FakeRouter:
-    def __init__(self, names, fails=(), calls=None):
+    def __init__(self, names, fails=(), calls=None, strays=()):
+        self.host = "router-1"
         self.workers = {n: f"http://{n}:30000" for n in names}
+        # hosts the router lists that are no workers of it (a group's node of rank >= 1)
+        self.others = {n: (f"http://{n}:30000", "node 1 of group g, not a router worker")
+                       for n in strays}
         self.calls = [] if calls is None else calls
         self.fails = set(fails)
         self.drain_timeout_s = 60.0
+
+    def strays(self, names):
+        return [n for n in names if n in self.others]
 
     def drain(self, name, say):
         from sglang_deploy.core.router import DrainWatch
@@ -306,7 +313,8 @@ class FakeRouter:
         self.calls.append(("drain", name))
         if name in self.fails:
             raise RouterError(what=f"{name} drained", found="router in-flight 3 at the deadline")
-        return DrainWatch(url=self.workers[name], worker_id=name, router_load=0, worker_reqs=0,
+        url = self.workers[name] if name in self.workers else self.others[name][0]
+        return DrainWatch(url=url, worker_id=name, router_load=0, worker_reqs=0,
                           router_state="draining", drained_s=0.25)
 
     def put_back(self, name, say):

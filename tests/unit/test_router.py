@@ -36,11 +36,18 @@ def test_routed_worker_with_another_key_is_refused():
     assert exc.value.key == "sglang_api_key_env"
 
 
-def test_routed_worker_without_any_key_is_refused_by_the_bind_check():
-    raw = r.routed_data({**BASE}, "gpu-1", True)
+def test_routed_worker_without_any_key_is_refused_naming_the_routers_key():
+    # the operator pass: the bind check blamed the loopback `sglang_host` of the data
     with pytest.raises(DataError) as exc:
-        data.resolve(raw, environ={})
-    assert exc.value.key == "sglang_host"
+        r.routed_data({**BASE}, "gpu-1", True)
+    assert exc.value.key == "router_api_key_env"
+    assert exc.value.headline().startswith("[gpu-1] invalid data: router_api_key_env: expected")
+    assert "binds the address the router reaches it at (10.0.0.1)" in exc.value.headline()
+
+
+def test_routed_worker_public_without_key_on_purpose_is_left_to_the_bind_check():
+    raw = r.routed_data({**BASE, "sglang_allow_public_without_key": True}, "gpu-1", True)
+    assert data.resolve(raw, environ={}).sglang_host == "10.0.0.1"
 
 
 @pytest.mark.parametrize("over, env, ok", [
