@@ -13,10 +13,12 @@ from sglang_deploy.core.errors import DataError, LxcHostError, UsageError
 from sglang_deploy.core.lxchost.containers import Serves
 from sglang_deploy.shell.lxchost import serving
 
+# the router's key named for every host (its workers too), as the data check asks
 ROUTED = """\
-servers = [("gpu1", {"ssh_hostname": "10.9.0.11"}), ("gpu2", {"ssh_hostname": "10.9.0.12"})]
-routers = [("rt1", {"ssh_hostname": "10.9.0.10", "router_host": "0.0.0.0",
-                    "router_api_key_env": "LXCDRAIN_TEST_KEY"})]
+KEY = {"router_api_key_env": "LXCDRAIN_TEST_KEY"}
+servers = [("gpu1", {"ssh_hostname": "10.9.0.11", **KEY}),
+           ("gpu2", {"ssh_hostname": "10.9.0.12", **KEY})]
+routers = [("rt1", {"ssh_hostname": "10.9.0.10", "router_host": "0.0.0.0", **KEY})]
 """
 ALONE = 'servers = [("gpu1", {"ssh_hostname": "10.9.0.11"})]\n'
 
