@@ -178,8 +178,9 @@ def host_alive(h: dict) -> bool:
         cgroups = Path(f"/proc/{h.get('pid')}/cgroup").read_text()
     except OSError:
         return False
+    # LXC names the cgroup NAME-1 (-2...) when a killed run's lxc.payload.NAME is still there
     return procs.pid_running(h["pid"]) and re.search(
-        rf":/lxc\.payload\.{re.escape(h['name'])}(/|$)", cgroups, re.MULTILINE) is not None
+        rf":/lxc\.payload\.{re.escape(h['name'])}(-\d+)?(/|$)", cgroups, re.MULTILINE) is not None
 
 
 # --------------------------------------------------------------------------- ssh
@@ -369,6 +370,8 @@ def start_containers(state: dict, hosts: list[dict]) -> None:
     for h in hosts:
         _mount_binds(state, h)
         lxc.write_config(state, h)
+        if lxc.init_pid(state, h) is None:  # a killed run's cgroups would rename its cgroup
+            lxc.clear_stale_cgroups(h["name"])
     lxc.passthrough(state, hosts)
     for h in hosts:
         h["pid"] = lxc.start(state, h)
@@ -423,6 +426,8 @@ def stop_hosts(state: dict, hosts: list[dict], timeout: float = STOP_TIMEOUT) ->
                     log(f"{h['name']}: no orderly shutdown within {timeout:.0f}s, killed")
     for h in hosts:
         h["pid"] = None
+        if lxc.init_pid(state, h) is None:  # what a killed container left behind
+            lxc.clear_stale_cgroups(h["name"])
 
 
 def _umount(path: str) -> None:

@@ -335,6 +335,30 @@ def init_pid(state: dict, h: dict) -> int | None:
     return int(out) if r.returncode == 0 and out.isdigit() else None
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def clear_stale_cgroups(name: str, root: Path = CGROUP_ROOT) -> int:
+    """The empty cgroups a container NAME left when it was killed with its monitor (LXC did
+    not get to remove them), removed deepest first, in every hierarchy (cgroup v1's
+    controllers, v2's unified): a new start then gets ``lxc.payload.NAME`` again, not
+    ``NAME-1``. A cgroup that still holds a process is left (rmdir refuses it). The count
+    removed."""
+    tops = [root / f"lxc.{kind}.{name}" for kind in ("payload", "monitor")]
+    with contextlib.suppress(OSError):
+        tops += [d / f"lxc.{kind}.{name}" for d in root.iterdir() if d.is_dir()
+                 for kind in ("payload", "monitor")]
+    removed = 0
+    for top in tops:
+        if not top.is_dir():
+            continue
+        for folder, _, _ in os.walk(top, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+                removed += 1
+    return removed
+
+
 def start(state: dict, h: dict) -> int:
     """lxc-start the host's container (daemonised) unless the passthrough started it; name
     its netns; its init's PID."""
