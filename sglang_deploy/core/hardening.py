@@ -99,7 +99,7 @@ def _writes(sandbox: Mapping[str, Any]) -> tuple[bool | None, str]:
     return False, f"a write in {path}: {result}"
 
 
-def judge(sandbox: Mapping[str, Any]) -> list[dict]:
+def judge(sandbox: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One entry per property of ``PROPERTIES``: ``name``, ``in_force`` (True, False, or None:
     cannot tell), ``found`` (what the smoke saw) and, when not in force, ``why`` and ``fix``."""
     status = sandbox.get("status") or {}
@@ -125,13 +125,13 @@ def judge(sandbox: Mapping[str, Any]) -> list[dict]:
     return out
 
 
-def record(sandbox: Mapping[str, Any], release: str, checked_at: str) -> dict:
+def record(sandbox: Mapping[str, Any], release: str, checked_at: str) -> dict[str, Any]:
     """The host's record of what the smoke of RELEASE saw at CHECKED_AT."""
     return {"release": release, "checked_at": checked_at, "properties": judge(sandbox),
             "cuda": dict(sandbox.get("cuda") or {})}
 
 
-def summary(rec: Mapping[str, Any] | None) -> dict | None:
+def summary(rec: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """For ``status --json``: ``in_force``, ``not_in_force`` (name, why, fix, found),
     ``unknown`` and when it was checked; None when no smoke ran under the sandbox yet."""
     if not rec:

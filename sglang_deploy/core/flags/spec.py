@@ -111,7 +111,7 @@ class FlagSpec(Mapping[str, ArgInfo]):
     def __repr__(self) -> str:
         return f"FlagSpec(version={self.version!r}, {len(self._by_opt)} option strings)"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-able copy that :meth:`from_json` turns back into an equal spec (the
         controller's cache of parsed ``server_args.py`` files, see ``flagcache``)."""
         infos = list({id(i): i for i in self._by_opt.values()}.values())  # aliases share one
@@ -122,7 +122,7 @@ class FlagSpec(Mapping[str, ArgInfo]):
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> FlagSpec:
-        def info(d: dict) -> ArgInfo:
+        def info(d: dict[str, Any]) -> ArgInfo:
             d = dict(d)
             d["option_strings"] = tuple(d["option_strings"])
             if d.get("choices") is not None:

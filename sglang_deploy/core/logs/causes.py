@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sglang_deploy.core.logs.firsterror import ExcLine, first_error, first_error_fix
 from sglang_deploy.core.logs.fixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
@@ -402,7 +403,7 @@ class Hit:
 
 def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
              exc_lines: list[ExcLine], *, bare_traceback: bool,
-             phase_reached: str | None, weak_phase: str | None = None) -> dict:
+             phase_reached: str | None, weak_phase: str | None = None) -> dict[str, Any]:
     """The failure from what a tracker collected: ``hits`` (signature matches),
     ``frames`` (``(phase, innermost_first, after_ready)`` of traceback frames that
     mark a phase), ``exc_lines`` (:class:`ExcLine`), ``bare_traceback`` (a traceback with
