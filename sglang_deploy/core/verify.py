@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_deploy.core.hoststate import ServiceState
-from sglang_deploy.core.logs.parse import StartupTracker
+from sglang_deploy.core.logs.parse import Event, StartupTracker
 
 # tracker phase -> deadline key (data: verify_phase_timeouts)
 PHASE_DEADLINE_KEY = {
@@ -56,11 +56,11 @@ class Verifier:
     last_phase: str | None = None
     http_failures: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.tracker = StartupTracker(self.sglang_version, expect_autotune=self.expect_autotune,
                                       cuda_graph=self.cuda_graph)
 
-    def _fail(self, message: str, service: dict[str, Any], **details) -> Decision:
+    def _fail(self, message: str, service: dict[str, Any], **details: Any) -> Decision:
         diag = self.tracker.diagnosis()
         details.update(
             phase=self.failure_phase(diag),
@@ -78,7 +78,8 @@ class Verifier:
         ready line), else the phase the startup reached."""
         diag = diag if diag is not None else self.tracker.diagnosis()
         if diag["failed"] and diag["phase"]:
-            return diag["phase"]
+            phase: str = diag["phase"]
+            return phase
         return "serving" if self.tracker.ready_seen else self.tracker.phase
 
     def _crash_text(self) -> str:
@@ -107,7 +108,8 @@ class Verifier:
             return Decision("wait", self.progress_text(now))
         return self._api_ready(poll, now, service)
 
-    def _crashed(self, service: dict[str, Any], inv: str | None, violation) -> Decision | None:
+    def _crashed(self, service: dict[str, Any], inv: str | None, violation: Event | None
+                 ) -> Decision | None:
         """A failure the service or its lines show: startup out of order, a restart, an
         exit, a fatal line."""
         if violation is not None:
@@ -131,13 +133,13 @@ class Verifier:
 
     def _overdue(self, now: float, service: dict[str, Any]) -> Decision | None:
         """A phase's deadline or the overall one passed."""
-        elapsed = now - self.started_at
+        elapsed = self._since(now, self.started_at)
         key = PHASE_DEADLINE_KEY.get(self.tracker.phase, "warmup")
         limit = self.phase_timeouts.get(key)
-        if limit is not None and now - self.phase_since > limit:
+        if limit is not None and self._since(now, self.phase_since) > limit:
             return self._fail(
                 f"startup stalled in phase `{self.tracker.phase}`: no progress for "
-                f"{now - self.phase_since:.0f}s (limit {limit}s, verify_phase_timeouts.{key})",
+                f"{self._since(now, self.phase_since):.0f}s (limit {limit}s, verify_phase_timeouts.{key})",
                 service, progress=self.progress_text(now))
         if elapsed > self.overall_timeout_s:
             return self._fail(
@@ -145,10 +147,17 @@ class Verifier:
                 service, progress=self.progress_text(now))
         return None
 
+    @staticmethod
+    def _since(now: float, at: float | None) -> float:
+        """Seconds from AT (``started_at``, ``phase_since``: set by the first poll) to NOW."""
+        if at is None:
+            raise RuntimeError("the verifier was asked for a time before its first poll")
+        return now - at
+
     def _ready(self, message: str, now: float) -> Decision:
         return Decision("ready", message, {
             "phase_durations": self.tracker.phase_durations,
-            "time_to_ready_s": round(now - self.started_at, 2),
+            "time_to_ready_s": round(self._since(now, self.started_at), 2),
             "invocation": self.invocation,
         })
 
@@ -157,7 +166,7 @@ class Verifier:
         health = poll.get("health") or {}
         if health.get("status") != 200:
             return Decision("wait", self.progress_text(now))
-        return self._ready(f"node up after {now - self.started_at:.1f}s: its "
+        return self._ready(f"node up after {self._since(now, self.started_at):.1f}s: its "
                            "schedulers are ready (/health 200)", now)
 
     def _api_ready(self, poll: dict[str, Any], now: float, service: dict[str, Any]) -> Decision:
@@ -179,7 +188,7 @@ class Verifier:
                 return self._http_failed(
                     f"a one-token generation failed: {gen.get('status') or gen.get('error')} "
                     f"{gen.get('body', '')[:200]}", service)
-        return self._ready(f"ready after {now - self.started_at:.1f}s", now)
+        return self._ready(f"ready after {self._since(now, self.started_at):.1f}s", now)
 
     def _http_failed(self, message: str, service: dict[str, Any]) -> Decision:
         """An API check failed after the ready line. The poll read the journal BEFORE
@@ -209,7 +218,7 @@ def _health_text(health: dict[str, Any]) -> str:
     return f"/health answers {answer}"
 
 
-def _model_ids(models: dict[str, Any]) -> list:
+def _model_ids(models: dict[str, Any]) -> list[Any]:
     """The model ids of a /v1/models answer (none when its body is no such list)."""
     try:
         return [m.get("id") for m in json.loads(models.get("body") or "{}").get("data", [])]
