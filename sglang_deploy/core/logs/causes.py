@@ -433,6 +433,8 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
     exc = next((e for e in exc_lines if e.after_ready == after_ready), None)
     exc_text = exc.text if exc else None
     error = None
+    cause: str | None
+    detail: str | None
     if best is not None and best.sig.weight > GENERIC:
         cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
         if detail.endswith("(most recent call last):"):
@@ -455,7 +457,7 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
         shown.insert(0, error["line"])
         cause, summary, detail = error["type"], error["summary"], None
     evidence = list(dict.fromkeys(x for x in shown if x))
-    fix = PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause)
+    fix = PHASE_FIXES.get((cause, phase or "")) or CAUSE_FIXES.get(cause)
     return {"failed": True, "phase": phase, "cause": cause,
             "summary": summary + (f": {detail[:240]}" if detail else ""),
             "fix": fix if error is None else first_error_fix(error, phase),
