@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.smoke import SmokeError
 
 #: the device nodes a CUDA server opens: GPUs, the control node, unified memory
 NEEDED = re.compile(r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools)$")
@@ -152,7 +155,8 @@ def lines(host: str, hardening: Mapping[str, Any] | None) -> list[str]:
             for p in hardening.get("not_in_force") or []]
 
 
-def required_error(rec: Mapping[str, Any], required: list[str], host: str):
+def required_error(rec: Mapping[str, Any], required: list[str], host: str
+                   ) -> SmokeError | None:
     """The error when a property of REQUIRED (``sglang_hardening_required``) is not proven in
     force on HOST by the smoke's record REC (not in force, or cannot tell); None when all are."""
     from sglang_deploy.core.smoke import SmokeError

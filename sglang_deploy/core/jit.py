@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_deploy.core import lockfile, nvsmi
+from sglang_deploy.core import lockfile, nvsmi, topo
 from sglang_deploy.core.errors import DataError, SglangDeployError
 
 #: nvcc that FlashInfer accepts for compute capability 12.x (it compiles ``compute_120f``)
@@ -147,7 +147,7 @@ def compute_caps(query_csv: str | None) -> list[str]:
     ``--query-gpu`` output (empty when it did not parse: the pre-flight has failed then)."""
     try:
         rows = nvsmi.parse_query_csv(query_csv or "")
-    except nvsmi.ParseError:
+    except topo.ParseError:
         return []
     return sorted({str(r["compute_cap"]) for r in rows if r.get("compute_cap")})
 

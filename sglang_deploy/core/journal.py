@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_deploy.core import outcome
+from sglang_deploy.core.outcome import HostOutcome
 
 SCHEMA = 1
 #: the parts of a host's entry
@@ -60,11 +61,11 @@ class Journal:
     def part(self, host: str, part: str) -> dict[str, Any] | None:
         return (self.hosts.get(host) or {}).get(part)
 
-    def outcome(self, host: str) -> outcome.HostOutcome:
+    def outcome(self, host: str) -> HostOutcome:
         """HOST's outcome decided from its record (``outcome.decide``: none, ``missing``)."""
         return outcome.decide(host, self.part(host, OUTCOME))
 
-    def outcomes(self, hosts: list[str]) -> dict[str, outcome.HostOutcome]:
+    def outcomes(self, hosts: list[str]) -> dict[str, HostOutcome]:
         return {name: self.outcome(name) for name in hosts}
 
     def plan(self, host: str) -> dict[str, Any] | None:

@@ -118,7 +118,7 @@ def decide(host: str, rec: dict[str, Any] | None) -> HostOutcome:
             "start, or it stopped before connecting)"))
     kind = rec.get("outcome")
     stage, error = rec.get("stage"), rec.get("error")
-    common = {"stage": stage, "action": rec.get("action"), "error": error,
+    common: dict[str, Any] = {"stage": stage, "action": rec.get("action"), "error": error,
               "summary": rec.get("summary"), "record": rec}
     if kind == PASSED:
         return HostOutcome(host, PASSED, message=rec.get("note") or "", **common)

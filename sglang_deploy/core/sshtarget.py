@@ -57,7 +57,7 @@ class SshTarget:
         return self.hostname if self.port in (None, 22) else f"{self.hostname}:{self.port}"
 
 
-def host_key_policy(value) -> str:
+def host_key_policy(value: object) -> str:
     """The inventory's ``ssh_strict_host_key_checking`` as the policy for unknown host keys.
 
     ``yes`` (and unset or ``ask``: nobody is there to answer) refuse a host whose key is not in
@@ -75,7 +75,7 @@ def host_key_policy(value) -> str:
                          found=repr(value), fix="correct the inventory's ssh_strict_host_key_checking")
 
 
-def _path(value, cwd: str) -> str | None:
+def _path(value: object, cwd: str) -> str | None:
     if not value:
         return None
     path = Path(os.path.expanduser(str(value)))

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from sglang_deploy.core.nvsmi import TopoMatrix
 from sglang_deploy.core.preflight.checks import Check, _fail
+from sglang_deploy.core.topo import TopoMatrix
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 # ---------------------------------------------------------------------------------------
 # P2P
@@ -159,7 +162,7 @@ def plain_matrix(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | N
 
 
 def rich_matrix(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | None = None,
-                width: int = 80):
+                width: int = 80) -> Text:
     """The same matrix as a rich ``Text`` with the heatmap colours."""
     from rich.text import Text
 
