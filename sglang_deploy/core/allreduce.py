@@ -26,8 +26,8 @@ from sglang_deploy.core.preflight.checks import Check
 from sglang_deploy.core.preflight.p2p import P2P_FIX
 
 if TYPE_CHECKING:
-    from sglang_deploy.core.data import Settings
     from sglang_deploy.core.group import Group
+    from sglang_deploy.core.settingstype import Settings
 
 #: the script shipped with the other tools (``service.TOOLS``)
 TOOL = "allreduce_check.py"

@@ -408,24 +408,7 @@ def _api_key(self: Settings) -> str | None:
 
 
 if TYPE_CHECKING:
-    class Settings:
-        """What a type checker knows of ``Settings`` (made at run time by ``make_dataclass``
-        below): the fields outside ``KEYS`` and the properties are typed; a key's field is
-        ``Any`` here (its type is the table's, checked by ``resolve`` at run time)."""
-
-        secrets: dict[str, str]
-        router_key: str | None
-
-        def __init__(self, **values: Any) -> None: ...
-
-        def __getattr__(self, name: str) -> Any: ...
-
-        @property
-        def served_model_name(self) -> str: ...
-
-        @property
-        def api_key(self) -> str | None: ...
-
+    from sglang_deploy.core.settingstype import Settings
 else:
     #: Resolved data for one host: one typed field per key of ``KEYS`` (its name, type and
     #: default are the table's), plus the secrets read from the controller's environment.

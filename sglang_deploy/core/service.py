@@ -9,9 +9,10 @@ Nothing here talks to a host or to pyinfra.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import lockfile
@@ -19,7 +20,7 @@ from sglang_deploy.core.errors import RollbackError
 from sglang_deploy.core.hoststate import HostState
 
 if TYPE_CHECKING:
-    from sglang_deploy.core.data import Settings
+    from sglang_deploy.core.settingstype import Settings
 
 SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sglang_deploy.core.data import Settings
+    from sglang_deploy.core.settingstype import Settings
 
 RECORD_VERSION = 1
 

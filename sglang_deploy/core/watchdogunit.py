@@ -18,7 +18,7 @@ from sglang_deploy.core import service
 from sglang_deploy.core.unit import _compiled, systemd_quote
 
 if TYPE_CHECKING:
-    from sglang_deploy.core.data import Settings
+    from sglang_deploy.core.settingstype import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent.parent / "templates" / "sglang-watchdog.service.j2"
 

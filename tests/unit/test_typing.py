@@ -29,7 +29,7 @@ def test_core_passes_mypy_strict(tmp_path):
     # a cache of its own: two runs at once (xdist, another worktree) never share one
     proc = subprocess.run([_mypy(), "--config-file", str(REPO / "pyproject.toml"),
                            "--cache-dir", str(tmp_path / "mypy-cache")],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+                          capture_output=True, text=True, cwd=REPO, timeout=600, check=False)
     assert proc.returncode == 0, f"mypy found errors in sglang_deploy/core:\n{proc.stdout}{proc.stderr}"
     assert "Success: no issues found" in proc.stdout, proc.stdout + proc.stderr
 

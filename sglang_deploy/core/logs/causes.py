@@ -434,10 +434,9 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
     exc_text = exc.text if exc else None
     error = None
     cause: str | None
-    detail: str | None
     if best is not None and best.sig.weight > GENERIC:
-        cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
-        if detail.endswith("(most recent call last):"):
+        cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip() or None
+        if detail and detail.endswith("(most recent call last):"):
             detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
