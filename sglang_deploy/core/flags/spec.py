@@ -230,8 +230,11 @@ class _Names:
         return _UNRESOLVED
 
 
-def _action(node: ast.AST) -> str:
-    """``action="store_true"`` or ``action=argparse.BooleanOptionalAction`` -> its last name."""
+def _action(node: ast.AST) -> str | None:
+    """``action="store_true"`` or ``action=argparse.BooleanOptionalAction`` -> its last name;
+    ``action=None`` is argparse's default (store), as no ``action`` at all: None."""
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
     action = str(node.value) if isinstance(node, ast.Constant) else (_dotted(node) or "?")
     return action.rsplit(".", 1)[-1]
 
