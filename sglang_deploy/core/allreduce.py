@@ -88,7 +88,8 @@ def spec_of(settings: Settings, group: Group | None = None, host: str = "") -> S
     timeout_s = float(settings.gpu_allreduce_timeout_s)
     if group is None:
         return Spec(gpus=gpus, mib=mib, timeout_s=timeout_s)
-    return Spec(gpus=gpus, mib=mib, timeout_s=timeout_s, nnodes=group.nnodes, node_rank=group.rank_of(host), addr=group.addr,
+    return Spec(gpus=gpus, mib=mib, timeout_s=timeout_s, nnodes=group.nnodes,
+                node_rank=group.rank_of(host), addr=group.addr,
                 port=group.port + PORT_OFFSET, group=group.name)
 
 

@@ -49,7 +49,8 @@ def startup_of(summary: Mapping[str, Any]) -> dict[str, Any]:
             "phases": phases}
 
 
-def verifications(summaries: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def verifications(summaries: Iterable[Mapping[str, Any]]
+                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(the latest verification, the latest one that started the server) of one host."""
     ordered = sorted(summaries, key=_epoch)
     if not ordered:

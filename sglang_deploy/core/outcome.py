@@ -36,7 +36,8 @@ FINAL = (PASSED, FAILED, UNREACHABLE)
 
 
 def record(host: str, outcome: str, stage: str, *, phase: str = "prepare", dry: bool = False,
-           action: str | None = None, error: dict[str, Any] | None = None, summary: dict[str, Any] | None = None,
+           action: str | None = None, error: dict[str, Any] | None = None,
+           summary: dict[str, Any] | None = None,
            note: str = "", restart: dict[str, Any] | None = None) -> dict[str, Any]:
     """A host's outcome record (what ``shell/outcomes.py`` writes). RESTART: the run's restart
     decision for the host (``core.restart.record``: ``restart`` true or false, ``why`` and

@@ -366,7 +366,8 @@ def record(decision: Decision | GroupDecision, node: str | None = None) -> dict[
 RESTART_ACTIONS = ("started", "restarted", "rolled-back")
 
 
-def last_restart(action: str | None, decided: Mapping[str, Any] | None, previous: Mapping[str, Any] | None
+def last_restart(action: str | None, decided: Mapping[str, Any] | None,
+                 previous: Mapping[str, Any] | None
                  ) -> dict[str, Any] | None:
     """The ``last_restart`` a verification keeps in the host's ``last-verified.json`` (which
     ``status`` and the reports show): after a (re)start (ACTION in ``RESTART_ACTIONS``) this

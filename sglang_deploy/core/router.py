@@ -132,8 +132,9 @@ def worker_states(expected: list[tuple[str, str]], listed: list[Worker]) -> list
     router reports it (ready, not_ready, draining...) or ``absent``; workers the router
     lists that are not in the inventory follow with host ``null``."""
     by_url = {w.url: w for w in listed}
-    rows: list[dict[str, Any]] = [{"host": h, "url": u, "state": by_url[u].status if u in by_url else "absent"}
-            for h, u in expected]
+    rows: list[dict[str, Any]] = [
+        {"host": h, "url": u, "state": by_url[u].status if u in by_url else "absent"}
+        for h, u in expected]
     known = {u for _, u in expected}
     rows += [{"host": None, "url": w.url, "state": w.status} for w in listed if w.url not in known]
     return rows

@@ -213,7 +213,8 @@ def _ratio(c: Comparison) -> float:
     return c.ratio
 
 
-def gate(current: dict[str, Any], previous: dict[str, Any] | None, min_ratio: float | None) -> tuple[bool, str]:
+def gate(current: dict[str, Any], previous: dict[str, Any] | None, min_ratio: float | None
+         ) -> tuple[bool, str]:
     """(ok, message): is every level's output throughput >= MIN_RATIO x the previous one?
 
     No previous record, or no level in common, passes (nothing to compare with) and says so.

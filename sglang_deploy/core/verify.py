@@ -139,7 +139,8 @@ class Verifier:
         if limit is not None and self._since(now, self.phase_since) > limit:
             return self._fail(
                 f"startup stalled in phase `{self.tracker.phase}`: no progress for "
-                f"{self._since(now, self.phase_since):.0f}s (limit {limit}s, verify_phase_timeouts.{key})",
+                f"{self._since(now, self.phase_since):.0f}s "
+                f"(limit {limit}s, verify_phase_timeouts.{key})",
                 service, progress=self.progress_text(now))
         if elapsed > self.overall_timeout_s:
             return self._fail(

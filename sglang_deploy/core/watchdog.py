@@ -120,7 +120,8 @@ def judge(state: State, obs: Observation, cfg: Config) -> tuple[State, Verdict]:
                   progress_at=progress_at)
     if obs.probe_ok or moved:
         new = replace(new, fail_streak=0, first_fail_at=None, last_error="")
-        if obs.probe_ok is False and obs.tokens is not None:  # moved: tokens were read  # failed, but requests still finish: slow, not wedged
+        # failed, but requests still finish: slow, not wedged (moved: the tokens were read)
+        if obs.probe_ok is False and obs.tokens is not None:
             return new, Verdict("slow", ((
                 f"1-token generation failed ({obs.probe_error}) but "
                 f"generation_tokens_total rose to {_fmt(obs.tokens)}: progressing"),))

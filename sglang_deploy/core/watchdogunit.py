@@ -67,7 +67,8 @@ class Router:
     key: str | None = None
 
 
-def config(settings: Settings, host_name: str, group_nodes: int = 1, router: Router | None = None) -> dict[str, Any]:
+def config(settings: Settings, host_name: str, group_nodes: int = 1,
+           router: Router | None = None) -> dict[str, Any]:
     """The watchdog's configuration (``config.json``: no secret in it) from the host's data."""
     s, lay = settings, service.Layout.of(settings)
     doc = {field: getattr(s, key) for key, field in CONFIG_KEYS.items()}

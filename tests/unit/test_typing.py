@@ -30,7 +30,8 @@ def test_core_passes_mypy_strict(tmp_path):
     proc = subprocess.run([_mypy(), "--config-file", str(REPO / "pyproject.toml"),
                            "--cache-dir", str(tmp_path / "mypy-cache")],
                           capture_output=True, text=True, cwd=REPO, timeout=600, check=False)
-    assert proc.returncode == 0, f"mypy found errors in sglang_deploy/core:\n{proc.stdout}{proc.stderr}"
+    assert proc.returncode == 0, \
+        f"mypy found errors in sglang_deploy/core:\n{proc.stdout}{proc.stderr}"
     assert "Success: no issues found" in proc.stdout, proc.stdout + proc.stderr
 
 

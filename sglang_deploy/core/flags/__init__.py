@@ -228,8 +228,9 @@ def _close(name: str, candidates: Iterable[str]) -> list[str]:
 
 
 #: what argparse calls on a value, by the ``type=`` that flagspec read
-_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "human_readable_int": int, "float": float, "json.loads": json.loads,
-            "loads": json.loads}
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": int, "human_readable_int": int, "float": float, "json.loads": json.loads,
+    "loads": json.loads}
 
 
 def _convertible(value: Any, typ: str | None) -> bool:

@@ -239,7 +239,8 @@ def _joined(lines: list[str]) -> list[str]:
     return out
 
 
-def _relevant(tracker: StartupTracker, d: dict[str, Any], outcome: str, limit: int = 14) -> list[str]:
+def _relevant(tracker: StartupTracker, d: dict[str, Any], outcome: str,
+              limit: int = 14) -> list[str]:
     if outcome != "failed":
         return _joined(tracker.recent_lines(12))[-5:]
     out: list[str] = list(d["evidence"])

@@ -374,7 +374,8 @@ def _bandwidth_check(by_pair: Mapping[tuple[int, int], Mapping[str, Any]],
 P2P_RECORD_CHECKS = ("p2p-data", "p2p-bandwidth")
 
 
-def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> dict[str, Any] | None:
+def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str
+               ) -> dict[str, Any] | None:
     """What a passed, full P2P test leaves on the host for later runs (no figures that vary
     between runs, so the file only changes when the verdict does). None unless it passed."""
     by_name = {c.name: c for c in checks}
