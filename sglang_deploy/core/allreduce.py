@@ -19,11 +19,15 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.core.errors import PreflightError
 from sglang_deploy.core.preflight.checks import Check
 from sglang_deploy.core.preflight.p2p import P2P_FIX
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.group import Group
+    from sglang_deploy.core.settingstype import Settings
 
 #: the script shipped with the other tools (``service.TOOLS``)
 TOOL = "allreduce_check.py"
@@ -77,14 +81,15 @@ class Spec:
         return self.world_size > 1
 
 
-def spec_of(settings, group=None, host: str | None = None) -> Spec:
+def spec_of(settings: Settings, group: Group | None = None, host: str = "") -> Spec:
     """The spec of HOST from its settings; GROUP (``core.group.Group``) when it is a node of a
     multi-node group: every node then runs the same world size, rank 0's address and port."""
-    base = {"gpus": int(settings.gpu_expected_count), "mib": int(settings.gpu_allreduce_mib),
-            "timeout_s": float(settings.gpu_allreduce_timeout_s)}
+    gpus, mib = int(settings.gpu_expected_count), int(settings.gpu_allreduce_mib)
+    timeout_s = float(settings.gpu_allreduce_timeout_s)
     if group is None:
-        return Spec(**base)
-    return Spec(**base, nnodes=group.nnodes, node_rank=group.rank_of(host), addr=group.addr,
+        return Spec(gpus=gpus, mib=mib, timeout_s=timeout_s)
+    return Spec(gpus=gpus, mib=mib, timeout_s=timeout_s, nnodes=group.nnodes,
+                node_rank=group.rank_of(host), addr=group.addr,
                 port=group.port + PORT_OFFSET, group=group.name)
 
 

@@ -55,6 +55,11 @@ ANSIBLE_REFUSED = {
 }
 
 GROUP_KEYS = ("hosts", "vars", "children")
+#: a key path in a YAML file (``("vars", "sglang_flags", "tp-size")``) and the line of each
+KeyPath = tuple[Any, ...]
+Lines = dict[KeyPath, int]
+#: the source of each merged value: ``key`` or ``key.sub`` -> (label, line)
+Sources = dict[str, tuple[str, int | None]]
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -64,8 +69,8 @@ class Layer:
     gpu.yml``) and LINES the line of each key path in it (empty: no lines known)."""
 
     label: str
-    values: dict
-    lines: dict = field(default_factory=dict)
+    values: dict[str, Any]
+    lines: Lines = field(default_factory=dict)
 
 
 @dataclass
@@ -99,7 +104,7 @@ class Inventory:
                 todo.extend(self.groups[name].parents)
         return sorted(found, key=lambda n: (self.depth(n), self.priority(n), n))
 
-    def depth(self, name: str, seen: tuple = ()) -> int:
+    def depth(self, name: str, seen: tuple[str, ...] = ()) -> int:
         parents = [p for p in self.groups[name].parents if p not in seen]
         return 0 if not parents else 1 + max(self.depth(p, seen + (name,)) for p in parents)
 
@@ -121,19 +126,19 @@ class Inventory:
         return [h for h in self.hosts if h in names]
 
 
-def _err(file: str, lines: dict, path: tuple, what: str, found: str, fix: str) -> DataError:
+def _err(file: str, lines: Lines, path: KeyPath, what: str, found: str, fix: str) -> DataError:
     err = DataError(what=what, found=found, fix=fix)
     line = lines.get(path)
     err.where = f"{file}:{line}" if line else file
     return err
 
 
-def _sub_lines(lines: dict, prefix: tuple) -> dict:
+def _sub_lines(lines: Lines, prefix: KeyPath) -> Lines:
     n = len(prefix)
     return {p[n:]: v for p, v in lines.items() if p[:n] == prefix and len(p) > n}
 
 
-def parse_inventory(doc: Any, lines: dict, file: str) -> Inventory:
+def parse_inventory(doc: Any, lines: Lines, file: str) -> Inventory:
     """An Ansible YAML inventory (DOC, as ``yamlfile.parse`` gave it, from FILE)."""
     if doc is None:
         doc = {}
@@ -155,7 +160,7 @@ def parse_inventory(doc: Any, lines: dict, file: str) -> Inventory:
     return inv
 
 
-def _group(inv: Inventory, lines: dict, name: Any, body: Any, path: tuple,
+def _group(inv: Inventory, lines: Lines, name: Any, body: Any, path: KeyPath,
            parent: str | None) -> None:
     """Group NAME of INV (its BODY at PATH), a child of PARENT: its vars, hosts, children."""
     file = inv.file
@@ -200,7 +205,7 @@ def _group(inv: Inventory, lines: dict, name: Any, body: Any, path: tuple,
         _group(inv, lines, child, cbody, path + ("children", child), name)
 
 
-def _hosts(inv: Inventory, g: Group, lines: dict, hosts: Any, path: tuple) -> None:
+def _hosts(inv: Inventory, g: Group, lines: Lines, hosts: Any, path: KeyPath) -> None:
     """The ``hosts:`` of group G (at PATH): each host in G, its vars a layer of its own."""
     file = inv.file
     if not isinstance(hosts, dict):
@@ -224,8 +229,8 @@ def _hosts(inv: Inventory, g: Group, lines: dict, hosts: Any, path: tuple) -> No
                 Layer(file, dict(hvars), _sub_lines(lines, hpath)))
 
 
-def _no_cycle(inv: Inventory, file: str, lines: dict) -> None:
-    def visit(name: str, stack: tuple) -> None:
+def _no_cycle(inv: Inventory, file: str, lines: Lines) -> None:
+    def visit(name: str, stack: tuple[str, ...]) -> None:
         if name in stack:
             raise _err(file, lines, (), "groups that do not contain themselves",
                        f"a loop of child groups: {' -> '.join(stack + (name,))}",
@@ -240,7 +245,7 @@ def translate(layer: Layer) -> Layer:
     """LAYER's values with ``ansible_*`` connection keys mapped to pyinfra's (their lines
     kept), the ignored ones dropped; a refused one (or a mapped key set twice, as
     ``ansible_host`` and ``ssh_hostname``) is a ``DataError`` at its line."""
-    values: dict = {}
+    values: dict[str, Any] = {}
     lines = {p: v for p, v in layer.lines.items() if p[0] not in ANSIBLE_MAPPED}
     for key, value in layer.values.items():
         if key in ANSIBLE_REFUSED:
@@ -262,12 +267,12 @@ def translate(layer: Layer) -> Layer:
     return Layer(layer.label, values, lines)
 
 
-def merge(layers: list[Layer]) -> tuple[dict, dict[str, tuple[str, int | None]]]:
+def merge(layers: list[Layer]) -> tuple[dict[str, Any], Sources]:
     """LAYERS (lowest first) -> (the data, the source of each value: ``key`` and, for a
     mapping, ``key.sub`` -> (label, line)). A higher layer's value replaces a lower one
     whole, a mapping included."""
-    data: dict = {}
-    sources: dict[str, tuple[str, int | None]] = {}
+    data: dict[str, Any] = {}
+    sources: Sources = {}
     for layer in layers:
         for key, value in layer.values.items():
             data[key] = value
@@ -280,7 +285,7 @@ def merge(layers: list[Layer]) -> tuple[dict, dict[str, tuple[str, int | None]]]
     return data, sources
 
 
-def where(sources: dict, key: str | None, sub: str | None = None) -> str | None:
+def where(sources: Sources, key: str | None, sub: str | None = None) -> str | None:
     """``FILE:LINE`` (or ``FILE``) that set KEY (its entry SUB when given and known)."""
     if not key:
         return None

@@ -16,7 +16,7 @@ import functools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, make_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.core import datarules as rules
 from sglang_deploy.core.errors import DataError
@@ -27,15 +27,15 @@ FOREIGN_PREFIXES = ("ssh_", "_", "local_", "docker_", "chroot_", "winrm_", "terr
 @dataclass(frozen=True)
 class Key:
     name: str
-    types: tuple
+    types: tuple[type, ...]
     default: Any
     doc: str
-    choices: tuple | None = None
+    choices: tuple[str, ...] | None = None
     minimum: float | None = None
     required: bool = False
 
 
-def _k(name, types, default, doc, **kw) -> Key:
+def _k(name: str, types: type | tuple[type, ...], default: Any, doc: str, **kw: Any) -> Key:
     return Key(name, types if isinstance(types, tuple) else (types,), default, doc, **kw)
 
 
@@ -320,7 +320,7 @@ _FLAG_KEYS_OWNED = {
 
 #: What the values must be beyond their types, and what one key asks of another, checked in
 #: this order after every key's type (``datarules.check``; ansible's argument_spec).
-def _hardening_names(name: str, value: list, default: Any = None) -> None:
+def _hardening_names(name: str, value: list[str], default: Any = None) -> None:
     """Every name is a sandbox property the release smoke judges (``core.hardening``)."""
     from sglang_deploy.core import hardening
 
@@ -330,7 +330,7 @@ def _hardening_names(name: str, value: list, default: Any = None) -> None:
                         found=repr(unknown), fix='e.g. ["DevicePolicy"]')
 
 
-def _gpu_health_policy(name: str, value: dict, default: Any = None) -> None:
+def _gpu_health_policy(name: str, value: dict[str, Any], default: Any = None) -> None:
     """Finding codes of ``core.gpuhealth`` mapped to its severities."""
     from sglang_deploy.core import gpuhealth
 
@@ -384,12 +384,12 @@ RULES = (
 )
 
 
-def _annotation(types: tuple) -> Any:
+def _annotation(types: tuple[type, ...]) -> Any:
     """The type annotation of a key's field: its types joined (``str | None``)."""
     return functools.reduce(operator.or_, types)
 
 
-def _field(key: Key) -> tuple:
+def _field(key: Key) -> tuple[Any, ...]:
     """One key's field of ``Settings``: required keys have no default, mutable defaults are
     copied per instance (the table's own value is never shared)."""
     if key.required:
@@ -400,30 +400,35 @@ def _field(key: Key) -> tuple:
     return key.name, _annotation(key.types), field(default=key.default)
 
 
-def _served_model_name(self) -> str:
-    return self.sglang_served_model_name or self.sglang_model_path
+def _served_model_name(self: Settings) -> str:
+    name: str = self.sglang_served_model_name or self.sglang_model_path
+    return name
 
 
-def _api_key(self) -> str | None:
+def _api_key(self: Settings) -> str | None:
     return self.secrets.get("SGLANG_API_KEY")
 
 
-#: Resolved data for one host: one typed field per key of ``KEYS`` (its name, type and
-#: default are the table's), plus the secrets read from the controller's environment.
-#: Made by ``resolve``; frozen: a stage reads it, never changes it.
-Settings = make_dataclass(
-    "Settings",
-    [*(_field(key) for key in KEYS.values()),
-     ("secrets", dict[str, str], field(default_factory=dict, repr=False)),
-     ("router_key", str | None, field(default=None, repr=False))],
-    namespace={"__doc__": "Resolved data for one host (attributes = key names without changes).",
-               "__module__": __name__,
-               "served_model_name": property(_served_model_name),
-               "api_key": property(_api_key)},
-    frozen=True, kw_only=True)
+if TYPE_CHECKING:
+    from sglang_deploy.core.settingstype import Settings
+else:
+    #: Resolved data for one host: one typed field per key of ``KEYS`` (its name, type and
+    #: default are the table's), plus the secrets read from the controller's environment.
+    #: Made by ``resolve``; frozen: a stage reads it, never changes it.
+    Settings = make_dataclass(
+        "Settings",
+        [*(_field(key) for key in KEYS.values()),
+         ("secrets", dict[str, str], field(default_factory=dict, repr=False)),
+         ("router_key", str | None, field(default=None, repr=False))],
+        namespace={"__doc__": "Resolved data for one host "
+                              "(attributes = key names without changes).",
+                   "__module__": __name__,
+                   "served_model_name": property(_served_model_name),
+                   "api_key": property(_api_key)},
+        frozen=True, kw_only=True)
 
 
-def _type_name(types: tuple) -> str:
+def _type_name(types: tuple[type, ...]) -> str:
     names = {str: "string", int: "integer", float: "number", bool: "true/false", dict: "mapping",
              list: "list", NONE: "null"}
     return " or ".join(names.get(t, t.__name__) for t in types)

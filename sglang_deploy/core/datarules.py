@@ -12,10 +12,10 @@ rule broken raises ``DataError`` naming its key.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 from sglang_deploy.core.errors import DataError, SglangDeployError
 
@@ -26,6 +26,10 @@ _SCALAR = (str, int, float, bool)
 SECRET_ENV_NAME = re.compile(
     r"^(HF_TOKEN|HUGGING_FACE_HUB_TOKEN|HUGGINGFACE_TOKEN|(.*_)?(KEY|TOKEN|SECRET|PASSWORD|PASSWD))$",
     re.IGNORECASE)
+
+
+#: a value check: (name, value, the key's default) -> a replacement value, or None
+Checker = Callable[[str, Any, Any], Any]
 
 
 @dataclass
@@ -43,7 +47,7 @@ class Each:
     returns a replacement value (None: the value stays)."""
 
     keys: tuple[str, ...]
-    check: Callable[[str, Any, Any], Any]
+    check: Checker
 
     def apply(self, state: Checked, defaults: Mapping[str, Any]) -> None:
         for name in self.keys:
@@ -106,7 +110,13 @@ class RequiredIf:
                             found=self.found.format(value=value), fix=self.fix.format(value=value))
 
 
-def check(rules, values: dict[str, Any], environ: Mapping[str, str],
+class Rule(Protocol):
+    """What ``check`` applies (``Each``, ``Secrets``, ``RequiredIf``)."""
+
+    def apply(self, state: Checked, defaults: Mapping[str, Any]) -> None: ...
+
+
+def check(rules: Iterable[Rule], values: dict[str, Any], environ: Mapping[str, str],
           defaults: Mapping[str, Any]) -> dict[str, str]:
     """Apply RULES in order to VALUES (replacements written back into it); return the secrets
     read from ENVIRON. DEFAULTS: each key's default (for the fix of a bad value)."""
@@ -126,7 +136,7 @@ def absolute_path(name: str, value: str | None, default: Any = None) -> None:
                         found=repr(value), fix=f"set `{name}` to an absolute path like /srv/models/NAME")
 
 
-def env_mapping(name: str, value: dict, default: Any = None) -> None:
+def env_mapping(name: str, value: dict[str, Any], default: Any = None) -> None:
     """Keys are environment variable names, values one-line scalars."""
     for k, v in value.items():
         if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
@@ -149,7 +159,7 @@ def _secret_fix(k: str) -> str:
             "`sglang_hf_token_env` (root-only secrets file)")
 
 
-def no_secrets(name: str, value: dict, default: Any = None) -> None:
+def no_secrets(name: str, value: dict[str, Any], default: Any = None) -> None:
     for k in value:
         if SECRET_ENV_NAME.match(k):
             raise DataError(key=name, what=f"no secret in `{name}` (it lands in the unit file, "
@@ -157,10 +167,10 @@ def no_secrets(name: str, value: dict, default: Any = None) -> None:
                             found=f"`{k}` in `{name}`", fix=_secret_fix(k))
 
 
-def elements_in(*allowed: str) -> Callable:
+def elements_in(*allowed: str) -> Checker:
     """A list whose every element is one of ALLOWED (ansible's ``elements`` + ``choices``)."""
 
-    def checker(name: str, value: list, default: Any = None) -> None:
+    def checker(name: str, value: list[Any], default: Any = None) -> None:
         if not all(s in allowed for s in value):
             raise DataError(key=name, what=f"a list of steps of {', '.join(allowed)}",
                             found=repr(value), fix=f"e.g. {_json_list(default)}")
@@ -168,11 +178,11 @@ def elements_in(*allowed: str) -> Callable:
     return checker
 
 
-def _json_list(items: list) -> str:
+def _json_list(items: list[Any]) -> str:
     return "[" + ", ".join(f'"{x}"' for x in items) + "]"
 
 
-def distinct_positive_ints(name: str, value: list, default: Any = None) -> None:
+def distinct_positive_ints(name: str, value: list[Any], default: Any = None) -> None:
     if not value or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
                             for c in value) or len(set(value)) != len(value):
         raise DataError(key=name, what="a list of distinct positive integers",
@@ -185,16 +195,16 @@ def plain_name(name: str, value: str, default: Any = None) -> None:
                         found=repr(value), fix=f"set `{name}` to e.g. `{default}`")
 
 
-def non_empty_strings(name: str, value: list, default: Any = None) -> None:
+def non_empty_strings(name: str, value: list[Any], default: Any = None) -> None:
     if not all(isinstance(x, str) and x for x in value):
         raise DataError(key=name, what="a list of non-empty strings",
                         found=repr(value), fix=f"e.g. {_json_list(default)}")
 
 
-def phase_timeouts(phases: tuple[str, ...]) -> Callable:
+def phase_timeouts(phases: tuple[str, ...]) -> Checker:
     """A mapping of some of PHASES to positive seconds; returned over the default's."""
 
-    def checker(name: str, value: dict, default: dict) -> dict:
+    def checker(name: str, value: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
         for ph, secs in value.items():
             if ph not in phases:
                 raise DataError(key=name, what=f"phases are {', '.join(phases)}",
@@ -207,10 +217,10 @@ def phase_timeouts(phases: tuple[str, ...]) -> Callable:
     return checker
 
 
-def launch_flags(owned: Mapping[str, str]) -> Callable:
+def launch_flags(owned: Mapping[str, str]) -> Checker:
     """Well-formed launch flags, none of them one of OWNED (flag -> the key that sets it)."""
 
-    def checker(name: str, value: dict, default: Any = None) -> None:
+    def checker(name: str, value: dict[str, Any], default: Any = None) -> None:
         from sglang_deploy.core import flags as flagmod  # shape of the launch flags
 
         try:

@@ -49,7 +49,8 @@ def startup_of(summary: Mapping[str, Any]) -> dict[str, Any]:
             "phases": phases}
 
 
-def verifications(summaries: Iterable[Mapping[str, Any]]) -> tuple[dict | None, dict | None]:
+def verifications(summaries: Iterable[Mapping[str, Any]]
+                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(the latest verification, the latest one that started the server) of one host."""
     ordered = sorted(summaries, key=_epoch)
     if not ordered:
@@ -89,7 +90,7 @@ def bench_history(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def host_entry(name: str, row: Mapping[str, Any] | None, p2p: Mapping[str, Any] | None,
                summaries: Sequence[Mapping[str, Any]], bench: Sequence[Mapping[str, Any]],
-               groups: Mapping[str, Group] | None = None) -> dict:
+               groups: Mapping[str, Group] | None = None) -> dict[str, Any]:
     latest, startup = verifications(summaries)
     status = {k: (row or {}).get(k) for k in STATUS_FIELDS}
     status["state"] = ("unknown" if row is None else "unreachable" if row.get("reachable") is not True
@@ -142,7 +143,8 @@ def heat_colour(cell: Mapping[str, Any]) -> str:
     """CSS colour of a heatmap cell: greens by bandwidth when verified, as on the terminal."""
     verdict = cell.get("verdict")
     if verdict == "ok":
-        heat = cell.get("heat") if cell.get("heat") is not None else 1.0
+        heat = cell.get("heat")
+        heat = 1.0 if heat is None else heat
         return f"hsl(125, 55%, {round(82 - 40 * float(heat))}%)"
     return _VERDICT_COLOURS.get(verdict, "#f0c419")
 
@@ -153,7 +155,7 @@ PHASE_COLOURS = {"starting": "#9aa5b1", "loading": "#4e79a7", "loaded": "#76b7b2
                  "warmup": "#e15759", "ready": "#bab0ac"}
 
 
-def timeline_bars(startup: Mapping[str, Any] | None, width: float = 640.0) -> list[dict]:
+def timeline_bars(startup: Mapping[str, Any] | None, width: float = 640.0) -> list[dict[str, Any]]:
     """One bar per phase on a WIDTH-pixel axis (zero-length phases get a hairline)."""
     phases = (startup or {}).get("phases") or []
     total = sum(p["seconds"] for p in phases) or 1.0

@@ -35,7 +35,7 @@ def node_fields(groups: Mapping[str, Group], host: str) -> dict[str, Any]:
     return {"group": g.name if g else None, "node_rank": g.rank_of(host) if g else None}
 
 
-def annotate(rows: Iterable[Mapping[str, Any]], groups: Mapping[str, Group]) -> list[dict]:
+def annotate(rows: Iterable[Mapping[str, Any]], groups: Mapping[str, Group]) -> list[dict[str, Any]]:
     """ROWS, each with its host's ``group`` and ``node_rank`` (new dicts)."""
     return [{**r, **node_fields(groups, r["host"])} for r in rows]
 
@@ -65,13 +65,15 @@ def ordered(names: Sequence[str], groups: Mapping[str, Group]) -> list[str]:
 def node_alive(row: Mapping[str, Any] | None) -> bool:
     """A node of rank >= 1: reachable, its unit active/running and ``/health`` 200 (it serves
     no ``/v1/models``: the model list is not asked of it)."""
-    return bool(row) and row.get("reachable") is True and row.get("preflight") != "fail" \
+    return row is not None and bool(row) and row.get("reachable") is True \
+        and row.get("preflight") != "fail" \
         and row.get("unit") == "active/running" and row.get("health") == 200
 
 
 def rank0_serves(row: Mapping[str, Any] | None) -> bool:
     """Rank 0: the host's own ``healthy`` (what a single host is judged by)."""
-    return bool(row) and row.get("reachable") is True and row.get("healthy") is True
+    return row is not None and bool(row) and row.get("reachable") is True \
+        and row.get("healthy") is True
 
 
 def what_is_wrong(row: Mapping[str, Any] | None) -> str:

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.smoke import SmokeError
 
 #: the device nodes a CUDA server opens: GPUs, the control node, unified memory
 NEEDED = re.compile(r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools)$")
@@ -99,7 +102,7 @@ def _writes(sandbox: Mapping[str, Any]) -> tuple[bool | None, str]:
     return False, f"a write in {path}: {result}"
 
 
-def judge(sandbox: Mapping[str, Any]) -> list[dict]:
+def judge(sandbox: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One entry per property of ``PROPERTIES``: ``name``, ``in_force`` (True, False, or None:
     cannot tell), ``found`` (what the smoke saw) and, when not in force, ``why`` and ``fix``."""
     status = sandbox.get("status") or {}
@@ -125,13 +128,13 @@ def judge(sandbox: Mapping[str, Any]) -> list[dict]:
     return out
 
 
-def record(sandbox: Mapping[str, Any], release: str, checked_at: str) -> dict:
+def record(sandbox: Mapping[str, Any], release: str, checked_at: str) -> dict[str, Any]:
     """The host's record of what the smoke of RELEASE saw at CHECKED_AT."""
     return {"release": release, "checked_at": checked_at, "properties": judge(sandbox),
             "cuda": dict(sandbox.get("cuda") or {})}
 
 
-def summary(rec: Mapping[str, Any] | None) -> dict | None:
+def summary(rec: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """For ``status --json``: ``in_force``, ``not_in_force`` (name, why, fix, found),
     ``unknown`` and when it was checked; None when no smoke ran under the sandbox yet."""
     if not rec:
@@ -152,7 +155,8 @@ def lines(host: str, hardening: Mapping[str, Any] | None) -> list[str]:
             for p in hardening.get("not_in_force") or []]
 
 
-def required_error(rec: Mapping[str, Any], required: list[str], host: str):
+def required_error(rec: Mapping[str, Any], required: list[str], host: str
+                   ) -> SmokeError | None:
     """The error when a property of REQUIRED (``sglang_hardening_required``) is not proven in
     force on HOST by the smoke's record REC (not in force, or cannot tell); None when all are."""
     from sglang_deploy.core.smoke import SmokeError

@@ -21,12 +21,12 @@ from types import MappingProxyType
 from typing import Any
 
 
-def _text(value) -> str | None:
+def _text(value: object) -> str | None:
     """A ``systemctl show`` value: "" (not set) as None."""
     return str(value) if value not in (None, "") else None
 
 
-def _record(value) -> dict[str, Any] | None:
+def _record(value: object) -> dict[str, Any] | None:
     """A record the host keeps (JSON object), as a plain dict of its own: records are handed
     on as they are (the known-good one becomes the rollback's verify params, JSON again)."""
     return dict(value) if isinstance(value, Mapping) else None

@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
-from sglang_deploy.core import lockfile, nvsmi
+from sglang_deploy.core import lockfile, nvsmi, topo
 from sglang_deploy.core.errors import DataError, SglangDeployError
 
 #: nvcc that FlashInfer accepts for compute capability 12.x (it compiles ``compute_120f``)
@@ -83,7 +84,7 @@ def toolchain_environment(cache_dir: str, venv_bin: str, cuda_home: str | None) 
             **({"CUDA_HOME": cuda_home} if cuda_home else {})}
 
 
-def check_lock(lock_text: str, lock_name: str, env: dict) -> None:
+def check_lock(lock_text: str, lock_name: str, env: dict[str, Any]) -> None:
     """Raise ``DataError`` when a lock with torch has no nvcc of torch's CUDA major and
     ``sglang_env`` names no ``CUDA_HOME`` of the host's own (then the host check decides)."""
     pins = lock_toolchain(lock_text)
@@ -124,12 +125,12 @@ def lib64_links_command(venv: str) -> str:
         "if [ -n \"$d\" ]; then ln -sfn \"$d\" \"$t/lib64/stubs/libcuda.so\"; fi; fi; fi; done")
 
 
-def check_command(python: str, tool: str, site: str, env: dict) -> str:
+def check_command(python: str, tool: str, site: str, env: dict[str, Any]) -> str:
     """The shell command that runs ``jit_check.py`` with the unit's environment."""
     return shlex.join([python, tool, "--site", site, "--env-json", json.dumps(env, sort_keys=True)])
 
 
-def parse_output(stdout: str) -> dict | None:
+def parse_output(stdout: str) -> dict[str, Any] | None:
     """The script's JSON object (its last JSON line), or None."""
     for line in reversed(stdout.strip().splitlines()):
         if line.startswith("{"):
@@ -146,7 +147,7 @@ def compute_caps(query_csv: str | None) -> list[str]:
     ``--query-gpu`` output (empty when it did not parse: the pre-flight has failed then)."""
     try:
         rows = nvsmi.parse_query_csv(query_csv or "")
-    except nvsmi.ParseError:
+    except topo.ParseError:
         return []
     return sorted({str(r["compute_cap"]) for r in rows if r.get("compute_cap")})
 
@@ -163,7 +164,7 @@ class Problem:
     fix: str
 
 
-def diagnose(result: dict | None, caps: list[str], venv_bin: str,
+def diagnose(result: dict[str, Any] | None, caps: list[str], venv_bin: str,
              error_text: str = "") -> list[Problem]:
     """Every reason the server's JIT would fail with this toolchain (empty: it would find
     everything it needs). ``caps``: the GPUs' compute capabilities from the pre-flight;
@@ -231,7 +232,7 @@ def error_for(host: str, problems: list[Problem]) -> JitToolchainError:
         fix="\n".join(f"{p.name}: {p.fix}" for p in problems))
 
 
-def summary(result: dict) -> str:
+def summary(result: dict[str, Any]) -> str:
     torch = f", torch CUDA {result['torch_cuda']}" if result.get("torch_cuda") else ""
     return (f"JIT toolchain: nvcc {result.get('nvcc_version')} ({result.get('nvcc')}){torch}, "
             f"ninja {result.get('ninja')}, {result.get('cxx_name')} {result.get('cxx')}")

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from sglang_deploy.core import outcome
+from sglang_deploy.core.outcome import HostOutcome
 
 SCHEMA = 1
 #: the parts of a host's entry
@@ -29,7 +31,7 @@ OUTCOME, PLAN, PREFLIGHT, REPORT, BENCH = "outcome", "plan", "preflight", "repor
 PARTS = (OUTCOME, PLAN, PREFLIGHT, REPORT, BENCH)
 
 
-def put(entry: dict, part: str, value: dict) -> dict:
+def put(entry: dict[str, Any], part: str, value: dict[str, Any]) -> dict[str, Any]:
     """A host's ENTRY with its PART set to VALUE (ENTRY is changed in place and returned)."""
     if part not in PARTS:
         raise ValueError(f"not a part of a host's journal entry: {part!r} (one of {PARTS})")
@@ -37,7 +39,7 @@ def put(entry: dict, part: str, value: dict) -> dict:
     return entry
 
 
-def entry_text(entry: dict) -> str:
+def entry_text(entry: dict[str, Any]) -> str:
     """One host's entry as the journal's text holds it (one line)."""
     return json.dumps(entry, sort_keys=True, default=str)
 
@@ -54,28 +56,28 @@ def text(entries: dict[str, str]) -> str:
 class Journal:
     """A run's journal as the commands read it."""
 
-    hosts: dict[str, dict] = field(default_factory=dict)
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def part(self, host: str, part: str) -> dict | None:
+    def part(self, host: str, part: str) -> dict[str, Any] | None:
         return (self.hosts.get(host) or {}).get(part)
 
-    def outcome(self, host: str) -> outcome.HostOutcome:
+    def outcome(self, host: str) -> HostOutcome:
         """HOST's outcome decided from its record (``outcome.decide``: none, ``missing``)."""
         return outcome.decide(host, self.part(host, OUTCOME))
 
-    def outcomes(self, hosts: list[str]) -> dict[str, outcome.HostOutcome]:
+    def outcomes(self, hosts: list[str]) -> dict[str, HostOutcome]:
         return {name: self.outcome(name) for name in hosts}
 
-    def plan(self, host: str) -> dict | None:
+    def plan(self, host: str) -> dict[str, Any] | None:
         return self.part(host, PLAN)
 
-    def preflight(self, host: str) -> dict | None:
+    def preflight(self, host: str) -> dict[str, Any] | None:
         return self.part(host, PREFLIGHT)
 
-    def report(self, host: str) -> dict | None:
+    def report(self, host: str) -> dict[str, Any] | None:
         return self.part(host, REPORT)
 
-    def bench(self, host: str) -> dict | None:
+    def bench(self, host: str) -> dict[str, Any] | None:
         return self.part(host, BENCH)
 
 

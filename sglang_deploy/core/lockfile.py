@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
@@ -118,8 +119,9 @@ def pins_as_constraints(lock_text: str, source: str = "the lock") -> str:
     return "".join(f"{p.name}=={p.version}\n" for p in parse_lock(lock_text, source))
 
 
-def header_lines(platform: str, python: str, constraints=(), constraint_files=(),
-                 versions_from=(), options=()) -> list[str]:
+def header_lines(platform: str, python: str, constraints: Iterable[str] = (),
+                 constraint_files: Iterable[str] = (), versions_from: Iterable[str] = (),
+                 options: Sequence[str] = ()) -> list[str]:
     """The lines ``sglang-deploy lock`` adds under uv's header: the target, and everything
     that bounded the resolution besides the requirements."""
     lines = [f"{TARGET_PREFIX}platform {platform}, python {python}"

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -103,9 +104,9 @@ def declared(source: str, prefix: str = SGLANG_PREFIX) -> dict[str, str]:
     out: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _call_name(node) in _KINDS:
-            name = _literal_name(node)
+            name, kind = _literal_name(node), _KINDS[_call_name(node) or ""]
             if name and name.startswith(prefix):
-                out[name] = _KINDS[_call_name(node)]
+                out[name] = kind
     return out
 
 
@@ -169,9 +170,9 @@ def rule_exprs(text: str, label: str = "alerts.yml") -> list[tuple[str, str]]:
 def dashboard_exprs(text: str, label: str = "dashboard.json") -> list[tuple[str, str]]:
     """(where, expr) of every query of a Grafana dashboard's JSON TEXT (rows' panels too)."""
     doc = json.loads(text)
-    out = []
+    out: list[tuple[str, str]] = []
 
-    def walk(panels):
+    def walk(panels: list[dict[str, Any]] | None) -> None:
         for p in panels or []:
             for t in p.get("targets") or []:
                 if t.get("expr"):

@@ -23,6 +23,7 @@ flags turn ``/metrics`` off (``enable-metrics: false``) is left out too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sglang_deploy.core.data import is_loopback
 
@@ -82,9 +83,9 @@ def _labels(h: Host, component: str) -> dict[str, str]:
 
 
 def target_groups(hosts: list[Host], include_loopback: bool = False,
-                  ) -> tuple[list[dict], list[LeftOut]]:
+                  ) -> tuple[list[dict[str, Any]], list[LeftOut]]:
     """(file_sd target groups, the targets left out and why) of HOSTS, in their order."""
-    groups: list[dict] = []
+    groups: list[dict[str, Any]] = []
     left: list[LeftOut] = []
     for h in hosts:
         component = "router" if h.router else "server"

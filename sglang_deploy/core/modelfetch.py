@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sglang_deploy.core.errors import ModelError
 from sglang_deploy.core.preflight import check_model
@@ -60,7 +61,7 @@ def revision_dir(path: str, repo: str | None, revision: str,
     return f"{path.rstrip('/')}@{slug}"
 
 
-def state_of(model: Mapping[str, Any] | None, path: str) -> dict:
+def state_of(model: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
     """The host-state read of the model folder PATH, from the read of the configured folder
     (MODEL: itself, or one of its sibling revisions)."""
     model = model or {}
@@ -90,7 +91,7 @@ def fetch_command(spec: FetchSpec) -> str:
     return cmd + f"; echo {RC_MARK}$rc"
 
 
-def parse_output(stdout: str) -> tuple[dict | None, int | None]:
+def parse_output(stdout: str) -> tuple[dict[str, Any] | None, int | None]:
     """(the JSON object of the script's last JSON line or None, its exit status or None)."""
     rc = None
     result = None

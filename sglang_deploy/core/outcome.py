@@ -36,8 +36,9 @@ FINAL = (PASSED, FAILED, UNREACHABLE)
 
 
 def record(host: str, outcome: str, stage: str, *, phase: str = "prepare", dry: bool = False,
-           action: str | None = None, error: dict | None = None, summary: dict | None = None,
-           note: str = "", restart: dict | None = None) -> dict[str, Any]:
+           action: str | None = None, error: dict[str, Any] | None = None,
+           summary: dict[str, Any] | None = None,
+           note: str = "", restart: dict[str, Any] | None = None) -> dict[str, Any]:
     """A host's outcome record (what ``shell/outcomes.py`` writes). RESTART: the run's restart
     decision for the host (``core.restart.record``: ``restart`` true or false, ``why`` and
     its ``reasons``), once the service stage has made it."""
@@ -79,13 +80,13 @@ class HostOutcome:
     kind: str  # passed | failed | unreachable | interrupted | missing
     stage: str | None = None
     action: str | None = None
-    error: dict | None = None
-    summary: dict | None = None
+    error: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
     message: str = ""
-    record: dict | None = field(default=None, repr=False)
+    record: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
-    def restart(self) -> dict | None:
+    def restart(self) -> dict[str, Any] | None:
         """The run's restart decision for the host (``record``'s ``restart``), None when the
         run did not reach it."""
         return (self.record or {}).get("restart")
@@ -103,14 +104,14 @@ class HostOutcome:
         return (self.error or {}).get("type")
 
 
-def message_of(error: dict | None) -> str:
+def message_of(error: dict[str, Any] | None) -> str:
     """The text of a record's ERROR (a typed error's expected / found / fix lines)."""
     if not error:
         return ""
     return str(error.get("message") or error.get("what") or error.get("type") or "")
 
 
-def decide(host: str, rec: dict | None) -> HostOutcome:
+def decide(host: str, rec: dict[str, Any] | None) -> HostOutcome:
     """HOST's outcome from its record REC (None: the run left no record for it)."""
     if rec is None:
         return HostOutcome(host, MISSING, message=(
@@ -118,7 +119,7 @@ def decide(host: str, rec: dict | None) -> HostOutcome:
             "start, or it stopped before connecting)"))
     kind = rec.get("outcome")
     stage, error = rec.get("stage"), rec.get("error")
-    common = {"stage": stage, "action": rec.get("action"), "error": error,
+    common: dict[str, Any] = {"stage": stage, "action": rec.get("action"), "error": error,
               "summary": rec.get("summary"), "record": rec}
     if kind == PASSED:
         return HostOutcome(host, PASSED, message=rec.get("note") or "", **common)

@@ -41,6 +41,10 @@ import difflib
 import re
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.errors import PatchError
 
 
 class StandalonePatchError(Exception):
@@ -49,7 +53,7 @@ class StandalonePatchError(Exception):
     title = "cannot patch SGLang"
 
     def __init__(self, what: str, found: str | None = None, fix: str | None = None, *,
-                 details: dict | None = None) -> None:
+                 details: dict[str, Any] | None = None) -> None:
         self.what, self.found, self.fix = what, found, fix
         self.details = dict(details or {})
         super().__init__(what)
@@ -62,12 +66,12 @@ class StandalonePatchError(Exception):
             out.append("  fix:      " + "\n            ".join(str(self.fix).splitlines()))
         return "\n".join(out)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": "PatchError", "what": self.what, "found": self.found,
                 "fix": self.fix, **({"details": self.details} if self.details else {})}
 
 
-def error_type() -> type[Exception]:
+def error_type() -> type[PatchError | StandalonePatchError]:
     """The type of this module's errors: the package's typed ``PatchError`` (imported when
     first needed), or,
     standalone on a host where the package is not importable, ``StandalonePatchError``."""
@@ -124,7 +128,8 @@ _LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 def patch_error(code: str, *, what: str, found: str = "", fix: str = "") -> Exception:
     """A PatchError; ``what`` is what was expected (rendered "expected <what>"). The error
     code (no-autotune-list, unrecognised, ...) is ``err.code`` and ``err.details["code"]``."""
-    err = error_type()(what=what, found=found or None, fix=fix or None, details={"code": code})
+    err: Exception = error_type()(what=what, found=found or None, fix=fix or None,
+                                  details={"code": code})
     err.code = code  # type: ignore[attr-defined]
     return err
 
@@ -195,7 +200,7 @@ def _find_functions(tree: ast.Module) -> list[tuple[str, ast.AST]]:
     return found
 
 
-def _is_backend_list(node: ast.AST) -> bool:
+def _is_backend_list(node: ast.AST) -> TypeGuard[ast.List]:
     return (
         isinstance(node, ast.List)
         and bool(node.elts)
@@ -296,10 +301,11 @@ def _backend_list(r: _Reading, func: ast.AST, flines: tuple[int, int]) -> ast.Li
             "ambiguous",
             flines,
         )
-    return candidates[0]  # type: ignore[return-value]
+    return candidates[0]
 
 
-def _plan_enabled(r: _Reading, lst: ast.List, enabled: list, commented: list, marked: list,
+def _plan_enabled(r: _Reading, lst: ast.List, enabled: list[ast.expr],
+                  commented: list[tuple[int, str]], marked: list[tuple[int, str]],
                   llines: tuple[int, int]) -> PatchPlan:
     """The backend is an item of the list: ours (the marker), by hand, or upstream's."""
     if len(enabled) > 1 or commented:
@@ -329,7 +335,8 @@ def _plan_enabled(r: _Reading, lst: ast.List, enabled: list, commented: list, ma
                   f"{r.relpath}:{n}): nothing to patch")
 
 
-def _commented_line(r: _Reading, lst: ast.List, commented: list, marked: list,
+def _commented_line(r: _Reading, lst: ast.List, commented: list[tuple[int, str]],
+                    marked: list[tuple[int, str]],
                     llines: tuple[int, int], flines: tuple[int, int]) -> tuple[int, str]:
     """The one commented-out backend line (number, indentation), in a list of one item per
     line at its indentation, under the TODO comment."""
@@ -408,7 +415,7 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
     return result
 
 
-def status_from_record(record: dict | None, file_sha256: str | None) -> dict | None:
+def status_from_record(record: object, file_sha256: str | None) -> dict[str, Any] | None:
     """What ``status --json`` would say, decided from a release's state record (see
     ``patch_tool.write_record``) when the patched file is still byte-for-byte the file the
     record describes (FILE_SHA256, its sha256 on the host now): ``already-applied`` after
@@ -416,7 +423,7 @@ def status_from_record(record: dict | None, file_sha256: str | None) -> dict | N
     when the record is absent, unknown or does not match: then ``status`` must read the file."""
     if not isinstance(record, dict) or not file_sha256 or record.get("sha256_after") != file_sha256:
         return None
-    state = {APPLIED: ALREADY, ALREADY: ALREADY, UPSTREAM: UPSTREAM}.get(record.get("state"))
+    state = {APPLIED: ALREADY, ALREADY: ALREADY, UPSTREAM: UPSTREAM}.get(str(record.get("state")))
     if state is None or not record.get("file"):
         return None
     return {"state": state, "file": record["file"], "version": record.get("version"),

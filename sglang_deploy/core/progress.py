@@ -73,9 +73,11 @@ def rate_eta(sample: Mapping[str, Any], previous: Mapping[str, Any] | None) -> t
 def fraction(sample: Mapping[str, Any]) -> float | None:
     """How far the step is (0..1) when a total is known."""
     if sample.get("kind") in ("model", "warm") and sample.get("total_bytes"):
-        return min(sample["done_bytes"] / sample["total_bytes"], 1.0)
+        done: float = sample["done_bytes"] / sample["total_bytes"]
+        return min(done, 1.0)
     if sample.get("packages_total"):
-        return min((sample.get("packages") or 0) / sample["packages_total"], 1.0)
+        packages: float = (sample.get("packages") or 0) / sample["packages_total"]
+        return min(packages, 1.0)
     return None
 
 

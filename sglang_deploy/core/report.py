@@ -5,9 +5,13 @@ Writing it (and the P2P matrix) to the controller's report folders: ``shell/repo
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.verify import Decision
 
 
-def host_summary(name: str, params: dict, decision) -> dict:
+def host_summary(name: str, params: dict[str, Any], decision: Decision) -> dict[str, Any]:
     """The summary of one verification: PARAMS (``service.verify_params``) and the verifier's
     decision."""
     d = decision.details
@@ -26,7 +30,7 @@ def host_summary(name: str, params: dict, decision) -> dict:
     }
 
 
-def format_summary(summary: dict) -> str:
+def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("node_rank"):  # a group's node of rank >= 1: up, it serves through rank 0
         how = ("not restarted" if summary.get("action") in ("converged", "unchanged")
                else f"up after {summary['time_to_ready_s']}s")

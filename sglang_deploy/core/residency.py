@@ -49,7 +49,8 @@ class Residency:
         if not shards:
             return None
         known = [s.get("resident") for s in shards]
-        resident = None if any(r is None for r in known) else sum(int(r) for r in known)
+        resident = None if any(r is None for r in known) \
+            else sum(int(r) for r in known if r is not None)
         memory = memory or {}
         return cls(shard_bytes=sum(int(s["size"]) for s in shards), resident_bytes=resident,
                    shards=len(shards), mem_available=_int(memory.get("available")),
@@ -86,7 +87,7 @@ class Residency:
                 "mem_available": self.mem_available, "mem_total": self.mem_total}
 
 
-def _int(value) -> int | None:
+def _int(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 

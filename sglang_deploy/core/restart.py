@@ -32,6 +32,7 @@ import hashlib
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sglang_deploy.core.hoststate import HostState
 
@@ -352,7 +353,7 @@ def rollback_group(nodes: Sequence[str], restarts: Mapping[str, bool],
                          running=dict(running))
 
 
-def record(decision: Decision | GroupDecision, node: str | None = None) -> dict:
+def record(decision: Decision | GroupDecision, node: str | None = None) -> dict[str, Any]:
     """The reasons as the records keep them: ``{"why": one line, "reasons": [...]}``."""
     if isinstance(decision, GroupDecision):
         reasons = decision.of(node) if node else ()
@@ -365,8 +366,9 @@ def record(decision: Decision | GroupDecision, node: str | None = None) -> dict:
 RESTART_ACTIONS = ("started", "restarted", "rolled-back")
 
 
-def last_restart(action: str | None, decided: Mapping | None, previous: Mapping | None
-                 ) -> dict | None:
+def last_restart(action: str | None, decided: Mapping[str, Any] | None,
+                 previous: Mapping[str, Any] | None
+                 ) -> dict[str, Any] | None:
     """The ``last_restart`` a verification keeps in the host's ``last-verified.json`` (which
     ``status`` and the reports show): after a (re)start (ACTION in ``RESTART_ACTIONS``) this
     run's decision (DECIDED: ``record``'s ``why`` and ``reasons``), its time added when it is
@@ -377,7 +379,7 @@ def last_restart(action: str | None, decided: Mapping | None, previous: Mapping 
     return dict(previous) if previous else None
 
 
-def last_restart_text(entry: Mapping | None) -> str | None:
+def last_restart_text(entry: Mapping[str, Any] | None) -> str | None:
     """``2026-12-05 18:20 UTC restarted: flags changed: tp-size 8 -> 4; release d5e0… ->
     7a1c…``, or None when no restart was recorded."""
     if not entry:

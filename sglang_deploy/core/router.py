@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sglang_deploy.core import lockfile
 from sglang_deploy.core.data import KEYS, is_loopback
@@ -30,7 +31,7 @@ TEMPLATE = Path(__file__).resolve().parent.parent.parent / "templates" / "smg.se
 ROUTED_HEADER = "x-smg-routed-worker-id"
 
 
-def worker_address(raw: dict, name: str) -> str:
+def worker_address(raw: dict[str, Any], name: str) -> str:
     """The address the router reaches a worker at: ``router_worker_address``, else the
     inventory's SSH address, else the host name."""
     return raw.get("router_worker_address") or raw.get("ssh_hostname") or name
@@ -40,7 +41,7 @@ def http_url(address: str, port: int) -> str:
     return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
-def routed_data(raw: dict, name: str, routed: bool) -> dict:
+def routed_data(raw: dict[str, Any], name: str, routed: bool) -> dict[str, Any]:
     """A host's data as the deploy uses it. A worker behind a router (ROUTED) binds the
     address the router reaches it at when its data says loopback, and uses the router's API
     key (SMG passes the client's key through to the worker); without a router, unchanged."""
@@ -77,7 +78,7 @@ def routed_data(raw: dict, name: str, routed: bool) -> dict:
     return out
 
 
-def router_address(router_host: str, raw: dict, name: str) -> str:
+def router_address(router_host: str, raw: dict[str, Any], name: str) -> str:
     """Where clients (and the controller) reach the router: its bind address, or for a
     wildcard bind the host's inventory address."""
     if router_host in WILDCARD:
@@ -130,7 +131,7 @@ class Worker:
     load: int
 
 
-def parse_workers(doc: dict) -> list[Worker]:
+def parse_workers(doc: dict[str, Any]) -> list[Worker]:
     out = []
     for w in (doc or {}).get("workers") or []:
         status = w.get("status") or ("ready" if w.get("is_healthy") else "not_ready")
@@ -140,7 +141,7 @@ def parse_workers(doc: dict) -> list[Worker]:
 
 
 def worker_states(expected: list[tuple[str, str]], listed: list[Worker],
-                  others: dict[str, tuple[str, str]] | None = None) -> list[dict]:
+                  others: dict[str, tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     """``{"host", "url", "state"}`` per inventory worker (EXPECTED: host, url), state as the
     router reports it (ready, not_ready, draining...) or ``absent``; workers the router
     lists that are not workers of the inventory follow: with the inventory host and why it is
@@ -148,8 +149,9 @@ def worker_states(expected: list[tuple[str, str]], listed: list[Worker],
     group's node of rank >= 1, which a deploy of the router then removes), else host
     ``null``."""
     by_url = {w.url: w for w in listed}
-    rows = [{"host": h, "url": u, "state": by_url[u].status if u in by_url else "absent"}
-            for h, u in expected]
+    rows: list[dict[str, Any]] = [
+        {"host": h, "url": u, "state": by_url[u].status if u in by_url else "absent"}
+        for h, u in expected]
     known = {u for _, u in expected}
     for w in listed:
         if w.url in known:
@@ -204,7 +206,7 @@ class DrainWatch:
                 + (f", server requests {self.worker_reqs}" if self.worker_reqs is not None
                    else ", server requests unknown (no /v1/loads)"))
 
-    def observe(self, status: int | None, doc: dict | None) -> None:
+    def observe(self, status: int | None, doc: dict[str, Any] | None) -> None:
         """The router's answer to ``GET /workers/{id}``: 404 is forgotten; 200 its state and
         its in-flight count. Anything else (the router busy, unreachable) changes nothing."""
         if status == 404:
@@ -258,6 +260,6 @@ def routing_missing(expected: list[str], seen: dict[str, int]) -> list[str]:
     return [u.rstrip("/") for u in expected if not seen.get(u.rstrip("/"))]
 
 
-def routed_url(headers: dict) -> str | None:
+def routed_url(headers: dict[str, Any]) -> str | None:
     """The worker URL of a proxied answer (SMG's ``x-smg-routed-worker-id``)."""
     return next((v.rstrip("/") for k, v in headers.items() if k.lower() == ROUTED_HEADER), None)

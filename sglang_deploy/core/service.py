@@ -9,14 +9,18 @@ Nothing here talks to a host or to pyinfra.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import lockfile
 from sglang_deploy.core.errors import RollbackError
 from sglang_deploy.core.hoststate import HostState
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.settingstype import Settings
 
 SECRETS_DIR = "/etc/sglang"
 SECRETS_FILE = f"{SECRETS_DIR}/secrets.env"
@@ -73,7 +77,7 @@ class Layout:
     user: str
 
     @classmethod
-    def of(cls, settings) -> Layout:
+    def of(cls, settings: Settings) -> Layout:
         return cls(root=settings.sglang_root, service=settings.sglang_service,
                    cache_dir=settings.sglang_cache_dir, home=settings.sglang_home,
                    user=settings.sglang_user)
@@ -176,12 +180,12 @@ def release_of_lock(text: str, path: str) -> tuple[str, str]:
 METRICS_FLAG = "--enable-metrics"
 
 
-def metrics_on(settings) -> bool:
+def metrics_on(settings: Settings) -> bool:
     """Whether the server serves ``/metrics`` (its rendered flags hold ``--enable-metrics``)."""
     return METRICS_FLAG in flagmod.render_flags(flag_map(settings))
 
 
-def flag_map(settings, *, with_api_key: bool = False) -> dict[str, Any]:
+def flag_map(settings: Settings, *, with_api_key: bool = False) -> dict[str, Any]:
     """The launch flags: ``sglang_flags`` plus the flags that come from their own keys, and
     ``--enable-metrics`` unless ``sglang_flags`` names that flag itself (``false`` turns the
     server's ``/metrics`` off); it is checked against the locked SGLang as every flag. The API
@@ -199,14 +203,14 @@ def flag_map(settings, *, with_api_key: bool = False) -> dict[str, Any]:
     return out
 
 
-def launch_argv(settings, layout: Layout, release_id: str) -> list[str]:
+def launch_argv(settings: Settings, layout: Layout, release_id: str) -> list[str]:
     """ExecStart's words: the release's python runs the launcher, which runs the server."""
     python = layout.venv_python(release_id)
     command = [c.replace("{python}", python) for c in settings.sglang_launch_command]
     return [python, layout.tool("launch.py"), *command, *flagmod.render_flags(flag_map(settings))]
 
 
-def service_environment(settings, nccl_env: Mapping[str, str],
+def service_environment(settings: Settings, nccl_env: Mapping[str, str],
                         toolchain: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """The unit's non-secret environment: the persistent caches, offline hub, the JIT
     toolchain (``jit.toolchain_environment``), NCCL's P2P settings from the pre-flight, then
@@ -253,7 +257,7 @@ def expect_autotune(sglang_flags: Mapping[str, Any], patch_state: str) -> bool:
         "applied", "already-applied", "enabled-upstream")
 
 
-def verify_params(settings, *, release_id: str, sglang_version: str, patch_state: str,
+def verify_params(settings: Settings, *, release_id: str, sglang_version: str, patch_state: str,
                   nccl_env: Mapping[str, str]) -> dict[str, Any]:
     """What the verifier expects of this configuration. Kept in the known-good record, so
     that a rollback verifies the old configuration by its own standards."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sglang_deploy.core.errors import SglangDeployError
 
@@ -44,7 +45,7 @@ class SmokeError(SglangDeployError):
     title = "release smoke failed"
 
 
-def parse_result(stdout: str) -> dict | None:
+def parse_result(stdout: str) -> dict[str, Any] | None:
     """The smoke's JSON object (its last stdout line that is one), else None."""
     for line in reversed((stdout or "").strip().splitlines()):
         line = line.strip()
@@ -89,7 +90,7 @@ def _bound(bound: str) -> str:
     return bound if bound else "without a bound"
 
 
-def package_lines(packages: Iterable[Mapping]) -> list[str]:
+def package_lines(packages: Iterable[Mapping[str, Any]]) -> list[str]:
     """``kernels 0.17.2, required by sglang 0.5.12.post1 without a bound`` per package."""
     out = []
     for p in packages:
@@ -108,7 +109,7 @@ def argparse_error(message: str) -> str:
     return lines[-1] if lines else message
 
 
-def error_for(result: Mapping | None, where: str, output: str = "") -> SmokeError:
+def error_for(result: Mapping[str, Any] | None, where: str, output: str = "") -> SmokeError:
     """The operator's error for a failed smoke RESULT (None: the smoke printed no result;
     OUTPUT: what it printed, for that case). WHERE: "host gpu-1" or "lock locks/x.txt"."""
     if result is None:
@@ -140,7 +141,7 @@ def error_for(result: Mapping | None, where: str, output: str = "") -> SmokeErro
                       fix=FIX, details={"smoke": dict(result)})
 
 
-def summary(result: Mapping) -> str:
+def summary(result: Mapping[str, Any]) -> str:
     """One line: what the smoke proved."""
     parts = []
     for s in result.get("steps") or []:
@@ -181,7 +182,7 @@ def _optional_files(prop: str) -> str:
     return f"{key}=-{value}" if key == "EnvironmentFile" and not value.startswith("-") else prop
 
 
-def systemd_run_argv(unit_text: str, argv: Sequence[str], env: Mapping[str, str] = (),
+def systemd_run_argv(unit_text: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
                      unit_name: str | None = None) -> list[str]:
     """``systemd-run --wait --pipe`` of ARGV with the rendered unit's sandbox, user and
     environment, plus ENV (set after the unit's, so it wins)."""
@@ -190,7 +191,7 @@ def systemd_run_argv(unit_text: str, argv: Sequence[str], env: Mapping[str, str]
         cmd.append(f"--unit={unit_name}")
     for prop in sandbox_properties(unit_text):
         cmd += ["-p", _optional_files(prop)]
-    for k, v in dict(env).items():
+    for k, v in dict(env or {}).items():
         cmd += ["-p", f"Environment={k}={v}"]
     return [*cmd, "--", *argv]
 

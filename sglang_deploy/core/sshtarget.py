@@ -15,6 +15,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sglang_deploy.core.errors import SglangDeployError
 
@@ -48,7 +49,7 @@ class SshTarget:
     ssh_config_file: str | None = None
     allow_agent: bool = True
     look_for_keys: bool = True
-    connect_kwargs: dict = field(default_factory=dict)
+    connect_kwargs: dict[str, Any] = field(default_factory=dict)
     connect_retries: int = 0
 
     @property
@@ -56,7 +57,7 @@ class SshTarget:
         return self.hostname if self.port in (None, 22) else f"{self.hostname}:{self.port}"
 
 
-def host_key_policy(value) -> str:
+def host_key_policy(value: object) -> str:
     """The inventory's ``ssh_strict_host_key_checking`` as the policy for unknown host keys.
 
     ``yes`` (and unset or ``ask``: nobody is there to answer) refuse a host whose key is not in
@@ -74,14 +75,14 @@ def host_key_policy(value) -> str:
                          found=repr(value), fix="correct the inventory's ssh_strict_host_key_checking")
 
 
-def _path(value, cwd: str) -> str | None:
+def _path(value: object, cwd: str) -> str | None:
     if not value:
         return None
     path = Path(os.path.expanduser(str(value)))
     return str(path if path.is_absolute() else Path(cwd) / path)
 
 
-def target_from_data(name: str, data: dict, cwd: str = ".") -> SshTarget:
+def target_from_data(name: str, data: dict[str, Any], cwd: str = ".") -> SshTarget:
     """The SSH target of host NAME from its merged inventory DATA (relative paths: to CWD)."""
     port = data.get("ssh_port")
     try:
@@ -168,7 +169,7 @@ def journal_since_last_start_command(unit: str, watchdog_events: str | None = No
     )
 
 
-def split_side_lines(text: str) -> tuple[str, str, list[dict]]:
+def split_side_lines(text: str) -> tuple[str, str, list[dict[str, Any]]]:
     """(journal, invocation id, watchdog events) of ``journal_since_last_start_command``'s
     output with WATCHDOG_EVENTS (an event line that is no JSON object is skipped)."""
     journal, invocation, events = [], "", []

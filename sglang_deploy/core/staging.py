@@ -38,7 +38,8 @@ def record_sha256(inputs: Mapping[str, Any]) -> str:
 def proven(present: Mapping[str, Any] | None, inputs: Mapping[str, Any]) -> bool:
     """True when the host's record (``paths[record]`` of the host-state read: kind and
     sha256, or None) is the record of exactly these INPUTS."""
-    return bool(present) and present.get("sha256") == record_sha256(inputs)
+    return present is not None and bool(present) \
+        and present.get("sha256") == record_sha256(inputs)
 
 
 def model_disk_error(path: str, need_bytes: int | None, present_bytes: int,

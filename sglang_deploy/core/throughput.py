@@ -14,7 +14,10 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.settingstype import Settings
 
 RECORD_VERSION = 1
 
@@ -52,7 +55,7 @@ def bench_argv(concurrency: int, *, host: str, port: int, model_path: str, serve
     ]
 
 
-def plan(settings) -> list[dict]:
+def plan(settings: Settings) -> list[dict[str, Any]]:
     """[{concurrency, argv}] of every level of a host (`settings`: data.Settings)."""
     return [{"concurrency": int(c), "argv": bench_argv(
         int(c), host=settings.sglang_host, port=settings.sglang_port,
@@ -116,11 +119,11 @@ class Level:
     median_itl_ms: float | None = None
 
 
-def level_figures(raw: dict, expected_prompts: int | None = None) -> Level:
+def level_figures(raw: dict[str, Any], expected_prompts: int | None = None) -> Level:
     """One level of bench_run.py's output -> Level (raises BenchError when it failed)."""
     from sglang_deploy.core.errors import BenchError
 
-    c = int(raw.get("concurrency"))
+    c = int(raw["concurrency"])
     res = raw.get("result")
     if res is None:
         summary = parse_summary(raw.get("stdout_tail") or "")
@@ -154,13 +157,13 @@ def level_figures(raw: dict, expected_prompts: int | None = None) -> Level:
 
 # --------------------------------------------------------------------------- records
 
-def identity_name(identity: dict) -> str:
+def identity_name(identity: dict[str, Any]) -> str:
     """`<release id>-<first 12 hex of the unit's sha256>`: a flag change is a new identity."""
     return f"{identity['release']}-{identity['unit_sha256'][:12]}"
 
 
-def make_record(host: str, identity: dict, levels: list[Level], params: dict,
-                now: float | None = None, run_id: str | None = None) -> dict:
+def make_record(host: str, identity: dict[str, Any], levels: list[Level], params: dict[str, Any],
+                now: float | None = None, run_id: str | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     return {
         "version": RECORD_VERSION,
@@ -177,7 +180,7 @@ def make_record(host: str, identity: dict, levels: list[Level], params: dict,
     }
 
 
-def pick_previous(records: list[dict], identity: str) -> dict | None:
+def pick_previous(records: list[dict[str, Any]], identity: str) -> dict[str, Any] | None:
     """The most recent record of a DIFFERENT identity (the previous configuration)."""
     others = [r for r in records if isinstance(r, dict) and r.get("identity") != identity
               and isinstance(r.get("output_tok_s"), dict) and r.get("time") is not None]
@@ -197,13 +200,21 @@ class Comparison:
         return self.now / self.previous
 
 
-def compare(current: dict, previous: dict | None) -> list[Comparison]:
+def compare(current: dict[str, Any], previous: dict[str, Any] | None) -> list[Comparison]:
     prev = (previous or {}).get("output_tok_s") or {}
     return [Comparison(int(key), float(now), float(prev[key]) if key in prev else None)
             for key, now in sorted(current["output_tok_s"].items(), key=lambda kv: int(kv[0]))]
 
 
-def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple[bool, str]:
+def _ratio(c: Comparison) -> float:
+    """The ratio of a level known in both runs (``gate`` keeps only those)."""
+    if c.ratio is None:
+        raise ValueError(f"concurrency {c.concurrency}: no ratio (not in both runs)")
+    return c.ratio
+
+
+def gate(current: dict[str, Any], previous: dict[str, Any] | None, min_ratio: float | None
+         ) -> tuple[bool, str]:
     """(ok, message): is every level's output throughput >= MIN_RATIO x the previous one?
 
     No previous record, or no level in common, passes (nothing to compare with) and says so.
@@ -216,7 +227,7 @@ def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple
     if not rows:
         return True, (f"{host}: no concurrency level in common with the previous configuration "
                       f"{previous['identity']}: nothing to compare with")
-    worst = min(rows, key=lambda c: c.ratio)
+    worst = min(rows, key=_ratio)
     summary = ", ".join(f"c={c.concurrency}: {c.now:.1f} vs {c.previous:.1f} tok/s "
                         f"(x{c.ratio:.3f})" for c in rows)
     cp, pp = current.get("params"), previous.get("params")
@@ -226,10 +237,10 @@ def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple
         summary += f" [benchmark parameters differ: {changed}]"
     if min_ratio is None:
         return True, f"{host}: {current['identity']} vs {previous['identity']}: {summary}"
-    low = [c for c in rows if c.ratio < min_ratio]
+    low = [c for c in rows if _ratio(c) < min_ratio]
     if low:
         drops = "; ".join(f"concurrency {c.concurrency}: {c.now:.1f} tok/s vs {c.previous:.1f} "
-                          f"tok/s, ratio {c.ratio:.3f} (drop of {100 * (1 - c.ratio):.1f}%)"
+                          f"tok/s, ratio {c.ratio:.3f} (drop of {100 * (1 - _ratio(c)):.1f}%)"
                           for c in low)
         return False, (f"{host}: output token throughput dropped below {min_ratio:g} x the "
                        f"previous configuration ({previous['identity']} -> "
@@ -238,7 +249,7 @@ def gate(current: dict, previous: dict | None, min_ratio: float | None) -> tuple
                   f"vs {previous['identity']}: {summary}")
 
 
-def table_rows(entries: list[tuple[dict, dict | None]]) -> list[tuple[str, ...]]:
+def table_rows(entries: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> list[tuple[str, ...]]:
     """Rows host, concurrency, output tok/s now, previous, ratio, identity (previous)."""
     return [(current["host"], str(c.concurrency), f"{c.now:.1f}",
              "-" if c.previous is None else f"{c.previous:.1f}",

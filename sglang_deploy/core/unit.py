@@ -7,9 +7,13 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from packaging.version import Version
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 TEMPLATE = Path(__file__).resolve().parent.parent.parent / "templates" / "sglang.service.j2"
 
@@ -65,7 +69,7 @@ def _compiled(text: str) -> jinja2.Template:
     return env.from_string(text)
 
 
-def spec_vars(spec) -> dict:
+def spec_vars(spec: DataclassInstance) -> dict[str, Any]:
     """A dataclass's fields as template variables (shallow: ``asdict`` deep-copies each
     host's values, a cost paid per host on the controller)."""
     return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
 from sglang_deploy.core.hoststate import ServiceState
-from sglang_deploy.core.logs.parse import StartupTracker
+from sglang_deploy.core.logs.parse import Event, StartupTracker
 
 # tracker phase -> deadline key (data: verify_phase_timeouts)
 PHASE_DEADLINE_KEY = {
@@ -31,7 +32,7 @@ CRASH_STATES = {"failed", "inactive", "deactivating"}
 class Decision:
     kind: str  # wait | ready | fail
     message: str = ""
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Verifier:
     cuda_graph: bool
     served_model_name: str
     overall_timeout_s: float
-    phase_timeouts: dict
+    phase_timeouts: dict[str, Any]
     require_generate: bool = True
     #: a group's node of rank >= 1: it never serves the API; it is up when its dummy health
     #: server answers /health 200, which SGLang starts only once its schedulers are ready
@@ -55,11 +56,11 @@ class Verifier:
     last_phase: str | None = None
     http_failures: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.tracker = StartupTracker(self.sglang_version, expect_autotune=self.expect_autotune,
                                       cuda_graph=self.cuda_graph)
 
-    def _fail(self, message: str, service: dict, **details) -> Decision:
+    def _fail(self, message: str, service: dict[str, Any], **details: Any) -> Decision:
         diag = self.tracker.diagnosis()
         details.update(
             phase=self.failure_phase(diag),
@@ -72,19 +73,20 @@ class Verifier:
         )
         return Decision("fail", message, details)
 
-    def failure_phase(self, diag: dict | None = None) -> str:
+    def failure_phase(self, diag: dict[str, Any] | None = None) -> str:
         """The phase a failure belongs to: what its lines say (``serving`` after the
         ready line), else the phase the startup reached."""
         diag = diag if diag is not None else self.tracker.diagnosis()
         if diag["failed"] and diag["phase"]:
-            return diag["phase"]
+            phase: str = diag["phase"]
+            return phase
         return "serving" if self.tracker.ready_seen else self.tracker.phase
 
     def _crash_text(self) -> str:
         diag = self.tracker.diagnosis()
         return f": {diag['cause']}: {diag['summary']}" if diag["failed"] else ""
 
-    def observe(self, poll: dict) -> Decision:
+    def observe(self, poll: dict[str, Any]) -> Decision:
         now = poll["now"]
         service = poll.get("service", {})
         if self.started_at is None:
@@ -106,7 +108,8 @@ class Verifier:
             return Decision("wait", self.progress_text(now))
         return self._api_ready(poll, now, service)
 
-    def _crashed(self, service: dict, inv: str | None, violation) -> Decision | None:
+    def _crashed(self, service: dict[str, Any], inv: str | None, violation: Event | None
+                 ) -> Decision | None:
         """A failure the service or its lines show: startup out of order, a restart, an
         exit, a fatal line."""
         if violation is not None:
@@ -128,15 +131,16 @@ class Verifier:
                               f"{self._crash_text()}", service)
         return None
 
-    def _overdue(self, now: float, service: dict) -> Decision | None:
+    def _overdue(self, now: float, service: dict[str, Any]) -> Decision | None:
         """A phase's deadline or the overall one passed."""
-        elapsed = now - self.started_at
+        elapsed = self._since(now, self.started_at)
         key = PHASE_DEADLINE_KEY.get(self.tracker.phase, "warmup")
         limit = self.phase_timeouts.get(key)
-        if limit is not None and now - self.phase_since > limit:
+        if limit is not None and self._since(now, self.phase_since) > limit:
             return self._fail(
                 f"startup stalled in phase `{self.tracker.phase}`: no progress for "
-                f"{now - self.phase_since:.0f}s (limit {limit}s, verify_phase_timeouts.{key})",
+                f"{self._since(now, self.phase_since):.0f}s "
+                f"(limit {limit}s, verify_phase_timeouts.{key})",
                 service, progress=self.progress_text(now))
         if elapsed > self.overall_timeout_s:
             return self._fail(
@@ -144,22 +148,29 @@ class Verifier:
                 service, progress=self.progress_text(now))
         return None
 
+    @staticmethod
+    def _since(now: float, at: float | None) -> float:
+        """Seconds from AT (``started_at``, ``phase_since``: set by the first poll) to NOW."""
+        if at is None:
+            raise RuntimeError("the verifier was asked for a time before its first poll")
+        return now - at
+
     def _ready(self, message: str, now: float) -> Decision:
         return Decision("ready", message, {
             "phase_durations": self.tracker.phase_durations,
-            "time_to_ready_s": round(now - self.started_at, 2),
+            "time_to_ready_s": round(self._since(now, self.started_at), 2),
             "invocation": self.invocation,
         })
 
-    def _worker_ready(self, poll: dict, now: float) -> Decision:
+    def _worker_ready(self, poll: dict[str, Any], now: float) -> Decision:
         """A group's node of rank >= 1 is up when its /health answers 200."""
         health = poll.get("health") or {}
         if health.get("status") != 200:
             return Decision("wait", self.progress_text(now))
-        return self._ready(f"node up after {now - self.started_at:.1f}s: its "
+        return self._ready(f"node up after {self._since(now, self.started_at):.1f}s: its "
                            "schedulers are ready (/health 200)", now)
 
-    def _api_ready(self, poll: dict, now: float, service: dict) -> Decision:
+    def _api_ready(self, poll: dict[str, Any], now: float, service: dict[str, Any]) -> Decision:
         """The log says ready: now the API must agree (health, models, a generation)."""
         health = poll.get("health") or {}
         if health.get("status") != 200:
@@ -178,9 +189,9 @@ class Verifier:
                 return self._http_failed(
                     f"a one-token generation failed: {gen.get('status') or gen.get('error')} "
                     f"{gen.get('body', '')[:200]}", service)
-        return self._ready(f"ready after {now - self.started_at:.1f}s", now)
+        return self._ready(f"ready after {self._since(now, self.started_at):.1f}s", now)
 
-    def _http_failed(self, message: str, service: dict) -> Decision:
+    def _http_failed(self, message: str, service: dict[str, Any]) -> Decision:
         """An API check failed after the ready line. The poll read the journal BEFORE
         asking the API: a crash the request caused is in the next poll's lines. Wait for
         that one poll, then fail (with the crash's cause if the lines name one)."""
@@ -199,7 +210,7 @@ class Verifier:
         return f"phase {self.tracker.phase}{shards}, elapsed {now - (self.started_at or now):.0f}s"
 
 
-def _health_text(health: dict) -> str:
+def _health_text(health: dict[str, Any]) -> str:
     """What /health said: its status, the error of a request that got no answer, or (the
     poll that first sees the ready line asks nothing yet) that it is asked next."""
     if not health:
@@ -208,7 +219,7 @@ def _health_text(health: dict) -> str:
     return f"/health answers {answer}"
 
 
-def _model_ids(models: dict) -> list:
+def _model_ids(models: dict[str, Any]) -> list[Any]:
     """The model ids of a /v1/models answer (none when its body is no such list)."""
     try:
         return [m.get("id") for m in json.loads(models.get("body") or "{}").get("data", [])]
@@ -234,7 +245,7 @@ def poll_command(tool: str, service: str, port: int, host_addr: str, cursor: str
     return shlex.join(args)
 
 
-def check_serving(poll: dict, served_model_name: str, require_generate: bool,
+def check_serving(poll: dict[str, Any], served_model_name: str, require_generate: bool,
                   worker: bool = False) -> Decision:
     """Pure: does a server that was NOT restarted serve? One poll (with --http) decides:
     wait (not yet answering), ready, or fail (unit down, wrong model, generation refused).

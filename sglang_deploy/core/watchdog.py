@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 MODES = ("off", "report", "restart")
 HOUR_S = 3600.0
@@ -47,7 +48,7 @@ class Config:
     verify_timeout_s: float = 600.0
 
     @classmethod
-    def from_dict(cls, d: dict) -> Config:
+    def from_dict(cls, d: dict[str, Any]) -> Config:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         cfg = cls(**known)
         if cfg.mode not in MODES:
@@ -79,11 +80,11 @@ class State:
     first_fail_at: float | None = None
     last_error: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> State:
+    def from_dict(cls, d: dict[str, Any] | None) -> State:
         d = d or {}
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
@@ -119,7 +120,8 @@ def judge(state: State, obs: Observation, cfg: Config) -> tuple[State, Verdict]:
                   progress_at=progress_at)
     if obs.probe_ok or moved:
         new = replace(new, fail_streak=0, first_fail_at=None, last_error="")
-        if obs.probe_ok is False:  # failed, but requests still finish: slow, not wedged
+        # failed, but requests still finish: slow, not wedged (moved: the tokens were read)
+        if obs.probe_ok is False and obs.tokens is not None:
             return new, Verdict("slow", ((
                 f"1-token generation failed ({obs.probe_error}) but "
                 f"generation_tokens_total rose to {_fmt(obs.tokens)}: progressing"),))
@@ -232,7 +234,7 @@ def from_metrics(series: dict[str, float]) -> tuple[int | None, float | None]:
     return busy, tokens
 
 
-def from_loads(doc: dict) -> int | None:
+def from_loads(doc: object) -> int | None:
     """Requests running + waiting from ``/v1/loads`` (None when it cannot say)."""
     if not isinstance(doc, dict):
         return None
@@ -248,7 +250,7 @@ def from_loads(doc: dict) -> int | None:
 # ------------------------------------------------------------------ records
 
 
-def summary_line(host: str, events: list[dict], now: float) -> str | None:
+def summary_line(host: str, events: list[dict[str, Any]], now: float) -> str | None:
     """One line for `status` under the table: the host's last watchdog event and its restarts
     in the last hour (None when it has none)."""
     if not events:
@@ -261,7 +263,7 @@ def summary_line(host: str, events: list[dict], now: float) -> str | None:
             f"{restarts} restart(s) in the last hour" + (f"; evidence: {ev}" if ev else ""))
 
 
-def status_doc(raw: dict | None) -> dict | None:
+def status_doc(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     """The watchdog of one host as ``status`` shows it, from the host-state read's
     ``watchdog`` (its unit, ``state.json``, last events, the host's clock): None when none
     is installed and it never recorded an event. ``text``: the line under the table."""
@@ -286,7 +288,7 @@ def status_doc(raw: dict | None) -> dict | None:
             "last_event": last, "restarts_last_hour": restarts, "text": text}
 
 
-def restart_of(events: list[dict], invocation: str) -> dict | None:
+def restart_of(events: list[dict[str, Any]], invocation: str) -> dict[str, Any] | None:
     """The watchdog's restart that concerns the server's run INVOCATION (its last start), from
     the host's events (oldest first): the restart that STARTED it (the event's
     ``new_invocation``), else the one that ENDED it (the wedged run was this one, and no new
@@ -308,7 +310,7 @@ def restart_of(events: list[dict], invocation: str) -> dict | None:
     return None
 
 
-def restart_line(restart: dict | None) -> str | None:
+def restart_line(restart: dict[str, Any] | None) -> str | None:
     """``restart_of``'s finding for a person (``logs --explain``), or None."""
     if not restart:
         return None

@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.core import service
 from sglang_deploy.core.unit import _compiled, systemd_quote
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.settingstype import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent.parent / "templates" / "sglang-watchdog.service.j2"
 
@@ -63,7 +67,8 @@ class Router:
     key: str | None = None
 
 
-def config(settings, host_name: str, group_nodes: int = 1, router: Router | None = None) -> dict:
+def config(settings: Settings, host_name: str, group_nodes: int = 1,
+           router: Router | None = None) -> dict[str, Any]:
     """The watchdog's configuration (``config.json``: no secret in it) from the host's data."""
     s, lay = settings, service.Layout.of(settings)
     doc = {field: getattr(s, key) for key, field in CONFIG_KEYS.items()}
@@ -81,11 +86,11 @@ def config(settings, host_name: str, group_nodes: int = 1, router: Router | None
     return doc
 
 
-def config_text(doc: dict) -> str:
+def config_text(doc: dict[str, Any]) -> str:
     return json.dumps(doc, sort_keys=True, indent=1) + "\n"
 
 
-def gpu_health_text(report: dict | None) -> str:
+def gpu_health_text(report: dict[str, Any] | None) -> str:
     """``GPU_HEALTH_FILE``: the deploy's GPU health report of this host (its verdict and
     findings; no time in it, so a host whose health did not change gets no change)."""
     doc = report or {}
@@ -93,7 +98,7 @@ def gpu_health_text(report: dict | None) -> str:
                        "findings": list(doc.get("findings") or [])}, sort_keys=True, indent=1) + "\n"
 
 
-def router_key(settings, router: Router | None) -> str | None:
+def router_key(settings: Settings, router: Router | None) -> str | None:
     """The router key the watchdog gets as a credential: only when it acts (mode restart)
     through a router that has a key."""
     if settings.watchdog != "restart" or router is None:
@@ -101,7 +106,7 @@ def router_key(settings, router: Router | None) -> str | None:
     return router.key
 
 
-def render_unit(settings, with_router_key: bool) -> str:
+def render_unit(settings: Settings, with_router_key: bool) -> str:
     s = settings
     root = s.sglang_root
     argv = [s.sglang_system_python, f"{root}/tools/watchdog.py", "run", "--config", CONFIG_FILE]

@@ -27,7 +27,7 @@ MAX_BYTES = 1024 * 1024
 #: values (after alias expansion) one file may hold
 MAX_NODES = 100_000
 
-Path_ = tuple  # a key path: ("sglang_flags", "tp-size")
+Path_ = tuple[Any, ...]  # a key path: ("sglang_flags", "tp-size")
 
 
 def _error(name: str, line: int | None, what: str, found: str, fix: str) -> DataError:
@@ -47,8 +47,9 @@ class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader; composing only (values are built by ``_Builder``)."""
 
 
-def _line(node) -> int:
-    return node.start_mark.line + 1
+def _line(node: yaml.Node) -> int:
+    line: int = node.start_mark.line + 1
+    return line
 
 
 class _Builder:
@@ -58,7 +59,7 @@ class _Builder:
         self.count = 0
         self.active: set[int] = set()
 
-    def build(self, node, path: Path_) -> Any:
+    def build(self, node: yaml.Node, path: Path_) -> Any:
         self.count += 1
         if self.count > MAX_NODES:
             raise _error(self.name, _line(node), f"at most {MAX_NODES} values in one file",
@@ -80,14 +81,14 @@ class _Builder:
         finally:
             self.active.discard(id(node))
 
-    def _tag(self, node, expected: str) -> None:
+    def _tag(self, node: yaml.Node, expected: str) -> None:
         if node.tag != expected:
             raise _error(self.name, _line(node), "plain YAML data (no tags)",
                          f"the tag {node.tag}",
                          "remove the tag; secrets are never in data files: name the controller "
                          "environment variable that holds one (`*_env` keys)")
 
-    def _scalar(self, node) -> Any:
+    def _scalar(self, node: yaml.Node) -> Any:
         try:
             return self.loader.construct_object(node, deep=True)
         except yaml.constructor.ConstructorError as exc:
@@ -97,8 +98,8 @@ class _Builder:
                          "are named by `*_env` keys, read from the controller's environment)"
                          ) from None
 
-    def _mapping(self, node, path: Path_) -> dict:
-        out: dict = {}
+    def _mapping(self, node: yaml.Node, path: Path_) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             line = _line(key_node)
             if key_node.tag == "tag:yaml.org,2002:merge":

@@ -322,3 +322,18 @@ def test_config_parser_source_matches_our_reading():
     assert "environ" not in server_args.split('"--api-key"')[1][:400]
     environ = extract_member(w, "sglang/srt/environ.py")
     assert "SGLANG_API_KEY" not in environ
+
+
+def test_action_none_is_argparse_default_store():
+    """``action=None`` is valid argparse (the default, store): read as no action at all, not a
+    crash of the whole spec (found by mypy: None has no ``rsplit``)."""
+    src = '''
+class ServerArgs:
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--plain", type=int)
+        parser.add_argument("--none", type=int, action=None)
+'''
+    s = F.parse_server_args(src, version="t")
+    assert s["--none"].action is None and s["--none"].takes_value
+    assert s["--none"].action == s["--plain"].action

@@ -28,7 +28,7 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,8 +228,9 @@ def _close(name: str, candidates: Iterable[str]) -> list[str]:
 
 
 #: what argparse calls on a value, by the ``type=`` that flagspec read
-_PARSERS = {"int": int, "human_readable_int": int, "float": float, "json.loads": json.loads,
-            "loads": json.loads}
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": int, "human_readable_int": int, "float": float, "json.loads": json.loads,
+    "loads": json.loads}
 
 
 def _convertible(value: Any, typ: str | None) -> bool:
@@ -289,7 +290,7 @@ def validate_flags(mapping: Mapping[str, Any], spec: FlagSpec, version: str | No
     return problems
 
 
-def _value_problems(key: str, name: str, value: Any, info, version: str) -> list[Problem]:
+def _value_problems(key: str, name: str, value: Any, info: ArgInfo, version: str) -> list[Problem]:
     """What is wrong with VALUE of flag NAME (written KEY; INFO its declaration): deprecation,
     its shape (bare, value, list), each item's type and choices."""
     problems: list[Problem] = []
@@ -310,7 +311,7 @@ def _value_problems(key: str, name: str, value: Any, info, version: str) -> list
     return problems
 
 
-def _shape_problem(key: str, name: str, value: Any, info) -> Problem | None:
+def _shape_problem(key: str, name: str, value: Any, info: ArgInfo) -> Problem | None:
     """A bare flag given a value, a value flag given none, a list for a single value."""
     if not info.takes_value:
         if value is not True:
@@ -329,7 +330,7 @@ def _shape_problem(key: str, name: str, value: Any, info) -> Problem | None:
     return None
 
 
-def _item_problem(key: str, name: str, item: Any, info, version: str) -> Problem | None:
+def _item_problem(key: str, name: str, item: Any, info: ArgInfo, version: str) -> Problem | None:
     """One value of flag NAME not of its type, or not one of its choices."""
     if not _convertible(item, info.type):
         return Problem("error", key, name, f"{name} expects {info.type}, got {item!r}",

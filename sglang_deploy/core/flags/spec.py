@@ -111,7 +111,7 @@ class FlagSpec(Mapping[str, ArgInfo]):
     def __repr__(self) -> str:
         return f"FlagSpec(version={self.version!r}, {len(self._by_opt)} option strings)"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-able copy that :meth:`from_json` turns back into an equal spec (the
         controller's cache of parsed ``server_args.py`` files, see ``flagcache``)."""
         infos = list({id(i): i for i in self._by_opt.values()}.values())  # aliases share one
@@ -122,7 +122,7 @@ class FlagSpec(Mapping[str, ArgInfo]):
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> FlagSpec:
-        def info(d: dict) -> ArgInfo:
+        def info(d: dict[str, Any]) -> ArgInfo:
             d = dict(d)
             d["option_strings"] = tuple(d["option_strings"])
             if d.get("choices") is not None:
@@ -162,7 +162,8 @@ def _text(node: ast.AST | None) -> str:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else "{...}" for v in node.values)
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{...}"
+                       for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _text(node.left) + _text(node.right)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
@@ -196,7 +197,7 @@ class _Names:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            out = []
+            out: list[Any] = []
             for elt in node.elts:
                 if isinstance(elt, ast.Starred):
                     val = self.resolve(elt.value, local, depth + 1)
@@ -229,9 +230,12 @@ class _Names:
         return _UNRESOLVED
 
 
-def _action(node: ast.AST) -> str:
-    """``action="store_true"`` or ``action=argparse.BooleanOptionalAction`` -> its last name."""
-    action = node.value if isinstance(node, ast.Constant) else (_dotted(node) or "?")
+def _action(node: ast.AST) -> str | None:
+    """``action="store_true"`` or ``action=argparse.BooleanOptionalAction`` -> its last name;
+    ``action=None`` is argparse's default (store), as no ``action`` at all: None."""
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
+    action = str(node.value) if isinstance(node, ast.Constant) else (_dotted(node) or "?")
     return action.rsplit(".", 1)[-1]
 
 
@@ -242,7 +246,7 @@ def _deprecated(action: str | None, help_text: str) -> bool:
 def _literal_nargs(node: ast.AST | None) -> str | int | None:
     if node is None:
         return None
-    if isinstance(node, ast.Constant):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str | int | None):
         return node.value
     return "?dynamic"
 
@@ -260,7 +264,8 @@ def _info_from_add_argument(call: ast.Call, names: _Names,
     typ = _dotted(kw["type"]) if "type" in kw else None
     help_text = _text(kw.get("help"))
     new_flag = _text(kw.get("new_flag")) or None
-    if "dest" in kw and isinstance(kw["dest"], ast.Constant):
+    if "dest" in kw and isinstance(kw["dest"], ast.Constant) \
+            and isinstance(kw["dest"].value, str):
         dest = kw["dest"].value
     else:
         longs = [o for o in opts if o.startswith("--")]
@@ -304,7 +309,7 @@ def _walk_add_argument(tree: ast.AST, names: _Names) -> list[ArgInfo]:
 # ---- 0.5.2x: annotated dataclass fields -------------------------------------------------
 
 
-def _subscript_parts(node: ast.Subscript) -> tuple[str | None, list[ast.AST]]:
+def _subscript_parts(node: ast.Subscript) -> tuple[str | None, list[ast.expr]]:
     base = _dotted(node.value)
     sl = node.slice
     parts = list(sl.elts) if isinstance(sl, ast.Tuple) else [sl]
@@ -325,7 +330,7 @@ def _unwrap_optional(node: ast.AST) -> ast.AST:
     return rest[0] if len(rest) == 1 else node
 
 
-def _field_arg(meta: list[ast.AST]) -> tuple[dict[str, ast.AST], str] | None:
+def _field_arg(meta: list[ast.expr]) -> tuple[dict[str, ast.expr], str] | None:
     """The ``Arg(...)`` keywords of a field's metadata (or none, for a plain help string) and
     its help text; None when the field has neither (``Derived(...)``, ``NS(...)``)."""
     for m in meta:
@@ -337,7 +342,7 @@ def _field_arg(meta: list[ast.AST]) -> tuple[dict[str, ast.AST], str] | None:
     return None
 
 
-def _field_opts(name: str, arg: dict[str, ast.AST], names: _Names) -> list[str]:
+def _field_opts(name: str, arg: dict[str, ast.expr], names: _Names) -> list[str]:
     """The option strings of field NAME: its CLI name and aliases."""
     cli_name = _text(arg["cli_name"]) if "cli_name" in arg else "--" + name.replace("_", "-")
     aliases: list[str] = []
@@ -348,8 +353,9 @@ def _field_opts(name: str, arg: dict[str, ast.AST], names: _Names) -> list[str]:
     return [cli_name, *aliases]
 
 
-def _typed_field(typ_node: ast.AST, arg: dict[str, ast.AST], names: _Names,
-                 choices: tuple | None) -> tuple[str | None, str | int | None, str | None, tuple | None]:
+def _typed_field(typ_node: ast.AST, arg: dict[str, ast.expr], names: _Names,
+                 choices: tuple[Any, ...] | None
+                 ) -> tuple[str | None, str | int | None, str | None, tuple[Any, ...] | None]:
     """(action, nargs, type, choices) of a field without an explicit action: from its type
     annotation (Literal, list, bool, a scalar)."""
     action = nargs = typ = None
@@ -385,7 +391,8 @@ def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | 
     if found is None:
         return None  # Derived(...) / NS(...) only: not a CLI flag
     arg, help_text = found
-    if isinstance(arg.get("no_cli"), ast.Constant) and arg["no_cli"].value is True:
+    no_cli = arg.get("no_cli")
+    if isinstance(no_cli, ast.Constant) and no_cli.value is True:
         return None
     opts = _field_opts(name, arg, names)
     choices = names.resolve(arg["choices"]) if "choices" in arg else None
@@ -393,6 +400,7 @@ def _info_from_field(name: str, ann: ast.Subscript, names: _Names) -> ArgInfo | 
     kwargs = arg.get("action_kwargs")
     action_kw = {k.value: v for k, v in zip(kwargs.keys, kwargs.values)
                  if isinstance(k, ast.Constant)} if isinstance(kwargs, ast.Dict) else {}
+    action: str | None
     if "action" in arg:
         action = _action(arg["action"])
         nargs = _literal_nargs(action_kw["nargs"]) if "nargs" in action_kw else None

@@ -144,7 +144,9 @@ class _Gpu:
 
 def _parse_rows(text: str, fields: list[str]) -> tuple[list[_Gpu], list[tuple[int | None, str | None, str]], list[str]]:
     """(GPUs, lost GPUs (index, bus id, message), lines that are neither) of the query's text."""
-    gpus, lost, other = [], [], []
+    gpus: list[_Gpu] = []
+    lost: list[tuple[int | None, str | None, str]] = []
+    other: list[str] = []
     for line in plain_text(text).splitlines():
         if not line.strip():
             continue
@@ -228,15 +230,15 @@ def _field_findings(g: _Gpu) -> list[Finding]:
                 _ACTIONS["reset"][1])
             return out
     for name in HEALTH_FIELDS[3:-2]:  # the counters and flags (not ids, temperature, power)
-        value = v.get(name)
-        if value is not None and _is_error(value):
-            add("field-unreadable", f"`{name}` cannot be read ({value.strip()}): its health is "
+        read = v.get(name)
+        if read is not None and _is_error(read):
+            add("field-unreadable", f"`{name}` cannot be read ({read.strip()}): its health is "
                 "unknown", "read `nvidia-smi -q -i {index}` on the host; an NVML error on a "
                 "health counter often comes before the GPU fails")
     for name in ("temperature.gpu", "power.draw"):
-        value = v.get(name)
-        if value is not None and _is_error(value):
-            add("field-error", f"`{name}` cannot be read ({value.strip()})",
+        read = v.get(name)
+        if read is not None and _is_error(read):
+            add("field-error", f"`{name}` cannot be read ({read.strip()})",
                 "watch it (`nvidia-smi -q -i {index}`); a transient ERR! is harmless, a lasting "
                 "one often comes before the GPU falls off the bus")
     vol = _count(v.get("ecc.errors.uncorrected.volatile.total") or "")

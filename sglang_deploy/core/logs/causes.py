@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sglang_deploy.core.logs.firsterror import ExcLine, first_error, first_error_fix
 from sglang_deploy.core.logs.fixes import CAUSE_FIXES, GENERIC_BY_PHASE, PHASE_FIXES
@@ -402,7 +403,7 @@ class Hit:
 
 def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
              exc_lines: list[ExcLine], *, bare_traceback: bool,
-             phase_reached: str | None, weak_phase: str | None = None) -> dict:
+             phase_reached: str | None, weak_phase: str | None = None) -> dict[str, Any]:
     """The failure from what a tracker collected: ``hits`` (signature matches),
     ``frames`` (``(phase, innermost_first, after_ready)`` of traceback frames that
     mark a phase), ``exc_lines`` (:class:`ExcLine`), ``bare_traceback`` (a traceback with
@@ -432,9 +433,10 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
     exc = next((e for e in exc_lines if e.after_ready == after_ready), None)
     exc_text = exc.text if exc else None
     error = None
+    cause: str | None
     if best is not None and best.sig.weight > GENERIC:
-        cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip()
-        if detail.endswith("(most recent call last):"):
+        cause, summary, detail = best.sig.cause, best.sig.summary, best.msg.strip() or None
+        if detail and detail.endswith("(most recent call last):"):
             detail = exc_text  # `Initialization failed. warmup error: Traceback ...`: its end
     else:
         cause = GENERIC_BY_PHASE.get(phase or "")
@@ -454,7 +456,7 @@ def diagnose(hits: list[Hit], frames: list[tuple[str, bool, bool]],
         shown.insert(0, error["line"])
         cause, summary, detail = error["type"], error["summary"], None
     evidence = list(dict.fromkeys(x for x in shown if x))
-    fix = PHASE_FIXES.get((cause, phase)) or CAUSE_FIXES.get(cause)
+    fix = PHASE_FIXES.get((cause, phase or "")) or CAUSE_FIXES.get(cause)
     return {"failed": True, "phase": phase, "cause": cause,
             "summary": summary + (f": {detail[:240]}" if detail else ""),
             "fix": fix if error is None else first_error_fix(error, phase),

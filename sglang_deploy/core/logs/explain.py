@@ -208,11 +208,12 @@ def _parallel(text: list[str]) -> dict[str, int] | None:
     return {k: int(v) for k, v in _SIZE_RE.findall(line.split(_SERVER_ARGS, 1)[1])}
 
 
-def _natural(rank: str) -> list:
+def _natural(rank: str) -> list[int | str]:
     return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", rank)]
 
 
-def _phases(tracker: StartupTracker, stamped: bool, last_ts: float | None) -> list[dict]:
+def _phases(tracker: StartupTracker, stamped: bool, last_ts: float | None
+            ) -> list[dict[str, Any]]:
     entered = tracker.phase_entered
     text = tracker.phase_entered_text
     seen = [p for p in PHASES if p in entered and p != "starting"]
@@ -238,7 +239,8 @@ def _joined(lines: list[str]) -> list[str]:
     return out
 
 
-def _relevant(tracker: StartupTracker, d: dict, outcome: str, limit: int = 14) -> list[str]:
+def _relevant(tracker: StartupTracker, d: dict[str, Any], outcome: str,
+              limit: int = 14) -> list[str]:
     if outcome != "failed":
         return _joined(tracker.recent_lines(12))[-5:]
     out: list[str] = list(d["evidence"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ExcLine", "first_error", "first_error_fix"]
 
@@ -24,7 +25,7 @@ class ExcLine:
     rank: str | None = None     # the rank whose traceback it ends ("TP3"), when one is known
 
 
-def first_error(exc_lines: list[ExcLine], named: Callable[[str], bool]) -> dict | None:
+def first_error(exc_lines: list[ExcLine], named: Callable[[str], bool]) -> dict[str, Any] | None:
     """The first exception before ready that no signature names (NAMED says which are; a
     warning is no error, and the teardown's own `scheduler died` message is named), as the
     log prints it: ``type``, ``message``, ``where`` it was raised, its ``code`` line, the
@@ -44,7 +45,7 @@ def first_error(exc_lines: list[ExcLine], named: Callable[[str], bool]) -> dict 
     return None
 
 
-def first_error_fix(error: dict, phase: str | None) -> str:
+def first_error_fix(error: dict[str, Any], phase: str | None) -> str:
     """The fix of an error nothing catalogued names: read it, the usual suspects."""
     where = f" raised in {error['where']}" if error.get("where") else ""
     return (f"no catalogued cause matches it: the {error['type']}{where} is the first error "

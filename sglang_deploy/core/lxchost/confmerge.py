@@ -184,17 +184,21 @@ def _assign(desired: Sequence[Directive], dialect: str, taken: set[int],
 def _dev_index(text: str, dialect: str) -> tuple[int, str] | None:
     kv = key_value(text, dialect)
     m = _DEV_KEY.match(kv[0]) if kv else None
-    return (int(m.group(1)), kv[1]) if m else None
+    return (int(m.group(1)), kv[1]) if m and kv else None
 
 
-def _classify(main, owned, dialect, majors, desired):
+def _classify(main: list[_Line], owned: set[int], dialect: str, majors: DriverMajors,
+              desired: Sequence[Directive]
+              ) -> tuple[list[_Line], list[tuple[_Line, str]], list[str]]:
     """The operator's lines: adopted (identical to a desired one; a devN by its value),
     conflicting (NVIDIA lines; and device rules for a major no driver registers when the
     operator wrote NVIDIA lines by hand: another host's or an earlier driver's NVIDIA
     majors), and warnings (such rules without hand-written NVIDIA lines)."""
     rendered = set(_assign([d for d in desired if d.key != DEV], dialect, set(), {}))
     dev_values = {d.value for d in desired if d.key == DEV}
-    adopted, conflicts, dead = [], [], []
+    adopted: list[_Line] = []
+    conflicts: list[tuple[_Line, str]] = []
+    dead: list[tuple[_Line, str]] = []
     for line in main:
         kv = None if line.number in owned else key_value(line.text, dialect)
         if kv is None:
@@ -218,7 +222,7 @@ def _classify(main, owned, dialect, majors, desired):
                                 for line, note in dead]
 
 
-def _conflict_error(conflicts, path: str) -> LxcHostError:
+def _conflict_error(conflicts: list[tuple[_Line, str]], path: str) -> LxcHostError:
     listed = [f"line {line.number}: {line.text}  ({why}, not written by sglang-deploy)"
               for line, why in conflicts]
     return LxcHostError(
@@ -231,11 +235,13 @@ def _conflict_error(conflicts, path: str) -> LxcHostError:
                            for line, why in conflicts]})
 
 
-def _desired_lines(main, owned, adopted, dialect, desired):
+def _desired_lines(main: list[_Line], owned: set[int], adopted: list[_Line], dialect: str,
+                   desired: Sequence[Directive]) -> list[str]:
     """The rendered desired lines, a Proxmox devN keeping the index of the tool's or an
     adopted line of the same value, and never one of the operator's indices."""
     mine = owned | {a.number for a in adopted}
-    reuse, taken = {}, set()
+    reuse: dict[str, int] = {}
+    taken: set[int] = set()
     for line in main:
         dev = _dev_index(line.text, dialect)
         if dev and line.number in mine:

@@ -203,7 +203,7 @@ def parse_dev_nodes(text: str) -> tuple[DevNode, ...]:
     return tuple(sorted(nodes, key=_node_order))
 
 
-def _node_order(node: DevNode) -> tuple:
+def _node_order(node: DevNode) -> tuple[str, int]:
     m = re.fullmatch(r"(.*?)(\d+)", node.path)
     return (m.group(1), int(m.group(2))) if m else (node.path, -1)
 
@@ -255,7 +255,9 @@ def parse_gpu_information(text: str) -> tuple[tuple[int, str], ...]:
     """``GPUS_COMMAND``'s output (each GPU's ``information`` block) -> (device minor, PCI
     address) per GPU, by minor. A block without ``Device Minor`` (drivers before 384 left
     it out) is skipped."""
-    found, minor, bus = [], None, None
+    found: list[tuple[int, str]] = []
+    minor: int | None = None
+    bus: str | None = None
     for line in text.splitlines() + ["Model:"]:
         key, _, value = line.partition(":")
         key, value = key.strip(), value.strip()

@@ -207,16 +207,18 @@ def _file_part(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any],
                create: CreatePlan | None, record: confmerge.Record) -> _FilePart:
     """Plain LXC or Proxmox: the passthrough merged into the config (a created plain-LXC
     container's whole file; a created Proxmox container's lines after pct's own)."""
-    want = desired.desired_directives(spec.dialect, info.facts, spec.gpus,
+    want = desired.desired_directives(spec.dialect, info.facts, spec.gpus,  # type: ignore[arg-type]  # resolved by read_host
                                       dev_entries_ok=info.dev_entries)
     text = state.get("config") or ""
     if create:
         text = "\n".join(create.config_lines) + "\n" if spec.dialect == "lxc" else ""
-    merged = confmerge.merge(text, want, spec.dialect, info.facts.majors, record,
+    merged = confmerge.merge(text, want, spec.dialect, info.facts.majors, record,  # type: ignore[arg-type]  # resolved by read_host
                              adopt=spec.adopt_passthrough_lines,
                              path=config_path(spec, info.lxc_path) or spec.name)
     changes = [f"create {spec.name} from {spec.base_image}"] if create else []
-    new_config, pct_set, append = None, (), ()
+    new_config: str | None = None
+    pct_set: tuple[str, ...] = ()
+    append: tuple[str, ...] = ()
     if merged.changed or create:
         changes += [f"add: {x}" for x in merged.added] + [f"remove: {x}" for x in merged.removed]
         if create and spec.dialect == "proxmox":
@@ -247,13 +249,14 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
     running, serving = bool(state.get("running")), bool(state.get("serving"))
     create = None if state.get("exists") else _missing(spec, info)
     new_record = None
+    incus_argv: tuple[tuple[str, ...], ...]
     record, pending = (confmerge.Record(), False) if create else _record(state.get("record"), rpath)
     if spec.dialect in desired.FILE_DIALECTS:
         part = _file_part(spec, info, state, create, record)
         merged, new_config, pct_set, append = part.merged, part.new_config, part.pct_set, part.append
         changes, warnings, incus_argv = part.changes, part.merged.warnings, ()
     else:
-        plan = incus.plan("" if create else state.get("config") or "", spec.dialect, spec.name,
+        plan = incus.plan("" if create else state.get("config") or "", spec.dialect, spec.name,  # type: ignore[arg-type]  # resolved by read_host
                           info.facts, spec.gpus, adopt=spec.adopt_passthrough_lines)
         merged, new_config, pct_set, append, warnings = None, None, (), (), ()
         incus_argv = plan.argv
@@ -268,7 +271,7 @@ def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]
     init = state.get("init") or True
     pending = bool(pending and running and (pending is True or pending == init))
     changed = bool(create or new_config is not None or incus_argv or pending)
-    decision = restart.decide(spec.dialect, spec.name, changed=changed, running=running,
+    decision = restart.decide(spec.dialect, spec.name, changed=changed, running=running,  # type: ignore[arg-type]  # resolved by read_host
                               serving=serving, policy=spec.restart, ctid=spec.ctid,
                               behind_router=behind_router, serves=spec.serves is not None,
                               lxc_path=info.lxc_path)

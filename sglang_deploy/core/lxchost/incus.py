@@ -79,12 +79,14 @@ def _load(text: str) -> Mapping[str, Any]:
     return data
 
 
-def _device_argv(client, name, dev, want, have) -> tuple[list, list]:
+def _device_argv(client: str, name: str, dev: str, want: Mapping[str, str],
+                 have: Mapping[str, Any] | None) -> tuple[list[tuple[str, ...]], list[str]]:
     if have is None:
         keys = [f"{k}={v}" for k, v in sorted(want.items()) if k != "type"]
         return [(client, "config", "device", "add", name, dev, want["type"], *keys)], \
             [f"add device {dev} ({', '.join(keys)})"]
-    argv, text = [], []
+    argv: list[tuple[str, ...]] = []
+    text: list[str] = []
     for k, v in sorted(want.items()):
         if k != "type" and str(have.get(k)) != v:
             argv.append((client, "config", "device", "set", name, dev, f"{k}={v}"))
@@ -114,7 +116,8 @@ def plan(config_yaml: str, dialect: str, name: str, facts: HostFacts | None = No
             found="gpu device(s) " + ", ".join(theirs) + " (not written by sglang-deploy)",
             fix=f"`{client} config device remove {name} {theirs[0]}`, or set "
                 "`adopt_passthrough_lines: true` for this container to let the tool replace it")
-    argv, changes = [], []
+    argv: list[tuple[str, ...]] = []
+    changes: list[str] = []
     stale = theirs + sorted(d for d in devices if _OURS.match(d) and d not in want)
     for dev in stale:
         argv.append((client, "config", "device", "remove", name, dev))

@@ -133,5 +133,5 @@ def summarise(checks: Iterable[Check]) -> Status:
     statuses = {c.status for c in checks}
     for status in ("fail", "warn", "pass"):
         if status in statuses:
-            return status  # type: ignore[return-value]
+            return status
     return "skipped"

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from sglang_deploy.core.nvsmi import TopoMatrix
 from sglang_deploy.core.preflight.checks import Check, _fail
+from sglang_deploy.core.topo import TopoMatrix
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 # ---------------------------------------------------------------------------------------
 # P2P
@@ -159,7 +162,7 @@ def plain_matrix(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | N
 
 
 def rich_matrix(cells: Sequence[Mapping[str, Any]], n: int, min_gbps: float | None = None,
-                width: int = 80):
+                width: int = 80) -> Text:
     """The same matrix as a rich ``Text`` with the heatmap colours."""
     from rich.text import Text
 
@@ -371,7 +374,8 @@ def _bandwidth_check(by_pair: Mapping[tuple[int, int], Mapping[str, Any]],
 P2P_RECORD_CHECKS = ("p2p-data", "p2p-bandwidth")
 
 
-def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str) -> dict | None:
+def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str
+               ) -> dict[str, Any] | None:
     """What a passed, full P2P test leaves on the host for later runs (no figures that vary
     between runs, so the file only changes when the verdict does). None unless it passed."""
     by_name = {c.name: c for c in checks}

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from collections.abc import Mapping
 
 from sglang_deploy.core.nvsmi import (
     SmiFailure,
     classify_smi_error,
     driver_version_tuple,
-    plain_text,
 )
 from sglang_deploy.core.preflight.checks import (
     HOST_VERSION_HINT,
@@ -24,6 +23,7 @@ from sglang_deploy.core.preflight.checks import (
     gpu_nodes_fix,
     uvm_fix,
 )
+from sglang_deploy.core.topo import plain_text
 
 # ---------------------------------------------------------------------------------------
 # nvidia-smi
@@ -96,7 +96,7 @@ def _older(version: str, floor: tuple[int, ...]) -> bool:
 
 
 def check_smi(
-    rows: list[Mapping[str, str | None]] | None,
+    rows: Sequence[Mapping[str, str | None]] | None,
     expected_count: int | None,
     expected_model: str | None = None,
     min_driver: str | None = None,
@@ -401,7 +401,7 @@ def required_node(path: str, expected_count: int | None = None) -> bool:
     if path in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
         return True
     m = _GPU_NODE.match(path)
-    return bool(m) and (expected_count is None or int(m.group(1)) < expected_count)
+    return m is not None and (expected_count is None or int(m.group(1)) < expected_count)
 
 
 def check_open_results(open_errors: Mapping[str, str | None],

@@ -8,14 +8,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sglang_deploy.core.nvsmi import (
-    ParseError,
-    TopoMatrix,
     classify_smi_error,
     gpus_from_query,
-    parse_p2p_matrix,
     parse_query_csv,
     parse_smi_table,
-    parse_topo_matrix,
 )
 from sglang_deploy.core.preflight.checks import Check, Status
 from sglang_deploy.core.preflight.cuda import check_cuda_probe
@@ -26,6 +22,7 @@ from sglang_deploy.core.preflight.smi import (
     check_smi,
     parse_open_results,
 )
+from sglang_deploy.core.topo import ParseError, TopoMatrix, parse_p2p_matrix, parse_topo_matrix
 
 # ---------------------------------------------------------------------------------------
 # everything at once (the deploy's pre-flight stage and `doctor` both use this)

@@ -85,18 +85,26 @@ def _version(text: str | None, parts: int = 2) -> tuple[int, ...] | None:
     return numbers[:parts] if len(numbers) >= parts else None
 
 
+def _floor(text: str) -> tuple[int, ...]:
+    """The version of a floor this module or the lock names ("3.10", "2.34"): always one."""
+    version = _version(text)
+    if version is None:
+        raise ValueError(f"not a version floor: {text!r}")
+    return version
+
+
 def lock_command(python: str, glibc: str | None = None) -> str | None:
     """The command that makes a lock for a host with PYTHON ("3.12") and GLIBC ("2.35"), or
     None when sglang cannot run on that python (older than :data:`SGLANG_MIN_PYTHON`, or not
     a version). The platform is named only when the host's glibc is older than the one
     ``sglang-deploy lock`` assumes (:data:`LOCK_PLATFORM_GLIBC`)."""
     have = _version(python)
-    if have is None or have < _version(SGLANG_MIN_PYTHON):
+    if have is None or have < _floor(SGLANG_MIN_PYTHON):
         return None
     minor = ".".join(map(str, have))
     platform = ""
     libc = _version(glibc)
-    if libc is not None and libc < _version(LOCK_PLATFORM_GLIBC):
+    if libc is not None and libc < _floor(LOCK_PLATFORM_GLIBC):
         platform = f" --platform x86_64-manylinux_{libc[0]}_{libc[1]}"
     return (f"sglang-deploy lock --python-version {minor}{platform} locks/NAME.in "
             f"--output locks/NAME-py{minor.replace('.', '')}.txt")
@@ -117,7 +125,7 @@ def check_python(python: str | None, target: WheelTarget = WheelTarget(),
                f"point `sglang_system_python` at it (now {system_python}); the release venv is "
                "made from that python")
     command = lock_command(python or "", glibc)
-    if command:
+    if command and have is not None:  # a lock command is made only for a known version
         fix = (f"Make a lock for the host's Python {'.'.join(map(str, have))}: `{command}` "
                "(locks/NAME.in: the input of the lock in use), then point the data key "
                "`sglang_lock` at the new lock (group_data/all.py, or the host's data in the "
@@ -151,7 +159,7 @@ def check_glibc(glibc: str | None, target: WheelTarget = WheelTarget()) -> Check
         return _fail("host-glibc", "no glibc version found on the host (another C library, "
                      "such as musl, cannot install manylinux wheels)",
                      expected=expected, found=f"unknown ({glibc!r})", fix=fix)
-    if need and have < _version(need):
+    if need and have < _floor(need):
         return _fail("host-glibc", f"glibc {glibc} is older than the {need} the lock's wheels need",
                      expected=expected, found=f"glibc {glibc}", fix=fix)
     return Check("host-glibc", "pass", f"glibc {glibc}"
