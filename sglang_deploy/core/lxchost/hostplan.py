@@ -228,21 +228,14 @@ def _file_part(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any],
     return _FilePart(merged, new_config, pct_set, append, tuple(changes))
 
 
-def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any]) -> ContainerPlan:
-    """The plan for SPEC's container from STATE (``exists``, ``config``, ``record``,
-    ``running``, ``init`` (its init PID, plain LXC), ``serving``, ``libraries``,
-    ``os_release``). A missing container is created (from its base image), its GPUs
-    passed in, then started. A restart reported as needed by an earlier run and not done
-    since (the same init PID) counts as a change until it is done. Raises ``LxcHostError``
-    on a missing container without a base image, hand-written NVIDIA lines that conflict
-    (and ``adopt_passthrough_lines`` false), or a record it cannot read."""
 def plan_container(spec: ContainerSpec, info: HostInfo, state: Mapping[str, Any], *,
                    behind_router: bool = False) -> ContainerPlan:
     """The plan for SPEC's container from STATE (``exists``, ``config``, ``record``,
     ``running``, ``init`` (its init PID, plain LXC), ``serving``, ``libraries``,
     ``os_release``); BEHIND_ROUTER: a router fronts the server it holds (``spec.serves``).
-    A restart reported as needed by an earlier run and not done since (the
-    same init PID) counts as a change until it is done. Raises ``LxcHostError`` on a
+    A missing container is created (from its base image), its GPUs passed in, then
+    started. A restart reported as needed by an earlier run and not done since (the same
+    init PID) counts as a change until it is done. Raises ``LxcHostError`` on a
     missing container without a base image, hand-written NVIDIA lines that conflict (and
     ``adopt_passthrough_lines`` false), or a record it cannot read."""
     rpath = record_path(spec, info.record_dir)
