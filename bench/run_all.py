@@ -261,9 +261,8 @@ figure beside its baseline in the same run, writes `bench/results/<timestamp>.js
 simulator records its ready and exit moments under the cache dir; the report's `verified_epoch_s`),
 rollout overhead per host, disaster-recovery rebuild, scale (many hosts, controller peak
 memory), and a restart with the model in the page cache against one with it evicted. About 6 minutes with the default counts on a quiet 2-core machine, longer on busy cores.
-`.venv/bin/python bench/timeline.py [--hosts 8]` is a diagnostic beside them: the phases of a
-no-op run on 1 and on N hosts, each with how many of the machine's cores were busy and how many
-the controller used (bench/performance-notes.md, fifth round).
+`.venv/bin/python bench/timeline.py [--hosts 8]`, a diagnostic: a no-op run's phases on 1 and N
+hosts, with the cores busy and the controller's (bench/performance-notes.md, fifth round).
 
 Commit the new results file with the page: `tests/unit/test_performance_doc.py` checks that
 this page is what `--render latest` makes of the newest file in `bench/results/`."""
