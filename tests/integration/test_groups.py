@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -166,7 +167,11 @@ def test_a_node_crashing_in_capture_fails_the_group_fast_and_stops_every_node(gr
         out = both(r)
         assert r.returncode != 0
         assert "Capture cuda graph failed" in out and "phase `capture`" in out
-        assert f"node {rank1} failed: the server exited in phase `capture`" in out
+        # the verifier reports what it saw first, which depends on timing: the process gone
+        # (`the server exited`), the fatal lines while it was still dying (`fatal error`), or
+        # the unit already restarted by systemd (`it crashed`)
+        assert re.search(rf"node {rank1} failed: [^\n]*(server exited|fatal error|crashed) "
+                         r"in phase `capture`", out), out[-5000:]
         assert f"{rank0} was stopped with the group" in out
         assert active(grouped, rank0) != "active" and active(grouped, rank1) != "active"
         # the node's own journal, read and explained per node
