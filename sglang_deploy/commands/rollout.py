@@ -307,11 +307,7 @@ class Rollout(RolloutSteps):
                     results[name].drain_s = watch.drained_s
                     results[name].drain_router = watch.router_state
                 except RouterError as exc:
-                    results[name].status = "failed"
-                    results[name].router = "out"
-                    results[name].message = f"not restarted: drain failed: {exc.found}"
-                    self.say(f"    {name}: drain failed, not restarted:\n{indent(exc.message)}")
-                    return False
+                    return self._drain_failed(results[name], name, exc)
             for name in r.strays(group):  # e.g. a new group's rank 1, a worker until now
                 self.say(f"    {name}: listed by the router {r.host} but {r.others[name][1]}: "
                          "drained out of it, not put back (the router's unit may still name it "
@@ -321,12 +317,15 @@ class Rollout(RolloutSteps):
                     r.drain(name, say=self.say)
                     results[name].router = "removed"
                 except RouterError as exc:
-                    results[name].status = "failed"
-                    results[name].router = "out"
-                    results[name].message = f"not restarted: drain failed: {exc.found}"
-                    self.say(f"    {name}: drain failed, not restarted:\n{indent(exc.message)}")
-                    return False
+                    return self._drain_failed(results[name], name, exc)
         return True
+
+    def _drain_failed(self, result, name: str, exc: RouterError) -> bool:
+        """RESULT (NAME's) after its drain failed: out of the router, not restarted; False."""
+        result.status, result.router = "failed", "out"
+        result.message = f"not restarted: drain failed: {exc.found}"
+        self.say(f"    {name}: drain failed, not restarted:\n{indent(exc.message)}")
+        return False
 
     def put_back(self, fronts: list, names: list[str], results: dict) -> bool:
         """Add verified hosts back and confirm each router routes to them again."""
