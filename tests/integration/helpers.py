@@ -188,8 +188,10 @@ class Testbed:
     def status(self) -> dict:
         return json.loads(run_testbed("status", "--json", timeout=120).stdout)
 
-    def wait_for(self, what: str, predicate, timeout: float = 30.0, interval: float = 0.2):
-        """Poll PREDICATE until truthy (returned) or fail with its last value."""
+    def wait_for(self, what: str, predicate, timeout: float = 30.0, interval: float = 0.2,
+                 describe=None):
+        """Poll PREDICATE until truthy (returned) or fail with its last value, and with
+        DESCRIBE() (what was observed, when the predicate's value does not say) if given."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
@@ -197,7 +199,9 @@ class Testbed:
             if last:
                 return last
             time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        seen = f"; observed: {describe()}" if describe is not None else ""
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}"
+                             + seen)
 
 
 # ------------------------------------------------------------------ fault records

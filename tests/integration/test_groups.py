@@ -322,11 +322,8 @@ def test_a_node_lost_while_serving_shows_in_status_and_the_next_deploy_restarts_
     def serving() -> bool:
         seen[:] = status(grouped)
         return seen[0] == 0 and seen[1]["groups"][0]["state"] == "serving"
-    try:
-        grouped.wait_for("status: the group serving, every worker ready in the router",
-                         serving, timeout=120)
-    except AssertionError as e:
-        raise AssertionError(f"{e}; the last status (rc, --json): {seen}") from None
+    grouped.wait_for("status: the group serving, every worker ready in the router", serving,
+                     timeout=120, describe=lambda: f"the last status (rc, --json): {seen}")
 
 
 def test_a_group_deploys_new_flags_with_a_pool_of_one(group, grouped):

@@ -95,12 +95,9 @@ def test_group_rendezvous_across_hosts(testbed, group2):
                      timeout=120)
     assert get(f"http://{rank0}:{HTTP_PORT}/health")[0] == 200
     node1 = f"http://{testbed.address(b)}:{HTTP_PORT}"
-    try:
-        testbed.wait_for("node 1's health server",
-                         lambda: "Dummy health check server started" in log_of(testbed, b, 1),
-                         timeout=60)
-    except AssertionError as e:  # what node 1 printed instead
-        raise AssertionError(f"{e}; node 1's log ends: {log_of(testbed, b, 1)[-2000:]}") from None
+    testbed.wait_for("node 1's health server",
+                     lambda: "Dummy health check server started" in log_of(testbed, b, 1),
+                     timeout=60, describe=lambda: log_of(testbed, b, 1)[-2000:])
     assert get(node1 + "/health") == (200, b"")
     assert get(node1 + "/generate")[0] == 404
     text = log_of(testbed, b, 1)
