@@ -4,8 +4,7 @@ import os
 
 from pyinfra import config, state
 
-from sglang_deploy.shell import hooks
-from sglang_deploy.shell import plan
+from sglang_deploy.integration import hooks, plan
 
 # Any failed host stops the whole run: a half-converged fleet is worse than a stopped deploy.
 # A read-only plan (`sglang-deploy status`, `rollout --dry`) reports every host instead.

@@ -10,12 +10,14 @@ differs; a second run changes nothing and restarts nothing. Hosts of the invento
 pyinfra runs each operation on every host before the next, and every operation that does not
 touch the server (install, patch, model, JIT check, smoke) comes before the first that does:
 no host restarts before every host has staged. With SGLANG_DEPLOY_STAGE_ONLY=1 (the rollout's
-staging run, ``shell/staging.py``) the run stops there: nothing serving is touched.
+staging run, ``stages/staging.py``) the run stops there: nothing serving is touched.
 """
 
 from pyinfra import host
 
-from sglang_deploy.shell import hooks, routerstage, routing, stages, staging
+from sglang_deploy.controller import routing
+from sglang_deploy.integration import hooks
+from sglang_deploy.stages import routerstage, stages, staging
 
 # Only with this project's config.py (pyinfra reads it from the current folder): every host's
 # data checked before any connection, the deploy lock held. Otherwise stop here, saying so.

@@ -22,14 +22,14 @@ against the containers (those are deploy.py's). For each container of the host's
    that serves is left running with "restart needed" and the command unless its data says
    `restart: now`; then, when its data names the server it holds (`serves`), the router
    of that fleet drains it first, and the fleet's deploy verifies it before it is put back
-   (shell/lxchost/serving.py).
+   (lxchost/serving.py).
 
 Every check (the data, the NVIDIA module, hand-written conflicting lines, a missing container
 without a base image) is made before anything is changed. A second run changes nothing.
 """
 
-from sglang_deploy.shell import hooks
-from sglang_deploy.shell.lxchost.operations import lxc_host_stage
+from sglang_deploy.integration import hooks
+from sglang_deploy.lxchost.operations import lxc_host_stage
 
 hooks.require_checked(__file__)
 

@@ -6,7 +6,8 @@ The same stage as deploy.py's first one (the inventory's expectations: gpu_* key
 no operation after it: nothing is installed or changed.
 """
 
-from sglang_deploy.shell import hooks, stages
+from sglang_deploy.integration import hooks
+from sglang_deploy.stages import stages
 
 hooks.require_checked(__file__)  # only with this project's config.py (see deploy.py)
 stages.preflight_stage()

@@ -8,7 +8,8 @@ that configuration's own standards. `sglang-deploy rollout` runs it by itself wh
 fails; a host that already runs its known-good configuration is only checked.
 """
 
-from sglang_deploy.shell import hooks, stages
+from sglang_deploy.integration import hooks
+from sglang_deploy.stages import stages
 
 hooks.require_checked(__file__)  # only with this project's config.py (see deploy.py)
 stages.rollback_stage()

@@ -3,7 +3,7 @@
     pyinfra -y INVENTORY throughput_bench.py     # what `sglang-deploy bench INVENTORY` runs
 
 Runs SGLang's benchmark client on each host against its local server and records the
-figures (see sglang_deploy/shell/throughputhost.py). It changes nothing of the deployment: it
+figures (see sglang_deploy/stages/throughputhost.py). It changes nothing of the deployment: it
 only writes the record under `<sglang_root>/bench/` and `.sglang-deploy/bench/<host>.jsonl`.
 """
 
@@ -12,8 +12,9 @@ import os
 from pyinfra import host, state
 from pyinfra.operations import python
 
+from sglang_deploy.controller import routing
 from sglang_deploy.core.service import SECRETS_FILE
-from sglang_deploy.shell import routing, throughputhost
+from sglang_deploy.stages import throughputhost
 
 settings = routing.settings_of(host, state)
 python.call(

@@ -216,7 +216,7 @@ def _s(xs) -> str:
 
 def prepared(run: dict, case: str = "staged") -> float:
     """A run's seconds of rolling runs done while their hosts drained (the run's start,
-    connections and reads: ``shell/rollgate.py``), summed over its hosts."""
+    connections and reads: ``stages/rollgate.py``), summed over its hosts."""
     return sum(h.get("prepared_while_draining_s") or 0.0 for h in run[case]["doc"]["hosts"])
 
 

@@ -144,7 +144,7 @@ def new_state(prefix: str) -> dict:
 
 
 def lockcheck_cache() -> Path:
-    from sglang_deploy.shell.releasecheck import cache_root
+    from sglang_deploy.controller.releasecheck import cache_root
 
     return cache_root()
 
@@ -245,7 +245,7 @@ def ensure_wheelhouse(state: dict, router: bool) -> None:
     """Every wheel of locks/testbed.txt (and locks/router.txt with a router: the real smg
     wheel) and the uv wheel, filled by the tool's own `sglang-deploy wheelhouse` code (the
     hosts install offline from it)."""
-    from sglang_deploy.shell import wheelhouse
+    from sglang_deploy.controller import wheelhouse
 
     wh = Path(state["wheelhouse"])
     for lock in ("testbed.txt", "router.txt") if router else ("testbed.txt",):

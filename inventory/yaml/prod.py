@@ -5,6 +5,6 @@ it (Ansible's YAML inventory format) and group_vars/ and host_vars/ here (docs/d
     pyinfra inventory/yaml/prod.py deploy.py
 """
 
-from sglang_deploy.shell.yamldata import groups as _groups
+from sglang_deploy.controller.yamldata import groups as _groups
 
 globals().update(_groups(__file__))

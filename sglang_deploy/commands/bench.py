@@ -13,7 +13,7 @@ below R x the previous figure fails the command (exit 1); the rollout calls
 `run_and_gate` and rolls back on such a failure.
 
 Pure core (`core/throughput.py`): `bench_argv`, `parse_summary`, `level_figures`, `make_record`,
-`pick_previous`, `gate`, `table_rows`. Host side (`shell/throughputhost.py`): `bench_host` (runs
+`pick_previous`, `gate`, `table_rows`. Host side (`stages/throughputhost.py`): `bench_host` (runs
 inside `pyinfra INVENTORY throughput_bench.py`, through
 `runner.run_pyinfra`) and the local records. This module: the command (`run_hosts`, `run`).
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from sglang_deploy.commands import common
 from sglang_deploy.core.throughput import TABLE_COLUMNS, gate, table_rows
-from sglang_deploy.shell.throughputhost import RUN_ID_ENV
+from sglang_deploy.stages.throughputhost import RUN_ID_ENV
 
 #: the deploy file it runs (beside deploy.py, in the deploy folder: the current one)
 DEPLOY_FILE = "throughput_bench.py"
@@ -50,7 +50,8 @@ class BenchOutcome:
 def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd=".",
               on_line=None, data=None) -> list[BenchOutcome]:
     """Run the bench deploy for HOSTS (one pyinfra process) and gate each host."""
-    from sglang_deploy.shell import journal, runner
+    from sglang_deploy.controller import runner
+    from sglang_deploy.integration import journal
 
     run_id = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
@@ -105,8 +106,8 @@ def check_ratio(ratio: float | None) -> float | None:
 
 
 def run(args) -> int:
-    from sglang_deploy.shell import routing
-    from sglang_deploy.shell.hosts import select
+    from sglang_deploy.controller import routing
+    from sglang_deploy.controller.hosts import select
 
     ratio = check_ratio(args.min_throughput_ratio)
     chosen = select(args.inventory, args.limit, args.data).hosts

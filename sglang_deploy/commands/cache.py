@@ -1,7 +1,7 @@
 """`sglang-deploy cache save INVENTORY HOST FILE`: archive a healthy host's caches.
 
 The service's cache folder (``sglang_cache_dir``: autotune tactics, JIT kernels) streamed as
-a gzip'd tar over one SSH session (``shell.hostshell``) into FILE, written whole or not at
+a gzip'd tar over one SSH session (``controller.hostshell``) into FILE, written whole or not at
 all. `rebuild --cache FILE` puts it back on a blank host. Read-only on the host.
 """
 
@@ -38,8 +38,8 @@ class _Failed(Exception):
 
 
 def run(args) -> int:
+    from sglang_deploy.controller import atomicfile, hostshell
     from sglang_deploy.core.sshtarget import cache_archive_command
-    from sglang_deploy.shell import atomicfile, hostshell
 
     target = Path(args.file)
     ssh, data = hostshell.target(args.inventory, args.host)

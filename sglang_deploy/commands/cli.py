@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     verbose = getattr(args, "verbose", 0) or 0
+    from sglang_deploy.controller import runner
     from sglang_deploy.core.errors import SglangDeployError
-    from sglang_deploy.shell import runner
 
     prog = f"sglang-deploy {args.command}"
     try:

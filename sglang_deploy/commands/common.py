@@ -1,15 +1,15 @@
 """The one command-line convention of every ``sglang-deploy`` command, shared.
 
 * ``INVENTORY`` is positional; ``--limit PATTERN`` follows pyinfra's rules (host name, group
-  name, glob; ``shell.hosts.select``), a multi-node group's ``sglang_group`` name selects its
-  nodes (plain pyinfra too: ``shell.hooks``), and one that matches nothing is an error (exit 2);
+  name, glob; ``controller.hosts.select``), a multi-node group's ``sglang_group`` name selects its
+  nodes (plain pyinfra too: ``integration.hooks``), and one that matches nothing is an error (exit 2);
   ``--data K=V`` is checked like the inventory's data before any connection; ``--json``
   prints the result as JSON on stdout and nothing else goes there; ``-v`` / ``-vv`` pass
   pyinfra's verbosity through (and show tracebacks).
 * The exit statuses (``EXIT_*``) are listed in each command's ``--help`` (``epilog``).
 * ``host_error`` shows pyinfra's own error from a run's output, for display only where no
   host left an outcome record (pyinfra stopped before any host ran). Every command decides
-  each host's outcome from the records (``shell/outcomes.py``), never from this text.
+  each host's outcome from the records (``integration/outcomes.py``), never from this text.
 * ``table`` / ``print_table`` / ``console``: rich tables and text; plain ASCII, no colour and no
   padding to a console width when the output is not a terminal.
 """
@@ -102,7 +102,7 @@ def host_error(output: str, n: int = 12) -> str:
     """Pyinfra's own error in a run's OUTPUT, for display only where no host left an outcome
     record (pyinfra stopped before any host ran): the tool's typed error (expected / found /
     fix) as pyinfra printed it, else pyinfra's ``--> pyinfra error`` line, else the last lines.
-    No decision is taken on it (``shell.outcomes`` records decide)."""
+    No decision is taken on it (``integration.outcomes`` records decide)."""
     lines = [_ANSI.sub("", ln) for ln in output.rstrip().splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]

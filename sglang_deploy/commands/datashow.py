@@ -68,9 +68,10 @@ def rows(data: dict, sources: dict, only: str | None = None) -> list[tuple[str, 
 
 
 def run(args) -> int:
+    from sglang_deploy.controller import yamldata
+    from sglang_deploy.controller.inventory import load, parse_data
     from sglang_deploy.core.errors import DataError, UsageError
-    from sglang_deploy.shell import hooks, yamldata
-    from sglang_deploy.shell.inventory import load, parse_data
+    from sglang_deploy.integration import hooks
 
     cwd = os.getcwd()
     inv = load(args.inventory, cwd, parse_data(args.data))

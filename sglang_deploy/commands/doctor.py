@@ -13,7 +13,7 @@ With INVENTORY, the deploy's own pre-flight stage runs on the inventory's hosts 
 (``pyinfra INVENTORY preflight.py --dry`` from the deploy folder: each host's data, the same
 facts and checks as ``deploy.py``; nothing is changed, no deploy lock is taken), the
 options becoming ``--data`` overrides. ``--limit`` follows pyinfra's rules and the data is
-checked before any connection, as for every command (``shell.hosts.select``).
+checked before any connection, as for every command (``controller.hosts.select``).
 
 Live mode reads the system python's version and glibc's (``/usr/bin/python3 hoststate.py
 platform``: the deploy's ``sglang_system_python``, judged against what the default lock's
@@ -124,7 +124,7 @@ def collect(out_dir: str | os.PathLike[str], probe: ProbeOptions | None = None) 
     """Run every command on this machine and save the raw outputs in ``out_dir``: the shell
     commands of the deploy's own snapshot (``GPU_SECTIONS``, after the nvidia-smi table), its
     open test and the CUDA probe."""
-    from sglang_deploy.shell.facts import GPU_SECTIONS, REMOTE
+    from sglang_deploy.hostops.facts import GPU_SECTIONS, REMOTE
 
     opts = probe or ProbeOptions()
     out = Path(out_dir)

@@ -4,7 +4,7 @@ One ``pyinfra INVENTORY preflight.py --dry`` run (the deploy's pre-flight stage 
 in parallel) in plan mode: each host's stage records every check it made in the run's
 journal (``plan.preflight``: the host's ``preflight``), judged by that host's data exactly as a
 deploy would. Nothing is installed or changed and no deploy lock is taken. A host without a
-record is explained by its outcome record (``shell/outcomes.py``: unreachable, its typed
+record is explained by its outcome record (``integration/outcomes.py``: unreachable, its typed
 error, or no result), not by pyinfra's printed text.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sglang_deploy.shell import runner
-from sglang_deploy.shell.hosts import select
+from sglang_deploy.controller import runner
+from sglang_deploy.controller.hosts import select
 
 if TYPE_CHECKING:
     from sglang_deploy.core.journal import Journal
@@ -50,7 +50,7 @@ def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -
     """The report of each host INVENTORY and LIMIT select (pyinfra's --limit rules; the
     inventory, the limit and the data are checked before any connection, exit status 2)."""
     from sglang_deploy.commands.common import host_error
-    from sglang_deploy.shell import journal
+    from sglang_deploy.integration import journal
 
     hosts = select(inventory, limit, data, cwd=cwd).hosts
     with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:

@@ -54,7 +54,7 @@ def read_summaries(state_dir: Path) -> dict[str, list[dict]]:
 
 def read_records(state_dir: Path, hosts: list[str]) -> tuple[dict, dict]:
     """(P2P record per host, benchmark entries per host) from the controller's folders."""
-    from sglang_deploy.shell import throughputhost
+    from sglang_deploy.stages import throughputhost
 
     p2p = {h: r for h in hosts if (r := _read_json(state_dir / "p2p" / f"{h}.json"))}
     runs = {h: throughputhost.read_local(h, state_dir.parent) for h in hosts}
@@ -67,9 +67,9 @@ def collect(inventory: str, cwd: str = ".", limit: list[str] | None = None,
     host names, group names, globs; one that matches nothing is a UsageError, exit 2), with
     their status read live (checked as `status` checks it) unless WITH_STATUS is off."""
     from sglang_deploy.commands import status
+    from sglang_deploy.controller import routing
+    from sglang_deploy.controller.hosts import load, match, parse_data
     from sglang_deploy.core import groupstatus
-    from sglang_deploy.shell import routing
-    from sglang_deploy.shell.hosts import load, match, parse_data
 
     inv = load(inventory, cwd, parse_data(list(data or ())))
     groups = routing.groups(inv)

@@ -15,7 +15,7 @@ The existing output is uv's preference: a re-lock moves only what the new bounds
 `--check` (also run after `lock` where this machine matches the lock's platform) installs the
 lock with uv into a scratch venv cached by the lock's hash, then runs the release smoke
 (`import sglang`, sglang's own `prepare_server_args` on the inventory's launch flags, the
-server's entry modules) and `uv pip check`: see shell/releasecheck.py.
+server's entry modules) and `uv pip check`: see controller/releasecheck.py.
 """
 
 from __future__ import annotations
@@ -191,8 +191,8 @@ def make_lock(args) -> tuple[int, Path]:
 
 
 def run(args) -> int:
+    from sglang_deploy.controller import releasecheck
     from sglang_deploy.core import lockfile
-    from sglang_deploy.shell import releasecheck
 
     if not args.input.is_file():
         raise _missing(args.input, "INPUT: locks/NAME.in (or, with --check, locks/NAME.txt)")

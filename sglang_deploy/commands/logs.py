@@ -1,7 +1,7 @@
 """`sglang-deploy logs INVENTORY HOST [--follow] [-n LINES] [--explain [--json]]`: the
 service's journal.
 
-One SSH session to HOST (``shell.hostshell``: the deploy's own SSH settings from the
+One SSH session to HOST (``controller.hostshell``: the deploy's own SSH settings from the
 inventory, plus ~/.ssh/config and the agent), running ``journalctl -u UNIT``. With
 ``--follow`` the journal streams until Ctrl-C, across restarts of the service. With
 ``--explain`` the journal since the service's last start is analysed as `explain-log` does
@@ -50,8 +50,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from sglang_deploy.controller import hostshell
     from sglang_deploy.core.sshtarget import journal_command
-    from sglang_deploy.shell import hostshell
 
     if args.explain:
         from datetime import datetime

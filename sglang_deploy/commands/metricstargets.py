@@ -50,10 +50,10 @@ def add_parser(sub) -> None:
 
 def _read_release(name: str, data: dict, root: str, cwd: str) -> tuple[str | None, str | None]:
     """(release id or None, error text or None) of one host: one SSH command."""
+    from sglang_deploy.controller import hostshell
     from sglang_deploy.core import metricstargets as mt
     from sglang_deploy.core.errors import SglangDeployError
     from sglang_deploy.core.sshtarget import target_from_data
-    from sglang_deploy.shell import hostshell
 
     try:
         with hostshell.connect(target_from_data(name, data, cwd)) as cxn:
@@ -69,9 +69,9 @@ def _read_release(name: str, data: dict, root: str, cwd: str) -> tuple[str | Non
 def hosts_of(sel, cwd: str = ".", read=_read_release) -> tuple[list, dict[str, str]]:
     """The ``core.metricstargets.Host`` of every selected host, their releases read in
     parallel by READ (name, data, root, cwd); and the read errors by host."""
+    from sglang_deploy.controller import routing
     from sglang_deploy.core import metricstargets as mt
     from sglang_deploy.core import service
-    from sglang_deploy.shell import routing
 
     fleet = routing.fleet_of(sel.inventory, sel.settings)
     listed = {n for n, _ in routing.router_workers(fleet)} if fleet.routed else set()
@@ -103,9 +103,9 @@ def hosts_of(sel, cwd: str = ".", read=_read_release) -> tuple[list, dict[str, s
 
 
 def run(args) -> int:
+    from sglang_deploy.controller import atomicfile
+    from sglang_deploy.controller import hosts as hostsmod
     from sglang_deploy.core import metricstargets as mt
-    from sglang_deploy.shell import atomicfile
-    from sglang_deploy.shell import hosts as hostsmod
 
     sel = hostsmod.select(args.inventory, args.limit, args.data)
     hosts, errors = hosts_of(sel)

@@ -4,7 +4,7 @@
 lines of the pyinfra runs (``feed(line)``: the start of the verify stage moves the hosts of
 the run to ``verifying``, a rollback's to ``rolling back``, and each ``[host] ...`` line
 becomes that host's detail: display only, no outcome depends on these lines; the rollout
-decides from the outcome records, ``shell/outcomes.py``). On a terminal (stderr) it is a
+decides from the outcome records, ``integration/outcomes.py``). On a terminal (stderr) it is a
 rich ``Live`` table redrawn in place; otherwise each change is one plain ``HOST: state``
 line on stderr, so stdout stays for the command's own report and ``--json``.
 

@@ -43,9 +43,9 @@ def with_groups(hosts: list[str], nodes: dict[str, list[str]]) -> list[str]:
 
 
 def run(args) -> int:
+    from sglang_deploy.controller import hosts, routing
     from sglang_deploy.core import group
     from sglang_deploy.core.errors import UsageError
-    from sglang_deploy.shell import hosts, routing
 
     if args.cache and not Path(args.cache).is_file():
         raise UsageError(what="--cache FILE: an archive from `sglang-deploy cache save`",
@@ -75,7 +75,8 @@ def deploy_verified(inventory: str, limit: list[str], data: list[str], on_line=N
     which waits until each server serves): (the run, one row per host: ``host``, ``ok``,
     ``error``), each host's verdict from its own outcome record, never from the printed
     text. Also what ``lxc_host.py`` runs to verify a server after its container's restart."""
-    from sglang_deploy.shell import journal, runner
+    from sglang_deploy.controller import runner
+    from sglang_deploy.integration import journal
 
     with tempfile.TemporaryDirectory(prefix="rebuild-") as tmp:
         records = Path(tmp) / "journal.json"
@@ -93,7 +94,7 @@ def deploy_verified(inventory: str, limit: list[str], data: list[str], on_line=N
 def put_back(inventory: str, host: str, data: list[str]) -> None:
     """Only a verified host goes (back) into the router(s): add it and confirm the router
     routes a generation to it (a typed error otherwise)."""
-    from sglang_deploy.shell import routerctl
+    from sglang_deploy.controller import routerctl
 
     for r in routerctl.routers(inventory, data=data):
         if host in r.workers:

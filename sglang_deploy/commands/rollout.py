@@ -6,7 +6,7 @@ not stop the run. The rollout owns the loop:
 1. a fixed order (the canary first, then inventory order), printed before anything starts;
 2. every host must answer SSH (and pass the data checks) before any host is drained;
 3. staging (``--no-stage`` skips it): one ``deploy.py`` run over every host of the rollout at
-   once, "stage only" (``shell/staging.py``): the release venv, the patch, the model files,
+   once, "stage only" (``stages/staging.py``): the release venv, the patch, the model files,
    the flag check, the JIT check and the release smoke under the unit's sandbox, nothing
    serving touched; a host that fails it (or does not answer: this run is also step 2's
    check, with ``--no-stage`` a ``pyinfra exec -- true`` run) stops the rollout before any
@@ -15,14 +15,14 @@ not stop the run. The rollout owns the loop:
    run with ``verify_converged`` on, so a host that needed no change is verified, not
    assumed; the next batch starts only when the verifier passed on the whole batch; staged,
    with a router, the batch's run starts with its drain and waits at its gate
-   (``shell/rollgate.py``) before anything that needs the host out of the router;
+   (``stages/rollgate.py``) before anything that needs the host out of the router;
 5. the first failure halts the rollout: no further host is touched; the failed batch's
    hosts are rolled back (``rollback.py``: the last known-good unit, secrets and release,
    restarted and verified), and a failed rollback is reported loudly;
 6. a report (per host: done / converged / rolled back / rollback FAILED / untouched, with
    times) is printed and written to ``.sglang-deploy/rollouts/<time>/rollout.json``.
 
-With a ``routers`` group (``shell/routerctl.py``): a router that does not answer stops the
+With a ``routers`` group (``controller/routerctl.py``): a router that does not answer stops the
 rollout before any host; each batch is drained out of the router (no new requests, then
 its requests in flight finished, deadline ``rollout_drain_timeout_s``) before its deploy,
 and put back once verified, the router then routing a generation to it; a host rolled back
@@ -35,7 +35,7 @@ worker), its nodes restart and verify as one (deploy.py) and, when any node fail
 whole group is rolled back. A ``--limit`` naming part of a group is refused.
 
 Each host's result of each pyinfra run comes from the outcome record the run writes for it
-in its journal (``shell/outcomes.py``, ``shell/journal.py``: ``SGLANG_DEPLOY_JOURNAL``, one
+in its journal (``integration/outcomes.py``, ``integration/journal.py``: ``SGLANG_DEPLOY_JOURNAL``, one
 file per run in the rollout's folder: passed or failed, the stage, the action, the typed
 error, the verification summary), never from pyinfra's printed text.
 
@@ -52,6 +52,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sglang_deploy.commands import common
 from sglang_deploy.commands.progress import HostProgress
@@ -70,6 +71,9 @@ from sglang_deploy.commands.rolloutplan import (  # noqa: F401  (the rollout's p
 )
 from sglang_deploy.commands.rolloutsteps import RolloutSteps
 from sglang_deploy.core import outcome as outcomemod
+
+if TYPE_CHECKING:
+    from sglang_deploy.core.errors import RouterError
 
 RUNS_DIR = Path(".sglang-deploy/rollouts")
 
@@ -123,9 +127,9 @@ class Rollout(RolloutSteps):
 
     def plan(self) -> tuple:
         """(the fleet, the host order, the batches), printed; the inventory loaded once."""
+        from sglang_deploy.controller import hosts as hostsel
+        from sglang_deploy.controller import routing
         from sglang_deploy.core import group as groupmod
-        from sglang_deploy.shell import hosts as hostsel
-        from sglang_deploy.shell import routing
 
         # the inventory is loaded and every host's data resolved once, here, --data included
         chosen = self.selection = hostsel.select(self.inventory, self.limit, self.data,
@@ -157,7 +161,8 @@ class Rollout(RolloutSteps):
     def reachable(self, order: list[str], results: dict, run_dir: Path) -> str | None:
         """Every host answers (SSH, host keys, data) before any is touched: None, else the
         verdict (each host's result says why)."""
-        from sglang_deploy.shell import journal, runner
+        from sglang_deploy.controller import runner
+        from sglang_deploy.integration import journal
 
         self.say("checking that every host answers (SSH, host keys, data) before touching any...")
         records = run_dir / "reachability.journal.json"
@@ -186,8 +191,8 @@ class Rollout(RolloutSteps):
 
     def routers(self, fleet, results: dict) -> tuple[list, str | None]:
         """(the routers to drain through, None), or a verdict when one cannot be reached."""
+        from sglang_deploy.controller import routerctl
         from sglang_deploy.core.errors import RouterError
-        from sglang_deploy.shell import routerctl
 
         fronts = routerctl.routers_of(fleet, self.selection.settings) if self.drain else []
         try:
@@ -203,9 +208,11 @@ class Rollout(RolloutSteps):
         return fronts, None
 
     def stage_all(self, order: list[str], results: dict, run_dir: Path) -> str | None:
-        """One "stage only" deploy over every host at once (``shell/staging.py``): None when
+        """One "stage only" deploy over every host at once (``stages/staging.py``): None when
         every host staged, else the verdict (nothing was drained or restarted)."""
-        from sglang_deploy.shell import journal, runner, staging
+        from sglang_deploy.controller import runner
+        from sglang_deploy.integration import journal
+        from sglang_deploy.stages import staging
 
         self.say(f"staging {len(order)} host(s) at once (release, patch, model, checks; "
                  "nothing serving touched) ...")
@@ -274,8 +281,8 @@ class Rollout(RolloutSteps):
         """Drain GROUP, then deploy it: whether every host of it verified, None when a drain
         failed (nothing restarted). Staged, with a router: the batch's run starts with the
         drain, its start, connections and host reads overlapping it, and waits at its gate
-        (``shell/rollgate.py``) until the batch is drained; --no-stage: after the drain."""
-        from sglang_deploy.shell import rollgate
+        (``stages/rollgate.py``) until the batch is drained; --no-stage: after the drain."""
+        from sglang_deploy.stages import rollgate
 
         gate = None
         if self.stage and fronts:  # the drains' deadlines, then a margin
@@ -355,14 +362,16 @@ class Rollout(RolloutSteps):
 
     def start_batch(self, index: int, group: list[str], run_dir: Path, gate):
         """Start the batch's deploy.py run (its gate's, when it has one)."""
-        from sglang_deploy.shell import journal, runner, staging
+        from sglang_deploy.controller import runner
+        from sglang_deploy.integration import journal
+        from sglang_deploy.stages import staging
 
         self.say(f"[{index}] deploying {', '.join(group)} ..."
                  + (" (started with the drain: it waits for it)" if gate else ""))
         data = [*self.data, "verify_converged=true"]
         if self.min_throughput_ratio is not None:  # promoted only once the throughput holds
             data.append("verify_promote_known_good=false")
-        # after this rollout's staging run: its proven checks stand (``shell/staging.py``)
+        # after this rollout's staging run: its proven checks stand (``stages/staging.py``)
         staged = {staging.STAGED_ENV: "1"} if self.stage else {}
         return runner.start_pyinfra(
             self.inventory, "deploy.py", limit=group, data=data, cwd=self.cwd,
@@ -376,7 +385,7 @@ class Rollout(RolloutSteps):
         """Wait for the batch's run: each host's result from its record. A host's seconds
         are the run's, less the time it sat at its gate; the part of them spent while the
         host drained is ``prepared_while_draining_s``."""
-        from sglang_deploy.shell import journal
+        from sglang_deploy.integration import journal
 
         self.progress.update(group, "deploying")
         run, log = running.finish(self.progress.feed), run_dir / f"batch{index}-deploy.log"

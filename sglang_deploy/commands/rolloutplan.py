@@ -71,7 +71,7 @@ class HostResult:
     #: its put back: how long it waited for the router to forget its drain (None: no wait)
     readd_wait_s: float | None = None
     #: staged, with a router: the part of its deploy step run while it drained (the run's
-    #: start, connections and host reads: ``shell/rollgate.py``)
+    #: start, connections and host reads: ``stages/rollgate.py``)
     prepared_while_draining_s: float | None = None
     #: the deploy's restart decision on the host (its outcome record: ``restart`` true or
     #: false, ``why``, ``reasons``; ``core.restart``); None: the run did not reach it

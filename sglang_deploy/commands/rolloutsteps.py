@@ -49,9 +49,9 @@ class RolloutSteps:
 
     def promote(self, name: str) -> None:
         """The gate passed: the verified candidate becomes the host's known-good."""
+        from sglang_deploy.controller import hostshell
         from sglang_deploy.core.errors import RolloutError
         from sglang_deploy.core.sshtarget import target_from_data
-        from sglang_deploy.shell import hostshell
 
         target = target_from_data(name, self.selection.inventory.get_host(name).data.dict(),
                                   str(Path(self.cwd).resolve()))
@@ -67,7 +67,8 @@ class RolloutSteps:
                                fix="re-run the rollout; check the host's sglang_root")
 
     def rollback(self, group: list[str], results: dict, run_dir: Path) -> None:
-        from sglang_deploy.shell import journal, runner
+        from sglang_deploy.controller import runner
+        from sglang_deploy.integration import journal
 
         failed = [h for h in group if results[h].status == "failed"]
         # a multi-node group rolls back whole: its nodes run one configuration
@@ -95,7 +96,8 @@ class RolloutSteps:
             self.say(f"    {name}: {r.status}")
 
     def dry_run(self, order: list[str], run_dir: Path) -> int:
-        from sglang_deploy.shell import journal, runner
+        from sglang_deploy.controller import runner
+        from sglang_deploy.integration import journal
 
         records = run_dir / "dry.journal.json"
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,

@@ -2,12 +2,12 @@
 
 One ``pyinfra INVENTORY deploy.py --dry`` run (hosts in parallel) in plan mode: the
 stages read each host exactly as a deploy would, and record in the run's journal
-(``shell/journal.py``), without changing anything:
+(``integration/journal.py``), without changing anything:
 the unit's state and uptime, the release and its sglang version, the patch state, one poll
 of ``/health`` and ``/v1/models``, the time of the last successful verification, and the
 drift: the operations a deploy would run now (an empty list means the host is exactly what
 the deploy would make it). A host without a plan record is explained by its outcome record
-(``shell/outcomes.py``: unreachable, its typed error, or no result), not by pyinfra's text.
+(``integration/outcomes.py``: unreachable, its typed error, or no result), not by pyinfra's text.
 
 Multi-node groups (hosts with the same ``sglang_group``, ``core.group``) are shown as units
 (``core.groupstatus``): each host row names its ``group`` and ``node_rank`` (null for a
@@ -243,8 +243,8 @@ def router_status(inventory: str, cwd: str = ".", data: list[str] | None = None)
     """The front door: the (first) router's ``url`` and its ``workers`` (host, url, state as
     the router reports it, ``absent`` when it does not list the host); ``error`` when the
     router does not answer. None without a ``routers`` group."""
+    from sglang_deploy.controller import routerctl
     from sglang_deploy.core.errors import RouterError
-    from sglang_deploy.shell import routerctl
 
     fronts = routerctl.routers(inventory, cwd, data)
     if not fronts:
@@ -283,9 +283,10 @@ def collect_status(inventory: str, cwd: str = ".", limit: list[str] | None = Non
     a missing inventory, a limit that matches nothing or bad data raise, exit status 2). A
     limit that names part of a multi-node group selects the whole group; each row carries
     its ``group`` and ``node_rank``, a group's nodes stand together in rank order."""
+    from sglang_deploy.controller import routing, runner
+    from sglang_deploy.controller.hosts import select
     from sglang_deploy.core import groupstatus
-    from sglang_deploy.shell import journal, routing, runner
-    from sglang_deploy.shell.hosts import select
+    from sglang_deploy.integration import journal
 
     sel = select(inventory, limit, data, cwd=cwd)
     groups = routing.groups(sel.inventory)

@@ -4,8 +4,8 @@ For air-gapped sites, or an index that no longer serves an old version: hosts wh
 sets ``sglang_wheelhouse`` install the release venv (``uv pip sync --offline --no-index
 --find-links``) and uv itself from that folder, without reaching any index.
 
-pip's own ``pip download --require-hashes`` does the work (``shell.wheelhouse.fill``, through
-``shell.pipdownload``): for each
+pip's own ``pip download --require-hashes`` does the work (``controller.wheelhouse.fill``, through
+``controller.pipdownload``): for each
 pin of the lock the one wheel that fits the HOSTS (CPython version and glibc platform,
 default Debian 12 x86_64) and whose sha256 is one of the lock's hashes, so the host's
 ``--require-hashes`` install accepts it; then uv's own wheel (for the tool venv), checked
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.commands import common
-from sglang_deploy.shell.pipdownload import DEFAULT_ARCH, DEFAULT_GLIBC, DEFAULT_PYTHON
+from sglang_deploy.controller.pipdownload import DEFAULT_ARCH, DEFAULT_GLIBC, DEFAULT_PYTHON
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -47,7 +47,7 @@ def run(args) -> int:
             raise ValueError
     except ValueError:
         raise UsageError(what="--glibc X.Y", found=repr(args.glibc), fix="e.g. --glibc 2.36") from None
-    from sglang_deploy.shell.wheelhouse import fill
+    from sglang_deploy.controller.wheelhouse import fill
 
     result = fill(args.lock, args.dest, index=args.index_url, python=args.python_version,
                   glibc=glibc, arch=args.arch, uv_version=args.uv_version or None,

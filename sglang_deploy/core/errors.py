@@ -9,7 +9,7 @@ deploy prints something an operator can act on without reading a traceback::
       fix:      add `lxc.mount.entry: /dev/nvidia7 dev/nvidia7 none bind,optional,create=file`
 
 Plain exceptions (core imports no pyinfra): the shell translates one that leaves this tool's
-code into pyinfra's hands (``shell/pyinfraerror.py``), so that pyinfra reports it as an
+code into pyinfra's hands (``integration/pyinfraerror.py``), so that pyinfra reports it as an
 ordinary deploy failure, its own text and no traceback.
 """
 
@@ -70,7 +70,7 @@ class SglangDeployError(Exception):
 
     @property
     def message(self) -> str:
-        """The full text (what pyinfra's CLI shows of a translated error, ``shell/pyinfraerror.py``)."""
+        """The full text (what pyinfra's CLI shows of a translated error, ``integration/pyinfraerror.py``)."""
         return str(self)
 
     def lines(self) -> list[str]:

@@ -1,15 +1,15 @@
 """The run journal's shape (pure): one JSON document per pyinfra run, what the command that
 started the run reads back of each host.
 
-Written by ``shell/journal.py`` (the run's one writer, atomically), read by the commands
-through ``shell.journal.read``. A journal::
+Written by ``integration/journal.py`` (the run's one writer, atomically), read by the commands
+through ``integration.journal.read``. A journal::
 
     {"schema": 1,
      "hosts": {"gpu-1": {"outcome": the outcome record (``core/outcome.py``),
-                         "plan": the plan record (``shell/plan.py``: drift and state),
-                         "preflight": every pre-flight check (``shell/plan.py``),
+                         "plan": the plan record (``integration/plan.py``: drift and state),
+                         "preflight": every pre-flight check (``integration/plan.py``),
                          "report": the verification summary (``core/report.py``),
-                         "bench": the benchmark entry (``shell/throughputhost.py``)}}}
+                         "bench": the benchmark entry (``stages/throughputhost.py``)}}}
 
 Each part of a host's entry is there only when the run wrote it (a plan only in a plan run,
 a bench entry only in a bench run). A missing or unreadable journal reads as one that holds

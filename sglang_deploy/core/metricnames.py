@@ -18,7 +18,7 @@ metric in one release: SGLang PR 15160), so nothing here is a list typed by hand
   them on ``watchdog_metrics_port``.
 
 ``referenced`` reads the names out of PromQL expressions; ``problems`` says which used name a
-version does not define. ``shell.releasecheck`` (``lock --check``) and the unit tests run it
+version does not define. ``controller.releasecheck`` (``lock --check``) and the unit tests run it
 on the real wheels.
 """
 

@@ -1,7 +1,7 @@
 """One outcome record per host of every pyinfra run, and what a command decides from it.
 
 The deploy files (deploy.py, rollback.py, preflight.py, and any pyinfra run with this
-project's config.py) write, for each host, one JSON record (``shell/outcomes.py``): passed
+project's config.py) write, for each host, one JSON record (``integration/outcomes.py``): passed
 or failed, the stage reached, the action, the typed error, the verification summary. The
 commands (rollout, status, doctor) decide each host's outcome from that record, or from
 its absence, never from pyinfra's printed text. This module is the pure part: the record's
@@ -39,7 +39,7 @@ def record(host: str, outcome: str, stage: str, *, phase: str = "prepare", dry: 
            action: str | None = None, error: dict[str, Any] | None = None,
            summary: dict[str, Any] | None = None,
            note: str = "", restart: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A host's outcome record (what ``shell/outcomes.py`` writes). RESTART: the run's restart
+    """A host's outcome record (what ``integration/outcomes.py`` writes). RESTART: the run's restart
     decision for the host (``core.restart.record``: ``restart`` true or false, ``why`` and
     its ``reasons``), once the service stage has made it."""
     return {"host": host, "outcome": outcome, "stage": stage, "phase": phase, "dry": dry,

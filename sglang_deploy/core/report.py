@@ -1,6 +1,6 @@
 """Per-host deploy summary: what runs, in what state, and how long startup took (pure).
 
-Writing it (and the P2P matrix) to the controller's report folders: ``shell/reports.py``."""
+Writing it (and the P2P matrix) to the controller's report folders: ``controller/reports.py``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 its environment, what the verifier expects, and what a rollback restores. Whether and why a
 server restarts: ``core.restart``.
 
-``shell/stages.py`` reads the host's state (facts), asks these functions, and adds operations.
+``stages/stages.py`` reads the host's state (facts), asks these functions, and adds operations.
 Nothing here talks to a host or to pyinfra.
 """
 

@@ -2,7 +2,7 @@
 disk holds a new model beside the one that serves.
 
 A rollout stages every host before it drains the first (``commands/rollout*``,
-``shell/staging.py``): the release venv, the patch, the model files, and the checks that run
+``stages/staging.py``): the release venv, the patch, the model files, and the checks that run
 without the GPUs (the JIT toolchain, the release smoke under the unit's sandbox). What the
 checks proved is kept on the host as a record whose content is a digest of everything they
 depended on (the release, the rendered unit, the launch flags, the smoke steps and

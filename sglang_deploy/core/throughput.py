@@ -5,7 +5,7 @@ records and the throughput gate.
 `parse_summary` / `level_figures`: its output; `make_record` / `pick_previous`: a host's
 records by configuration identity; `gate` / `table_rows`: the comparison with the previous
 configuration. The host side (`bench_host`, the local record files) is
-`shell/throughputhost.py`, the command `commands/bench.py`, its deploy file
+`stages/throughputhost.py`, the command `commands/bench.py`, its deploy file
 `throughput_bench.py`. (The tool's own benchmarks are the top-level `bench/`.)
 """
 

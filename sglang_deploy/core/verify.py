@@ -5,7 +5,7 @@ properties, new journal lines, HTTP answers) and returns a ``Decision`` (wait / 
 fail); ``check_serving`` judges one poll of a server that was not restarted, and
 ``poll_command`` is the host command of one poll. The loops that run that command on the
 host and wait between polls (``wait_until_ready``, ``wait_serving``) are the thin shell, in
-``shell/verifyloop.py``.
+``stages/verifyloop.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``patch_tool.py``, run by the release venv's python with ``core/patch.py`` shipped beside it,
 and ``allreduce_check.py``, run by the release venv's python for its torch).
 
-They are plain files: read them (``shell.facts.REMOTE``) and upload them; never import
+They are plain files: read them (``hostops.facts.REMOTE``) and upload them; never import
 them on the controller for their side effects.
 """
 

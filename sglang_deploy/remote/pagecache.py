@@ -2,7 +2,7 @@
 """The page cache's view of a file (stdlib only, part of ``hoststate.py``): how many of its
 bytes are resident (mincore over a read-only mapping, nothing read) and the host's
 MemAvailable. Imported by ``hoststate.py`` and ``model_warm.py`` in the tools folder; inlined
-into ``hoststate.py`` where that is fed on stdin (``shell.facts.stdin_script``)."""
+into ``hoststate.py`` where that is fed on stdin (``hostops.facts.stdin_script``)."""
 
 from __future__ import annotations
 

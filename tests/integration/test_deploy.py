@@ -86,7 +86,7 @@ def test_dry_run_on_converged_host_shows_no_change(testbed, deployed_host):
 
 def _facts(r) -> list[tuple[str, str]]:
     """The facts a -vv run loaded: (name, its arguments as pyinfra prints them)."""
-    return re.findall(r"Loaded fact sglang_deploy\.shell\.facts\.(\w+) \(([^)]*)\)", both(r))
+    return re.findall(r"Loaded fact sglang_deploy\.hostops\.facts\.(\w+) \(([^)]*)\)", both(r))
 
 
 def _every_fact(r) -> list[str]:
@@ -105,7 +105,7 @@ def test_the_cuda_probe_runs_only_beside_a_server_no_deploy_verified(testbed, de
     assert r.returncode == 0, both(r)[-4000:]
     assert [name for name, _ in _facts(r)] == ["HostSnapshot"]
     # one round trip in all: the file operations compared with the snapshot, no fact of their own
-    assert _every_fact(r) == ["sglang_deploy.shell.facts.HostSnapshot"], _every_fact(r)
+    assert _every_fact(r) == ["sglang_deploy.hostops.facts.HostSnapshot"], _every_fact(r)
     testbed.ssh(TB1, "systemctl restart sglang.service && for i in $(seq 600); do "
                 "curl -sf -o /dev/null http://127.0.0.1:30000/health && exit 0; sleep 0.1; done; "
                 "exit 1", check=True)

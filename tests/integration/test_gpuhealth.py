@@ -1,4 +1,4 @@
-"""GPU health on the testbed (core.gpuhealth, shell/gpugate.py): `status` shows each of the
+"""GPU health on the testbed (core.gpuhealth, stages/gpugate.py): `status` shows each of the
 stand-in's fault profiles (testbed/gpu/nvidia_smi.py), a fatal GPU stops a deploy before the
 restart (the server keeps serving), and a health query that fails reads unknown, never
 healthy. One host (TB1) is enough: every case is the host's own GPUs."""

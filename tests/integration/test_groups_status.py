@@ -8,7 +8,7 @@ the group is one unit.
 - with the rank-1 node's unit stopped, the group is not serving, its problem names that
   node, and status exits 1 (the text output says so on the group's line).
 
-(Written for the testbed; it needs the group deploy, shell/groupops.py.)
+(Written for the testbed; it needs the group deploy, stages/group/groupops.py.)
 """
 
 from __future__ import annotations

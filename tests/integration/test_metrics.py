@@ -216,11 +216,11 @@ def test_prometheus_scrapes_every_target_of_metrics_targets(routed_one, promethe
 
 
 def test_a_host_drained_out_of_the_router_reads_as_out_of_it(routed_one, prometheus, tmp_path):
-    """The rollout's own drain (shell.routerctl, DELETE /workers/ID on the real SMG): the
+    """The rollout's own drain (controller.routerctl, DELETE /workers/ID on the real SMG): the
     router no longer reads smg_worker_health == 1 for the worker, so the out-of-router condition
     holds for that host until it is put back (the rule's `for:` and the deploy-lock guard
     keep a rollout's drain from firing it: tests/fixtures/monitoring/alerts_test.yml)."""
-    from sglang_deploy.shell import routerctl
+    from sglang_deploy.controller import routerctl
 
     base, server, _ = _scraping(routed_one, prometheus, tmp_path)
     _poll("the worker healthy in the router", lambda: (

@@ -10,8 +10,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from sglang_deploy.controller import releasecheck
 from sglang_deploy.core import smoke
-from sglang_deploy.shell import releasecheck
 
 from .helpers import BIN, REPO, TB1, TB2, both, broken_lock, pyinfra_deploy
 

@@ -113,7 +113,7 @@ def test_a_host_put_back_while_the_router_still_drains_it_is_added_back_after_th
     holding the worker `draining`, waits until the router forgets it, adds it back and gets a
     generation routed to it; the router then lists every worker ready. Needs: `fleet`. Leaves
     it as found (the worker back in the router, under a new id)."""
-    from sglang_deploy.shell import routerctl
+    from sglang_deploy.controller import routerctl
 
     routed = fleet
     host = servers(routed)[0]

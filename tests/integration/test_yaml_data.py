@@ -16,7 +16,7 @@ import yaml
 
 from .helpers import INVENTORY, TB1, both, changed, pyinfra_deploy
 
-LOADER = "from sglang_deploy.shell.yamldata import groups as _groups\n\nglobals().update(_groups(__file__))\n"
+LOADER = "from sglang_deploy.controller.yamldata import groups as _groups\n\nglobals().update(_groups(__file__))\n"
 
 
 def yaml_inventory(testbed, folder) -> str:

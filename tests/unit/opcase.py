@@ -40,6 +40,8 @@ from pyinfra.context import ctx_host, ctx_state
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "sglang_deploy"
 CASES = Path(__file__).resolve().parent / "operations"
+#: the package's layer folders, left out of an operation's short name (``operations.x``)
+LAYERS = ("integration", "hostops", "stages", "controller")
 #: set to 1 to write each case's ``commands`` / ``noop_description`` from what it yields now
 UPDATE_ENV = "UPDATE_OPERATION_CASES"
 
@@ -47,11 +49,13 @@ UPDATE_ENV = "UPDATE_OPERATION_CASES"
 @functools.cache
 def operations() -> dict[str, str]:
     """Every ``@operation`` function of the package: ``MODULE.NAME`` (MODULE relative to
-    ``sglang_deploy.shell``, or to ``sglang_deploy``) -> its module's import path."""
+    its layer folder, or to ``sglang_deploy``) -> its module's import path."""
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-        short = module.removeprefix("sglang_deploy.shell.").removeprefix("sglang_deploy.")
+        short = module.removeprefix("sglang_deploy.")
+        short = short.split(".", 1)[1] if short.split(".")[0] in LAYERS else short
+        short = short.removeprefix("group.")
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.FunctionDef) and any(
                     isinstance(d, ast.Call) and getattr(d.func, "id", None) == "operation"
@@ -199,8 +203,7 @@ def run_case(name: str, case: dict, cwd: Path, monkeypatch) -> dict:
     out: dict[str, Any] = {}
     with ctx_state.use(state), ctx_host.use(host):
         if case.get("host_state"):  # the run's host-state read, made before the operation
-            from sglang_deploy.shell import facts as factsmod
-
+            from sglang_deploy.hostops import facts as factsmod
             spec = case["host_state"]
             reading_state.append(_fact_value("HostState", spec["state"]))
             factsmod.read_host_state(host, getattr(factsmod, spec.get("fact", "SglangHostState")),

@@ -138,7 +138,7 @@ class Internal:
 
 INTERNALS = (
     Internal(
-        "the speed-ups (shell/pyinfrafast.py, placed by integration.SPEEDUPS)",
+        "the speed-ups (integration/pyinfrafast.py, placed by integration.SPEEDUPS)",
         ("pyinfra.api.util.get_operation_order_from_stack",
          "pyinfra.api.arguments.all_global_arguments", "pyinfra.api.arguments.pop_global_arguments",
          "pyinfra.api.operation._wrap_operation", "pyinfra.api.operation.solve_operation_consistency",
@@ -167,7 +167,7 @@ INTERNALS = (
              _has("pyinfra.api.host.Host", "current_deploy_kwargs", instance=True)),
         "delete install_speedups() from PyinfraIntegration.install, and pyinfrafast.py"),
     Internal(
-        "a command's output line by line (shell/streamed.py)",
+        "a command's output line by line (integration/streamed.py)",
         ("pyinfra.connectors.util.make_unix_command_for_host",
          "pyinfra.connectors.util.read_output_buffers", "pyinfra.connectors.util.CommandOutput",
          "pyinfra.api.util.print_host_combined_output"),
@@ -187,7 +187,7 @@ INTERNALS = (
         "the SSH client of a host's connection",
         ("Host.connector", "SSHConnector.client"),
         "the deploy lock's channel held for the whole connection, TCP_NODELAY on its socket, "
-        "a lost connection told apart from a failed command (shell/hooks.py), and "
+        "a lost connection told apart from a failed command (integration/hooks.py), and "
         "streamed.py's command; a connector without a client (@local) is skipped",
         _all(_has("pyinfra.api.host.Host", "connector", instance=True),
              _has("pyinfra.connectors.ssh.SSHConnector", "client", instance=True),
@@ -220,8 +220,8 @@ INTERNALS = (
          "StateOperationHostData.operation_meta", "StateOperationMeta.global_arguments",
          "Host.op_hash_order", "OperationMeta.is_complete", "State.failed_hosts"),
         "the outcome record names the operation that failed, its stage and whether it changed "
-        "anything (shell/outcomes.py); a plan lists the operations that would change "
-        "(shell/plan.py); a lost connection names the operation it cut (shell/hooks.py)",
+        "anything (integration/outcomes.py); a plan lists the operations that would change "
+        "(integration/plan.py); a lost connection names the operation it cut (integration/hooks.py)",
         _all(_has("pyinfra.api.state.State", "ops", "op_meta", "failed_hosts", instance=True),
              _signature_has("pyinfra.api.state.State.get_op_meta", "op_hash"),
              _signature_has("pyinfra.api.state.State.get_op_data_for_host", "host", "op_hash"),
@@ -245,13 +245,13 @@ INTERNALS = (
          *(f"pyinfra.api.state.StateStage.{s}"
            for s in ("Setup", "Connect", "Prepare", "Execute", "Disconnect"))),
         "an outcome record says in which phase a host failed (connect, prepare, execute); a "
-        "group's node reads its peers' facts only while the run prepares (shell/groupprep.py)",
+        "group's node reads its peers' facts only while the run prepares (stages/group/groupprep.py)",
         _all(_has("pyinfra.api.state.State", "current_stage", instance=True),
              _has("pyinfra.api.state.StateStage", "Setup", "Connect", "Prepare", "Execute",
                   "Disconnect")),
         "record the phase from the callbacks (host_connect, operation_start)"),
     Internal(
-        "State.init wrapped (shell/integration.py)",
+        "State.init wrapped (integration/integration.py)",
         ("State.init",),
         "pyinfra has no hook between building the inventory and connecting: every host's data "
         "is checked there, before any connection",
@@ -281,7 +281,7 @@ INTERNALS = (
              _signature_has("pyinfra.operations.files.link._inner", "path", "target")),
         "yield the mkdir/chown/chmod and ln commands ourselves"),
     Internal(
-        "the inventory's data layers (shell/yamldata.py)",
+        "the inventory's data layers (controller/yamldata.py)",
         ("Inventory.get_data", "Inventory.get_group_data", "Inventory.get_host_data",
          "Inventory.get_override_data", "Inventory.host_data", "Inventory.groups"),
         "YAML data (group_vars/, host_vars/) is layered between pyinfra's own group data and "
@@ -311,7 +311,7 @@ INTERNALS = (
          "pyinfra.context.ctx_inventory"),
         "lxc_host.py reads the serving fleet's inventory (`serves.inventory`: its routers) "
         "while its own run prepares; loading it sets pyinfra's context (State, inventory, "
-        "host, config), which shell/lxchost/serving.py puts back afterwards",
+        "host, config), which lxchost/serving.py puts back afterwards",
         _all(*(_has(f"pyinfra.context.{c}", "get", "set")
                for c in ("ctx_config", "ctx_host", "ctx_inventory", "ctx_state"))),
         "read the serving fleet in a subprocess (`sglang-deploy` prints its routers as JSON)"),
@@ -326,7 +326,7 @@ INTERNALS = (
         lambda: _own_attributes_fit(),
         "one per-run object attached once (issue 39, item 2)"),
     Internal(
-        "pyinfra's log lines the log filters rewrite (shell/integration.py)",
+        "pyinfra's log lines the log filters rewrite (integration/integration.py)",
         (),
         "a typed error raised in a python.call is logged by pyinfra as a traceback and "
         "`Unexpected error in Python callback: `; a --limit of a group's name as `No host "

@@ -151,7 +151,7 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
 
 
 def _own_modules(tree: ast.Module) -> set[str]:
-    """Local names of the package's own modules (``from sglang_deploy.shell import facts``)."""
+    """Local names of the package's own modules (``from sglang_deploy.hostops import facts``)."""
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang_deploy"):

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from sglang_deploy.commands import htmlreport
+from sglang_deploy.controller import reports as reportfiles
 from sglang_deploy.core import fleetreport, preflight
-from sglang_deploy.shell import throughputhost
-from sglang_deploy.shell import reports as reportfiles
+from sglang_deploy.stages import throughputhost
 
 HOSTS = ["gpu-a", "gpu-b", "gpu-c"]
 

@@ -97,7 +97,7 @@ def _current_tools(doc: Any) -> Any:
 
     from sglang_deploy.core import patch as patchmod
     from sglang_deploy.core import service
-    from sglang_deploy.shell.facts import REMOTE
+    from sglang_deploy.hostops.facts import REMOTE
 
     state = doc.get("hoststate.json", {}).get("out") if "hoststate.json" in doc else doc
     paths = state.get("paths") if isinstance(state, dict) else None
@@ -143,7 +143,7 @@ def raw_lines(fact: str, raw: Any) -> list[str]:
     ``facts._sections_command`` prints them; any other fact's JSON on one line (or text)."""
     if fact != "HostSnapshot":
         return _one_line(raw)
-    from sglang_deploy.shell.facts import MARK
+    from sglang_deploy.hostops.facts import MARK
 
     lines: list[str] = []
     for name, section in raw.items():
@@ -164,7 +164,7 @@ def seed_flag_cache(cwd: Path, snapshot: dict) -> None:
     """The controller's cache of parsed ``server_args.py`` (``flagcache``) holds every
     release the host reports (the steady state of a controller that deployed it before):
     parsed from the real sglang wheel of that release's version."""
-    from sglang_deploy.shell import flagcache
+    from sglang_deploy.controller import flagcache
 
     state = (snapshot.get("hoststate.json") or {}).get("out") or {}
     for rel in (state.get("releases") or {}).values():
@@ -360,7 +360,9 @@ def start_run(state, inventory, dry: bool) -> None:
     resolved once, and every host connected as pyinfra leaves it (a group's node reads its
     peers' facts); no run journal (``hooks.PER_RUN``'s "journal"), so no outcome records. The
     one place to follow when the hooks change."""
-    from sglang_deploy.shell import groupops, plan, routing
+    from sglang_deploy.controller import routing
+    from sglang_deploy.integration import plan
+    from sglang_deploy.stages.group import groupops
 
     plan.mark_read_only(state, dry)
     groupops.attach(state)
@@ -376,10 +378,10 @@ def _environment(case: dict, cwd: Path, monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
     for name, value in (case.get("env") or {}).items():
         monkeypatch.setenv(name, value)
-    if case.get("stage_only"):  # the rollout's staging run (``shell/staging.py``)
+    if case.get("stage_only"):  # the rollout's staging run (``stages/staging.py``)
         monkeypatch.setenv("SGLANG_DEPLOY_STAGE_ONLY", "1")
     if case.get("roll_gate") is not None:  # a staged rollout's rolling run at its gate
-        from sglang_deploy.shell import rollgate
+        from sglang_deploy.stages import rollgate
 
         gate = cwd / "batch.gate"
         gate.write_text(case["roll_gate"] + "\n")
@@ -389,7 +391,8 @@ def _environment(case: dict, cwd: Path, monkeypatch) -> None:
 def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
     controller's caches go there); returns, per host, the facts read and the operations."""
-    from sglang_deploy.shell import flagcache, hooks
+    from sglang_deploy.controller import flagcache
+    from sglang_deploy.integration import hooks
 
     _environment(case, cwd, monkeypatch)
     # the deploy file's guard: the run starts below as the hooks start it (``start_run``)

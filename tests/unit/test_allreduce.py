@@ -20,7 +20,7 @@ import pytest
 from sglang_deploy.core import allreduce, data, group, service
 from sglang_deploy.core.errors import DataError, PreflightError
 from sglang_deploy.remote import allreduce_check as script
-from sglang_deploy.shell import allreduce as shell
+from sglang_deploy.stages import allreduce as shell
 
 SCRIPT = Path(script.__file__)
 FAKE_TORCH = Path(__file__).resolve().parent / "faketorch"

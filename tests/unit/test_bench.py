@@ -19,11 +19,10 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_deploy.commands import bench, cli
-from sglang_deploy.core import throughput
-from sglang_deploy.core import data
+from sglang_deploy.core import data, throughput
 from sglang_deploy.core.errors import BenchError, DataError
 from sglang_deploy.remote import bench_run
-from sglang_deploy.shell import throughputhost
+from sglang_deploy.stages import throughputhost
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
@@ -381,8 +380,9 @@ def test_model_stand_in_tokenizer_is_fixed_and_covers_the_simulator_words(tmp_pa
 
 # ----------------------------------------------------------------------------- command glue
 def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkeypatch):
+    from sglang_deploy.controller import runner
     from sglang_deploy.core import outcome
-    from sglang_deploy.shell import journal, runner
+    from sglang_deploy.integration import journal
 
     seen = {}
 

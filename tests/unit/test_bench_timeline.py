@@ -23,8 +23,8 @@ LINES = [
     (0.521, 0, "    Loading: deploy.py"),
     (0.555, 0, "[tb1] >>> sh -c 'LC_ALL=C; export LC_ALL"),
     (0.560, 0, "[tb2]  >>> sh -c 'LC_ALL=C; export LC_ALL"),  # padded: a longer name exists
-    (0.610, 0, "    [tb2] Loaded fact sglang_deploy.shell.facts.HostSnapshot (cache=...)"),
-    (0.630, 0, "    [tb1] Loaded fact sglang_deploy.shell.facts.HostSnapshot (cache=...)"),
+    (0.610, 0, "    [tb2] Loaded fact sglang_deploy.hostops.facts.HostSnapshot (cache=...)"),
+    (0.630, 0, "    [tb1] Loaded fact sglang_deploy.hostops.facts.HostSnapshot (cache=...)"),
     (0.640, 0, "--> Beginning operation run..."),
     (0.650, 0, "--> Results:"),
     (0.652, 0, "--> Disconnecting from hosts..."),

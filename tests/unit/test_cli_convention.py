@@ -1,5 +1,5 @@
-"""The one CLI convention (commands/cli.py, commands/common.py, shell/hosts.py) and the
-launch flags checked on the controller against the locked sglang (shell/lockedflags.py)."""
+"""The one CLI convention (commands/cli.py, commands/common.py, controller/hosts.py) and the
+launch flags checked on the controller against the locked sglang (controller/lockedflags.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.commands import cli, common, status
+from sglang_deploy.controller import flagcache, hosts, lockedflags, runner
 from sglang_deploy.core import data
 from sglang_deploy.core.errors import DataError, UsageError
-from sglang_deploy.shell import flagcache, hosts, lockedflags, runner
 from testbed.wheels import fetch_sglang
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ def test_rebuild_reports_the_hosts_own_error(inv, monkeypatch, capsys, locked_wh
     """The host's outcome record decides and says why; pyinfra's printed text is not read."""
     from sglang_deploy.core import outcome
     from sglang_deploy.core.errors import PreflightError
-    from sglang_deploy.shell import journal
+    from sglang_deploy.integration import journal
 
     err = PreflightError(what="7 of 8 GPUs", found="7 GPUs (0-6)", fix="pass /dev/nvidia7 through")
     misleading = "    [a1] Connected\n    [a1] all good\n"
@@ -456,7 +456,7 @@ def test_doctor_table_when_not_a_terminal(capsys):
 def recorded_runs(monkeypatch) -> list[list[str]]:
     """Each pyinfra run's --limit hosts, recorded instead of run (every host then has no
     record: what a run that reached none of them leaves); the data check is not the point."""
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     limits: list[list[str]] = []
 
@@ -507,7 +507,7 @@ def test_a_doctor_or_report_limit_that_matches_nothing_names_the_hosts(inv, no_p
                                   ["logs", "{inv}", "gpu-9", "--explain"],
                                   ["cache", "save", "{inv}", "gpu-9", "{out}"]])
 def test_a_host_not_in_the_inventory_is_said_so_exit_2(inv, tmp_path, monkeypatch, capsys, argv):
-    from sglang_deploy.shell import hostshell
+    from sglang_deploy.controller import hostshell
 
     def refuse(*a, **k):
         raise AssertionError("connected")

@@ -102,8 +102,9 @@ def test_group_data_seed_profile_is_valid():
 
 def test_bad_data_of_any_host_stops_the_run_at_state_init_before_any_connection():
     from pyinfra.api import Config, Inventory, State
-    from sglang_deploy.shell import hooks
-    from sglang_deploy.shell.inputerror import InputError
+
+    from sglang_deploy.integration import hooks
+    from sglang_deploy.integration.inputerror import InputError
 
     good = {"sglang_model_path": "/srv/models/m"}
     inventory = Inventory(([("h1", good), ("h2", {**good, "sglang_portt": 1})], {}))
@@ -162,7 +163,7 @@ def test_settings_is_a_frozen_dataclass_with_one_typed_field_per_key_and_the_tab
 def test_the_stages_read_the_settings_the_validation_resolved_not_a_second_resolve(monkeypatch):
     from types import SimpleNamespace as NS
 
-    from sglang_deploy.shell import routing
+    from sglang_deploy.controller import routing
 
     resolved = {"h1": resolve(sglang_port=31000)}
     state = NS(inventory=None)

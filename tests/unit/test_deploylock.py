@@ -1,4 +1,4 @@
-"""The host-side deploy lock (sglang_deploy.shell.deploylock): the stale/live rule and the holder
+"""The host-side deploy lock (sglang_deploy.integration.deploylock): the stale/live rule and the holder
 shell, run here against a temporary lock folder."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from sglang_deploy.shell import deploylock as D
+from sglang_deploy.integration import deploylock as D
 
 MINE = {"controller": "laptop", "pid": 100, "user": "ops", "started": "t", "command": "pyinfra deploy"}
 
@@ -50,7 +50,7 @@ def test_holder_takes_holds_and_frees_the_lock_with_its_stdin(tmp_path):
 
 
 def test_connection_messages_name_host_file_and_fix():
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     text = hooks.host_key_message("gpu-1", "10.0.0.5", "/inv/known_hosts")
     assert "gpu-1" in text and "/inv/known_hosts" in text
@@ -65,7 +65,7 @@ def test_connection_messages_name_host_file_and_fix():
 def test_connection_lost_reads_the_transport():
     from types import SimpleNamespace as NS
 
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     def host(transport):
         return NS(connector=NS(client=NS(get_transport=lambda: transport)))
@@ -80,7 +80,7 @@ def test_no_delay_turns_nagle_off_on_the_connections_tcp_socket():
     import socket
     from types import SimpleNamespace as NS
 
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     def client(sock):
         return NS(get_transport=lambda: NS(sock=sock))
@@ -107,8 +107,8 @@ def test_no_delay_turns_nagle_off_on_the_connections_tcp_socket():
 def test_typed_error_tracebacks_are_reduced_to_the_message():
     import logging
 
-    from sglang_deploy.shell import integration
     from sglang_deploy.core.errors import VerifyError
+    from sglang_deploy.integration import integration
 
     f = integration.TypedErrorsWithoutTraceback()
     err = VerifyError(what="ready", found="crashed", fix="read the journal")

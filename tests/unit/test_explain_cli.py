@@ -14,8 +14,8 @@ import pytest
 
 from sglang_deploy.commands import cli, common
 from sglang_deploy.commands import explain as explain_log
+from sglang_deploy.controller import hostshell
 from sglang_deploy.core.logs.explain import explain, render_text
-from sglang_deploy.shell import hostshell
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "real"
 READY = REAL / "061-ready-qwq32b-tp4-l4-ecs-04x.log"                  # outcome ready

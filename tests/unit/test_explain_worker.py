@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from sglang_deploy.commands import cli
+from sglang_deploy.controller import hostshell
 from sglang_deploy.core.logs.explain import explain, render_text
 from sglang_deploy.core.logs.prefix import strip_prefix
-from sglang_deploy.shell import hostshell
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 NODE1 = FIXTURES / "sim" / "group-node1-healthy-0.5.12.post1.log"

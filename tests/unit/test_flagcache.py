@@ -1,4 +1,4 @@
-"""The controller's cache of parsed server_args.py files (sglang_deploy.shell.flagcache)."""
+"""The controller's cache of parsed server_args.py files (sglang_deploy.controller.flagcache)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from sglang_deploy.controller import flagcache
 from sglang_deploy.core import flags as F
-from sglang_deploy.shell import flagcache
 
 SOURCE = '''
 import argparse

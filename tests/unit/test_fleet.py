@@ -1,4 +1,4 @@
-"""One ``Fleet`` per pyinfra run (``shell.routing``): built once by the hooks, attached to the
+"""One ``Fleet`` per pyinfra run (``controller.routing``): built once by the hooks, attached to the
 run's State and released at its end; every host's data resolved once and every group planned
 once, however many hosts, stages, router stages and router lookups read them."""
 
@@ -9,9 +9,11 @@ from types import SimpleNamespace
 
 from pyinfra.api import Config, Inventory, State
 
+from sglang_deploy.controller import routerctl, routing
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group
-from sglang_deploy.shell import groupops, hooks, routerctl, routing
+from sglang_deploy.integration import hooks
+from sglang_deploy.stages.group import groupops
 
 NODE = {"sglang_model_path": "/srv/models/m", "sglang_lock": "locks/l.txt",
         "sglang_allow_public_without_key": True,

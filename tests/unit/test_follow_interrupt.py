@@ -19,7 +19,7 @@ if sys.argv[1] == "gevent":
     from gevent import monkey
     monkey.patch_all()
 import os, signal, threading
-from sglang_deploy.shell import hostshell
+from sglang_deploy.controller import hostshell
 
 never_ready, _keep = os.pipe()
 

@@ -361,7 +361,7 @@ def test_the_state_read_brings_the_health_back_and_drops_what_the_driver_does_no
     import subprocess
     import sys
 
-    from sglang_deploy.shell.facts import SglangHostState
+    from sglang_deploy.hostops.facts import SglangHostState
 
     _fake_tools(tmp_path / "bin", fixture("synth_q_x_two_gpus_remap_pending.xml"))
     argv = SglangHostState.args(root=str(tmp_path), service="sglang-deploy-test-absent",

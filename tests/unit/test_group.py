@@ -1,16 +1,16 @@
 """Multi-node groups before any connection: ranks, rank 0's address, what every node must
 share, tp-size against nodes x GPUs, reserved flags, a --limit naming part of a group, and
-the flags and environment a node's unit gets (core.group, shell.routing)."""
+the flags and environment a node's unit gets (core.group, controller.routing)."""
 
 from __future__ import annotations
 
 import pytest
 
+from sglang_deploy.controller import routing
+from sglang_deploy.controller.inventory import load
 from sglang_deploy.core import group
 from sglang_deploy.core.errors import DataError, UsageError
 from sglang_deploy.core.flags import render_flags
-from sglang_deploy.shell import routing
-from sglang_deploy.shell.inventory import load
 
 FLAGS = {"tp-size": 16, "quantization": "modelopt_fp4", "trust-remote-code": True}
 
@@ -152,7 +152,7 @@ def test_routing_gives_each_node_its_group_flags(tmp_path):
 
 
 def test_a_limit_naming_part_of_a_group_is_refused_unless_said_on_purpose(tmp_path, monkeypatch):
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     inv = _group_and_solo(tmp_path)
     resolved = {h.name: routing.settings(h, inv) for h in inv}

@@ -1,5 +1,5 @@
 """A multi-node group's decision, made once per run while its nodes are prepared
-(``core.restart``, ``shell.groupprep``) from every node's facts (each fact read once per run,
+(``core.restart``, ``stages.group.groupprep``) from every node's facts (each fact read once per run,
 whichever node asks first): the same decision whatever order pyinfra prepares the nodes in,
 and the same operations with static conditions on every node; a node restarted only because
 its peer changed gets the JIT check, the release smoke and the P2P retest (after the group's
@@ -16,15 +16,18 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
+from sglang_deploy.controller import routing
 from sglang_deploy.core import preflight, restart, watchdogunit
 from sglang_deploy.core.errors import GroupPreflightError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.restart import Facts as NodeFacts
 from sglang_deploy.core.restart import Wanted
 from sglang_deploy.core.service import Layout
-from sglang_deploy.shell import facts as facts_mod
-from sglang_deploy.shell import groupops, groupprep, plan, routing, stages, staging
-from sglang_deploy.shell.facts import Snapshot
+from sglang_deploy.hostops import facts as facts_mod
+from sglang_deploy.hostops.facts import Snapshot
+from sglang_deploy.integration import plan
+from sglang_deploy.stages import stages, staging
+from sglang_deploy.stages.group import groupops, groupprep
 
 RELEASE = ("rel1", "0.5.12.post1", "sglang==0.5.12.post1\n")
 DATA = {"ssh_hostname": "10.0.0.10", "sglang_model_path": "/srv/models/m",

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
+from test_pyinfra_guards import NOWHERE, pyinfra
 
 from sglang_deploy.core import group
 from sglang_deploy.core import restart as restart_mod
 from sglang_deploy.core.errors import GroupPreflightError, VerifyError
 from sglang_deploy.core.hoststate import HostState
-from sglang_deploy.shell import groupops, groupstage, hooks
-
-from test_pyinfra_guards import NOWHERE, pyinfra
+from sglang_deploy.integration import hooks
+from sglang_deploy.stages.group import groupops, groupstage
 
 G = group.Group("g1", (group.Node("n0", 0), group.Node("n1", 1)), "10.0.0.10", 50000)
 RUNNING = HostState.from_json({"service": {"ActiveState": "active", "SubState": "running"},

@@ -9,7 +9,7 @@ import pytest
 from sglang_deploy.core import group
 from sglang_deploy.core.errors import VerifyError
 from sglang_deploy.core.verify import Verifier, check_serving
-from sglang_deploy.shell import groupops
+from sglang_deploy.stages.group import groupops
 
 
 def _group(n: int = 2) -> group.Group:
@@ -165,7 +165,7 @@ def test_a_failed_node_stops_the_others_with_its_name_and_cause():
 
 
 def test_the_verify_loop_stops_on_a_peers_failure_before_polling():
-    from sglang_deploy.shell.verifyloop import wait_until_ready
+    from sglang_deploy.stages.verifyloop import wait_until_ready
 
     run = _run()
     run.failed = ("n1", "boom")
@@ -193,7 +193,7 @@ def test_a_rollout_batch_holds_a_whole_group_and_counts_it_once():
 def test_router_workers_are_rank_0_of_a_group_and_single_hosts():
     from pyinfra.api import Inventory
 
-    from sglang_deploy.shell.routing import Fleet, router_workers
+    from sglang_deploy.controller.routing import Fleet, router_workers
 
     node = {"sglang_model_path": "/m", "sglang_lock": "l.txt", "sglang_group": "g",
             "sglang_flags": {"tp-size": 16}}

@@ -12,12 +12,12 @@ import json
 import pytest
 
 from sglang_deploy.commands import cli, htmlreport, status
+from sglang_deploy.controller import hosts, runner
 from sglang_deploy.core import fleetreport, groupstatus
 from sglang_deploy.core.group import Group, Node
-from sglang_deploy.shell import hosts, plan, runner
 from sglang_deploy.core.journal import Journal
-from sglang_deploy.shell import journal
-from sglang_deploy.shell.plan import PLAN_ENV
+from sglang_deploy.integration import journal, plan
+from sglang_deploy.integration.plan import PLAN_ENV
 
 # rank order differs from name order on purpose: g1's rank 0 is "b"
 G1 = Group("g1", (Node("b", 0), Node("a", 1), Node("c", 2)), "10.0.0.2", 50000)

@@ -211,7 +211,7 @@ def test_the_report_shows_the_properties_not_in_force():
 def test_lock_check_says_which_step_of_the_smoke_runs(tmp_path, capsys):
     from pathlib import Path
 
-    from sglang_deploy.shell import releasecheck
+    from sglang_deploy.controller import releasecheck
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").symlink_to(sys.executable)

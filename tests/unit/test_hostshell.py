@@ -13,10 +13,10 @@ import pytest
 
 from sglang_deploy.commands import cache as cachecmd
 from sglang_deploy.commands import cli
+from sglang_deploy.controller import hostshell
 from sglang_deploy.core import sshtarget
 from sglang_deploy.core.errors import UsageError
 from sglang_deploy.core.sshtarget import HostShellError, SshTarget, target_from_data
-from sglang_deploy.shell import hostshell
 
 
 # ---------------------------------------------------------------- settings from the inventory

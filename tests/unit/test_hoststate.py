@@ -96,7 +96,7 @@ def _releases_tree(root: Path) -> None:
 def test_state_from_the_facts_argv_reads_releases_paths_cache_and_devices(tmp_path):
     """The options as SglangHostState.args builds them (the pre-flight's form) reach the one
     parser: releases listed without hidden installs in progress, paths, cache count, dev-open."""
-    from sglang_deploy.shell.facts import SglangHostState
+    from sglang_deploy.hostops.facts import SglangHostState
 
     _releases_tree(tmp_path)
     unit = tmp_path / "a unit.service"

@@ -16,8 +16,8 @@ from pyinfra.facts.files import Directory, File, Sha256File
 from sglang_deploy.core import restart
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
 from sglang_deploy.core.service import StageOps, Trigger
-from sglang_deploy.shell import facts, operations
-from sglang_deploy.shell.facts import HostSnapshot, SglangHostState, Snapshot
+from sglang_deploy.hostops import facts, operations
+from sglang_deploy.hostops.facts import HostSnapshot, SglangHostState, Snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hoststate"
 
@@ -217,8 +217,8 @@ def test_path_state_wire_form_round_trips():
 
 
 def test_the_release_operations_compare_with_the_read_of_their_root_else_their_own_fact():
-    from sglang_deploy.shell import releaseops
-    from sglang_deploy.shell.facts import FileCount, UvVersion
+    from sglang_deploy.hostops import releaseops
+    from sglang_deploy.hostops.facts import FileCount, UvVersion
 
     src = raw("deployed")
     fake, hs = _snapshot_host({UvVersion: "0.0.1", File: None, FileCount: 3})

@@ -24,8 +24,9 @@ CORE = PACKAGE / "core"
 DESIGN = REPO / "docs" / "design.md"
 
 #: what core must never import: pyinfra and what it runs on, and the layers above core
-NOT_IN_CORE = ("pyinfra", "pyinfra_cli", "gevent", "paramiko", "fabric", "sglang_deploy.shell",
-               "sglang_deploy.commands")
+NOT_IN_CORE = ("pyinfra", "pyinfra_cli", "gevent", "paramiko", "fabric", "sglang_deploy.integration",
+               "sglang_deploy.hostops", "sglang_deploy.stages", "sglang_deploy.controller",
+               "sglang_deploy.lxchost", "sglang_deploy.commands")
 
 
 def module_name(path: Path) -> str:
@@ -102,9 +103,9 @@ def exists(path: Path) -> bool:
 
 
 def diagram_paths(block: str) -> list[str]:
-    """The package paths the diagram names (`shell/stages.py`, `core/flags/`, `core/patch`),
+    """The package paths the diagram names (`stages/stages.py`, `core/flags/`, `core/patch`),
     placeholders (`<command>`) and globs (`*.py`) aside, and the deploy files at its left."""
-    names = [m.rstrip(".,:;)") for m in re.findall(r"\b(?:core|shell|commands|remote)/[\w/.]*", block)]
+    names = [m.rstrip(".,:;)") for m in re.findall(r"\b(?:core|integration|hostops|stages|controller|lxchost|commands|remote)/[\w/.]*", block)]
     missing = [n for n in names if not exists(PACKAGE / n)]
     files = re.findall(r"^(\w+\.py)\b", block, re.MULTILINE)
     return missing + [f for f in files if not (REPO / f).is_file()]
@@ -158,12 +159,12 @@ def test_design_map_names_only_paths_that_exist():
 
 
 def test_the_map_check_sees_a_stale_name():
-    assert diagram_paths("deploy.py --> shell/benchhost.py, shell/stages.py") == \
-        ["shell/benchhost.py"]
+    assert diagram_paths("deploy.py --> stages/benchhost.py, stages/stages.py") == \
+        ["stages/benchhost.py"]
     assert diagram_paths("nodeploy.py --> core/patch, unit") == ["nodeploy.py"]
     tree = "\n".join(f"{name:<26}{text}" for name, text in [
         ("sglang_deploy/", ""), ("  core/", "pure"), ("    data.py, bench.py", "the keys"),
-        ("  shell/", "benchhost.py, stages.py and sglang's server_args.py")])
+        ("  stages/", "benchhost.py, stages.py and sglang's server_args.py")])
     assert tree_paths(tree) == ["sglang_deploy/core/bench.py", "benchhost.py"]
 
 
@@ -174,14 +175,14 @@ def test_the_map_check_sees_a_stale_name():
 #: state goes on the run's pyinfra State (``integration.PerRun``), an explicit parameter or
 #: the command's environment (``runner.VERBOSITY_ENV``), never into a module.
 CACHES = {
-    ("sglang_deploy.shell.flagcache", "_MEMORY"):
+    ("sglang_deploy.controller.flagcache", "_MEMORY"):
         "parsed server_args.py specs by sha256: a release's file never changes",
     ("sglang_deploy.core.lockfile", "_parsed"): "a lock's parse, by its text (lru_cache)",
     ("sglang_deploy.core.unit", "_compiled"): "the unit template compiled once (lru_cache)",
-    ("sglang_deploy.shell.lockedflags", "_locked_flags_once"):
+    ("sglang_deploy.controller.lockedflags", "_locked_flags_once"):
         "the locked wheel's flags, by the lock file's path and mtime (lru_cache)",
-    ("sglang_deploy.shell.p2pview", "colour_terminal"): "whether stdout is a colour terminal",
-    ("sglang_deploy.shell.pyinfrafast", "_global_argument_table"):
+    ("sglang_deploy.stages.p2pview", "colour_terminal"): "whether stdout is a colour terminal",
+    ("sglang_deploy.integration.pyinfrafast", "_global_argument_table"):
         "pyinfra's global argument table, built once (functools.cache)",
 }
 DOCUMENTED = CACHES
@@ -250,12 +251,12 @@ def test_every_documented_cache_is_still_one():
 
 def test_the_state_check_sees_state(tmp_path):
     src = tmp_path / "probe.py"
-    src.write_text("import functools\nfrom sglang_deploy.shell import runner\nSEEN = {}\n"
+    src.write_text("import functools\nfrom sglang_deploy.controller import runner\nSEEN = {}\n"
                    "TABLE = {'a': 1}\nN = 0\n\n\ndef f(k):\n    global N\n    N += 1\n"
                    "    SEEN[k] = TABLE['a']\n    runner.VERBOSITY_ENV = 'X'\n\n\n"
                    "@functools.lru_cache\ndef g():\n    return 1\n")
     assert state_written(src, "probe") == {("probe", "N"), ("probe", "SEEN"), ("probe", "g"),
-                                           ("sglang_deploy.shell.runner", "VERBOSITY_ENV")}
+                                           ("sglang_deploy.controller.runner", "VERBOSITY_ENV")}
 
 
 # ------------------------------------------------------------------ sizes: split by concern

@@ -7,7 +7,7 @@ module A to module B of the package:
   and methods, under ``if TYPE_CHECKING:`` and in ``try`` blocks alike (a function-level
   import is still a dependency; deferring it only hides a circle until that function runs);
 - ``from P import name`` where ``P.name`` is a module of the package counts as an arrow to
-  ``P.name`` (as ``from sglang_deploy.shell import runner``), otherwise to ``P``;
+  ``P.name`` (as ``from sglang_deploy.controller import runner``), otherwise to ``P``;
 - relative imports (``from . import x``) resolved against A's package.
 
 Not counted: the implicit import of a parent package's ``__init__`` (Python runs it first, but
@@ -93,8 +93,8 @@ def test_the_graph_is_read_from_the_source():
     """The walk sees module-level, function-level and `from P import module` imports (a
     graph that came out empty would pass the cycle test for nothing)."""
     edges = graph()
-    assert f"{NAME}.core.errors" in edges[f"{NAME}.shell.hosts"]          # from x import y
-    assert f"{NAME}.shell.runner" in edges[f"{NAME}.commands.doctor_remote"]  # from P import mod
+    assert f"{NAME}.core.errors" in edges[f"{NAME}.controller.hosts"]          # from x import y
+    assert f"{NAME}.controller.runner" in edges[f"{NAME}.commands.doctor_remote"]  # from P import mod
     assert f"{NAME}.commands.common" in edges[f"{NAME}.commands.doctor"]   # inside a function
     assert sum(len(v) for v in edges.values()) > 100
 

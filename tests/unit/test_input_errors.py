@@ -1,6 +1,6 @@
 """Bad data reads as an input error, not a crash: `[host] invalid data: KEY: expected ...`,
 found, fix, no source path, exit status 2, from plain `pyinfra INVENTORY deploy.py` (config.py's
-hooks: ``shell/inputerror.py``) as from every `sglang-deploy` command. And a multi-node group's
+hooks: ``integration/inputerror.py``) as from every `sglang-deploy` command. And a multi-node group's
 name (`sglang_group`) is accepted by `--limit` wherever hosts are.
 
 pyinfra really runs, as a subprocess (``test_pyinfra_guards.pyinfra``); the hosts point at
@@ -12,8 +12,8 @@ import pytest
 from test_pyinfra_guards import NOWHERE, REPO, pyinfra
 
 from sglang_deploy.commands import cli
+from sglang_deploy.controller import hosts
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import hosts
 
 BASE = {**NOWHERE, "sglang_model_path": "/srv/models/m", "sglang_lock": "locks/testbed.txt"}
 NODE = {**BASE, "sglang_group": "g1", "sglang_flags": {"tp-size": 16}}

@@ -120,7 +120,7 @@ def test_describe_lines():
 
 
 def test_bar_on_a_terminal():
-    from sglang_deploy.shell.streamed import bar_text
+    from sglang_deploy.integration.streamed import bar_text
 
     venv = {"kind": "venv", "elapsed_s": 1.0, "packages": 90, "packages_total": 180}
     shown = bar_text(venv, "release venv: 90/180")

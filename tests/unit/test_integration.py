@@ -1,4 +1,4 @@
-"""The one object that does everything done to pyinfra (shell/integration.py): checked against
+"""The one object that does everything done to pyinfra (integration/integration.py): checked against
 the pinned pyinfra, loud when pyinfra changes under it, idempotent, and the per-run objects
 it attaches to a run's State and releases at its end."""
 
@@ -22,9 +22,9 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
-from sglang_deploy.shell import hooks, integration
-from sglang_deploy.shell.integration import PerRun, PyinfraIntegration, RunStart
-from sglang_deploy.shell.pyinfraerror import ToolError
+from sglang_deploy.integration import hooks, integration
+from sglang_deploy.integration.integration import PerRun, PyinfraIntegration, RunStart
+from sglang_deploy.integration.pyinfraerror import ToolError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_each_replaced_function_and_its_callers_are_the_source_checked(speedup):
     now = {name: source_sha256(name) for name in checked}
     assert now == checked, (
         f"pyinfra's source moved under the speed-up `{speedup.name}` "
-        f"(shell/pyinfrafast.py): {now} (checked: {checked}); a replaced function that "
+        f"(integration/pyinfrafast.py): {now} (checked: {checked}); a replaced function that "
         "changed must be rechecked, a caller that changed may no longer look the name up")
     for module in speedup.where:
         assert speedup.name in vars(importlib.import_module(module)), (module, speedup.name)
@@ -103,7 +103,7 @@ def test_another_pyinfra_is_warned_about_once_and_left_as_it_is(stand_ins, monke
     hooks.INTEGRATION.install(state)  # the same run: nothing again
     err = capsys.readouterr().err
     assert err.count("warning: pyinfra 3.11.0 is installed") == 1, err
-    assert "speed-ups of pyinfra (shell/pyinfrafast.py) are off" in err
+    assert "speed-ups of pyinfra (integration/pyinfrafast.py) are off" in err
     assert all(getattr(m, n) is f for m, n, f in stand_ins)
 
 
@@ -163,7 +163,7 @@ def test_per_run_objects_are_attached_at_init_and_released_with_the_last_host():
 
 def test_a_failed_check_leaves_the_state_unchecked_and_is_an_input_error():
     from sglang_deploy.core.errors import DataError
-    from sglang_deploy.shell.inputerror import InputError
+    from sglang_deploy.integration.inputerror import InputError
 
     def refuse(run):
         raise DataError(key="k", what="a good key", found="a bad one", fix="fix it")

@@ -158,7 +158,7 @@ def test_the_host_script_reports_cuda_home_pointing_nowhere(tree):
 def test_the_controller_refuses_a_lock_without_the_jits_compiler_before_connecting(tmp_path):
     from types import SimpleNamespace
 
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     (tmp_path / "nonvcc.txt").write_text(lock("torch==2.11.0", "nvidia-cuda-runtime==13.0.96"))
     host = SimpleNamespace(name="h1", groups=(), data=SimpleNamespace(dict=lambda: {

@@ -1,5 +1,5 @@
-"""The run journal (core/journal.py, shell/journal.py): one file per pyinfra run, one writer
-attached to the run's State, written atomically (shell/atomicfile.py), read by the commands
+"""The run journal (core/journal.py, integration/journal.py): one file per pyinfra run, one writer
+attached to the run's State, written atomically (controller/atomicfile.py), read by the commands
 through one reader."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_state
 
 import sglang_deploy
+from sglang_deploy.controller import atomicfile
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import DataError
-from sglang_deploy.shell import atomicfile, journal, outcomes
+from sglang_deploy.integration import journal, outcomes
 
 SUMMARY = {"host": "h1", "action": "restarted", "release": "r1", "time_to_ready_s": 41.5}
 
@@ -166,8 +167,8 @@ def test_the_journal_is_released_after_the_last_host_and_the_last_record_still_k
     """The journal is a per-run object of the hooks (``hooks.PER_RUN``): attached when the run
     starts, released with the last connected host (``integration.ReleasePerRun``, a handler
     before the recorder), whose final record the recorder still writes."""
-    from sglang_deploy.shell import hooks
-    from sglang_deploy.shell.integration import ReleasePerRun, RunStart
+    from sglang_deploy.integration import hooks
+    from sglang_deploy.integration.integration import ReleasePerRun, RunStart
 
     monkeypatch.setenv(journal.JOURNAL_ENV, str(tmp_path / "j.json"))
     state = fake_state()

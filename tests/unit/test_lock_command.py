@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.commands import cli, lock
-from sglang_deploy.shell import releasecheck
+from sglang_deploy.controller import releasecheck
 
 ROOT = Path(__file__).resolve().parents[2]
 

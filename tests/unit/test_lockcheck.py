@@ -265,7 +265,7 @@ def _project(tmp_path: Path) -> Path:
 
 
 def test_the_smoke_parses_the_flags_of_the_hosts_that_use_the_lock(tmp_path):
-    from sglang_deploy.shell import releasecheck
+    from sglang_deploy.controller import releasecheck
 
     cwd = _project(tmp_path)
     sets = releasecheck.flag_sets(cwd / "locks/a.txt", "inv.py", str(cwd))
@@ -279,7 +279,7 @@ def test_the_smoke_parses_the_flags_of_the_hosts_that_use_the_lock(tmp_path):
 
 
 def test_a_lock_no_host_uses_yet_is_smoked_with_every_hosts_flags(tmp_path, capsys):
-    from sglang_deploy.shell import releasecheck
+    from sglang_deploy.controller import releasecheck
 
     cwd = _project(tmp_path)
     (cwd / "locks" / "new.txt").write_text((cwd / "locks" / "a.txt").read_text())

@@ -17,8 +17,8 @@ from lxchost_fixtures import BIN, fixture, on_full_listing, run_standin
 
 from sglang_deploy.core.errors import LxcHostError
 from sglang_deploy.core.lxchost import hostplan, restart
-from sglang_deploy.shell.lxchost import facts as shellfacts
-from sglang_deploy.shell.lxchost import operations
+from sglang_deploy.lxchost import facts as shellfacts
+from sglang_deploy.lxchost import operations
 
 TEMPLATE = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
 NET = "net0: name=eth0,bridge=vmbr0,ip=dhcp"

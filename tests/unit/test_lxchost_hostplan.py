@@ -10,8 +10,8 @@ import pytest
 
 from sglang_deploy.core.errors import DataError, LxcHostError
 from sglang_deploy.core.lxchost import confmerge, hostplan, restart
-from sglang_deploy.shell.hooks import lxc_host_run
-from sglang_deploy.shell.lxchost import facts as shellfacts
+from sglang_deploy.integration.hooks import lxc_host_run
+from sglang_deploy.lxchost import facts as shellfacts
 from tests.unit.lxchost_fixtures import fixture, on_full_listing
 
 LXC_PATH = "/srv/lxc"

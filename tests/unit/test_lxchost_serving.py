@@ -1,4 +1,4 @@
-"""shell/lxchost/serving.py: the routers that front the server a container holds, read from
+"""lxchost/serving.py: the routers that front the server a container holds, read from
 the serving fleet's inventory the way `sglang-deploy rollout` reads it, inside a pyinfra run
 (its own context kept), with no connection and no HTTP call."""
 
@@ -11,7 +11,7 @@ from pyinfra.context import ctx_inventory, ctx_state
 
 from sglang_deploy.core.errors import DataError, LxcHostError, UsageError
 from sglang_deploy.core.lxchost.containers import Serves
-from sglang_deploy.shell.lxchost import serving
+from sglang_deploy.lxchost import serving
 
 # the router's key named for every host (its workers too), as the data check asks
 ROUTED = """\

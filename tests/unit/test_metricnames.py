@@ -167,8 +167,8 @@ def _site(tmp_path: Path, sources: dict[str, str], blob: bytes | None) -> Path:
 
 
 def test_lock_check_passes_the_locked_releases_and_fails_a_rename(tmp_path):
+    from sglang_deploy.controller import releasecheck
     from sglang_deploy.core.errors import SglangDeployError
-    from sglang_deploy.shell import releasecheck
 
     sources = sglang_sources(sglang_version())
     ok = releasecheck.metric_check(Path("locks/x.txt"), _site(tmp_path / "a", sources, None))

@@ -113,7 +113,7 @@ def project(tmp_path, monkeypatch):
 
 def test_the_inventory_becomes_targets_with_one_parallel_read_per_host(project):
     from sglang_deploy.commands import metricstargets
-    from sglang_deploy.shell import hosts as hostsmod
+    from sglang_deploy.controller import hosts as hostsmod
 
     sel = hostsmod.select("inv.py", cwd=project)
     reads, lock = [], threading.Lock()

@@ -7,15 +7,10 @@ import shlex
 
 import pytest
 
-from sglang_deploy.core import data
-from sglang_deploy.core import modelfetch
-from sglang_deploy.core import preflight
+from sglang_deploy.core import data, modelfetch, preflight
 from sglang_deploy.core.errors import DataError, ModelError
-from sglang_deploy.remote import hoststate
-from sglang_deploy.remote import model_fetch
-
+from sglang_deploy.remote import hoststate, model_fetch
 from testbed.sim.model import make_model_dir
-
 
 TOKEN = "hf_S3cr3t'token\"$x"
 
@@ -199,7 +194,7 @@ def test_a_folder_without_record_is_taken_as_it_is():
 
 def test_the_deploy_serves_the_new_revision_under_its_old_name(tmp_path):
     from sglang_deploy.core import service
-    from sglang_deploy.shell import staging
+    from sglang_deploy.stages import staging
 
     s = data.resolve({"sglang_model_path": "/m/GLM-5", "sglang_model_download": True,
                       "sglang_model_repo": "org/GLM-5", "sglang_model_revision": "v2"}, environ={})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_deploy.controller import inventory
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.shell import inventory
 
 
 def test_an_ansible_ini_inventory_is_named_with_its_conversion(tmp_path):
@@ -91,7 +91,7 @@ def test_a_missing_known_hosts_file_is_named_with_its_fix(caplog, known_hosts, e
     import logging
     from types import SimpleNamespace as NS
 
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     host = NS(name="router-1", print_prefix="[router-1] ",
               data={"ssh_hostname": "10.0.0.10", "ssh_known_hosts_file": known_hosts})
@@ -182,7 +182,8 @@ def test_a_groups_unreachable_node_leaves_a_read_only_run_going(monkeypatch, rea
 
     from sglang_deploy.core.errors import GroupPreflightError
     from sglang_deploy.core.group import Group, Node
-    from sglang_deploy.shell import groupprep, plan
+    from sglang_deploy.integration import plan
+    from sglang_deploy.stages.group import groupprep
 
     hosts = {"g0": NS(name="g0", connected=True, data={}),
              "g1": NS(name="g1", connected=False, data={"ssh_hostname": "10.0.0.12"})}
@@ -215,7 +216,7 @@ def test_data_of_a_host_says_when_another_host_fails_the_check(tmp_path, monkeyp
     then `data check failed:` and gpu-node-3's error, as if it were gpu-node-1's."""
     from sglang_deploy.commands import cli
     from sglang_deploy.core.errors import DataError
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     (tmp_path / "inv.py").write_text("gpu = ['gpu-node-1', 'gpu-node-3']\n")
     monkeypatch.chdir(tmp_path)

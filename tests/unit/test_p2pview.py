@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-PROBE = ("import sys; from sglang_deploy.shell import p2pview; "
+PROBE = ("import sys; from sglang_deploy.stages import p2pview; "
          "print(p2pview.colour_terminal(), 'rich.console' in sys.modules)")
 
 

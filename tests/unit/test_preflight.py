@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.core import nvsmi
-from sglang_deploy.core import preflight
+from sglang_deploy.core import nvsmi, preflight
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.core.preflight import Check, Expectations
 
@@ -773,7 +772,7 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
     are multi-line (a here-document, a quoted script) or fail (no nvidia-smi here)."""
     import subprocess
 
-    from sglang_deploy.shell.facts import GPU_SECTIONS, HostSnapshot
+    from sglang_deploy.hostops.facts import GPU_SECTIONS, HostSnapshot
 
     cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
                                  python="python3", paths=(str(tmp_path),))
@@ -801,7 +800,7 @@ def test_host_snapshot_fact_runs_every_part_and_keeps_each_output(tmp_path):
 def test_host_snapshot_without_its_python_keeps_the_other_sections_and_says_why(tmp_path):
     import subprocess
 
-    from sglang_deploy.shell.facts import GPU_SECTIONS, HostSnapshot
+    from sglang_deploy.hostops.facts import GPU_SECTIONS, HostSnapshot
 
     cmd = HostSnapshot().command(root=str(tmp_path), service="sglang-test-absent",
                                  python=str(tmp_path / "no-python3"))
@@ -814,7 +813,7 @@ def test_host_snapshot_without_its_python_keeps_the_other_sections_and_says_why(
 def test_sections_keep_output_without_a_final_newline_apart_from_the_marker():
     import subprocess
 
-    from sglang_deploy.shell.facts import _parse_sections, _sections_command
+    from sglang_deploy.hostops.facts import _parse_sections, _sections_command
 
     cmd = _sections_command({"a": "printf 'no newline'", "b": "cat <<'EOF'\none\ntwo\nEOF",
                              "c": "exit 3", "d": "printf 'x\\n\\n'; echo err >&2; false",

@@ -1,8 +1,8 @@
 """The path the README recommends, plain `pyinfra INVENTORY deploy.py`, never reports success
-having done nothing (config.py's hooks, shell/hooks.py): a `--limit` that matches no host, a
+having done nothing (config.py's hooks, integration/hooks.py): a `--limit` that matches no host, a
 missing inventory, or a run from another folder (config.py not loaded) is a non-zero exit
 that names the cause and the fix, before any connection. And an `sglang-deploy` command run
-from another folder says that no group_data/ was found (shell/hosts.py).
+from another folder says that no group_data/ was found (controller/hosts.py).
 
 pyinfra really runs, as a subprocess; the inventory's hosts point at 127.0.0.1 port 9, where
 nothing listens, or are `@local`, and none of these cases gets as far as a connection.
@@ -160,7 +160,7 @@ def test_a_command_from_another_folder_says_no_group_data_was_found(tmp_path):
 
 def test_an_inventory_with_all_its_data_needs_no_group_data(tmp_path, monkeypatch):
     """No group_data/ is not an error by itself: an inventory may hold every value."""
-    from sglang_deploy.shell import hosts
+    from sglang_deploy.controller import hosts
 
     (tmp_path / "locks").mkdir()
     (tmp_path / "locks" / "testbed.txt").write_text((REPO / "locks" / "testbed.txt").read_text())
@@ -175,7 +175,7 @@ def test_an_inventory_with_all_its_data_needs_no_group_data(tmp_path, monkeypatc
 
 def outcome_records(path: Path) -> dict[str, dict]:
     """Each host's outcome record in the run's journal at PATH (``journal.read``)."""
-    from sglang_deploy.shell import journal
+    from sglang_deploy.integration import journal
 
     ran = journal.read(path)
     return {name: ran.part(name, "outcome") for name in sorted(ran.hosts)

@@ -13,7 +13,7 @@ import pytest
 from pyinfra.api import util as pyinfra_util
 from pyinfra.api.util import PYINFRA_INSTALL_DIR
 
-from sglang_deploy.shell import pyinfrafast
+from sglang_deploy.integration import pyinfrafast
 
 # A deploy file (exec'd like pyinfra runs one) calling helpers of a library module, in a
 # loop and through a function compiled as if it were pyinfra's own (a frame pyinfra skips).

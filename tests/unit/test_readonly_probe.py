@@ -9,7 +9,7 @@ import pytest
 
 from sglang_deploy.core import preflight, restart
 from sglang_deploy.core.hoststate import ServiceState
-from sglang_deploy.shell import plan
+from sglang_deploy.integration import plan
 
 SERVING = ServiceState.from_json({"ActiveState": "active", "SubState": "running",
                                   "InvocationID": "abc123"})

@@ -226,7 +226,7 @@ def test_status_and_the_report_show_the_model_in_memory():
 
     from sglang_deploy.commands import htmlreport, status
     from sglang_deploy.core import fleetreport
-    from sglang_deploy.shell import plan
+    from sglang_deploy.integration import plan
 
     fields = plan.status_fields({"model": shards((300 * GB, 300 * GB), (100 * GB, 88 * GB)),
                                  "memory": MEM}, None, "r1")

@@ -15,7 +15,7 @@ from sglang_deploy.commands import status
 from sglang_deploy.core import outcome, restart
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.restart import Facts, Wanted
-from sglang_deploy.shell import journal, outcomes, plan
+from sglang_deploy.integration import journal, outcomes, plan
 
 OLD, NEW = "d5e0ed013b590921", "7a1c0c9a23b2d611"
 UNIT, SECRETS = "[Service]\nExecStart=x\n", "API_KEY=s3cret-value\n"
@@ -172,7 +172,7 @@ def test_verbose_prints_the_decision_before_the_restart(caplog):
     from pyinfra.api import Config, Inventory
     from pyinfra.context import ctx_host
 
-    from sglang_deploy.shell import restarts
+    from sglang_deploy.stages import restarts
 
     inventory = Inventory(([("fx1", {})], {}))
     state = State(inventory, Config())

@@ -1,4 +1,4 @@
-"""The rolling run's gate (shell/rollgate.py): a staged rollout's batch run waits there, while
+"""The rolling run's gate (stages/rollgate.py): a staged rollout's batch run waits there, while
 the rollout drains the batch, before anything that needs the host out of the router."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from sglang_deploy.core.errors import RolloutError
-from sglang_deploy.shell import rollgate
+from sglang_deploy.stages import rollgate
 
 
 class Clock:

@@ -20,7 +20,7 @@ from sglang_deploy.core.errors import (
     VerifyError,
 )
 from sglang_deploy.core.service import NO_KNOWN_GOOD
-from sglang_deploy.shell import plan
+from sglang_deploy.integration import plan
 
 HOSTS = ["a", "b", "c", "d"]
 
@@ -120,7 +120,7 @@ def test_error_excerpt_finds_the_verify_error_before_pyinfras_last_words():
 
 
 def test_release_pruning_keeps_the_newest_and_never_a_protected_one():
-    from sglang_deploy.shell.releaseops import releases_to_prune
+    from sglang_deploy.hostops.releaseops import releases_to_prune
 
     rel = {"a": {"installed_at": "2026-01-01"}, "b": {"installed_at": "2026-02-01"},
            "c": {"installed_at": "2026-03-01"}, "d": {"installed_at": "2026-04-01"},
@@ -191,7 +191,8 @@ def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch)
     journal the rollout names; its printed text says the opposite and is not read."""
     import io
 
-    from sglang_deploy.shell import journal, runner
+    from sglang_deploy.controller import runner
+    from sglang_deploy.integration import journal
 
     runs = []
 
@@ -229,7 +230,8 @@ def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, 
     record when it has none, comes from the run's journal."""
     import io
 
-    from sglang_deploy.shell import journal, runner
+    from sglang_deploy.controller import runner
+    from sglang_deploy.integration import journal
 
     asked = {}
 
@@ -318,7 +320,7 @@ class FakeRouter:
                           router_state="draining", drained_s=0.25)
 
     def put_back(self, name, say):
-        from sglang_deploy.shell.routerctl import PutBack
+        from sglang_deploy.controller.routerctl import PutBack
 
         self.calls.append(("put_back", name))
         return PutBack(steps=["wait-removal", "add", "verify"], removal_wait_s=1.5, tries=1)
@@ -327,8 +329,10 @@ class FakeRouter:
 def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=(), calls=None):
     """pyinfra faked: the staging run fails on STAGE_FAILS and does not reach UNREACHABLE;
     STOPPED: left unfinished by the run's stop; every deploy verifies, unless its gate
-    (``shell/rollgate.py``) stops it. CALLS: when each batch run started and was waited for."""
-    from sglang_deploy.shell import journal, rollgate, runner, staging
+    (``stages/rollgate.py``) stops it. CALLS: when each batch run started and was waited for."""
+    from sglang_deploy.controller import runner
+    from sglang_deploy.integration import journal
+    from sglang_deploy.stages import rollgate, staging
 
     runs = []
 
@@ -438,7 +442,7 @@ def test_staged_each_batch_run_starts_with_its_drain_and_goes_on_once_drained(tm
     """Staged, with a router: the batch's deploy.py run is started before the drain (its
     start, connections and reads overlap it) and its changes come after: the fake run waits
     at its gate as the real one does, and goes on only once the gate says drained."""
-    from sglang_deploy.shell import rollgate
+    from sglang_deploy.stages import rollgate
 
     calls = []
     runs = fake_runs(monkeypatch, calls=calls)

@@ -1,11 +1,11 @@
-"""Drain and put back against a scripted router API (shell/routerctl.py, HTTP replaced)."""
+"""Drain and put back against a scripted router API (controller/routerctl.py, HTTP replaced)."""
 
 import json
 
 import pytest
 
+from sglang_deploy.controller import routerctl
 from sglang_deploy.core.errors import RouterError
-from sglang_deploy.shell import routerctl
 
 W1, W2 = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
 

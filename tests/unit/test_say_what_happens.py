@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_deploy.shell import flagcache, lockedflags, pipdownload
+from sglang_deploy.controller import flagcache, lockedflags, pipdownload
 
 REPO = Path(__file__).resolve().parents[2]
 PIP = REPO / "tests" / "fixtures" / "pip"

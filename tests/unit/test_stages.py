@@ -10,7 +10,7 @@ import pytest
 
 from sglang_deploy.core import lockfile
 from sglang_deploy.core.errors import DataError
-from sglang_deploy.shell import stages
+from sglang_deploy.stages import stages
 
 LOCK = "sglang==0.5.12.post1 \\\n    --hash=sha256:" + "a" * 64 + "\n"
 

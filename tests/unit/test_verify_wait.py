@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from sglang_deploy.core.verify import Verifier
-from sglang_deploy.shell.verifyloop import wait_until_ready
+from sglang_deploy.stages.verifyloop import wait_until_ready
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 

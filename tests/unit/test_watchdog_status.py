@@ -20,7 +20,7 @@ WEDGE = {"at": 1000.0, "at_iso": "2026-12-05T10:00:00Z", "verdict": "wedged",
 
 
 def test_the_state_read_brings_the_watchdog_state_and_last_events(tmp_path):
-    from sglang_deploy.shell.facts import SglangHostState
+    from sglang_deploy.hostops.facts import SglangHostState
 
     events = [dict(WEDGE, at=float(i)) for i in range(30)]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -36,7 +36,7 @@ def test_the_state_read_brings_the_watchdog_state_and_last_events(tmp_path):
 
 
 def test_without_the_option_or_the_files_the_read_says_nothing_wrong(tmp_path):
-    from sglang_deploy.shell.facts import SglangHostState
+    from sglang_deploy.hostops.facts import SglangHostState
 
     argv = SglangHostState.args(root=str(tmp_path), service="sglang-deploy-test-absent")
     out = json.loads(subprocess.run([sys.executable, str(TOOL), *argv], capture_output=True,
@@ -74,7 +74,7 @@ def test_no_watchdog_installed_and_no_event_shows_nothing():
 def test_status_json_and_the_html_report_carry_it():
     from sglang_deploy.commands import htmlreport, status
     from sglang_deploy.core import fleetreport
-    from sglang_deploy.shell import plan
+    from sglang_deploy.integration import plan
 
     fields = plan.status_fields({"watchdog": {"service": ACTIVE, "now": 1001.0,
                                               "events": [WEDGE]}}, None, "r1")

@@ -1,5 +1,5 @@
 """Wheelhouse filling: lock parsing (core.lockfile) and pip's own download with hashes
-(shell.pipdownload), against the real index: the wheels of two pins of locks/testbed.txt."""
+(controller.pipdownload), against the real index: the wheels of two pins of locks/testbed.txt."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.commands import cli
+from sglang_deploy.controller import pipdownload, wheelhouse
 from sglang_deploy.core.errors import DataError, WheelhouseError
 from sglang_deploy.core.lockfile import Pin, parse_lock, sglang_pin
-from sglang_deploy.shell import pipdownload, wheelhouse
 
 REPO = Path(__file__).resolve().parents[2]
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64

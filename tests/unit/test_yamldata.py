@@ -1,4 +1,4 @@
-"""Ansible-style YAML data (core/yamlfile.py, core/ansibledata.py, shell/yamldata.py): the
+"""Ansible-style YAML data (core/yamlfile.py, core/ansibledata.py, controller/yamldata.py): the
 safe loader's refusals with FILE:LINE, Ansible's precedence with Debian's `ansible-inventory`
 as the oracle, both inventory forms with group_vars/ and host_vars/, the example's YAML twin
 giving the same data and unit as its Python original, and a bad value ending a real pyinfra
@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from test_pyinfra_guards import REPO, pyinfra
 
+from sglang_deploy.controller import inventory as invmod
+from sglang_deploy.controller import yamldata
 from sglang_deploy.core import ansibledata, yamlfile
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core.errors import DataError, UsageError
-from sglang_deploy.shell import inventory as invmod
-from sglang_deploy.shell import yamldata
 
-LOADER = "from sglang_deploy.shell.yamldata import groups as _groups\n\nglobals().update(_groups(__file__))\n"
+LOADER = "from sglang_deploy.controller.yamldata import groups as _groups\n\nglobals().update(_groups(__file__))\n"
 
 
 @pytest.fixture(autouse=True)
@@ -394,7 +394,7 @@ def test_a_config_files_values_name_its_lines(tmp_path):
 
 
 def test_a_bad_flag_in_a_config_file_fails_the_data_check_at_its_line(tmp_path):
-    from sglang_deploy.shell import hooks
+    from sglang_deploy.integration import hooks
 
     root = write(tmp_path, {**CONFIG_TREE, "sglang.yaml": "tp-size: 8\nhost: 0.0.0.0\n"})
     inv = invmod.load(str(root / "inv.py"), cwd=root)

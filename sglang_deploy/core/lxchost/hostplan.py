@@ -4,7 +4,7 @@ container's state in, what to write and run out, every check made before anythin
 ``read_host`` types the host's facts (the driver's majors, nodes, module, cgroup layout,
 the container managers, Proxmox's version) and the data (``lxc_containers``; raises
 ``DataError`` or ``LxcHostError``); ``plan_container`` plans one container from its state
-(``shell/lxchost/facts.LxcContainerState``'s dict). The shell fetches, calls these, and
+(``lxchost/facts.LxcContainerState``'s dict). The shell fetches, calls these, and
 applies the plans only once every container of the host is planned: bad data, a host
 without the NVIDIA module, conflicting hand-written lines or a missing container without a
 base image stop the run before anything is changed.
@@ -62,7 +62,7 @@ def check_data(data: Mapping[str, Any]) -> tuple[tuple[ContainerSpec, ...], str,
 
 def read_host(data: Mapping[str, Any], raw: Mapping[str, str]) -> HostInfo:
     """DATA (the LXC host's data: ``lxc_containers``, ``lxc_path``, ``lxc_record_dir``) and
-    RAW (``shell/lxchost/facts.HOST_SECTIONS``' outputs by name) -> ``HostInfo``. Raises
+    RAW (``lxchost/facts.HOST_SECTIONS``' outputs by name) -> ``HostInfo``. Raises
     ``DataError`` on bad data and ``LxcHostError`` when the host cannot pass GPUs in (no
     NVIDIA module, nodes missing or stale: ``facts.check_host``) or lacks a container's
     manager."""

@@ -1,0 +1,317 @@
+"""Everything this project does to pyinfra, in one object: ``PyinfraIntegration``.
+
+``config.py`` calls ``hooks.install(state)``, which is ``hooks.INTEGRATION.install(state)``;
+nothing else in the package changes pyinfra. ``install`` is idempotent (a second call on the
+same State does nothing; the process-wide parts are checked before they are applied). What it
+does, each with what it replaces, why, and how to remove it:
+
+1. **Speed-ups** (``pyinfrafast``; pinned pyinfra only, ``PYINFRA_VERSION``): three of
+   pyinfra's functions are replaced, in every module that looks them up (``SPEEDUPS``), by
+   functions that return the same values. Why: they halve the controller's CPU on a no-op
+   deploy: 59 ms per host with them, 121 ms without (32 hosts; 16 hosts: 90 vs 154 ms;
+   docs/performance.md, "pyinfrafast removed vs kept"). Round trips and bytes are the same
+   either way. docs/design.md, "What is done to pyinfra", words each as an upstream issue.
+   On any other pyinfra version they are left out and ``install`` says so once on stderr
+   (``speedups_off_warning``); ``tests/unit/test_integration.py`` fails when the installed
+   pyinfra is not the pin of pyproject.toml and uv.lock, or when the source of a replaced
+   function or of one of its callers differs from what was checked (``Replacement``).
+   Remove: delete ``install_speedups()`` from ``install`` (and pyinfrafast.py).
+2. **State.init wrapped** (``_wrap_init``): as soon as pyinfra has the inventory, and before
+   ``connect_all``, the run's per-run objects are attached to the State (``PerRun``:
+   ``attach`` at the start, ``release`` once the last connected host disconnected), the
+   run's callback handlers are added, every host's data is checked (``check``; an input
+   error ends the run as one: ``inputerror``), and the State is marked checked
+   (``is_checked``: deploy files refuse to run on a State that is not). Why: pyinfra has
+   no hook between building the inventory and connecting. Remove: only with the data
+   checks, which would then happen on the first operation, after connecting.
+3. **--limit of a group name** (``select``, called before pyinfra's own ``init``): a
+   multi-node group's name selects its nodes. Remove: drop ``select`` (the name must then
+   be a pyinfra group).
+4. **gevent's hub** (``install_hub_errors``): ``ToolError`` (our typed errors as pyinfra's
+   kind) is added to the hub's ``NOT_ERROR``, so that one raised in a connecting greenlet is
+   reported by pyinfra's CLI as an error, not printed by gevent as a traceback first. Remove:
+   delete the call; such an error then shows a traceback before pyinfra's message.
+5. **Log records** (``install_log_filters``, on pyinfra's logger): ``TypedErrorsWithoutTraceback``
+   keeps only the text of our typed errors raised in a ``python.call`` (pyinfra logs the
+   traceback and ``Unexpected error in Python callback: X(...)``); ``NoLimitWarnings`` drops
+   ``No host matches found for --limit pattern`` (the pattern may be a group's name, and a
+   pattern matching nothing stops the run with its own error). Remove: delete the call; the
+   output then carries those lines again. The test checks that pyinfra still logs both.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import gevent
+from pyinfra import logger
+from pyinfra.api.state import BaseStateCallback
+
+from sglang_deploy.core import errors
+from sglang_deploy.integration import pyinfrafast
+from sglang_deploy.integration.pyinfraerror import ToolError, translated
+
+#: the pyinfra version the speed-ups were checked against (pyproject.toml and uv.lock pin it)
+PYINFRA_VERSION = "3.10.0"
+
+
+# ---------------------------------------------------------------------------- the speed-ups
+@dataclass(frozen=True)
+class Replacement:
+    """pyinfra's ``ORIGINAL`` (module.function, whose source hashes to ``SHA256``, the first 16
+    hex digits) replaced by ``BY`` as the global ``NAME`` of each module of ``WHERE``, which
+    look it up when called: ``CALLERS`` (module.function: source sha256) are the functions
+    that do, checked too, so that a pyinfra that stops looking the name up is noticed."""
+
+    name: str
+    by: Callable
+    original: str
+    sha256: str
+    where: tuple[str, ...]
+    callers: tuple[tuple[str, str], ...]
+
+
+SPEEDUPS = (
+    Replacement("get_operation_order_from_stack", pyinfrafast.from_caller,
+                "pyinfra.api.util.get_operation_order_from_stack", "af13fe995eb540e3",
+                ("pyinfra.api.operation",),
+                (("pyinfra.api.operation.solve_operation_consistency", "3c54b98d907af8d1"),)),
+    Replacement("all_global_arguments", pyinfrafast.global_arguments,
+                "pyinfra.api.arguments.all_global_arguments", "e2f365132720e833",
+                ("pyinfra.api.arguments", "pyinfra.api.facts"),
+                (("pyinfra.api.arguments.pop_global_arguments", "acc87f2f3d5006e4"),)),
+    Replacement("pop_global_arguments", pyinfrafast.pop_global_arguments,
+                "pyinfra.api.arguments.pop_global_arguments", "acc87f2f3d5006e4",
+                ("pyinfra.api.operation", "pyinfra.api.deploy", "pyinfra.api.facts"),
+                (("pyinfra.api.operation._wrap_operation", "ab90364ac758c3c8"),
+                 ("pyinfra.api.deploy._wrap_deploy", "925e8ce06b2ddf3c"),
+                 ("pyinfra.api.facts._handle_fact_kwargs", "b4b78457792bca21"))),
+)
+
+
+def _places() -> list[tuple[Any, str, Callable]]:
+    """(module, name, replacement) of every place the speed-ups go."""
+    # imported for sys.modules: pyinfra.api.operation and .deploy are also decorators' names
+    import pyinfra.api.arguments
+    import pyinfra.api.deploy
+    import pyinfra.api.facts
+    import pyinfra.api.operation  # noqa: F401
+
+    return [(sys.modules[m], r.name, r.by) for r in SPEEDUPS for m in r.where]
+
+
+def installed_version() -> str:
+    import pyinfra
+
+    return str(getattr(pyinfra, "__version__", "unknown"))
+
+
+def install_speedups(version: str | None = None) -> bool:
+    """Put the speed-ups in place when the installed pyinfra (VERSION) is the pin and every
+    place still exists; True when they are in place (a second call changes nothing)."""
+    places = _places()
+    if all(getattr(module, name, None) is by for module, name, by in places):
+        return True
+    if (version or installed_version()) != PYINFRA_VERSION or not all(
+            hasattr(module, name) for module, name, _ in places):
+        return False
+    for module, name, by in places:
+        setattr(module, name, by)
+    return True
+
+
+def speedups_off_warning(version: str) -> str:
+    return (f"sglang-deploy: warning: pyinfra {version} is installed, this project pins and "
+            f"tests {PYINFRA_VERSION}: its speed-ups of pyinfra (integration/pyinfrafast.py) are off, "
+            "so the controller spends about twice the CPU per host; the deploy itself is "
+            f"unchanged (fix: install the pin, `uv sync --frozen`, or recheck the speed-ups "
+            f"against {version}: tests/unit/test_integration.py)")
+
+
+# ------------------------------------------------------------------ gevent's hub, log records
+def install_hub_errors() -> None:
+    """A ``ToolError`` raised in a greenlet is not an error for gevent's hub to print."""
+    hub = gevent.get_hub()
+    if ToolError not in hub.NOT_ERROR:
+        hub.NOT_ERROR = (*hub.NOT_ERROR, ToolError)
+
+
+class TypedErrorsWithoutTraceback(logging.Filter):
+    """pyinfra logs an exception raised in a Python callback (``python.call``) as a traceback,
+    then `Unexpected error in Python callback: X(...)`. For this tool's typed errors the
+    traceback is noise: keep only the error's own text (expected / found / fix)."""
+
+    _tail = re.compile(r"^sglang_deploy\.core\.errors\.\w+: ", re.MULTILINE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - never break logging
+            return True
+        if text.startswith("Traceback (most recent call last):"):
+            m = self._tail.search(text)
+            if m:
+                record.msg, record.args = text[m.end():], ()
+            return True
+        return not ("Unexpected error in Python callback: " in text
+                    and any(f": {name}(" in text for name in errors.__all__))
+
+
+class NoLimitWarnings(logging.Filter):
+    """pyinfra's `No host matches found for --limit pattern: X` comes before the hooks know
+    the inventory: X may be a multi-node group's name (``hooks._group_limit``), and a pattern
+    that matches nothing stops the run with its own error (``hooks.check_selection``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return "No host matches found for --limit pattern" not in record.getMessage()
+        except Exception:  # noqa: BLE001 - never break logging
+            return True
+
+
+LOG_FILTERS = (TypedErrorsWithoutTraceback, NoLimitWarnings)
+
+
+def install_log_filters() -> None:
+    """Each of ``LOG_FILTERS`` once on pyinfra's logger."""
+    present = {type(f) for f in logger.filters}
+    for kind in LOG_FILTERS:
+        if kind not in present:
+            logger.addFilter(kind())
+
+
+# ------------------------------------------------------------------------- per-run objects
+@dataclass(frozen=True)
+class RunStart:
+    """What a per-run setup gets: the run's State and inventory, the hosts selected (None:
+    all), pyinfra's folder, whether the run is ``--dry``, and each host's Settings as checked
+    (host name -> Settings; None before the check)."""
+
+    state: Any
+    inventory: Any
+    initial_limit: Any
+    cwd: str | None
+    dry: bool
+    settings: dict | None = None
+
+
+@dataclass(frozen=True)
+class PerRun:
+    """One per-run object of a pyinfra run. ``attach(run)`` makes it and puts it on
+    ``run.state`` when the run starts (after every host's data was checked when ``checked``,
+    with ``run.settings``; before, without); it returns a pyinfra callback handler to add to
+    the run, or None. ``release(state)``, if any, drops it once the run's last connected host
+    disconnected (``ReleasePerRun``): nothing of a run outlives it."""
+
+    name: str
+    attach: Callable[[RunStart], BaseStateCallback | None]
+    release: Callable[[Any], None] | None = None
+    checked: bool = True
+
+
+class ReleasePerRun(BaseStateCallback):
+    """Each ``PerRun.release`` of the run, once its last connected host disconnects."""
+
+    def __init__(self, per_run: tuple[PerRun, ...]) -> None:
+        self.per_run = per_run
+        self.connected: set[str] = set()
+
+    def host_connect(self, state, host):  # type: ignore[override]
+        self.connected.add(host.name)
+
+    def host_disconnect(self, state, host):  # type: ignore[override]
+        self.connected.discard(host.name)
+        if not self.connected:
+            for each in self.per_run:
+                if each.release is not None:
+                    each.release(state)
+
+
+#: the attribute of a State whose run was checked (``is_checked``)
+CHECKED_ATTR = "_sglang_deploy_checked"
+#: the attribute of a State the integration is installed on (``install`` is idempotent)
+INSTALLED_ATTR = "_sglang_deploy_integration"
+
+
+def is_checked(state) -> bool:
+    """True once STATE's run has checked its hosts (the wrapped ``State.init``)."""
+    return bool(getattr(state, CHECKED_ATTR, False))
+
+
+def cli_params() -> dict:
+    """The arguments of the running pyinfra command line (click's context: ``inventory``,
+    ``limit``...), or {} outside the pyinfra CLI."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.params) if ctx is not None else {}
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ the object
+@dataclass(frozen=True)
+class PyinfraIntegration:
+    """Everything done to pyinfra (the module docstring), for one project: HANDLERS makes the
+    run's callback handlers (given the ``ReleasePerRun`` to place among them), PER_RUN the
+    run's per-run objects, SELECT turns pyinfra's initial limit into the run's, CHECK checks
+    the run (``RunStart``) before any connection and returns each host's Settings."""
+
+    handlers: Callable[[BaseStateCallback], list]
+    per_run: tuple[PerRun, ...]
+    select: Callable[[Any, Any], Any]
+    check: Callable[[RunStart], dict]
+
+    def install(self, state, warn: Callable[[str], None] = _stderr) -> None:
+        """Install everything on STATE (before ``State.init``: config.py). Once per State;
+        WARN is told once, in that first call, when the speed-ups are off."""
+        if getattr(state, INSTALLED_ATTR, None) is self:
+            return
+        version = installed_version()
+        if not install_speedups(version):  # before any operation is added
+            warn(speedups_off_warning(version))
+        install_log_filters()
+        install_hub_errors()
+        self._wrap_init(state)
+        setattr(state, INSTALLED_ATTR, self)
+
+    def _wrap_init(self, state) -> None:
+        original = state.init
+
+        @translated()
+        def init(inventory, config, initial_limit=None, **kwargs):
+            initial_limit = self.select(inventory, initial_limit)
+            result = original(inventory, config, initial_limit=initial_limit, **kwargs)
+            self.start(RunStart(state, inventory, initial_limit, state.cwd,
+                                dry=bool(cli_params().get("dry"))))
+            return result
+
+        state.init = init
+
+    def start(self, run: RunStart) -> None:
+        """The run's handlers and per-run objects on its State, its hosts checked (a typed
+        input error ends the run as one, exit status 2: ``inputerror``), the State marked."""
+        from sglang_deploy.integration import inputerror
+
+        before = [p.attach(run) for p in self.per_run if not p.checked]
+        # the handlers first: a per-run recorder comes last and sees what they noted
+        for handler in [*self.handlers(ReleasePerRun(self.per_run)), *before]:
+            if handler is not None:
+                run.state.add_callback_handler(handler)
+        try:
+            run = replace(run, settings=self.check(run))
+            for each in self.per_run:
+                if each.checked and (handler := each.attach(run)) is not None:
+                    run.state.add_callback_handler(handler)
+        except errors.SglangDeployError as exc:
+            if not inputerror.is_input_error(exc):
+                raise
+            raise inputerror.InputError(exc) from exc
+        setattr(run.state, CHECKED_ATTR, True)

@@ -1,0 +1,258 @@
+"""A multi-node group's decision, made while its nodes are prepared (``core.restart``).
+
+The first node of a group that pyinfra prepares reads every node's facts (its own and its
+peers', ``peer.get_fact``) and makes the group's decision, once per run (kept on the group's
+run, ``groupops.GroupRun.decision``): each node's restart reasons from its host state and its
+Settings (``node_view``, the same ``restart.decide`` a single host's follows), the group
+restarting when any node has one, and every node's card for the rendezvous. So every node
+adds the same operations with static conditions, whatever order pyinfra prepares them in.
+
+pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
+decision reads is read once per host in one run, whichever node asks first, through
+``facts.read_host_state`` (kept for the run on the Host, where the operations find the host
+state too); ``fact`` reads the CUDA probe and the patch status afresh once the operations
+execute (a retest is never an answer kept from the preparation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from pyinfra.api.state import StateStage
+
+from sglang_deploy.controller import routing
+from sglang_deploy.core import data as datamod
+from sglang_deploy.core import group as groupmod
+from sglang_deploy.core import modelfetch, nvsmi, preflight, restart, service, watchdogunit
+from sglang_deploy.core import patch as patchmod
+from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
+from sglang_deploy.core.hoststate import HostState
+from sglang_deploy.core.service import Layout
+from sglang_deploy.core.unit import render_secrets_env
+from sglang_deploy.hostops.facts import (
+    CudaProbe,
+    HostSnapshot,
+    PatchStatus,
+    SglangHostState,
+    Snapshot,
+    read_host_state,
+)
+from sglang_deploy.integration import plan
+from sglang_deploy.stages import staging
+from sglang_deploy.stages.group import groupops
+
+#: (release id, sglang version, lock text): the group's release (``core.group.SAME``)
+Release = tuple[str, str, str]
+
+
+def fact(h, cls, **kwargs):
+    """H's fact CLS(KWARGS), read once per run while the operations are prepared (a peer's
+    fact read by another node's preparation is not read again by its own); while they
+    execute, read afresh."""
+    if h.state.current_stage >= StateStage.Execute:
+        return h.get_fact(cls, **kwargs)
+    return read_host_state(h, cls, **kwargs)  # the run's one store of reads, on the Host
+
+
+def snapshot(h, s: datamod.Settings, release_id: str) -> Snapshot:
+    """H's ``HostSnapshot`` (the pre-flight's one round trip), for Settings S and the release:
+    read once in H's run (``facts.read_host_state``, where the operations find it too)."""
+    lay = Layout.of(s)
+    return read_host_state(h, HostSnapshot, root=s.sglang_root, service=s.sglang_service,
+                model=s.sglang_model_path, secrets=lay.secrets_file,
+                python=s.sglang_system_python, cache=s.sglang_cache_dir,
+                paths=(*lay.state_paths(release_id), staging.record_path(lay, release_id),
+                       *watchdogunit.managed_paths(s.sglang_root)),
+                route_to=s.sglang_dist_init_addr if s.sglang_group else None,
+                watchdog=watchdogunit.STATE_DIR)
+
+
+def probe(h, s: datamod.Settings, kind: str):
+    """H's CUDA probe of KIND ("p2p" or "basic"; ``preflight.probe_plan``)."""
+    return fact(h, CudaProbe, python=s.sglang_system_python, p2p=kind == "p2p",
+                mib=s.gpu_p2p_test_mib)
+
+
+def expectations(s: datamod.Settings) -> preflight.Expectations:
+    return preflight.Expectations(count=s.gpu_expected_count, model=s.gpu_expected_model,
+                                  min_driver=s.gpu_min_driver, p2p_policy=s.gpu_p2p_policy,
+                                  min_gbps=s.gpu_p2p_min_gbps)
+
+
+def model_revision(s: datamod.Settings, hs: HostState) -> tuple[datamod.Settings, HostState]:
+    """S and HS for a new model revision (``staging.model_revision``: its own folder beside
+    the one that serves), the same on the node itself and on its peers."""
+    s, model = staging.model_revision(s, hs.model)
+    return s, dataclasses.replace(hs, model=model)
+
+
+def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> tuple[dict, bool]:
+    """The NCCL environment H's pre-flight gives its unit (``stages.preflight_stage``), and
+    whether its pre-flight skipped the peer copies (a server ran: ``preflight.probe_plan``)."""
+    hs = snap.state
+    record = hs.p2p_verified
+    kind = preflight.probe_plan(hs.service, hs.last_verified, record,
+                                s.gpu_p2p_test, read_only=plan.read_only())
+    result = probe(h, s, kind) if kind != "none" else None
+    _, env, _ = preflight.evaluate(snap.gpu, result, expectations(s))
+    if kind != "p2p" and record:
+        _, env = preflight.use_p2p_record([], env, record, s.sglang_service, s.gpu_p2p_policy)
+    return env, kind != "p2p"
+
+
+def patch_status(h, s: datamod.Settings, hs: HostState, release_id: str) -> dict | None:
+    """The autotune patch's status on H's release (``stages.autotune_patch``): its record
+    when the file is still the one it describes, else read on the host; None: no venv yet."""
+    rel = hs.releases.get(release_id)
+    if rel is None or not rel.complete:
+        return None
+    lay = Layout.of(s)
+    return patchmod.status_from_record(rel.patch, rel.patch_file_sha256) \
+        or fact(h, PatchStatus, python=lay.venv_python(release_id),
+                site=lay.site(release_id, hs.platform.python), tool=lay.tool("patch_tool.py"))
+
+
+def patch_state(s: datamod.Settings, status: dict | None) -> str:
+    if not s.sglang_autotune_patch:
+        return "disabled"
+    found = (status or {}).get("state")
+    return "applied" if found in (None, "", "needed") else found
+
+
+def changing(s: datamod.Settings, hs: HostState, release_id: str, status: dict | None
+             ) -> tuple[str, ...]:
+    """Of ``restart.TRIGGERS``, what this run changes on the host (``restart.changing``: as
+    its release, patch and model operations decide), from its facts."""
+    return restart.changing(
+        release_complete=hs.releases.complete(release_id), patch_enabled=s.sglang_autotune_patch,
+        patch_state=(status or {}).get("state"), model_download=s.sglang_model_download,
+        model_complete=modelfetch.model_complete(hs.model, s.sglang_model_path))
+
+
+def wanted(s: datamod.Settings, release: Release, unit_text: str, changes: tuple[str, ...],
+           copies_skipped: bool) -> restart.Wanted:
+    """What this run gives a host (``restart.Wanted``): its unit text, its secrets, the
+    release and launch argv, the triggers it changes (CHANGES) and whether its pre-flight
+    skipped the peer copies."""
+    lay = Layout.of(s)
+    return restart.Wanted(unit_text=unit_text, secrets_text=render_secrets_env(s.secrets),
+                          release=release[0],
+                          argv=tuple(service.launch_argv(s, lay, release[0])),
+                          changing=changes, p2p_skipped=copies_skipped)
+
+
+def driver(snap: Snapshot) -> str | None:
+    query = ((snap.gpu or {}).get("query-gpu.csv") or {}).get("out") or ""
+    rows = nvsmi.parse_query_csv(query) if query.strip() else []
+    return rows[0].get("driver_version") if rows else None
+
+
+#: UNIT_OF(settings, host state, release, NCCL env, group env, patch state) -> unit text
+UnitOf = Callable[[datamod.Settings, HostState, Release, dict, dict, str], str]
+
+
+def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_of: UnitOf
+              ) -> tuple[restart.Facts, restart.Wanted, dict]:
+    """Node H's state, what this run renders for it, and its card, from its facts alone."""
+    snap = snapshot(h, s, release[0])
+    hs = snap.state
+    if hs is None:
+        raise RuntimeSetupError(
+            what=f"the host state of {h.name}, node of group {g.name}, to decide the group's "
+                 f"restart ({s.sglang_system_python} hoststate.py printing JSON)",
+            found="\n".join((snap.output or "").strip().splitlines()[-5:]) or "no output",
+            fix=f"check that `{s.sglang_system_python}` runs on {h.name} (its own error above)")
+    s, hs = model_revision(s, hs)
+    status = patch_status(h, s, hs, release[0])
+    ifname = s.sglang_nccl_socket_ifname or hs.route_dev
+    env, skipped = nccl_env(h, s, snap)
+    unit_text = unit_of(s, hs, release, env, groupmod.group_environment(ifname),
+                        patch_state(s, status))
+    facts = restart.Facts.of(hs, Layout.of(s).unit_file)
+    want = wanted(s, release, unit_text, changing(s, hs, release[0], status), skipped)
+    card = groupmod.card(h.name, g.rank_of(h.name), release[0], service.flag_map(s),
+                         driver(snap))
+    return facts, want, card
+
+
+def peers(state, g: groupmod.Group) -> list:
+    """The hosts of G's nodes in this run (a node outside the selection, on purpose:
+    ``SGLANG_DEPLOY_PARTIAL_GROUP``, is left out); a selected node that is not connected
+    fails the node being prepared, naming it, unless the run only reads (``status``,
+    ``--dry``: it is left out, and its own row says why it was not read; failing the node
+    would stop the whole read, every other host's row with it)."""
+    out = []
+    for name in g.members():
+        peer = state.inventory.get_host(name)
+        if not state.is_host_in_limit(peer):
+            continue
+        if not peer.connected and plan.read_only():
+            continue
+        if not peer.connected:
+            raise GroupPreflightError(
+                what=f"every node of group {g.name} connected ({', '.join(g.members())}): "
+                     "its decision to restart is made from every node's state",
+                found=f"{name} is not connected (its connection failed: above); nothing of "
+                      "the group was changed",
+                fix=f"make {name} reachable (its own error above; `ssh "
+                    f"{peer.data.get('ssh_hostname') or name}`) and re-run the deploy, or leave the "
+                    f"whole group out of this run (`--exclude` each of its nodes)")
+        out.append(peer)
+    return out
+
+
+def decide(state, g: groupmod.Group, release: Release, unit_of: UnitOf
+           ) -> tuple[restart.GroupDecision, dict[str, dict]]:
+    """The deploy's decision for G and every node's card, from every node's facts: made once
+    per run, by the first node prepared (kept on G's run, ``groupops.GroupRun``)."""
+    run = groupops.run_of(state, g)
+    if run.decision is None:
+        facts, wanted_, cards = {}, {}, {}
+        for peer in peers(state, g):
+            s = routing.settings_of(peer, state)
+            facts[peer.name], wanted_[peer.name], cards[peer.name] = node_view(
+                peer, s, g, release, unit_of)
+        nodes = [n for n in g.members() if n in facts]
+        run.decision = (restart.decide_group(nodes, facts, wanted_), cards)
+    return run.decision
+
+
+def rollback_hoststate(h, s: datamod.Settings) -> HostState:
+    """H's host state as the rollback reads it (once in H's run: ``facts.read_host_state``)."""
+    return read_host_state(h, SglangHostState, root=s.sglang_root, service=s.sglang_service,
+                secrets=Layout.of(s).secrets_file, python=s.sglang_system_python,
+                gpu_health=True)
+
+
+def node_states(state, g: groupmod.Group, release_id: str, rollback: bool = False
+                ) -> list[tuple[str, datamod.Settings, HostState | None]]:
+    """(name, Settings, host state) of every node of G in this run: the pre-flight's read of
+    each (``snapshot``), or with ROLLBACK the rollback's (read once per run either way)."""
+    out = []
+    for peer in peers(state, g):
+        s = routing.settings_of(peer, state)
+        hs = rollback_hoststate(peer, s) if rollback else snapshot(peer, s, release_id).state
+        out.append((peer.name, s, hs))
+    return out
+
+
+def decide_rollback(state, g: groupmod.Group
+                    ) -> tuple[restart.GroupDecision, dict[str, dict]]:
+    """The rollback's decision for G (a node that restores something or does not serve
+    restarts the group) and every node's card (its known-good release), from every node's
+    facts; a node with nothing to roll back to fails the rollback (``RollbackError``)."""
+    run = groupops.run_of(state, g)
+    if run.decision is None:  # once per run, by the first node prepared
+        restarts, running, cards = {}, {}, {}
+        for peer in peers(state, g):
+            s = routing.settings_of(peer, state)
+            hs = rollback_hoststate(peer, s)
+            rb = service.rollback_plan(peer.name, hs, s.sglang_root)
+            restarts[peer.name] = rb.restart
+            running[peer.name] = hs.service.up
+            cards[peer.name] = groupmod.card(peer.name, g.rank_of(peer.name),
+                                             rb.params["release"], {}, None)
+        nodes = [n for n in g.members() if n in restarts]
+        run.decision = (restart.rollback_group(nodes, restarts, running), cards)
+    return run.decision
