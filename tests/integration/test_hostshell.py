@@ -96,7 +96,7 @@ def test_journal_since_last_start_holds_only_the_last_run(testbed, host):
         host, f"journalctl _PID={after} --no-pager -o cat").stdout, timeout=120)
     # in a child process: reading the inventory imports pyinfra's CLI (gevent's monkey-patching)
     r = subprocess.run([sys.executable, "-c",
-                        ("import sys; from sglang_deploy.shell import hostshell; "
+                        ("import sys; from sglang_deploy.controller import hostshell; "
                         "sys.stdout.write(hostshell.journal_since_last_start(sys.argv[1], sys.argv[2]))"),
                         str(testbed.inventory), host], check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
