@@ -18,6 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sglang_deploy.core.hostrecords import Hardening
+
 if TYPE_CHECKING:
     from sglang_deploy.core.smoke import SmokeError
 
@@ -134,17 +136,17 @@ def record(sandbox: Mapping[str, Any], release: str, checked_at: str) -> dict[st
             "cuda": dict(sandbox.get("cuda") or {})}
 
 
-def summary(rec: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def summary(rec: Hardening | None) -> dict[str, Any] | None:
     """For ``status --json``: ``in_force``, ``not_in_force`` (name, why, fix, found),
     ``unknown`` and when it was checked; None when no smoke ran under the sandbox yet."""
-    if not rec:
+    if rec is None:
         return None
-    props = rec.get("properties") or []
-    return {"checked_at": rec.get("checked_at"), "release": rec.get("release"),
-            "in_force": [p["name"] for p in props if p.get("in_force") is True],
-            "not_in_force": [{k: p.get(k) for k in ("name", "found", "why", "fix")}
-                             for p in props if p.get("in_force") is False],
-            "unknown": [p["name"] for p in props if p.get("in_force") is None]}
+    props = rec.properties
+    return {"checked_at": rec.checked_at, "release": rec.release,
+            "in_force": [p.name for p in props if p.in_force is True],
+            "not_in_force": [{"name": p.name, "found": p.found, "why": p.why, "fix": p.fix}
+                             for p in props if p.in_force is False],
+            "unknown": [p.name for p in props if p.in_force is None]}
 
 
 def lines(host: str, hardening: Mapping[str, Any] | None) -> list[str]:

@@ -20,16 +20,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from sglang_deploy.core import hostrecords as hr
+from sglang_deploy.core.hostrecords import (
+    GpuHealthRead,
+    Hardening,
+    KnownGood,
+    LastVerified,
+    Memory,
+    ModelState,
+    P2PVerified,
+    PatchRecord,
+)
+
 
 def _text(value: object) -> str | None:
     """A ``systemctl show`` value: "" (not set) as None."""
     return str(value) if value not in (None, "") else None
-
-
-def _record(value: object) -> dict[str, Any] | None:
-    """A record the host keeps (JSON object), as a plain dict of its own: records are handed
-    on as they are (the known-good one becomes the rollback's verify params, JSON again)."""
-    return dict(value) if isinstance(value, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,64 @@ class ServiceState:
         return f"{self.active_state or '?'}/{self.sub_state or '?'}"
 
 
+# ---------------------------------------------------------------------------------------
+# sglang-watchdog (its unit, state.json and last events)
+
+
+@dataclass(frozen=True)
+class WatchdogEvent:
+    action: str | None = None
+    at: float | None = None  # epoch seconds
+    at_iso: str | None = None
+    verdict: str | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    #: the event as the watchdog wrote it (``status --json`` shows the last one so)
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: object) -> WatchdogEvent | None:
+        rec = hr.obj(raw)
+        if rec is None:
+            return None
+        return cls(action=hr.text(rec.get("action")), at=hr.number(rec.get("at")),
+                   at_iso=hr.text(rec.get("at_iso")), verdict=hr.text(rec.get("verdict")),
+                   outcome=hr.text(rec.get("outcome")), reason=hr.text(rec.get("reason")),
+                   raw=hr.frozen(rec))
+
+
+@dataclass(frozen=True)
+class WatchdogObservation:
+    """``state.json``: the watchdog's last verdict and when (epoch seconds)."""
+
+    verdict: str | None = None
+    at: float | None = None
+
+    @classmethod
+    def from_json(cls, raw: object) -> WatchdogObservation:
+        rec = hr.obj(raw) or {}
+        return cls(verdict=hr.text(rec.get("verdict")), at=hr.number(rec.get("at")))
+
+
+@dataclass(frozen=True)
+class WatchdogRead:
+    service: ServiceState = field(default_factory=ServiceState)
+    state: WatchdogObservation = field(default_factory=WatchdogObservation)
+    events: tuple[WatchdogEvent, ...] = ()  # oldest first
+    now: float | None = None  # the host's clock when read
+
+    @classmethod
+    def from_json(cls, raw: object) -> WatchdogRead | None:
+        rec = hr.record(raw)
+        if rec is None:
+            return None
+        events = rec.get("events")
+        found = [WatchdogEvent.from_json(e) for e in events] if isinstance(events, list) else []
+        return cls(service=ServiceState.from_json(hr.obj(rec.get("service"))),
+                   state=WatchdogObservation.from_json(rec.get("state")),
+                   events=tuple(e for e in found if e is not None), now=hr.number(rec.get("now")))
+
+
 @dataclass(frozen=True)
 class PathState:
     """One managed path as the host-state read found it (``hoststate.path_state``)."""
@@ -145,7 +209,7 @@ class Release:
     complete: bool = False
     sglang_version: str | None = None
     installed_at: str | None = None
-    patch: Mapping[str, Any] | None = None  # autotune-patch.json
+    patch: PatchRecord | None = None  # autotune-patch.json
     patch_file_sha256: str | None = None
     server_args_sha256: str | None = None
     #: the release's record as the host reported it (release.json and the fields above)
@@ -156,7 +220,7 @@ class Release:
         raw = dict(raw or {})
         return cls(id=rid, complete=bool(raw.get("complete")),
                    sglang_version=raw.get("sglang_version"), installed_at=raw.get("installed_at"),
-                   patch=_record(raw.get("patch")), patch_file_sha256=raw.get("patch_file_sha256"),
+                   patch=PatchRecord.from_json(raw.get("patch")), patch_file_sha256=raw.get("patch_file_sha256"),
                    server_args_sha256=raw.get("server_args_sha256"), meta=raw)
 
 
@@ -166,7 +230,7 @@ class Releases:
 
     installed: Mapping[str, Release] = field(default_factory=dict)
     current: str | None = None
-    known_good: Mapping[str, Any] | None = None  # record (verify params), unit/secrets sha256
+    known_good: KnownGood | None = None  # record (verify params), unit/secrets sha256
 
     def get(self, release_id: str) -> Release | None:
         return self.installed.get(release_id)
@@ -176,7 +240,7 @@ class Releases:
 
     @property
     def known_good_release(self) -> str | None:
-        return ((self.known_good or {}).get("record") or {}).get("release")
+        return self.known_good.release if self.known_good is not None else None
 
     def metas(self) -> dict[str, Mapping[str, Any]]:
         """Release id -> its record as reported (what pruning reads: ``installed_at``)."""
@@ -203,21 +267,21 @@ class HostState:
     uv_version: str | None = None
     secrets_sha256: str | None = None
     unit_sha256: str | None = None
-    last_verified: Mapping[str, Any] | None = None
-    p2p_verified: Mapping[str, Any] | None = None
-    hardening: Mapping[str, Any] | None = None
-    model: Mapping[str, Any] | None = None  # the model folder (``hoststate.model_state``)
-    #: with the model: MemAvailable and MemTotal in bytes (``available``, ``total``)
-    memory: Mapping[str, Any] | None = None
+    last_verified: LastVerified | None = None
+    p2p_verified: P2PVerified | None = None
+    hardening: Hardening | None = None
+    model: ModelState | None = None  # the model folder (``hoststate.model_state``)
+    #: with the model: MemAvailable and MemTotal in bytes
+    memory: Memory | None = None
     cache_files: int | None = None
     route_dev: str | None = None  # a group's node: the interface toward its rank 0
     monotonic_now: float | None = None
     #: the GPU health read's raw answers (``core.gpuhealth.evaluate`` judges them); None: not
     #: asked for (``--gpu-health``) or not brought back
-    gpu_health: Mapping[str, Any] | None = None
+    gpu_health: GpuHealthRead | None = None
     #: sglang-watchdog's unit (``systemctl show``), ``state`` and last ``events``; None: not
     #: asked for (``--watchdog``)
-    watchdog: Mapping[str, Any] | None = None
+    watchdog: WatchdogRead | None = None
     #: the object as printed (the wire form, for what stores it as it is: the plan's record)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -232,24 +296,33 @@ class HostState:
             releases=Releases(
                 installed=MappingProxyType({rid: Release.from_json(rid, meta)
                                             for rid, meta in rels.items()}),
-                current=raw.get("current"), known_good=_record(raw.get("known_good"))),
+                current=raw.get("current"), known_good=KnownGood.from_json(raw.get("known_good"))),
             paths=MappingProxyType({p: PathState.from_json(v)
                                     for p, v in (raw.get("paths") or {}).items()}),
             platform=Platform(python=raw.get("python"), glibc=raw.get("glibc")),
             users=frozenset(raw.get("users") or ()), uv_version=raw.get("uv_version"),
             secrets_sha256=raw.get("secrets_sha256"), unit_sha256=raw.get("unit_sha256"),
-            last_verified=_record(raw.get("last_verified")),
-            p2p_verified=_record(raw.get("p2p_verified")), hardening=_record(raw.get("hardening")),
-            model=_record(raw.get("model")), memory=_record(raw.get("memory")),
+            last_verified=LastVerified.from_json(raw.get("last_verified")),
+            p2p_verified=P2PVerified.from_json(raw.get("p2p_verified")),
+            hardening=Hardening.from_json(raw.get("hardening")),
+            model=ModelState.from_json(raw.get("model")), memory=Memory.from_json(raw.get("memory")),
             cache_files=raw.get("cache_files"),
             route_dev=raw.get("route_dev"), monotonic_now=raw.get("monotonic_now"),
-            gpu_health=_record(raw.get("gpu_health")), watchdog=_record(raw.get("watchdog")),
+            gpu_health=GpuHealthRead.from_json(raw.get("gpu_health")),
+            watchdog=WatchdogRead.from_json(raw.get("watchdog")),
             raw=raw)
 
     @property
     def verified_invocation(self) -> str | None:
         """The ``InvocationID`` the last deploy verified (``last-verified.json``)."""
-        return (self.last_verified or {}).get("invocation") or None
+        return self.last_verified.invocation if self.last_verified is not None else None
+
+    @property
+    def previous_restart(self) -> Mapping[str, Any] | None:
+        """The last restart ``last-verified.json`` keeps, as recorded (a run that restarts
+        nothing keeps it so: ``core.restart.last_restart``)."""
+        lv = self.last_verified
+        return lv.last_restart.raw if lv is not None and lv.last_restart is not None else None
 
     @property
     def runs_verified(self) -> bool:

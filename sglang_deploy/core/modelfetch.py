@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_deploy.core.errors import ModelError
+from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.core.preflight import check_model
 from sglang_deploy.core.staging import DISK_HEADROOM_BYTES, model_disk_error
 
@@ -40,35 +41,34 @@ class FetchSpec:
     headroom: int = DISK_HEADROOM_BYTES
 
 
-def model_complete(model: Mapping[str, Any] | None, path: str) -> bool:
+def model_complete(model: ModelState | None, path: str) -> bool:
     """True when the folder holds config.json and every shard its index names, full size."""
-    return check_model(model or {}, path)[0].status == "pass"
+    return check_model(model, path)[0].status == "pass"
 
 
 def revision_dir(path: str, repo: str | None, revision: str,
-                 model: Mapping[str, Any] | None) -> str:
+                 model: ModelState | None) -> str:
     """Where the deploy keeps revision REVISION of REPO: PATH itself when PATH holds it (its
     record, written by model_fetch.py, names them) or holds no record (a first download, a
     folder copied by hand or fetched before records: taken as it is, as before); else the
     sibling ``PATH@REV``, so that a new revision is downloaded (staged) beside the files that
     serve, which stay for a rollback until they are removed by hand. MODEL: the host-state
     read of PATH (``hoststate.model_state``)."""
-    fetched = (model or {}).get("fetched")
-    if not isinstance(fetched, Mapping) or (fetched.get("repo"), fetched.get("revision")) == (
-            repo, revision):
+    fetched = model.fetched if model is not None else None
+    if fetched is None or (fetched.repo, fetched.revision) == (repo, revision):
         return path
     slug = re.sub(r"[^A-Za-z0-9._-]", "_", revision)
     return f"{path.rstrip('/')}@{slug}"
 
 
-def state_of(model: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
+def state_of(model: ModelState | None, path: str) -> ModelState:
     """The host-state read of the model folder PATH, from the read of the configured folder
     (MODEL: itself, or one of its sibling revisions)."""
-    model = model or {}
-    if model.get("path") == path:
-        return dict(model)
-    got = (model.get("revisions") or {}).get(path.rsplit("/", 1)[-1])
-    return dict(got) if got else {"path": path, "exists": False}
+    if model is None:
+        return ModelState.absent(path)
+    if model.path == path:
+        return model
+    return model.revisions.get(path.rsplit("/", 1)[-1]) or ModelState.absent(path)
 
 
 RC_MARK = "@@model-fetch-rc="
@@ -130,7 +130,7 @@ def diagnose(spec: FetchSpec, result: Mapping[str, Any] | None, rc: int | None,
     """None when the download produced a complete model folder, else the error to raise."""
     what = f"the model {_where(spec)} downloaded completely into {spec.path}"
     if rc == TIMEOUT_RC and (result is None or result.get("ok") is not False):
-        model = (result or {}).get("model")
+        model = ModelState.from_json((result or {}).get("model"))
         return ModelError(
             what=what,
             found=f"the download did not finish within {spec.timeout_s} s"
@@ -155,7 +155,7 @@ def diagnose(spec: FetchSpec, result: Mapping[str, Any] | None, rc: int | None,
     if error:
         return ModelError(what=what, found=_error_found(error), fix=_error_fix(spec, error),
                           details={"error": dict(error)})
-    check = check_model(result.get("model") or {}, spec.path)[0]
+    check = check_model(ModelState.from_json(result.get("model")), spec.path)[0]
     if check.status != "pass":
         return ModelError(
             what=what,

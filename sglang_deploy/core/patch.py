@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
     from sglang_deploy.core.errors import PatchError
+    from sglang_deploy.core.hostrecords import PatchRecord
 
 
 class StandalonePatchError(Exception):
@@ -415,16 +416,17 @@ def analyse(source: str, relpath: str = "<source>", *, version: str | None = Non
     return result
 
 
-def status_from_record(record: object, file_sha256: str | None) -> dict[str, Any] | None:
+def status_from_record(record: PatchRecord | None, file_sha256: str | None
+                       ) -> dict[str, Any] | None:
     """What ``status --json`` would say, decided from a release's state record (see
     ``patch_tool.write_record``) when the patched file is still byte-for-byte the file the
     record describes (FILE_SHA256, its sha256 on the host now): ``already-applied`` after
     ``applied``/``already-applied``, ``enabled-upstream`` after ``enabled-upstream``. None
     when the record is absent, unknown or does not match: then ``status`` must read the file."""
-    if not isinstance(record, dict) or not file_sha256 or record.get("sha256_after") != file_sha256:
+    if record is None or not file_sha256 or record.sha256_after != file_sha256:
         return None
-    state = {APPLIED: ALREADY, ALREADY: ALREADY, UPSTREAM: UPSTREAM}.get(str(record.get("state")))
-    if state is None or not record.get("file"):
+    state = {APPLIED: ALREADY, ALREADY: ALREADY, UPSTREAM: UPSTREAM}.get(str(record.state))
+    if state is None or not record.file:
         return None
-    return {"state": state, "file": record["file"], "version": record.get("version"),
+    return {"state": state, "file": record.file, "version": record.version,
             "sha256": file_sha256, "from_record": True}

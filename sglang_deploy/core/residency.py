@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_deploy.core.hostrecords import Memory, ModelState
 from sglang_deploy.core.progress import size
 
 WARM = "warm"  # read the missing bytes in
@@ -40,21 +41,19 @@ class Residency:
     mem_total: int | None = None
 
     @classmethod
-    def of(cls, model: Mapping[str, Any] | None, memory: Mapping[str, Any] | None
-           ) -> Residency | None:
+    def of(cls, model: ModelState | None, memory: Memory | None) -> Residency | None:
         """From the host-state read's ``model`` (``hoststate.model_state``) and ``memory``;
         None when the folder has no shard on the host."""
-        shards = [s for s in ((model or {}).get("shards") or {}).values()
-                  if isinstance(s, Mapping) and s.get("exists") and s.get("size") is not None]
+        shards = [s for s in (model.shards.values() if model is not None else ())
+                  if s.exists and s.size is not None]
         if not shards:
             return None
-        known = [s.get("resident") for s in shards]
+        known = [s.resident for s in shards]
         resident = None if any(r is None for r in known) \
-            else sum(int(r) for r in known if r is not None)
-        memory = memory or {}
-        return cls(shard_bytes=sum(int(s["size"]) for s in shards), resident_bytes=resident,
-                   shards=len(shards), mem_available=_int(memory.get("available")),
-                   mem_total=_int(memory.get("total")))
+            else sum(r for r in known if r is not None)
+        memory = memory or Memory()
+        return cls(shard_bytes=sum(s.size or 0 for s in shards), resident_bytes=resident,
+                   shards=len(shards), mem_available=memory.available, mem_total=memory.total)
 
     @property
     def missing_bytes(self) -> int | None:
@@ -85,10 +84,6 @@ class Residency:
         return {"shard_bytes": self.shard_bytes, "resident_bytes": self.resident_bytes,
                 "percent": self.percent, "shards": self.shards,
                 "mem_available": self.mem_available, "mem_total": self.mem_total}
-
-
-def _int(value: object) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def margin_bytes(margin_pct: float, mem_total: int | None) -> int:

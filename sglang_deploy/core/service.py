@@ -297,18 +297,25 @@ def rollback_plan(host_name: str, hoststate: HostState, root: str) -> RollbackPl
             fix="nothing to roll back to: fix the cause and deploy it "
                 "(`pyinfra INVENTORY deploy.py --limit HOST`)",
             details={"reason": NO_KNOWN_GOOD})
-    params = kg["record"]
-    if not hoststate.releases.complete(params["release"]):
+    params, release = dict(kg.record), kg.release
+    if release is None:
         raise RollbackError(
-            what=f"the known-good release {params['release']} installed on {host_name}",
+            what=f"a known-good configuration on {host_name} ({root}/known-good/)",
+            found="its record.json names no release",
+            fix="nothing to roll back to: fix the cause and deploy it "
+                "(`pyinfra INVENTORY deploy.py --limit HOST`)",
+            details={"reason": NO_KNOWN_GOOD})
+    if not hoststate.releases.complete(release):
+        raise RollbackError(
+            what=f"the known-good release {release} installed on {host_name}",
             found="its venv is missing or incomplete",
             fix="deploy with the lock of that release, or deploy the current one after fixing it")
     restore = []
-    if hoststate.unit_sha256 != kg.get("unit_sha256"):
+    if hoststate.unit_sha256 != kg.unit_sha256:
         restore.append("unit")
-    if hoststate.secrets_sha256 != kg.get("secrets_sha256"):
-        restore.append("secrets" if kg.get("secrets_sha256") else "no-secrets")
-    if hoststate.releases.current != params["release"]:
+    if hoststate.secrets_sha256 != kg.secrets_sha256:
+        restore.append("secrets" if kg.secrets_sha256 else "no-secrets")
+    if hoststate.releases.current != release:
         restore.append("current")
     return RollbackPlan(params=params, restore=tuple(restore),
                         restart=bool(restore) or not hoststate.service.serving)

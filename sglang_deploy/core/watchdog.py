@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the controller's only: this file is shipped alone to the host
+    from sglang_deploy.core.hoststate import WatchdogRead
 
 MODES = ("off", "report", "restart")
 HOUR_S = 3600.0
@@ -263,29 +266,29 @@ def summary_line(host: str, events: list[dict[str, Any]], now: float) -> str | N
             f"{restarts} restart(s) in the last hour" + (f"; evidence: {ev}" if ev else ""))
 
 
-def status_doc(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+def status_doc(read: WatchdogRead | None) -> dict[str, Any] | None:
     """The watchdog of one host as ``status`` shows it, from the host-state read's
     ``watchdog`` (its unit, ``state.json``, last events, the host's clock): None when none
     is installed and it never recorded an event. ``text``: the line under the table."""
-    if not isinstance(raw, dict):
+    if read is None:
         return None
-    svc, st = raw.get("service") or {}, raw.get("state") or {}
-    events = [e for e in raw.get("events") or [] if isinstance(e, dict)]
-    if svc.get("LoadState") in (None, "", "not-found") and not events:
+    svc, st, events = read.service, read.state, read.events
+    if svc.load_state in (None, "not-found") and not events:
         return None
-    now = float(raw.get("now") or st.get("at") or 0)
-    unit = f"{svc.get('ActiveState') or '?'}/{svc.get('SubState') or '?'}"
-    restarts = sum(1 for e in events if e.get("action") == "restart"
-                   and now - float(e.get("at", 0)) < HOUR_S)
-    text = f"{unit}, " + (f"{st['verdict']} {_fmt(max(0.0, now - float(st['at'])))}s ago"
-                          if st.get("verdict") and st.get("at") else "no observation yet")
+    now = float(read.now or st.at or 0)
+    unit = svc.state_text
+    restarts = sum(1 for e in events if e.action == "restart"
+                   and now - float(e.at or 0) < HOUR_S)
+    text = f"{unit}, " + (f"{st.verdict} {_fmt(max(0.0, now - float(st.at)))}s ago"
+                          if st.verdict and st.at else "no observation yet")
     last = events[-1] if events else None
     if last is not None:
-        text += (f"; last event {last.get('at_iso', '?')}: {last.get('verdict')} -> "
-                 f"{last.get('action')} ({last.get('outcome') or last.get('reason', '')})")
+        text += (f"; last event {last.at_iso or '?'}: {last.verdict} -> "
+                 f"{last.action} ({last.outcome or last.reason or ''})")
     text += f"; {restarts} restart(s) in the last hour"
-    return {"unit": unit, "verdict": st.get("verdict"), "observed_at": st.get("at"),
-            "last_event": last, "restarts_last_hour": restarts, "text": text}
+    return {"unit": unit, "verdict": st.verdict, "observed_at": st.at,
+            "last_event": dict(last.raw) if last is not None else None,
+            "restarts_last_hour": restarts, "text": text}
 
 
 def restart_of(events: list[dict[str, Any]], invocation: str) -> dict[str, Any] | None:

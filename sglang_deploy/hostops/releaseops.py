@@ -20,6 +20,7 @@ from sglang_deploy.controller import flagcache
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import hardening, jit, modelfetch, smoke
 from sglang_deploy.core.errors import FlagError, PatchError, RuntimeSetupError
+from sglang_deploy.core.hostrecords import Hardening
 from sglang_deploy.core.unit import device_allow
 from sglang_deploy.hostops import facts
 from sglang_deploy.hostops.facts import FileCount, ServerArgsSource, UvVersion
@@ -390,7 +391,7 @@ def _smoke_on_host(command, control: str | None = None, record: str | None = Non
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         rec = hardening.record(result["sandbox"], release, now)
         write_json_record(record, rec)
-        for line in hardening.lines(host.name, hardening.summary(rec)):
+        for line in hardening.lines(host.name, hardening.summary(Hardening.from_json(rec))):
             logger.warning(f"{prefix}hardening: {line}")
     if result is None or not result.get("ok"):
         raise smoke.error_for(result, f"host {host.name}", output.stdout + "\n" + output.stderr)

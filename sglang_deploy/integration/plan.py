@@ -15,7 +15,8 @@ import os
 
 from sglang_deploy.core import hardening, residency, restart, watchdog
 from sglang_deploy.core import journal as shape
-from sglang_deploy.core.hoststate import ServiceState
+from sglang_deploy.core.hostrecords import LastRestart
+from sglang_deploy.core.hoststate import HostState, ServiceState
 from sglang_deploy.integration import journal
 from sglang_deploy.integration.journal import PLAN_ENV
 
@@ -75,18 +76,19 @@ def changes(state, host) -> list[str]:
     return out
 
 
-def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dict:
-    """Pure: the status row's fields from the host state and one serving poll."""
-    svc = (serving or {}).get("service") or hoststate.get("service") or {}
-    unit = ServiceState.from_json(svc)
-    current = hoststate.get("current")
-    rel = (hoststate.get("releases") or {}).get(current or "", {})
+def status_fields(hs: HostState, serving: dict | None, release_id: str) -> dict:
+    """Pure: the status row's fields from the typed host state HS and one serving poll
+    (SERVING: its ``service``, ``health`` and ``models``; the unit as polled, when it was)."""
+    polled = (serving or {}).get("service")
+    unit = ServiceState.from_json(polled) if polled else hs.service
+    current = hs.releases.current
+    rel = hs.releases.get(current or "")
     uptime = None
     try:
-        entered = int(svc.get("ActiveEnterTimestampMonotonic") or 0)
+        entered = int(unit.active_enter_monotonic or 0)
         if entered and unit.unit_active:
-            uptime = round(float(hoststate["monotonic_now"]) - entered / 1e6)
-    except (KeyError, TypeError, ValueError):
+            uptime = round(float(hs.monotonic_now) - entered / 1e6)
+    except (TypeError, ValueError):
         uptime = None
     health = ((serving or {}).get("health") or {}).get("status")
     models = []
@@ -96,42 +98,41 @@ def status_fields(hoststate: dict, serving: dict | None, release_id: str) -> dic
             models = [m.get("id") for m in json.loads(body).get("data", [])]
         except (ValueError, AttributeError):
             models = []
-    verified = hoststate.get("last_verified") or {}
+    verified = hs.last_verified
     return {
         "unit": unit.state_text,
         "uptime_s": uptime,
         "release": current,
         "release_wanted": release_id,
-        "sglang_version": rel.get("sglang_version"),
-        "patch_state": (rel.get("patch") or {}).get("state"),
+        "sglang_version": rel.sglang_version if rel is not None else None,
+        "patch_state": rel.patch.state if rel is not None and rel.patch is not None else None,
         "health": health,
         "models": models,
-        "last_verified": verified.get("verified_at"),
+        "last_verified": verified.verified_at if verified is not None else None,
         # the last (re)start and why (``core.restart.last_restart``, kept by the verifier)
-        "last_restart": last_restart(verified.get("last_restart")),
+        "last_restart": last_restart(verified.last_restart if verified is not None else None),
         # what the last release smoke saw of the unit's sandbox (``core.hardening``)
-        "hardening": hardening.summary(hoststate.get("hardening")),
+        "hardening": hardening.summary(hs.hardening),
         # the served model's shards in the page cache, and the host's memory
-        "model_memory": model_memory(hoststate),
+        "model_memory": model_memory(hs),
         # the watchdog after ready (``core.watchdog.status_doc``): None when none runs there
-        "watchdog": watchdog.status_doc(hoststate.get("watchdog")),
+        "watchdog": watchdog.status_doc(hs.watchdog),
     }
 
 
-def last_restart(entry: dict | None) -> dict | None:
+def last_restart(entry: LastRestart | None) -> dict | None:
     """Pure: the last restart as ``status`` shows it: ``at``, ``action``, ``why``,
     ``reasons`` and the line (``text``); None when no restart was recorded."""
-    if not entry:
+    if entry is None:
         return None
-    return {"at": entry.get("at"), "action": entry.get("action"), "why": entry.get("why") or "",
-            "reasons": list(entry.get("reasons") or []),
-            "text": restart.last_restart_text(entry)}
+    return {"at": entry.at, "action": entry.action, "why": entry.why,
+            "reasons": list(entry.reasons), "text": restart.last_restart_text(entry.raw)}
 
 
-def model_memory(hoststate: dict) -> dict | None:
+def model_memory(hs: HostState) -> dict | None:
     """Pure: the served model's shards in the page cache (``core.residency``): bytes, percent,
     MemAvailable/MemTotal and the line ``status`` shows; None without a shard on the host."""
-    res = residency.Residency.of(hoststate.get("model"), hoststate.get("memory"))
+    res = residency.Residency.of(hs.model, hs.memory)
     return None if res is None else {**res.as_json(), "text": res.text()}
 
 
@@ -141,7 +142,6 @@ def record(state, host, ctx, serving: dict | None, extra: dict | None = None) ->
     journal.record(host.name, shape.PLAN, {
         "host": host.name, "preflight": "pass", "changes": changes(state, host),
         # the model folder the deploy serves (a new revision's: ``staging.model_revision``)
-        **status_fields({**ctx.hoststate.raw, "model": ctx.hoststate.model}, serving,
-                        ctx.release_id),
+        **status_fields(ctx.hoststate, serving, ctx.release_id),
         # the GPU health read, judged (``core.gpuhealth``: the pre-flight's ``gpugate.report``)
         "gpu_health": getattr(ctx, "gpu_report", None), **(extra or {})})

@@ -163,7 +163,7 @@ def preflight_stage() -> Context:
     if kind == "none":
         checks = preflight.use_verified_server(checks, settings.sglang_service, last_verified,
                                                record, read_only=plan.read_only())
-    checks += preflight.check_model(hs.model or {}, settings.sglang_model_path,
+    checks += preflight.check_model(hs.model, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
         ctx.group = routing.fleet_of_state(state).group_of(host.name)
@@ -392,7 +392,7 @@ def single_checks(ctx: Context) -> tuple[tuple | None, tuple | None]:
         plan.record(state, host, ctx, restarts_mod.serving_poll(s))
 
     decided = restart.record(ctx.restart) if ctx.restart is not None else None
-    previous = (ctx.hoststate.last_verified or {}).get("last_restart")
+    previous = ctx.hoststate.previous_restart
 
     def verify(action: str | None = None) -> None:
         act = action or _action(started, restarted)
@@ -441,7 +441,7 @@ def rollback_stage():
     outcomes.decided(host.name, {"why": decided.get("why", ""),
                                  "reasons": decided.get("reasons", [])}, rb.restart)
     restarts_mod.say(decided.get("why", ""), rb.restart)
-    previous = (hs.last_verified or {}).get("last_restart")
+    previous = hs.previous_restart
 
     def verify() -> None:
         action = "rolled-back" if restarted is not None and restarted.did_change() \

@@ -26,6 +26,7 @@ from pyinfra import host
 from sglang_deploy.core import flags as flagmod
 from sglang_deploy.core import jit, modelfetch, service
 from sglang_deploy.core import staging as stagingcore
+from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
 from sglang_deploy.stages import jitcheck
@@ -49,7 +50,7 @@ def record_path(layout, release_id: str) -> str:
     return f"{layout.release_dir(release_id)}/staged.json"
 
 
-def model_revision(settings, model: dict | None) -> tuple:
+def model_revision(settings, model: ModelState | None) -> tuple:
     """(the settings this run deploys, the host-state read of its model folder): with
     ``sglang_model_download`` a revision that the configured folder does not hold lives in
     its sibling ``PATH@REV`` (``modelfetch.revision_dir``): downloaded there while staging,

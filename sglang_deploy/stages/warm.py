@@ -22,6 +22,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 
 from sglang_deploy.core import modelfetch, residency
+from sglang_deploy.core.hostrecords import Memory, ModelState
 from sglang_deploy.hostops.operations import reported
 from sglang_deploy.integration import streamed
 from sglang_deploy.stages.group import groupops
@@ -84,7 +85,8 @@ def _warm_on_host(path: str, python: str, tool: str, margin_pct: float, timeout_
     if measured is None:
         logger.warning(f"{prefix}model warm skipped: `{tool} measure` printed no result")
         return
-    res = residency.Residency.of(measured.get("model"), measured.get("memory"))
+    res = residency.Residency.of(ModelState.from_json(measured.get("model")),
+                                 Memory.from_json(measured.get("memory")))
     found = residency.warm_decision(res, enabled=True, restart_coming=True,
                                     margin_pct=margin_pct)
     if found.action == residency.SKIP:

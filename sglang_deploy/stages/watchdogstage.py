@@ -67,7 +67,7 @@ def install(ctx) -> None:
     unit = ops.file_content(name=f"Unit {wu.UNIT_FILE}", mode="644", dest=wu.UNIT_FILE,
                             src=StringIO(wu.render_unit(s, with_router_key=bool(key))))
     changing.append(unit)
-    svc = ServiceState.from_json((hs.watchdog or {}).get("service"))
+    svc = hs.watchdog.service if hs.watchdog is not None else ServiceState()
     started = ops.enabled_and_started(wu.SERVICE, unit, svc)
     if not started.will_change and any(op.will_change for op in changing):
         ops.service_restarted(name=f"Restart {wu.SERVICE} (its files changed)", service=wu.SERVICE,

@@ -329,12 +329,13 @@ HEALTH_QUERY = (("--query-gpu=index,pci.bus_id,uuid,ecc.errors.uncorrected.volat
 
 def _health(host: Host, scenario: str, expected: int = 8):
     from sglang_deploy.core import gpuhealth
+    from sglang_deploy.core.hostrecords import GpuHealthRead
 
     host.write(SCENARIO=scenario)
     r = host.smi(*HEALTH_QUERY)
     raw = {"query": {"rc": r.returncode, "out": r.stdout, "fields": HEALTH_QUERY[0][12:].split(","),
                      "dropped": []}, "kernel": {"rc": 0, "lines": []}}
-    return r, gpuhealth.evaluate(raw, expected)
+    return r, gpuhealth.evaluate(GpuHealthRead.from_json(raw), expected)
 
 
 def test_healthy_answers_the_health_fields_as_the_real_h100_capture(host: Host) -> None:

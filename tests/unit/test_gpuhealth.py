@@ -11,6 +11,7 @@ import pytest
 
 from sglang_deploy.core import data, gpuhealth
 from sglang_deploy.core.errors import DataError, GpuHealthError
+from sglang_deploy.core.hostrecords import GpuHealthRead
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpuhealth"
 FIELDS = list(gpuhealth.HEALTH_FIELDS)
@@ -35,13 +36,15 @@ def project(capture: str, **changes: str) -> str:
 
 
 def raw(out: str, rc: int | None = 0, kernel: dict | None = None, dcgm: dict | None = None,
-        dropped: tuple = (), xml: str | None = None, error: str | None = None) -> dict:
+        dropped: tuple = (), xml: str | None = None, error: str | None = None) -> GpuHealthRead:
+    """The typed read of the host's answers (``GpuHealthRead.from_json`` of the wire form)."""
     query = {"rc": rc, "out": out, "fields": [f for f in FIELDS if f not in dropped],
              "dropped": list(dropped)}
     if error:
         query["error"] = error
-    return {"query": query, "xml": {"rc": 0, "out": xml} if xml is not None else None,
-            "kernel": kernel if kernel is not None else {"rc": 0, "lines": []}, "dcgm": dcgm}
+    return GpuHealthRead.from_json({
+        "query": query, "xml": {"rc": 0, "out": xml} if xml is not None else None,
+        "kernel": kernel if kernel is not None else {"rc": 0, "lines": []}, "dcgm": dcgm})
 
 
 def kernel_lines(name: str) -> dict:
@@ -374,7 +377,7 @@ def test_the_state_read_brings_the_health_back_and_drops_what_the_driver_does_no
     assert "gpu_recovery_action" not in health["query"]["fields"] and health["query"]["rc"] == 0
     assert health["xml"]["rc"] == 0 and health["dcgm"] is None
     assert health["kernel"]["rc"] == 1 and "Operation not permitted" in health["kernel"]["error"]
-    report = gpuhealth.evaluate(health, 1)
+    report = gpuhealth.evaluate(GpuHealthRead.from_json(health), 1)
     assert codes(report) == {"remap-pending": "warning", "kernel-log-unreadable": "unknown"}
     assert report.verdict == "warning"
 

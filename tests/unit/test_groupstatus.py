@@ -15,6 +15,7 @@ from sglang_deploy.commands import cli, htmlreport, status
 from sglang_deploy.controller import hosts, runner
 from sglang_deploy.core import fleetreport, groupstatus
 from sglang_deploy.core.group import Group, Node
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.journal import Journal
 from sglang_deploy.integration import journal, plan
 from sglang_deploy.integration.plan import PLAN_ENV
@@ -140,13 +141,14 @@ def test_a_worker_poll_without_v1_models_makes_a_healthy_row():
     is a healthy row with no model."""
     poll = {"service": {"ActiveState": "active", "SubState": "running"},
             "health": {"status": 200}, "models": {"status": 404, "body": '{"detail":"Not Found"}'}}
-    fields = plan.status_fields({"current": "r1", "monotonic_now": 1.0, "releases": {}}, poll, "r1")
+    hs = HostState.from_json({"current": "r1", "monotonic_now": 1.0, "releases": {}})
+    fields = plan.status_fields(hs, poll, "r1")
     assert fields["models"] == [] and fields["health"] == 200
     ran = Journal({"a": {"plan": {"host": "a", "preflight": "pass", "changes": [], **fields}}})
     row = status.rows_from_plans(["a"], ran)[0]
     assert row["healthy"] is True and row["in_sync"] is True
     not_json = {**poll, "models": {"status": 404, "body": "404: Not Found"}}
-    assert plan.status_fields({}, not_json, "r1")["models"] == []
+    assert plan.status_fields(HostState.from_json({}), not_json, "r1")["models"] == []
 
 
 def test_what_would_restart_a_nodes_group_is_drift():

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from sglang_deploy.core import hardening, smoke
+from sglang_deploy.core.hostrecords import Hardening
 from sglang_deploy.remote import release_smoke as rs
 
 ENFORCED = {
@@ -35,6 +36,11 @@ drwxr-xr-x 2 root root 80 Dec  4 10:00 /dev/nvidia-caps
 """
 
 
+
+def summary(rec: dict | None) -> dict | None:
+    """``hardening.summary`` of the typed record (``Hardening.from_json``) of REC."""
+    return hardening.summary(Hardening.from_json(rec))
+
 def _by_name(props):
     return {p["name"]: p for p in props}
 
@@ -48,7 +54,7 @@ def test_every_property_in_force_where_the_sandbox_applied():
 
 def test_device_policy_not_in_force_in_an_unprivileged_container_says_why_and_what_to_do():
     rec = hardening.record(UNPRIVILEGED, "r1", "2026-12-04T19:00:00+00:00")
-    s = hardening.summary(rec)
+    s = summary(rec)
     assert [p["name"] for p in s["not_in_force"]] == ["DevicePolicy"]
     gap = s["not_in_force"][0]
     assert "unprivileged container" in gap["why"] and "23198" in gap["why"]
@@ -68,18 +74,18 @@ def test_device_policy_not_in_force_in_an_unprivileged_container_says_why_and_wh
     ({"write_outside": {"path": "/opt", "result": "refused EACCES"}}, "ProtectSystem"),
 ])
 def test_each_property_not_in_force(change, name):
-    s = hardening.summary(hardening.record({**ENFORCED, **change}, "r", "t"))
+    s = summary(hardening.record({**ENFORCED, **change}, "r", "t"))
     assert [p["name"] for p in s["not_in_force"]] == [name]
     assert s["not_in_force"][0]["fix"]
 
 
 def test_cannot_tell_without_a_node_outside_device_allow():
-    s = hardening.summary(hardening.record({**ENFORCED, "outside": {}}, "r", "t"))
+    s = summary(hardening.record({**ENFORCED, "outside": {}}, "r", "t"))
     assert s["unknown"] == ["DevicePolicy"] and not s["not_in_force"]
 
 
 def test_no_record_no_summary():
-    assert hardening.summary(None) is None and hardening.lines("h", None) == []
+    assert summary(None) is None and hardening.lines("h", None) == []
 
 
 def test_smoke_devices_are_the_character_nodes_of_the_preflight_listing():
@@ -183,7 +189,7 @@ def _row(host: str, sandbox: dict | None) -> dict:
     rec = hardening.record(sandbox, "r1", "2026-12-04T19:00:00+00:00") if sandbox else None
     return {"host": host, "reachable": True, "unit": "active/running", "health": 200,
             "in_sync": True, "healthy": True, "changes": [], "models": ["m"],
-            "hardening": hardening.summary(rec)}
+            "hardening": summary(rec)}
 
 
 def test_status_lists_the_properties_not_in_force_under_the_table(capsys):

@@ -9,6 +9,7 @@ import pytest
 
 from sglang_deploy.core import data, modelfetch, preflight
 from sglang_deploy.core.errors import DataError, ModelError
+from sglang_deploy.core.hostrecords import Fetched, ModelState
 from sglang_deploy.remote import hoststate, model_fetch
 from testbed.sim.model import make_model_dir
 
@@ -23,19 +24,24 @@ def spec(**kw) -> modelfetch.FetchSpec:
     base.update(kw)
     return modelfetch.FetchSpec(**base)
 
+def read(path: str) -> ModelState | None:
+    """The typed read of the model folder PATH, as the host-state read reports it."""
+    return ModelState.from_json(hoststate.model_state(path))
+
+
 def test_complete_folder_is_complete_and_a_missing_or_short_shard_is_not(tmp_path):
     root = make_model_dir(tmp_path / "m", n_shards=3, shard_bytes=4096)
-    assert modelfetch.model_complete(hoststate.model_state(str(root)), str(root))
+    assert modelfetch.model_complete(read(str(root)), str(root))
     shard = root / "model-00002-of-00003.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])
-    assert not modelfetch.model_complete(hoststate.model_state(str(root)), str(root))
+    assert not modelfetch.model_complete(read(str(root)), str(root))
     shard.unlink()
-    assert not modelfetch.model_complete(hoststate.model_state(str(root)), str(root))
-    assert not modelfetch.model_complete(hoststate.model_state(str(tmp_path / "none")), "x")
+    assert not modelfetch.model_complete(read(str(root)), str(root))
+    assert not modelfetch.model_complete(read(str(tmp_path / "none")), "x")
     assert not modelfetch.model_complete(None, "x")
 
 def test_preflight_warns_with_download_and_fails_without(tmp_path):
-    state = hoststate.model_state(str(tmp_path / "empty"))
+    state = read(str(tmp_path / "empty"))
     with_dl = preflight.check_model(state, str(tmp_path / "empty"), download=True)[0]
     without = preflight.check_model(state, str(tmp_path / "empty"), download=False)[0]
     assert with_dl.status == "warn" and "will be downloaded" in with_dl.message
@@ -173,22 +179,25 @@ def test_a_new_revision_lives_beside_the_folder_that_holds_another(tmp_path):
     path = str(tmp_path / "GLM-5")
     make_model_dir(tmp_path / "GLM-5", n_shards=2, shard_bytes=4096)
     model_fetch.write_record(path, "org/GLM-5", "main", "c0ffee")
-    state = hoststate.model_state(path)
-    assert state["fetched"] == {"repo": "org/GLM-5", "revision": "main", "commit": "c0ffee"}
+    assert hoststate.model_state(path)["fetched"] == {
+        "repo": "org/GLM-5", "revision": "main", "commit": "c0ffee"}
+    state = read(path)
+    assert state.fetched == Fetched(repo="org/GLM-5", revision="main")
     assert modelfetch.revision_dir(path, "org/GLM-5", "main", state) == path
     new = modelfetch.revision_dir(path, "org/GLM-5", "refs/pr/7", state)
     assert new == path + "@refs_pr_7"
-    assert modelfetch.state_of(state, new) == {"path": new, "exists": False}  # to download
+    assert modelfetch.state_of(state, new) == ModelState(path=new, exists=False)  # to download
     make_model_dir(tmp_path / "GLM-5@refs_pr_7", n_shards=2, shard_bytes=4096)
-    got = modelfetch.state_of(hoststate.model_state(path), new)
-    assert got["path"] == new and modelfetch.model_complete(got, new)
+    got = modelfetch.state_of(read(path), new)
+    assert got.path == new and modelfetch.model_complete(got, new)
     # another repo at the same folder is another revision too
     assert modelfetch.revision_dir(path, "org/other", "main", state) == path + "@main"
 
 
 def test_a_folder_without_record_is_taken_as_it_is():
     """Copied by hand, or downloaded before records: the configured revision, as before."""
-    assert modelfetch.revision_dir("/m/x", "org/x", "v2", {"path": "/m/x", "exists": True}) == "/m/x"
+    taken = ModelState.from_json({"path": "/m/x", "exists": True})
+    assert modelfetch.revision_dir("/m/x", "org/x", "v2", taken) == "/m/x"
     assert modelfetch.revision_dir("/m/x", "org/x", "v2", None) == "/m/x"
 
 
@@ -200,9 +209,10 @@ def test_the_deploy_serves_the_new_revision_under_its_old_name(tmp_path):
                       "sglang_model_repo": "org/GLM-5", "sglang_model_revision": "v2"}, environ={})
     model = {"path": "/m/GLM-5", "exists": True, "fetched": {"repo": "org/GLM-5", "revision": "v1"},
              "revisions": {}}
-    got, state = staging.model_revision(s, model)
-    assert got.sglang_model_path == "/m/GLM-5@v2" and state["exists"] is False
+    got, state = staging.model_revision(s, ModelState.from_json(model))
+    assert got.sglang_model_path == "/m/GLM-5@v2" and state.exists is False
     flags = service.flag_map(got)
     assert (flags["model-path"], flags["served-model-name"]) == ("/m/GLM-5@v2", "/m/GLM-5")
-    same, _ = staging.model_revision(s, {**model, "fetched": {"repo": "org/GLM-5", "revision": "v2"}})
+    same, _ = staging.model_revision(s, ModelState.from_json(
+        {**model, "fetched": {"repo": "org/GLM-5", "revision": "v2"}}))
     assert same is s

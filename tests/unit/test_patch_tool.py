@@ -31,6 +31,7 @@ from patchsources import (
 )
 
 from sglang_deploy.core import patch
+from sglang_deploy.core.hostrecords import PatchRecord
 from sglang_deploy.remote import patch_tool as P
 
 
@@ -278,7 +279,8 @@ def test_status_from_record_agrees_with_status_and_refuses_a_changed_file(tmp_pa
     f = site / "sglang/srt/model_executor/model_runner.py"
     record = tmp_path / "patch.json"
     P.apply(site, record_path=record)
-    rec = json.loads(record.read_text())
+    raw = json.loads(record.read_text())
+    rec = PatchRecord.from_json(raw)
     sha = hashlib.sha256(f.read_bytes()).hexdigest()
     got = patch.status_from_record(rec, sha)
     assert got["state"] == P.status(site).state == "already-applied"
@@ -289,5 +291,7 @@ def test_status_from_record_agrees_with_status_and_refuses_a_changed_file(tmp_pa
     assert patch.status_from_record(rec, changed) is None and P.status(site).state == "needed"
     assert patch.status_from_record(rec, None) is None  # the file is gone
     assert patch.status_from_record(None, sha) is None
-    assert patch.status_from_record({**rec, "state": "weird"}, sha) is None
-    assert patch.status_from_record({**rec, "state": "enabled-upstream"}, sha)["state"] == "enabled-upstream"
+    assert patch.status_from_record(PatchRecord.from_json({**raw, "state": "weird"}), sha) is None
+    assert patch.status_from_record(PatchRecord.from_json([raw]), sha) is None  # not a record
+    upstream = PatchRecord.from_json({**raw, "state": "enabled-upstream"})
+    assert patch.status_from_record(upstream, sha)["state"] == "enabled-upstream"

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.core import nvsmi, preflight
+from sglang_deploy.core.hostrecords import LastVerified, ModelState, P2PVerified
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.core.preflight import Check, Expectations
 
@@ -608,13 +609,15 @@ def test_check_model():
     path = "/srv/models/glm"
     good = {"path": path, "exists": True, "config": True, "index": True,
             "shards": {"a.safetensors": {"exists": True, "size": 2**30, "expected_size": 2**30}}}
-    assert preflight.check_model(good, path)[0].status == "pass"
-    missing = preflight.check_model({"path": path, "exists": False}, path)[0]
+    assert preflight.check_model(ModelState.from_json(good), path)[0].status == "pass"
+    absent = ModelState.from_json({"path": path, "exists": False})
+    missing = preflight.check_model(absent, path)[0]
     assert_actionable(missing)
-    assert preflight.check_model({"path": path, "exists": False}, path, download=True)[0].status == "warn"
+    assert preflight.check_model(absent, path, download=True)[0].status == "warn"
+    assert preflight.check_model(None, path)[0].found == "absent"  # no read at all
     broken = dict(good, shards={"a.safetensors": {"exists": True, "size": 10, "expected_size": 2**30},
                                 "b.safetensors": {"exists": False}})
-    c = preflight.check_model(broken, path)[0]
+    c = preflight.check_model(ModelState.from_json(broken), path)[0]
     assert_actionable(c)
     assert "1 shards missing (b.safetensors)" in c.found and "1 shards truncated" in c.found
 
@@ -741,8 +744,9 @@ def test_use_p2p_record_keeps_the_recorded_nccl_env_and_replaces_copy_checks():
 
     checks = [Check("driver", "pass", ""), Check("p2p-data", "skipped", "no copies"),
               Check("p2p-bandwidth", "skipped", "no copies")]
-    out, env = use_p2p_record(checks, {}, {"gpus": 8, "policy": "adapt",
-                                           "nccl_env": {"NCCL_P2P_DISABLE": "1"}}, "sglang")
+    record = P2PVerified.from_json({"gpus": 8, "policy": "adapt",
+                                    "nccl_env": {"NCCL_P2P_DISABLE": "1"}})
+    out, env = use_p2p_record(checks, {}, record, "sglang")
     assert [c.name for c in out] == ["driver", "p2p-data"]
     assert out[-1].status == "pass" and "skipped while sglang serves" in out[-1].message
     assert env == {"NCCL_P2P_DISABLE": "1"}
@@ -754,14 +758,15 @@ def test_a_p2p_off_verdict_of_another_policy_does_not_stand():
     from sglang_deploy.core.preflight import Check, use_p2p_record
 
     checks = [Check("p2p-data", "skipped", "no copies"), Check("p2p-bandwidth", "skipped", "")]
-    off = {"gpus": 8, "policy": "adapt", "nccl_env": {"NCCL_P2P_DISABLE": "1"}}
+    off = P2PVerified.from_json({"gpus": 8, "policy": "adapt",
+                                 "nccl_env": {"NCCL_P2P_DISABLE": "1"}})
     out, env = use_p2p_record(checks, {}, off, "sglang", "require")
     assert env == {} and out[-1].name == "p2p-data" and out[-1].status == "warn"
     assert "passed only with NCCL_P2P_DISABLE=1 (policy adapt)" in out[-1].message
     assert "retested" in out[-1].message and "gpu_p2p_policy: adapt" in out[-1].fix
     # the same policy, or a verdict with P2P on under another policy, stands as before
     assert use_p2p_record(checks, {}, off, "sglang", "adapt")[1] == {"NCCL_P2P_DISABLE": "1"}
-    on = {"gpus": 8, "policy": "adapt", "nccl_env": {}}
+    on = P2PVerified.from_json({"gpus": 8, "policy": "adapt", "nccl_env": {}})
     kept, env = use_p2p_record(checks, {}, on, "sglang", "require")
     assert env == {} and kept[-1].status == "pass"
 
@@ -847,16 +852,18 @@ RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data
     (SERVING, {"invocation": "abc123"}, RECORD, "always", "p2p"),
 ])
 def test_probe_plan(service, last_verified, record, p2p_test, want):
-    assert preflight.probe_plan(ServiceState.from_json(service), last_verified, record,
-                                p2p_test) == want
+    assert preflight.probe_plan(ServiceState.from_json(service),
+                                LastVerified.from_json(last_verified),
+                                P2PVerified.from_json(record), p2p_test) == want
 
 
 def test_a_verified_server_stands_for_the_probe_checks():
     checks = [preflight.Check("gpu-count", "pass", "8 GPUs"),
               *preflight.check_cuda_probe(None, 8)]  # what evaluate gives without a probe
     assert {c.name: c.status for c in checks}["cuda-init"] == "skipped"
-    got = preflight.use_verified_server(checks, "sglang", {"invocation": "abc123def4567890",
-                                                           "verified_at": "2026-12-03T04:01:58+00:00"})
+    verified = LastVerified.from_json({"invocation": "abc123def4567890",
+                                       "verified_at": "2026-12-03T04:01:58+00:00"})
+    got = preflight.use_verified_server(checks, "sglang", verified)
     by_name = {c.name: c for c in got}
     assert set(by_name) == {"gpu-count", "cuda-init"}
     assert by_name["cuda-init"].status == "pass"

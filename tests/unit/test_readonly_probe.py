@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_deploy.core import preflight, restart
+from sglang_deploy.core.hostrecords import LastVerified, P2PVerified
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.integration import plan
 
@@ -18,7 +19,8 @@ CRASH_LOOP = ServiceState.from_json({"ActiveState": "activating", "SubState": "a
                                      "InvocationID": "abc124"})
 STARTING = ServiceState.from_json({"ActiveState": "activating", "SubState": "start",
                                    "InvocationID": "abc125"})
-RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data", "p2p-bandwidth"]}
+RECORD = P2PVerified.from_json({"gpus": 8, "policy": "require", "nccl_env": {},
+                                "verified": ["p2p-data", "p2p-bandwidth"]})
 
 
 @pytest.mark.parametrize("last_verified, record, p2p_test, deploy", [
@@ -28,6 +30,7 @@ RECORD = {"gpus": 8, "policy": "require", "nccl_env": {}, "verified": ["p2p-data
     ({"invocation": "abc123"}, RECORD, "always", "p2p"),  # asked to copy every time
 ])
 def test_a_read_only_command_never_probes_a_serving_host(last_verified, record, p2p_test, deploy):
+    last_verified = LastVerified.from_json(last_verified)
     assert preflight.probe_plan(SERVING, last_verified, record, p2p_test, read_only=True) == "none"
     # the same host, deployed for real: the deploy's own probe stays as it was
     assert preflight.probe_plan(SERVING, last_verified, record, p2p_test) == deploy
@@ -64,14 +67,14 @@ def test_read_only_checks_say_the_probe_was_not_run_and_when_p2p_is_retested():
               *preflight.check_cuda_probe(None, 8),
               preflight.Check("p2p-data", "skipped", "no probe")]
     got = {c.name: c for c in preflight.use_verified_server(
-        checks, "sglang", {"invocation": "older"}, None, read_only=True)}
+        checks, "sglang", LastVerified(invocation="older"), None, read_only=True)}
     assert got["cuda-init"].status == "pass"
     assert "read-only" in got["cuda-init"].message
     assert preflight.RETEST_NOTE in got["cuda-init"].message
     assert got["p2p-data"].status == "pass" and preflight.RETEST_NOTE in got["p2p-data"].message
     # a recorded verdict keeps its own p2p checks (``use_p2p_record`` wrote them)
     kept = {c.name: c for c in preflight.use_verified_server(
-        checks, "sglang", {"invocation": "older"}, RECORD, read_only=True)}
+        checks, "sglang", LastVerified(invocation="older"), RECORD, read_only=True)}
     assert kept["p2p-data"].message == "no probe"
 
 

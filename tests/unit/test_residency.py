@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sglang_deploy.core import progress, residency
+from sglang_deploy.core.hostrecords import Memory, ModelState
 from sglang_deploy.core.residency import NONE, SKIP, WARM, Residency, warm_decision
 from testbed.sim.model import make_model_dir
 
@@ -110,9 +111,14 @@ def test_the_state_read_reports_each_shards_residency_and_the_memory(disk_dir):
     # the header the read itself parsed is back in the cache: one page at most
     assert found[shards[0].name]["resident"] <= os.sysconf("SC_PAGE_SIZE")
     assert found[shards[1].name]["resident"] == size
-    res = Residency.of(state["model"], state["memory"])
+    res = of(state["model"], state["memory"])
     assert res.shards == 2 and res.shard_bytes == 2 * size
     assert 49 <= res.percent <= 51 and res.mem_available == state["memory"]["available"]
+
+
+def of(model, memory) -> Residency | None:
+    """``Residency.of`` the typed records of the wire form MODEL and MEMORY."""
+    return Residency.of(ModelState.from_json(model), Memory.from_json(memory))
 
 
 # ------------------------------------------------------------------ the warm script
@@ -159,7 +165,7 @@ def test_measure_prints_the_model_and_the_memory(disk_dir):
     out = subprocess.run([sys.executable, str(REMOTE / "model_warm.py"), "measure", "--model",
                           str(model)], capture_output=True, text=True, check=True)
     doc = json.loads(out.stdout)
-    assert Residency.of(doc["model"], doc["memory"]).shard_bytes > MiB
+    assert of(doc["model"], doc["memory"]).shard_bytes > MiB
 
 
 # ------------------------------------------------------------------ the pure decision
@@ -173,15 +179,15 @@ MEM = {"available": 200 * GB, "total": 512 * GB}
 
 def decide(model, memory=MEM, **kw):
     args = {"enabled": True, "restart_coming": True, "margin_pct": 10}
-    return warm_decision(Residency.of(model, memory), **{**args, **kw})
+    return warm_decision(of(model, memory), **{**args, **kw})
 
 
 def test_residency_percent_and_text():
-    res = Residency.of(shards((300 * GB, 300 * GB), (100 * GB, 88 * GB)), MEM)
+    res = of(shards((300 * GB, 300 * GB), (100 * GB, 88 * GB)), MEM)
     assert res.shard_bytes == 400 * GB and res.missing_bytes == 12 * GB and res.percent == 97
     assert res.text() == "97% in memory (388.0 GB of 400.0 GB; MemAvailable 200.0 GB)"
-    assert Residency.of({"shards": {}}, MEM) is None
-    assert Residency.of(shards((GB, None)), MEM).percent is None
+    assert of({"shards": {}}, MEM) is None
+    assert of(shards((GB, None)), MEM).percent is None
 
 
 def test_warm_when_missing_bytes_and_margin_fit():
@@ -226,10 +232,12 @@ def test_status_and_the_report_show_the_model_in_memory():
 
     from sglang_deploy.commands import htmlreport, status
     from sglang_deploy.core import fleetreport
+    from sglang_deploy.core.hoststate import HostState
     from sglang_deploy.integration import plan
 
-    fields = plan.status_fields({"model": shards((300 * GB, 300 * GB), (100 * GB, 88 * GB)),
-                                 "memory": MEM}, None, "r1")
+    hs = HostState.from_json({"model": shards((300 * GB, 300 * GB), (100 * GB, 88 * GB)),
+                              "memory": MEM})
+    fields = plan.status_fields(hs, None, "r1")
     assert fields["model_memory"]["percent"] == 97
     assert fields["model_memory"]["mem_available"] == 200 * GB
     row = {"host": "h1", "reachable": True, "in_sync": True, "healthy": True, **fields}
@@ -248,5 +256,6 @@ def test_the_typed_host_state_carries_the_memory_beside_the_model():
     from sglang_deploy.core.hoststate import HostState
 
     hs = HostState.from_json({"model": shards((GB, GB)), "memory": MEM})
-    assert hs.memory == MEM and Residency.of(hs.model, hs.memory).percent == 100
+    assert hs.memory == Memory(available=MEM["available"], total=MEM["total"])
+    assert Residency.of(hs.model, hs.memory).percent == 100
     assert HostState.from_json({}).memory is None

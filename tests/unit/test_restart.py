@@ -139,10 +139,11 @@ def test_status_shows_the_last_restart_when_and_why():
     entry = {"at": "2026-12-05T18:20:00+00:00", "action": "restarted",
              "why": "flags changed: tp-size 8 -> 4; release d5e0… -> 7a1c…",
              "reasons": [{"name": "unit", "text": "flags changed: tp-size 8 -> 4"}]}
-    fields = plan.status_fields({"last_verified": {"verified_at": "x", "last_restart": entry}},
-                                None, NEW)
+    hs = HostState.from_json({"last_verified": {"verified_at": "x", "last_restart": entry}})
+    fields = plan.status_fields(hs, None, NEW)
     assert fields["last_restart"]["why"] == entry["why"]
-    assert plan.status_fields({}, None, NEW)["last_restart"] is None
+    assert fields["last_restart"]["reasons"] == entry["reasons"]
+    assert plan.status_fields(HostState.from_json({}), None, NEW)["last_restart"] is None
     out = io.StringIO()
     status.render_last_restart([{"host": "fx1", **fields}, {"host": "fx2"}], out)
     assert out.getvalue() == ("fx1: last restart: 2026-12-05 18:20 UTC restarted: flags "

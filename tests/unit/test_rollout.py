@@ -19,6 +19,7 @@ from sglang_deploy.core.errors import (
     UsageError,
     VerifyError,
 )
+from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import NO_KNOWN_GOOD
 from sglang_deploy.integration import plan
 
@@ -62,9 +63,10 @@ def test_error_excerpt_prefers_the_tool_error_block():
 
 
 def test_status_fields_from_host_state_and_one_poll():
-    hs = {"current": "r1", "monotonic_now": 1000.0,
-          "releases": {"r1": {"sglang_version": "0.5.12.post1", "patch": {"state": "applied"}}},
-          "last_verified": {"verified_at": "2026-12-02T10:00:00+00:00"}}
+    hs = HostState.from_json({
+        "current": "r1", "monotonic_now": 1000.0,
+        "releases": {"r1": {"sglang_version": "0.5.12.post1", "patch": {"state": "applied"}}},
+        "last_verified": {"verified_at": "2026-12-02T10:00:00+00:00"}})
     serving = {"service": {"ActiveState": "active", "SubState": "running",
                            "ActiveEnterTimestampMonotonic": "400000000"},
                "health": {"status": 200},

@@ -10,8 +10,14 @@ import sys
 from pathlib import Path
 
 from sglang_deploy.core import watchdog as wd
+from sglang_deploy.core.hoststate import HostState, WatchdogRead
 
 TOOL = Path(__file__).resolve().parents[2] / "sglang_deploy" / "remote" / "hoststate.py"
+
+def doc_of(read: dict | None) -> dict | None:
+    """``status_doc`` of the typed read of a host's wire-form READ."""
+    return wd.status_doc(WatchdogRead.from_json(read))
+
 
 ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
 WEDGE = {"at": 1000.0, "at_iso": "2026-12-05T10:00:00Z", "verdict": "wedged",
@@ -51,22 +57,22 @@ def test_without_the_option_or_the_files_the_read_says_nothing_wrong(tmp_path):
 def test_status_doc_names_the_last_wedge_and_the_restarts_in_the_last_hour():
     restart = dict(WEDGE, at=2000.0, at_iso="2026-12-05T10:16:40Z", action="restart",
                    outcome="restarted and verified in 12.0s")
-    doc = wd.status_doc({"service": ACTIVE, "now": 2010.0, "events": [WEDGE, restart],
+    doc = doc_of({"service": ACTIVE, "now": 2010.0, "events": [WEDGE, restart],
                          "state": {"verdict": "healthy", "at": 2005.0}})
     assert doc["unit"] == "active/running" and doc["verdict"] == "healthy"
     assert doc["restarts_last_hour"] == 1 and doc["last_event"]["action"] == "restart"
     assert doc["text"] == ("active/running, healthy 5s ago; last event 2026-12-05T10:16:40Z: "
                            "wedged -> restart (restarted and verified in 12.0s); "
                            "1 restart(s) in the last hour")
-    old = wd.status_doc({"service": ACTIVE, "now": 2000.0 + wd.HOUR_S, "events": [restart]})
+    old = doc_of({"service": ACTIVE, "now": 2000.0 + wd.HOUR_S, "events": [restart]})
     assert old["restarts_last_hour"] == 0 and "no observation yet" in old["text"]
 
 
 def test_no_watchdog_installed_and_no_event_shows_nothing():
-    assert wd.status_doc(None) is None
-    assert wd.status_doc({"service": {"LoadState": "not-found"}, "events": [], "state": None}) is None
+    assert doc_of(None) is None
+    assert doc_of({"service": {"LoadState": "not-found"}, "events": [], "state": None}) is None
     # removed (watchdog: off) but its record kept: still shown
-    gone = wd.status_doc({"service": {"LoadState": "not-found", "ActiveState": "inactive",
+    gone = doc_of({"service": {"LoadState": "not-found", "ActiveState": "inactive",
                                       "SubState": "dead"}, "events": [WEDGE], "now": 1001.0})
     assert gone["unit"] == "inactive/dead" and "wedged -> report (reported)" in gone["text"]
 
@@ -76,8 +82,8 @@ def test_status_json_and_the_html_report_carry_it():
     from sglang_deploy.core import fleetreport
     from sglang_deploy.integration import plan
 
-    fields = plan.status_fields({"watchdog": {"service": ACTIVE, "now": 1001.0,
-                                              "events": [WEDGE]}}, None, "r1")
+    hs = HostState.from_json({"watchdog": {"service": ACTIVE, "now": 1001.0, "events": [WEDGE]}})
+    fields = plan.status_fields(hs, None, "r1")
     assert fields["watchdog"]["last_event"]["verdict"] == "wedged"
     row = {"host": "h1", "reachable": True, "in_sync": True, "healthy": True, **fields}
     out = io.StringIO()

@@ -56,6 +56,7 @@ from sglang_deploy.core.gpuhealth.readers import (  # noqa: F401 (the package's 
     kernel_findings,
     smi_findings,
 )
+from sglang_deploy.core.hostrecords import GpuHealthRead
 
 #: worst first: a report's verdict is the first of these any finding has
 _ORDER = (FATAL, WARNING, UNKNOWN)
@@ -161,12 +162,12 @@ def lines(host: str, doc: Mapping[str, Any] | None) -> list[str]:
 # the verdict
 
 
-def evaluate(raw: Mapping[str, Any] | None, expected_count: int | None = None,
+def evaluate(raw: GpuHealthRead | None, expected_count: int | None = None,
              policy: Mapping[str, str] | None = None) -> Report:
     """The report of one host's health read RAW (``hoststate.py``'s ``gpu_health``), the
     GPU count its data expects and its ``gpu_health_policy``. No read at all (an older
     host-state script, or none asked) is ``unknown``."""
-    if not raw:
+    if raw is None:
         f = Finding(code="query-failed", source="nvidia-smi",
                     message="the host-state read brought no GPU health",
                     fix="deploy this version of sglang-deploy (its host-state read asks for it)")
@@ -174,11 +175,11 @@ def evaluate(raw: Mapping[str, Any] | None, expected_count: int | None = None,
                       findings=(_judged(f, policy),))
     findings, count, notes, gpus = smi_findings(raw, expected_count)
     sources = ["nvidia-smi"]
-    kernel, read = kernel_findings(raw.get("kernel"), gpus)
+    kernel, read = kernel_findings(raw.kernel, gpus)
     findings += kernel
     if read:
         sources.append("kernel-log")
-    dcgm, read = dcgm_findings(raw.get("dcgm"))
+    dcgm, read = dcgm_findings(raw.dcgm)
     findings += dcgm
     if read:
         sources.append("dcgm")

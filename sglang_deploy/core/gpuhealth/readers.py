@@ -7,10 +7,10 @@ from __future__ import annotations
 import csv
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_deploy.core.hostrecords import Answer, GpuHealthRead, KernelLog, QueryAnswer
 from sglang_deploy.core.topo import plain_text
 
 #: the health query's fields, in order (the CSV is positional); each exists in
@@ -269,19 +269,19 @@ def _field_findings(g: _Gpu) -> list[Finding]:
     return out
 
 
-def smi_findings(raw: Mapping[str, Any], expected: int | None) -> tuple[list[Finding], int | None,
-                                                                          list[str], list[_Gpu]]:
-    query = raw.get("query") or {}
-    text, rc = str(query.get("out") or ""), query.get("rc")
-    fields = list(query.get("fields") or HEALTH_FIELDS)
-    dropped = set(query.get("dropped") or ())
+def smi_findings(raw: GpuHealthRead, expected: int | None) -> tuple[list[Finding], int | None,
+                                                                     list[str], list[_Gpu]]:
+    query = raw.query or QueryAnswer()
+    text, rc = query.out, query.rc
+    fields = list(query.fields or HEALTH_FIELDS)
+    dropped = set(query.dropped)
     notes = []
     if dropped:
         notes.append(f"fields this driver does not know: {', '.join(sorted(dropped))}"
-                     + (" (read from nvidia-smi -q -x)" if raw.get("xml") else ""))
-    if query.get("error") or rc is None:
+                     + (" (read from nvidia-smi -q -x)" if raw.xml is not None else ""))
+    if query.error or rc is None:
         return ([Finding(code="query-failed", source="nvidia-smi",
-                         message=f"the health query gave no answer: {query.get('error') or 'not run'}",
+                         message=f"the health query gave no answer: {query.error or 'not run'}",
                          fix="run `nvidia-smi` on the host: a hung nvidia-smi often means a GPU "
                              "that is lost (reboot the LXC host)")], None, notes, [])
     gpus, lost, other = _parse_rows(text, fields)
@@ -300,7 +300,7 @@ def smi_findings(raw: Mapping[str, Any], expected: int | None) -> tuple[list[Fin
             fix="run `nvidia-smi` on the host and fix what it says (the pre-flight's nvidia-smi "
                 "check names the usual causes)"))
         return findings, None, notes, []
-    xml = _xml_values((raw.get("xml") or {}).get("out")) if dropped else {}
+    xml = _xml_values(raw.xml.out if raw.xml is not None else None) if dropped else {}
     for g in gpus:
         for name, value in (xml.get(g.bus_id or "") or {}).items():
             g.values.setdefault(name, value)
@@ -333,12 +333,12 @@ def _gpu_of(bus: str, gpus: list[_Gpu]) -> int | None:
     return None
 
 
-def kernel_findings(raw: Mapping[str, Any] | None, gpus: list[_Gpu]) -> tuple[list[Finding], bool]:
+def kernel_findings(raw: KernelLog | None, gpus: list[_Gpu]) -> tuple[list[Finding], bool]:
     """Findings of the kernel log's NVIDIA lines, and whether the log was read."""
-    if not raw:
+    if raw is None:
         return [], False
-    if raw.get("rc") != 0:
-        text = str(raw.get("error") or "").strip() or f"exit status {raw.get('rc')}"
+    if raw.rc != 0:
+        text = (raw.error or "").strip() or f"exit status {raw.rc}"
         denied = "not permitted" in text.lower() or "permission denied" in text.lower()
         why = ("the container cannot read the kernel log" if denied
                else "the kernel log could not be read")
@@ -349,7 +349,7 @@ def kernel_findings(raw: Mapping[str, Any] | None, gpus: list[_Gpu]) -> tuple[li
                             "container read it (`kernel.dmesg_restrict=0` on the host)")], False
     findings: list[Finding] = []
     seen: dict[tuple[int | None, str, str], int] = {}
-    lines_ = [str(x) for x in raw.get("lines") or ()]
+    lines_ = list(raw.lines)
     for i, line in enumerate(lines_):
         stamp = _STAMP.match(line.strip())
         at = f" at {stamp.group(1)} s after boot" if stamp else ""
@@ -395,17 +395,17 @@ def kernel_findings(raw: Mapping[str, Any] | None, gpus: list[_Gpu]) -> tuple[li
 _DCGM_STATES = ("Healthy", "Warning", "Failure")
 
 
-def dcgm_findings(raw: Mapping[str, Any] | None) -> tuple[list[Finding], bool]:
+def dcgm_findings(raw: Answer | None) -> tuple[list[Finding], bool]:
     """Findings of ``dcgmi health -c`` (its tree table, as DCGM's own tests of dcgmi show it:
     ``| Overall Health | Failure``, a row per GPU ``| -> 1 | Failure``, per system
     ``|       -> Memory system | Failure`` and the incident's words in the value column of the
     rows below it), and whether it gave a verdict."""
-    if not raw:
+    if raw is None:
         return [], False
-    text = plain_text(str(raw.get("out") or ""))
-    if raw.get("rc") != 0 or "Overall Health" not in text:
+    text = plain_text(raw.out)
+    if raw.rc != 0 or "Overall Health" not in text:
         tail = "; ".join(line.strip() for line in text.strip().splitlines()[-2:]) \
-            or raw.get("error") or f"exit status {raw.get('rc')}"
+            or raw.error or f"exit status {raw.rc}"
         return [Finding(code="dcgm-unreadable", source="dcgm",
                         message=f"`dcgmi health -c` gave no verdict: {tail}",
                         fix="check that nv-hostengine runs and health watches are set "

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from sglang_deploy.core.hostrecords import P2PVerified
 from sglang_deploy.core.preflight.checks import Check, _fail
 from sglang_deploy.core.topo import TopoMatrix
 
@@ -387,7 +388,7 @@ def p2p_record(checks: Iterable[Check], env: Mapping[str, str], policy: str
             "nccl_env": dict(sorted(env.items())), "verified": list(P2P_RECORD_CHECKS)}
 
 
-def use_p2p_record(checks: list[Check], env: dict[str, str], record: Mapping[str, Any],
+def use_p2p_record(checks: list[Check], env: dict[str, str], record: P2PVerified,
                    service: str, policy: str | None = None) -> tuple[list[Check], dict[str, str]]:
     """Checks and NCCL env when the peer copies were skipped because SERVICE is serving:
     the last full test's verdict (RECORD) stands for the copy and bandwidth checks. Under
@@ -395,8 +396,8 @@ def use_p2p_record(checks: list[Check], env: dict[str, str], record: Mapping[str
     does not stand: the unit is planned without that env, and the check warns that P2P is
     proven by the retest before the restart this brings."""
     kept = [c for c in checks if c.name not in P2P_RECORD_CHECKS]
-    recorded_env = dict(record.get("nccl_env") or {})
-    was = record.get("policy")
+    recorded_env = dict(record.nccl_env)
+    was = record.policy
     if policy is not None and was != policy and recorded_env:
         found = " ".join(f"{k}={v}" for k, v in sorted(recorded_env.items()))
         kept.append(Check("p2p-data", "warn",
@@ -409,6 +410,6 @@ def use_p2p_record(checks: list[Check], env: dict[str, str], record: Mapping[str
         return kept, dict(env)
     kept.append(Check("p2p-data", "pass",
                       f"peer copies skipped while {service} serves on these GPUs; the last full "
-                      f"test on this host passed ({record.get('gpus')} GPUs, policy "
+                      f"test on this host passed ({record.gpus} GPUs, policy "
                       f"{was}); set gpu_p2p_test: always to copy anyway"))
     return kept, {**recorded_env, **env}

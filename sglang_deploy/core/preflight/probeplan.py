@@ -4,14 +4,13 @@ that is up alone). Whether P2P is retested before a restart: ``core.restart``.""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from sglang_deploy.core.hostrecords import LastVerified, P2PVerified
 from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.core.preflight.checks import Check
 
 
-def probe_plan(service: ServiceState, last_verified: Mapping[str, Any] | None,
-               p2p_verified: Mapping[str, Any] | None, p2p_test: str,
+def probe_plan(service: ServiceState, last_verified: LastVerified | None,
+               p2p_verified: P2PVerified | None, p2p_test: str,
                read_only: bool = False) -> str:
     """Which CUDA probe the pre-flight runs, from the host-state read:
 
@@ -42,7 +41,7 @@ def probe_plan(service: ServiceState, last_verified: Mapping[str, Any] | None,
     if p2p_test == "always" or not (service.up and p2p_verified):
         return "p2p"
     invocation = service.invocation_id
-    if invocation and (last_verified or {}).get("invocation") == invocation:
+    if invocation and last_verified is not None and last_verified.invocation == invocation:
         return "none"
     return "basic"
 
@@ -53,15 +52,16 @@ P2P_COPY_CHECKS = ("p2p-data", "p2p-bandwidth")
 
 
 def use_verified_server(checks: list[Check], service: str,
-                        last_verified: Mapping[str, Any] | None,
-                        p2p_verified: Mapping[str, Any] | None = None,
+                        last_verified: LastVerified | None,
+                        p2p_verified: P2PVerified | None = None,
                         read_only: bool = False) -> list[Check]:
     """Checks when the CUDA probe did not run (``probe_plan`` said ``"none"``): SERVICE serves
     a verified invocation, whose server stands for the probe's init and device checks, or
     (READ_ONLY) a read-only command left a serving host's GPUs alone. Without a recorded P2P
     verdict (P2P_VERIFIED None) the copy checks say when they will run."""
     kept = [c for c in checks if c.name not in CUDA_PROBE_CHECKS]
-    invocation = str((last_verified or {}).get("invocation") or "?")
+    verified = last_verified or LastVerified()
+    invocation = verified.invocation or "?"
     if read_only:
         kept.append(Check("cuda-init", "pass",
                           f"CUDA probe not run: a read-only command leaves the GPUs of the "
@@ -69,7 +69,7 @@ def use_verified_server(checks: list[Check], service: str,
     else:
         kept.append(Check("cuda-init", "pass",
                           f"CUDA probe skipped while {service} serves invocation {invocation[:12]}, "
-                          f"verified at {(last_verified or {}).get('verified_at', '?')}: its "
+                          f"verified at {verified.verified_at or '?'}: its "
                           f"server runs CUDA on these GPUs; the probe runs, with the peer copies, "
                           f"before any restart"))
     if read_only and p2p_verified is None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.core.nvsmi import (
     classify_smi_error,
     gpus_from_query,
@@ -197,32 +198,32 @@ def _blame_the_cgroup(checks: list[Check]) -> None:
             c.fix = cgroup.fix
 
 
-def check_model(model: Mapping[str, Any], path: str | None, download: bool = False) -> list[Check]:
+def check_model(model: ModelState | None, path: str | None, download: bool = False
+                ) -> list[Check]:
     """Model folder check from ``hoststate.py state --model`` (``model`` key of its JSON).
 
     With ``download`` a missing or incomplete folder is a warning (the deploy fetches it);
     without, it fails.
     """
-    path = path or model.get("path") or "?"
+    path = path or (model.path if model is not None else None) or "?"
     fail_or_warn: Status = "warn" if download else "fail"
     fix = ("Copy the complete model (config.json, model.safetensors.index.json and every shard) "
            f"to {path} on the host, or set `sglang_model_download: true` and `sglang_model_repo`.")
     expected = f"a complete Hugging Face model folder at {path}"
-    if not model or not model.get("exists"):
+    if model is None or not model.exists:
         return [Check("model", fail_or_warn,
                       f"no model folder at {path}" + (" (will be downloaded)" if download else ""),
                       fix=None if download else fix, expected=expected, found="absent")]
     problems = []
-    if not model.get("config"):
+    if not model.config:
         problems.append("no config.json")
-    shards: Mapping[str, Mapping[str, Any]] = model.get("shards") or {}
+    shards = model.shards
     if not shards:
         problems.append("no model.safetensors.index.json and no model.safetensors")
-    missing = sorted(n for n, info in shards.items() if not info.get("exists"))
-    broken = sorted(n for n, info in shards.items() if info.get("exists") and info.get("error"))
-    short = sorted(n for n, info in shards.items() if info.get("exists") and not info.get("error")
-                   and info.get("expected_size") is not None
-                   and info.get("size") != info.get("expected_size"))
+    missing = sorted(n for n, info in shards.items() if not info.exists)
+    broken = sorted(n for n, info in shards.items() if info.exists and info.error)
+    short = sorted(n for n, info in shards.items() if info.exists and not info.error
+                   and info.expected_size is not None and info.size != info.expected_size)
     for names, what in ((missing, "missing"), (broken, "unreadable"), (short, "truncated")):
         if names:
             more = ", ..." if len(names) > 3 else ""
@@ -232,7 +233,7 @@ def check_model(model: Mapping[str, Any], path: str | None, download: bool = Fal
                       f"model folder {path} is incomplete" + (" (will be downloaded)" if download else ""),
                       fix=None if download else fix, expected=expected, found="; ".join(problems),
                       details={"missing": missing, "unreadable": broken, "truncated": short})]
-    total = sum(int(info.get("size") or 0) for info in shards.values())
+    total = sum(info.size or 0 for info in shards.values())
     return [Check("model", "pass", f"{len(shards)} shards, {total / 2**30:.1f} GiB at {path}",
                   details={"shards": len(shards), "bytes": total})]
 

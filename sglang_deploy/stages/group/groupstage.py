@@ -125,7 +125,7 @@ def group_checks(ctx, serving_poll) -> tuple:
         plan.record(state, host, ctx, serving_poll(),
                     extra=groupops.group_fields(g, host.name, decision.own(host.name)))
     params = ctx.verify_params()
-    previous = (ctx.hoststate.last_verified or {}).get("last_restart")
+    previous = ctx.hoststate.previous_restart
     if decision.restart:
         action = "restarted" if ctx.hoststate.service.unit_active else "started"
         last = restart.last_restart(action, restart.record(decision, host.name), previous)
