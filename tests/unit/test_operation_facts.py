@@ -194,3 +194,20 @@ def test_the_patch_status_is_the_release_record_else_one_read_else_none_for_a_ne
     assert facts.patch_status(fake, "/opt/sglang", "edited", *args) == {"state": "needed"}
     assert facts.patch_status(fake, "/opt/sglang", "edited", *args) == {"state": "needed"}
     assert fake.asked == ["SglangHostState", "PatchStatus"]
+
+
+def test_an_operations_own_read_of_a_root_needs_no_unit(tmp_path):
+    """``releases_pruned``'s and ``model_download``'s own read (``SglangHostState`` of a root,
+    no unit named) runs ``hoststate.py state`` without ``--service``: the releases and the
+    model folder reported, no unit read."""
+    rel = tmp_path / "releases" / "r1"
+    rel.mkdir(parents=True)
+    (rel / ".complete").touch()
+    (rel / "release.json").write_text('{"installed_at": "2026-01-01T00:00:00+00:00"}\n')
+    command = SglangHostState().command(root=str(tmp_path), python="python3",
+                                        model=str(tmp_path / "model"))
+    assert "--service" not in command.splitlines()[0]  # the script follows, on stdin
+    hs = SglangHostState().process(_local(command))
+    assert hs.releases.complete("r1") and hs.releases.metas()["r1"]["installed_at"]
+    assert hs.service == ServiceState() and hs.unit_sha256 is None
+    assert hs.model["path"] == str(tmp_path / "model") and hs.model["exists"] is False
