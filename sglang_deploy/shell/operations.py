@@ -230,7 +230,8 @@ def enabled_and_started(service: str, unit, start: bool = True):
     on disk, started when not running (unless START is false: a group's node starts with its
     group). Returns the start operation (None: not START)."""
     service_enabled(name=f"Enable {service}", service=service)
-    if facts.service_state(host, service).need_daemon_reload:  # a unit file an earlier run wrote and never loaded
+    # a unit file an earlier run wrote and never loaded
+    if facts.service_state(host, service).need_daemon_reload:
         daemon_reload(name="systemd daemon-reload (the unit file on disk is not loaded)")
     elif unit.will_change:
         daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
