@@ -333,8 +333,7 @@ def cmd_state(args) -> dict:
         "users": sorted({p.pw_name for p in pwd.getpwall()}),
         "paths": {p: path_state(p) for p in (args.path or [])},
         "known_good": known_good(root),
-        "unit_sha256": (sha256_file(f"/etc/systemd/system/{args.service}.service")
-                        if args.service else None),
+        "unit_sha256": args.service and sha256_file(f"/etc/systemd/system/{args.service}.service"),
         "p2p_verified": read_json(os.path.join(root, "p2p-verified.json")),
         "hardening": read_json(os.path.join(root, "hardening.json")),
         "monotonic_now": time.monotonic(),  # systemd's *TimestampMonotonic use the same clock
