@@ -3,7 +3,10 @@
 Each fact asks for machine-readable output; the parsing and every decision live in the pure
 modules (``nvsmi``, ``preflight``, ``logparse``...). The host-state read is typed once by its
 fact (``core.hoststate.HostState.from_json``) and kept for the rest of the host's run
-(``read_host_state``), where the operations find what they compare (``known_path``).
+(``read_host_state``). The operations fetch what they compare themselves, through the same
+store (``service_state``, ``host_state``, ``patch_status``, ``path_state``): what a read of the
+run already reported costs no round trip; anything else is one read of its own fact
+(``ServiceStatus``, ``SglangHostState``, ``PatchStatus``, ``PathStatus``), kept for the run.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from pathlib import Path
 
 from pyinfra.api import FactBase
 
-from sglang_deploy.core import gpuhealth, nvsmi
-from sglang_deploy.core.hoststate import HostState, PathState
+from sglang_deploy.core import gpuhealth, modelfetch, nvsmi
+from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
+from sglang_deploy.core.watchdogunit import SERVICE as WATCHDOG_SERVICE
+from sglang_deploy.remote.hoststate import SHOW_PROPS
 
 REMOTE = Path(__file__).resolve().parent.parent / "remote"
 MARK = "@@sglang-deploy:"
@@ -136,7 +141,7 @@ class SglangHostState(FactBase):
     """
 
     @staticmethod
-    def args(root: str, service: str, model: str | None = None, secrets: str | None = None,
+    def args(root: str, service: str | None = None, model: str | None = None, secrets: str | None = None,
              cache: str | None = None, paths: tuple = (), dev_open: bool = False,
              route_to: str | None = None, gpu_health: bool = False,
              watchdog: str | None = None) -> list[str]:
@@ -152,10 +157,14 @@ class SglangHostState(FactBase):
         return (["state"] + [f"--{name}={value}" for name, value in options if value]
                 + (["--dev-open"] if dev_open else []))
 
-    def command(self, root: str, service: str, secrets: str | None = None,
-                python: str = "python3", paths: tuple = (), gpu_health: bool = False) -> str:
-        return stdin_script("hoststate.py", self.args(root, service, secrets=secrets, paths=paths,
-                                                      gpu_health=gpu_health), python=python)
+    def command(self, root: str, service: str | None = None, secrets: str | None = None,
+                python: str = "python3", paths: tuple = (), gpu_health: bool = False,
+                model: str | None = None) -> str:
+        """SERVICE: the unit whose ``systemctl show`` it reports (none: ``service`` empty);
+        MODEL: the model folder (and its sibling revisions) it reports."""
+        return stdin_script("hoststate.py", self.args(root, service, model=model, secrets=secrets,
+                                                      paths=paths, gpu_health=gpu_health),
+                            python=python)
 
     def process(self, output: list[str]) -> HostState | None:
         raw = _json_fact_output(output)
@@ -267,11 +276,12 @@ _READS = "_sglang_deploy_host_state_reads"
 
 
 def read_host_state(host, fact: type[FactBase], **kwargs):
-    """FACT of HOST with KWARGS (``HostSnapshot`` or ``SglangHostState``, or another fact a
-    group's preparation reads: ``groupprep.fact``): one round trip the first time in HOST's
-    run, then the same answer (pyinfra 3 caches no fact). The reads
-    are kept on the Host object, which lives as long as its pyinfra State; the operations
-    that compare a path or the secrets with the host find them there (``known_path``)."""
+    """FACT of HOST with KWARGS (``HostSnapshot`` or ``SglangHostState``, a fact a group's
+    preparation reads: ``groupprep.fact``, or an operation's own: ``service_state``...): one
+    round trip the first time in HOST's run, then the same answer (pyinfra 3.10 caches no
+    fact: each ``host.get_fact`` is a round trip). The reads are kept on the Host object,
+    which lives as long as its pyinfra State; the operations that compare with the host find
+    what a read reported there (``service_state``, ``host_state``, ``path_state``...)."""
     reads = getattr(host, _READS, None)
     run = getattr(host, "state", None)  # the Host's pyinfra State: its run
     if reads is None or reads[0] is not run:
@@ -292,18 +302,6 @@ def _states(host):
     return [(kw, hs) for kw, hs in reversed(found) if isinstance(hs, HostState)]
 
 
-UNREAD = object()  # a path no host-state read of the run reported
-
-
-def known_path(host, path: str) -> PathState | None | object:
-    """PATH as a host-state read of HOST's run found it (None: absent), or ``UNREAD`` when no
-    read reported it (then the operation asks pyinfra's own fact)."""
-    for _, hs in _states(host):
-        if path in hs.paths:
-            return hs.paths[path]
-    return UNREAD
-
-
 def known_state(host, **match) -> HostState | None:
     """The state of the latest host-state read of HOST's run made with the options MATCH
     (``root=R``, ``secrets=F``, ``cache=D``: what its answers are about), else None."""
@@ -313,11 +311,132 @@ def known_state(host, **match) -> HostState | None:
     return None
 
 
-def known_secrets_sha256(host, path: str) -> str | None | object:
-    """The sha256 of the secrets file PATH (None: absent) as a host-state read of HOST's run
-    found it (read with ``secrets=PATH``), or ``UNREAD``."""
+# ---------------------------------------------------------------------------------------
+# what an operation compares, fetched by the operation itself (as pyinfra's ``systemd.service``
+# reads ``SystemdStatus``): from a read this run already made when one reported it (no round
+# trip: a no-op run stays one command per host), else one read of the operation's own fact,
+# kept for the run like every read (``read_host_state``)
+
+
+def service_state(host, service: str) -> ServiceState:
+    """SERVICE's unit on HOST: from a host-state read of the run made for that unit
+    (``service=SERVICE``; sglang-watchdog's from a read with ``watchdog``), else its own
+    ``ServiceStatus`` read."""
+    for kwargs, hs in _states(host):
+        if kwargs.get("service") == service:
+            return hs.service
+        if service == WATCHDOG_SERVICE and kwargs.get("watchdog"):
+            return ServiceState.from_json((hs.watchdog or {}).get("service"))
+    return read_host_state(host, ServiceStatus, service=service) or ServiceState()
+
+
+def _covers_model(read: str | None, path: str | None) -> bool:
+    """A host-state read of the model folder READ reports PATH too: PATH is READ or one of
+    its sibling revisions ``READ@REV`` (``hoststate.model_state`` lists them all)."""
+    if path is None:
+        return True
+    if read is None:
+        return False
+    read, path = read.rstrip("/"), path.rstrip("/")
+    return path == read or (path.startswith(read + "@") and "/" not in path[len(read) + 1:])
+
+
+def host_state(host, root: str, python: str = "python3", model: str | None = None
+               ) -> HostState | None:
+    """The state of ROOT on HOST (its releases, tool venv...; with MODEL, that model folder
+    too: ``model_state``): the latest host-state read of the run of that root (whose model
+    folder covers MODEL), else its own ``SglangHostState(root=ROOT, model=MODEL)`` read, run
+    with PYTHON (the system python). None: the script printed no JSON."""
+    for kwargs, hs in _states(host):
+        if kwargs.get("root") == root and _covers_model(kwargs.get("model"), model):
+            return hs
+    return read_host_state(host, SglangHostState, root=root, python=python,
+                           **({"model": model} if model else {}))
+
+
+def model_state(hs: HostState | None, path: str) -> dict:
+    """The model folder PATH as the host state HS (``host_state`` with ``model``) reports it:
+    itself or a sibling revision (``modelfetch.state_of``)."""
+    return modelfetch.state_of((hs.model if hs is not None else None), path)
+
+
+def patch_status(host, root: str, release_id: str, python: str, site: str, tool: str
+                 ) -> dict | None:
+    """The autotune patch's status on release RELEASE_ID of ROOT on HOST (``patch_tool.py
+    status --json``): None when the run's read of ROOT found that release absent or
+    incomplete (a venv this run makes); the release's own record when the patched file is
+    still the bytes it describes; else ``PatchStatus`` (the venv's PYTHON reads SITE with
+    TOOL; None: no venv)."""
+    from sglang_deploy.core import patch as patchmod
+
+    hs = known_state(host, root=root)
+    if hs is not None:
+        rel = hs.releases.get(release_id)
+        if rel is None or not rel.complete:
+            return None
+        recorded = patchmod.status_from_record(rel.patch, rel.patch_file_sha256)
+        if recorded:
+            return recorded
+    return read_host_state(host, PatchStatus, python=python, site=site, tool=tool)
+
+
+def path_state(host, path: str) -> PathState | None:
+    """PATH on HOST (None: absent): from a host-state read of the run that listed it (its
+    ``paths``), else its own ``PathStatus`` read."""
+    for _, hs in _states(host):
+        if path in hs.paths:
+            return hs.paths[path]
+    return read_host_state(host, PathStatus, path=path)
+
+
+def secrets_sha256(host, path: str) -> str | None:
+    """The sha256 of the secrets file PATH on HOST (None: absent or not a file): from a
+    host-state read of the run made with ``secrets=PATH``, else as ``path_state`` finds it."""
     hs = known_state(host, secrets=path)
-    return UNREAD if hs is None else hs.secrets_sha256
+    if hs is not None:
+        return hs.secrets_sha256
+    found = path_state(host, path)
+    return found.sha256 if found is not None and found.kind == "file" else None
+
+
+class ServiceStatus(FactBase):
+    """``systemctl show`` of one unit, the properties the host-state read reports for its
+    service (``hoststate.SHOW_PROPS``): what ``service_enabled`` and ``service_started``
+    compare when no host-state read of the run was made for that unit. Returns a
+    ``ServiceState`` (every property None: systemd knows no such unit)."""
+
+    default = ServiceState
+
+    def command(self, service: str) -> str:
+        return (f"systemctl show {shlex.quote(service + '.service')} --no-pager "
+                f"-p {','.join(SHOW_PROPS)} 2>/dev/null; true")
+
+    def process(self, output: list[str]) -> ServiceState:
+        return ServiceState.from_json(dict(line.partition("=")[::2] for line in output if line))
+
+
+class PathStatus(FactBase):
+    """One path as the host-state read reports each of its ``paths`` (``hoststate.path_state``:
+    kind, owner, group, octal mode, a file's sha256, a link's target), in one shell command
+    (no python needed): what the file operations compare when no host-state read of the run
+    listed the path. Returns a ``PathState``; None when the path is absent."""
+
+    def command(self, path: str) -> str:
+        return (f"p={shlex.quote(path)}; if test -L \"$p\"; then k=link; "
+                'elif test -d "$p"; then k=dir; elif test -f "$p"; then k=file; '
+                'elif test -e "$p"; then k=other; else echo @@absent; exit 0; fi; '
+                "echo \"$k\"; stat -c '%U %u %G %g %a' \"$p\"; "
+                'case $k in file) sha256sum < "$p" | cut -d" " -f1;; link) readlink "$p";; esac')
+
+    def process(self, output: list[str]) -> PathState | None:
+        if not output or output[0] == "@@absent":
+            return None
+        kind, (user, uid, group, gid, mode) = output[0], output[1].split()
+        extra = "\n".join(output[2:]) or None
+        return PathState(kind=kind, user=uid if user == "UNKNOWN" else user,
+                         group=gid if group == "UNKNOWN" else group, mode=mode,
+                         sha256=extra if kind == "file" else None,
+                         target=extra if kind == "link" else None)
 
 
 class UvVersion(FactBase):

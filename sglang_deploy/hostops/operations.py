@@ -3,10 +3,12 @@ gate, the rollback's restore; a release's own are in ``releaseops``): each reads
 first and yields nothing when the host already matches (``host.noop``). Decisions come from the
 pure modules.
 
-The file operations fetch what they compare themselves, as pyinfra's own do: from this run's
-host-state read (``facts.read_host_state``: one round trip, kept for the run) when it reported
-the path, else from pyinfra's per-path facts (``File``, ``Directory``, ``Link``,
-``Sha256File``), so a path the read left out is compared, not uploaded blindly."""
+Each operation fetches what it compares itself, as pyinfra's ``systemd.service`` reads
+``SystemdStatus``: through the run's store of reads (``facts.service_state``,
+``facts.path_state``, ``facts.secrets_sha256``), which answers from this run's host-state
+read when it reported the unit or the path (no round trip), else reads the operation's own
+fact once (``ServiceStatus``, ``PathStatus``): a path the read left out is compared, not
+uploaded blindly."""
 
 from __future__ import annotations
 
@@ -22,12 +24,11 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.exceptions import NestedOperationError
-from pyinfra.facts.files import Directory, File, Link, Sha256File
 from pyinfra.operations import files
 
 from sglang_deploy.core import unitstart
 from sglang_deploy.core.errors import PreflightError, SglangDeployError
-from sglang_deploy.core.hoststate import PathState, ServiceState
+from sglang_deploy.core.hoststate import PathState
 from sglang_deploy.hostops import facts
 from sglang_deploy.integration import outcomes
 
@@ -112,8 +113,8 @@ def private_upload(content: str, path: str):
 def secret_file(path: str, content: str):
     """
     Write the service's secrets (root:root 0600) without ever printing or diffing them;
-    compared by sha256 with the host's file (the run's host-state read, read with
-    ``secrets=PATH``, else pyinfra's ``Sha256File``).
+    compared by sha256 with the host's file (``facts.secrets_sha256``: the run's host-state
+    read made with ``secrets=PATH``, else the file's own ``PathStatus``).
 
     + path: the EnvironmentFile path (its folder is root-only, 0700)
     + content: the file body
@@ -125,10 +126,7 @@ def secret_file(path: str, content: str):
         secret_file(path="/etc/sglang/secrets.env", content=body)
     """
     digest = hashlib.sha256(content.encode()).hexdigest()
-    present_sha256 = facts.known_secrets_sha256(host, path)
-    if present_sha256 is facts.UNREAD:
-        present_sha256 = host.get_fact(Sha256File, path=path)
-    if present_sha256 == digest:
+    if facts.secrets_sha256(host, path) == digest:
         host.noop(f"{path} is up to date")
         return
     tmp = f"{path}.tmp"
@@ -137,43 +135,44 @@ def secret_file(path: str, content: str):
 
 
 @operation()
-def service_enabled(service: str, unit_file_state: str | None):
+def service_enabled(service: str):
     """
-    Enable the unit at boot.
+    Enable the unit at boot, unless its ``UnitFileState`` is ``enabled`` (``systemctl show``:
+    ``facts.service_state``, the run's host-state read of that unit, else ``ServiceStatus``).
 
     + service: unit name without ``.service``
-    + unit_file_state: ``UnitFileState`` from ``systemctl show``
 
     **Example:**
 
     .. code:: python
 
-        service_enabled(service="sglang", unit_file_state="disabled")
+        service_enabled(service="sglang")
     """
-    if unit_file_state == "enabled":
+    if facts.service_state(host, service).enabled:
         host.noop(f"{service}.service is enabled")
         return
     yield _sh("systemctl", "enable", f"{service}.service")
 
 
 @operation()
-def service_started(service: str, active_state: str | None, sub_state: str | None = None):
+def service_started(service: str):
     """
-    Start the service if it is not running (the verifier then waits for it). A unit waiting
-    to be restarted after a crash (``activating/auto-restart``) counts as not running.
+    Start the service if it is not running (the verifier then waits for it), as its
+    ``systemctl show`` was when the deploy began (``facts.service_state``: the run's
+    host-state read of that unit, else ``ServiceStatus``). A unit waiting to be restarted
+    after a crash (``activating/auto-restart``) counts as not running.
 
     + service: unit name without ``.service``
-    + active_state: ``ActiveState`` from ``systemctl show`` when the deploy began
-    + sub_state: ``SubState`` from ``systemctl show``
 
     **Example:**
 
     .. code:: python
 
-        service_started(service="sglang", active_state="inactive", sub_state="dead")
+        service_started(service="sglang")
     """
-    if ServiceState(active_state=active_state, sub_state=sub_state).started:
-        host.noop(f"{service}.service is {active_state}/{sub_state}")
+    svc = facts.service_state(host, service)
+    if svc.started:
+        host.noop(f"{service}.service is {svc.active_state}/{svc.sub_state}")
         return
     yield _sh("systemctl", "reset-failed", f"{service}.service") + " || true"
     yield unitstart.start_command("start", f"{service}.service")
@@ -226,21 +225,20 @@ def daemon_reload():
     yield "systemctl daemon-reload"
 
 
-def enabled_and_started(service: str, unit, svc: ServiceState, start: bool = True):
+def enabled_and_started(service: str, unit, start: bool = True):
     """What every unit the deploy keeps gets: enabled at boot, systemd reloaded when its unit
-    file (UNIT, the ``file_content`` operation) changes, started when not running (unless
-    START is false: a group's node starts with its group). SVC is the unit's ``systemctl
-    show`` state from the host-state read. Returns the start operation (None: not START)."""
-    service_enabled(name=f"Enable {service}", service=service,
-                    unit_file_state=svc.unit_file_state)
-    if svc.need_daemon_reload:  # a unit file an earlier run wrote and never loaded
+    file (UNIT, the ``file_content`` operation) changes or systemd runs another than the one
+    on disk, started when not running (unless START is false: a group's node starts with its
+    group). Returns the start operation (None: not START)."""
+    service_enabled(name=f"Enable {service}", service=service)
+    # a unit file an earlier run wrote and never loaded
+    if facts.service_state(host, service).need_daemon_reload:
         daemon_reload(name="systemd daemon-reload (the unit file on disk is not loaded)")
     elif unit.will_change:
         daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
     if not start:
         return None
-    return service_started(name=f"Start {service}", service=service,
-                           active_state=svc.active_state, sub_state=svc.sub_state)
+    return service_started(name=f"Start {service}", service=service)
 
 
 @operation()
@@ -281,27 +279,10 @@ def _mode(mode) -> str:
     return f"{int(str(mode), 8):o}"
 
 
-def _pyinfra_path(path: str, kind: str) -> PathState | None:
-    """PATH by pyinfra's own facts, when the run's host-state read did not report it: as a
-    KIND ("dir", "file" with its sha256, "link" with its target), or kind "other" when it is
-    something else; None when absent."""
-    fact = {"dir": Directory, "file": File, "link": Link}[kind]
-    found = host.get_fact(fact, path=path)
-    if found is None:
-        return None
-    if found is False:
-        return PathState(kind="other")
-    return PathState(kind=kind, user=found.get("user"), group=found.get("group"),
-                     mode=str(found["mode"]) if found.get("mode") is not None else None,
-                     sha256=host.get_fact(Sha256File, path=path) if kind == "file" else None,
-                     target=found.get("link_target"))
-
-
-def path_state(path: str, kind: str) -> PathState | None:
-    """PATH as this run's host-state read found it (None: absent), else as pyinfra's facts
-    find it (``_pyinfra_path``: one round trip more, for a path the read did not list)."""
-    found = facts.known_path(host, path)
-    return _pyinfra_path(path, kind) if found is facts.UNREAD else found
+def path_state(path: str) -> PathState | None:
+    """PATH on this host (None: absent): as this run's host-state read found it, else by its
+    own ``PathStatus`` read (``facts.path_state``)."""
+    return facts.path_state(host, path)
 
 
 def _dir_matches(present: PathState | None, owner: str, mode: str) -> bool:
@@ -324,7 +305,7 @@ def directories(dirs: list):
         directories(dirs=[("/opt/sglang", "root", "755")])
     """
     todo = [(path, owner, mode) for path, owner, mode in dirs
-            if not _dir_matches(path_state(path, "dir"), owner, _mode(mode))]
+            if not _dir_matches(path_state(path), owner, _mode(mode))]
     if not todo:
         host.noop(f"{len(dirs)} folders exist with their owner and mode")
         return
@@ -335,7 +316,7 @@ def directories(dirs: list):
 def _content_matches(src, dest: str, mode: str) -> bool:
     data = src.getvalue() if hasattr(src, "getvalue") else Path(src).read_bytes()
     data = data.encode() if isinstance(data, str) else data
-    present = path_state(dest, "file")
+    present = path_state(dest)
     return present is not None and present.is_file(hashlib.sha256(data).hexdigest(), _mode(mode))
 
 
@@ -411,7 +392,7 @@ def symlink(path: str, target: str):
 
         symlink(path="/opt/sglang/current", target="/opt/sglang/releases/0123abcd")
     """
-    present = path_state(path, "link")
+    present = path_state(path)
     if present is not None and present.links_to(target):
         host.noop(f"{path} -> {target}")
         return

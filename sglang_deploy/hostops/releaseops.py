@@ -1,7 +1,9 @@
 """pyinfra operations of a release: uv in a tool venv, the release venv from its lock, the
 autotune patch, the launch-flag check against the installed sglang, the caches restored, old
-releases pruned, the model downloaded. Each reads what it needs first and yields nothing when
-the host already matches (``host.noop``); decisions come from the pure modules."""
+releases pruned, the model downloaded. Each fetches what it compares itself (the run's
+host-state read of its root when one was made, else a fact of its own: ``facts.host_state``,
+``facts.patch_status``) and yields nothing when the host already matches (``host.noop``);
+decisions come from the pure modules."""
 
 from __future__ import annotations
 
@@ -146,24 +148,29 @@ def release_venv(root: str, release_id: str, python: str, lock_path: str,
 
 
 @operation()
-def autotune_patch(python: str, site: str, tool: str, record: str, status: dict | None):
+def autotune_patch(root: str, release_id: str, python: str, site: str, tool: str, record: str):
     """
-    Apply the FlashInfer autotune patch to a release venv, version-aware (``patch_tool.py``).
+    Apply the FlashInfer autotune patch to a release venv, version-aware (``patch_tool.py``),
+    unless its status says it is applied or not needed (``facts.patch_status``: none for a
+    release the run's read of ROOT found incomplete, the release's patch record when the file
+    is still the bytes it describes, else ``patch_tool.py status`` on the host).
 
+    + root: sglang root folder
+    + release_id: the release whose venv is patched
     + python: the release venv's python
     + site: its site-packages folder
     + tool: path of the shipped ``patch_tool.py`` on the host (``patch.py`` beside it)
     + record: where the patch state record is written (JSON)
-    + status: ``patch_tool.py status --json`` of the venv, or None when the venv is new
 
     **Example:**
 
     .. code:: python
 
-        autotune_patch(python=".../venv/bin/python", site=".../site-packages",
-                       tool="/opt/sglang/tools/patch_tool.py", record=".../autotune-patch.json",
-                       status=None)
+        autotune_patch(root="/opt/sglang", release_id="3f2a...", python=".../venv/bin/python",
+                       site=".../site-packages", tool="/opt/sglang/tools/patch_tool.py",
+                       record=".../autotune-patch.json")
     """
+    status = facts.patch_status(host, root, release_id, python, site, tool)
     state = (status or {}).get("state")
     if state in ("already-applied", "enabled-upstream"):
         host.noop(f"autotune patch: {state} ({status.get('file')})")
@@ -274,23 +281,30 @@ def releases_to_prune(releases: dict, keep: int, protected: set[str]) -> list[st
 
 
 @operation()
-def releases_pruned(root: str, releases: dict, keep: int, protected: set[str]):
+def releases_pruned(root: str, keep: int, protected: set[str], installing: str | None = None,
+                    python: str = "python3"):
     """
     Delete old release venvs beyond ``keep`` (oldest first); the current, the known-good
     and the release being deployed are never deleted, so a rollback always has its venv.
+    The releases (with their ``installed_at``) are the host's under ROOT
+    (``facts.host_state``: the run's read of ROOT, else ``SglangHostState`` of ROOT).
 
     + root: sglang root folder
-    + releases: ``releases`` of ``SglangHostState`` (with ``installed_at``)
     + keep: how many releases to keep (``sglang_keep_releases``)
     + protected: release ids that must stay
+    + installing: the release this run installs, counted as the newest even before it exists
+    + python: the system python (a read of ROOT of its own runs ``hoststate.py`` with it)
 
     **Example:**
 
     .. code:: python
 
-        releases_pruned(root="/opt/sglang", releases=hs.releases.metas(), keep=3,
-                        protected={"3f2a...", "9be1..."})
+        releases_pruned(root="/opt/sglang", keep=3, protected={"3f2a...", "9be1..."},
+                        installing="3f2a...", python="/usr/bin/python3")
     """
+    hs = facts.host_state(host, root, python)
+    releases = {**(hs.releases.metas() if hs is not None else {}),
+                **({installing: {"installed_at": "now"}} if installing else {})}
     doomed = releases_to_prune(releases, keep, protected)
     if not doomed:
         host.noop(f"{len(releases)} release(s) kept (at most {keep})")
@@ -313,18 +327,22 @@ def _fetch_on_host(spec: modelfetch.FetchSpec, group: str | None):
 
 
 @operation()
-def model_download(spec: modelfetch.FetchSpec, complete: bool, token: str | None = None,
-                   group: str | None = None):
+def model_download(spec: modelfetch.FetchSpec, root: str, python: str = "python3",
+                   token: str | None = None, group: str | None = None):
     """
     Download the model with huggingface_hub (``remote/model_fetch.py`` run by the release
-    venv's python) when the folder is incomplete, then check every shard against the index.
+    venv's python) when the folder is incomplete (every shard of its index at full size, as
+    ``facts.host_state`` finds the folder: the run's read of it or of the folder whose sibling
+    revision it is, else ``SglangHostState`` of ROOT with that model), then check every shard
+    against the index.
 
     The token goes into a root-only file (``spec.token_file``, removed after the download),
     never into argv, the environment of another process, or pyinfra's output.
 
     + spec: ``modelfetch.FetchSpec`` (repo, revision, path, python, tool, token file, endpoint,
       deadline)
-    + complete: whether the folder already holds every shard at full size (pre-flight fact)
+    + root: sglang root folder (a read of its own is ``hoststate.py state --root ROOT``)
+    + python: the system python that read runs with
     + token: the Hugging Face token (from the controller's environment), None: anonymous
     + group: group given read access to the downloaded files (the service user's)
 
@@ -336,9 +354,11 @@ def model_download(spec: modelfetch.FetchSpec, complete: bool, token: str | None
                                       python=".../venv/bin/python",
                                       tool="/opt/sglang/tools/model_fetch.py",
                                       token_file="/etc/sglang/.hf-token"),
-                       complete=False, token=settings.secrets.get("HF_TOKEN"), group="sglang")
+                       root="/opt/sglang", python="/usr/bin/python3",
+                       token=settings.secrets.get("HF_TOKEN"), group="sglang")
     """
-    if complete:
+    hs = facts.host_state(host, root, python, model=spec.path)
+    if modelfetch.model_complete(facts.model_state(hs, spec.path), spec.path):
         host.noop(f"model folder {spec.path} is complete")
         return
     if token and spec.token_file:

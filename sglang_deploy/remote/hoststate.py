@@ -4,7 +4,7 @@
 Shipped to the host (or fed on stdin) and run with the system python, so that one round
 trip returns everything a fact or a verifier poll needs.
 
-  hoststate.py state --root R --service S [--model PATH] [--secrets FILE] [--cache DIR]
+  hoststate.py state --root R [--service S] [--model PATH] [--secrets FILE] [--cache DIR]
                      [--path P]... [--dev-open] [--gpu-health FIELDS --kernel-pattern RE]
                      [--watchdog STATE_DIR]
   hoststate.py poll --service S --port P [--host H] [--cursor C] [--invocation ID]
@@ -325,7 +325,7 @@ def cmd_state(args) -> dict:
         "releases": releases(root),
         "current": current,
         "uv_version": uv_version(os.path.join(root, "tools", "venv")),
-        "service": systemd_show(args.service),
+        "service": systemd_show(args.service) if args.service else {},
         "last_verified": read_json(os.path.join(root, "last-verified.json")),
         **host_platform(),  # "python", "glibc"
         "secrets_sha256": sha256_file(args.secrets) if args.secrets else None,
@@ -333,7 +333,7 @@ def cmd_state(args) -> dict:
         "users": sorted({p.pw_name for p in pwd.getpwall()}),
         "paths": {p: path_state(p) for p in (args.path or [])},
         "known_good": known_good(root),
-        "unit_sha256": sha256_file(f"/etc/systemd/system/{args.service}.service"),
+        "unit_sha256": args.service and sha256_file(f"/etc/systemd/system/{args.service}.service"),
         "p2p_verified": read_json(os.path.join(root, "p2p-verified.json")),
         "hardening": read_json(os.path.join(root, "hardening.json")),
         "monotonic_now": time.monotonic(),  # systemd's *TimestampMonotonic use the same clock
@@ -465,7 +465,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("state")
     st.add_argument("--root", required=True)
-    st.add_argument("--service", required=True)
+    st.add_argument("--service", help="the unit whose state is reported (none: not read)")
     st.add_argument("--model")
     st.add_argument("--secrets")
     st.add_argument("--path", action="append", help="report kind/owner/mode/sha256 (repeatable)")

@@ -56,7 +56,7 @@ def start_or_restart(ctx, unit, secrets, decision: restart.Decision) -> tuple:
     changes (or it runs a never-verified invocation that does not serve): (started,
     restarted) operations. When the pre-flight skipped the peer copies (a server ran), the
     server is stopped first and P2P retested on the free GPUs (``p2pretest``)."""
-    s, hs = ctx.settings, ctx.hoststate
+    s = ctx.settings
     reasons = decision.triggers
     triggers = {"unit": unit, "secrets": secrets, **ctx.ops.triggers}
     action = decision.action
@@ -76,7 +76,7 @@ def start_or_restart(ctx, unit, secrets, decision: restart.Decision) -> tuple:
         p2pretest.add_retest(ctx, _if=stopped.did_change)
         if decision.start:  # the GPUs free at last: the all-reduce check of a first start
             allreduce.add_allreduce_check(ctx)
-    started = ops.enabled_and_started(s.sglang_service, unit, hs.service)
+    started = ops.enabled_and_started(s.sglang_service, unit)
     # Gated operations are added only when a trigger may fire, so that a converged host shows
     # no change at all, not even a conditional one, in --dry.
     ctx.verify_running = action == restart.VERIFY
@@ -101,7 +101,7 @@ def group_node(ctx, unit, run: groupops.GroupRun | None, gd: restart.GroupDecisi
     skipped while a server ran), the optional NCCL all-reduce across the group
     (``gpu_allreduce_check``: every GPU free), and started with it."""
     s = ctx.settings
-    ops.enabled_and_started(s.sglang_service, unit, ctx.hoststate.service, start=False)
+    ops.enabled_and_started(s.sglang_service, unit, start=False)
     if run is None:
         return
 

@@ -135,9 +135,9 @@ def _release(s, hs: HostState, tools: list, release_id: str, version: str, lock_
         wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url,
         uv_cache=f"{root}/uv-cache", packages=progressmod.lock_packages(lock_text),
         meta={"smg_version": version, "lock": s.router_lock})
-    releaseops.releases_pruned(name="Old router releases (keep 3)", root=root,
-                        releases={**hs.releases.metas(), release_id: {"installed_at": "now"}},
-                        keep=3, protected={r for r in (release_id, hs.releases.current) if r})
+    releaseops.releases_pruned(name="Old router releases (keep 3)", root=root, keep=3,
+                               protected={r for r in (release_id, hs.releases.current) if r},
+                               installing=release_id, python=s.sglang_system_python)
     return release
 
 
@@ -163,7 +163,7 @@ def _started_and_verified(s, hs: HostState, unit, triggers: list, urls: list[str
     (re)started, when asked (verify_converged), and when the running router is not the one
     that last passed (a failed or interrupted deploy left it unverified)."""
     svc = hs.service
-    started = ops.enabled_and_started(s.router_service, unit, svc)
+    started = ops.enabled_and_started(s.router_service, unit)
     restarted = None
     if any(t.will_change for t in triggers) and not started.will_change:
         restarted = ops.service_restarted(

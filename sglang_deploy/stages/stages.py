@@ -29,7 +29,7 @@ from sglang_deploy.core.service import Layout, StageOps, Trigger
 from sglang_deploy.core.unit import UnitSpec, device_allow, render_secrets_env, render_unit
 from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
-from sglang_deploy.hostops.facts import REMOTE, PatchStatus
+from sglang_deploy.hostops.facts import REMOTE, patch_status
 from sglang_deploy.integration import outcomes, plan
 from sglang_deploy.stages import (
     allreduce,
@@ -201,7 +201,6 @@ def runtime_stage(ctx: Context):
                   wheelhouse=s.sglang_wheelhouse, index_url=s.sglang_index_url)
 
     put_p2p_record(ctx)
-    rel = hs.releases.get(ctx.release_id)
     lock_path = lay.release_lock(ctx.release_id)
     ops.file_content(
         name=f"Lock of release {ctx.release_id}", src=StringIO(ctx.lock_text), dest=lock_path,
@@ -216,10 +215,10 @@ def runtime_stage(ctx: Context):
     )
     known_good = hs.releases.known_good_release
     releaseops.releases_pruned(name=f"Old releases (keep {s.sglang_keep_releases})", root=s.sglang_root,
-                        releases={**hs.releases.metas(), ctx.release_id: {"installed_at": "now"}},
-                        keep=s.sglang_keep_releases,
-                        protected={r for r in (ctx.release_id, hs.releases.current, known_good) if r})
-    autotune_patch(ctx, rel)
+                        keep=s.sglang_keep_releases, installing=ctx.release_id,
+                        protected={r for r in (ctx.release_id, hs.releases.current, known_good) if r},
+                        python=s.sglang_system_python)
+    autotune_patch(ctx)
     if s.sglang_model_download:  # after the release venv (its huggingface_hub), before the service
         ctx.ops.triggers[Trigger.MODEL] = releaseops.model_download(
             name=f"Model {s.sglang_model_repo} -> {s.sglang_model_path}",
@@ -228,30 +227,27 @@ def runtime_stage(ctx: Context):
                 python=ctx.venv_python, tool=lay.tool("model_fetch.py"),
                 token_file=lay.hf_token_file, endpoint=s.sglang_hf_endpoint,
                 timeout_s=s.sglang_model_download_timeout_s, token_env=s.sglang_hf_token_env),
-            complete=modelfetch.model_complete(hs.model, s.sglang_model_path),
+            root=s.sglang_root, python=s.sglang_system_python,
             token=s.secrets.get("HF_TOKEN"), group=s.sglang_user)
 
 
-def autotune_patch(ctx: Context, rel) -> None:
+def autotune_patch(ctx: Context) -> None:
     """The FlashInfer autotune patch on the release (``sglang_autotune_patch``), its state
-    kept in CTX for the verifier."""
-    lay = ctx.layout
-    if not ctx.settings.sglang_autotune_patch:
+    kept in CTX for the verifier and the restart decision: the status the operation itself
+    compares (``facts.patch_status``, read once in the run: the operation finds the same)."""
+    lay, s = ctx.layout, ctx.settings
+    if not s.sglang_autotune_patch:
         ctx.patch_state = "disabled"
         return
-    status = None
-    if rel is not None and rel.complete:
-        # the record of the last apply, when the file is still the bytes it describes;
-        # else the venv's python reads the file (``patch_tool.py status``)
-        status = patchmod.status_from_record(rel.patch, rel.patch_file_sha256) \
-            or groupprep.fact(host, PatchStatus, python=ctx.venv_python, site=ctx.site,
-                              tool=lay.tool("patch_tool.py"))
+    tool = lay.tool("patch_tool.py")
+    status = patch_status(host, s.sglang_root, ctx.release_id, ctx.venv_python, ctx.site,
+                                tool)
     found = (status or {}).get("state")
     ctx.patch_status = status
     ctx.patch_state = "applied" if found in (None, "", "needed") else found
     ctx.ops.triggers[Trigger.PATCH] = releaseops.autotune_patch(
-        name="FlashInfer autotune patch", python=ctx.venv_python, site=ctx.site,
-        tool=lay.tool("patch_tool.py"), record=lay.patch_record(ctx.release_id), status=status)
+        name="FlashInfer autotune patch", root=s.sglang_root, release_id=ctx.release_id,
+        python=ctx.venv_python, site=ctx.site, tool=tool, record=lay.patch_record(ctx.release_id))
 
 
 def unit_for(ctx: Context) -> str:

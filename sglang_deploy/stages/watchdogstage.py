@@ -16,7 +16,6 @@ from pyinfra.api import operation
 from sglang_deploy.controller import routing
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core import watchdogunit as wu
-from sglang_deploy.core.hoststate import ServiceState
 from sglang_deploy.hostops import operations as ops
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -40,7 +39,7 @@ def install(ctx) -> None:
     """The watchdog of this host as its data says (``watchdog``). A multi-node group's nodes
     get none yet: it could only report there (a group restarts as one), a node of rank >= 1
     has no API to probe, and every node of a group adds the same operations."""
-    s, hs = ctx.settings, ctx.hoststate
+    s = ctx.settings
     if s.watchdog == "off" or ctx.group is not None:
         why = "watchdog: off" if s.watchdog == "off" else "a multi-node group's node"
         removed(name=f"Watchdog removed ({why})", root=s.sglang_root)
@@ -61,14 +60,13 @@ def install(ctx) -> None:
     if key:
         changing.append(ops.secret_file(name=f"Router key {wu.ROUTER_KEY_FILE} (0600, root)",
                                         path=wu.ROUTER_KEY_FILE, content=key + "\n"))
-    elif ops.path_state(wu.ROUTER_KEY_FILE, "file") is not None:
+    elif ops.path_state(wu.ROUTER_KEY_FILE) is not None:
         changing.append(removed_files(name=f"No router key {wu.ROUTER_KEY_FILE}",
                                       paths=[wu.ROUTER_KEY_FILE]))
     unit = ops.file_content(name=f"Unit {wu.UNIT_FILE}", mode="644", dest=wu.UNIT_FILE,
                             src=StringIO(wu.render_unit(s, with_router_key=bool(key))))
     changing.append(unit)
-    svc = hs.watchdog.service if hs.watchdog is not None else ServiceState()
-    started = ops.enabled_and_started(wu.SERVICE, unit, svc)
+    started = ops.enabled_and_started(wu.SERVICE, unit)
     if not started.will_change and any(op.will_change for op in changing):
         ops.service_restarted(name=f"Restart {wu.SERVICE} (its files changed)", service=wu.SERVICE,
                               _if=lambda: any(op.did_change() for op in changing))
@@ -92,7 +90,7 @@ def removed(root: str):
 
     + root: ``sglang_root`` (its tools)
     """
-    present = [p for p in wu.managed_paths(root) if ops.path_state(p, "file") is not None]
+    present = [p for p in wu.managed_paths(root) if ops.path_state(p) is not None]
     if not present:
         host.noop("no watchdog installed")
         return

@@ -8,7 +8,8 @@ As in pyinfra's runner, the operation's generator (``op._inner``) is run in a re
 State and Host (no connection: a connection attempt fails the case) and ``get_fact`` is
 answered from the case: ``facts`` maps a fact (pyinfra's as its tests name them,
 ``files.File``; this project's by class name) to its arguments (``path=/x``, as pyinfra's
-``get_kwargs_str`` writes them) and the processed value. A fact read that the case does not
+``get_kwargs_str`` writes them) and the processed value (this project's typed facts in their
+wire form: ``_fact_value``). A fact read that the case does not
 give fails the case, naming it. ``host_state`` is the run's host-state read (the read's
 arguments and its JSON state, as ``hoststate.py`` prints it), read before the operation as the
 stages read it (``facts.read_host_state``), so an operation that compares with it finds it.
@@ -99,10 +100,17 @@ def fact_key(cls) -> str:
 
 
 def _fact_value(key: str, value: Any) -> Any:
-    if key in ("SglangHostState", "HostState") and isinstance(value, dict):
-        from sglang_deploy.core.hoststate import HostState
+    """A fact's processed value from its JSON form in a case: this project's typed facts from
+    their wire form (``SglangHostState``: the JSON ``hoststate.py`` prints; ``ServiceStatus``:
+    ``systemctl show``'s properties; ``PathStatus``: one entry of its ``paths``)."""
+    from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
 
+    if key in ("SglangHostState", "HostState") and isinstance(value, dict):
         return HostState.from_json(value)
+    if key == "ServiceStatus":
+        return ServiceState.from_json(value)
+    if key == "PathStatus":
+        return PathState.from_json(value)
     return parse_value(value)
 
 

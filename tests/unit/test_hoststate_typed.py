@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from pyinfra.context import ctx_host
-from pyinfra.facts.files import Directory, File, Sha256File
+from pyinfra.facts.files import Directory, File
 
 from sglang_deploy.core import restart
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
 from sglang_deploy.core.service import StageOps, Trigger
 from sglang_deploy.hostops import facts, operations
-from sglang_deploy.hostops.facts import HostSnapshot, SglangHostState, Snapshot
+from sglang_deploy.hostops.facts import HostSnapshot, PathStatus, SglangHostState, Snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hoststate"
 
@@ -141,14 +141,18 @@ def test_the_host_state_is_read_once_per_run_and_kept_for_the_operations():
     first = facts.read_host_state(fake, HostSnapshot, **kwargs)
     assert facts.read_host_state(fake, HostSnapshot, **kwargs) is first
     assert len(fake.asked) == 1  # one round trip
-    assert facts.known_path(fake, "/opt/sglang") == hs.paths["/opt/sglang"]
-    assert facts.known_path(fake, "/not/read") is facts.UNREAD
-    assert facts.known_secrets_sha256(fake, "/etc/sglang/secrets.env") == hs.secrets_sha256
-    assert facts.known_secrets_sha256(fake, "/etc/other.env") is facts.UNREAD
+    # what the operations compare, answered by that read: no round trip more
+    assert facts.path_state(fake, "/opt/sglang") == hs.paths["/opt/sglang"]
+    assert facts.secrets_sha256(fake, "/etc/sglang/secrets.env") == hs.secrets_sha256
+    assert facts.service_state(fake, "sglang") == hs.service
+    assert facts.host_state(fake, "/opt/sglang") is hs
+    assert len(fake.asked) == 1
     fake.state = object()  # a new pyinfra run: nothing kept from the last one
-    assert facts.known_path(fake, "/opt/sglang") is facts.UNREAD
+    fake.answers[PathStatus] = None
+    assert facts.path_state(fake, "/opt/sglang") is None  # its own read now
+    assert fake.asked[-1] == ("PathStatus", "/opt/sglang")
     facts.read_host_state(fake, HostSnapshot, **kwargs)
-    assert len(fake.asked) == 2
+    assert len(fake.asked) == 3
 
 
 def _run(op, **kwargs) -> list:
@@ -161,40 +165,50 @@ def test_a_file_the_read_reported_as_up_to_date_costs_no_round_trip():
     fake.asked.clear()
     unit = hs.paths["/etc/systemd/system/sglang.service"]
     with ctx_host.use(fake):
-        assert operations.path_state("/etc/systemd/system/sglang.service", "file") == unit
+        assert operations.path_state("/etc/systemd/system/sglang.service") == unit
         assert _run(operations.directories, dirs=[("/opt/sglang", "root", "755")]) == []
         assert _run(operations.symlink, path="/opt/sglang/current",
                     target=hs.paths["/opt/sglang/current"].target) == []
     assert fake.asked == [] and len(fake.noops) == 2
 
 
-def test_a_path_the_read_left_out_is_compared_by_pyinfras_own_facts_not_uploaded_blindly():
+def _path_answer(**found):
+    """``PathStatus`` answered from FOUND (path -> PathState; absent otherwise)."""
+    return lambda path: found.get(path)
+
+
+def test_a_path_the_read_left_out_is_its_own_read_not_uploaded_blindly():
     body = "exact bytes\n"
     import hashlib
 
     digest = hashlib.sha256(body.encode()).hexdigest()
-    fake, _ = _snapshot_host({File: {"user": "root", "group": "root", "mode": 644},
-                              Sha256File: digest, Directory: None})
+    fake, _ = _snapshot_host({PathStatus: _path_answer(**{"/opt/sglang/extra.json": PathState(
+        kind="file", user="root", group="root", mode="644", sha256=digest)}),
+        Directory: None})  # read by pyinfra's files.directory, which makes a folder
     facts.read_host_state(fake, SglangHostState, root="/opt/sglang")
     fake.asked.clear()
     with ctx_host.use(fake):
         assert _run(operations.file_content, src=StringIO(body), dest="/opt/sglang/extra.json",
                     mode="644") == []
         assert fake.noops == ["/opt/sglang/extra.json is up to date"]
-        assert fake.asked == [("File", "/opt/sglang/extra.json"),
-                              ("Sha256File", "/opt/sglang/extra.json")]
-        # other bytes on the host: uploaded
+        # one read for the path (its kind, mode and sha256 together)...
+        assert fake.asked == [("PathStatus", "/opt/sglang/extra.json")]
+        # ...kept for the run: other bytes compared with the same read, and uploaded
         assert _run(operations.file_content, src=StringIO("new\n"), dest="/opt/sglang/extra.json",
                     mode="644")
-        # a folder the read did not list and pyinfra finds absent: made
+        assert fake.asked == [("PathStatus", "/opt/sglang/extra.json")]
+        # a folder the read did not list and its own read finds absent: made
         assert _run(operations.directories, dirs=[("/opt/sglang/new", "root", "755")])
+        assert fake.asked[1] == ("PathStatus", "/opt/sglang/new")
 
 
-def test_the_secrets_are_compared_with_the_read_of_that_file_else_sha256file():
+def test_the_secrets_are_compared_with_the_read_of_that_file_else_its_own_read():
     body = "SGLANG_API_KEY=x\n"
     import hashlib
 
-    fake, hs = _snapshot_host({Sha256File: hashlib.sha256(body.encode()).hexdigest()})
+    fake, hs = _snapshot_host({PathStatus: _path_answer(**{"/etc/router/secrets.env": PathState(
+        kind="file", user="root", group="root", mode="600",
+        sha256=hashlib.sha256(body.encode()).hexdigest())})})
     facts.read_host_state(fake, SglangHostState, root="/opt/sglang",
                           secrets="/etc/sglang/secrets.env")
     fake.asked.clear()
@@ -203,9 +217,9 @@ def test_the_secrets_are_compared_with_the_read_of_that_file_else_sha256file():
         assert hs.secrets_sha256 != hashlib.sha256(body.encode()).hexdigest()
         assert _run(operations.secret_file, path="/etc/sglang/secrets.env", content=body)
         assert fake.asked == []
-        # a secrets file the read did not cover: pyinfra's Sha256File, equal: nothing to do
+        # a secrets file the read did not cover: its own PathStatus, equal: nothing to do
         assert _run(operations.secret_file, path="/etc/router/secrets.env", content=body) == []
-        assert fake.asked == [("Sha256File", "/etc/router/secrets.env")]
+        assert fake.asked == [("PathStatus", "/etc/router/secrets.env")]
 
 
 def test_path_state_wire_form_round_trips():

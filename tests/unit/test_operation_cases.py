@@ -77,4 +77,4 @@ def test_a_fact_the_case_does_not_give_is_named(tmp_path, monkeypatch):
     got = opcase.run_case("operations.symlink", {"kwargs": {"path": "/l", "target": "/t"}},
                           tmp_path, monkeypatch)
     assert got["exception"]["name"] == "KeyError"
-    assert "files.Link(path=/l)" in got["exception"]["message"]
+    assert "PathStatus(path=/l)" in got["exception"]["message"]

@@ -25,7 +25,6 @@ from sglang_deploy.controller import routing
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
 from sglang_deploy.core import modelfetch, nvsmi, preflight, restart, service, watchdogunit
-from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
@@ -33,11 +32,11 @@ from sglang_deploy.core.unit import render_secrets_env
 from sglang_deploy.hostops.facts import (
     CudaProbe,
     HostSnapshot,
-    PatchStatus,
     SglangHostState,
     Snapshot,
     read_host_state,
 )
+from sglang_deploy.hostops.facts import patch_status as patch_status_of
 from sglang_deploy.integration import plan
 from sglang_deploy.stages import staging
 from sglang_deploy.stages.group import groupops
@@ -102,15 +101,13 @@ def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> tuple[dict, bool]:
 
 
 def patch_status(h, s: datamod.Settings, hs: HostState, release_id: str) -> dict | None:
-    """The autotune patch's status on H's release (``stages.autotune_patch``): its record
-    when the file is still the one it describes, else read on the host; None: no venv yet."""
-    rel = hs.releases.get(release_id)
-    if rel is None or not rel.complete:
-        return None
+    """The autotune patch's status on H's release, as its operation finds it
+    (``facts.patch_status``, read once in H's run: ``stages.autotune_patch`` and
+    ``releaseops.autotune_patch`` find the same): its record when the file is still the one
+    it describes, else read on the host; None: no venv yet."""
     lay = Layout.of(s)
-    return patchmod.status_from_record(rel.patch, rel.patch_file_sha256) \
-        or fact(h, PatchStatus, python=lay.venv_python(release_id),
-                site=lay.site(release_id, hs.platform.python), tool=lay.tool("patch_tool.py"))
+    return patch_status_of(h, s.sglang_root, release_id, lay.venv_python(release_id),
+                           lay.site(release_id, hs.platform.python), lay.tool("patch_tool.py"))
 
 
 def patch_state(s: datamod.Settings, status: dict | None) -> str:
