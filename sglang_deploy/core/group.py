@@ -8,16 +8,22 @@ connection when the group cannot work: ranks that are not 0..N-1, no IPv4 rank-0
 nodes that differ in what must be equal (lock, flags, model, GPU count, ...), or a
 ``tp-size`` (x ``pp-size``) that is not nodes x GPUs per node. ``group_flags`` and
 ``group_environment`` are what a node's unit gets on top of its own data.
+
+While a run executes, the group's nodes share results only: ``Results``, append-only (each
+node appends its own observations: its rendezvous result, its verification), and every verdict
+is judged from them by the node that asks, with the pure judges here (``rendezvous_verdict``,
+``peer_failed``, ``verdict``): none is kept, so every node gives the same one.
 """
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_deploy.core.errors import DataError, UsageError
+from sglang_deploy.core.errors import DataError, UsageError, VerifyError
 
 #: flags the tool renders for a group's node: never written in ``sglang_flags``
 RESERVED_FLAGS = ("nnodes", "node-rank", "dist-init-addr")
@@ -347,3 +353,123 @@ def judge_rendezvous(group: Group, results: Mapping[str, Mapping[str, Any] | Non
                     (node, r0), f"clocks differ by {abs(off):.1f}s (bound {clock_skew_max_s:g}s)",
                     "run NTP (chrony or systemd-timesyncd) on every node of the group"))
     return problems
+
+
+# ------------------------------------------------------------------ the group's results
+#: what a node observes of itself while its group's run executes (``Observation.kind``)
+RENDEZVOUS, VERIFIED, FAILED = "rendezvous", "verified", "failed"
+#: the kinds that share one slot per node: a node is verified or failed, once
+_SLOT = {RENDEZVOUS: RENDEZVOUS, VERIFIED: "verification", FAILED: "verification"}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One node's own observation: its rendezvous result (VALUE: the tool's JSON, None when it
+    gave none), its verification (VALUE: its summary) or its failure (VALUE: its error)."""
+
+    node: str
+    kind: str
+    value: Any = None
+
+
+class Results:
+    """What a group's nodes observe while one run executes, append-only: each node appends its
+    own observations, one per slot (its rendezvous result; its verification, passed or
+    failed); nothing is replaced or removed. Every verdict is judged from ``log()`` by the
+    node that asks (``rendezvous_verdict``, ``peer_failed``, ``verdict``)."""
+
+    def __init__(self) -> None:
+        self._log: list[Observation] = []
+
+    def append(self, node: str, kind: str, value: Any = None) -> Observation:
+        """NODE's own observation of KIND; a second one in the same slot is a bug (raises)."""
+        if kind not in _SLOT:
+            raise ValueError(f"an observation of a group's node is one of {sorted(_SLOT)}, "
+                             f"not {kind!r}")
+        taken = [o for o in self._log if o.node == node and _SLOT[o.kind] == _SLOT[kind]]
+        if taken:
+            raise ValueError(f"node {node} already observed its {_SLOT[kind]} "
+                             f"({taken[0].kind}) in this run: results are append-only")
+        obs = Observation(node, kind, value)
+        self._log.append(obs)
+        return obs
+
+    def log(self) -> tuple[Observation, ...]:
+        """Every observation so far, in the order they were appended."""
+        return tuple(self._log)
+
+
+def rendezvous_verdict(group: Group, log: Sequence[Observation],
+                       cards: Mapping[str, Mapping[str, Any]], rank0_running: bool = False
+                       ) -> list[Problem]:
+    """Pure: the group pre-flight's verdict from the nodes' rendezvous results in LOG (a node
+    with none: None) and CARDS (``judge_rendezvous``): every node judges it for itself, from
+    the same results, so every node gives the same verdict."""
+    results = {o.node: o.value for o in log if o.kind == RENDEZVOUS}
+    return judge_rendezvous(group, results, cards, rank0_running=rank0_running)
+
+
+def _why(error: BaseException) -> str:
+    text = getattr(error, "found", None) or getattr(error, "what", None) or str(error)
+    return str(text).splitlines()[0] if str(text).strip() else type(error).__name__
+
+
+def first_failure(log: Sequence[Observation]) -> tuple[str, str] | None:
+    """(node, why) of the first node whose verification failed in LOG (its error's first
+    line of what was found), None when none failed: the group's cause."""
+    return next(((o.node, _why(o.value)) for o in log if o.kind == FAILED), None)
+
+
+def peer_failed(group: Group, log: Sequence[Observation], node: str) -> VerifyError | None:
+    """Pure: the error NODE stops with because another node of GROUP failed first (None: no
+    node failed, or NODE itself is the cause and reports its own error)."""
+    failed = first_failure(log)
+    if failed is None or failed[0] == node:
+        return None
+    return VerifyError(
+        what=f"every node of group {group.name} starts ({', '.join(group.members())})",
+        found=f"node {failed[0]} failed: {failed[1]}; {node} was stopped with the "
+              "group, not left waiting for the distributed timeout",
+        fix=f"read {failed[0]}'s error (above, or `sglang-deploy logs INVENTORY {failed[0]}`"
+            " and `sglang-deploy explain-log`); fix it and re-run the deploy: the group "
+            "starts again as one")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A node's verdict on its group once every node was verified: READY with this node's
+    SUMMARY (its record is kept), else the ERROR it stops and fails with."""
+
+    ready: bool
+    summary: Mapping[str, Any] | None = None
+    error: Exception | None = None
+
+
+def verdict(group: Group, log: Sequence[Observation], node: str) -> Verdict:
+    """Pure: NODE's verdict on GROUP from every node's verification in LOG, judged by each
+    node for itself (the same on every node): ready when every node was verified and none
+    failed; else the node that failed first fails with its own error, every other node with
+    that node's name and cause, and when none failed, every node names those that gave no
+    verdict (dropped from the run earlier)."""
+    verified = {o.node: o.value for o in log if o.kind == VERIFIED}
+    failed = first_failure(log)
+    if failed is None and all(n in verified for n in group.members()):
+        return Verdict(True, summary=verified[node])
+    others = [n for n in group.members() if n != node]
+    own = next((o.value for o in log if o.kind == FAILED and o.node == node), None)
+    if own is not None and failed is not None and failed[0] == node:
+        error = copy.copy(own)  # the node's own error, the observation left as it was
+        error.fix = (getattr(own, "fix", None) or "") + (
+            f"\n{node} was stopped, and with it the group's other node(s) {', '.join(others)}")
+        return Verdict(False, error=error)
+    abort = peer_failed(group, log, node)
+    if abort is not None:
+        return Verdict(False, error=abort)
+    missing = [n for n in group.members() if n not in verified]
+    return Verdict(False, error=VerifyError(
+        what=f"every node of group {group.name} verified in this run "
+             f"({', '.join(group.members())})",
+        found=f"node(s) {', '.join(missing)} gave no verdict (dropped from the run earlier); "
+              f"{node} was stopped with the group",
+        fix="read the errors above; fix them and re-run the deploy: the group starts again "
+            "as one"))

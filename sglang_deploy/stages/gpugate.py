@@ -6,18 +6,17 @@ pre-flight's ``HostSnapshot`` and the rollback's ``SglangHostState``): no round 
 own. The gate raises while pyinfra prepares the operations, so nothing of the run has
 executed: the serving server is never stopped for a restart that would be refused. A plan run
 (``status``, ``doctor``, ``rollout --dry``) never raises: it records the report instead
-(``plan``). A multi-node group restarts as one, so each node checks every node's GPUs: every
-node refuses together, none is stopped for a peer that cannot start.
+(``plan``). A multi-node group restarts as one, so each node's GPUs are judged once, with its
+group's decision (``groupprep.Prepared``), and every node refuses together when any node's
+are fatal: none is stopped for a peer that cannot start.
 """
 
 from __future__ import annotations
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import gpuhealth
-from sglang_deploy.core import group as groupmod
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.integration import plan
-from sglang_deploy.stages.group import groupprep
 
 
 def report(s: datamod.Settings, hs: HostState | None) -> gpuhealth.Report:
@@ -34,14 +33,6 @@ def check(name: str, s: datamod.Settings, hs: HostState | None, action: str) -> 
     gpuhealth.gate(report(s, hs), name, action)
 
 
-def check_nodes(nodes: list[tuple[str, datamod.Settings, HostState | None]], group: str,
-                action: str) -> None:
-    """Refuse ACTION of GROUP when any of its NODES (name, Settings, host state) has a fatal
-    GPU: every node raises the same error, naming the node."""
-    for name, s, hs in nodes:
-        check(name, s, hs, f"{action} (group {group} restarts as one)")
-
-
 def before_start(name: str, s: datamod.Settings, hs: HostState, reasons: list[str]) -> None:
     """The deploy's gate (the service stage, the rollout's staging run too): host NAME starts
     (its unit is not active) or restarts (for REASONS) only onto GPUs not judged fatal."""
@@ -52,10 +43,12 @@ def before_start(name: str, s: datamod.Settings, hs: HostState, reasons: list[st
                        f"({', '.join(reasons) or 'not running'})")
 
 
-def before_group_start(state, g: groupmod.Group | None, restart: bool, release_id: str,
-                       service: str) -> None:
-    """A group's node, once its group's decision is made: when group G RESTARTs, every node's
-    GPUs (each node's pre-flight read, ``groupprep.node_states``) before any node stops."""
-    if g is None or not restart:
+def check_group(group: str, fatal, action: str) -> None:
+    """Refuse ACTION of GROUP on this node when any of its nodes' GPUs are FATAL ((node,
+    report), judged once with the group's decision: ``groupprep.Prepared.fatal``): every node
+    raises the same error, naming the node; a plan run only records."""
+    if plan.planning():
         return
-    check_nodes(groupprep.node_states(state, g, release_id), g.name, f"restart {service}")
+    for name, rep in fatal:
+        gpuhealth.gate(rep, name, f"{action} (group {group} restarts as one)")
+

@@ -67,7 +67,7 @@ class Context:
     expect: preflight.Expectations | None = None
     group_env: dict = field(default_factory=dict)  # NCCL/gloo interface of a group's node
     group: group.Group | None = None  # the multi-node group this host is a node of
-    group_decision: tuple | None = None  # its (decision, cards): ``groupprep.decide``
+    group_decision: groupprep.Prepared | None = None  # its group's: ``groupprep.decide``
     restart: object = None  # the restart decision: ``restart.Decision`` or ``GroupDecision``
     gpu_report: dict | None = None  # the GPU health read, judged (``gpugate.report``)
 
@@ -305,7 +305,7 @@ def service_stage(ctx: Context):
     else:
         ctx.group_decision = groupprep.decide(
             state, ctx.group, (ctx.release_id, ctx.sglang_version, ctx.lock_text), peer_unit)
-        gd = ctx.group_decision[0]
+        gd = ctx.group_decision.decision
         decision = gd.decisions[host.name]
         ctx.restart = gd
         why, restarts = gd.why(), gd.restart
@@ -323,8 +323,9 @@ def service_stage(ctx: Context):
     if waited is not None:
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
     run = groupops.run_of(state, ctx.group) if ctx.group is not None and restarts else None
-    gpugate.before_group_start(state, ctx.group, run is not None, ctx.release_id,
-                               s.sglang_service)
+    if run is not None:  # every node's GPUs (judged once, with the group's decision)
+        gpugate.check_group(ctx.group.name, ctx.group_decision.fatal,
+                            f"restart {s.sglang_service}")
     active = hs.service.unit_active
     if run is not None or (ctx.group is None and (not active or reasons)):
         # the server will (re)start: its JIT compilers and the release checked first (a
@@ -335,8 +336,7 @@ def service_stage(ctx: Context):
     # the model into the page cache before the stop, while the server still serves
     warm.before_restart(ctx, active, reasons, group_restarts=run is not None)
     if run is not None:  # the group's pre-flight, before any of its servers stops
-        _, cards = ctx.group_decision
-        groupstage.add_preflight(run, gd, cards, lay.tool("rendezvous.py"),
+        groupstage.add_preflight(run, gd, ctx.group_decision.cards, lay.tool("rendezvous.py"),
                                  s.sglang_system_python)
     unit, secrets, link = ops.server_files(lay, ctx.release_id, unit_text, secrets_text)
     ctx.ops.unit, ctx.ops.secrets, ctx.ops.link = unit, secrets, link

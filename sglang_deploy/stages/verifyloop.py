@@ -21,8 +21,8 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
     """Poll the host until the verifier decides; raise VerifyError on failure.
 
     WATCH (a node of a multi-node group, ``stages.group.groupops.Watch``): before each poll
-    ``watch.abort()`` gives the error to raise when another node failed; a ready decision is
-    kept only when ``watch.hold(decision)`` gives None, else its text is waited on."""
+    ``watch.abort()`` gives the error to raise when another node failed; the node's own
+    ready decision stands (its group is judged as one afterwards, ``groupops.group_ready``)."""
     import gevent
 
     sleep = sleep or gevent.sleep
@@ -43,10 +43,7 @@ def wait_until_ready(host, verifier: Verifier, *, tool: str, service: str, port:
         cursor = poll.get("cursor") or cursor
         decision = verifier.observe(poll)
         if decision.kind == "ready":
-            waiting = watch.hold(decision) if watch is not None else None
-            if waiting is None:
-                return decision
-            decision = Decision("wait", waiting)
+            return decision
         if decision.kind == "fail":
             d = decision.details
             lines = "\n".join(f"    {line}" for line in d.get("log", [])[-40:])

@@ -26,7 +26,7 @@ from sglang_deploy.core.service import Layout
 from sglang_deploy.hostops import facts as facts_mod
 from sglang_deploy.hostops.facts import Snapshot
 from sglang_deploy.integration import plan
-from sglang_deploy.stages import stages, staging
+from sglang_deploy.stages import gpugate, stages, staging
 from sglang_deploy.stages.group import groupops, groupprep
 
 RELEASE = ("rel1", "0.5.12.post1", "sglang==0.5.12.post1\n")
@@ -154,11 +154,27 @@ def _context(state, name: str) -> stages.Context:
     return ctx
 
 
-def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool = False):
+def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool = False,
+             views: collections.Counter | None = None):
     """Each node's service and verify stages prepared in ORDER; returns the state, each
-    node's (operation name, condition) in order, what ran while preparing, and the reads."""
+    node's (operation name, condition) in order, what ran while preparing, and the reads.
+    VIEWS counts, while the stages are prepared, each node's view (``groupprep.node_view``)
+    and each GPU health judged (``gpugate.report``)."""
     state, facts = _state(monkeypatch, changed)
     seen: dict[str, list[str]] = collections.defaultdict(list)
+    if views is not None:
+        real_view, real_report = groupprep.node_view, gpugate.report
+
+        def node_view(h, *a, **k):
+            views["view", h.name] += 1
+            return real_view(h, *a, **k)
+
+        def report(s, hs):
+            views["gpu health"] += 1
+            return real_report(s, hs)
+
+        monkeypatch.setattr(groupprep, "node_view", node_view)
+        monkeypatch.setattr(gpugate, "report", report)
 
     def checks(ctx, unit_text, reasons, gate=None):
         seen[_host_name()].append(f"checks {gate['_if']!r}")
@@ -225,6 +241,22 @@ def test_every_node_makes_the_same_decision_and_adds_the_same_operations_in_any_
                                                                      "PatchStatus")}
 
 
+@pytest.mark.parametrize("order", [["n0", "n1"], ["n1", "n0"]])
+def test_each_nodes_view_is_computed_once_in_the_whole_preparation(monkeypatch, order):
+    """No node computes its peers' views again (N views for N nodes, not N x N): the
+    first node prepared makes the group's decision from each node's view and judges each
+    node's GPU health once; the other node gets that very decision."""
+    views: collections.Counter = collections.Counter()
+    state, ops, _, _ = _prepare(monkeypatch, order, changed="n1", views=views)
+    # each node's GPU health judged once with the decision; n1's once more by its own gate
+    # (``gpugate.before_start``: it has a reason of its own), as a single host's
+    assert views == {("view", "n0"): 1, ("view", "n1"): 1, "gpu health": 2 + 1}
+    assert any("Stop sglang: group g1 restarts as one" in name for name, _ in ops["n0"])
+    g = routing.fleet_of_state(state).group("g1")
+    prepared = groupops.run_of(state, g).decision.get(lambda: pytest.fail("made again"))
+    assert prepared.decision.texts() == ["n1: secrets"] and prepared.fatal == ()
+
+
 def test_a_read_only_run_plans_the_real_runs_operations_on_every_node(monkeypatch):
     _, ops, _, _ = _prepare(monkeypatch, ["n0", "n1"], changed="n1", read_only=True)
     _, real, _, _ = _prepare(monkeypatch, ["n0", "n1"], changed="n1")
@@ -262,7 +294,8 @@ def test_the_groups_decision_is_made_once_per_run(monkeypatch):
     for name in ("n1", "n0"):
         with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
             made.append(groupprep.decide(state, g, RELEASE, stages.peer_unit))
-    assert made[0] is made[1] and made[0][0].texts() == ["n1: secrets"]
+    assert made[0] is made[1] and made[0].decision.texts() == ["n1: secrets"]
+    assert set(made[0].cards) == {"n0", "n1"} and made[0].fatal == ()
     assert facts.reads == {(n, f): 1 for n in ("n0", "n1") for f in ("HostSnapshot",
                                                                      "PatchStatus")}
 
@@ -289,7 +322,7 @@ def test_a_rollback_decides_the_same_on_every_node_from_every_nodes_state(monkey
         with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
             decisions.append(groupprep.decide_rollback(state, g))
     assert decisions[0] is decisions[1]  # made once, by the first node prepared
-    decision, cards = decisions[0]
+    decision, cards = decisions[0].decision, decisions[0].cards
     assert decision.restart and decision.texts() == ["n1: known-good restored"]
     assert {c["release"] for c in cards.values()} == {"rel0"}
     assert reads == {("n0", "SglangHostState"): 1, ("n1", "SglangHostState"): 1}

@@ -120,10 +120,12 @@ def test_the_rendezvous_collects_on_its_own_host_and_judges_once_every_node_coll
         groupops.rendezvous_collect(run)
         assert fake.commands and run.result_file(n) in fake.commands[0]
         assert all(other not in run.result_file(n) for other in ("n0", "n1"))
-    for n in order:  # the next operation: the same verdict on every node
+    for n in order:  # the next operation: each node judges, the same verdict on every node
         _as(monkeypatch, FakeHost(n))
         groupops.rendezvous_judge(run, cards, True)
-    assert run.problems == []
+    # each node appended its own result, once; the judges kept nothing beside them
+    assert sorted((o.node, o.kind) for o in run.results.log()) == [
+        ("n0", group.RENDEZVOUS), ("n1", group.RENDEZVOUS)]
 
 
 @pytest.mark.parametrize("order", [["n0", "n1"], ["n1", "n0"]])
@@ -134,11 +136,15 @@ def test_a_node_without_a_result_fails_the_preflight_on_every_node(monkeypatch, 
     groupops.rendezvous_collect(run)
     _as(monkeypatch, FakeHost("n1", lambda cmd: ""))   # gave nothing by its deadline
     groupops.rendezvous_collect(run)
+    texts = []
     for n in order:
         _as(monkeypatch, FakeHost(n))
-        with pytest.raises(GroupPreflightError, match="n1 <-> n0: the node gave no rendezvous"):
+        with pytest.raises(GroupPreflightError, match="n1 <-> n0: the node gave no rendezvous"
+                           ) as exc:
             groupops.rendezvous_judge(run, cards, True)
-    assert run.problems
+        texts.append(str(exc.value))
+    assert texts[0] == texts[1]   # judged by each node for itself, the same
+    assert [(o.node, o.value) for o in run.results.log()][1] == ("n1", None)
 
 
 def test_the_rendezvous_start_only_starts_the_tool_in_the_background():

@@ -148,18 +148,46 @@ def test_a_groups_operations_carry_the_decision_made_while_preparing():
                       "group_wants": ["unit"]}
 
 
+class OnePoll:
+    """A host whose every poll answers POLL (the verifier's poll JSON)."""
+
+    def __init__(self, poll: dict):
+        self.poll, self.polls = poll, 0
+
+    def run_shell_command(self, *a, **k):
+        import json
+        from types import SimpleNamespace
+
+        self.polls += 1
+        return True, SimpleNamespace(stdout=json.dumps(self.poll), stderr="")
+
+
 def test_a_nodes_own_ready_decision_stands_no_node_waits_for_another():
+    """A worker up on its own /health is ready at once, while no other node of its group has
+    been verified yet: nothing holds it for the others (the group is judged as one later)."""
+    from sglang_deploy.stages.verifyloop import wait_until_ready
+
     run = _run(3)
-    assert all(groupops.Watch(run, n).hold(None) is None for n in ("n0", "n1", "n2"))
+    host = OnePoll(_poll(3.0, 200))
+    got = wait_until_ready(host, _verifier(worker=True), tool="t", service="sglang",
+                           port=30000, host_addr="127.0.0.1", secrets="/s", poll_s=0.01,
+                           watch=groupops.Watch(run, "n1"), clock=lambda: 3.0,
+                           sleep=lambda s: None)
+    assert got.kind == "ready" and host.polls == 1
+    assert run.results.log() == ()   # the loop observes nothing for the group: verify_node does
+
+
+def _failed(run: groupops.GroupRun, node: str, found: str) -> None:
+    run.results.append(node, group.FAILED, VerifyError(what="x", found=found, fix="f"))
 
 
 def test_a_failed_node_stops_the_others_with_its_name_and_cause():
     run = _run()
     assert groupops.Watch(run, "n0").abort() is None
-    run.failed = ("n1", "the server exited in phase `capture`: cuda-oom")
+    _failed(run, "n1", "the server exited in phase `capture`: cuda-oom\n  log lines")
     err = groupops.Watch(run, "n0").abort()
     assert isinstance(err, VerifyError)
-    assert "node n1 failed: the server exited in phase `capture`" in err.found
+    assert "node n1 failed: the server exited in phase `capture`: cuda-oom;" in err.found
     assert "n0 was stopped with the group" in err.found
     assert groupops.Watch(run, "n1").abort() is None   # the failed node reports its own error
 
@@ -168,7 +196,7 @@ def test_the_verify_loop_stops_on_a_peers_failure_before_polling():
     from sglang_deploy.stages.verifyloop import wait_until_ready
 
     run = _run()
-    run.failed = ("n1", "boom")
+    _failed(run, "n1", "boom")
 
     class NoHost:
         def run_shell_command(self, *a, **k):  # pragma: no cover - must not be reached
@@ -178,6 +206,34 @@ def test_the_verify_loop_stops_on_a_peers_failure_before_polling():
         wait_until_ready(NoHost(), _verifier(), tool="t", service="sglang", port=30000,
                          host_addr="127.0.0.1", secrets="/s", poll_s=0.01,
                          watch=groupops.Watch(run, "n0"), sleep=lambda s: None)
+
+
+def test_a_groups_decision_is_made_once_and_never_replaced():
+    once, calls = groupops.Once(), []
+    assert once.get(lambda: calls.append(1) or "first") == "first"
+    assert once.get(lambda: calls.append(2) or "second") == "first"
+    assert calls == [1]
+
+
+def test_a_decision_that_failed_is_made_by_the_next_node_that_asks():
+    once = groupops.Once()
+
+    def boom():
+        raise RuntimeError("peer not connected")
+
+    with pytest.raises(RuntimeError):
+        once.get(boom)
+    assert once.get(lambda: "made") == "made"
+
+
+def test_a_groups_run_keeps_its_results_and_decision_it_never_rebinds_them():
+    import dataclasses
+
+    run = _run()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.results = group.Results()   # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.decision = groupops.Once()   # type: ignore[misc]
 
 
 def test_a_rollout_batch_holds_a_whole_group_and_counts_it_once():

@@ -7,23 +7,28 @@ N+1. So every node of a group adds the SAME operations, and no operation ever wa
 running (pool full): a wait is only ever on a host-side process that an EARLIER operation
 started on every node (the barrier between operations guarantees they all started).
 
-The group's decision (does it restart, and why) is made once while the nodes are prepared,
-from every node's facts (``groupprep``, ``core.restart``), and kept on the group's run: every
-node adds the same operations, their conditions static (``Decided``). What the nodes share
-during the run are execute-time results only, in one ``GroupRun`` per group, in the ``GroupRuns``
-attached to the pyinfra ``State`` (``attach``: by the hooks, released at the run's end):
+The group's decision (does it restart, and why) is made once per run while the nodes are
+prepared, from every node's facts (``groupprep``, ``core.restart``), and kept on the group's
+run (``GroupRun.decision``, a ``Once``: made by the first node prepared, never replaced):
+every node adds the same operations, their conditions static (``Decided``). What the nodes
+share during the run are execute-time results only, append-only (``core.group.Results``:
+each node appends its own observation, nothing replaces another's), in one ``GroupRun`` per
+group, in the ``GroupRuns`` attached to the pyinfra ``State`` (``attach``: by the hooks,
+released at the run's end). No verdict is kept: each node judges for itself, from the same
+results, with the pure judges of ``core.group``:
 
 - the group pre-flight, three operations: ``rendezvous_started`` starts the rendezvous tool
   in the background on every node (rank 0 listens, the others connect, each with its own
   deadline, its result in a file), ``rendezvous_collect`` waits for this node's result on
-  its own host, ``rendezvous_judge`` judges every node's result with every node's card
-  (``core.group.judge_rendezvous``) and fails every node before any server of the group
-  stops;
+  its own host and appends it, ``rendezvous_judge`` judges every node's result with every
+  node's card (``core.group.rendezvous_verdict``) and fails every node before any server of
+  the group stops;
 - the restart (``group_service``): every node's unit stopped, then every node's started;
 - the verification, three operations: the workers (rank >= 1: their /health), then rank 0
-  (it serves), each on its own host, a failure recorded and the node's unit stopped but not
-  raised (a node verified later sees it and stops at once: fail-fast); then
-  ``group_ready`` on every node: the group is ready when every node was verified (each
+  (it serves), each on its own host, its verification or its failure appended and a failed
+  node's unit stopped but nothing raised (a node verified later sees the failure before its
+  first poll and stops at once: fail-fast, ``Watch.abort``); then ``group_ready`` on every
+  node (``core.group.verdict``): the group is ready when every node was verified (each
   keeps its record), else every node stops and fails, naming the node that failed and why.
 
 A converged group adds none of these: nothing restarts. (``plan.changes`` knows the group's
@@ -52,21 +57,36 @@ RESULTS_DIR = "/run/sglang-deploy"
 COLLECT_GRACE_S = 15.0
 
 
-@dataclass
+class Once:
+    """A value made once, by the first caller's MAKE, and never replaced: a group's decision,
+    made while the first of its nodes is prepared and given as is to every other node (a MAKE
+    that raises makes nothing: the next caller's MAKE runs)."""
+
+    def __init__(self) -> None:
+        self._made = False
+        self._value: object = None
+
+    def get(self, make):
+        if not self._made:
+            self._value = make()
+            self._made = True
+        return self._value
+
+
+@dataclass(frozen=True)
 class GroupRun:
-    """What a group's nodes share while one run executes (controller side): results only."""
+    """What a group's nodes share while one run executes (controller side): its ports and
+    files, the decision made once while its nodes were prepared, and the nodes' results,
+    append-only (``core.group.Results``: each node appends its own observation; every
+    verdict is judged by each node from them, none kept)."""
 
     group: groupmod.Group
     probe: int                                   # the NCCL-range port of the rendezvous
     token: str = field(default_factory=lambda: secretsmod.token_hex(6))  # this run's files
-    results: dict[str, dict | None] = field(default_factory=dict)  # rendezvous outputs
-    problems: list[groupmod.Problem] | None = None               # judged once, when all in
-    verified: dict[str, dict] = field(default_factory=dict)      # node -> its summary
-    errors: dict[str, VerifyError] = field(default_factory=dict)  # node -> why it failed
-    failed: tuple[str, str] | None = None                        # (node, why), the first
-    #: the group's (``restart.GroupDecision``, cards), made once while the first node is
+    results: groupmod.Results = field(default_factory=groupmod.Results)
+    #: the group's decision (``groupprep.Prepared``), made once while the first node is
     #: prepared (``groupprep.decide``), before anything executes
-    decision: tuple | None = None
+    decision: Once = field(default_factory=Once)
 
     def worker(self, node: str) -> bool:
         return self.group.rank_of(node) > 0
@@ -177,35 +197,37 @@ def collect_command(out: str, timeout_s: float) -> str:
 
 def rendezvous_collect(run: GroupRun) -> None:
     """This node's rendezvous result, waited for on its own host (the tool was started on
-    every node by the operation before), kept for the verdict (None: it gave none)."""
+    every node by the operation before), appended to the group's results (None: it gave
+    none)."""
     node = host.name
     timeout = groupmod.RENDEZVOUS_TIMEOUT_S + COLLECT_GRACE_S
     _, output = host.run_shell_command(collect_command(run.result_file(node), timeout),
                                        print_output=False)
-    run.results[node] = _parse(output.stdout) if output is not None else None
-    if run.results[node] is None:
+    result = _parse(output.stdout) if output is not None else None
+    run.results.append(node, groupmod.RENDEZVOUS, result)
+    if result is None:
         logger.warning(f"{host.print_prefix}rendezvous gave no result: "
                        f"{(output.stderr if output is not None else '')[-300:]}")
 
 
 def rendezvous_judge(run: GroupRun, cards: dict, rank0_running: bool) -> None:
-    """The verdict on every node's result (all collected by the operation before: the
-    barrier) with every node's CARDS (made while preparing, the same on every node), the
-    same on every node; raises ``GroupPreflightError`` naming each node pair that failed and
-    the fix."""
+    """This node's verdict on every node's result (all collected by the operation before: the
+    barrier) with every node's CARDS (made while preparing, the same on every node), judged
+    by each node from the same results (``core.group.rendezvous_verdict``): the same on
+    every node; raises ``GroupPreflightError`` naming each node pair that failed and the
+    fix."""
     g = run.group
-    if run.problems is None:
-        run.problems = groupmod.judge_rendezvous(g, run.results, cards,
-                                                 rank0_running=rank0_running)
-    if run.problems:
-        fixes = list(dict.fromkeys(p.fix for p in run.problems))
+    problems = groupmod.rendezvous_verdict(g, run.results.log(), cards,
+                                           rank0_running=rank0_running)
+    if problems:
+        fixes = list(dict.fromkeys(p.fix for p in problems))
         raise GroupPreflightError(
             what=f"the pre-flight of group {g.name} ({', '.join(g.members())}) passes before "
                  "any of its servers stops: every node reaches rank 0 "
                  f"{g.addr} on {g.port} (dist-init) and {run.probe} (NCCL's range), same "
                  "release, flags and driver, clocks within "
                  f"{groupmod.CLOCK_SKEW_MAX_S:g}s",
-            found="\n".join(p.text() for p in run.problems),
+            found="\n".join(p.text() for p in problems),
             fix="\n".join(fixes) + "\nnothing of the group was stopped; re-run the deploy")
     logger.info(f"{host.print_prefix}group {g.name}: rendezvous passed "
                 f"({g.nnodes} nodes, ports {g.port} and {run.probe})")
@@ -242,23 +264,8 @@ class Watch:
         self.run, self.node = run, node
 
     def abort(self) -> VerifyError | None:
-        """Another node failed: the error this node stops with."""
-        failed = self.run.failed
-        if failed is None or failed[0] == self.node:
-            return None
-        g = self.run.group
-        return VerifyError(
-            what=f"every node of group {g.name} starts ({', '.join(g.members())})",
-            found=f"node {failed[0]} failed: {failed[1]}; {self.node} was stopped with the "
-                  "group, not left waiting for the distributed timeout",
-            fix=f"read {failed[0]}'s error (above, or `sglang-deploy logs INVENTORY {failed[0]}`"
-                " and `sglang-deploy explain-log`); fix it and re-run the deploy: the group "
-                "starts again as one")
-
-    def hold(self, decision) -> str | None:
-        """None: a node's own ready decision stands (a worker's /health, rank 0 serving);
-        the group is judged as one afterwards (``group_ready``), never waited on here."""
-        return None
+        """Another node failed (``core.group.peer_failed``): the error this node stops with."""
+        return groupmod.peer_failed(self.run.group, self.run.results.log(), self.node)
 
 
 def _stop(service: str) -> None:
@@ -267,43 +274,30 @@ def _stop(service: str) -> None:
 
 def verify_node(run: GroupRun, service: str, verify) -> None:
     """Run VERIFY (this node's verification, given a ``Watch``; it returns the node's
-    summary, kept for ``group_ready``). A failure is recorded for the group (the first one
-    is the cause), this node's unit stopped, and nothing raised: every node's verdict is
-    given by ``group_ready``, which runs on every node."""
+    summary): this node's observation appended to the group's results, verified or failed
+    (the first failure is the group's cause). A failed node's unit is stopped and nothing
+    raised: every node's verdict is given by ``group_ready``, which runs on every node."""
     node = host.name
     try:
-        run.verified[node] = verify(Watch(run, node))
+        summary = verify(Watch(run, node))
     except VerifyError as exc:
-        if run.failed is None:
-            run.failed = (node, (exc.found or exc.what).splitlines()[0])
-        run.errors[node] = exc
+        run.results.append(node, groupmod.FAILED, exc)
         _stop(service)
+        failed = groupmod.first_failure(run.results.log())
         logger.warning(f"{host.print_prefix}node {node} of group {run.group.name} failed: "
-                       f"{run.failed[1] if run.failed[0] == node else 'stopped with it'}")
+                       f"{failed[1] if failed and failed[0] == node else 'stopped with it'}")
+        return
+    run.results.append(node, groupmod.VERIFIED, summary)
 
 
 def group_ready(run: GroupRun, service: str, record) -> None:
-    """The group's verdict on this node, after every node's verification: ready when every
-    node was verified (RECORD keeps this node's summary), else this node's unit stopped and
+    """The group's verdict on this node, after every node's verification, judged by this
+    node from every node's results (``core.group.verdict``): ready when every node was
+    verified (RECORD keeps a copy of this node's summary), else this node's unit stopped and
     its error raised (its own, or the node that failed)."""
-    node, g = host.name, run.group
-    if run.failed is None and all(n in run.verified for n in g.members()):
-        record(run.verified[node])
+    judged = groupmod.verdict(run.group, run.results.log(), host.name)
+    if judged.ready:
+        record(dict(judged.summary or {}))
         return
     _stop(service)
-    others = [n for n in g.members() if n != node]
-    if node in run.errors and (run.failed is None or run.failed[0] == node):
-        exc = run.errors[node]
-        exc.fix = (exc.fix or "") + (f"\n{node} was stopped, and with it the group's other "
-                                     f"node(s) {', '.join(others)}")
-        raise exc
-    abort = Watch(run, node).abort()
-    if abort is not None:
-        raise abort
-    missing = [n for n in g.members() if n not in run.verified]
-    raise VerifyError(
-        what=f"every node of group {g.name} verified in this run ({', '.join(g.members())})",
-        found=f"node(s) {', '.join(missing)} gave no verdict (dropped from the run earlier); "
-              f"{node} was stopped with the group",
-        fix="read the errors above; fix them and re-run the deploy: the group starts again "
-            "as one")
+    raise judged.error

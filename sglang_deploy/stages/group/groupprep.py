@@ -4,7 +4,9 @@ The first node of a group that pyinfra prepares reads every node's facts (its ow
 peers', ``peer.get_fact``) and makes the group's decision, once per run (kept on the group's
 run, ``groupops.GroupRun.decision``): each node's restart reasons from its host state and its
 Settings (``node_view``, the same ``restart.decide`` a single host's follows), the group
-restarting when any node has one, and every node's card for the rendezvous. So every node
+restarting when any node has one, every node's card for the rendezvous and the nodes whose
+GPU health is fatal (``Prepared``). Each node's view is computed once, by that first node;
+every other node gets the very same ``Prepared``, none computes a view again. So every node
 adds the same operations with static conditions, whatever order pyinfra prepares them in.
 
 pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
@@ -17,14 +19,23 @@ execute (a retest is never an answer kept from the preparation).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from pyinfra.api.state import StateStage
 
 from sglang_deploy.controller import routing
 from sglang_deploy.core import data as datamod
+from sglang_deploy.core import (
+    gpuhealth,
+    modelfetch,
+    nvsmi,
+    preflight,
+    restart,
+    service,
+    watchdogunit,
+)
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import modelfetch, nvsmi, preflight, restart, service, watchdogunit
 from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
@@ -38,7 +49,7 @@ from sglang_deploy.hostops.facts import (
 )
 from sglang_deploy.hostops.facts import patch_status as patch_status_of
 from sglang_deploy.integration import plan
-from sglang_deploy.stages import staging
+from sglang_deploy.stages import gpugate, staging
 from sglang_deploy.stages.group import groupops
 
 #: (release id, sglang version, lock text): the group's release (``core.group.SAME``)
@@ -199,20 +210,42 @@ def peers(state, g: groupmod.Group) -> list:
     return out
 
 
-def decide(state, g: groupmod.Group, release: Release, unit_of: UnitOf
-           ) -> tuple[restart.GroupDecision, dict[str, dict]]:
-    """The deploy's decision for G and every node's card, from every node's facts: made once
-    per run, by the first node prepared (kept on G's run, ``groupops.GroupRun``)."""
-    run = groupops.run_of(state, g)
-    if run.decision is None:
-        facts, wanted_, cards = {}, {}, {}
+@dataclass(frozen=True)
+class Prepared:
+    """A group's decision for this run, made once while its nodes are prepared (``decide``,
+    ``decide_rollback``) and the same on every node: the restart decision (``core.restart``),
+    every node's card for the rendezvous, and the nodes whose GPU health is fatal (each
+    node's health judged once, ``gpugate.report``; the gate refuses the group's restart on
+    every node, ``gpugate.check_group``)."""
+
+    decision: restart.GroupDecision
+    cards: Mapping[str, dict]
+    fatal: tuple[tuple[str, gpuhealth.Report], ...] = ()
+
+
+def _fatal(nodes: list[tuple[str, datamod.Settings, HostState | None]]
+           ) -> tuple[tuple[str, gpuhealth.Report], ...]:
+    """(node, GPU health report) of NODES (name, Settings, host state) judged fatal."""
+    reports = ((name, gpugate.report(s, hs)) for name, s, hs in nodes)
+    return tuple((name, rep) for name, rep in reports if rep.fatal)
+
+
+def decide(state, g: groupmod.Group, release: Release, unit_of: UnitOf) -> Prepared:
+    """The deploy's decision for G from every node's facts (each node's view computed once,
+    ``node_view``): made once per run, by the first node prepared, and kept on G's run
+    (``groupops.GroupRun.decision``), where every other node finds it."""
+
+    def make() -> Prepared:
+        facts, wanted_, cards, nodes = {}, {}, {}, []
         for peer in peers(state, g):
             s = routing.settings_of(peer, state)
             facts[peer.name], wanted_[peer.name], cards[peer.name] = node_view(
                 peer, s, g, release, unit_of)
-        nodes = [n for n in g.members() if n in facts]
-        run.decision = (restart.decide_group(nodes, facts, wanted_), cards)
-    return run.decision
+            nodes.append((peer.name, s, snapshot(peer, s, release[0]).state))
+        order = [n for n in g.members() if n in facts]
+        return Prepared(restart.decide_group(order, facts, wanted_), cards, _fatal(nodes))
+
+    return groupops.run_of(state, g).decision.get(make)
 
 
 def rollback_hoststate(h, s: datamod.Settings) -> HostState:
@@ -222,26 +255,14 @@ def rollback_hoststate(h, s: datamod.Settings) -> HostState:
                 gpu_health=True)
 
 
-def node_states(state, g: groupmod.Group, release_id: str, rollback: bool = False
-                ) -> list[tuple[str, datamod.Settings, HostState | None]]:
-    """(name, Settings, host state) of every node of G in this run: the pre-flight's read of
-    each (``snapshot``), or with ROLLBACK the rollback's (read once per run either way)."""
-    out = []
-    for peer in peers(state, g):
-        s = routing.settings_of(peer, state)
-        hs = rollback_hoststate(peer, s) if rollback else snapshot(peer, s, release_id).state
-        out.append((peer.name, s, hs))
-    return out
-
-
-def decide_rollback(state, g: groupmod.Group
-                    ) -> tuple[restart.GroupDecision, dict[str, dict]]:
+def decide_rollback(state, g: groupmod.Group) -> Prepared:
     """The rollback's decision for G (a node that restores something or does not serve
-    restarts the group) and every node's card (its known-good release), from every node's
-    facts; a node with nothing to roll back to fails the rollback (``RollbackError``)."""
-    run = groupops.run_of(state, g)
-    if run.decision is None:  # once per run, by the first node prepared
-        restarts, running, cards = {}, {}, {}
+    restarts the group), every node's card (its known-good release) and GPU health, from
+    every node's facts; a node with nothing to roll back to fails the rollback
+    (``RollbackError``). Made once per run, by the first node prepared."""
+
+    def make() -> Prepared:
+        restarts, running, cards, nodes = {}, {}, {}, []
         for peer in peers(state, g):
             s = routing.settings_of(peer, state)
             hs = rollback_hoststate(peer, s)
@@ -250,6 +271,8 @@ def decide_rollback(state, g: groupmod.Group
             running[peer.name] = hs.service.up
             cards[peer.name] = groupmod.card(peer.name, g.rank_of(peer.name),
                                              rb.params["release"], {}, None)
-        nodes = [n for n in g.members() if n in restarts]
-        run.decision = (restart.rollback_group(nodes, restarts, running), cards)
-    return run.decision
+            nodes.append((peer.name, s, hs))
+        order = [n for n in g.members() if n in restarts]
+        return Prepared(restart.rollback_group(order, restarts, running), cards, _fatal(nodes))
+
+    return groupops.run_of(state, g).decision.get(make)

@@ -119,7 +119,7 @@ def group_checks(ctx, serving_poll) -> tuple:
     when ``verify_converged`` (the fourth; None when off). SERVING_POLL(): the serving
     fact of the plan's record (``status``)."""
     s, g = ctx.settings, ctx.group
-    decision, _ = ctx.group_decision
+    decision = ctx.group_decision.decision
     run = groupops.run_of(state, g)
     if plan.planning():
         plan.record(state, host, ctx, serving_poll(),
@@ -149,15 +149,16 @@ def rollback_group_node(s: datamod.Settings, g: groupmod.Group, rb) -> None:
     then every node stops, then starts, on its known-good configuration, and the group is
     verified as one (fail-fast); else each node is checked as it runs."""
     run = groupops.run_of(state, g)
-    decision, cards = groupprep.decide_rollback(state, g)
+    prepared = groupprep.decide_rollback(state, g)
+    decision = prepared.decision
     if not decision.restart:
         python.call(name="Verify the known-good configuration serves (group not restarted)",
                     function=ops.reported(lambda: verify_and_record(
                         s, rb.params, "unchanged", groupops.Watch(run, host.name))))
         return
-    gpugate.check_nodes(groupprep.node_states(state, g, "", rollback=True), g.name,
+    gpugate.check_group(g.name, prepared.fatal,
                         f"restart {s.sglang_service} on its known-good configuration")
-    add_preflight(run, decision, cards, Layout.of(s).tool("rendezvous.py"),
+    add_preflight(run, decision, prepared.cards, Layout.of(s).tool("rendezvous.py"),
                   s.sglang_system_python)
     add_restart(run, s.sglang_service, "goes back as one",
                 f"Start {s.sglang_service} on the known-good configuration with group {g.name}")
