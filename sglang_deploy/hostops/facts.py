@@ -20,6 +20,7 @@ from pathlib import Path
 from pyinfra.api import FactBase
 
 from sglang_deploy.core import gpuhealth, modelfetch, nvsmi
+from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
 from sglang_deploy.core.watchdogunit import SERVICE as WATCHDOG_SERVICE
 from sglang_deploy.remote.hoststate import SHOW_PROPS
@@ -326,7 +327,7 @@ def service_state(host, service: str) -> ServiceState:
         if kwargs.get("service") == service:
             return hs.service
         if service == WATCHDOG_SERVICE and kwargs.get("watchdog"):
-            return ServiceState.from_json((hs.watchdog or {}).get("service"))
+            return hs.watchdog.service if hs.watchdog is not None else ServiceState()
     return read_host_state(host, ServiceStatus, service=service) or ServiceState()
 
 
@@ -354,7 +355,7 @@ def host_state(host, root: str, python: str = "python3", model: str | None = Non
                            **({"model": model} if model else {}))
 
 
-def model_state(hs: HostState | None, path: str) -> dict:
+def model_state(hs: HostState | None, path: str) -> ModelState:
     """The model folder PATH as the host state HS (``host_state`` with ``model``) reports it:
     itself or a sibling revision (``modelfetch.state_of``)."""
     return modelfetch.state_of((hs.model if hs is not None else None), path)

@@ -166,9 +166,9 @@ def test_a_model_folder_is_answered_by_the_read_of_it_or_of_the_folder_it_is_a_r
     facts.read_host_state(fake, SglangHostState, root="/opt/sglang", model="/m/GLM")
     for path in ("/m/GLM", "/m/GLM@v2", "/m/GLM@v3"):  # v3: listed as absent by that read
         hs = facts.host_state(fake, "/opt/sglang", model=path)
-        assert facts.model_state(hs, path)["path"] == path
+        assert facts.model_state(hs, path).path == path
     assert facts.model_state(facts.host_state(fake, "/opt/sglang", model="/m/GLM@v3"),
-                             "/m/GLM@v3")["exists"] is False
+                             "/m/GLM@v3").exists is False
     assert fake.asked == ["SglangHostState"]
     # another folder (not a sibling revision) or another root: a read of its own
     fake.answers[SglangHostState] = lambda **kw: _state(model={"path": kw.get("model")})
@@ -210,4 +210,4 @@ def test_an_operations_own_read_of_a_root_needs_no_unit(tmp_path):
     hs = SglangHostState().process(_local(command))
     assert hs.releases.complete("r1") and hs.releases.metas()["r1"]["installed_at"]
     assert hs.service == ServiceState() and hs.unit_sha256 is None
-    assert hs.model["path"] == str(tmp_path / "model") and hs.model["exists"] is False
+    assert hs.model.path == str(tmp_path / "model") and hs.model.exists is False
