@@ -7,13 +7,12 @@ figures (see sglang_deploy/shell/throughputhost.py). It changes nothing of the d
 only writes the record under `<sglang_root>/bench/` and `.sglang-deploy/bench/<host>.jsonl`.
 """
 
-import os
-
 from pyinfra import host, state
 from pyinfra.operations import python
 
 from sglang_deploy.core.service import SECRETS_FILE
 from sglang_deploy.shell import routing, throughputhost
+from sglang_deploy.shell.integration import this_run
 
 settings = routing.settings_of(host, state)
 python.call(
@@ -21,6 +20,6 @@ python.call(
     function=throughputhost.bench_host,
     settings=settings,
     secrets_file=SECRETS_FILE,
-    run_id=os.environ.get(throughputhost.RUN_ID_ENV),
+    run_id=this_run().spec.bench_run,  # the command's run (its run spec), None by hand
     cwd=state.cwd or ".",
 )

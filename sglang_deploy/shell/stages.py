@@ -32,6 +32,7 @@ from sglang_deploy.shell import restarts as restarts_mod
 from sglang_deploy.shell import routing, staging, warm, watchdogstage
 from sglang_deploy.shell import operations as ops
 from sglang_deploy.shell.facts import REMOTE, PatchStatus
+from sglang_deploy.shell.integration import this_run
 from sglang_deploy.shell.verified import verify_and_record
 
 
@@ -312,7 +313,7 @@ def service_stage(ctx: Context):
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
     # out of the router (every operation); the reads above do not
-    waited = rollgate.wait(host.name)
+    waited = rollgate.wait(host.name, this_run().spec.gate)
     if waited is not None:
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
     run = groupops.run_of(state, ctx.group) if ctx.group is not None and restarts else None

@@ -21,9 +21,10 @@ from sglang_deploy.core.errors import GroupPreflightError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.restart import Facts as NodeFacts
 from sglang_deploy.core.restart import Wanted
+from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.core.service import Layout
 from sglang_deploy.shell import facts as facts_mod
-from sglang_deploy.shell import groupops, groupprep, plan, routing, stages, staging
+from sglang_deploy.shell import groupops, groupprep, integration, plan, routing, stages, staging
 from sglang_deploy.shell.facts import Snapshot
 
 RELEASE = ("rel1", "0.5.12.post1", "sglang==0.5.12.post1\n")
@@ -106,6 +107,7 @@ def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
     inventory = Inventory(([("n0", dict(DATA)), ("n1", {**DATA, "ssh_hostname": "10.0.0.11"})],
                            {}))
     state = State(inventory, Config())
+    integration.attach_run(state, integration.ThisRun(RunSpec()))  # a deploy
     fleet = routing.fleet_of(inventory)
     routing.attach(state, fleet)
     groupops.attach(state)
