@@ -502,3 +502,28 @@ def test_the_rollouts_report_says_why_each_host_restarted(tmp_path):
     text = out.getvalue()
     assert "a: restarted for: flags changed: tp-size 8 -> 4; release d5e0… -> 7a1c…" in text
     assert "b: restarted for" not in text
+
+
+def test_each_batch_run_names_its_journal_its_reports_and_its_gate_in_its_spec(tmp_path,
+                                                                             monkeypatch):
+    """A staged batch's deploy.py run is told everything by its run spec (core/runspec.py):
+    a rolling run, the batch's journal and report folder in the rollout's folder, and the
+    gate this rollout's process opens."""
+    import os
+
+    from sglang_deploy.shell import runner
+
+    fake_runs(monkeypatch)
+    specs, faked = [], runner.start_pyinfra
+
+    def start(*args, **kw):
+        specs.append(kw["spec"])
+        return faked(*args, **kw)
+
+    monkeypatch.setattr(runner, "start_pyinfra", start)
+    r, front = a_rollout(), FakeRouter(["a", "b"])
+    results = {h: HostResult(h) for h in ("a", "b")}
+    r.roll([front], [["a"], ["b"]], results, tmp_path)
+    assert [(s.mode, s.journal, s.reports, s.gate.path, s.gate.pid) for s in specs] == [
+        ("roll", str(tmp_path / f"batch{i}.journal.json"), str(tmp_path / f"batch{i}-reports"),
+         str(tmp_path / f"batch{i}.gate"), os.getpid()) for i in (1, 2)]
