@@ -140,7 +140,7 @@ def fake_state():
     return SimpleNamespace(failed_hosts=set(), current_stage=StateStage.Disconnect, ops={})
 
 
-def test_each_run_has_its_own_journal_on_its_state(tmp_path, monkeypatch):
+def test_each_run_has_its_own_journal_on_its_state(tmp_path):
     """Nothing module-level: two States, each with its journal; what a run's code records goes
     to the journal of the State in pyinfra's context."""
     a = fake_state()
@@ -159,8 +159,7 @@ def test_each_run_has_its_own_journal_on_its_state(tmp_path, monkeypatch):
     assert journal.record("h1", shape.REPORT, SUMMARY) is False
 
 
-def test_the_journal_is_released_after_the_last_host_and_the_last_record_still_kept(
-        tmp_path, monkeypatch):
+def test_the_journal_is_released_after_the_last_host_and_the_last_record_still_kept(tmp_path):
     """The journal is a per-run object of the hooks (``hooks.PER_RUN``): attached when the run
     starts, released with the last connected host (``integration.ReleasePerRun``, a handler
     before the recorder), whose final record the recorder still writes."""
