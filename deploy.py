@@ -9,8 +9,9 @@ differs; a second run changes nothing and restarts nothing. Hosts of the invento
 
 pyinfra runs each operation on every host before the next, and every operation that does not
 touch the server (install, patch, model, JIT check, smoke) comes before the first that does:
-no host restarts before every host has staged. With SGLANG_DEPLOY_STAGE_ONLY=1 (the rollout's
-staging run, ``stages/staging.py``) the run stops there: nothing serving is touched.
+no host restarts before every host has staged. In the rollout's staging run (its run spec's
+mode `stage`, ``core/runspec.py``, ``stages/staging.py``) the run stops there: nothing serving
+is touched.
 """
 
 from pyinfra import host

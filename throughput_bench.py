@@ -7,13 +7,12 @@ figures (see sglang_deploy/stages/throughputhost.py). It changes nothing of the 
 only writes the record under `<sglang_root>/bench/` and `.sglang-deploy/bench/<host>.jsonl`.
 """
 
-import os
-
 from pyinfra import host, state
 from pyinfra.operations import python
 
 from sglang_deploy.controller import routing
 from sglang_deploy.core.service import SECRETS_FILE
+from sglang_deploy.integration.integration import this_run
 from sglang_deploy.stages import throughputhost
 
 settings = routing.settings_of(host, state)
@@ -22,6 +21,6 @@ python.call(
     function=throughputhost.bench_host,
     settings=settings,
     secrets_file=SECRETS_FILE,
-    run_id=os.environ.get(throughputhost.RUN_ID_ENV),
+    run_id=this_run().spec.bench_run,  # the command's run (its run spec), None by hand
     cwd=state.cwd or ".",
 )

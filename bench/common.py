@@ -247,21 +247,33 @@ def byte_compile() -> None:
 
 
 def pyinfra_argv(deploy: str, limit: list[str] | None = None, verbose: bool = False,
-                 inventory: str = BENCH_INVENTORY) -> list[str]:
+                 inventory: str = BENCH_INVENTORY, spec_file: Path | None = None) -> list[str]:
+    """SPEC_FILE: the run spec's file (sglang_deploy/core/runspec.py), named by `--data`."""
     argv = [str(Path(PY).parent / "pyinfra"), "-y", inventory, deploy]
     for name in limit or ():
         argv += ["--limit", name]  # one flag per host: pyinfra does not split "a,b"
     if verbose:
         argv.append("-vv")
+    if spec_file is not None:
+        argv += ["--data", f"_sglang_deploy_run={spec_file}"]
     return argv
 
 
 def bench_env(extra_data: dict | None = None, env: dict | None = None) -> dict:
-    """Environment of a run against bench/inventory.py (its extra data, the report folder)."""
+    """Environment of a run against bench/inventory.py (its extra data)."""
     run_env = dict(env or {})
     run_env["BENCH_EXTRA_DATA"] = json.dumps({**BENCH_DATA, **(extra_data or {})})
-    run_env.setdefault("SGLANG_DEPLOY_REPORTS", str(report_dir()))
     return run_env
+
+
+def run_spec_file() -> Path:
+    """The run spec of a bench's own pyinfra runs: their reports in ``report_dir``."""
+    from sglang_deploy.core.runspec import RunSpec
+
+    path = report_dir().with_name(report_dir().name + ".run.json")
+    if not path.exists():
+        path.write_text(RunSpec(reports=str(report_dir())).to_json())
+    return path
 
 
 def deploy(hosts: list[str] | None, *, extra_data: dict | None = None, env: dict | None = None,
@@ -272,8 +284,10 @@ def deploy(hosts: list[str] | None, *, extra_data: dict | None = None, env: dict
     run_env = bench_env(extra_data, env)
     if code is not None:
         run_env["PYTHONPATH"] = str(code)  # its sglang_deploy before the installed one
+        # a checkout older than the run spec reads its reports folder from the environment
+        run_env.setdefault("SGLANG_DEPLOY_REPORTS", str(report_dir()))
     t = run_timed(pyinfra_argv(deploy_file, limit=hosts, verbose=verbose,
-                               inventory=str(ROOT / BENCH_INVENTORY)),
+                               inventory=str(ROOT / BENCH_INVENTORY), spec_file=run_spec_file()),
                   env=run_env, sample_s=sample_s, cwd=code)
     if any("No host matches found" in text for _, _, text in t.lines):
         raise RuntimeError(f"{' '.join(t.argv)}: a --limit matched no host:\n{t.tail()}")
@@ -293,8 +307,12 @@ def report_dir() -> Path:
 
 
 def host_report(host: str) -> dict | None:
-    p = report_dir() / f"{host}.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    """HOST's newest verification summary: of the bench's own runs (``report_dir``), or of a
+    run an `sglang-deploy` command started (``rebuild``: the default folder)."""
+    found = [json.loads(p.read_text()) for p in (report_dir() / f"{host}.json",
+                                                 ROOT / ".sglang-deploy" / "reports" / f"{host}.json")
+             if p.exists()]
+    return max(found, key=lambda r: r.get("verified_epoch_s") or 0, default=None)
 
 
 def converge(hosts: list[str]) -> Timed:

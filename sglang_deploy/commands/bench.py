@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sglang_deploy.commands import common
+from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.core.throughput import TABLE_COLUMNS, gate, table_rows
-from sglang_deploy.stages.throughputhost import RUN_ID_ENV
 
 #: the deploy file it runs (beside deploy.py, in the deploy folder: the current one)
 DEPLOY_FILE = "throughput_bench.py"
@@ -57,7 +57,7 @@ def run_hosts(inventory: str, hosts: list[str], min_ratio: float | None, cwd="."
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         records = Path(tmp) / "journal.json"
         run = runner.run_pyinfra(inventory, DEPLOY_FILE, limit=hosts, cwd=cwd, data=data,
-                                 env={RUN_ID_ENV: run_id, **journal.env(records)},
+                                 spec=RunSpec(journal=str(records), bench_run=run_id),
                                  on_line=on_line)
         ran = journal.read(records)  # each host's own records, never the text
     got = ran.outcomes(hosts)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_deploy.controller import runner
 from sglang_deploy.controller.hosts import select
+from sglang_deploy.core import runspec
+from sglang_deploy.core.runspec import RunSpec
 
 if TYPE_CHECKING:
     from sglang_deploy.core.journal import Journal
@@ -56,7 +58,7 @@ def collect(inventory: str, limit: list[str], data: list[str], cwd: str = ".") -
     with tempfile.TemporaryDirectory(prefix="sglang-doctor-") as tmp:
         records = Path(tmp) / "journal.json"
         run = runner.run_pyinfra(inventory, "preflight.py", limit=hosts, data=data, dry=True,
-                                 cwd=cwd, env=journal.env(records, plan=True))
+                                 cwd=cwd, spec=RunSpec(mode=runspec.PLAN, journal=str(records)))
         ran, fallback = journal.read(records), host_error(run.output)
         return [host_report(h, ran, fallback) for h in hosts]
 

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from sglang_deploy.commands import common
+from sglang_deploy.core.runspec import RunSpec
 
 
 def add_parser(sub) -> None:
@@ -81,7 +82,8 @@ def deploy_verified(inventory: str, limit: list[str], data: list[str], on_line=N
     with tempfile.TemporaryDirectory(prefix="rebuild-") as tmp:
         records = Path(tmp) / "journal.json"
         result = runner.run_pyinfra(inventory, "deploy.py", limit=limit, data=data,
-                                    on_line=on_line, env=journal.env(records), cwd=cwd)
+                                    on_line=on_line, spec=RunSpec(journal=str(records)),
+                                    cwd=cwd)
         got = journal.read(records).outcomes(limit)  # each host's own record, never the text
     # no record at all (pyinfra stopped before the host): pyinfra's own error, as printed
     rows = [{"host": name, "ok": got[name].passed,

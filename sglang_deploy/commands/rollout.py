@@ -35,7 +35,7 @@ worker), its nodes restart and verify as one (deploy.py) and, when any node fail
 whole group is rolled back. A ``--limit`` naming part of a group is refused.
 
 Each host's result of each pyinfra run comes from the outcome record the run writes for it
-in its journal (``integration/outcomes.py``, ``integration/journal.py``: ``SGLANG_DEPLOY_JOURNAL``, one
+in its journal (``integration/outcomes.py``, ``integration/journal.py``: the run spec's ``journal``, one
 file per run in the rollout's folder: passed or failed, the stage, the action, the typed
 error, the verification summary), never from pyinfra's printed text.
 
@@ -71,6 +71,8 @@ from sglang_deploy.commands.rolloutplan import (  # noqa: F401  (the rollout's p
 )
 from sglang_deploy.commands.rolloutsteps import RolloutSteps
 from sglang_deploy.core import outcome as outcomemod
+from sglang_deploy.core import runspec
+from sglang_deploy.core.runspec import RunSpec
 
 if TYPE_CHECKING:
     from sglang_deploy.core.errors import RouterError
@@ -167,7 +169,8 @@ class Rollout(RolloutSteps):
         self.say("checking that every host answers (SSH, host keys, data) before touching any...")
         records = run_dir / "reachability.journal.json"
         check = runner.run_pyinfra(self.inventory, ["exec", "--", "true"], limit=order,
-                                   data=self.data, cwd=self.cwd, env=journal.env(records))
+                                   data=self.data, cwd=self.cwd,
+                                   spec=RunSpec(journal=str(records)))
         (run_dir / "reachability.log").write_text(check.output)
         got = journal.read(records).outcomes(order)
         down = answered(got)
@@ -212,7 +215,6 @@ class Rollout(RolloutSteps):
         every host staged, else the verdict (nothing was drained or restarted)."""
         from sglang_deploy.controller import runner
         from sglang_deploy.integration import journal
-        from sglang_deploy.stages import staging
 
         self.say(f"staging {len(order)} host(s) at once (release, patch, model, checks; "
                  "nothing serving touched) ...")
@@ -220,7 +222,7 @@ class Rollout(RolloutSteps):
         records = run_dir / "stage.journal.json"
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,
                                  cwd=self.cwd, on_line=self.progress.feed,
-                                 env={**journal.env(records), staging.STAGE_ENV: "1"})
+                                 spec=RunSpec(mode=runspec.STAGE, journal=str(records)))
         log = run_dir / "stage.log"
         log.write_text(run.output)
         got = journal.read(records).outcomes(order)
@@ -363,22 +365,21 @@ class Rollout(RolloutSteps):
     def start_batch(self, index: int, group: list[str], run_dir: Path, gate):
         """Start the batch's deploy.py run (its gate's, when it has one)."""
         from sglang_deploy.controller import runner
-        from sglang_deploy.integration import journal
-        from sglang_deploy.stages import staging
 
         self.say(f"[{index}] deploying {', '.join(group)} ..."
                  + (" (started with the drain: it waits for it)" if gate else ""))
         data = [*self.data, "verify_converged=true"]
         if self.min_throughput_ratio is not None:  # promoted only once the throughput holds
             data.append("verify_promote_known_good=false")
-        # after this rollout's staging run: its proven checks stand (``stages/staging.py``)
-        staged = {staging.STAGED_ENV: "1"} if self.stage else {}
-        return runner.start_pyinfra(
-            self.inventory, "deploy.py", limit=group, data=data, cwd=self.cwd,
-            env={**journal.env(run_dir / f"batch{index}.journal.json"), **staged,
-                 **(gate.env() if gate else {}),
-                 # the summaries, kept per batch (`sglang-deploy report`)
-                 "SGLANG_DEPLOY_REPORTS": str(run_dir / f"batch{index}-reports")})
+        spec = RunSpec(
+            # after this rollout's staging run: its proven checks stand (``stages/staging.py``)
+            mode=runspec.ROLL if self.stage else runspec.DEPLOY,
+            gate=gate.spec() if gate else None,
+            journal=str(run_dir / f"batch{index}.journal.json"),
+            # the summaries, kept per batch (`sglang-deploy report`)
+            reports=str(run_dir / f"batch{index}-reports"))
+        return runner.start_pyinfra(self.inventory, "deploy.py", limit=group, data=data,
+                                    cwd=self.cwd, spec=spec)
 
     def end_batch(self, index: int, group: list[str], results: dict, run_dir: Path, running,
                   gate) -> bool:

@@ -12,6 +12,8 @@ from pathlib import Path
 from sglang_deploy.commands import common
 from sglang_deploy.commands.rolloutplan import after_rollback, failure_text, indent, outcome
 from sglang_deploy.core import outcome as outcomemod
+from sglang_deploy.core import runspec
+from sglang_deploy.core.runspec import RunSpec
 
 
 class RolloutSteps:
@@ -79,8 +81,8 @@ class RolloutSteps:
         self.progress.update(failed, "rolling back")
         run = runner.run_pyinfra(self.inventory, "rollback.py", limit=failed, data=self.data,
                                  cwd=self.cwd,
-                                 env={**journal.env(records),
-                                      "SGLANG_DEPLOY_REPORTS": str(run_dir / "rollback-reports")},
+                                 spec=RunSpec(journal=str(records),
+                                              reports=str(run_dir / "rollback-reports")),
                                  on_line=self.progress.feed)
         (run_dir / "rollback.log").write_text(run.output)
         got = journal.read(records).outcomes(failed)
@@ -101,7 +103,8 @@ class RolloutSteps:
 
         records = run_dir / "dry.journal.json"
         run = runner.run_pyinfra(self.inventory, "deploy.py", limit=order, data=self.data,
-                                 dry=True, cwd=self.cwd, env=journal.env(records, plan=True))
+                                 dry=True, cwd=self.cwd,
+                                 spec=RunSpec(mode=runspec.PLAN, journal=str(records)))
         (run_dir / "dry.log").write_text(run.output)
         ran = journal.read(records)
         got = ran.outcomes(order)

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sglang_deploy.commands import common
+from sglang_deploy.core import runspec
+from sglang_deploy.core.runspec import RunSpec
 
 if TYPE_CHECKING:
     from sglang_deploy.core.group import Group
@@ -296,7 +298,7 @@ def collect_status(inventory: str, cwd: str = ".", limit: list[str] | None = Non
     with tempfile.TemporaryDirectory(prefix="sglang-status-") as tmp:
         records = Path(tmp) / "journal.json"
         run = runner.run_pyinfra(inventory, "deploy.py", limit=hosts, data=data, dry=True,
-                                 cwd=cwd, env=journal.env(records, plan=True))
+                                 cwd=cwd, spec=RunSpec(mode=runspec.PLAN, journal=str(records)))
         rows = rows_from_plans(hosts, journal.read(records),
                                fallback=common.host_error(run.output))
     return groupstatus.annotate(rows, groups), groups

@@ -223,7 +223,8 @@ def check_limit(groups: Mapping[str, Group], selected: Iterable[str],
                 found=f"the selection names {', '.join(inside)} but not {', '.join(missing)}",
                 fix=f"add `--limit {' --limit '.join(missing)}`, or name the whole group: "
                     f"`--limit {g.name}`; to act on part of the group on purpose, say so: "
-                    "SGLANG_DEPLOY_PARTIAL_GROUP=1")
+                    "add `--data '_sglang_deploy_run={\"partial_group\": true}'` (the run "
+                    "spec, core/runspec.py)")
 
 
 # ------------------------------------------------------------------ the group pre-flight

@@ -37,7 +37,7 @@ from sglang_deploy.controller.lockfiles import read as read_lock
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.integration import deploylock, outcomes, plan
+from sglang_deploy.integration import deploylock, outcomes
 from sglang_deploy.integration.integration import (
     PerRun,
     PyinfraIntegration,
@@ -46,7 +46,6 @@ from sglang_deploy.integration.integration import (
     cli_params,
     is_checked,
 )
-from sglang_deploy.integration.plan import PLAN_ENV
 from sglang_deploy.integration.pyinfraerror import for_pyinfra
 from sglang_deploy.stages.group import groupops
 
@@ -114,21 +113,19 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
     return resolved
 
 
-#: set to 1 to act on part of a multi-node group on purpose (``--limit`` naming some nodes)
-PARTIAL_GROUP_ENV = "SGLANG_DEPLOY_PARTIAL_GROUP"
-
-
 def check_group_selection(inventory, resolved: dict[str, datamod.Settings],
-                          initial_limit, fleet: routing.Fleet | None = None) -> None:
+                          initial_limit, fleet: routing.Fleet | None = None,
+                          allow_partial: bool = False) -> None:
     """A ``--limit`` that names part of a multi-node group is refused before any connection
-    (its nodes start and stop as one), unless PARTIAL_GROUP_ENV says so on purpose."""
+    (its nodes start and stop as one), unless the run's spec says so on purpose
+    (ALLOW_PARTIAL: ``RunSpec.partial_group``)."""
     if initial_limit is None or not any(s.sglang_group for s in resolved.values()):
         return
     from sglang_deploy.core import group
 
     groups = (fleet if fleet is not None else routing.fleet_of(inventory)).groups
     group.check_limit(groups, [h.name for h in initial_limit],
-                      allow_partial=os.environ.get(PARTIAL_GROUP_ENV) == "1")
+                      allow_partial=allow_partial)
 
 
 def check_group_modes(inventory, resolved: dict[str, datamod.Settings], initial_limit,
@@ -417,22 +414,27 @@ def check_run(run: RunStart) -> dict[str, datamod.Settings]:
         return {}
     fleet = routing.fleet_of(inventory)  # the run's one Fleet (``_fleet`` keeps it)
     resolved = validate_inventory(inventory, run.cwd, fleet=fleet)
-    check_group_selection(inventory, resolved, initial_limit, fleet)
+    check_group_selection(inventory, resolved, initial_limit, fleet,
+                          allow_partial=run.spec.partial_group)
     check_group_modes(inventory, resolved, initial_limit, cli_params())
     routing.attach(run.state, fleet)
     return resolved
 
 
 # ------------------------------------------------------------------ the run's per-run objects
-def _read_only(run: RunStart) -> None:
-    plan.mark_read_only(run.state, run.dry)  # read while deploy files load (``plan.read_only``)
+def _plan_mode(run: RunStart) -> None:
+    """A plan run (``status``, ``doctor``, ``rollout --dry``) reports every host: no host's
+    failure stops it (config.py's FAIL_PERCENT=0 is for runs that act), unless pyinfra's own
+    ``--fail-percent`` says otherwise."""
+    if run.spec.planning and cli_params().get("fail_percent") is None:
+        run.state.config.FAIL_PERCENT = None
 
 
 def _journal(run: RunStart) -> BaseStateCallback:
     """The run's journal (``integration/journal.py``) and the recorder of each host's outcome in
     it, on the run's State; the recorder is the run's last handler (it records what the
     others noted)."""
-    return outcomes.attach(run.state, run.cwd, dry=run.dry)
+    return outcomes.attach(run.state, run.cwd, dry=run.dry, spec=run.spec)
 
 
 def _group_runs(run: RunStart) -> None:
@@ -449,19 +451,19 @@ def _fleet(run: RunStart) -> None:
 
 #: the per-run objects of a pyinfra run, in order (``integration.PerRun``)
 PER_RUN = (
-    PerRun("read-only", _read_only, checked=False),
+    PerRun("plan mode", _plan_mode, checked=False),
     PerRun("journal", _journal, release=outcomes.release, checked=False),
     PerRun("group runs", _group_runs, release=groupops.release),
     PerRun("fleet", _fleet, release=routing.release),
 )
 
 
-def handlers(release: ReleasePerRun) -> list[BaseStateCallback]:
+def handlers(release: ReleasePerRun, run: RunStart) -> list[BaseStateCallback]:
     """The run's callback handlers (RELEASE: its per-run objects' release), in order:
     TCP_NODELAY and then the deploy lock after each connection, clear messages for a changed
     host key and a lost connection."""
     out = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay(), release]
-    if not os.environ.get(PLAN_ENV):  # a read-only plan (status, rollout --dry) takes no lock
+    if not run.spec.planning:  # a read-only plan (status, rollout --dry) takes no lock
         out.append(HoldDeployLock())
     return out
 

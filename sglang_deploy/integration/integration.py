@@ -41,18 +41,19 @@ does, each with what it replaces, why, and how to remove it:
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gevent
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 
-from sglang_deploy.core import errors
+from sglang_deploy.core import errors, runspec
 from sglang_deploy.integration import pyinfrafast
 from sglang_deploy.integration.pyinfraerror import ToolError, translated
 
@@ -185,12 +186,92 @@ def install_log_filters() -> None:
             logger.addFilter(kind())
 
 
+# ------------------------------------------------------------------------- the run object
+@dataclass(frozen=True)
+class ThisRun:
+    """The run object: what the run was asked to do (``spec``, ``core/runspec.py``) and
+    whether pyinfra runs it ``--dry``. One per run, attached to its State when it starts
+    (``PyinfraIntegration.start``); every reader of the run's modes asks it (``this_run``)."""
+
+    spec: runspec.RunSpec
+    dry: bool = False
+
+    @property
+    def read_only(self) -> bool:
+        """The run changes nothing: ``--dry`` or a plan run. A read-only run never touches a
+        serving host's GPUs (``preflight.probe_plan``)."""
+        return self.dry or self.spec.planning
+
+
+#: the attribute of a State that holds its run object (``ThisRun``)
+RUN_ATTR = "_sglang_deploy_run"
+
+
+def attach_run(state, run: ThisRun) -> ThisRun:
+    """Give STATE its run object (once a run: the integration does, when the run starts)."""
+    setattr(state, RUN_ATTR, run)
+    return run
+
+
+def run_of(state) -> ThisRun:
+    """STATE's run object; raises ``UsageError`` where there is none (a State that did not
+    start through this project's config.py: nothing of the run is known, nothing is
+    guessed)."""
+    run = getattr(state, RUN_ATTR, None)
+    if run is None:
+        raise errors.UsageError(
+            what="a pyinfra run started with this project's config.py (its run object: the "
+                 "run's spec, attached when pyinfra's State starts)",
+            found="no run object on this pyinfra State: its run was not started by the "
+                  "project's hooks (``hooks.install``)",
+            fix="run pyinfra from the project folder (it loads ./config.py), or attach the run "
+                "object first (``integration.attach_run``) where a State is made by hand")
+    return run
+
+
+def this_run() -> ThisRun:
+    """The run object of the pyinfra run in progress (pyinfra's context State); raises where
+    there is none (``run_of``)."""
+    from pyinfra import state
+
+    return run_of(state)
+
+
+def read_spec(inventory) -> runspec.RunSpec:
+    """The run's spec: the file named by pyinfra's ``--data _sglang_deploy_run=PATH``
+    (``runspec.DATA_KEY``; by hand, the spec's JSON object itself may stand there), which is
+    taken out of the inventory's override data (it is no host's data); the default spec (a
+    deploy) when the command line names none. A file that cannot be read, or is no spec,
+    raises ``UsageError``."""
+    override = inventory.get_override_data()
+    path = override.pop(runspec.DATA_KEY, None)
+    if path is None:
+        return runspec.RunSpec()
+    if isinstance(path, dict):  # pyinfra parsed the JSON given in place of a path
+        return runspec.from_json(json.dumps(path), f"--data {runspec.DATA_KEY}=JSON")
+    if not isinstance(path, str):
+        raise errors.UsageError(
+            what=f"--data {runspec.DATA_KEY}=PATH to name the run spec's file (or give its "
+                 "JSON object)", found=repr(path),
+            fix="start the run with an `sglang-deploy` command, which writes it")
+    where = f"the run spec {path} (--data {runspec.DATA_KEY}=PATH)"
+    try:
+        with open(str(path)) as f:
+            text = f.read()
+    except OSError as exc:
+        raise errors.UsageError(
+            what=f"{where} to be a readable file", found=f"{type(exc).__name__}: {exc}",
+            fix="start the run with an `sglang-deploy` command, which writes it, or drop "
+                f"the `--data {runspec.DATA_KEY}=...` argument (a deploy)") from exc
+    return runspec.from_json(text, where)
+
+
 # ------------------------------------------------------------------------- per-run objects
 @dataclass(frozen=True)
 class RunStart:
     """What a per-run setup gets: the run's State and inventory, the hosts selected (None:
-    all), pyinfra's folder, whether the run is ``--dry``, and each host's Settings as checked
-    (host name -> Settings; None before the check)."""
+    all), pyinfra's folder, whether the run is ``--dry``, each host's Settings as checked
+    (host name -> Settings; None before the check) and the run's spec (``read_spec``)."""
 
     state: Any
     inventory: Any
@@ -198,6 +279,7 @@ class RunStart:
     cwd: str | None
     dry: bool
     settings: dict | None = None
+    spec: runspec.RunSpec = field(default_factory=runspec.RunSpec)
 
 
 @dataclass(frozen=True)
@@ -260,11 +342,12 @@ def _stderr(text: str) -> None:
 @dataclass(frozen=True)
 class PyinfraIntegration:
     """Everything done to pyinfra (the module docstring), for one project: HANDLERS makes the
-    run's callback handlers (given the ``ReleasePerRun`` to place among them), PER_RUN the
+    run's callback handlers (given the ``ReleasePerRun`` to place among them and the run's
+    ``RunStart``), PER_RUN the
     run's per-run objects, SELECT turns pyinfra's initial limit into the run's, CHECK checks
     the run (``RunStart``) before any connection and returns each host's Settings."""
 
-    handlers: Callable[[BaseStateCallback], list]
+    handlers: Callable[[BaseStateCallback, RunStart], list]
     per_run: tuple[PerRun, ...]
     select: Callable[[Any, Any], Any]
     check: Callable[[RunStart], dict]
@@ -287,22 +370,30 @@ class PyinfraIntegration:
 
         @translated()
         def init(inventory, config, initial_limit=None, **kwargs):
+            from sglang_deploy.shell import inputerror
+
+            try:
+                spec = read_spec(inventory)  # first: the spec is no host's data
+            except errors.UsageError as exc:
+                raise inputerror.InputError(exc) from exc
             initial_limit = self.select(inventory, initial_limit)
             result = original(inventory, config, initial_limit=initial_limit, **kwargs)
             self.start(RunStart(state, inventory, initial_limit, state.cwd,
-                                dry=bool(cli_params().get("dry"))))
+                                dry=bool(cli_params().get("dry")), spec=spec))
             return result
 
         state.init = init
 
     def start(self, run: RunStart) -> None:
-        """The run's handlers and per-run objects on its State, its hosts checked (a typed
-        input error ends the run as one, exit status 2: ``inputerror``), the State marked."""
+        """The run object (``ThisRun``), the run's handlers and per-run objects on its State,
+        its hosts checked (a typed input error ends the run as one, exit status 2:
+        ``inputerror``), the State marked."""
         from sglang_deploy.integration import inputerror
 
+        attach_run(run.state, ThisRun(run.spec, dry=run.dry))
         before = [p.attach(run) for p in self.per_run if not p.checked]
         # the handlers first: a per-run recorder comes last and sees what they noted
-        for handler in [*self.handlers(ReleasePerRun(self.per_run)), *before]:
+        for handler in [*self.handlers(ReleasePerRun(self.per_run), run), *before]:
             if handler is not None:
                 run.state.add_callback_handler(handler)
         try:

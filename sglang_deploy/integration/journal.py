@@ -1,10 +1,9 @@
 """The run journal: everything one pyinfra run hands back to the command that started it, in
 one file (its shape: ``core/journal.py``).
 
-The command names the file in the environment of its pyinfra subprocess
-(``SGLANG_DEPLOY_JOURNAL``; a run without it, by hand, writes ``.sglang-deploy/journal.json``
-of its folder, the last such run's) and reads it back with ``read`` once the run ended
-(``env`` makes the environment, with the plan mode when asked). In the pyinfra process the
+The command names the file in the run spec of its pyinfra subprocess (``core/runspec.py``:
+``journal``; a run without it, by hand, writes ``.sglang-deploy/journal.json`` of its
+folder, the last such run's) and reads it back with ``read`` once the run ended. In the pyinfra process the
 hooks attach one ``Writer`` to the run's State when it starts (``attach``, through
 ``outcomes.attach``) and the outcome recorder releases it after the last host
 (``release``); each writer of a part (``outcomes``: the outcome records, ``plan``: the plan
@@ -21,27 +20,14 @@ from pathlib import Path
 
 from sglang_deploy.controller import atomicfile
 from sglang_deploy.core import journal as shape
+from sglang_deploy.core.runspec import RunSpec
 
-#: the environment variable naming the run's journal file
-JOURNAL_ENV = "SGLANG_DEPLOY_JOURNAL"
 DEFAULT_PATH = Path(".sglang-deploy/journal.json")
-#: set to 1 for a plan run (``status``, ``doctor``, ``rollout --dry``): read-only, each host's
-#: drift and pre-flight recorded in the journal (``plan.py``), no deploy lock, every host
-#: prepared to the end (``config.py``)
-PLAN_ENV = "SGLANG_DEPLOY_PLAN"
 
 
-def journal_path(cwd: str | os.PathLike | None = None) -> Path:
-    """The file this run's journal goes to (``$SGLANG_DEPLOY_JOURNAL``, or the default under
-    CWD)."""
-    value = os.environ.get(JOURNAL_ENV)
-    return Path(value) if value else Path(cwd or ".") / DEFAULT_PATH
-
-
-def env(path: str | os.PathLike, plan: bool = False) -> dict[str, str]:
-    """The environment a command gives its pyinfra run: the journal at PATH and, with PLAN,
-    the plan mode (PLAN_ENV)."""
-    return {JOURNAL_ENV: str(path), **({PLAN_ENV: "1"} if plan else {})}
+def journal_path(spec: RunSpec, cwd: str | os.PathLike | None = None) -> Path:
+    """The file this run's journal goes to (SPEC's ``journal``, or the default under CWD)."""
+    return Path(spec.journal) if spec.journal else Path(cwd or ".") / DEFAULT_PATH
 
 
 def read(path: str | os.PathLike) -> shape.Journal:

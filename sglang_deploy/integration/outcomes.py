@@ -1,8 +1,8 @@
 """Outcome records: each host's result of a pyinfra run, written by the run itself.
 
 Each record is its host's ``outcome`` in the run journal (``integration/journal.py``: the file the
-command names in ``SGLANG_DEPLOY_JOURNAL``, rewritten atomically, so a reader sees a whole
-record or the previous one), beside the host's plan, verification summary and bench entry.
+command names in its run spec's ``journal``, ``core/runspec.py``, rewritten atomically, so a
+reader sees a whole record or the previous one), beside the host's plan, verification summary and bench entry.
 The record's shape and the decision made from it are ``core/outcome.py``; the commands read
 them with ``journal.read(PATH).outcomes(HOSTS)``.
 
@@ -39,6 +39,7 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import SglangDeployError
+from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.integration import journal, pyinfraerror
 
 # ------------------------------------------------------------------ in the pyinfra process
@@ -179,11 +180,11 @@ def _op_name(state, op_hash: str) -> str:
 _ATTR = "sglang_deploy_recorder"
 
 
-def attach(state, cwd: str | None, dry: bool) -> Recorder:
-    """Give STATE its run's journal (``journal.journal_path(CWD)``) and the recorder writing
-    each host's outcome there (``hooks.PER_RUN``); both are released after the run's last
-    host (``release``, by ``integration.ReleasePerRun``)."""
-    recorder = Recorder(journal.attach(state, journal.journal_path(cwd)), dry=dry)
+def attach(state, cwd: str | None, dry: bool, spec: RunSpec) -> Recorder:
+    """Give STATE its run's journal (``journal.journal_path``: SPEC's, else the default under
+    CWD) and the recorder writing each host's outcome there (``hooks.PER_RUN``); both are
+    released after the run's last host (``release``, by ``integration.ReleasePerRun``)."""
+    recorder = Recorder(journal.attach(state, journal.journal_path(spec, cwd)), dry=dry)
     recorder.state = state
     setattr(state, _ATTR, recorder)
     return recorder

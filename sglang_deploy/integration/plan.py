@@ -1,7 +1,7 @@
 """Plan records: what a ``--dry`` deploy would change on each host, and where it stands.
 
-In a plan run (``SGLANG_DEPLOY_PLAN=1``, set by ``sglang-deploy status``, ``doctor`` and
-``rollout --dry`` through ``journal.env``) the stages record, while pyinfra prepares the
+In a plan run (the run spec's mode ``plan``, ``core/runspec.py``: ``sglang-deploy status``,
+``doctor`` and ``rollout --dry`` start one) the stages record, while pyinfra prepares the
 operations, each host's ``plan`` in the run journal (``integration/journal.py``): the operations
 that would change something (the drift), the pre-flight failures, and the host's state as
 read by the facts; and its ``preflight``: every pre-flight check. Nothing is written to any
@@ -11,38 +11,25 @@ host.
 from __future__ import annotations
 
 import json
-import os
 
 from sglang_deploy.core import hardening, residency, restart, watchdog
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core.hostrecords import LastRestart
 from sglang_deploy.core.hoststate import HostState, ServiceState
 from sglang_deploy.integration import journal
-from sglang_deploy.integration.journal import PLAN_ENV
+from sglang_deploy.integration.integration import this_run
 
 
 def planning() -> bool:
-    """Whether this pyinfra run is a plan run (``PLAN_ENV``)."""
-    return bool(os.environ.get(PLAN_ENV))
-
-
-#: the attribute of a pyinfra State that says its run only plans (``mark_read_only``)
-_READ_ONLY = "_sglang_deploy_read_only"
-
-
-def mark_read_only(state, dry: bool) -> None:
-    """Note on STATE whether its run is ``--dry`` (the hooks do, when the run starts: the
-    command line's click context is not there while deploy files are loaded)."""
-    setattr(state, _READ_ONLY, bool(dry))
+    """Whether this pyinfra run is a plan run (its spec, ``integration.this_run``)."""
+    return this_run().spec.planning
 
 
 def read_only() -> bool:
     """Whether this pyinfra run only plans: ``--dry`` (``deploy.py --dry``, ``rollout --dry``)
     or a plan run (``status``, ``doctor``: ``planning``). A read-only run never touches a
     serving host's GPUs (``preflight.probe_plan``)."""
-    from pyinfra import state
-
-    return planning() or bool(getattr(state, _READ_ONLY, False))
+    return this_run().read_only
 
 
 def preflight(name: str, checks: list, nccl_env: dict | None = None,

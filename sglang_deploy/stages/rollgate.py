@@ -7,7 +7,7 @@ the host) before the first thing that needs the host out of the router: the P2P 
 peer copies and every operation. The rollout opens the gate (``Gate.open``) once every
 host of the batch is drained, or stops it (``Gate.stop``) when a drain failed: the run then
 fails at the gate with nothing changed. A run that is not a staged rollout's rolling run
-has no gate (``GATE_ENV`` unset) and never waits.
+has no gate (its run spec's ``gate`` is null, ``core/runspec.py``) and never waits.
 
 The gate is a file in the rollout's folder (the controller writes it atomically; the run
 polls it): ``drained`` opens it, ``stop: WHY`` stops it. The first host of the run to reach
@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 from sglang_deploy.controller import atomicfile
+from sglang_deploy.core import runspec
 from sglang_deploy.core.errors import RolloutError
 from sglang_deploy.integration.deploylock import pid_alive
 
-GATE_ENV = "SGLANG_DEPLOY_ROLL_GATE"
-PID_ENV = "SGLANG_DEPLOY_ROLL_GATE_PID"
-DEADLINE_ENV = "SGLANG_DEPLOY_ROLL_GATE_S"
 DRAINED = "drained"
 STOP = "stop: "
 POLL_S = 0.05
@@ -64,19 +62,17 @@ def _mark_reached(path: str) -> None:
         pass
 
 
-def wait(name: str, env: Mapping[str, str] | None = None, *,
+def wait(name: str, gate: runspec.Gate | None, *,
          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
          alive: Callable[[int], bool] = pid_alive) -> float | None:
-    """Block until the rollout says host NAME's batch is drained: the seconds waited, None
-    when this run has no gate. Raises RolloutError when the rollout stopped the batch, its
-    process is gone, or the deadline passed (nothing changed on the host)."""
-    env = os.environ if env is None else env
-    path = env.get(GATE_ENV)
-    if not path:
+    """Block until the rollout says host NAME's batch is drained at GATE (the run spec's):
+    the seconds waited, None when this run has no gate. Raises RolloutError when the rollout
+    stopped the batch, its process is gone, or the deadline passed (nothing changed on the
+    host)."""
+    if gate is None:
         return None
+    path, deadline, pid = gate.path, float(gate.deadline_s), gate.pid
     _mark_reached(path)
-    deadline = float(env.get(DEADLINE_ENV) or 900)
-    pid = int(env.get(PID_ENV) or 0)
     t0 = clock()
     while True:
         kind, why = verdict(_read(path))
@@ -112,10 +108,11 @@ class Gate:
         self.deadline_s = deadline_s
         self.opened: float | None = None  # wall clock
 
-    def env(self) -> dict[str, str]:
-        """What the batch's pyinfra run needs to find and wait at this gate."""
-        return {GATE_ENV: str(self.path), PID_ENV: str(os.getpid()),
-                DEADLINE_ENV: f"{self.deadline_s:g}"}
+    def spec(self) -> runspec.Gate:
+        """What the batch's pyinfra run needs to find and wait at this gate (its run spec's
+        ``gate``)."""
+        return runspec.Gate(path=str(self.path), pid=os.getpid(),
+                             deadline_s=float(self.deadline_s))
 
     def open(self) -> None:
         self.opened = time.time()  # the run may go on the moment the file is there

@@ -31,6 +31,7 @@ from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
 from sglang_deploy.hostops.facts import REMOTE, patch_status
 from sglang_deploy.integration import outcomes, plan
+from sglang_deploy.integration.integration import this_run
 from sglang_deploy.stages import (
     allreduce,
     gpugate,
@@ -319,7 +320,7 @@ def service_stage(ctx: Context):
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
     # out of the router (every operation); the reads above do not
-    waited = rollgate.wait(host.name)
+    waited = rollgate.wait(host.name, this_run().spec.gate)
     if waited is not None:
         logger.info(f"{host.print_prefix}drained by the rollout (waited {waited:.1f}s for it)")
     run = groupops.run_of(state, ctx.group) if ctx.group is not None and restarts else None

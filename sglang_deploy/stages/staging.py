@@ -1,15 +1,14 @@
 """Staging: deploy.py's stages run "stage only", everything that does not touch the serving
 server, so that a rollout installs on every host before it drains the first.
 
-``SGLANG_DEPLOY_STAGE_ONLY=1`` (set by the rollout for its staging run over all its hosts at
-once) makes deploy.py run the pre-flight, the whole runtime stage (the release venv, the
+The run spec's mode ``stage`` (``core/runspec.py``; the rollout's staging run over all its
+hosts at once) makes deploy.py run the pre-flight, the whole runtime stage (the release venv, the
 patch, the model files, the wheel cache) and, of the service stage, the launch-flag check,
 the JIT toolchain check and the release smoke under the unit's sandbox (GPUs hidden); then
 it writes the staging record (``core.staging``) and stops: no P2P copies (the server holds
 the GPUs), no secrets, no unit, no ``current`` switch, no restart, no verification.
 
-``SGLANG_DEPLOY_STAGED=1`` (set by the rollout for its rolling runs, right after staging)
-lets the service stage skip the JIT check and the smoke when the host's record says they
+The mode ``roll`` (the rollout's rolling runs, right after staging) lets the service stage skip the JIT check and the smoke when the host's record says they
 proved exactly what they would prove again. deploy.py alone ignores records: it runs every
 check itself (in one pyinfra run, operation by operation across hosts: every host's
 install, model, JIT check and smoke come before any host's restart).
@@ -18,7 +17,6 @@ install, model, JIT check and smoke come before any host's restart).
 from __future__ import annotations
 
 import dataclasses
-import os
 from io import StringIO
 
 from pyinfra import host
@@ -29,20 +27,18 @@ from sglang_deploy.core import staging as stagingcore
 from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
+from sglang_deploy.integration.integration import this_run
 from sglang_deploy.stages import jitcheck
-
-STAGE_ENV = "SGLANG_DEPLOY_STAGE_ONLY"
-STAGED_ENV = "SGLANG_DEPLOY_STAGED"
 
 
 def stage_only() -> bool:
     """This run stages only (the rollout's staging run): nothing serving is touched."""
-    return os.environ.get(STAGE_ENV) == "1"
+    return this_run().spec.stage_only
 
 
 def trusts_record() -> bool:
     """This run follows a staging run of the same rollout: a matching record stands."""
-    return os.environ.get(STAGED_ENV) == "1"
+    return this_run().spec.trusts_staging
 
 
 def record_path(layout, release_id: str) -> str:

@@ -26,8 +26,6 @@ from sglang_deploy.core.throughput import (
 from sglang_deploy.integration import journal
 
 LOCAL_DIR = Path(".sglang-deploy") / "bench"
-#: the environment variable naming one `sglang-deploy bench` run (set by the command)
-RUN_ID_ENV = "SGLANG_DEPLOY_BENCH_RUN"
 
 
 def remote_command(settings, secrets_file: str, python: str = "python3") -> str:

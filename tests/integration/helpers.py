@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_deploy.core import lockfile
+from sglang_deploy.core import lockfile, runspec
 from testbed import fleet
 from testbed.lxchost import DEFAULT_UVM
 
@@ -76,14 +76,24 @@ def data_args(*data: str) -> list[str]:
 
 
 def pyinfra_deploy(hosts, *args: str, inventory: Path | str = INVENTORY, env: dict | None = None,
-                   timeout: float = 900) -> subprocess.CompletedProcess:
-    """The real `pyinfra -y INVENTORY deploy.py --limit HOST...` (no --limit: every host)."""
+                   timeout: float = 900, spec=None) -> subprocess.CompletedProcess:
+    """The real `pyinfra -y INVENTORY deploy.py --limit HOST...` (no --limit: every host);
+    SPEC: the run spec (``core/runspec.py``) the command names, as `sglang-deploy` names it."""
+    from sglang_deploy.controller import runner
+
     argv = [PYINFRA, "-y", str(inventory), "deploy.py"]
     for h in hosts or ():
         argv += ["--limit", h]
-    return subprocess.run([*argv, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False, stdin=subprocess.DEVNULL,
-                          env={**os.environ, **(env or {})})
+    spec_file = runner.write_spec(spec) if spec is not None else None
+    if spec_file is not None:
+        argv += ["--data", f"{runspec.DATA_KEY}={spec_file}"]
+    try:
+        return subprocess.run([*argv, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})})
+    finally:
+        if spec_file is not None:
+            spec_file.unlink(missing_ok=True)
 
 
 def results(out: str) -> dict[str, tuple[int, int, int]]:

@@ -16,6 +16,9 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from sglang_deploy.core import runspec
+from sglang_deploy.core.runspec import RunSpec
+
 from .helpers import BIN, REPO, TB1, both, changed, pyinfra_deploy
 
 MODEL = "/srv/models/GLM-5-NVFP4"
@@ -164,7 +167,7 @@ def test_a_rollouts_staging_run_reads_the_model_in_and_restarts_nothing(testbed,
     before = testbed.host_state(TB1)["invocation"]
     cold(testbed)
     r = pyinfra_deploy([TB1], *restart_data(), inventory=testbed.inventory,
-                       env={"SGLANG_DEPLOY_STAGE_ONLY": "1"})
+                       spec=RunSpec(mode=runspec.STAGE))
     testbed.log.append(r)
     out = both(r)
     assert r.returncode == 0, out[-4000:]

@@ -285,12 +285,16 @@ INTERNALS = (
         ("Inventory.get_data", "Inventory.get_group_data", "Inventory.get_host_data",
          "Inventory.get_override_data", "Inventory.host_data", "Inventory.groups"),
         "YAML data (group_vars/, host_vars/) is layered between pyinfra's own group data and "
-        "its --data overrides, with one precedence, and each value's file and line kept",
+        "its --data overrides, with one precedence, and each value's file and line kept; the "
+        "run spec's `--data _sglang_deploy_run=PATH` is taken out of the live override data "
+        "(integration/integration.py, read_spec), so that it is no host's data",
         _all(_has("pyinfra.api.inventory.Inventory", "get_data", "get_group_data",
                   "get_host_data", "get_override_data", "host_data", "groups", instance=True),
              _signature_has("pyinfra.api.inventory.Inventory.get_host_data", "hostname"),
-             _signature_has("pyinfra.api.inventory.Inventory.get_group_data", "group")),
-        "Python data files only (no YAML inventory)"),
+             _signature_has("pyinfra.api.inventory.Inventory.get_group_data", "group"),
+             lambda: _override_data_is_live()),
+        "Python data files only (no YAML inventory); the run spec named by an argument of "
+        "pyinfra's own, if it ever has one for a deploy's own input"),
     Internal(
         "an inventory read as pyinfra's CLI reads it, outside a run",
         ("pyinfra_cli.inventory.make_inventory", "pyinfra_cli.util.parse_cli_arg",
@@ -318,7 +322,7 @@ INTERNALS = (
     Internal(
         "our own attributes on pyinfra's State and Host",
         tuple(f"own attribute {name}" for name in (
-            "_sglang_deploy_checked", "_sglang_deploy_integration", "_sglang_deploy_read_only",
+            "_sglang_deploy_checked", "_sglang_deploy_integration", "_sglang_deploy_run",
             "_sglang_deploy_host_state_reads", "sglang_deploy_fleet", "sglang_deploy_group_runs",
             "sglang_deploy_journal", "sglang_deploy_recorder")),
         "the run's per-run objects live as long as its State (a Host's host-state read as long "
@@ -334,6 +338,17 @@ INTERNALS = (
         lambda: _texts_present(),
         "drop install_log_filters (the lines come back)"),
 )
+
+
+def _override_data_is_live() -> None:
+    """A key taken out of ``get_override_data()`` is gone from every host's data."""
+    from pyinfra.api import Inventory
+
+    inventory = Inventory((["h1"], {}), override_data={"_k": "v"})
+    host = inventory.get_host("h1")
+    assert host.data.get("_k") == "v"
+    inventory.get_override_data().pop("_k")
+    assert host.data.get("_k") is None, "the override data is no longer read live"
 
 
 def _own_attributes_fit() -> None:

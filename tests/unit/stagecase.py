@@ -40,11 +40,9 @@ CASES = Path(__file__).resolve().parent / "stagecases"
 RAW = REPO / "tests" / "fixtures" / "stagecases"
 #: set to 1 to rewrite every case's ``expected`` from what the stages now add
 UPDATE_ENV = "UPDATE_STAGE_CASES"
-#: the environment the stages read that a case must not inherit from the shell
-CLEARED_ENV = ("SGLANG_DEPLOY_PLAN", "SGLANG_DEPLOY_STAGE_ONLY", "SGLANG_DEPLOY_STAGED",
-               "SGLANG_DEPLOY_JOURNAL", "SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY",
-               "SGLANG_DEPLOY_ROLL_GATE", "SGLANG_DEPLOY_ROLL_GATE_PID",
-               "SGLANG_DEPLOY_ROLL_GATE_S", "TESTBED_ROUTER_KEY")
+#: the controller's secrets that data keys name (``*_env``): a case gives its own (``env``),
+#: never the shell's. The run's modes are no environment: the case's run spec (``case_spec``)
+SECRET_ENV = ("SGLANG_API_KEY", "HF_TOKEN", "ROUTER_API_KEY", "TESTBED_ROUTER_KEY")
 
 
 # ------------------------------------------------------------------ inputs: data and facts
@@ -353,18 +351,19 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + " / ".join(line.strip() for line in lines[:6])
 
 
-def start_run(state, inventory, dry: bool) -> None:
+def start_run(state, inventory, dry: bool, spec=None) -> None:
     """What the hooks do to a run's STATE when it starts (``hooks.install``'s ``init``), but
     connecting and the controller's own checks of the data (lock files on disk, the locked
-    sglang's flags): the read-only mark, the groups' shared results, each host's Settings
-    resolved once, and every host connected as pyinfra leaves it (a group's node reads its
-    peers' facts); no run journal (``hooks.PER_RUN``'s "journal"), so no outcome records. The
-    one place to follow when the hooks change."""
+    sglang's flags): the run object (SPEC, the run's spec, and DRY), the groups' shared
+    results, each host's Settings resolved once, and every host connected as pyinfra leaves
+    it (a group's node reads its peers' facts); no run journal (``hooks.PER_RUN``'s
+    "journal"), so no outcome records. The one place to follow when the hooks change."""
     from sglang_deploy.controller import routing
-    from sglang_deploy.integration import plan
+    from sglang_deploy.core.runspec import RunSpec
+    from sglang_deploy.integration import integration
     from sglang_deploy.stages.group import groupops
 
-    plan.mark_read_only(state, dry)
+    integration.attach_run(state, integration.ThisRun(spec or RunSpec(), dry=dry))
     groupops.attach(state)
     fleet = routing.fleet_of(inventory)  # the run's one Fleet (``hooks.check_run``)
     routing.remember(state, {h.name: fleet.settings(h.name) for h in inventory})
@@ -372,20 +371,26 @@ def start_run(state, inventory, dry: bool) -> None:
         h.connected = True
 
 
-def _environment(case: dict, cwd: Path, monkeypatch) -> None:
-    """The controller's environment of CASE: the case's own, its run mode, its gate."""
-    for name in CLEARED_ENV:
+def _environment(case: dict, monkeypatch) -> None:
+    """The controller's environment of CASE: its own secrets, none of the shell's."""
+    for name in SECRET_ENV:
         monkeypatch.delenv(name, raising=False)
     for name, value in (case.get("env") or {}).items():
         monkeypatch.setenv(name, value)
-    if case.get("stage_only"):  # the rollout's staging run (``stages/staging.py``)
-        monkeypatch.setenv("SGLANG_DEPLOY_STAGE_ONLY", "1")
-    if case.get("roll_gate") is not None:  # a staged rollout's rolling run at its gate
-        from sglang_deploy.stages import rollgate
 
+
+def case_spec(case: dict, cwd: Path):
+    """CASE's run spec (``core/runspec.py``): a deploy, the rollout's staging run
+    (``stage_only``) or a rolling run at its gate (``roll_gate``: the gate file made in CWD)."""
+    from sglang_deploy.core import runspec
+
+    if case.get("stage_only"):  # the rollout's staging run (``stages/staging.py``)
+        return runspec.RunSpec(mode=runspec.STAGE)
+    if case.get("roll_gate") is not None:  # a staged rollout's rolling run at its gate
         gate = cwd / "batch.gate"
         gate.write_text(case["roll_gate"] + "\n")
-        monkeypatch.setenv(rollgate.GATE_ENV, str(gate))
+        return runspec.RunSpec(gate=runspec.Gate(path=str(gate)))
+    return runspec.RunSpec()
 
 
 def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
@@ -394,7 +399,7 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     from sglang_deploy.controller import flagcache
     from sglang_deploy.integration import hooks
 
-    _environment(case, cwd, monkeypatch)
+    _environment(case, monkeypatch)
     # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
     monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
     monkeypatch.setattr(flagcache, "_MEMORY", {}, raising=False)  # only this case's cache
@@ -421,7 +426,7 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     inventory = Inventory(([(n, host_data(case, n)) for n in case["hosts"]], {}), **groups)
     state = State(inventory, Config())
     state.cwd = str(cwd)
-    start_run(state, inventory, bool(case.get("dry")))
+    start_run(state, inventory, bool(case.get("dry")), case_spec(case, cwd))
     deploy_file = REPO / case.get("deploy_file", "deploy.py")
     code = compile(deploy_file.read_text(), str(deploy_file), "exec")
     errors = {}

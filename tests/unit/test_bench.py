@@ -386,10 +386,11 @@ def test_run_hosts_gates_each_host_and_reports_a_missing_result(tmp_path, monkey
 
     seen = {}
 
-    def fake_run_pyinfra(inventory, deploy_file, *, limit, cwd, env, on_line=None, **kw):
-        seen.update(inventory=inventory, deploy_file=deploy_file, limit=limit, env=env)
-        put = journal.Writer(env[journal.JOURNAL_ENV]).put
-        put("h1", "bench", {"run_id": env[bench.RUN_ID_ENV], "host": "h1",
+    def fake_run_pyinfra(inventory, deploy_file, *, limit, cwd, spec, on_line=None, **kw):
+        seen.update(inventory=inventory, deploy_file=deploy_file, limit=limit, spec=spec)
+        assert spec.mode == "deploy" and spec.bench_run  # the run's id, in its spec
+        put = journal.Writer(spec.journal).put
+        put("h1", "bench", {"run_id": spec.bench_run, "host": "h1",
                             "current": rec("B", c2=400.0), "previous": rec("A", c2=800.0)})
         # h2's own record says why; the printed text is not read
         put("h2", "outcome", outcome.record(

@@ -261,8 +261,8 @@ def test_rebuild_reports_the_hosts_own_error(inv, monkeypatch, capsys, locked_wh
     err = PreflightError(what="7 of 8 GPUs", found="7 GPUs (0-6)", fix="pass /dev/nvidia7 through")
     misleading = "    [a1] Connected\n    [a1] all good\n"
 
-    def fake(*a, env=None, **k):
-        journal.Writer(env[journal.JOURNAL_ENV]).put("a1", "outcome", outcome.record(
+    def fake(*a, spec=None, **k):
+        journal.Writer(spec.journal).put("a1", "outcome", outcome.record(
             "a1", outcome.FAILED, "preflight", phase="execute", error=outcome.error_of(err)))
         return runner.Run(argv=[], rc=1, output=misleading, seconds=1.0)
 

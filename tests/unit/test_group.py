@@ -4,6 +4,10 @@ the flags and environment a node's unit gets (core.group, controller.routing).""
 
 from __future__ import annotations
 
+import re
+import shlex
+from types import SimpleNamespace
+
 import pytest
 
 from sglang_deploy.controller import routing
@@ -157,13 +161,22 @@ def test_a_limit_naming_part_of_a_group_is_refused_unless_said_on_purpose(tmp_pa
     inv = _group_and_solo(tmp_path)
     resolved = {h.name: routing.settings(h, inv) for h in inv}
     by = {h.name: h for h in inv}
-    monkeypatch.delenv(hooks.PARTIAL_GROUP_ENV, raising=False)
+    monkeypatch.setenv("SGLANG_DEPLOY_PARTIAL_GROUP", "1")  # the old channel: no effect
     hooks.check_group_selection(inv, resolved, None)  # no --limit: every node
     hooks.check_group_selection(inv, resolved, [by["n0"], by["n1"]])
     hooks.check_group_selection(inv, resolved, [by["solo"]])
     with pytest.raises(UsageError) as exc:
         hooks.check_group_selection(inv, resolved, [by["n1"], by["solo"]])
     assert "n1" in exc.value.found and "n0" in exc.value.found
-    assert hooks.PARTIAL_GROUP_ENV in exc.value.fix
-    monkeypatch.setenv(hooks.PARTIAL_GROUP_ENV, "1")
-    hooks.check_group_selection(inv, resolved, [by["n1"]])
+    # the fix names the run spec's key, given by hand on pyinfra's command line: it is one
+    from pyinfra_cli.util import parse_cli_arg
+
+    from sglang_deploy.core import runspec
+    from sglang_deploy.integration.integration import read_spec
+
+    given = shlex.split(re.search(r"`--data ('[^']+')`", exc.value.fix).group(1))[0]
+    key, value = given.split("=", 1)
+    override = {key: parse_cli_arg(value)}
+    spec = read_spec(SimpleNamespace(get_override_data=lambda: override))
+    assert key == runspec.DATA_KEY and spec.partial_group and override == {}
+    hooks.check_group_selection(inv, resolved, [by["n1"]], allow_partial=spec.partial_group)

@@ -22,10 +22,11 @@ from sglang_deploy.core.errors import GroupPreflightError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.restart import Facts as NodeFacts
 from sglang_deploy.core.restart import Wanted
+from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.core.service import Layout
 from sglang_deploy.hostops import facts as facts_mod
 from sglang_deploy.hostops.facts import Snapshot
-from sglang_deploy.integration import plan
+from sglang_deploy.integration import integration, plan
 from sglang_deploy.stages import gpugate, stages, staging
 from sglang_deploy.stages.group import groupops, groupprep
 
@@ -109,6 +110,7 @@ def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
     inventory = Inventory(([("n0", dict(DATA)), ("n1", {**DATA, "ssh_hostname": "10.0.0.11"})],
                            {}))
     state = State(inventory, Config())
+    integration.attach_run(state, integration.ThisRun(RunSpec()))  # a deploy
     fleet = routing.fleet_of(inventory)
     routing.attach(state, fleet)
     groupops.attach(state)

@@ -18,7 +18,6 @@ from sglang_deploy.core.group import Group, Node
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.journal import Journal
 from sglang_deploy.integration import journal, plan
-from sglang_deploy.integration.plan import PLAN_ENV
 
 # rank order differs from name order on purpose: g1's rank 0 is "b"
 G1 = Group("g1", (Node("b", 0), Node("a", 1), Node("c", 2)), "10.0.0.2", 50000)
@@ -253,10 +252,10 @@ def test_collect_status_polls_the_whole_group_of_a_limited_node_in_rank_order(tm
 
     asked = {}
 
-    def run_pyinfra(inventory, deploy_file, limit=(), env=None, **kw):
+    def run_pyinfra(inventory, deploy_file, limit=(), spec=None, **kw):
         asked["limit"] = list(limit)
-        assert env[PLAN_ENV] == "1"  # a plan run: each host's plan in the journal
-        put = journal.Writer(env[journal.JOURNAL_ENV]).put
+        assert spec.planning  # a plan run: each host's plan in the journal
+        put = journal.Writer(spec.journal).put
         for name in limit:
             put(name, "plan", serving_row(name, models=[]))
         return runner.Run(argv=["pyinfra"], rc=0, output="", seconds=0.0)

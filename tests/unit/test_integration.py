@@ -134,7 +134,7 @@ def recording(seen: list) -> PyinfraIntegration:
 
     per_run = (PerRun("early", attach("early", Seen()), checked=False),
                PerRun("late", attach("late"), release=lambda state: seen.append(("released",))))
-    return PyinfraIntegration(handlers=lambda release: [release], per_run=per_run,
+    return PyinfraIntegration(handlers=lambda release, run: [release], per_run=per_run,
                               select=lambda inventory, limit: limit,
                               check=lambda run: {h.name: f"settings of {h.name}"
                                                  for h in run.inventory})

@@ -19,6 +19,7 @@ from sglang_deploy.controller import atomicfile
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import DataError
+from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.integration import journal, outcomes
 
 SUMMARY = {"host": "h1", "action": "restarted", "release": "r1", "time_to_ready_s": 41.5}
@@ -121,13 +122,12 @@ def test_no_journal_or_a_damaged_one_holds_no_host(tmp_path, text):
     assert ran.hosts == {} and ran.outcome("h1").kind == "missing"
 
 
-def test_the_path_comes_from_the_environment_or_the_runs_folder(tmp_path, monkeypatch):
-    monkeypatch.delenv(journal.JOURNAL_ENV, raising=False)
-    assert journal.journal_path(tmp_path) == tmp_path / ".sglang-deploy" / "journal.json"
-    monkeypatch.setenv(journal.JOURNAL_ENV, str(tmp_path / "mine.json"))
-    assert journal.journal_path(tmp_path) == tmp_path / "mine.json"
-    assert journal.env(tmp_path / "j") == {journal.JOURNAL_ENV: str(tmp_path / "j")}
-    assert journal.env("j", plan=True) == {journal.JOURNAL_ENV: "j", journal.PLAN_ENV: "1"}
+def test_the_path_comes_from_the_run_spec_or_the_runs_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_DEPLOY_JOURNAL", str(tmp_path / "old-channel.json"))  # ignored
+    assert journal.journal_path(RunSpec(), tmp_path) == \
+        tmp_path / ".sglang-deploy" / "journal.json"
+    assert journal.journal_path(RunSpec(journal=str(tmp_path / "mine.json")), tmp_path) == \
+        tmp_path / "mine.json"
 
 
 # ------------------------------------------------------------------ on the run's State
@@ -141,15 +141,13 @@ def fake_state():
     return SimpleNamespace(failed_hosts=set(), current_stage=StateStage.Disconnect, ops={})
 
 
-def test_each_run_has_its_own_journal_on_its_state(tmp_path, monkeypatch):
+def test_each_run_has_its_own_journal_on_its_state(tmp_path):
     """Nothing module-level: two States, each with its journal; what a run's code records goes
     to the journal of the State in pyinfra's context."""
-    monkeypatch.setenv(journal.JOURNAL_ENV, str(tmp_path / "a.json"))
     a = fake_state()
-    outcomes.attach(a, str(tmp_path), dry=False)
-    monkeypatch.setenv(journal.JOURNAL_ENV, str(tmp_path / "b.json"))
+    outcomes.attach(a, str(tmp_path), dry=False, spec=RunSpec(journal=str(tmp_path / "a.json")))
     b = fake_state()
-    outcomes.attach(b, str(tmp_path), dry=True)
+    outcomes.attach(b, str(tmp_path), dry=True, spec=RunSpec(journal=str(tmp_path / "b.json")))
     with ctx_state.use(a):
         outcomes.failed("h1", DataError(key="k", what="a number", found="x", fix="y"), "data")
         assert journal.record("h1", shape.REPORT, SUMMARY)
@@ -162,18 +160,17 @@ def test_each_run_has_its_own_journal_on_its_state(tmp_path, monkeypatch):
     assert journal.record("h1", shape.REPORT, SUMMARY) is False
 
 
-def test_the_journal_is_released_after_the_last_host_and_the_last_record_still_kept(
-        tmp_path, monkeypatch):
+def test_the_journal_is_released_after_the_last_host_and_the_last_record_still_kept(tmp_path):
     """The journal is a per-run object of the hooks (``hooks.PER_RUN``): attached when the run
     starts, released with the last connected host (``integration.ReleasePerRun``, a handler
     before the recorder), whose final record the recorder still writes."""
     from sglang_deploy.integration import hooks
     from sglang_deploy.integration.integration import ReleasePerRun, RunStart
 
-    monkeypatch.setenv(journal.JOURNAL_ENV, str(tmp_path / "j.json"))
     state = fake_state()
     per_run = next(p for p in hooks.PER_RUN if p.name == "journal")
-    rec = per_run.attach(RunStart(state, None, None, str(tmp_path), dry=False))
+    rec = per_run.attach(RunStart(state, None, None, str(tmp_path), dry=False,
+                                  spec=RunSpec(journal=str(tmp_path / "j.json"))))
     assert journal.of(state) is rec.journal and not per_run.checked
     release = ReleasePerRun((per_run,))
     h1, h2 = Host("h1"), Host("h2")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_deploy.core.runspec import DATA_KEY, RunSpec
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 NOWHERE = {"ssh_hostname": "127.0.0.1", "ssh_port": 9}
@@ -36,15 +38,21 @@ def inv(tmp_path) -> str:
 
 def env(tmp_path) -> dict:
     """No wheel download from anywhere but loopback (the data check of a run that gets that
-    far warns instead), an empty flag cache, no pip.conf, the run's journal in TMP_PATH."""
+    far warns instead), an empty flag cache, no pip.conf."""
     return {**os.environ, "SGLANG_DEPLOY_CACHE": str(tmp_path / "cache"),
             "SGLANG_DEPLOY_WHEEL_CACHE": str(tmp_path / "wheels"), "PIP_CONFIG_FILE": "/dev/null",
             "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
-            "PYINFRA_PROGRESS": "off", "SGLANG_DEPLOY_JOURNAL": str(tmp_path / "journal.json")}
+            "PYINFRA_PROGRESS": "off"}
 
 
-def pyinfra(tmp_path, *argv: str, cwd: Path = REPO, **extra: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(BIN / "pyinfra"), "-y", *argv], cwd=cwd, env={**env(tmp_path), **extra},
+def pyinfra(tmp_path, *argv: str, cwd: Path = REPO, journal: Path | None = None,
+            **extra: str) -> subprocess.CompletedProcess:
+    """pyinfra ARGV with the run's journal at JOURNAL (default: in TMP_PATH), named by its
+    run spec (``core/runspec.py``), as the commands name it."""
+    spec = tmp_path / "run.json"
+    spec.write_text(RunSpec(journal=str(journal or tmp_path / "journal.json")).to_json())
+    r = subprocess.run([str(BIN / "pyinfra"), "-y", "--data", f"{DATA_KEY}={spec}", *argv],
+                       cwd=cwd, env={**env(tmp_path), **extra},
                        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
                        check=False)
     r.both = r.stdout + r.stderr  # type: ignore[attr-defined]
@@ -186,7 +194,7 @@ def test_a_host_that_cannot_be_reached_leaves_an_unreachable_record(tmp_path, in
     """The connection's failure is the host's record (``Recorder.host_connect_error``); a
     host outside --limit gets none."""
     r = pyinfra(tmp_path, inv, "deploy.py", "--limit", "gpu-node-1",
-                SGLANG_DEPLOY_JOURNAL=str(tmp_path / "o.json"))
+                journal=tmp_path / "o.json")
     assert r.returncode != 0, r.both
     records = outcome_records(tmp_path / "o.json")
     assert list(records) == ["gpu-node-1"]
@@ -201,7 +209,7 @@ def test_a_stage_that_fails_leaves_its_typed_error_and_the_stage(tmp_path):
         '"sglang_lock": "locks/testbed.txt", "sglang_system_python": "/nonexistent/python3"})],'
         ' {})\n')
     r = pyinfra(tmp_path, "--dry", str(tmp_path / "local.py"), "deploy.py",
-                SGLANG_DEPLOY_JOURNAL=str(tmp_path / "o.json"))
+                journal=tmp_path / "o.json")
     assert r.returncode != 0, r.both
     rec = outcome_records(tmp_path / "o.json")["@local"]
     assert (rec["outcome"], rec["stage"], rec["phase"], rec["dry"]) == ("failed", "preflight", "prepare", True)
@@ -217,12 +225,12 @@ def test_a_finished_run_leaves_passed_and_a_failed_command_its_output(tmp_path):
         'gpu_hosts = ([("@local", {"sglang_model_path": "/srv/models/m", '
         '"sglang_lock": "locks/testbed.txt"})], {})\n')
     ok = pyinfra(tmp_path, str(tmp_path / "local.py"), "exec", "--", "true",
-                 SGLANG_DEPLOY_JOURNAL=str(tmp_path / "ok.json"))
+                 journal=tmp_path / "ok.json")
     assert ok.returncode == 0, ok.both
     rec = outcome_records(tmp_path / "ok.json")["@local"]
     assert (rec["outcome"], rec["phase"], rec["error"]) == ("passed", "done", None)
     bad = pyinfra(tmp_path, str(tmp_path / "local.py"), "exec", "--", "echo boom >&2; false",
-                  SGLANG_DEPLOY_JOURNAL=str(tmp_path / "bad.json"))
+                  journal=tmp_path / "bad.json")
     assert bad.returncode != 0, bad.both
     rec = outcome_records(tmp_path / "bad.json")["@local"]
     assert (rec["outcome"], rec["phase"], rec["error"]["type"]) == ("failed", "execute", "OperationError")

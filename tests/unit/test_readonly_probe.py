@@ -78,23 +78,21 @@ def test_read_only_checks_say_the_probe_was_not_run_and_when_p2p_is_retested():
     assert kept["p2p-data"].message == "no probe"
 
 
-def test_plan_read_only_with_a_plan_folder(monkeypatch, tmp_path):
-    monkeypatch.delenv(plan.PLAN_ENV, raising=False)
-    assert plan.read_only() is False  # no pyinfra command line here, no plan folder
-    monkeypatch.setenv(plan.PLAN_ENV, str(tmp_path))
-    assert plan.read_only() is True
-
-
-def test_plan_read_only_with_pyinfras_dry_flag(monkeypatch):
-    """``--dry`` is noted on the run's State by the hooks when it starts (``mark_read_only``):
-    while pyinfra loads deploy files there is no click context to ask."""
+def test_plan_read_only_in_a_plan_run_or_with_pyinfras_dry_flag(monkeypatch):
+    """The run object (``integration.ThisRun``, attached when the run starts: while pyinfra
+    loads deploy files there is no click context to ask) says whether the run only reads:
+    its spec's plan mode, or ``--dry``. The old environment channel counts for nothing."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
 
-    monkeypatch.delenv(plan.PLAN_ENV, raising=False)
-    for dry in (True, False):
+    from sglang_deploy.core.runspec import PLAN, RunSpec
+    from sglang_deploy.integration import integration
+
+    monkeypatch.setenv("SGLANG_DEPLOY_PLAN", "1")
+    for spec, dry, read_only in ((RunSpec(), False, False), (RunSpec(), True, True),
+                                 (RunSpec(mode=PLAN), False, True)):
         state = State()
         with ctx_state.use(state):
-            assert plan.read_only() is False  # nothing noted: a run that acts
-            plan.mark_read_only(state, dry)
-            assert plan.read_only() is dry
+            integration.attach_run(state, integration.ThisRun(spec, dry=dry))
+            assert plan.read_only() is read_only
+            assert plan.planning() is spec.planning

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from sglang_deploy.core import runspec
 from sglang_deploy.core.errors import RolloutError
 from sglang_deploy.stages import rollgate
 
@@ -25,8 +26,7 @@ class Clock:
 
 
 def gate_env(path, deadline=30, pid=None):
-    return {rollgate.GATE_ENV: str(path), rollgate.DEADLINE_ENV: str(deadline),
-            rollgate.PID_ENV: str(pid or os.getpid())}
+    return runspec.Gate(path=str(path), deadline_s=deadline, pid=pid or os.getpid())
 
 
 def test_what_the_gate_file_says():
@@ -40,8 +40,14 @@ def test_what_the_gate_file_says():
 
 def test_a_run_without_a_gate_never_waits():
     clock = Clock()
-    assert rollgate.wait("a", {}, clock=clock, sleep=clock.sleep) is None
+    assert rollgate.wait("a", None, clock=clock, sleep=clock.sleep) is None
     assert clock.slept == 0
+
+
+def test_the_rollouts_side_names_its_gate_file_its_process_and_the_deadline(tmp_path):
+    spec = rollgate.Gate(tmp_path / "batch1.gate", 42.5).spec()
+    assert spec == runspec.Gate(path=str(tmp_path / "batch1.gate"), pid=os.getpid(),
+                                deadline_s=42.5)
 
 
 def test_an_opened_gate_lets_the_run_go_on_and_the_first_arrival_is_noted(tmp_path):
@@ -55,12 +61,12 @@ def test_an_opened_gate_lets_the_run_go_on_and_the_first_arrival_is_noted(tmp_pa
         if clock.slept == 3:
             gate.open()
             opened["at"] = clock.now
-    assert rollgate.wait("a", gate.env(), clock=clock, sleep=sleep) == pytest.approx(0.15)
+    assert rollgate.wait("a", gate.spec(), clock=clock, sleep=sleep) == pytest.approx(0.15)
     first = gate.reached()
     assert first is not None and gate.opened is not None
     assert gate.waited_s() == pytest.approx(max(0.0, gate.opened - first))
     # a second host of the same run arrives later: the first arrival stays
-    assert rollgate.wait("b", gate.env(), clock=clock, sleep=clock.sleep) == 0
+    assert rollgate.wait("b", gate.spec(), clock=clock, sleep=clock.sleep) == 0
     assert gate.reached() == first
 
 
@@ -68,7 +74,7 @@ def test_a_stopped_gate_fails_the_run_with_the_rollouts_reason(tmp_path):
     gate = rollgate.Gate(tmp_path / "batch2.gate", 30)
     gate.stop("the drain of b failed")
     with pytest.raises(RolloutError) as got:
-        rollgate.wait("b", gate.env())
+        rollgate.wait("b", gate.spec())
     assert got.value.found == "the rollout stopped this batch: the drain of b failed"
     assert "nothing on the host was changed" in got.value.fix
 

@@ -198,8 +198,8 @@ def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch)
 
     runs = []
 
-    def fake(inventory, deploy_file, *, limit=(), env=None, on_line=None, **kw):
-        put = journal.Writer(env[journal.JOURNAL_ENV]).put
+    def fake(inventory, deploy_file, *, limit=(), spec=None, on_line=None, **kw):
+        put = journal.Writer(spec.journal).put
         runs.append((deploy_file, list(limit)))
         if deploy_file == "deploy.py":
             put("a", "outcome", outcome.record(
@@ -228,7 +228,7 @@ def test_the_rollout_reads_the_records_not_pyinfras_words(tmp_path, monkeypatch)
 
 
 def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, monkeypatch):
-    """`rollout --dry`: one plan run (SGLANG_DEPLOY_PLAN=1); each host's plan, or its outcome
+    """`rollout --dry`: one plan run (its run spec's mode `plan`); each host's plan, or its outcome
     record when it has none, comes from the run's journal."""
     import io
 
@@ -237,9 +237,9 @@ def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, 
 
     asked = {}
 
-    def fake(inventory, deploy_file, *, limit=(), env=None, dry=False, **kw):
-        asked.update(env=env, dry=dry)
-        put = journal.Writer(env[journal.JOURNAL_ENV]).put
+    def fake(inventory, deploy_file, *, limit=(), spec=None, dry=False, **kw):
+        asked.update(spec=spec, dry=dry)
+        put = journal.Writer(spec.journal).put
         put("a", "plan", {"host": "a", "preflight": "pass", "changes": []})
         put("b", "plan", {"host": "b", "preflight": "pass", "changes": ["Restart sglang"]})
         why = {"restart": True, "why": "flags changed: tp-size 8 -> 4",
@@ -254,7 +254,7 @@ def test_the_dry_rollout_prints_each_hosts_plan_from_the_runs_journal(tmp_path, 
     r = rollout.Rollout(inventory="inv.py", out=out, json_out=doc,
                         progress=HostProgress(out=io.StringIO()))
     assert r.dry_run(["a", "b", "c"], tmp_path) == common.EXIT_FAILED
-    assert asked["dry"] and asked["env"][journal.PLAN_ENV] == "1"
+    assert asked["dry"] and asked["spec"].planning
     hosts = {h["host"]: h for h in json.loads(doc.getvalue())["hosts"]}
     assert hosts["a"] == {"host": "a", "ok": True, "error": None, "changes": [],
                           "restart": None}
@@ -334,31 +334,30 @@ def fake_runs(monkeypatch, stage_fails=(), unreachable=(), stopped=(), calls=Non
     (``stages/rollgate.py``) stops it. CALLS: when each batch run started and was waited for."""
     from sglang_deploy.controller import runner
     from sglang_deploy.integration import journal
-    from sglang_deploy.stages import rollgate, staging
+    from sglang_deploy.stages import rollgate
 
     runs = []
 
-    def fake(inventory, deploy_file, *, limit=(), env=None, on_line=None, **kw):
-        put = journal.Writer(env[journal.JOURNAL_ENV]).put
-        if env.get(rollgate.GATE_ENV):  # the real run waits there before any change
+    def fake(inventory, deploy_file, *, limit=(), spec=None, on_line=None, **kw):
+        put = journal.Writer(spec.journal).put
+        if spec.gate is not None:  # the real run waits there before any change
             try:
-                rollgate.wait(limit[0], env)
+                rollgate.wait(limit[0], spec.gate)
             except RolloutError as exc:
                 runs.append((deploy_file, list(limit), "stopped at its gate", exc.found))
                 return runner.Run(argv=[], rc=1, output=str(exc), seconds=0.5)
-        runs.append((deploy_file, list(limit), env.get(staging.STAGE_ENV),
-                     env.get(staging.STAGED_ENV)))
+        runs.append((deploy_file, list(limit), spec.mode))
         for h in limit:
-            if env.get(staging.STAGE_ENV) and h in stopped:
+            if spec.stage_only and h in stopped:
                 rec_ = outcome.record(h, "interrupted", "runtime",
                                       note="the run stopped when c failed, before this host finished")
-            elif env.get(staging.STAGE_ENV) and h in unreachable:
+            elif spec.stage_only and h in unreachable:
                 rec_ = outcome.record(h, "unreachable", "connect",
                                       error=outcome.unreachable_error("timed out"))
-            elif env.get(staging.STAGE_ENV) and h in stage_fails:
+            elif spec.stage_only and h in stage_fails:
                 rec_ = outcome.record(h, "failed", "service", error=outcome.error_of(
                     VerifyError(what="`import sglang` works", found="No module named 'x'")))
-            elif env.get(staging.STAGE_ENV) or deploy_file != "deploy.py":
+            elif spec.stage_only or deploy_file != "deploy.py":
                 rec_ = outcome.record(h, "passed", "service")
             else:
                 rec_ = outcome.record(h, "passed", "verify", action="restarted", summary=VERIFIED)
@@ -383,7 +382,7 @@ def test_a_host_that_fails_staging_stops_the_rollout_before_any_drain(tmp_path, 
     results = {h: HostResult(h) for h in ("a", "b", "c")}
     verdict = r.stage_all(["a", "b", "c"], results, tmp_path)
     assert verdict.startswith("rollout stopped before any drain: staging failed on b")
-    assert runs == [("deploy.py", ["a", "b", "c"], "1", None)]  # one run, all hosts at once
+    assert runs == [("deploy.py", ["a", "b", "c"], "stage")]  # one run, all hosts at once
     assert results["b"].status == "failed" and "No module named 'x'" in results["b"].message
     assert results["a"].status == "untouched" and results["a"].message.startswith("staged, not")
     assert front.calls == [] and all(x.router is None for x in results.values())
@@ -398,7 +397,7 @@ def test_the_staging_run_is_also_the_check_that_every_host_answers(tmp_path, mon
                               "staging failed on c")
     assert "did not answer over SSH: timed out" in results["c"].message
     assert [x.status for x in results.values()] == ["untouched", "untouched", "failed"]
-    assert runs == [("deploy.py", ["a", "b", "c"], "1", None)]  # no separate `exec` run
+    assert runs == [("deploy.py", ["a", "b", "c"], "stage")]  # no separate `exec` run
 
 
 def test_hosts_the_staging_run_stopped_at_another_failure_are_left_untouched(tmp_path,
@@ -420,7 +419,7 @@ def test_after_staging_each_batch_only_rolls_and_trusts_the_staging_record(tmp_p
     results = {h: HostResult(h) for h in ("a", "b")}
     assert r.stage_all(["a", "b"], results, tmp_path) is None
     r.roll([front], [["a"], ["b"]], results, tmp_path)
-    assert runs[1:] == [("deploy.py", ["a"], None, "1"), ("deploy.py", ["b"], None, "1")]
+    assert runs[1:] == [("deploy.py", ["a"], "roll"), ("deploy.py", ["b"], "roll")]
     assert front.calls == [("drain", "a"), ("put_back", "a"), ("drain", "b"), ("put_back", "b")]
     assert all(x.status == "done" and x.router == "back" and x.out_of_router_s is not None
                and x.stage_seconds == 2.0 for x in results.values())
@@ -435,7 +434,7 @@ def test_no_stage_rolls_without_the_staging_record(tmp_path, monkeypatch):
     r = a_rollout(stage=False)
     results = {"a": HostResult("a")}
     r.roll([], [["a"]], results, tmp_path)
-    assert runs == [("deploy.py", ["a"], None, None)]
+    assert runs == [("deploy.py", ["a"], "deploy")]
     assert results["a"].status == "done" and results["a"].out_of_router_s is None
 
 
@@ -484,7 +483,7 @@ def test_no_stage_starts_each_batch_run_after_its_drain(tmp_path, monkeypatch):
     results = {"a": HostResult("a")}
     r.roll([front], [["a"]], results, tmp_path)
     assert calls == [("drain", "a"), ("start", ["a"]), ("finish", ["a"]), ("put_back", "a")]
-    assert runs == [("deploy.py", ["a"], None, None)]
+    assert runs == [("deploy.py", ["a"], "deploy")]
     assert results["a"].prepared_while_draining_s is None
 
 
@@ -509,3 +508,28 @@ def test_the_rollouts_report_says_why_each_host_restarted(tmp_path):
     text = out.getvalue()
     assert "a: restarted for: flags changed: tp-size 8 -> 4; release d5e0… -> 7a1c…" in text
     assert "b: restarted for" not in text
+
+
+def test_each_batch_run_names_its_journal_its_reports_and_its_gate_in_its_spec(tmp_path,
+                                                                             monkeypatch):
+    """A staged batch's deploy.py run is told everything by its run spec (core/runspec.py):
+    a rolling run, the batch's journal and report folder in the rollout's folder, and the
+    gate this rollout's process opens."""
+    import os
+
+    from sglang_deploy.shell import runner
+
+    fake_runs(monkeypatch)
+    specs, faked = [], runner.start_pyinfra
+
+    def start(*args, **kw):
+        specs.append(kw["spec"])
+        return faked(*args, **kw)
+
+    monkeypatch.setattr(runner, "start_pyinfra", start)
+    r, front = a_rollout(), FakeRouter(["a", "b"])
+    results = {h: HostResult(h) for h in ("a", "b")}
+    r.roll([front], [["a"], ["b"]], results, tmp_path)
+    assert [(s.mode, s.journal, s.reports, s.gate.path, s.gate.pid) for s in specs] == [
+        ("roll", str(tmp_path / f"batch{i}.journal.json"), str(tmp_path / f"batch{i}-reports"),
+         str(tmp_path / f"batch{i}.gate"), os.getpid()) for i in (1, 2)]

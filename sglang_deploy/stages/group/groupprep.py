@@ -186,7 +186,7 @@ def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_
 
 def peers(state, g: groupmod.Group) -> list:
     """The hosts of G's nodes in this run (a node outside the selection, on purpose:
-    ``SGLANG_DEPLOY_PARTIAL_GROUP``, is left out); a selected node that is not connected
+    the run spec's ``partial_group``, is left out); a selected node that is not connected
     fails the node being prepared, naming it, unless the run only reads (``status``,
     ``--dry``: it is left out, and its own row says why it was not read; failing the node
     would stop the whole read, every other host's row with it)."""
