@@ -29,7 +29,7 @@ def report_dir(spec: RunSpec) -> Path:
 def emit(summary: dict) -> None:
     from pyinfra import logger
 
-    from sglang_deploy.shell.integration import this_run
+    from sglang_deploy.integration.integration import this_run
 
     logger.info(format_summary(summary))
     atomicfile.write(report_dir(this_run().spec) / f"{summary['host']}.json",

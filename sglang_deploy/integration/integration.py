@@ -370,7 +370,7 @@ class PyinfraIntegration:
 
         @translated()
         def init(inventory, config, initial_limit=None, **kwargs):
-            from sglang_deploy.shell import inputerror
+            from sglang_deploy.integration import inputerror
 
             try:
                 spec = read_spec(inventory)  # first: the spec is no host's data

@@ -517,7 +517,7 @@ def test_each_batch_run_names_its_journal_its_reports_and_its_gate_in_its_spec(t
     gate this rollout's process opens."""
     import os
 
-    from sglang_deploy.shell import runner
+    from sglang_deploy.controller import runner
 
     fake_runs(monkeypatch)
     specs, faked = [], runner.start_pyinfra
