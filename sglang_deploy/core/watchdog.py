@@ -186,14 +186,15 @@ def decide(verdict: Verdict, cfg: Config, ctx: Context, now: float) -> Action:
         return Action("none", verdict.kind)
     if cfg.mode == "report":
         return Action("report", "watchdog=report: reported only")
+    if ctx.group_nodes > 1:  # first: whatever else holds, the watchdog never restarts a group
+        return Action("report", f"rank 0 of a {ctx.group_nodes}-node group: a group restarts as "
+                                "one, from the controller (`pyinfra ... deploy.py` or "
+                                "`sglang-deploy rollout`)")
     if ctx.lock_busy:
         return Action("report", f"the deploy lock is held ({ctx.lock_owner or 'a deploy'}): "
                                 "a deploy, rollout or rebuild owns the host")
     if not ctx.verified:
         return Action("report", "the running server was never verified by a deploy")
-    if ctx.group_nodes > 1:
-        return Action("report", f"a node of a {ctx.group_nodes}-node group: a group restarts as "
-                                "one (`pyinfra ... deploy.py` or `sglang-deploy rollout`)")
     if ctx.gpu_fatal:
         return Action("report", f"a GPU is judged fatal ({ctx.gpu_fatal}): a restart would land "
                                 "on it")

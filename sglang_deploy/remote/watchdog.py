@@ -360,6 +360,8 @@ def tick(cfg: dict) -> dict | None:
         event = {"at": obs.at, "at_iso": iso(obs.at), "host": cfg.get("host_name") or socket.gethostname(),
                  "verdict": verdict.kind, "evidence": list(verdict.evidence), "action": action.kind,
                  "reason": action.reason, "invocation": obs.invocation}
+        if cfg.get("group"):  # rank 0 of a multi-node group: it judged the group's server
+            event.update({"group": cfg["group"], "group_nodes": int(cfg.get("group_nodes", 1))})
         if action.kind == "restart":
             event.update(act(cfg, wcfg, key, obs.invocation))
             restarts = (*restarts, obs.at)
