@@ -251,6 +251,18 @@ def from_loads(doc: object) -> int | None:
 # ------------------------------------------------------------------ records
 
 
+def in_flight_text(event: dict[str, Any]) -> str:
+    """What a restart ended, as its event counts it (empty when not read): the requests on the
+    wedged server when it was taken out. The router retries those that had sent nothing
+    (whole requests; OpenAI streams before their first token); a stream that had begun is
+    cut and lost, and is among them."""
+    n = (event.get("in_flight") or {}).get("server")
+    if event.get("action") != "restart" or not isinstance(n, int):
+        return ""
+    return (f"; {n} request(s) in flight on it when taken out (the router retries those not "
+            "yet begun; a stream already begun is lost)")
+
+
 def summary_line(host: str, events: list[dict[str, Any]], now: float) -> str | None:
     """One line for `status` under the table: the host's last watchdog event and its restarts
     in the last hour (None when it has none)."""
@@ -260,7 +272,8 @@ def summary_line(host: str, events: list[dict[str, Any]], now: float) -> str | N
     restarts = sum(1 for e in events if e.get("action") == "restart" and now - float(e.get("at", 0)) < HOUR_S)
     ev = "; ".join(last.get("evidence") or [])
     return (f"watchdog {host}: {last.get('verdict')} -> {last.get('action')} "
-            f"({last.get('outcome') or last.get('reason', '')}) at {last.get('at_iso', '?')}; "
+            f"({last.get('outcome') or last.get('reason', '')}) at {last.get('at_iso', '?')}"
+            f"{in_flight_text(last)}; "
             f"{restarts} restart(s) in the last hour" + (f"; evidence: {ev}" if ev else ""))
 
 
@@ -283,7 +296,8 @@ def status_doc(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     last = events[-1] if events else None
     if last is not None:
         text += (f"; last event {last.get('at_iso', '?')}: {last.get('verdict')} -> "
-                 f"{last.get('action')} ({last.get('outcome') or last.get('reason', '')})")
+                 f"{last.get('action')} ({last.get('outcome') or last.get('reason', '')})"
+                 f"{in_flight_text(last)}")
     text += f"; {restarts} restart(s) in the last hour"
     return {"unit": unit, "verdict": st.get("verdict"), "observed_at": st.get("at"),
             "last_event": last, "restarts_last_hour": restarts, "text": text}
