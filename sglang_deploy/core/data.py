@@ -216,8 +216,9 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "The serving host's watchdog (`sglang-watchdog.service`): `report` judges the server "
        "by a 1-token generation and its token counter and records a wedge; `restart` also "
        "takes a wedged single host out of the router, restarts, verifies and puts it back "
-       "(never while the deploy lock is held, on a group's node, a fatal GPU or past the "
-       "cap); `off` removes it.", choices=("off", "report", "restart")),
+       "(never while the deploy lock is held, a fatal GPU or past the cap). On a multi-node "
+       "group it runs on rank 0 only and reports, whatever the mode (a group restarts as "
+       "one); `off` removes it.", choices=("off", "report", "restart")),
     _k("watchdog_interval_s", (int, float), 15, "Seconds between two watchdog observations.",
        minimum=1),
     _k("watchdog_probe_timeout_s", (int, float), 30,
