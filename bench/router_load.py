@@ -32,6 +32,7 @@ class Sample:
     seconds: float
     ok: bool
     error: str = ""
+    chunks: int = 0   # a stream's chunks received (0: nothing of it arrived, not even its head)
 
 
 @dataclass
@@ -80,13 +81,14 @@ class Load:
 
     def one(self, i: int) -> None:
         stream, phase, t0 = bool(i % 2), self.phase, time.monotonic()
-        ok, error = True, ""
+        ok, error, chunks = True, "", 0
         try:
             if stream:
                 finished = False
                 for chunk in self.client.completions.create(
                         model=self.model, prompt=f"load {i}", max_tokens=self.max_tokens,
                         stream=True):
+                    chunks += 1
                     if chunk.choices and chunk.choices[0].finish_reason:
                         finished = True
                 if not finished:
@@ -100,7 +102,8 @@ class Load:
             ok, error = False, f"{type(exc).__name__}: {str(exc)[:160]}"
         with self._lock:
             self.result.samples.append(Sample(start=t0, phase=phase, stream=stream,
-                                              seconds=time.monotonic() - t0, ok=ok, error=error))
+                                              seconds=time.monotonic() - t0, ok=ok, error=error,
+                                              chunks=chunks))
 
     def _run(self) -> None:
         t0 = time.monotonic()

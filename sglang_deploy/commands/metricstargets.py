@@ -72,6 +72,7 @@ def hosts_of(sel, cwd: str = ".", read=_read_release) -> tuple[list, dict[str, s
     from sglang_deploy.controller import routing
     from sglang_deploy.core import metricstargets as mt
     from sglang_deploy.core import service
+    from sglang_deploy.core import watchdogunit as wu
 
     fleet = routing.fleet_of(sel.inventory, sel.settings)
     listed = {n for n, _ in routing.router_workers(fleet)} if fleet.routed else set()
@@ -97,8 +98,11 @@ def hosts_of(sel, cwd: str = ".", read=_read_release) -> tuple[list, dict[str, s
             group=s.sglang_group, node_rank=g.rank_of(n) if g else None,
             worker_url=routing.worker_url(n, raw) if n in listed else None,
             metrics_on=service.metrics_on(s),
-            # the deploy installs no watchdog with `watchdog: off` nor on a group's nodes
-            watchdog_port=s.watchdog_metrics_port if s.watchdog != "off" and g is None else None))
+            # where the deploy installs a watchdog (core.watchdogunit.placement): not with
+            # `watchdog: off`, on a group's rank 0 only
+            watchdog_port=s.watchdog_metrics_port if wu.placement(
+                s.watchdog, g.name if g else None, g.nnodes if g else 1,
+                g.rank_of(n) if g else None).install else None))
     return out, {n: err for n, (_, err) in reads.items() if err}
 
 

@@ -213,11 +213,11 @@ KEYS: dict[str, Key] = {k.name: k for k in [
        "`sglang-deploy rollout` sets it so converged hosts are verified, not assumed."),
     # --- watchdog (after ready) --------------------------------------------------------------
     _k("watchdog", str, "report",
-       "The serving host's watchdog (`sglang-watchdog.service`): `report` judges the server "
-       "by a 1-token generation and its token counter and records a wedge; `restart` also "
-       "takes a wedged single host out of the router, restarts, verifies and puts it back "
-       "(never while the deploy lock is held, on a group's node, a fatal GPU or past the "
-       "cap); `off` removes it.", choices=("off", "report", "restart")),
+       "The serving host's watchdog (`sglang-watchdog.service`): `report` judges the server by "
+       "a 1-token generation and its token counter and records a wedge; `restart` also takes a "
+       "wedged single host out of the router, restarts, verifies and puts it back (never while "
+       "the deploy lock is held, a fatal GPU or past the cap); a group's rank 0 only reports "
+       "(a group restarts as one); `off` removes it.", choices=("off", "report", "restart")),
     _k("watchdog_interval_s", (int, float), 15, "Seconds between two watchdog observations.",
        minimum=1),
     _k("watchdog_probe_timeout_s", (int, float), 30,

@@ -29,6 +29,7 @@ The rule (``judge``), one observation per tick:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -189,14 +190,15 @@ def decide(verdict: Verdict, cfg: Config, ctx: Context, now: float) -> Action:
         return Action("none", verdict.kind)
     if cfg.mode == "report":
         return Action("report", "watchdog=report: reported only")
+    if ctx.group_nodes > 1:  # first: whatever else holds, the watchdog never restarts a group
+        return Action("report", f"rank 0 of a {ctx.group_nodes}-node group: a group restarts as "
+                                "one, from the controller (`pyinfra ... deploy.py` or "
+                                "`sglang-deploy rollout`)")
     if ctx.lock_busy:
         return Action("report", f"the deploy lock is held ({ctx.lock_owner or 'a deploy'}): "
                                 "a deploy, rollout or rebuild owns the host")
     if not ctx.verified:
         return Action("report", "the running server was never verified by a deploy")
-    if ctx.group_nodes > 1:
-        return Action("report", f"a node of a {ctx.group_nodes}-node group: a group restarts as "
-                                "one (`pyinfra ... deploy.py` or `sglang-deploy rollout`)")
     if ctx.gpu_fatal:
         return Action("report", f"a GPU is judged fatal ({ctx.gpu_fatal}): a restart would land "
                                 "on it")
@@ -253,6 +255,18 @@ def from_loads(doc: object) -> int | None:
 # ------------------------------------------------------------------ records
 
 
+def in_flight_text(event: Mapping[str, Any]) -> str:
+    """What a restart ended, as its event counts it (empty when not read): the requests on the
+    wedged server when it was taken out. The router retries those that had sent nothing
+    (whole requests; OpenAI streams before their first token); a stream that had begun is
+    cut and lost, and is among them."""
+    n = (event.get("in_flight") or {}).get("server")
+    if event.get("action") != "restart" or not isinstance(n, int):
+        return ""
+    return (f"; {n} request(s) in flight on it when taken out (the router retries those not "
+            "yet begun; a stream already begun is lost)")
+
+
 def summary_line(host: str, events: list[dict[str, Any]], now: float) -> str | None:
     """One line for `status` under the table: the host's last watchdog event and its restarts
     in the last hour (None when it has none)."""
@@ -262,7 +276,8 @@ def summary_line(host: str, events: list[dict[str, Any]], now: float) -> str | N
     restarts = sum(1 for e in events if e.get("action") == "restart" and now - float(e.get("at", 0)) < HOUR_S)
     ev = "; ".join(last.get("evidence") or [])
     return (f"watchdog {host}: {last.get('verdict')} -> {last.get('action')} "
-            f"({last.get('outcome') or last.get('reason', '')}) at {last.get('at_iso', '?')}; "
+            f"({last.get('outcome') or last.get('reason', '')}) at {last.get('at_iso', '?')}"
+            f"{in_flight_text(last)}; "
             f"{restarts} restart(s) in the last hour" + (f"; evidence: {ev}" if ev else ""))
 
 
@@ -284,7 +299,8 @@ def status_doc(read: WatchdogRead | None) -> dict[str, Any] | None:
     last = events[-1] if events else None
     if last is not None:
         text += (f"; last event {last.at_iso or '?'}: {last.verdict} -> "
-                 f"{last.action} ({last.outcome or last.reason or ''})")
+                 f"{last.action} ({last.outcome or last.reason or ''})"
+                 f"{in_flight_text(last.raw)}")
     text += f"; {restarts} restart(s) in the last hour"
     return {"unit": unit, "verdict": st.verdict, "observed_at": st.at,
             "last_event": dict(last.raw) if last is not None else None,

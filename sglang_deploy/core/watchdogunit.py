@@ -59,6 +59,31 @@ def managed_paths(root: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Whether this host gets a watchdog, and what it watches (``placement``)."""
+
+    install: bool
+    group_nodes: int = 1       # nnodes of the group whose server it judges (1: a single host)
+    group: str | None = None   # the group's name
+    why: str = ""              # why none is installed (the operation's name says it)
+
+
+def placement(mode: str, group_name: str | None, nnodes: int, rank: int | None) -> Placement:
+    """Where a watchdog runs: on a single host; on a multi-node group's rank 0 only (it serves
+    the group's API, so it judges the group's server; it never acts there: a group restarts as
+    one, ``core.watchdog.decide``); none on a node of rank >= 1 (no API to probe: rank 0's
+    watchdog judges the server they all make up). None anywhere with ``watchdog: off``."""
+    if mode == "off":
+        return Placement(False, why="watchdog: off")
+    if group_name is None or nnodes <= 1:
+        return Placement(True)
+    if rank == 0:
+        return Placement(True, group_nodes=nnodes, group=group_name)
+    return Placement(False, group_nodes=nnodes, group=group_name,
+                     why=f"node {rank} of group {group_name}: rank 0's watchdog judges the group")
+
+
+@dataclass(frozen=True)
 class Router:
     """The router in front of this host, as the watchdog reaches it."""
 
@@ -68,20 +93,22 @@ class Router:
 
 
 def config(settings: Settings, host_name: str, group_nodes: int = 1,
-           router: Router | None = None) -> dict[str, Any]:
-    """The watchdog's configuration (``config.json``: no secret in it) from the host's data."""
+           router: Router | None = None, group: str | None = None) -> dict[str, Any]:
+    """The watchdog's configuration (``config.json``: no secret in it) from the host's data.
+    On a group's rank 0 (GROUP_NODES > 1) it never acts, so it gets no router."""
     s, lay = settings, service.Layout.of(settings)
     doc = {field: getattr(s, key) for key, field in CONFIG_KEYS.items()}
     doc.update({
         "host": service.probe_address(s.sglang_host), "port": s.sglang_port,
         "service": s.sglang_service, "served_model_name": s.served_model_name,
-        "host_name": host_name, "group_nodes": group_nodes, "state_dir": STATE_DIR,
+        "host_name": host_name, "group_nodes": group_nodes, "group": group,
+        "state_dir": STATE_DIR,
         "last_verified": lay.last_verified, "lock_file": LOCK_FILE,
         "gpu_health_file": GPU_HEALTH_FILE,
         # /metrics bound as the server's API is (loopback unless the operator exposes it)
         "metrics_host": s.sglang_host, "metrics_port": s.watchdog_metrics_port,
         "router_url": None, "worker_url": None})
-    if router is not None and s.watchdog == "restart":
+    if router is not None and s.watchdog == "restart" and group_nodes <= 1:
         doc.update({"router_url": router.url, "worker_url": router.worker_url})
     return doc
 

@@ -148,15 +148,9 @@ def probe(base: str, key: str | None, timeout_s: float) -> tuple[bool, float, st
         f" after {took:.1f}s (deadline {timeout_s:g}s)"
 
 
-def observe(cfg: dict, wcfg: wj.Config, key: str | None) -> wj.Observation:
-    base = f"http://{cfg['host']}:{cfg['port']}"
-    unit = unit_show(cfg["service"])
-    invocation = unit.get("InvocationID", "")
-    now = time.time()
-    health = http("GET", base + "/health", None, timeout=min(10.0, wcfg.probe_timeout_s))
-    if unit.get("ActiveState") not in (None, "active") or health.get("status") is None:
-        return wj.Observation(at=now, http_up=False, invocation=invocation,
-                              probe_error=health.get("error") or f"unit {unit.get('ActiveState')}")
+def busy_and_tokens(base: str, key: str | None) -> tuple[int | None, float | None]:
+    """Requests running + waiting and the generated-token counter (``/metrics``, else the
+    requests of ``/v1/loads``; None: unreadable)."""
     busy = tokens = None
     met = http("GET", base + "/metrics", key, timeout=10.0)
     if met.get("status") == 200:
@@ -168,6 +162,19 @@ def observe(cfg: dict, wcfg: wj.Config, key: str | None) -> wj.Observation:
                 busy = wj.from_loads(json.loads(loads["body"]))
             except ValueError:
                 busy = None
+    return busy, tokens
+
+
+def observe(cfg: dict, wcfg: wj.Config, key: str | None) -> wj.Observation:
+    base = f"http://{cfg['host']}:{cfg['port']}"
+    unit = unit_show(cfg["service"])
+    invocation = unit.get("InvocationID", "")
+    now = time.time()
+    health = http("GET", base + "/health", None, timeout=min(10.0, wcfg.probe_timeout_s))
+    if unit.get("ActiveState") not in (None, "active") or health.get("status") is None:
+        return wj.Observation(at=now, http_up=False, invocation=invocation,
+                              probe_error=health.get("error") or f"unit {unit.get('ActiveState')}")
+    busy, tokens = busy_and_tokens(base, key)
     journal_at = journal_last(cfg["service"], invocation)
     ok, took, err = probe(base, key, wcfg.probe_timeout_s)
     return wj.Observation(at=time.time(), http_up=True, probe_ok=ok, probe_s=round(took, 3),
@@ -229,6 +236,7 @@ class Acting:
     def __init__(self, cfg: dict, wcfg: wj.Config, key: str | None):
         self.cfg, self.wcfg, self.key = cfg, wcfg, key
         self.steps: list[str] = []
+        self.in_flight: dict[str, int | None] = {}
         self.router = cfg.get("router_url")
         self.rkey = secret("router-key")
 
@@ -251,6 +259,13 @@ class Acting:
         return next((w for w in self._workers() if str(w.get("url", "")).rstrip("/") == url), None)
 
     def out_of_router(self) -> None:
+        # what the restart ends: the requests on the wedged server now (its own count, and the
+        # router's for this worker). Whole requests and OpenAI streams that have sent nothing
+        # yet (SGLang sends a stream's head with its first token) the router retries on another
+        # worker; a stream that had begun (tokens sent, or a native /generate stream, whose
+        # head leaves at once) is cut: no router can finish it (docs/design.md)
+        self.in_flight["server"] = busy_and_tokens(
+            f"http://{self.cfg['host']}:{self.cfg['port']}", self.key)[0]
         if not self.router:
             return
         try:
@@ -263,6 +278,8 @@ class Acting:
         if entry is None:
             self.say("not in the router")
             return
+        if isinstance(entry.get("load"), (int, float)):
+            self.in_flight["router"] = int(entry["load"])
         got = http("DELETE", f"{self.router}/workers/{entry.get('id')}", self.rkey, timeout=10)
         if got.get("status") not in (200, 202, 404):
             raise RuntimeError(f"router DELETE /workers/{entry.get('id')}: {got.get('status') or got.get('error')}")
@@ -360,6 +377,8 @@ def tick(cfg: dict) -> dict | None:
         event = {"at": obs.at, "at_iso": iso(obs.at), "host": cfg.get("host_name") or socket.gethostname(),
                  "verdict": verdict.kind, "evidence": list(verdict.evidence), "action": action.kind,
                  "reason": action.reason, "invocation": obs.invocation}
+        if cfg.get("group"):  # rank 0 of a multi-node group: it judged the group's server
+            event.update({"group": cfg["group"], "group_nodes": int(cfg.get("group_nodes", 1))})
         if action.kind == "restart":
             event.update(act(cfg, wcfg, key, obs.invocation))
             restarts = (*restarts, obs.at)
@@ -404,7 +423,7 @@ def act(cfg: dict, wcfg: wj.Config, key: str | None, invocation: str) -> dict:
             pass
         fh.close()
     return {"outcome": outcome, "steps": a.steps, "took_s": round(time.time() - t0, 3),
-            "new_invocation": new}
+            "new_invocation": new, "in_flight": a.in_flight}
 
 
 def append_event(path: str, event: dict) -> None:

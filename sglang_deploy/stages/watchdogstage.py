@@ -36,22 +36,24 @@ def router_for(name: str, s) -> wu.Router | None:
 
 
 def install(ctx) -> None:
-    """The watchdog of this host as its data says (``watchdog``). A multi-node group's nodes
-    get none yet: it could only report there (a group restarts as one), a node of rank >= 1
-    has no API to probe, and every node of a group adds the same operations."""
-    s = ctx.settings
-    if s.watchdog == "off" or ctx.group is not None:
-        why = "watchdog: off" if s.watchdog == "off" else "a multi-node group's node"
-        removed(name=f"Watchdog removed ({why})", root=s.sglang_root)
+    """The watchdog of this host as its data says (``watchdog``): on a single host, and on a
+    multi-node group's rank 0, where it judges the group's server and only reports (a group
+    restarts as one); none on a group's node of rank >= 1 (``core.watchdogunit.placement``)."""
+    s, g = ctx.settings, ctx.group
+    where = wu.placement(s.watchdog, g.name if g else None, g.nnodes if g else 1,
+                         g.rank_of(host.name) if g else None)
+    if not where.install:
+        removed(name=f"Watchdog removed ({where.why})", root=s.sglang_root)
         return
-    router = router_for(host.name, s)
+    router = router_for(host.name, s) if where.group_nodes <= 1 else None
     key = wu.router_key(s, router)
     tools = ops.files_content(
         name=f"Watchdog tools ({', '.join(n for n, _ in wu.TOOLS)})", mode="755",
         sources=[(str(PACKAGE / src), dest) for (_, src), dest in
                  zip(wu.TOOLS, wu.tool_paths(s.sglang_root), strict=True)])
     conf = ops.file_content(name=f"Watchdog config {wu.CONFIG_FILE}", mode="644",
-                            src=StringIO(wu.config_text(wu.config(s, host.name, 1, router))),
+                            src=StringIO(wu.config_text(wu.config(
+                                s, host.name, where.group_nodes, router, where.group))),
                             dest=wu.CONFIG_FILE)
     changing = [tools, conf]
     # read at each scrape and tick, not at start: a change needs no restart

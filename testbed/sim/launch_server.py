@@ -535,6 +535,12 @@ class Sim:
             t0 = time.monotonic()
             first = None
             for i, t in enumerate(toks):
+                if i and serving != "wedge":
+                    # a wedge set while this request generates strikes it too (a real engine's
+                    # wedge stops every request it holds, not only the next ones)
+                    self.cfg.refresh_rates()
+                    if self.cfg.serving_scenario() == "wedge":
+                        sim_faults.serving_hang(self, "wedge", nth)
                 target = self.token_time(t0 + (i + 1) * delay)
                 now = time.monotonic()
                 if target > now:

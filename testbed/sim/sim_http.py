@@ -248,7 +248,20 @@ class Handler(BaseHTTPRequestHandler):
                     "choices": choices, "usage": usage}
 
         if stream:
-            self._sse_start()
+            # As SGLang 0.5.12.post1's OpenAI endpoints (serving_completions/serving_chat
+            # `_handle_streaming_request`): the generator is kick-started for its first chunk
+            # BEFORE the 200 and the headers are sent, and that first chunk (a chat's role
+            # chunk too) comes with the first output. A request on a wedged engine has sent
+            # nothing, so a router may still retry it. (The native /generate stream sends its
+            # head at once: `generate` above.)
+            started = []
+
+            def begin():
+                if not started:
+                    started.append(True)
+                    self._sse_start()
+                    if chat:
+                        self._sse(chunk(role=True))
 
             def chunk(text="", finish=None, role=False):
                 delta = {"role": "assistant", "content": text} if role else {"content": text}
@@ -256,9 +269,12 @@ class Handler(BaseHTTPRequestHandler):
                 choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": text}
                 return reply([{**choice, "logprobs": None, "finish_reason": finish}])
 
-            if chat:
-                self._sse(chunk(role=True))
-            self.sim.generate_tokens(rid, n, lambda i, t: self._sse(chunk(t)))
+            def on_tok(i, t):
+                begin()
+                self._sse(chunk(t))
+
+            self.sim.generate_tokens(rid, n, on_tok)
+            begin()
             self._sse(chunk(finish="length"))
             if (body.get("stream_options") or {}).get("include_usage"):
                 self._sse(reply([], usage))

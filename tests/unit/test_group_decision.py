@@ -201,6 +201,11 @@ def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool
     return state, ops, seen, facts
 
 
+def _before_watchdog(node_ops: list) -> list:
+    """A node's operations before the watchdog's (the verify stage's last)."""
+    return node_ops[:next(i for i, (name, _) in enumerate(node_ops) if name.startswith("Watchdog "))]
+
+
 def _host_name() -> str:
     from pyinfra import host
     return host.name
@@ -212,10 +217,19 @@ def test_every_node_makes_the_same_decision_and_adds_the_same_operations_in_any_
     _, ops, seen, facts = _prepare(monkeypatch, order, changed="n1")
     _, other, _, _ = _prepare(monkeypatch, list(reversed(order)), changed="n1")
     names = {n: [name for name, _ in ops[n]] for n in ops}
-    # the same operations, in the same order, on both nodes and in both orders
-    assert names["n0"] == names["n1"] == [name for name, _ in other["n0"]]
-    assert [c for _, c in ops["n0"] if "Verify group" not in _] == \
-        [c for _, c in ops["n1"] if "Verify group" not in _]
+    head = {n: _before_watchdog(ops[n]) for n in ops}
+    # the same operations, in the same order, on both nodes and in both orders, up to the
+    # watchdog's: the verify stage's last, which wait on nothing on any host (rank 0 installs
+    # the group's watchdog, node 1 removes any; stages/watchdogstage.py)
+    assert [x for x, _ in head["n0"]] == [x for x, _ in head["n1"]] == \
+        [x for x, _ in _before_watchdog(other["n0"])]
+    assert [c for x, c in head["n0"] if "Verify group" not in x] == \
+        [c for x, c in head["n1"] if "Verify group" not in x]
+    assert names["n1"][len(head["n1"]):] == [
+        "Watchdog removed (node 1 of group g1: rank 0's watchdog judges the group)"]
+    tail0 = names["n0"][len(head["n0"]):]  # (its first op is node 1's removal too: same place)
+    assert {"Unit /etc/systemd/system/sglang-watchdog.service", "Enable sglang-watchdog"} <= \
+        set(tail0), tail0
     assert ops == other
     joined = "\n".join(names["n0"])
     for step in ("rendezvous of group g1 started", "rendezvous result", "judged",
@@ -223,7 +237,7 @@ def test_every_node_makes_the_same_decision_and_adds_the_same_operations_in_any_
                  "rank 0 serves", "ready as one", "JIT toolchain", "Release smoke"):
         assert step in joined, joined
     # static conditions: the group's decision, made while preparing (no shared registration)
-    group_ops = [c for n in ops for name, c in ops[n]
+    group_ops = [c for n in ops for name, c in head[n]
                  if "group g1" in name or "JIT" in name or "smoke" in name]
     assert group_ops and set(group_ops) <= {"Decided(True)", "Decided(False)"}, group_ops
     verify = {n: [c for name, c in ops[n] if "Verify group" in name] for n in ops}

@@ -661,6 +661,61 @@ def test_wedge_hangs_generation_with_http_up_and_the_watchdog_calls_it_a_wedge(s
     assert any("timed out" in e or "deadline 0.5s" in e for e in v.evidence)
 
 
+def _head_bytes(r, path: str, body: dict, wait_s: float) -> bytes:
+    """What a client has received WAIT_S seconds after sending BODY to PATH (raw socket)."""
+    import socket
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", r.port), timeout=5) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        s.settimeout(wait_s)
+        got = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except TimeoutError:
+            pass
+        return got
+
+
+def test_a_wedge_leaves_an_openai_stream_without_its_head_and_strikes_streams_in_progress(
+        site, model_dir, tmp_path, runs):
+    """As SGLang 0.5.12.post1: an OpenAI stream's 200 and headers leave with its first chunk
+    (after the first token), so on a wedged engine a router has received nothing and may retry
+    it; the native /generate stream sends its head at once. A wedge set while a stream
+    generates stops it mid-way (its head and first tokens already sent)."""
+    r = start(runs, tmp_path, site, model_dir, tokens_per_s="50")
+    r.wait_for("The server is fired up and ready to roll!")
+    long = {"model": "x", "prompt": "p", "max_tokens": 200, "stream": True}
+    result = {}
+    t = threading.Thread(target=lambda: result.update(
+        got=_head_bytes(r, "/v1/completions", long, wait_s=6.0)))
+    t.start()  # 200 tokens at 50/s (4 s): still generating when the wedge strikes
+    assert _poll(lambda: _tokens_in_flight(r) >= 1, 5)
+    _set_sim_env(r, SCENARIO="wedge")
+    t.join(15)
+    begun = result["got"]
+    assert begun.startswith(b"HTTP/1.") and b" 200 " in begun.split(b"\r\n")[0]
+    assert begun.count(b"data: ") >= 1 and b"[DONE]" not in begun  # cut mid-way
+    assert _poll(lambda: _hangs(r))
+    for chat in (False, True):
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        body = ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                 "stream": True} if chat else {"model": "x", "prompt": "p", "max_tokens": 4,
+                                                "stream": True})
+        assert _head_bytes(r, path, body, wait_s=1.0) == b"", path  # nothing: no head, no chunk
+    native = _head_bytes(r, "/generate", {"text": "x", "stream": True,
+                                          "sampling_params": {"max_new_tokens": 4}}, wait_s=1.0)
+    assert native.startswith(b"HTTP/1.") and b"data: " not in native  # the head, no token
+
+
+def _tokens_in_flight(r) -> int:
+    return int(json.loads(r.http("/v1/loads")[1])["aggregate"]["total_running_reqs"])
+
+
 def test_a_wedge_set_before_a_server_started_does_not_strike_it(site, model_dir, tmp_path, runs):
     r = start(runs, tmp_path, site, model_dir, scenario="wedge")
     r.wait_for("The server is fired up and ready to roll!")

@@ -97,13 +97,24 @@ WEDGE = wd.Verdict("wedged", ("x",))
 @pytest.mark.parametrize("ctx, words", [
     (wd.Context(lock_busy=True, lock_owner="me@laptop `pyinfra deploy`"), "deploy lock is held"),
     (wd.Context(verified=False), "never verified"),
-    (wd.Context(group_nodes=2), "2-node group"),
+    (wd.Context(group_nodes=2), "rank 0 of a 2-node group: a group restarts as one"),
     (wd.Context(gpu_fatal="GPU 3: uncorrectable ECC"), "GPU is judged fatal"),
     (wd.Context(restarts=(1000.0, 2000.0)), "restart cap reached"),
 ])
 def test_never_act_conditions_report_instead(ctx, words):
     a = wd.decide(WEDGE, CFG, ctx, now=3000.0)
     assert a.kind == "report" and words in a.reason
+
+
+def test_a_group_is_never_restarted_by_its_watchdog_whatever_else_holds():
+    """Rank 0's watchdog judges the group's server but never restarts it: the group's reason
+    comes first (not "never verified" or the cap, which a restart from the controller would
+    not cure either way)."""
+    for ctx in (wd.Context(group_nodes=3), wd.Context(group_nodes=2, verified=False),
+                wd.Context(group_nodes=2, restarts=(2500.0, 2600.0))):
+        a = wd.decide(WEDGE, CFG, ctx, now=3000.0)
+        assert a.kind == "report" and "group restarts as one" in a.reason, (ctx, a)
+    assert wd.decide(wd.Verdict("slow"), CFG, wd.Context(group_nodes=2), 0).kind == "none"
 
 
 def test_a_wedge_is_restarted_when_nothing_forbids_it():

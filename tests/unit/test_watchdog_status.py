@@ -64,6 +64,13 @@ def test_status_doc_names_the_last_wedge_and_the_restarts_in_the_last_hour():
     assert doc["text"] == ("active/running, healthy 5s ago; last event 2026-12-05T10:16:40Z: "
                            "wedged -> restart (restarted and verified in 12.0s); "
                            "1 restart(s) in the last hour")
+    counted = dict(restart, in_flight={"server": 3, "router": 3})
+    text = doc_of({"service": ACTIVE, "now": 2010.0, "events": [counted]})["text"]
+    assert ("(restarted and verified in 12.0s); 3 request(s) in flight on it when taken out "
+            "(the router retries those not yet begun; a stream already begun is lost)") in text
+    assert "in flight" in wd.summary_line("h1", [counted], now=2010.0)
+    # a report ends nothing: no count, even if one were recorded
+    assert wd.in_flight_text(dict(WEDGE, action="report", in_flight={"server": 3})) == ""
     old = doc_of({"service": ACTIVE, "now": 2000.0 + wd.HOUR_S, "events": [restart]})
     assert old["restarts_last_hour"] == 0 and "no observation yet" in old["text"]
 

@@ -109,18 +109,21 @@ def test_report_mode_reports_with_evidence(tmp_path, wedged):
     assert ev["reason"] == "watchdog=report: reported only"
 
 
-def test_a_router_that_does_not_answer_does_not_stop_the_restart(tmp_path):
+def test_a_router_that_does_not_answer_does_not_stop_the_restart(tmp_path, wedged):
     """The router is down (its port closed): the host is restarted without being taken out
-    of it, and not put back (the router still lists it and checks it itself)."""
+    of it, and not put back (the router still lists it and checks it itself). What the
+    restart ends is counted first: the wedged server's 2 requests in flight."""
     import socket
 
     tool = _tool()
     with socket.socket() as s:  # a free port, closed again: connection refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    a = tool.Acting({"router_url": f"http://127.0.0.1:{port}",
-                     "worker_url": "http://127.0.0.1:30000"}, tool.wj.Config(), None)
+    a = tool.Acting({"router_url": f"http://127.0.0.1:{port}", "host": "127.0.0.1",
+                     "port": wedged, "worker_url": "http://127.0.0.1:30000"},
+                    tool.wj.Config(), None)
     a.out_of_router()
+    assert a.in_flight == {"server": 2}
     assert a.router is None
     assert "the router does not answer" in a.steps[0] and "restarting without" in a.steps[0]
     a.back_in_router()  # nothing to do: no second wait on a router that is down

@@ -100,3 +100,31 @@ def test_the_gpu_health_file_keeps_the_verdict_and_findings_only():
     assert json.loads(wu.gpu_health_text(report)) == {"verdict": "fatal",
                                                      "findings": report["findings"]}
     assert json.loads(wu.gpu_health_text(None))["verdict"] == "unknown"
+
+
+@pytest.mark.parametrize("mode, group, nnodes, rank, install, nodes", [
+    ("report", None, 1, None, True, 1),      # a single host
+    ("restart", "g", 2, 0, True, 2),         # a group's rank 0: judges the group's server
+    ("restart", "g", 3, 2, False, 3),        # rank >= 1: no API to probe
+    ("restart", "g", 2, 1, False, 2),
+    ("off", None, 1, None, False, 1),
+    ("off", "g", 2, 0, False, 1),
+])
+def test_placement_a_single_host_and_a_groups_rank_0_only(mode, group, nnodes, rank, install, nodes):
+    where = wu.placement(mode, group, nnodes, rank)
+    assert (where.install, where.group_nodes) == (install, nodes), where
+    if not install:
+        assert where.why  # the removal operation names why
+    if rank:
+        assert f"node {rank} of group {group}" in where.why
+
+
+def test_a_groups_rank_0_gets_no_router_and_never_acts():
+    """On rank 0 the watchdog only reports: no router in its config (nor a key), the group named."""
+    s = settings(watchdog="restart")
+    doc = wu.config(s, "h1", group_nodes=2, router=ROUTER, group="g1")
+    assert doc["router_url"] is None and doc["worker_url"] is None
+    assert (doc["group"], doc["group_nodes"]) == ("g1", 2)
+    assert wj.decide(wj.Verdict("wedged"), wj.Config.from_dict(doc),
+                     wj.Context(group_nodes=doc["group_nodes"]), 0).kind == "report"
+    assert wu.config(s, "h1", router=ROUTER)["router_url"] == ROUTER.url  # a single host acts
