@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import ROOT, log, plural
 
-SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage",
+SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage", "stagerev",
           "residency", "lxcdr")
 
 

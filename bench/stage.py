@@ -163,15 +163,25 @@ def one_run(url: str, key: str, folder: Path) -> dict:
     got["nostage_shared"] = rollout(url, key, folder, [f"sglang_lock={new_release(folder)}"],
                                     "--no-stage")
     got["staged_shared"] = rollout(url, key, folder, [f"sglang_lock={new_release(folder)}"])
+    say(got)
+    return got
+
+
+def say(got: dict) -> None:
     for name, g in got.items():
         d = g["doc"]
         log(f"stage: {name}: total {d['seconds']:.1f}s; out of the router "
             + ", ".join(f"{h['host']} {h['out_of_router_s']}s" for h in d["hosts"])
             + f"; failed requests {g['load']['during']['failed']} of {g['load']['during']['requests']}")
-    return got
 
 
 def run(cfg) -> list[Figure]:
+    return figures(measure(cfg, one_run))
+
+
+def measure(cfg, one) -> list[dict]:
+    """CFG.runs runs of ONE(url, key, folder) on the routed 3-host testbed (booted, the
+    bench's model made and served first; the fleet restored afterwards)."""
     testbed("up", "--hosts", str(HOSTS), "--router", timeout=900)
     runs = []
     try:
@@ -181,7 +191,7 @@ def run(cfg) -> list[Figure]:
         url, key = router_of()
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(cfg.runs):
-                runs.append(one_run(url, key, Path(tmp)))
+                runs.append(one(url, key, Path(tmp)))
     finally:
         for host in servers():
             ssh(host, f"rm -rf {REVISION}-*", check=False)
@@ -190,7 +200,7 @@ def run(cfg) -> list[Figure]:
                        timeout=1800)
         cpu_limit(0, check=False)
         testbed("down", "--router", check=False, timeout=300)
-    return figures(runs)
+    return runs
 
 
 def _hosts(runs: list[dict], case: str, key: str) -> list[float]:
