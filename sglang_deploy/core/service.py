@@ -29,7 +29,7 @@ HF_TOKEN_FILE = f"{SECRETS_DIR}/.hf-token"
 #: patch_tool.py imports the patch.py beside it)
 TOOLS = ("patch.py", "patch_tool.py", "launch.py", "hoststate.py", "model_fetch.py",
          "jit_check.py", "progress_watch.py", "release_smoke.py", "rendezvous.py",
-         "allreduce_check.py", "model_warm.py", "pagecache.py", "autotune_cache.py")
+         "allreduce_check.py", "model_warm.py", "pagecache.py")
 
 
 class Trigger(StrEnum):

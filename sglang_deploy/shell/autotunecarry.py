@@ -5,9 +5,10 @@ While the operations are prepared, ``add_carry`` decides from the run's facts al
 (``autotunekey.precheck``: the serving unit's ``--model-path`` and key flags against this
 run's) whether to add the operation ``autotune_cache_carried``: in a rollout's staging run
 (before its first drain) and before a plain deploy's restart; not in a staged rollout's rolling
-run (its staging run carried it) and never in a read-only run. When it executes, the operation
-asks the host what is there (``autotune_cache.py scan``: the cache folders, both config.json),
-decides (``autotunekey.decide``, self-verifying) and copies (``autotune_cache.py copy``). A
+run (its staging run carried it). A dry run lists the operation; only a run that changes
+the host executes it (never a read-only command). When it executes, the operation asks the
+host what is there (``remote/autotune_cache.py scan``, fed to the system python on stdin: the
+cache folders, both config.json), decides (``autotunekey.decide``, self-verifying) and copies (``autotune_cache.py copy``). A
 copy that cannot be made is a warning: the new revision then tunes at its first start, as it
 did before.
 """
@@ -22,10 +23,23 @@ from pyinfra.api import FunctionCommand, operation
 
 from sglang_deploy.core import autotunekey, restart, service
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.shell import plan, staging
+from sglang_deploy.shell import staging
+from sglang_deploy.shell.facts import REMOTE
 from sglang_deploy.shell.operations import reported
 
 TOOL = "autotune_cache.py"
+#: the host-side script, fed to the host's python on stdin (nothing installed for it)
+SOURCE = REMOTE / TOOL
+EOF_MARK = "SGLANG_DEPLOY_AUTOTUNE_CACHE_EOF"
+
+
+def tool_command(python: str, *args: str) -> str:
+    """A shell command that runs ``autotune_cache.py ARGS`` with PYTHON, the script on its
+    stdin (a here-document)."""
+    text = SOURCE.read_text()
+    assert EOF_MARK not in text
+    words = " ".join(shlex.quote(a) for a in args)
+    return f"{shlex.quote(python)} - {words} <<'{EOF_MARK}'\n{text}{EOF_MARK}"
 
 
 def cache_dir(s) -> str:
@@ -45,7 +59,7 @@ def add_carry(ctx, restart_coming: bool, gate: dict | None = None) -> None:
     """Add ``autotune_cache_carried`` for CTX's host when a restart is coming and its facts
     leave a carry possible (GATE: a group's node's ``_if``)."""
     s = ctx.settings
-    if not restart_coming or plan.read_only() or staging.trusts_record():
+    if not restart_coming or staging.trusts_record():
         return
     old_path, old, new = flags_now(ctx)
     early = autotunekey.precheck(old_path, s.sglang_model_path, old, new)
@@ -56,8 +70,7 @@ def add_carry(ctx, restart_coming: bool, gate: dict | None = None) -> None:
     autotune_cache_carried(
         name=f"FlashInfer autotune cache of {old_path} carried to {s.sglang_model_path}",
         old_path=old_path, new_path=s.sglang_model_path, old_flags=old, new_flags=new,
-        cache=cache_dir(s), python=s.sglang_system_python, tool=ctx.layout.tool(TOOL),
-        **(gate or {}))
+        cache=cache_dir(s), python=s.sglang_system_python, **(gate or {}))
 
 
 def _run_json(command: str) -> tuple[bool, dict | None, str]:
@@ -71,12 +84,12 @@ def _run_json(command: str) -> tuple[bool, dict | None, str]:
 
 
 def _carry_on_host(old_path: str, new_path: str, old_flags: dict, new_flags: dict, cache: str,
-                   python: str, tool: str) -> None:
-    prefix, q = host.print_prefix, shlex.quote
-    _, scan, err = _run_json(f"{q(python)} {q(tool)} scan --cache {q(cache)} --old {q(old_path)} "
-                             f"--new {q(new_path)}")
+                   python: str) -> None:
+    prefix = host.print_prefix
+    _, scan, err = _run_json(tool_command(python, "scan", "--cache", cache, "--old", old_path,
+                                          "--new", new_path))
     if scan is None:
-        logger.warning(f"{prefix}autotune cache not carried: `{tool} scan` printed no result "
+        logger.warning(f"{prefix}autotune cache not carried: `{TOOL} scan` printed no result "
                        f"({err or 'no output'}); the new revision tunes at its first start")
         return
     found = autotunekey.decide(old_path, new_path, old_flags, new_flags, scan.get("old_config"),
@@ -86,8 +99,8 @@ def _carry_on_host(old_path: str, new_path: str, old_flags: dict, new_flags: dic
             f"{prefix}autotune cache: {found.reason}")
         return
     for c in found.copies:
-        ok, result, err = _run_json(f"{q(python)} {q(tool)} copy --cache {q(cache)} --parent "
-                                    f"{q(c.parent)} --from {c.source} --to {c.dest}")
+        ok, result, err = _run_json(tool_command(python, "copy", "--cache", cache, "--parent",
+                                                 c.parent, "--from", c.source, "--to", c.dest))
         if not ok or not result or not result.get("ok"):
             error = (result or {}).get("error") or err or "no output"
             logger.warning(f"{prefix}autotune cache not carried ({c.parent}): {error}; the new "
@@ -98,7 +111,7 @@ def _carry_on_host(old_path: str, new_path: str, old_flags: dict, new_flags: dic
 
 @operation()
 def autotune_cache_carried(old_path: str, new_path: str, old_flags: dict, new_flags: dict,
-                           cache: str, python: str, tool: str):
+                           cache: str, python: str):
     """
     Copy the FlashInfer autotune cache SGLang keyed by OLD_PATH to the key it computes for
     NEW_PATH, when the two revisions' config.json and key flags are the same and the old key,
@@ -109,8 +122,8 @@ def autotune_cache_carried(old_path: str, new_path: str, old_flags: dict, new_fl
     + old_flags: the serving unit's launch flags (``--name`` -> value)
     + new_flags: this run's launch flags
     + cache: the server's ``SGLANG_CACHE_DIR``
-    + python: the host's system python (the tool is stdlib only)
-    + tool: where ``autotune_cache.py`` is installed on the host
+    + python: the host's system python (``remote/autotune_cache.py``, stdlib only, is fed to it
+      on stdin)
     """
     yield FunctionCommand(reported(_carry_on_host),
-                          (old_path, new_path, old_flags, new_flags, cache, python, tool), {})
+                          (old_path, new_path, old_flags, new_flags, cache, python), {})
