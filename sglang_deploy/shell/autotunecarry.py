@@ -23,7 +23,7 @@ from pyinfra.api import FunctionCommand, operation
 
 from sglang_deploy.core import autotunekey, restart, service
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.shell import staging
+from sglang_deploy.shell import groupops, staging
 from sglang_deploy.shell.facts import REMOTE
 from sglang_deploy.shell.operations import reported
 
@@ -71,6 +71,15 @@ def add_carry(ctx, restart_coming: bool, gate: dict | None = None) -> None:
         name=f"FlashInfer autotune cache of {old_path} carried to {s.sglang_model_path}",
         old_path=old_path, new_path=s.sglang_model_path, old_flags=old, new_flags=new,
         cache=cache_dir(s), python=s.sglang_system_python, **(gate or {}))
+
+
+def before_restart(ctx, active: bool, reasons: list[str], group_restarts: bool) -> None:
+    """The service stage's carry: a single server's when it (re)starts (not ACTIVE, or
+    REASONS), a group's node's when its group restarts (gated by the group's decision)."""
+    if ctx.group is None:
+        add_carry(ctx, restart_coming=not active or bool(reasons))
+    elif group_restarts:
+        add_carry(ctx, restart_coming=True, gate={"_if": groupops.Decided()})
 
 
 def _run_json(command: str) -> tuple[bool, dict | None, str]:

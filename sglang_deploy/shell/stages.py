@@ -310,8 +310,7 @@ def service_stage(ctx: Context):
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         warm.add_warm(ctx, not hs.service.unit_active or bool(reasons))  # before any drain
-        # a new model revision: the old one's autotune cache under its key (``autotunecarry``)
-        autotunecarry.add_carry(ctx, not hs.service.unit_active or bool(reasons))
+        autotunecarry.add_carry(ctx, not hs.service.unit_active or bool(reasons))  # a new revision
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
     # out of the router (every operation); the reads above do not
@@ -330,11 +329,7 @@ def service_stage(ctx: Context):
             allreduce.add_allreduce_check(ctx)
     # the model into the page cache before the stop, while the server still serves
     warm.before_restart(ctx, active, reasons, group_restarts=run is not None)
-    # a new model revision: the old one's autotune cache under its key, before the restart
-    if ctx.group is None:
-        autotunecarry.add_carry(ctx, not active or bool(reasons))
-    elif run is not None:
-        autotunecarry.add_carry(ctx, True, gate={"_if": groupops.Decided()})
+    autotunecarry.before_restart(ctx, active, reasons, group_restarts=run is not None)
     if run is not None:  # the group's pre-flight, before any of its servers stops
         _, cards = ctx.group_decision
         groupstage.add_preflight(run, gd, cards, lay.tool("rendezvous.py"),
