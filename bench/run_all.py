@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import ROOT, log, plural
 
-SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage",
+SUITES = ("noop", "latency", "rollout", "dr", "scale", "router", "versions", "detection", "stage", "stagerev",
           "residency", "lxcdr")
 
 
@@ -253,14 +253,11 @@ REPRODUCE = """\
         [--before bench/results/EARLIER.json] [--conditions TEXT]
     .venv/bin/python bench/run_all.py --render latest    # this page again, from the newest run
 
-Scripts, not tests: `.venv/bin/python bench/run_all.py [--runs N] [--only noop,latency,...]`
-(root; honours `TESTBED_DIR`/`TESTBED_SUBNET`/`TESTBED_PREFIX`) measures on the testbed, each
-figure beside its baseline in the same run, writes `bench/results/<timestamp>.json` and renders
-`docs/performance.md` (figures, medians, ratios, goals, the machine). Figures: no-op converge
-(1 and 8 hosts, against a pyinfra run of `true`), readiness and crash detection latency (the
-simulator records its ready and exit moments under the cache dir; the report's `verified_epoch_s`),
-rollout overhead per host, disaster-recovery rebuild, scale (many hosts, controller peak
-memory), and a restart with the model in the page cache against one with it evicted. About 6 minutes with the default counts on a quiet 2-core machine, longer on busy cores.
+Scripts, not tests (root; honouring `TESTBED_DIR`/`TESTBED_SUBNET`/`TESTBED_PREFIX`): each
+figure measured on the testbed beside its baseline in the same run, written to
+`bench/results/<timestamp>.json` and rendered here (medians, ratios, goals, the machine);
+`--only SUITE[,...] --update RESULTS` reruns some suites into a new file. About 6 minutes with
+the default counts on a quiet 2-core machine, longer on busy cores.
 `.venv/bin/python bench/timeline.py [--hosts 8]`, a diagnostic: a no-op run's phases on 1 and N
 hosts, with the cores busy and the controller's (bench/performance-notes.md, fifth round).
 

@@ -128,16 +128,19 @@ def servers() -> list[str]:
     return [h["name"] for h in state()["hosts"] if h.get("role") != "router"]
 
 
-def new_revision(mib: int) -> str:
+def new_revision(mib: int, serving: str | None = None) -> str:
     """A new model revision on every server host: a folder of MIB MiB (other bytes than the
-    last one), its shards evicted from the page cache; its path."""
+    last one), its shards evicted from the page cache; its path. Earlier revisions are
+    removed but the one SERVING (as a deploy keeps the old revision beside the new one: its
+    config.json is what the autotune cache's carry compares)."""
     path = f"{REVISION}-{uuid.uuid4().hex[:6]}"
     code = (f"from model import make_model_dir; make_model_dir({path!r}, {residency.SHARDS}, "
             f"{mib * (1 << 20) // residency.SHARDS})")
     drop = residency.DROP.replace(residency.MODEL, path)
+    keep = f" ! -path {shlex.quote(serving)}" if serving else ""
     for host in servers():
-        ssh(host, f"rm -rf {REVISION}-*; cd /opt/sglang-sim && python3 -c {shlex.quote(code)}"
-                  f" && {drop}", timeout=600)
+        ssh(host, f"find /srv/models -maxdepth 1 -path '{REVISION}-*'{keep} -exec rm -rf {{}} +; "
+                  f"cd /opt/sglang-sim && python3 -c {shlex.quote(code)} && {drop}", timeout=600)
     return path
 
 
@@ -145,9 +148,10 @@ def revision_rollouts(url: str, key: str, folder: Path) -> dict:
     """A new model revision staged (warmed before the first drain), then another with the
     warm off; afterwards the fleet serves the bench's model again."""
     mib = model_mib()
-    got = {"revision": rollout(url, key, folder, [f"sglang_model_path={new_revision(mib)}"]),
-           "revision_cold": rollout(url, key, folder, [f"sglang_model_path={new_revision(mib)}",
-                                                       "sglang_model_warm=false"])}
+    first = new_revision(mib)
+    got = {"revision": rollout(url, key, folder, [f"sglang_model_path={first}"])}
+    got["revision_cold"] = rollout(url, key, folder, [
+        f"sglang_model_path={new_revision(mib, serving=first)}", "sglang_model_warm=false"])
     converge()
     return got
 
@@ -163,15 +167,25 @@ def one_run(url: str, key: str, folder: Path) -> dict:
     got["nostage_shared"] = rollout(url, key, folder, [f"sglang_lock={new_release(folder)}"],
                                     "--no-stage")
     got["staged_shared"] = rollout(url, key, folder, [f"sglang_lock={new_release(folder)}"])
+    say(got)
+    return got
+
+
+def say(got: dict) -> None:
     for name, g in got.items():
         d = g["doc"]
         log(f"stage: {name}: total {d['seconds']:.1f}s; out of the router "
             + ", ".join(f"{h['host']} {h['out_of_router_s']}s" for h in d["hosts"])
             + f"; failed requests {g['load']['during']['failed']} of {g['load']['during']['requests']}")
-    return got
 
 
 def run(cfg) -> list[Figure]:
+    return figures(measure(cfg, one_run))
+
+
+def measure(cfg, one) -> list[dict]:
+    """CFG.runs runs of ONE(url, key, folder) on the routed 3-host testbed (booted, the
+    bench's model made and served first; the fleet restored afterwards)."""
     testbed("up", "--hosts", str(HOSTS), "--router", timeout=900)
     runs = []
     try:
@@ -181,7 +195,7 @@ def run(cfg) -> list[Figure]:
         url, key = router_of()
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(cfg.runs):
-                runs.append(one_run(url, key, Path(tmp)))
+                runs.append(one(url, key, Path(tmp)))
     finally:
         for host in servers():
             ssh(host, f"rm -rf {REVISION}-*", check=False)
@@ -190,7 +204,7 @@ def run(cfg) -> list[Figure]:
                        timeout=1800)
         cpu_limit(0, check=False)
         testbed("down", "--router", check=False, timeout=300)
-    return figures(runs)
+    return runs
 
 
 def _hosts(runs: list[dict], case: str, key: str) -> list[float]:

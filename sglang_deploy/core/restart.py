@@ -138,6 +138,11 @@ def _flags(words: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def argv_flags(words: Iterable[str]) -> dict[str, str]:
+    """``--name value`` pairs of a launch argv (a flag alone: "" as its value)."""
+    return _flags(words)
+
+
 def exec_argv(exec_start: str | None) -> list[str] | None:
     """The argv of ``systemctl show -p ExecStart``'s value (``{ path=... ; argv[]=WORDS ;
     ...}``), None when it has none."""

@@ -34,6 +34,7 @@ from sglang_deploy.integration import outcomes, plan
 from sglang_deploy.integration.integration import this_run
 from sglang_deploy.stages import (
     allreduce,
+    autotunecarry,
     gpugate,
     p2pretest,
     p2pview,
@@ -317,6 +318,7 @@ def service_stage(ctx: Context):
     if staging.stage_only():  # the rollout's staging run: the checks, nothing serving touched
         staging.checks_before_start(ctx, unit_text, reasons)
         warm.add_warm(ctx, not hs.service.unit_active or bool(reasons))  # before any drain
+        autotunecarry.add_carry(ctx, not hs.service.unit_active or bool(reasons))  # a new revision
         return
     # a staged rollout's rolling run, started with its drain: what follows needs the host
     # out of the router (every operation); the reads above do not
@@ -336,6 +338,7 @@ def service_stage(ctx: Context):
             allreduce.add_allreduce_check(ctx)
     # the model into the page cache before the stop, while the server still serves
     warm.before_restart(ctx, active, reasons, group_restarts=run is not None)
+    autotunecarry.before_restart(ctx, active, reasons, group_restarts=run is not None)
     if run is not None:  # the group's pre-flight, before any of its servers stops
         groupstage.add_preflight(run, gd, ctx.group_decision.cards, lay.tool("rendezvous.py"),
                                  s.sglang_system_python)

@@ -6,7 +6,8 @@ before the stop of a plain deploy's restart (and before a first start: ``rebuild
 rollout's staging run (before its first drain). When it executes, the operation measures the
 shards and the memory again on the host (``model_warm.py measure``: the download or the install
 before it may have changed both), decides again, and reads what is missing
-(``model_warm.py warm``), its progress shown live. pyinfra runs one operation on every host
+(``model_warm.py warm``), its progress shown live. A staged rollout's rolling runs do not warm
+again (``before_restart``). pyinfra runs one operation on every host
 before the next: the hosts of a run, and so a multi-node group's nodes, warm at once.
 
 A warm that fails or stops early is said (a warning) and the deploy goes on: the server then
@@ -25,6 +26,7 @@ from sglang_deploy.core import modelfetch, residency
 from sglang_deploy.core.hostrecords import Memory, ModelState
 from sglang_deploy.hostops.operations import reported
 from sglang_deploy.integration import streamed
+from sglang_deploy.stages import staging
 from sglang_deploy.stages.group import groupops
 
 TOOL = "model_warm.py"
@@ -62,7 +64,15 @@ def add_warm(ctx, restart_coming: bool, gate: dict | None = None) -> residency.W
 
 def before_restart(ctx, active: bool, reasons: list[str], group_restarts: bool) -> None:
     """The service stage's warm: a single server's when it (re)starts (not ACTIVE, or
-    REASONS), a group's node's when its group restarts (gated by the group's decision)."""
+    REASONS), a group's node's when its group restarts (gated by the group's decision). Not in
+    a staged rollout's rolling run: its staging run warmed before the first drain, and the
+    host is out of the router now, so a read here would only add to its time out (what the
+    page cache lost since, the server reads itself)."""
+    if staging.trusts_record():
+        if ctx.settings.sglang_model_warm and (group_restarts or not active or reasons):
+            host.noop("model warm: left to this rollout's staging run, before the drain (the host "
+                      "is out of the router now: the server reads what is missing)")
+        return
     if ctx.group is None:
         add_warm(ctx, restart_coming=not active or bool(reasons))
     elif group_restarts:

@@ -310,12 +310,20 @@ class Sim:
                      (self.prefix(r), M("pool_end", avail=self.avail_after_kv))]
                     for r in self.local], self.rng)
 
+    def config_class(self) -> str:
+        """``hf_config.__class__.__name__``: transformers' class for the model type
+        (``glm_moe_dsa`` -> ``GlmMoeDsaConfig``), ``PretrainedConfig`` without one."""
+        mt = self.model.get("model_type")
+        if not mt:
+            return "PretrainedConfig"
+        return "".join(p[:1].upper() + p[1:] for p in mt.replace("-", "_").split("_") if p) + "Config"
+
     def autotune_cache_path(self, rank: int) -> str:
         base = Path(os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang")
         a = self.args
         key = "|".join([str(self.model_path), "torch.bfloat16", str(getattr(a, "quantization", None)),
                         str(getattr(a, "moe_runner_backend", None)), str(self.tp), str(self.pp), "1",
-                        str(getattr(a, "ep_size", 1) or 1), "PretrainedConfig"])
+                        str(getattr(a, "ep_size", 1) or 1), self.config_class()])
         d = (base / "flashinfer" / "autotune" / flashinfer_version(self.sgl) / f"sm{SIM_GPU_MAJOR}0"
              / hashlib.sha256(key.encode()).hexdigest()[:16])
         try:

@@ -188,6 +188,26 @@ def downloaded_while_staging(testbed, r, doc) -> None:
         assert re.search(rf"\[{h}\]\s+model download: .*\(100\.0%\)", staging), staging[-3000:]
 
 
+def started_with_carried_cache(testbed, doc) -> None:
+    """The staging run of DOC's rollout copied each server's autotune cache to the new
+    revision's key, and the server that now runs found it there (SGLang's own log line names
+    the folder) and tuned nothing."""
+    staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+    for h in servers(testbed):
+        m = re.search(rf"\[{h}\]\s+autotune cache: same architecture and key flags: the old "
+                      rf"revision's autotune cache [0-9a-f]{{16}} copied to ([0-9a-f]{{16}})", staging)
+        assert m, staging[-3000:]
+        journal = this_start_journal(testbed, h)
+        assert f"/{m.group(1)}/rank_tp0_pp0_dp0.json" in journal, journal[-3000:]
+        assert "[AutoTuner]: Tuning" not in journal, journal[-3000:]
+
+
+def this_start_journal(testbed, h: str) -> str:
+    """The server's journal since its current start (its invocation)."""
+    return testbed.ssh(h, "journalctl -u sglang -o cat _SYSTEMD_INVOCATION_ID=$(systemctl show "
+                          "-p InvocationID --value sglang)", check=True).stdout
+
+
 def model_data(mirror, path: str, *extra: str) -> list[str]:
     """The download's data (the stand-in Hub) with the model at PATH."""
     return [*[d for d in download_data(mirror) if d.startswith(("sglang_model", "sglang_hf"))],
@@ -215,6 +235,8 @@ def test_a_new_revision_is_staged_beside_the_files_that_serve(fleet, mirror, tmp
     finally:
         mirror.repo = first
     downloaded_while_staging(fleet, r, doc)
+    # the same architecture: the old revision's FlashInfer tactics are the new one's
+    started_with_carried_cache(fleet, doc)
     for h in servers(fleet):
         assert serving_model(fleet)[h] == f"{path}@{commit}"
         unit = fleet.ssh(h, "cat /etc/systemd/system/sglang.service", check=True).stdout
@@ -225,6 +247,32 @@ def test_a_new_revision_is_staged_beside_the_files_that_serve(fleet, mirror, tmp
         # the old revision's files stay for a rollback
         assert fleet.ssh(h, f"test -f {path}/model-00004-of-00004.safetensors").returncode == 0
     assert [(h["status"], h["router"]) for h in doc["hosts"]] == [("done", "back")] * 3
+
+
+def test_a_new_model_of_another_architecture_tunes_again(fleet):
+    """Needs: `fleet`. A new model folder on every host whose config.json differs from the
+    served one's (hidden_size): the staging run copies no autotune cache and says why; each
+    server then tunes at its start. Leaves the fleet on that model (the next `fleet` deploys
+    its own back)."""
+    path = f"/srv/models/arch-{uuid.uuid4().hex[:6]}"
+    code = (f"import json; from model import make_model_dir; p = make_model_dir({path!r}, 2, 4096)"
+            " / 'config.json'; c = json.loads(p.read_text()); c['hidden_size'] = 7168; "
+            "p.write_text(json.dumps(c))")
+    for h in servers(fleet):
+        fleet.ssh(h, f"cd /opt/sglang-sim && python3 -c {json.dumps(code)}", check=True)
+    try:
+        r, doc = rollout(fleet, data=[f"sglang_model_path={path}"])
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        staging = Path(doc["hosts"][0]["log"]).with_name("stage.log").read_text()
+        for h in servers(fleet):
+            assert re.search(rf"\[{h}\]\s+autotune cache: the architecture changed \(config\.json: "
+                             r"[^\n]*hidden_size 6144 -> 7168[^\n]*\): the new revision tunes again", staging), \
+                staging[-3000:]
+            journal = this_start_journal(fleet, h)
+            assert "[AutoTuner]: Tuning" in journal, journal[-3000:]
+    finally:
+        for h in servers(fleet):
+            fleet.ssh(h, f"rm -rf {path}")
 
 
 def test_a_host_short_of_space_for_the_new_model_stops_the_rollout_before_any_drain(
