@@ -162,7 +162,8 @@ class HostPlan:
     p2p_record: Mapping[str, Any] | None  # a passed full P2P test's, kept on the host
     gpu_health: gpuhealth.Report    # the GPU health read, judged
     group: Group | None = None      # the multi-node group this host is a node of
-    group_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # its NCCL/gloo interface
+    #: its NCCL/gloo interface (a group's node)
+    group_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # the runtime stage's: the patch's status on the release (``with_patch``; None: unknown)
     patch_status: Mapping[str, Any] | None = None
     patch_state: str = "unknown"

@@ -144,7 +144,8 @@ def runtime_stage(hp: HostPlan) -> HostPlan:
     known_good = hs.releases.known_good_release
     releaseops.releases_pruned(name=f"Old releases (keep {s.sglang_keep_releases})", root=s.sglang_root,
                         keep=s.sglang_keep_releases, installing=hp.release_id,
-                        protected={r for r in (hp.release_id, hs.releases.current, known_good) if r},
+                        protected={r for r in (hp.release_id, hs.releases.current, known_good)
+                                   if r},
                         python=s.sglang_system_python)
     hp, patched = autotune_patch(hp)
     if patched is not None:

@@ -58,11 +58,12 @@ def _caps(hp) -> list[str]:
 
 def checks_before_start(hp, unit_text: str, reasons: list[str], gate: dict | None = None
                         ) -> None:
-    """The checks of HP's host (its ``hostplan.HostPlan``) a (re)start needs that run without the GPUs: the JIT toolchain, and the
-    release smoke when the release or the flags change (or nothing runs). Staging: then the
-    record of what they proved. A rolling run after staging: skipped when the record matches.
-    GATE: a group's node's ``_if`` (its group restarts, for any node's reason): both checks
-    are added whatever this node's own reasons, and run when the group restarts."""
+    """The checks a (re)start of HP's host (its ``hostplan.HostPlan``) needs that run without
+    the GPUs: the JIT toolchain, and the release smoke when the release or the flags change
+    (or nothing runs). Staging: then the record of what they proved. A rolling run after
+    staging: skipped when the record matches. GATE: a group's node's ``_if`` (its group
+    restarts, for any node's reason): both checks are added whatever this node's own
+    reasons, and run when the group restarts."""
     s, lay, hs = hp.settings, hp.layout, hp.hoststate
     active = hs.service.unit_active
     if gate is None and active and not reasons:

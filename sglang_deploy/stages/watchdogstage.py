@@ -36,9 +36,10 @@ def router_for(name: str, s) -> wu.Router | None:
 
 
 def install(hp) -> None:
-    """The watchdog of this host (HP: its ``hostplan.HostPlan``) as its data says (``watchdog``): on a single host, and on a
-    multi-node group's rank 0, where it judges the group's server and only reports (a group
-    restarts as one); none on a group's node of rank >= 1 (``core.watchdogunit.placement``)."""
+    """The watchdog of this host (HP: its ``hostplan.HostPlan``) as its data says
+    (``watchdog``): on a single host, and on a multi-node group's rank 0, where it judges the
+    group's server and only reports (a group restarts as one); none on a group's node of
+    rank >= 1 (``core.watchdogunit.placement``)."""
     s, g = hp.settings, hp.group
     where = wu.placement(s.watchdog, g.name if g else None, g.nnodes if g else 1,
                          g.rank_of(host.name) if g else None)

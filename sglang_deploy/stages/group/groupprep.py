@@ -6,9 +6,10 @@ run, ``groupops.GroupRun.decision``): each node's plan from its host state and i
 (``node_view``: ``core.hostplan.plan``, the very function a node's own pre-flight makes its
 plan with), its restart reasons from that plan (the same ``restart.decide`` a single host's
 follows), the group restarting when any node has one, every node's card for the rendezvous
-and the nodes whose GPU health is fatal (``Prepared``). Each node's view is computed once, by that first node;
-every other node gets the very same ``Prepared``, none computes a view again. So every node
-adds the same operations with static conditions, whatever order pyinfra prepares them in.
+and the nodes whose GPU health is fatal (``Prepared``). Each node's view is computed once,
+by that first node; every other node gets the very same ``Prepared``, none computes a view
+again. So every node adds the same operations with static conditions, whatever order
+pyinfra prepares them in.
 
 pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
 decision reads is read once per host in one run, whichever node asks first, through
