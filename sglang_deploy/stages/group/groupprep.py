@@ -45,8 +45,6 @@ from sglang_deploy.integration import plan
 from sglang_deploy.stages import gpugate, staging
 from sglang_deploy.stages.group import groupops
 
-__all__ = ["Prepared", "Release"]  # (``core.hostplan``'s, named here where they are made)
-
 
 def fact(h, cls, **kwargs):
     """H's fact CLS(KWARGS), read once per run while the operations are prepared (a peer's
