@@ -27,22 +27,23 @@ hooks.require_checked(__file__)
 if not routing.is_router(host):
     # 1. Pre-flight, before anything is installed: nvidia-smi, device nodes, a CUDA driver-API
     #    probe, P2P verified by real peer copies (policy gpu_p2p_policy), the model's shards.
-    #    It returns the host's context (its settings, host state, release) for the next stages.
-    ctx = stages.preflight_stage()
+    #    It returns the host's plan (core/hostplan.py: its settings, host state, release, the
+    #    GPUs' verdict), made once from what it read, frozen; each stage returns the next plan.
+    hp = stages.preflight_stage()
 
     # 2. Runtime: service user and folders, persistent caches, uv, the release venv installed
     #    exactly from the lock, and the version-aware FlashInfer autotune patch.
-    stages.runtime_stage(ctx)
+    hp = stages.runtime_stage(hp)
 
     # 3. Service: launch flags checked against the installed sglang, secrets in a root-only
     #    file, the systemd unit; restart only when something that affects the server changed.
     #    Staging only: the checks (flags, JIT toolchain, release smoke), then stop.
-    stages.service_stage(ctx)
+    hp = stages.service_stage(hp)
 
 if not routing.is_router(host) and not staging.stage_only():
     # 4. Verify: follow the journal and systemd until the model really serves (autotune seen,
     #    /health 200, /v1/models, a one-token generation), or fail fast saying why.
-    stages.verify_stage(ctx)
+    stages.verify_stage(hp)
 
 # 5. Router (group `routers` only), after every server is verified: SMG from its lock, its key
 #    in a root-only file, the unit listing the serving hosts; verified by a generation routed

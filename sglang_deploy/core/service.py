@@ -43,19 +43,22 @@ class Trigger(StrEnum):
     MODEL = "model"
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageOps:
     """The operations one stage adds and a later one reads (pyinfra's ``OperationMeta``, kept
-    opaque here; None: not added on this host): ``stages.Context.ops``. The restart triggers
-    are keyed by ``Trigger``, the names the restart decision gives (``core.restart``), so the
-    two cannot differ: the restart's condition is whether the operation of a reason changed."""
+    opaque here; None: not added on this host): ``hostplan.HostPlan.ops``, a new value per
+    stage that adds some (``dataclasses.replace``). The restart triggers are keyed by
+    ``Trigger``, the names the restart decision gives (``core.restart``), so the two cannot
+    differ: the restart's condition is whether the operation of a reason changed."""
 
-    triggers: dict[Trigger, Any] = field(default_factory=dict)  # release, patch, model
+    triggers: Mapping[Trigger, Any] = field(default_factory=dict)  # release, patch, model
     unit: Any = None
     secrets: Any = None
     link: Any = None
     started: Any = None
     restarted: Any = None
+    #: the P2P retest's verdict once its operation ran (``stages.p2pretest.Retested``)
+    retest: Any = None
 
 
 def sha256_text(text: str) -> str:

@@ -22,6 +22,7 @@ from pyinfra.api import FactBase
 from sglang_deploy.core import gpuhealth, modelfetch, nvsmi
 from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
+from sglang_deploy.core.service import SECRETS_FILE, probe_address
 from sglang_deploy.core.watchdogunit import SERVICE as WATCHDOG_SERVICE
 from sglang_deploy.remote.hoststate import SHOW_PROPS
 
@@ -274,6 +275,14 @@ class ServingProbe(FactBase):
 #: the Host attribute that keeps this run's reads (a cache; set and read through getattr, so
 #: that pyinfra's ``host`` context proxy reaches the Host itself)
 _READS = "_sglang_deploy_host_state_reads"
+
+
+def serving_poll(host, s):
+    """One read-only poll of HOST's server with Settings S (``ServingProbe``: its unit,
+    /health, /v1/models)."""
+    return host.get_fact(ServingProbe, service=s.sglang_service, port=s.sglang_port,
+                         host_addr=probe_address(s.sglang_host),
+                         secrets=SECRETS_FILE, python=s.sglang_system_python)
 
 
 def read_host_state(host, fact: type[FactBase], **kwargs):

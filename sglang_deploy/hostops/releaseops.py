@@ -370,15 +370,15 @@ def model_download(spec: modelfetch.FetchSpec, root: str, python: str = "python3
 
 
 
-def smoke_doors(ctx) -> dict:
-    """The smoke's door arguments for CTX's host (``stages.Context``): the /dev/nvidia* nodes
-    its pre-flight listed, the unit's DeviceAllow list, where the host keeps what the smoke
-    sees of the sandbox, and the release."""
-    listing = ((ctx.gpu_snapshot or {}).get("dev-nvidia.txt") or {}).get("out")
+def smoke_doors(hp) -> dict:
+    """The smoke's door arguments for HP's host (its ``hostplan.HostPlan``): the /dev/nvidia*
+    nodes its pre-flight listed, the unit's DeviceAllow list, where the host keeps what the
+    smoke sees of the sandbox, and the release."""
+    listing = ((hp.gpu_snapshot or {}).get("dev-nvidia.txt") or {}).get("out")
     return {"devices": hardening.smoke_devices(listing),
-            "device_allow": device_allow(ctx.settings.gpu_expected_count),
-            "record": ctx.layout.hardening_record, "release": ctx.release_id,
-            "required": tuple(ctx.settings.sglang_hardening_required)}
+            "device_allow": device_allow(hp.settings.gpu_expected_count),
+            "record": hp.layout.hardening_record, "release": hp.release_id,
+            "required": tuple(hp.settings.sglang_hardening_required)}
 
 
 def _control(command: str | None) -> list[str]:

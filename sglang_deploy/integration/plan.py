@@ -123,12 +123,13 @@ def model_memory(hs: HostState) -> dict | None:
     return None if res is None else {**res.as_json(), "text": res.text()}
 
 
-def record(state, host, ctx, serving: dict | None, extra: dict | None = None) -> None:
-    """Record the host's drift and state (``ServingProbe``: SERVING); EXTRA: more fields (a
-    group's node: ``groupops.group_fields``)."""
+def record(state, host, hp, serving: dict | None, extra: dict | None = None) -> None:
+    """Record the host's drift and state from its plan HP (``core.hostplan.HostPlan``) and
+    its poll (``ServingProbe``: SERVING); EXTRA: more fields (a group's node:
+    ``groupops.group_fields``)."""
     journal.record(host.name, shape.PLAN, {
         "host": host.name, "preflight": "pass", "changes": changes(state, host),
-        # the model folder the deploy serves (a new revision's: ``staging.model_revision``)
-        **status_fields(ctx.hoststate, serving, ctx.release_id),
-        # the GPU health read, judged (``core.gpuhealth``: the pre-flight's ``gpugate.report``)
-        "gpu_health": getattr(ctx, "gpu_report", None), **(extra or {})})
+        # the model folder the deploy serves (a new revision's: ``hostplan.model_revision``)
+        **status_fields(hp.hoststate, serving, hp.release_id),
+        # the GPU health read, judged (``core.gpuhealth``: the plan's, ``HostPlan.gpu_report``)
+        "gpu_health": hp.gpu_report, **(extra or {})})

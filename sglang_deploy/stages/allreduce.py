@@ -43,8 +43,8 @@ def started_command(command: str, out: str) -> str:
             f"{{ setsid sh -c {shlex.quote(inner)} </dev/null >/dev/null 2>&1 & }}")
 
 
-def add_allreduce_check(ctx, *, group=None, when=None):
-    """Add the all-reduce check of this host (``ctx``: ``stages.Context``, after the runtime
+def add_allreduce_check(hp, *, group=None, when=None):
+    """Add the all-reduce check of this host (``hp``: its ``hostplan.HostPlan``, after the runtime
     stage: the release venv and the shipped tool exist when it runs). GROUP: the host's
     ``core.group.Group`` when it is a node of one; every node must add it at the same place
     (two operations: the tool started on every node, then each node's result collected on
@@ -52,16 +52,16 @@ def add_allreduce_check(ctx, *, group=None, when=None):
     port + 1). WHEN: the operations' ``_if`` (for a group: its decision, the same on every
     node).
 
-    The operation runs the script with the service's environment (``ctx.environment()``: the
+    The operation runs the script with the service's environment (``hp.environment()``: the
     NCCL settings the server gets) and ``gpu_allreduce_env`` over it, judges its output and raises ``PreflightError`` (expected,
     found, fix) when it fails; a pass is logged with the measured bus bandwidth. Adds nothing
     and returns None when ``gpu_allreduce_check`` is off; else the (last) operation's meta."""
-    s = ctx.settings
+    s = hp.settings
     if not s.gpu_allreduce_check:
         return None
     spec = allreduce.spec_of(s, group=group, host=host.name)
-    env = {**dict(ctx.environment()), **{k: str(v) for k, v in s.gpu_allreduce_env.items()}}
-    python_path, tool = ctx.venv_python, ctx.layout.tool(allreduce.TOOL)
+    env = {**dict(hp.environment()), **{k: str(v) for k, v in s.gpu_allreduce_env.items()}}
+    python_path, tool = hp.venv_python, hp.layout.tool(allreduce.TOOL)
     command = allreduce.command(python_path, tool, spec, env)
 
     judge = functools.partial(_judge, spec, env, python_path, tool,

@@ -48,21 +48,21 @@ def cache_dir(s) -> str:
     return str((s.sglang_env or {}).get("SGLANG_CACHE_DIR") or s.sglang_cache_dir)
 
 
-def flags_now(ctx) -> tuple[str | None, dict | None, dict]:
+def flags_now(hp) -> tuple[str | None, dict | None, dict]:
     """(the serving unit's model path, its flags (None: no unit ran), this run's flags)."""
-    words = restart.exec_argv(ctx.hoststate.service.show.get("ExecStart"))
+    words = restart.exec_argv(hp.hoststate.service.show.get("ExecStart"))
     old = restart.argv_flags(words) if words is not None else None
-    new = restart.argv_flags(flagmod.render_flags(service.flag_map(ctx.settings)))
+    new = restart.argv_flags(flagmod.render_flags(service.flag_map(hp.settings)))
     return (old or {}).get("model-path"), old, new
 
 
-def add_carry(ctx, restart_coming: bool, gate: dict | None = None) -> None:
-    """Add ``autotune_cache_carried`` for CTX's host when a restart is coming and its facts
+def add_carry(hp, restart_coming: bool, gate: dict | None = None) -> None:
+    """Add ``autotune_cache_carried`` for HP's host when a restart is coming and its facts
     leave a carry possible (GATE: a group's node's ``_if``)."""
-    s = ctx.settings
+    s = hp.settings
     if not restart_coming or staging.trusts_record():
         return
-    old_path, old, new = flags_now(ctx)
+    old_path, old, new = flags_now(hp)
     early = autotunekey.precheck(old_path, s.sglang_model_path, old, new)
     if early is not None:
         if old_path and old_path != s.sglang_model_path:
@@ -74,13 +74,13 @@ def add_carry(ctx, restart_coming: bool, gate: dict | None = None) -> None:
         cache=cache_dir(s), python=s.sglang_system_python, **(gate or {}))
 
 
-def before_restart(ctx, active: bool, reasons: list[str], group_restarts: bool) -> None:
+def before_restart(hp, active: bool, reasons: list[str], group_restarts: bool) -> None:
     """The service stage's carry: a single server's when it (re)starts (not ACTIVE, or
     REASONS), a group's node's when its group restarts (gated by the group's decision)."""
-    if ctx.group is None:
-        add_carry(ctx, restart_coming=not active or bool(reasons))
+    if hp.group is None:
+        add_carry(hp, restart_coming=not active or bool(reasons))
     elif group_restarts:
-        add_carry(ctx, restart_coming=True, gate={"_if": groupops.Decided()})
+        add_carry(hp, restart_coming=True, gate={"_if": groupops.Decided()})
 
 
 def _run_json(command: str) -> tuple[bool, dict | None, str]:

@@ -7,7 +7,7 @@ own. The gate raises while pyinfra prepares the operations, so nothing of the ru
 executed: the serving server is never stopped for a restart that would be refused. A plan run
 (``status``, ``doctor``, ``rollout --dry``) never raises: it records the report instead
 (``plan``). A multi-node group restarts as one, so each node's GPUs are judged once, with its
-group's decision (``groupprep.Prepared``), and every node refuses together when any node's
+group's decision (``hostplan.Prepared``), and every node refuses together when any node's
 are fatal: none is stopped for a peer that cannot start.
 """
 
@@ -45,7 +45,7 @@ def before_start(name: str, s: datamod.Settings, hs: HostState, reasons: list[st
 
 def check_group(group: str, fatal, action: str) -> None:
     """Refuse ACTION of GROUP on this node when any of its nodes' GPUs are FATAL ((node,
-    report), judged once with the group's decision: ``groupprep.Prepared.fatal``): every node
+    report), judged once with the group's decision: ``hostplan.Prepared.fatal``): every node
     raises the same error, naming the node; a plan run only records."""
     if plan.planning():
         return

@@ -22,58 +22,69 @@ from pyinfra.operations import python
 
 from sglang_deploy.core import preflight
 from sglang_deploy.core.errors import PreflightError
+from sglang_deploy.core.hostplan import HostPlan
 from sglang_deploy.hostops import operations as ops
 from sglang_deploy.stages import p2pview
 from sglang_deploy.stages.group import groupprep
 
 
-def run_probe(ctx, kind: str) -> tuple[list, str | None]:
-    """The CUDA probe of KIND on CTX's host (``stages.Context``; ``preflight.probe_plan``:
-    "p2p", "basic" or "none": no probe), then the GPUs judged: (checks, P2P matrix text), the
-    NCCL environment and a passed full test's record kept in CTX. A probe that should have run and gave no
-    result fails the checks: the deploy never installs on a host whose CUDA was not proven."""
-    s = ctx.settings
-    probe = None
-    if kind != "none":
-        probe = groupprep.probe(host, s, kind)  # read once per run (a group's peers too)
-    checks, ctx.nccl_env, matrix = preflight.evaluate(ctx.gpu_snapshot, probe, ctx.expect)
-    if kind != "none" and probe is None:
-        checks.append(preflight.Check(
-            name="cuda-probe", status="fail", message="the CUDA probe gave no result",
-            fix=f"run `{s.sglang_system_python} cuda_probe.py --p2p` on the host (or "
-                "`sglang-deploy doctor` there) and read its error"))
-    if kind == "p2p":
-        ctx.p2p_record = preflight.p2p_record(checks, ctx.nccl_env, s.gpu_p2p_policy)
-    return checks, matrix
+class Retested:
+    """The retest's verdict once its operation ran on the host (``add_retest``), as pyinfra's
+    ``OperationMeta`` holds an operation's result once it ran: the host's plan with that
+    verdict (``HostPlan.retested``: a new plan, the stages' own unchanged), kept once. Read
+    by what runs after it (the verification's parameters: ``latest``)."""
+
+    def __init__(self) -> None:
+        self._plan: HostPlan | None = None
+
+    def keep(self, retested: HostPlan) -> None:
+        if self._plan is not None:
+            raise RuntimeError("the P2P retest ran twice in one run (a bug of sglang-deploy)")
+        self._plan = retested
+
+    @property
+    def plan(self) -> HostPlan | None:
+        """The plan with the retest's verdict; None: the retest has not run (or failed)."""
+        return self._plan
 
 
-def add_retest(ctx, **gate) -> None:
-    """Add the retest of CTX's host (``stages.Context``); GATE: its ``_if`` (the server was
-    stopped for it; a group's node: its group restarts)."""
-    name = (f"{preflight.RETEST_NOTE} of {ctx.settings.sglang_service} (peer copies on every "
+def latest(hp: HostPlan) -> HostPlan:
+    """HP, or the plan with its retest's verdict once the retest ran (``Retested``)."""
+    done = hp.ops.retest.plan if hp.ops.retest is not None else None
+    return done if done is not None else hp
+
+
+def add_retest(hp: HostPlan, **gate) -> Retested:
+    """Add the retest of HP's host (its ``hostplan.HostPlan``); GATE: its ``_if`` (the server
+    was stopped for it; a group's node: its group restarts). Returns where its verdict is
+    kept once it ran."""
+    name = (f"{preflight.RETEST_NOTE} of {hp.settings.sglang_service} (peer copies on every "
             "GPU pair)")
-    python.call(name=name, function=ops.reported(functools.partial(
-        retest, ctx, dict(ctx.nccl_env))), **gate)
+    result = Retested()
+    python.call(name=name, function=ops.reported(functools.partial(retest, hp, result)),
+                **gate)
+    return result
 
 
-def retest(ctx, rendered_env: dict) -> None:
+def retest(hp: HostPlan, result: Retested) -> None:
     """On the host's turn: the probe with the peer copies, its matrix, the new verdict kept
-    on the host; raises when P2P fails. A verdict that asks for another NCCL environment than
-    the unit was rendered with (RENDERED_ENV: from the last recorded test; e.g. P2P works again
-    where the unit had NCCL_P2P_DISABLE=1, or an `adapt` host lost it) rewrites the unit with
-    it and reloads systemd, so that the server starts once, with the verdict just proven."""
-    s = ctx.settings
-    checks, _ = run_probe(ctx, "p2p")
-    p2pview.show(checks, record=True, policy=s.gpu_p2p_policy)
-    if ctx.p2p_record is not None:
-        ops.write_json_record(ctx.layout.p2p_record, ctx.p2p_record)
-    ops.preflight_gate(checks, title=f"P2P before restarting {s.sglang_service}",
+    on the host (and in RESULT); raises when P2P fails. A verdict that asks for another NCCL
+    environment than the unit was rendered with (HP's: from the last recorded test; e.g. P2P
+    works again where the unit had NCCL_P2P_DISABLE=1, or an `adapt` host lost it) rewrites
+    the unit with it and reloads systemd, so that the server starts once, with the verdict
+    just proven."""
+    s = hp.settings
+    new = hp.retested(groupprep.probe(host, s, "p2p"))  # read afresh: the operations execute
+    p2pview.show(list(new.checks), record=True, policy=s.gpu_p2p_policy)
+    if new.p2p_record is not None:
+        ops.write_json_record(hp.layout.p2p_record, dict(new.p2p_record))
+    ops.preflight_gate(list(new.checks), title=f"P2P before restarting {s.sglang_service}",
                        before=f"before {s.sglang_service} starts again (retested with it "
                               "stopped; it stays stopped)")
-    ctx.p2p_skipped = False
-    if dict(ctx.nccl_env) != rendered_env:  # the hardware (or the policy) changed since
-        unit = ctx.layout.unit_file
-        ops.write_text(unit, ctx.unit_text())  # rendered with the new verdict: ctx.nccl_env
+    result.keep(new)
+    if dict(new.nccl_env) != dict(hp.nccl_env):  # the hardware (or the policy) changed since
+        unit = hp.layout.unit_file
+        ops.write_text(unit, new.unit_text())  # rendered with the new verdict
         ok, out = host.run_shell_command("systemctl daemon-reload", print_output=False)
         if not ok:
             raise PreflightError(
@@ -83,9 +94,9 @@ def retest(ctx, rendered_env: dict) -> None:
                     "the deploy again")
         logger.warning(f"{host.print_prefix}P2P retest: the verdict changed since the last "
                        f"recorded test; {unit} rendered again with NCCL environment "
-                       f"{_env(ctx.nccl_env)} (was {_env(rendered_env)}) before "
+                       f"{_env(new.nccl_env)} (was {_env(hp.nccl_env)}) before "
                        f"{s.sglang_service} starts")
 
 
-def _env(env: dict) -> str:
+def _env(env) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "(none)"

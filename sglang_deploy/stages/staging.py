@@ -16,15 +16,13 @@ install, model, JIT check and smoke come before any host's restart).
 
 from __future__ import annotations
 
-import dataclasses
 from io import StringIO
 
 from pyinfra import host
 
 from sglang_deploy.core import flags as flagmod
-from sglang_deploy.core import jit, modelfetch, service
+from sglang_deploy.core import jit, service
 from sglang_deploy.core import staging as stagingcore
-from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
 from sglang_deploy.integration.integration import this_run
@@ -46,67 +44,50 @@ def record_path(layout, release_id: str) -> str:
     return f"{layout.release_dir(release_id)}/staged.json"
 
 
-def model_revision(settings, model: ModelState | None) -> tuple:
-    """(the settings this run deploys, the host-state read of its model folder): with
-    ``sglang_model_download`` a revision that the configured folder does not hold lives in
-    its sibling ``PATH@REV`` (``modelfetch.revision_dir``): downloaded there while staging,
-    beside the files that serve, and the unit's ``--model-path`` names it (the served model
-    name stays what it was)."""
-    path = settings.sglang_model_path
-    if not settings.sglang_model_download:
-        return settings, model
-    where = modelfetch.revision_dir(path, settings.sglang_model_repo,
-                                    settings.sglang_model_revision, model)
-    if where == path:
-        return settings, model
-    return (dataclasses.replace(settings, sglang_model_path=where,
-                                sglang_served_model_name=settings.served_model_name),
-            modelfetch.state_of(model, where))
-
-
-def _inputs(ctx, unit_text: str, smoke: bool) -> dict:
-    s = ctx.settings
-    return {"release": ctx.release_id, "unit": unit_text, "smoke": smoke,
+def _inputs(hp, unit_text: str, smoke: bool) -> dict:
+    s = hp.settings
+    return {"release": hp.release_id, "unit": unit_text, "smoke": smoke,
             "flags": flagmod.render_flags(service.flag_map(s)), "steps": list(s.sglang_smoke),
-            "smoke_env": dict(s.sglang_smoke_env or {}), "jit_env": dict(ctx.environment()),
-            "caps": _caps(ctx), "doors": releaseops.smoke_doors(ctx)}
+            "smoke_env": dict(s.sglang_smoke_env or {}), "jit_env": dict(hp.environment()),
+            "caps": _caps(hp), "doors": releaseops.smoke_doors(hp)}
 
 
-def _caps(ctx) -> list[str]:
-    return jit.compute_caps(((ctx.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out"))
+def _caps(hp) -> list[str]:
+    return jit.compute_caps(((hp.gpu_snapshot or {}).get("query-gpu.csv") or {}).get("out"))
 
 
-def checks_before_start(ctx, unit_text: str, reasons: list[str], gate: dict | None = None
+def checks_before_start(hp, unit_text: str, reasons: list[str], gate: dict | None = None
                         ) -> None:
-    """The checks a (re)start needs that run without the GPUs: the JIT toolchain, and the
-    release smoke when the release or the flags change (or nothing runs). Staging: then the
-    record of what they proved. A rolling run after staging: skipped when the record matches.
-    GATE: a group's node's ``_if`` (its group restarts, for any node's reason): both checks
-    are added whatever this node's own reasons, and run when the group restarts."""
-    s, lay, hs = ctx.settings, ctx.layout, ctx.hoststate
+    """The checks a (re)start of HP's host (its ``hostplan.HostPlan``) needs that run without
+    the GPUs: the JIT toolchain, and the release smoke when the release or the flags change
+    (or nothing runs). Staging: then the record of what they proved. A rolling run after
+    staging: skipped when the record matches. GATE: a group's node's ``_if`` (its group
+    restarts, for any node's reason): both checks are added whatever this node's own
+    reasons, and run when the group restarts."""
+    s, lay, hs = hp.settings, hp.layout, hp.hoststate
     active = hs.service.unit_active
     if gate is None and active and not reasons:
         return
     smoke = gate is not None or bool(set(reasons) - {"secrets"}) or not active
-    inputs = _inputs(ctx, unit_text, smoke)
-    path = record_path(lay, ctx.release_id)
+    inputs = _inputs(hp, unit_text, smoke)
+    path = record_path(lay, hp.release_id)
     record = hs.paths.get(path)
     if trusts_record() and stagingcore.proven(record and record.as_json(), inputs):
         host.noop("JIT toolchain and release smoke: proven by this rollout's staging run")
         return
     jitcheck.jit_toolchain_check(
         name="JIT toolchain (nvcc, ninja, c++) in the service's environment",
-        python=ctx.venv_python, tool=lay.tool("jit_check.py"), site=ctx.site,
-        env=dict(ctx.environment()), venv_bin=lay.venv_bin(ctx.release_id), caps=_caps(ctx),
+        python=hp.venv_python, tool=lay.tool("jit_check.py"), site=hp.site,
+        env=dict(hp.environment()), venv_bin=lay.venv_bin(hp.release_id), caps=_caps(hp),
         **(gate or {}))
     if smoke:  # a new release or new flags: proven under the unit's sandbox before the switch
         releaseops.release_smoke(
-            name=f"Release smoke of {ctx.release_id} under the unit's sandbox",
-            unit_text=unit_text, python=ctx.venv_python, tool=lay.tool("release_smoke.py"),
+            name=f"Release smoke of {hp.release_id} under the unit's sandbox",
+            unit_text=unit_text, python=hp.venv_python, tool=lay.tool("release_smoke.py"),
             steps=s.sglang_smoke,
             # no --api-key, not even a placeholder: argv never names it
             flags=flagmod.render_flags(service.flag_map(s)),
-            env=s.sglang_smoke_env, **releaseops.smoke_doors(ctx), **(gate or {}))
+            env=s.sglang_smoke_env, **releaseops.smoke_doors(hp), **(gate or {}))
     if stage_only():
-        ops.file_content(name=f"Staging record of release {ctx.release_id}", mode="644",
+        ops.file_content(name=f"Staging record of release {hp.release_id}", mode="644",
                          src=StringIO(stagingcore.record_text(inputs)), dest=path)

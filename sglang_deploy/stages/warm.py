@@ -32,9 +32,10 @@ from sglang_deploy.stages.group import groupops
 TOOL = "model_warm.py"
 
 
-def decision(ctx, restart_coming: bool) -> residency.WarmDecision:
-    """The decision for CTX's host (``stages.Context``) while its operations are prepared."""
-    s, hs = ctx.settings, ctx.hoststate
+def decision(hp, restart_coming: bool) -> residency.WarmDecision:
+    """The decision for HP's host (its ``hostplan.HostPlan``) while its operations are
+    prepared."""
+    s, hs = hp.settings, hp.hoststate
     pending = bool(s.sglang_model_download) and not modelfetch.model_complete(
         hs.model, s.sglang_model_path)
     return residency.warm_decision(
@@ -43,17 +44,17 @@ def decision(ctx, restart_coming: bool) -> residency.WarmDecision:
         margin_pct=s.sglang_model_warm_margin_pct, pending=pending)
 
 
-def add_warm(ctx, restart_coming: bool, gate: dict | None = None) -> residency.WarmDecision:
-    """Add ``model_warmed`` for CTX's host when its decision is to warm (GATE: a group's node's
+def add_warm(hp, restart_coming: bool, gate: dict | None = None) -> residency.WarmDecision:
+    """Add ``model_warmed`` for HP's host when its decision is to warm (GATE: a group's node's
     ``_if``, its group restarts); a skip, or shards already in memory before a (re)start, is
     said under the host. Returns the decision."""
-    s = ctx.settings
-    found = decision(ctx, restart_coming)
+    s = hp.settings
+    found = decision(hp, restart_coming)
     if found.action == residency.WARM:
         model_warmed(name=f"Model {s.sglang_model_path} into the page cache, before the "
                           "server (re)starts",
                      path=s.sglang_model_path, python=s.sglang_system_python,
-                     tool=ctx.layout.tool(TOOL), margin_pct=s.sglang_model_warm_margin_pct,
+                     tool=hp.layout.tool(TOOL), margin_pct=s.sglang_model_warm_margin_pct,
                      timeout_s=s.sglang_model_warm_timeout_s, **(gate or {}))
     elif found.action == residency.SKIP:
         logger.warning(f"{host.print_prefix}model warm skipped: {found.reason}")
@@ -62,21 +63,21 @@ def add_warm(ctx, restart_coming: bool, gate: dict | None = None) -> residency.W
     return found
 
 
-def before_restart(ctx, active: bool, reasons: list[str], group_restarts: bool) -> None:
+def before_restart(hp, active: bool, reasons: list[str], group_restarts: bool) -> None:
     """The service stage's warm: a single server's when it (re)starts (not ACTIVE, or
     REASONS), a group's node's when its group restarts (gated by the group's decision). Not in
     a staged rollout's rolling run: its staging run warmed before the first drain, and the
     host is out of the router now, so a read here would only add to its time out (what the
     page cache lost since, the server reads itself)."""
     if staging.trusts_record():
-        if ctx.settings.sglang_model_warm and (group_restarts or not active or reasons):
+        if hp.settings.sglang_model_warm and (group_restarts or not active or reasons):
             host.noop("model warm: left to this rollout's staging run, before the drain (the host "
                       "is out of the router now: the server reads what is missing)")
         return
-    if ctx.group is None:
-        add_warm(ctx, restart_coming=not active or bool(reasons))
+    if hp.group is None:
+        add_warm(hp, restart_coming=not active or bool(reasons))
     elif group_restarts:
-        add_warm(ctx, restart_coming=True, gate={"_if": groupops.Decided()})
+        add_warm(hp, restart_coming=True, gate={"_if": groupops.Decided()})
 
 
 def _run_json(command: str) -> dict | None:

@@ -35,11 +35,12 @@ def router_for(name: str, s) -> wu.Router | None:
     return None
 
 
-def install(ctx) -> None:
-    """The watchdog of this host as its data says (``watchdog``): on a single host, and on a
-    multi-node group's rank 0, where it judges the group's server and only reports (a group
-    restarts as one); none on a group's node of rank >= 1 (``core.watchdogunit.placement``)."""
-    s, g = ctx.settings, ctx.group
+def install(hp) -> None:
+    """The watchdog of this host (HP: its ``hostplan.HostPlan``) as its data says
+    (``watchdog``): on a single host, and on a multi-node group's rank 0, where it judges the
+    group's server and only reports (a group restarts as one); none on a group's node of
+    rank >= 1 (``core.watchdogunit.placement``)."""
+    s, g = hp.settings, hp.group
     where = wu.placement(s.watchdog, g.name if g else None, g.nnodes if g else 1,
                          g.rank_of(host.name) if g else None)
     if not where.install:
@@ -58,7 +59,7 @@ def install(ctx) -> None:
     changing = [tools, conf]
     # read at each scrape and tick, not at start: a change needs no restart
     ops.file_content(name=f"GPU health as judged {wu.GPU_HEALTH_FILE}", mode="644",
-                     src=StringIO(wu.gpu_health_text(ctx.gpu_report)), dest=wu.GPU_HEALTH_FILE)
+                     src=StringIO(wu.gpu_health_text(hp.gpu_report)), dest=wu.GPU_HEALTH_FILE)
     if key:
         changing.append(ops.secret_file(name=f"Router key {wu.ROUTER_KEY_FILE} (0600, root)",
                                         path=wu.ROUTER_KEY_FILE, content=key + "\n"))

@@ -17,7 +17,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
 from sglang_deploy.controller import routing
-from sglang_deploy.core import preflight, restart, watchdogunit
+from sglang_deploy.core import gpuhealth, hostplan, preflight, restart, watchdogunit
 from sglang_deploy.core.errors import GroupPreflightError
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.restart import Facts as NodeFacts
@@ -27,7 +27,7 @@ from sglang_deploy.core.service import Layout
 from sglang_deploy.hostops import facts as facts_mod
 from sglang_deploy.hostops.facts import Snapshot
 from sglang_deploy.integration import integration, plan
-from sglang_deploy.stages import gpugate, stages, staging
+from sglang_deploy.stages import stages, staging
 from sglang_deploy.stages.group import groupops, groupprep
 
 RELEASE = ("rel1", "0.5.12.post1", "sglang==0.5.12.post1\n")
@@ -126,8 +126,7 @@ def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
         for h in inventory:  # the units and secrets each node runs: converged
             s = fleet.settings(h.name)
             with ctx_host.use(h):
-                _, wanted, _ = groupprep.node_view(h, s, fleet.group("g1"), RELEASE,
-                                                   stages.peer_unit)
+                wanted = groupprep.node_view(h, s, fleet.group("g1"), RELEASE).wanted()
             states[h.name]["paths"][Layout.of(s).unit_file]["sha256"] = \
                 restart.sha256_text(wanted.unit_text)
             states[h.name]["secrets_sha256"] = restart.sha256_text(wanted.secrets_text)
@@ -142,56 +141,56 @@ def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
     return state, facts
 
 
-def _context(state, name: str) -> stages.Context:
+def _plan(state, name: str) -> hostplan.HostPlan:
+    """NAME's plan as its pre-flight and runtime stages hand it to the service stage
+    (``hostplan.plan`` from its facts: it serves the invocation it was verified with, so no
+    probe was read; the patch already applied)."""
     fleet = routing.fleet_of_state(state)
     s = fleet.settings(name)
-    h = state.inventory.get_host(name)
-    hs = groupprep.snapshot(h, s, RELEASE[0]).state
-    ctx = stages.Context(settings=s, layout=Layout.of(s), hoststate=hs, release_id=RELEASE[0],
-                         sglang_version=RELEASE[1], lock_text=RELEASE[2],
-                         group=fleet.group_of(name), p2p_skipped=True,
-                         group_env={"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"},
-                         patch_state="applied")
-    _, ctx.nccl_env = preflight.use_p2p_record([], {}, hs.p2p_verified, s.sglang_service)
-    return ctx
+    snap = groupprep.snapshot(state.inventory.get_host(name), s, RELEASE[0])
+    return hostplan.plan(s, RELEASE, snap.state, snap.gpu, None, group=fleet.group_of(name),
+                         read_only=plan.read_only()).with_patch(
+        {"state": "already-applied", "file": "x.py"})
 
 
 def _prepare(monkeypatch, order: list[str], changed: str | None, read_only: bool = False,
              views: collections.Counter | None = None):
-    """Each node's service and verify stages prepared in ORDER; returns the state, each
-    node's (operation name, condition) in order, what ran while preparing, and the reads.
-    VIEWS counts, while the stages are prepared, each node's view (``groupprep.node_view``)
-    and each GPU health judged (``gpugate.report``)."""
+    """Each node's service and verify stages prepared in ORDER, from its plan; returns the
+    state, each node's (operation name, condition) in order, what ran while preparing, and the
+    reads. VIEWS counts, while the stages are prepared, each node's view
+    (``groupprep.node_view``) and each GPU health judged (``gpuhealth.evaluate``)."""
     state, facts = _state(monkeypatch, changed)
+    monkeypatch.setattr(plan, "read_only", lambda: read_only)
+    with ctx_state.use(state):
+        plans = {name: _plan(state, name) for name in order}
     seen: dict[str, list[str]] = collections.defaultdict(list)
     if views is not None:
-        real_view, real_report = groupprep.node_view, gpugate.report
+        real_view, real_evaluate = groupprep.node_view, gpuhealth.evaluate
 
         def node_view(h, *a, **k):
             views["view", h.name] += 1
             return real_view(h, *a, **k)
 
-        def report(s, hs):
+        def evaluate(*a, **k):
             views["gpu health"] += 1
-            return real_report(s, hs)
+            return real_evaluate(*a, **k)
 
         monkeypatch.setattr(groupprep, "node_view", node_view)
-        monkeypatch.setattr(gpugate, "report", report)
+        monkeypatch.setattr(gpuhealth, "evaluate", evaluate)
 
-    def checks(ctx, unit_text, reasons, gate=None):
+    def checks(hp, unit_text, reasons, gate=None):
         seen[_host_name()].append(f"checks {gate['_if']!r}")
-        return real_checks(ctx, unit_text, reasons, gate)
+        return real_checks(hp, unit_text, reasons, gate)
 
     real_checks = staging.checks_before_start
     monkeypatch.setattr(staging, "checks_before_start", checks)
-    monkeypatch.setattr(stages, "launch_flags_checked", lambda ctx: None)
-    monkeypatch.setattr(plan, "read_only", lambda: read_only)
+    monkeypatch.setattr(stages, "launch_flags_checked", lambda hp: None)
     with ctx_state.use(state):
         for name in order:
             with ctx_host.use(state.inventory.get_host(name)):
-                ctx = _context(state, name)
-                stages.service_stage.__wrapped__.__wrapped__(ctx)
-                stages.verify_stage.__wrapped__.__wrapped__(ctx)
+                hp = stages.service_stage.__wrapped__.__wrapped__(plans[name])
+                assert hp is not plans[name] and hp.restart is not None  # a new plan
+                stages.verify_stage.__wrapped__.__wrapped__(hp)
     ops = {}
     for name in ("n0", "n1"):
         h = state.inventory.get_host(name)
@@ -264,8 +263,9 @@ def test_each_nodes_view_is_computed_once_in_the_whole_preparation(monkeypatch, 
     node's GPU health once; the other node gets that very decision."""
     views: collections.Counter = collections.Counter()
     state, ops, _, _ = _prepare(monkeypatch, order, changed="n1", views=views)
-    # each node's GPU health judged once with the decision; n1's once more by its own gate
-    # (``gpugate.before_start``: it has a reason of its own), as a single host's
+    # each node's GPU health judged once, with its view (its plan: ``hostplan.plan``); n1's
+    # once more by its own gate (``gpugate.before_start``: a reason of its own), as a single
+    # host's
     assert views == {("view", "n0"): 1, ("view", "n1"): 1, "gpu health": 2 + 1}
     assert any("Stop sglang: group g1 restarts as one" in name for name, _ in ops["n0"])
     g = routing.fleet_of_state(state).group("g1")
@@ -296,8 +296,7 @@ def test_a_peer_that_is_not_connected_fails_the_node_with_the_fix(monkeypatch):
     state.inventory.get_host("n1").connected = False
     with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")), \
             pytest.raises(GroupPreflightError, match="n1 is not connected") as exc:
-        groupprep.decide(state, routing.fleet_of_state(state).group("g1"), RELEASE,
-                         stages.peer_unit)
+        groupprep.decide(state, routing.fleet_of_state(state).group("g1"), RELEASE)
     assert "--exclude" in exc.value.fix
 
 
@@ -309,7 +308,7 @@ def test_the_groups_decision_is_made_once_per_run(monkeypatch):
     made = []
     for name in ("n1", "n0"):
         with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
-            made.append(groupprep.decide(state, g, RELEASE, stages.peer_unit))
+            made.append(groupprep.decide(state, g, RELEASE))
     assert made[0] is made[1] and made[0].decision.texts() == ["n1: secrets"]
     assert set(made[0].cards) == {"n0", "n1"} and made[0].fatal == ()
     assert facts.reads == {(n, f): 1 for n in ("n0", "n1") for f in ("HostSnapshot",

@@ -94,8 +94,7 @@ class _Op:
 
 
 def test_the_ops_record_keys_its_triggers_by_the_restart_reasons_names():
-    ops = StageOps()
-    ops.triggers[Trigger.RELEASE] = _Op(True)
+    ops = StageOps(triggers={Trigger.RELEASE: _Op(True)})
     facts = restart.Facts(unit_sha256=restart.sha256_text("u"),
                           secrets_sha256=restart.sha256_text("s"), active=True)
     reasons = restart.decide(facts, restart.Wanted("u", "s", "rel", changing=("release",))

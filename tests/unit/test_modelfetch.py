@@ -202,17 +202,16 @@ def test_a_folder_without_record_is_taken_as_it_is():
 
 
 def test_the_deploy_serves_the_new_revision_under_its_old_name(tmp_path):
-    from sglang_deploy.core import service
-    from sglang_deploy.stages import staging
+    from sglang_deploy.core import hostplan, service
 
     s = data.resolve({"sglang_model_path": "/m/GLM-5", "sglang_model_download": True,
                       "sglang_model_repo": "org/GLM-5", "sglang_model_revision": "v2"}, environ={})
     model = {"path": "/m/GLM-5", "exists": True, "fetched": {"repo": "org/GLM-5", "revision": "v1"},
              "revisions": {}}
-    got, state = staging.model_revision(s, ModelState.from_json(model))
+    got, state = hostplan.model_revision(s, ModelState.from_json(model))
     assert got.sglang_model_path == "/m/GLM-5@v2" and state.exists is False
     flags = service.flag_map(got)
     assert (flags["model-path"], flags["served-model-name"]) == ("/m/GLM-5@v2", "/m/GLM-5")
-    same, _ = staging.model_revision(s, ModelState.from_json(
+    same, _ = hostplan.model_revision(s, ModelState.from_json(
         {**model, "fetched": {"repo": "org/GLM-5", "revision": "v2"}}))
     assert same is s

@@ -84,7 +84,7 @@ class GroupRun:
     probe: int                                   # the NCCL-range port of the rendezvous
     token: str = field(default_factory=lambda: secretsmod.token_hex(6))  # this run's files
     results: groupmod.Results = field(default_factory=groupmod.Results)
-    #: the group's decision (``groupprep.Prepared``), made once while the first node is
+    #: the group's decision (``hostplan.Prepared``), made once while the first node is
     #: prepared (``groupprep.decide``), before anything executes
     decision: Once = field(default_factory=Once)
 

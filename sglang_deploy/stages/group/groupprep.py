@@ -2,12 +2,14 @@
 
 The first node of a group that pyinfra prepares reads every node's facts (its own and its
 peers', ``peer.get_fact``) and makes the group's decision, once per run (kept on the group's
-run, ``groupops.GroupRun.decision``): each node's restart reasons from its host state and its
-Settings (``node_view``, the same ``restart.decide`` a single host's follows), the group
-restarting when any node has one, every node's card for the rendezvous and the nodes whose
-GPU health is fatal (``Prepared``). Each node's view is computed once, by that first node;
-every other node gets the very same ``Prepared``, none computes a view again. So every node
-adds the same operations with static conditions, whatever order pyinfra prepares them in.
+run, ``groupops.GroupRun.decision``): each node's plan from its host state and its Settings
+(``node_view``: ``core.hostplan.plan``, the very function a node's own pre-flight makes its
+plan with), its restart reasons from that plan (the same ``restart.decide`` a single host's
+follows), the group restarting when any node has one, every node's card for the rendezvous
+and the nodes whose GPU health is fatal (``Prepared``). Each node's view is computed once,
+by that first node; every other node gets the very same ``Prepared``, none computes a view
+again. So every node adds the same operations with static conditions, whatever order
+pyinfra prepares them in.
 
 pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
 decision reads is read once per host in one run, whichever node asks first, through
@@ -18,28 +20,19 @@ execute (a retest is never an answer kept from the preparation).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
 
 from pyinfra.api.state import StateStage
 
 from sglang_deploy.controller import routing
 from sglang_deploy.core import data as datamod
-from sglang_deploy.core import (
-    gpuhealth,
-    modelfetch,
-    nvsmi,
-    preflight,
-    restart,
-    service,
-    watchdogunit,
-)
+from sglang_deploy.core import gpuhealth, hostplan, nvsmi, restart, service, watchdogunit
 from sglang_deploy.core import group as groupmod
 from sglang_deploy.core.errors import GroupPreflightError, RuntimeSetupError
+from sglang_deploy.core.hostplan import HostPlan, Prepared, Release
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.service import Layout
-from sglang_deploy.core.unit import render_secrets_env
 from sglang_deploy.hostops.facts import (
     CudaProbe,
     HostSnapshot,
@@ -51,9 +44,6 @@ from sglang_deploy.hostops.facts import patch_status as patch_status_of
 from sglang_deploy.integration import plan
 from sglang_deploy.stages import gpugate, staging
 from sglang_deploy.stages.group import groupops
-
-#: (release id, sglang version, lock text): the group's release (``core.group.SAME``)
-Release = tuple[str, str, str]
 
 
 def fact(h, cls, **kwargs):
@@ -84,33 +74,6 @@ def probe(h, s: datamod.Settings, kind: str):
                 mib=s.gpu_p2p_test_mib)
 
 
-def expectations(s: datamod.Settings) -> preflight.Expectations:
-    return preflight.Expectations(count=s.gpu_expected_count, model=s.gpu_expected_model,
-                                  min_driver=s.gpu_min_driver, p2p_policy=s.gpu_p2p_policy,
-                                  min_gbps=s.gpu_p2p_min_gbps)
-
-
-def model_revision(s: datamod.Settings, hs: HostState) -> tuple[datamod.Settings, HostState]:
-    """S and HS for a new model revision (``staging.model_revision``: its own folder beside
-    the one that serves), the same on the node itself and on its peers."""
-    s, model = staging.model_revision(s, hs.model)
-    return s, dataclasses.replace(hs, model=model)
-
-
-def nccl_env(h, s: datamod.Settings, snap: Snapshot) -> tuple[dict, bool]:
-    """The NCCL environment H's pre-flight gives its unit (``stages.preflight_stage``), and
-    whether its pre-flight skipped the peer copies (a server ran: ``preflight.probe_plan``)."""
-    hs = snap.state
-    record = hs.p2p_verified
-    kind = preflight.probe_plan(hs.service, hs.last_verified, record,
-                                s.gpu_p2p_test, read_only=plan.read_only())
-    result = probe(h, s, kind) if kind != "none" else None
-    _, env, _ = preflight.evaluate(snap.gpu, result, expectations(s))
-    if kind != "p2p" and record:
-        _, env = preflight.use_p2p_record([], env, record, s.sglang_service, s.gpu_p2p_policy)
-    return env, kind != "p2p"
-
-
 def patch_status(h, s: datamod.Settings, hs: HostState, release_id: str) -> dict | None:
     """The autotune patch's status on H's release, as its operation finds it
     (``facts.patch_status``, read once in H's run: ``stages.autotune_patch`` and
@@ -121,48 +84,18 @@ def patch_status(h, s: datamod.Settings, hs: HostState, release_id: str) -> dict
                            lay.site(release_id, hs.platform.python), lay.tool("patch_tool.py"))
 
 
-def patch_state(s: datamod.Settings, status: dict | None) -> str:
-    if not s.sglang_autotune_patch:
-        return "disabled"
-    found = (status or {}).get("state")
-    return "applied" if found in (None, "", "needed") else found
-
-
-def changing(s: datamod.Settings, hs: HostState, release_id: str, status: dict | None
-             ) -> tuple[str, ...]:
-    """Of ``restart.TRIGGERS``, what this run changes on the host (``restart.changing``: as
-    its release, patch and model operations decide), from its facts."""
-    return restart.changing(
-        release_complete=hs.releases.complete(release_id), patch_enabled=s.sglang_autotune_patch,
-        patch_state=(status or {}).get("state"), model_download=s.sglang_model_download,
-        model_complete=modelfetch.model_complete(hs.model, s.sglang_model_path))
-
-
-def wanted(s: datamod.Settings, release: Release, unit_text: str, changes: tuple[str, ...],
-           copies_skipped: bool) -> restart.Wanted:
-    """What this run gives a host (``restart.Wanted``): its unit text, its secrets, the
-    release and launch argv, the triggers it changes (CHANGES) and whether its pre-flight
-    skipped the peer copies."""
-    lay = Layout.of(s)
-    return restart.Wanted(unit_text=unit_text, secrets_text=render_secrets_env(s.secrets),
-                          release=release[0],
-                          argv=tuple(service.launch_argv(s, lay, release[0])),
-                          changing=changes, p2p_skipped=copies_skipped)
-
-
-def driver(snap: Snapshot) -> str | None:
-    query = ((snap.gpu or {}).get("query-gpu.csv") or {}).get("out") or ""
+def driver(gpu: Mapping[str, Any]) -> str | None:
+    """The driver version the snapshot's ``nvidia-smi --query-gpu`` section names."""
+    query = (gpu.get("query-gpu.csv") or {}).get("out") or ""
     rows = nvsmi.parse_query_csv(query) if query.strip() else []
     return rows[0].get("driver_version") if rows else None
 
 
-#: UNIT_OF(settings, host state, release, NCCL env, group env, patch state) -> unit text
-UnitOf = Callable[[datamod.Settings, HostState, Release, dict, dict, str], str]
-
-
-def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_of: UnitOf
-              ) -> tuple[restart.Facts, restart.Wanted, dict]:
-    """Node H's state, what this run renders for it, and its card, from its facts alone."""
+def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release) -> HostPlan:
+    """Node H's plan, from its facts alone: ``hostplan.plan``, as its own pre-flight makes it
+    (the same reads: ``snapshot``, ``probe``), with the patch status its runtime stage reads
+    (``patch_status``). What this run renders for the node (its unit), its restart reasons and
+    its card come from it."""
     snap = snapshot(h, s, release[0])
     hs = snap.state
     if hs is None:
@@ -171,17 +104,11 @@ def node_view(h, s: datamod.Settings, g: groupmod.Group, release: Release, unit_
                  f"restart ({s.sglang_system_python} hoststate.py printing JSON)",
             found="\n".join((snap.output or "").strip().splitlines()[-5:]) or "no output",
             fix=f"check that `{s.sglang_system_python}` runs on {h.name} (its own error above)")
-    s, hs = model_revision(s, hs)
     status = patch_status(h, s, hs, release[0])
-    ifname = s.sglang_nccl_socket_ifname or hs.route_dev
-    env, skipped = nccl_env(h, s, snap)
-    unit_text = unit_of(s, hs, release, env, groupmod.group_environment(ifname),
-                        patch_state(s, status))
-    facts = restart.Facts.of(hs, Layout.of(s).unit_file)
-    want = wanted(s, release, unit_text, changing(s, hs, release[0], status), skipped)
-    card = groupmod.card(h.name, g.rank_of(h.name), release[0], service.flag_map(s),
-                         driver(snap))
-    return facts, want, card
+    kind = hostplan.probe_kind(s, hs, plan.read_only())
+    result = probe(h, s, kind) if kind != "none" else None
+    return hostplan.plan(s, release, hs, snap.gpu, result, group=g,
+                         read_only=plan.read_only()).with_patch(status)
 
 
 def peers(state, g: groupmod.Group) -> list:
@@ -210,19 +137,6 @@ def peers(state, g: groupmod.Group) -> list:
     return out
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A group's decision for this run, made once while its nodes are prepared (``decide``,
-    ``decide_rollback``) and the same on every node: the restart decision (``core.restart``),
-    every node's card for the rendezvous, and the nodes whose GPU health is fatal (each
-    node's health judged once, ``gpugate.report``; the gate refuses the group's restart on
-    every node, ``gpugate.check_group``)."""
-
-    decision: restart.GroupDecision
-    cards: Mapping[str, dict]
-    fatal: tuple[tuple[str, gpuhealth.Report], ...] = ()
-
-
 def _fatal(nodes: list[tuple[str, datamod.Settings, HostState | None]]
            ) -> tuple[tuple[str, gpuhealth.Report], ...]:
     """(node, GPU health report) of NODES (name, Settings, host state) judged fatal."""
@@ -230,20 +144,21 @@ def _fatal(nodes: list[tuple[str, datamod.Settings, HostState | None]]
     return tuple((name, rep) for name, rep in reports if rep.fatal)
 
 
-def decide(state, g: groupmod.Group, release: Release, unit_of: UnitOf) -> Prepared:
-    """The deploy's decision for G from every node's facts (each node's view computed once,
+def decide(state, g: groupmod.Group, release: Release) -> Prepared:
+    """The deploy's decision for G from every node's facts (each node's plan made once,
     ``node_view``): made once per run, by the first node prepared, and kept on G's run
     (``groupops.GroupRun.decision``), where every other node finds it."""
 
     def make() -> Prepared:
-        facts, wanted_, cards, nodes = {}, {}, {}, []
-        for peer in peers(state, g):
-            s = routing.settings_of(peer, state)
-            facts[peer.name], wanted_[peer.name], cards[peer.name] = node_view(
-                peer, s, g, release, unit_of)
-            nodes.append((peer.name, s, snapshot(peer, s, release[0]).state))
-        order = [n for n in g.members() if n in facts]
-        return Prepared(restart.decide_group(order, facts, wanted_), cards, _fatal(nodes))
+        plans = {peer.name: node_view(peer, routing.settings_of(peer, state), g, release)
+                 for peer in peers(state, g)}
+        order = [n for n in g.members() if n in plans]
+        cards = {n: groupmod.card(n, g.rank_of(n), release[0], service.flag_map(p.settings),
+                                  driver(p.gpu_snapshot)) for n, p in plans.items()}
+        fatal = tuple((n, p.gpu_health) for n, p in plans.items() if p.gpu_health.fatal)
+        return Prepared(restart.decide_group(
+            order, {n: p.restart_facts() for n, p in plans.items()},
+            {n: p.wanted() for n, p in plans.items()}), cards, fatal)
 
     return groupops.run_of(state, g).decision.get(make)
 

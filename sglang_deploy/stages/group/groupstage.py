@@ -19,10 +19,12 @@ from pyinfra.operations import python
 
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group as groupmod
-from sglang_deploy.core import preflight, restart
+from sglang_deploy.core import restart
+from sglang_deploy.core.hostplan import HostPlan
 from sglang_deploy.core.restart import GroupDecision
 from sglang_deploy.core.service import Layout
 from sglang_deploy.hostops import operations as ops
+from sglang_deploy.hostops.facts import serving_poll
 from sglang_deploy.integration import plan
 from sglang_deploy.stages import gpugate
 from sglang_deploy.stages.group import groupops, groupprep
@@ -50,17 +52,24 @@ def add_preflight(run: groupops.GroupRun, decision: GroupDecision, cards: dict, 
                 function=ops.reported(judge), _if=groupops.Decided())
 
 
-def add_restart(run: groupops.GroupRun, service_name: str, why: str, start_name: str,
-                between=None) -> None:
-    """Every node's unit stopped, then (BETWEEN(condition) adds what runs while the group is
-    down) every node's started (the group restarts; its pre-flight passed, else every node
-    failed in it)."""
+def add_stop(run: groupops.GroupRun, service_name: str, why: str) -> None:
+    """Every node's unit stopped (the group restarts; its pre-flight passed, else every node
+    failed in it). What runs while the group is down comes next (a deploy's node: its P2P
+    retest and the all-reduce, ``restarts.group_node``), then ``add_start``."""
     groupops.group_service(name=f"Stop {service_name}: group {run.group.name} {why}",
                            service=service_name, action="stop", _if=groupops.Decided())
-    if between is not None:
-        between(groupops.Decided())
+
+
+def add_start(run: groupops.GroupRun, service_name: str, start_name: str) -> None:
+    """Every node's unit started (after ``add_stop``)."""
     groupops.group_service(name=start_name, service=service_name, action="start",
                            _if=groupops.Decided())
+
+
+def add_restart(run: groupops.GroupRun, service_name: str, why: str, start_name: str) -> None:
+    """Every node's unit stopped, then every node's started, nothing between (the rollback)."""
+    add_stop(run, service_name, why)
+    add_start(run, service_name, start_name)
 
 
 def verify_as_one(run: groupops.GroupRun, service_name: str, verify, record,
@@ -89,45 +98,27 @@ def add_verify_as_one(run: groupops.GroupRun, service_name: str, verify, record,
 
 
 # ------------------------------------------------------------------ the stages' group parts
-def group_interface(s: datamod.Settings, route_dev: str | None) -> tuple[preflight.Check, dict]:
-    """The interface a group's node uses for NCCL/gloo: ``sglang_nccl_socket_ifname``, else
-    the one that carries rank 0's address on this host (none: the node cannot reach it)."""
-    ifname = s.sglang_nccl_socket_ifname or route_dev
-    addr = f"{s.sglang_dist_init_addr}:{s.sglang_dist_init_port}"
-    if not ifname:
-        return preflight.Check(
-            name="group-interface", status="fail",
-            message=f"no interface of this host carries a route to rank 0's {addr} "
-                    f"(group {s.sglang_group})",
-            fix="give the node a route to rank 0's address (same subnet or a gateway), or set "
-                "`sglang_dist_init_addr` to an address of rank 0 it reaches"), {}
-    how = "sglang_nccl_socket_ifname" if s.sglang_nccl_socket_ifname else "the route to rank 0"
-    return preflight.Check(name="group-interface", status="pass",
-                           message=f"group {s.sglang_group}: NCCL/gloo over {ifname} ({how}), "
-                                   f"--dist-init-addr {addr}"), groupmod.group_environment(ifname)
-
-
-def condition(ctx) -> dict:
+def condition(hp: HostPlan) -> dict:
     """The global arguments of an operation a node adds because its group restarts: the
     group's decision (``groupops.Decided``); none for a single host's."""
-    return {"_if": groupops.Decided()} if ctx.group is not None else {}
+    return {"_if": groupops.Decided()} if hp.group is not None else {}
 
 
-def group_checks(ctx, serving_poll) -> tuple:
+def group_checks(hp: HostPlan) -> tuple:
     """A group's node: verified with its group when the group restarts (the three checks of
     ``groupstage.verify_as_one``, every node's the same, fail-fast), else checked as it runs
-    when ``verify_converged`` (the fourth; None when off). SERVING_POLL(): the serving
-    fact of the plan's record (``status``)."""
-    s, g = ctx.settings, ctx.group
-    decision = ctx.group_decision.decision
+    when ``verify_converged`` (the fourth; None when off). The plan's record (``status``)
+    gets the node's serving fact (``facts.serving_poll``)."""
+    s, g = hp.settings, hp.group
+    decision = hp.group_decision.decision
     run = groupops.run_of(state, g)
     if plan.planning():
-        plan.record(state, host, ctx, serving_poll(),
+        plan.record(state, host, hp, serving_poll(host, s),
                     extra=groupops.group_fields(g, host.name, decision.own(host.name)))
-    params = ctx.verify_params()
-    previous = ctx.hoststate.previous_restart
+    params = hp.verify_params()
+    previous = hp.hoststate.previous_restart
     if decision.restart:
-        action = "restarted" if ctx.hoststate.service.unit_active else "started"
+        action = "restarted" if hp.hoststate.service.unit_active else "started"
         last = restart.last_restart(action, restart.record(decision, host.name), previous)
         checks = verify_as_one(
             run, s.sglang_service, lambda watch: verified_summary(
