@@ -18,7 +18,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
-from sglang_deploy.controller import flagcache, lockfiles, routing
+from sglang_deploy.controller import flagcache, lockfiles
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import group, jit, modelfetch, preflight, restart, service
 from sglang_deploy.core import patch as patchmod
@@ -31,7 +31,7 @@ from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
 from sglang_deploy.hostops.facts import REMOTE, patch_status
 from sglang_deploy.integration import outcomes, plan
-from sglang_deploy.integration.integration import this_run
+from sglang_deploy.integration.integration import run_of, this_run
 from sglang_deploy.stages import (
     allreduce,
     gpugate,
@@ -126,7 +126,7 @@ def put_p2p_record(ctx: Context) -> None:
 def preflight_stage() -> Context:
     """The pre-flight of this host; returns its ``Context``, which deploy.py hands to the
     next stages."""
-    settings = routing.settings_of(host, state)
+    settings = run_of(state).fleet.settings(host.name)
     layout = Layout.of(settings)
     release_id, sglang_version, lock_text = lock_info(settings.sglang_lock)
     # one round trip: host state and GPU snapshot, run at once (read once per run: a group's
@@ -167,7 +167,7 @@ def preflight_stage() -> Context:
     checks += preflight.check_model(hs.model, settings.sglang_model_path,
                                     download=settings.sglang_model_download)
     if settings.sglang_group:
-        ctx.group = routing.fleet_of_state(state).group_of(host.name)
+        ctx.group = run_of(state).fleet.group_of(host.name)
         check, ctx.group_env = groupstage.group_interface(settings, hs.route_dev)
         checks.append(check)
     target = preflight.lock_target(lock_text, sglang_version)  # the python, glibc its wheels need
@@ -416,11 +416,11 @@ def rollback_stage():
     """Restore the unit, secrets and release that last passed verification on this host,
     restart, and verify by that configuration's own standards. A host that already runs its
     known-good configuration and serves is only checked, never restarted."""
-    s = routing.settings_of(host, state)
+    s = run_of(state).fleet.settings(host.name)
     lay = Layout.of(s)
     hs = groupprep.rollback_hoststate(host, s)  # read once per run (a group's peers too)
     rb = service.rollback_plan(host.name, hs, s.sglang_root)
-    g = routing.fleet_of_state(state).group_of(host.name)
+    g = run_of(state).fleet.group_of(host.name)
     if rb.restart and g is None:  # before anything is put back (a group's: with its group)
         gpugate.check(host.name, s, hs, f"restart {s.sglang_service} on its known-good "
                                         "configuration")

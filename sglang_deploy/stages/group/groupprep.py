@@ -11,8 +11,8 @@ adds the same operations with static conditions, whatever order pyinfra prepares
 
 pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
 decision reads is read once per host in one run, whichever node asks first, through
-``facts.read_host_state`` (kept for the run on the Host, where the operations find the host
-state too); ``fact`` reads the CUDA probe and the patch status afresh once the operations
+``facts.read_host_state`` (kept for the run in the run object, where the operations find the
+host state too); ``fact`` reads the CUDA probe and the patch status afresh once the operations
 execute (a retest is never an answer kept from the preparation).
 """
 
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from pyinfra.api.state import StateStage
 
-from sglang_deploy.controller import routing
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import (
     gpuhealth,
@@ -49,6 +48,7 @@ from sglang_deploy.hostops.facts import (
 )
 from sglang_deploy.hostops.facts import patch_status as patch_status_of
 from sglang_deploy.integration import plan
+from sglang_deploy.integration.integration import run_of
 from sglang_deploy.stages import gpugate, staging
 from sglang_deploy.stages.group import groupops
 
@@ -62,7 +62,7 @@ def fact(h, cls, **kwargs):
     execute, read afresh."""
     if h.state.current_stage >= StateStage.Execute:
         return h.get_fact(cls, **kwargs)
-    return read_host_state(h, cls, **kwargs)  # the run's one store of reads, on the Host
+    return read_host_state(h, cls, **kwargs)  # the run's one store of reads (its run object)
 
 
 def snapshot(h, s: datamod.Settings, release_id: str) -> Snapshot:
@@ -238,7 +238,7 @@ def decide(state, g: groupmod.Group, release: Release, unit_of: UnitOf) -> Prepa
     def make() -> Prepared:
         facts, wanted_, cards, nodes = {}, {}, {}, []
         for peer in peers(state, g):
-            s = routing.settings_of(peer, state)
+            s = run_of(state).fleet.settings(peer.name)
             facts[peer.name], wanted_[peer.name], cards[peer.name] = node_view(
                 peer, s, g, release, unit_of)
             nodes.append((peer.name, s, snapshot(peer, s, release[0]).state))
@@ -264,7 +264,7 @@ def decide_rollback(state, g: groupmod.Group) -> Prepared:
     def make() -> Prepared:
         restarts, running, cards, nodes = {}, {}, {}, []
         for peer in peers(state, g):
-            s = routing.settings_of(peer, state)
+            s = run_of(state).fleet.settings(peer.name)
             hs = rollback_hoststate(peer, s)
             rb = service.rollback_plan(peer.name, hs, s.sglang_root)
             restarts[peer.name] = rb.restart
