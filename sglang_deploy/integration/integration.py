@@ -260,7 +260,11 @@ RUN_ATTR = "_sglang_deploy_run"
 
 
 def attach_run(state, run: ThisRun) -> ThisRun:
-    """Give STATE its run object (once a run: the integration does, when the run starts)."""
+    """Give STATE its run object (once a run: the integration does, when the run starts);
+    a State that holds one already is a bug (its run is not over: ``release_run``)."""
+    if getattr(state, RUN_ATTR, None) is not None:
+        raise RuntimeError("a bug of sglang-deploy: a second run object for a pyinfra State "
+                           "whose run object was not released")
     setattr(state, RUN_ATTR, run)
     return run
 
@@ -283,9 +287,9 @@ def run_of(state) -> ThisRun:
                  "when pyinfra's State starts)",
             found="no run object on this pyinfra State: its run was not started by the "
                   "project's hooks (``hooks.install``), or it has ended",
-            fix="run pyinfra from the project folder (it loads ./config.py), or attach the run "
-                "object first (``integration.attach_run`` of ``hooks.begin``'s) where a State "
-                "is made by hand")
+            fix="run pyinfra from the project folder (it loads ./config.py); where a State is "
+                "made by hand, attach its run object first "
+                "(``integration.attach_run(state, hooks.new_run(spec))``)")
     return run
 
 

@@ -178,3 +178,13 @@ def test_nothing_of_the_run_outlives_it(tmp_path):
     # the recorder wrote the last host's record with its own journal
     ran = journal.read(tmp_path / "j.json")
     assert [ran.outcome(h.name).kind for h in hosts] == ["passed", "passed"]
+
+
+def test_a_state_gets_one_run_object_at_a_time(tmp_path):
+    state = State(Inventory((["h1"], {})), Config())
+    run = runobj.start(state, cwd=tmp_path)
+    with pytest.raises(RuntimeError):
+        runobj.start(state, cwd=tmp_path)
+    assert integration.run_of(state) is run
+    integration.release_run(state)
+    assert runobj.start(state, cwd=tmp_path) is not run  # the next run: a new one
