@@ -10,12 +10,11 @@ only writes the record under `<sglang_root>/bench/` and `.sglang-deploy/bench/<h
 from pyinfra import host, state
 from pyinfra.operations import python
 
-from sglang_deploy.controller import routing
 from sglang_deploy.core.service import SECRETS_FILE
 from sglang_deploy.integration.integration import this_run
 from sglang_deploy.stages import throughputhost
 
-settings = routing.settings_of(host, state)
+settings = this_run().fleet.settings(host.name)
 python.call(
     name="Benchmark: python -m sglang.bench_serving per concurrency level, record the figures",
     function=throughputhost.bench_host,

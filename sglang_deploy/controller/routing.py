@@ -23,11 +23,12 @@ def has_routers(inventory) -> bool:
 
 
 class Fleet:
-    """The controller's view of an inventory, built once per pyinfra run by the hooks
-    (``attach``; released at its end) and read by the stages, the router's stage and
-    ``routerctl``: each host's data as the deploy uses it (``raw``), its Settings (resolved
-    at most once per host: ``settings``) and the multi-node groups (planned once each:
-    ``group``, ``groups``). Commands outside pyinfra build the same from an inventory file
+    """The controller's view of an inventory, built once per pyinfra run by the data check
+    (``hooks.check_run``: the run object's ``fleet``, ``integration.ThisRun``, released with
+    it at the run's end) and read by the stages, the router's stage and ``routerctl``: each
+    host's data as the deploy uses it (``raw``), its Settings (resolved at most once per
+    host: ``settings``) and the multi-node groups (planned once each: ``group``,
+    ``groups``). Commands outside pyinfra build the same from an inventory file
     (``fleet``) or one already loaded (``fleet_of``). Everything is read lazily, so that a
     bad host's data raises when that host is read (``hooks.validate_inventory`` names it)."""
 
@@ -135,48 +136,14 @@ def worker_url(name: str, raw: dict) -> str:
 
 
 def settings(host, inventory) -> datamod.Settings:
-    """HOST's data resolved now (``data.resolve``), outside a run (a run's: ``settings_of``)."""
+    """HOST's data resolved now (``data.resolve``), outside a run (in a run: its run
+    object's ``fleet``)."""
     return Fleet(inventory).settings(host.name)
 
 
 def resolve(raw: dict) -> datamod.Settings:
     """RAW data resolved, its secrets read from this controller's environment."""
     return datamod.resolve(raw, os.environ)
-
-
-#: the attribute of pyinfra's ``State`` (this project's own) holding this run's ``Fleet``
-FLEET_ATTR = "sglang_deploy_fleet"
-
-
-def attach(state, fleet: Fleet) -> Fleet:
-    """Keep FLEET on this pyinfra run's STATE (the hooks do, before any connection, with
-    every host's Settings resolved by their validation), for the stages (``fleet_of_state``)."""
-    setattr(state, FLEET_ATTR, fleet)
-    return fleet
-
-
-def release(state) -> None:
-    """Drop STATE's ``Fleet`` (the hooks do, once the run ended)."""
-    if hasattr(state, FLEET_ATTR):
-        delattr(state, FLEET_ATTR)
-
-
-def remember(state, resolved: dict[str, datamod.Settings]) -> None:
-    """A ``Fleet`` of STATE's inventory holding RESOLVED (host name -> Settings), attached."""
-    attach(state, Fleet(state.inventory, resolved))
-
-
-def fleet_of_state(state) -> Fleet:
-    """This pyinfra run's ``Fleet`` (built and attached here only where the hooks did not:
-    a State driven through the API; a deploy file outside config.py stops earlier, in
-    ``hooks.require_checked``)."""
-    fl = getattr(state, FLEET_ATTR, None)
-    return fl if fl is not None else attach(state, Fleet(state.inventory))
-
-
-def settings_of(host, state) -> datamod.Settings:
-    """HOST's Settings of this pyinfra run (``fleet_of_state``): resolved once per run."""
-    return fleet_of_state(state).settings(host.name)
 
 
 def fleet(inventory: str, cwd: str | os.PathLike = ".", data: dict | None = None) -> Fleet:

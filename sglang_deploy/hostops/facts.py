@@ -24,6 +24,7 @@ from sglang_deploy.core.hostrecords import ModelState
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
 from sglang_deploy.core.service import SECRETS_FILE, probe_address
 from sglang_deploy.core.watchdogunit import SERVICE as WATCHDOG_SERVICE
+from sglang_deploy.integration.integration import run_of
 from sglang_deploy.remote.hoststate import SHOW_PROPS
 
 REMOTE = Path(__file__).resolve().parent.parent / "remote"
@@ -272,9 +273,23 @@ class ServingProbe(FactBase):
 # ---------------------------------------------------------------------------------------
 # the host-state read of a run, read once and kept for the operations that compare with it
 
-#: the Host attribute that keeps this run's reads (a cache; set and read through getattr, so
-#: that pyinfra's ``host`` context proxy reaches the Host itself)
-_READS = "_sglang_deploy_host_state_reads"
+class HostReads:
+    """Every fact read of one pyinfra run, per host (host name -> {(fact, its options as
+    JSON): (the options, the answer)}): a part of the run object
+    (``integration.ThisRun.reads``), made when the run starts and released with it."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, dict[tuple[str, str], tuple[dict, object]]] = {}
+
+    def of(self, name: str) -> dict[tuple[str, str], tuple[dict, object]]:
+        """Host NAME's reads in this run (none yet: an empty store of its own)."""
+        return self._hosts.setdefault(name, {})
+
+
+def _reads(host) -> dict[tuple[str, str], tuple[dict, object]]:
+    """HOST's reads in its run: the run object of the Host's pyinfra State
+    (``integration.run_of``: none attached raises ``UsageError``)."""
+    return run_of(getattr(host, "state", None)).reads.of(host.name)
 
 
 def serving_poll(host, s):
@@ -289,26 +304,20 @@ def read_host_state(host, fact: type[FactBase], **kwargs):
     """FACT of HOST with KWARGS (``HostSnapshot`` or ``SglangHostState``, a fact a group's
     preparation reads: ``groupprep.fact``, or an operation's own: ``service_state``...): one
     round trip the first time in HOST's run, then the same answer (pyinfra 3.10 caches no
-    fact: each ``host.get_fact`` is a round trip). The reads are kept on the Host object,
-    which lives as long as its pyinfra State; the operations that compare with the host find
-    what a read reported there (``service_state``, ``host_state``, ``path_state``...)."""
-    reads = getattr(host, _READS, None)
-    run = getattr(host, "state", None)  # the Host's pyinfra State: its run
-    if reads is None or reads[0] is not run:
-        reads = (run, {})
-        setattr(host, _READS, reads)
+    fact: each ``host.get_fact`` is a round trip). The reads are kept in the run object
+    (``HostReads``), which lives as long as the run; the operations that compare with the
+    host find what a read reported there (``service_state``, ``host_state``,
+    ``path_state``...)."""
+    reads = _reads(host)
     key = (fact.__name__, json.dumps(kwargs, sort_keys=True, default=str))
-    if key not in reads[1]:
-        reads[1][key] = (kwargs, host.get_fact(fact, **kwargs))
-    return reads[1][key][1]
+    if key not in reads:
+        reads[key] = (kwargs, host.get_fact(fact, **kwargs))
+    return reads[key][1]
 
 
 def _states(host):
     """(kwargs, HostState) of every host-state read of HOST's run, the latest first."""
-    reads = getattr(host, _READS, None)
-    if reads is None or reads[0] is not getattr(host, "state", None):
-        return []
-    found = [(kw, v.state if isinstance(v, Snapshot) else v) for kw, v in reads[1].values()]
+    found = [(kw, v.state if isinstance(v, Snapshot) else v) for kw, v in _reads(host).values()]
     return [(kw, hs) for kw, hs in reversed(found) if isinstance(hs, HostState)]
 
 

@@ -4,10 +4,11 @@ and each host's outcome record (``integration/outcomes.py``) for the commands th
 
 ``install`` is ``INTEGRATION.install``: the one object that does everything done to pyinfra
 (``integration/integration.py``: the speed-ups, the wrapped ``State.init``, gevent's hub, the log
-records), given this module's parts: the run's callback handlers (``handlers``), its per-run
-objects (``PER_RUN``: each attached to the run's State when it starts and released at its
-end; add one there for a new per-run object), the ``--limit`` of a group (``_group_limit``)
-and the checks before any connection (``check_run``).
+records), given this module's parts: the run object of a run that starts (``begin``: the
+spec, the journal and its outcome recorder, the groups' runs, the hosts' reads; the check
+gives it the run's Fleet; add a new per-run part to ``integration.ThisRun`` and make it in
+``new_run``), the run's callback handlers (``handlers``), the ``--limit`` of a group
+(``_group_limit``) and the checks before any connection (``check_run``).
 
 pyinfra's CLI loads ``config.py`` before it builds the inventory, and ``State.init`` runs
 after that: as soon as the inventory exists, the data of EVERY host is checked and a
@@ -37,14 +38,17 @@ from sglang_deploy.controller.lockfiles import read as read_lock
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import errors, jit
 from sglang_deploy.core.errors import UsageError
-from sglang_deploy.integration import deploylock, outcomes
+from sglang_deploy.core.runspec import RunSpec
+from sglang_deploy.hostops.facts import HostReads
+from sglang_deploy.integration import deploylock, journal, outcomes
 from sglang_deploy.integration.integration import (
-    PerRun,
     PyinfraIntegration,
-    ReleasePerRun,
+    ReleaseRun,
     RunStart,
+    ThisRun,
     cli_params,
     is_checked,
+    run_of,
 )
 from sglang_deploy.integration.pyinfraerror import for_pyinfra
 from sglang_deploy.stages.group import groupops
@@ -81,13 +85,17 @@ def locate(exc: errors.DataError, sources: dict) -> None:
 
 
 def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
-                       fleet: routing.Fleet | None = None) -> dict[str, datamod.Settings]:
+                       fleet: routing.Fleet | None = None,
+                       recorder: outcomes.Recorder | None = None,
+                       ) -> dict[str, datamod.Settings]:
     """Resolve every host's data (a routed fleet's workers as ``routing.settings`` gives
     them), check that its lock file exists on the controller and, for a server, that the lock
     pins the JIT's compiler (``jit.check_lock``) and that its launch flags are flags of the
     sglang version that lock pins (``lockedflags``; WARN says when that cannot be checked
-    here); raise the first ``DataError``, naming the host. Returns each host's Settings
-    (host name -> Settings): the run resolves them once, here (in FLEET: the run's)."""
+    here); raise the first ``DataError``, naming the host (recorded as its failed outcome by
+    RECORDER, the run's: None outside a run, as ``sglang-deploy data`` checks). Returns each
+    host's Settings (host name -> Settings): the run resolves them once, here (in FLEET: the
+    run's)."""
     resolved: dict[str, datamod.Settings] = {}
     fleet = fleet if fleet is not None else routing.fleet_of(inventory)
     warn = once(warn)  # a warning shared by hosts (a missing wheel) is told once
@@ -107,7 +115,7 @@ def validate_inventory(inventory, cwd: str | None = None, warn=_pyinfra_warning,
                                settings.sglang_env)
                 lockedflags.check(settings, cwd or ".", warn)
         except errors.DataError as exc:
-            data_failed(each, exc)
+            data_failed(each, exc, recorder)
             raise
         resolved[each.name] = settings
     return resolved
@@ -178,8 +186,8 @@ def require_checked(deploy_file: str) -> None:
     """Stop a deploy file (before any operation) that runs without this project's
     ``config.py``: pyinfra loads ``config.py`` from the current folder only, so from another
     folder no host's data is checked (a launch flag typo goes to the host) and nothing of
-    ``install`` is in place (the deploy lock, FAIL_PERCENT=0): the run's State is not
-    marked checked (``integration.is_checked``)."""
+    ``install`` is in place (the deploy lock, FAIL_PERCENT=0): the run's State holds no
+    checked run object (``integration.is_checked``)."""
     from pyinfra import state  # the run's State (pyinfra's context); none outside a run
 
     if is_checked(state):
@@ -381,47 +389,51 @@ def lxc_host_run(params: dict | None = None) -> bool:
     return any(Path(str(op)).name == LXC_HOST_DEPLOY for op in ops)
 
 
-def data_failed(each, exc: errors.DataError) -> None:
+def data_failed(each, exc: errors.DataError, recorder: outcomes.Recorder | None) -> None:
     """EXC, a bad value of host EACH's data: its YAML file and line where known, the host's
-    name in front, recorded as the host's failed outcome (the caller raises it)."""
+    name in front, recorded as the host's failed outcome by RECORDER (the run's; None: a
+    check outside a run, nothing to record); the caller raises it."""
     locate(exc, each.data.dict().get(yamldata.SOURCES_KEY) or {})
     if not exc.what.startswith(f"[{each.name}] "):
         exc.what = f"[{each.name}] {exc.what}"
-    outcomes.failed(each.name, exc, "data")
+    if recorder is not None:
+        recorder.failed(each.name, exc, "data")
 
 
-def check_lxc_hosts(inventory) -> None:
+def check_lxc_hosts(inventory, recorder: outcomes.Recorder | None = None) -> None:
     """Every LXC host's data (``lxc_containers``, ``lxc_path``, ``lxc_record_dir``) before
-    any connection; the first ``DataError`` names the host."""
+    any connection; the first ``DataError`` names the host (RECORDER: ``data_failed``)."""
     from sglang_deploy.core.lxchost import hostplan
 
     for each in inventory:
         try:
             hostplan.check_data(each.data.dict())
         except errors.DataError as exc:
-            data_failed(each, exc)
+            data_failed(each, exc, recorder)
             raise
 
 
-def check_run(run: RunStart) -> dict[str, datamod.Settings]:
-    """The selection and every host's data, before any connection; each host's Settings,
-    resolved once here, are what the stages read. A run of ``lxc_host.py`` checks its LXC
-    hosts' data instead (``check_lxc_hosts``; no server Settings)."""
+def check_run(run: RunStart) -> routing.Fleet:
+    """The selection and every host's data, before any connection (a host's bad data is its
+    failed outcome, recorded by the run object's recorder); returns the run's one ``Fleet``,
+    holding each host's Settings, resolved once here: what the stages read (the run
+    object's ``fleet``). A run of ``lxc_host.py`` checks its LXC hosts' data instead
+    (``check_lxc_hosts``; a Fleet with no Settings resolved)."""
     inventory, initial_limit = run.inventory, run.initial_limit
+    recorder = run_of(run.state).recorder
     check_selection(inventory, initial_limit, cli_params(), run.cwd)
     if lxc_host_run():
-        check_lxc_hosts(inventory)
-        return {}
-    fleet = routing.fleet_of(inventory)  # the run's one Fleet (``_fleet`` keeps it)
-    resolved = validate_inventory(inventory, run.cwd, fleet=fleet)
+        check_lxc_hosts(inventory, recorder)
+        return routing.fleet_of(inventory, {})
+    fleet = routing.fleet_of(inventory)  # the run's one Fleet
+    resolved = validate_inventory(inventory, run.cwd, fleet=fleet, recorder=recorder)
     check_group_selection(inventory, resolved, initial_limit, fleet,
                           allow_partial=run.spec.partial_group)
     check_group_modes(inventory, resolved, initial_limit, cli_params())
-    routing.attach(run.state, fleet)
-    return resolved
+    return fleet
 
 
-# ------------------------------------------------------------------ the run's per-run objects
+# ------------------------------------------------------------------ the run object
 def _plan_mode(run: RunStart) -> None:
     """A plan run (``status``, ``doctor``, ``rollout --dry``) reports every host: no host's
     failure stops it (config.py's FAIL_PERCENT=0 is for runs that act), unless pyinfra's own
@@ -430,36 +442,26 @@ def _plan_mode(run: RunStart) -> None:
         run.state.config.FAIL_PERCENT = None
 
 
-def _journal(run: RunStart) -> BaseStateCallback:
-    """The run's journal (``integration/journal.py``) and the recorder of each host's outcome in
-    it, on the run's State; the recorder is the run's last handler (it records what the
-    others noted)."""
-    return outcomes.attach(run.state, run.cwd, dry=run.dry, spec=run.spec)
+def new_run(spec: RunSpec, dry: bool = False, cwd: str | None = None, state=None) -> ThisRun:
+    """A run object (``integration.ThisRun``) with its parts made, as a run's start makes it
+    (``begin``): the run journal (``journal.journal_path``: SPEC's, else the default under
+    CWD) and the recorder of each host's outcome in it (on STATE), the groups' runs, the
+    hosts' reads. Its Fleet comes with the check (``check_run``, ``ThisRun.checked``)."""
+    writer = journal.Writer(journal.journal_path(spec, cwd))
+    return ThisRun(spec=spec, dry=dry, journal=writer,
+                   recorder=outcomes.Recorder(writer, dry=dry, state=state),
+                   groups=groupops.GroupRuns(), reads=HostReads())
 
 
-def _group_runs(run: RunStart) -> None:
-    groupops.attach(run.state)  # the groups' shared results in this run
+def begin(run: RunStart) -> ThisRun:
+    """The run object of a run that starts (``new_run``, with the run's spec, ``--dry``,
+    folder and State); a plan run also reports every host (``_plan_mode``)."""
+    _plan_mode(run)
+    return new_run(run.spec, dry=run.dry, cwd=run.cwd, state=run.state)
 
 
-def _fleet(run: RunStart) -> None:
-    """The run's one ``Fleet`` (every host's Settings, resolved once by the check, and the
-    groups, planned once), on its State for the stages: the check's, else one made of the
-    Settings checked."""
-    if getattr(run.state, routing.FLEET_ATTR, None) is None:
-        routing.remember(run.state, run.settings or {})
-
-
-#: the per-run objects of a pyinfra run, in order (``integration.PerRun``)
-PER_RUN = (
-    PerRun("plan mode", _plan_mode, checked=False),
-    PerRun("journal", _journal, release=outcomes.release, checked=False),
-    PerRun("group runs", _group_runs, release=groupops.release),
-    PerRun("fleet", _fleet, release=routing.release),
-)
-
-
-def handlers(release: ReleasePerRun, run: RunStart) -> list[BaseStateCallback]:
-    """The run's callback handlers (RELEASE: its per-run objects' release), in order:
+def handlers(release: ReleaseRun, run: RunStart) -> list[BaseStateCallback]:
+    """The run's callback handlers (RELEASE: the run object's release), in order:
     TCP_NODELAY and then the deploy lock after each connection, clear messages for a changed
     host key and a lost connection."""
     out = [ExplainConnectErrors(), ExplainLostConnection(), NoDelay(), release]
@@ -469,7 +471,7 @@ def handlers(release: ReleasePerRun, run: RunStart) -> list[BaseStateCallback]:
 
 
 #: everything done to pyinfra (``integration/integration.py``), with this module's parts
-INTEGRATION = PyinfraIntegration(handlers=handlers, per_run=PER_RUN, select=_select,
+INTEGRATION = PyinfraIntegration(handlers=handlers, begin=begin, select=_select,
                                  check=check_run)
 
 

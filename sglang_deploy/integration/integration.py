@@ -17,13 +17,17 @@ does, each with what it replaces, why, and how to remove it:
    function or of one of its callers differs from what was checked (``Replacement``).
    Remove: delete ``install_speedups()`` from ``install`` (and pyinfrafast.py).
 2. **State.init wrapped** (``_wrap_init``): as soon as pyinfra has the inventory, and before
-   ``connect_all``, the run's per-run objects are attached to the State (``PerRun``:
-   ``attach`` at the start, ``release`` once the last connected host disconnected), the
-   run's callback handlers are added, every host's data is checked (``check``; an input
-   error ends the run as one: ``inputerror``), and the State is marked checked
-   (``is_checked``: deploy files refuse to run on a State that is not). Why: pyinfra has
-   no hook between building the inventory and connecting. Remove: only with the data
-   checks, which would then happen on the first operation, after connecting.
+   ``connect_all``, the run's spec is read (``read_spec``), the run object (``ThisRun``: the
+   spec, ``--dry``, the journal, the outcome recorder, the groups' runs, the hosts' reads)
+   is made (``begin``) and attached to the State, the run's callback handlers are added
+   (the recorder last; ``ReleaseRun`` drops the run object once the last connected host
+   disconnected), every host's data is checked (``check``; an input error ends the run as
+   one: ``inputerror``) and the check's ``Fleet`` given to the run object, which marks the
+   run checked (``is_checked``: deploy files refuse to run on a State that is not). Why:
+   pyinfra has no hook between building the inventory and connecting, and no place for a
+   deploy's own per-run data (the run object is the one per-run attribute of ours on a
+   State, ``RUN_ATTR``; ``INSTALLED_ATTR`` marks a State the integration is installed on). Remove: only with the data checks, which would then happen on the first
+   operation, after connecting.
 3. **--limit of a group name** (``select``, called before pyinfra's own ``init``): a
    multi-node group's name selects its nodes. Remove: drop ``select`` (the name must then
    be a pyinfra group).
@@ -46,7 +50,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
@@ -187,14 +191,38 @@ def install_log_filters() -> None:
 
 
 # ------------------------------------------------------------------------- the run object
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class ThisRun:
-    """The run object: what the run was asked to do (``spec``, ``core/runspec.py``) and
-    whether pyinfra runs it ``--dry``. One per run, attached to its State when it starts
-    (``PyinfraIntegration.start``); every reader of the run's modes asks it (``this_run``)."""
+    """The run object: everything of one pyinfra run that is this project's, in one place.
+    Made when the run starts (the integration's ``begin``: ``hooks.begin``), attached once
+    to its State (``PyinfraIntegration.start``), released once its last connected host
+    disconnected (``ReleaseRun``): nothing of a run outlives it, nothing of it lives in a
+    module. Every reader gets its part from it (``this_run()``, ``run_of(state)``); where
+    none is attached the lookup raises (``UsageError``: a deploy file run without the
+    project's config.py), it never makes a default.
+
+    - ``spec``: what the run was asked to do (``core/runspec.py``); ``dry``: pyinfra's
+      ``--dry``; ``read_only``: either;
+    - ``journal``: the run journal's one writer (``integration/journal.py``);
+    - ``recorder``: each host's outcome recorder, writing into that journal
+      (``integration/outcomes.py``), the run's last callback handler;
+    - ``groups``: the multi-node groups' runs (``stages/group/groupops.GroupRuns``);
+    - ``reads``: each host's fact reads of this run (``hostops/facts.HostReads``);
+    - ``fleet``: every host's checked Settings and the groups planned once
+      (``controller/routing.Fleet``), given once by the data check (``checked``), before
+      any connection; asked before that, it raises.
+    """
 
     spec: runspec.RunSpec
     dry: bool = False
+    # the parts' modules look their part up here, so their types are not imported (an
+    # import, even a type checker's, would be an import circle: tests/unit/test_imports.py)
+    journal: Any  # integration.journal.Writer
+    recorder: Any  # integration.outcomes.Recorder (a pyinfra callback handler)
+    groups: Any  # stages.group.groupops.GroupRuns
+    reads: Any  # hostops.facts.HostReads
+    #: the run's Fleet once its hosts were checked (``checked``: set once, never replaced)
+    _fleet: list = field(default_factory=list, repr=False)
 
     @property
     def read_only(self) -> bool:
@@ -202,30 +230,66 @@ class ThisRun:
         serving host's GPUs (``preflight.probe_plan``)."""
         return self.dry or self.spec.planning
 
+    @property
+    def is_checked(self) -> bool:
+        """Whether the run's hosts were checked (deploy files refuse to run before)."""
+        return bool(self._fleet)
+
+    def checked(self, fleet: Any) -> None:
+        """The run's hosts were checked: FLEET (their Settings as checked) is the run's."""
+        if self._fleet:
+            raise RuntimeError("a bug of sglang-deploy: a run's hosts were checked twice")
+        self._fleet.append(fleet)
+
+    @property
+    def fleet(self) -> Any:
+        """The run's one ``Fleet`` (each host's Settings resolved once, by the check)."""
+        if not self._fleet:
+            raise errors.UsageError(
+                what="the run's Fleet, given by the check of every host's data when the run "
+                     "starts (before any connection)",
+                found="it was asked for before that check ended: nothing of the hosts' data "
+                      "is known yet",
+                fix="read the Fleet in a stage or an operation (after the check), or, where "
+                    "a run object is made by hand, give it its Fleet (``ThisRun.checked``)")
+        return self._fleet[0]
+
 
 #: the attribute of a State that holds its run object (``ThisRun``)
 RUN_ATTR = "_sglang_deploy_run"
 
 
 def attach_run(state, run: ThisRun) -> ThisRun:
-    """Give STATE its run object (once a run: the integration does, when the run starts)."""
+    """Give STATE its run object (once a run: the integration does, when the run starts);
+    a State that holds one already is a bug (its run is not over: ``release_run``)."""
+    if getattr(state, RUN_ATTR, None) is not None:
+        raise RuntimeError("a bug of sglang-deploy: a second run object for a pyinfra State "
+                           "whose run object was not released")
     setattr(state, RUN_ATTR, run)
     return run
 
 
+def release_run(state) -> None:
+    """Drop STATE's run object (once its run ended: what it wrote stays in its files)."""
+    if hasattr(state, RUN_ATTR):
+        delattr(state, RUN_ATTR)
+
+
 def run_of(state) -> ThisRun:
     """STATE's run object; raises ``UsageError`` where there is none (a State that did not
-    start through this project's config.py: nothing of the run is known, nothing is
-    guessed)."""
+    start through this project's config.py, or whose run ended: nothing of the run is
+    known, nothing is guessed)."""
     run = getattr(state, RUN_ATTR, None)
     if run is None:
         raise errors.UsageError(
             what="a pyinfra run started with this project's config.py (its run object: the "
-                 "run's spec, attached when pyinfra's State starts)",
+                 "run's spec, journal, outcome recorder, Fleet, groups and reads, attached "
+                 "when pyinfra's State starts)",
             found="no run object on this pyinfra State: its run was not started by the "
-                  "project's hooks (``hooks.install``)",
-            fix="run pyinfra from the project folder (it loads ./config.py), or attach the run "
-                "object first (``integration.attach_run``) where a State is made by hand")
+                  "project's hooks (``hooks.install``), or it has ended",
+            fix="run pyinfra from the project folder (it loads ./config.py); where a State is "
+                "made by hand, attach its run object first "
+                "(``integration.attach_run(state, hooks.new_run(spec))``)")
     return run
 
 
@@ -266,41 +330,26 @@ def read_spec(inventory) -> runspec.RunSpec:
     return runspec.from_json(text, where)
 
 
-# ------------------------------------------------------------------------- per-run objects
+# ------------------------------------------------------------------------- the run's start
 @dataclass(frozen=True)
 class RunStart:
-    """What a per-run setup gets: the run's State and inventory, the hosts selected (None:
-    all), pyinfra's folder, whether the run is ``--dry``, each host's Settings as checked
-    (host name -> Settings; None before the check) and the run's spec (``read_spec``)."""
+    """What the run's start gets: its State and inventory, the hosts selected (None: all),
+    pyinfra's folder, whether the run is ``--dry`` and the run's spec (``read_spec``)."""
 
     state: Any
     inventory: Any
     initial_limit: Any
     cwd: str | None
     dry: bool
-    settings: dict | None = None
     spec: runspec.RunSpec = field(default_factory=runspec.RunSpec)
 
 
-@dataclass(frozen=True)
-class PerRun:
-    """One per-run object of a pyinfra run. ``attach(run)`` makes it and puts it on
-    ``run.state`` when the run starts (after every host's data was checked when ``checked``,
-    with ``run.settings``; before, without); it returns a pyinfra callback handler to add to
-    the run, or None. ``release(state)``, if any, drops it once the run's last connected host
-    disconnected (``ReleasePerRun``): nothing of a run outlives it."""
+class ReleaseRun(BaseStateCallback):
+    """Drops the run object from its State (``release_run``) once the run's last connected
+    host disconnects. It comes before the recorder among the handlers: the recorder keeps
+    its own journal for that last host's record."""
 
-    name: str
-    attach: Callable[[RunStart], BaseStateCallback | None]
-    release: Callable[[Any], None] | None = None
-    checked: bool = True
-
-
-class ReleasePerRun(BaseStateCallback):
-    """Each ``PerRun.release`` of the run, once its last connected host disconnects."""
-
-    def __init__(self, per_run: tuple[PerRun, ...]) -> None:
-        self.per_run = per_run
+    def __init__(self) -> None:
         self.connected: set[str] = set()
 
     def host_connect(self, state, host):  # type: ignore[override]
@@ -309,20 +358,17 @@ class ReleasePerRun(BaseStateCallback):
     def host_disconnect(self, state, host):  # type: ignore[override]
         self.connected.discard(host.name)
         if not self.connected:
-            for each in self.per_run:
-                if each.release is not None:
-                    each.release(state)
+            release_run(state)
 
 
-#: the attribute of a State whose run was checked (``is_checked``)
-CHECKED_ATTR = "_sglang_deploy_checked"
 #: the attribute of a State the integration is installed on (``install`` is idempotent)
 INSTALLED_ATTR = "_sglang_deploy_integration"
 
 
 def is_checked(state) -> bool:
-    """True once STATE's run has checked its hosts (the wrapped ``State.init``)."""
-    return bool(getattr(state, CHECKED_ATTR, False))
+    """True while STATE's run has checked its hosts (its run object says so)."""
+    run = getattr(state, RUN_ATTR, None)
+    return run is not None and run.is_checked
 
 
 def cli_params() -> dict:
@@ -341,16 +387,17 @@ def _stderr(text: str) -> None:
 # ------------------------------------------------------------------------------ the object
 @dataclass(frozen=True)
 class PyinfraIntegration:
-    """Everything done to pyinfra (the module docstring), for one project: HANDLERS makes the
-    run's callback handlers (given the ``ReleasePerRun`` to place among them and the run's
-    ``RunStart``), PER_RUN the
-    run's per-run objects, SELECT turns pyinfra's initial limit into the run's, CHECK checks
-    the run (``RunStart``) before any connection and returns each host's Settings."""
+    """Everything done to pyinfra (the module docstring), for one project: BEGIN makes the
+    run object (``ThisRun``) of a run that starts (given its ``RunStart``), HANDLERS the
+    run's callback handlers (given the ``ReleaseRun`` to place among them and the
+    ``RunStart``), SELECT turns pyinfra's initial limit into the run's, CHECK checks the run
+    (``RunStart``) before any connection and returns its ``Fleet`` (each host's Settings as
+    checked)."""
 
     handlers: Callable[[BaseStateCallback, RunStart], list]
-    per_run: tuple[PerRun, ...]
+    begin: Callable[[RunStart], ThisRun]
     select: Callable[[Any, Any], Any]
-    check: Callable[[RunStart], dict]
+    check: Callable[[RunStart], Any]
 
     def install(self, state, warn: Callable[[str], None] = _stderr) -> None:
         """Install everything on STATE (before ``State.init``: config.py). Once per State;
@@ -384,25 +431,20 @@ class PyinfraIntegration:
 
         state.init = init
 
-    def start(self, run: RunStart) -> None:
-        """The run object (``ThisRun``), the run's handlers and per-run objects on its State,
-        its hosts checked (a typed input error ends the run as one, exit status 2:
-        ``inputerror``), the State marked."""
+    def start(self, start: RunStart) -> None:
+        """The run object (``begin``) attached to the run's State, the run's handlers and
+        then its recorder added, its hosts checked and the check's Fleet given to the run
+        object (a typed input error ends the run as one, exit status 2: ``inputerror``)."""
         from sglang_deploy.integration import inputerror
 
-        attach_run(run.state, ThisRun(run.spec, dry=run.dry))
-        before = [p.attach(run) for p in self.per_run if not p.checked]
-        # the handlers first: a per-run recorder comes last and sees what they noted
-        for handler in [*self.handlers(ReleasePerRun(self.per_run), run), *before]:
+        run = attach_run(start.state, self.begin(start))
+        # the handlers first: the recorder comes last and sees what they noted
+        for handler in [*self.handlers(ReleaseRun(), start), run.recorder]:
             if handler is not None:
-                run.state.add_callback_handler(handler)
+                start.state.add_callback_handler(handler)
         try:
-            run = replace(run, settings=self.check(run))
-            for each in self.per_run:
-                if each.checked and (handler := each.attach(run)) is not None:
-                    run.state.add_callback_handler(handler)
+            run.checked(self.check(start))
         except errors.SglangDeployError as exc:
             if not inputerror.is_input_error(exc):
                 raise
             raise inputerror.InputError(exc) from exc
-        setattr(run.state, CHECKED_ATTR, True)

@@ -3,14 +3,15 @@ one file (its shape: ``core/journal.py``).
 
 The command names the file in the run spec of its pyinfra subprocess (``core/runspec.py``:
 ``journal``; a run without it, by hand, writes ``.sglang-deploy/journal.json`` of its
-folder, the last such run's) and reads it back with ``read`` once the run ended. In the pyinfra process the
-hooks attach one ``Writer`` to the run's State when it starts (``attach``, through
-``outcomes.attach``) and the outcome recorder releases it after the last host
-(``release``); each writer of a part (``outcomes``: the outcome records, ``plan``: the plan
-and pre-flight records, ``reports.emit``: the verification summaries,
-``throughputhost.bench_host``: the bench entries) goes through ``current()``. Every write
-replaces the whole file atomically (``atomicfile``): a reader sees the journal as it was
-after one write or after the next one, never a part of one.
+folder, the last such run's) and reads it back with ``read`` once the run ended. In the
+pyinfra process the journal's one ``Writer`` is a part of the run object
+(``integration.ThisRun.journal``: made when the run starts, ``hooks.begin``, and released
+with the run object after its last host); each writer of a part (``outcomes``: the outcome
+records, ``plan``: the plan and pre-flight records, ``reports.emit``: the verification
+summaries, ``throughputhost.bench_host``: the bench entries) goes through ``current()``,
+which raises outside a run of this project. Every write replaces the whole file atomically
+(``atomicfile``): a reader sees the journal as it was after one write or after the next one,
+never a part of one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from sglang_deploy.controller import atomicfile
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core.runspec import RunSpec
+from sglang_deploy.integration.integration import this_run
 
 DEFAULT_PATH = Path(".sglang-deploy/journal.json")
 
@@ -54,39 +56,12 @@ class Writer:
         atomicfile.write(self.path, shape.text(self.lines))
 
 
-#: the attribute of a pyinfra State that holds its run's ``Writer``
-_ATTR = "sglang_deploy_journal"
+def current() -> Writer:
+    """The journal of the pyinfra run in progress (its run object's: ``integration.this_run``;
+    none attached raises ``UsageError``)."""
+    return this_run().journal
 
 
-def attach(state, path: str | os.PathLike) -> Writer:
-    """Give STATE its run's journal at PATH (the hooks do, when the run starts)."""
-    writer = Writer(path)
-    setattr(state, _ATTR, writer)
-    return writer
-
-
-def release(state) -> None:
-    """Drop STATE's journal (after the run's last host: what it wrote stays in the file)."""
-    if hasattr(state, _ATTR):
-        delattr(state, _ATTR)
-
-
-def of(state) -> Writer | None:
-    """STATE's journal, or None (no run with this project's hooks, or released)."""
-    return getattr(state, _ATTR, None)
-
-
-def current() -> Writer | None:
-    """The journal of the pyinfra run in progress (pyinfra's context state), or None."""
-    from pyinfra import state
-
-    return of(state)
-
-
-def record(host: str, part: str, value: dict) -> bool:
-    """Put HOST's PART into the run's journal; False when no journal is attached."""
-    writer = current()
-    if writer is None:
-        return False
-    writer.put(host, part, value)
-    return True
+def record(host: str, part: str, value: dict) -> None:
+    """Put HOST's PART into the journal of the run in progress (``current``)."""
+    current().put(host, part, value)

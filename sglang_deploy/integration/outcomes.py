@@ -6,8 +6,9 @@ reader sees a whole record or the previous one), beside the host's plan, verific
 The record's shape and the decision made from it are ``core/outcome.py``; the commands read
 them with ``journal.read(PATH).outcomes(HOSTS)``.
 
-Who writes, in the pyinfra process (``Recorder``, attached to the run's State with its journal
-when the run starts: ``attach``, a per-run object of ``hooks.PER_RUN``):
+Who writes, in the pyinfra process (``Recorder``, a part of the run object with its journal,
+``integration.ThisRun``, made when the run starts: ``hooks.begin``; every function here finds
+it there, and raises where no run object is attached):
 
 - a connection that fails (``host_connect_error``): ``unreachable``, with the connector's
   message; a deploy lock held by another run (``hooks.HoldDeployLock``) and a host's invalid
@@ -22,9 +23,10 @@ when the run starts: ``attach``, a per-run object of ``hooks.PER_RUN``):
 - a verification that passed (``verified``): its summary and action, kept for the end;
 - the end of the host's connection (``host_disconnect``): ``passed`` when pyinfra ran every
   operation (or, with ``--dry``, prepared every host) and the host did not fail, else
-  ``interrupted``, saying which host stopped the run. After the last host the recorder and
-  the journal are released from the State (``release``: nothing of a run outlives it; the
-  recorder keeps its own journal for the records of that last host).
+  ``interrupted``, saying which host stopped the run. After the last host the run object,
+  recorder and journal with it, is released from the State (``integration.ReleaseRun``:
+  nothing of a run outlives it; the recorder keeps its own journal for the records of that
+  last host).
 
 A record still ``running`` after the run means the process was killed there.
 """
@@ -39,8 +41,8 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core import outcome
 from sglang_deploy.core.errors import SglangDeployError
-from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.integration import journal, pyinfraerror
+from sglang_deploy.integration.integration import this_run
 
 # ------------------------------------------------------------------ in the pyinfra process
 
@@ -51,12 +53,12 @@ _PHASES = {StateStage.Setup: "connect", StateStage.Connect: "connect",
 
 class Recorder(BaseStateCallback):
     """Writes each host's record into the run's journal as the run goes (see the module's
-    text). One per run, on its State (``attach``)."""
+    text). One per run: a part of its run object (``integration.ThisRun.recorder``)."""
 
-    def __init__(self, writer: journal.Writer, dry: bool = False) -> None:
+    def __init__(self, writer: journal.Writer, dry: bool = False, state=None) -> None:
         self.journal = writer
         self.dry = dry
-        self.state = None
+        self.state = state
         self.last: dict[str, dict] = {}  # host -> the record last written
         self.stage: dict[str, str] = {}  # host -> the stage reached
         self.summary: dict[str, dict] = {}  # host -> its verification summary
@@ -176,33 +178,11 @@ def _op_name(state, op_hash: str) -> str:
     return names[0] if names else op_hash
 
 
-#: the attribute of a pyinfra State that holds its run's ``Recorder``
-_ATTR = "sglang_deploy_recorder"
-
-
-def attach(state, cwd: str | None, dry: bool, spec: RunSpec) -> Recorder:
-    """Give STATE its run's journal (``journal.journal_path``: SPEC's, else the default under
-    CWD) and the recorder writing each host's outcome there (``hooks.PER_RUN``); both are
-    released after the run's last host (``release``, by ``integration.ReleasePerRun``)."""
-    recorder = Recorder(journal.attach(state, journal.journal_path(spec, cwd)), dry=dry)
-    recorder.state = state
-    setattr(state, _ATTR, recorder)
-    return recorder
-
-
-def release(state) -> None:
-    """Drop STATE's recorder and journal (what they wrote stays in the journal's file)."""
-    if hasattr(state, _ATTR):
-        delattr(state, _ATTR)
-    journal.release(state)
-
-
-def recorder() -> Recorder | None:
-    """The recorder of the pyinfra run in progress (pyinfra's context state), or None
-    outside a run with this project's ``config.py``."""
-    from pyinfra import state
-
-    return getattr(state, _ATTR, None)
+def recorder() -> Recorder:
+    """The recorder of the pyinfra run in progress (its run object's:
+    ``integration.this_run``; none attached raises ``UsageError``: a run without this
+    project's ``config.py``)."""
+    return this_run().recorder
 
 
 def stage(name: str):
@@ -213,10 +193,8 @@ def stage(name: str):
     def decorate(function):
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
-            rec = recorder()
-            if rec is None:
-                with pyinfraerror.translated():
-                    return function(*args, **kwargs)
+            with pyinfraerror.translated():  # no run object: a pyinfra error, no traceback
+                rec = recorder()
             from pyinfra import host
 
             before = len(host.op_hash_order)
@@ -241,29 +219,21 @@ def stage(name: str):
 def note_error(host_name: str, error: BaseException | dict) -> None:
     """The error of the operation now failing on HOST_NAME (``operations.reported``): the
     host's record gets it, not just the operation's name."""
-    rec = recorder()
-    if rec is not None:
-        rec.pending[host_name] = error
+    recorder().pending[host_name] = error
 
 
 def failed(host_name: str, error: BaseException | dict, stage: str) -> None:
-    """HOST_NAME failed outside any stage (its data, its deploy lock)."""
-    rec = recorder()
-    if rec is not None:
-        rec.failed(host_name, error, stage)
+    """HOST_NAME failed outside any stage (its deploy lock, its connection)."""
+    recorder().failed(host_name, error, stage)
 
 
 def decided(host_name: str, record: dict, restarts: bool) -> None:
     """The service stage's restart decision for HOST_NAME (``core.restart.record``: its
     ``why`` and ``reasons``; RESTARTS: whether its server restarts): kept in each record the
     host gets from now on."""
-    rec = recorder()
-    if rec is not None:
-        rec.restart[host_name] = {"restart": bool(restarts), **record}
+    recorder().restart[host_name] = {"restart": bool(restarts), **record}
 
 
 def verified(summary: dict) -> None:
     """The verifier passed on ``summary["host"]``: its summary and action for the record."""
-    rec = recorder()
-    if rec is not None:
-        rec.verified(summary["host"], summary)
+    recorder().verified(summary["host"], summary)

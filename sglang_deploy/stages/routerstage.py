@@ -30,6 +30,7 @@ from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
 from sglang_deploy.hostops.facts import REMOTE, SglangHostState, read_host_state, stdin_script
 from sglang_deploy.integration import outcomes
+from sglang_deploy.integration.integration import run_of
 from sglang_deploy.stages import stages
 
 SECRETS_DIR = "/etc/smg"
@@ -54,7 +55,7 @@ def workers() -> list[str]:
     """The URLs of the inventory's serving hosts, as the router reaches them (of a
     multi-node group, rank 0 only: ``routing.router_workers``)."""
     return [routing.worker_url(n, raw)
-            for n, raw in routing.router_workers(routing.fleet_of_state(state))]
+            for n, raw in routing.router_workers(run_of(state).fleet)]
 
 
 def home(s) -> str:
@@ -93,7 +94,7 @@ def router_stage():
         servers_done(name="Router: after every server's verification", what="servers done")
     if not routing.is_router(host):
         return
-    s = routing.settings_of(host, state)
+    s = run_of(state).fleet.settings(host.name)
     release_id, version, lock_text = stages.lock_info(
         s.router_lock, "router_lock", release_of_lock, fix="run `sglang-deploy lock locks/router.in`")
     root, rel = s.router_root, f"{s.router_root}/releases/{release_id}"

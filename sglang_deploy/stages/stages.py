@@ -21,7 +21,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
-from sglang_deploy.controller import flagcache, lockfiles, routing
+from sglang_deploy.controller import flagcache, lockfiles
 from sglang_deploy.core import hostplan, modelfetch, restart, service
 from sglang_deploy.core import patch as patchmod
 from sglang_deploy.core import progress as progressmod
@@ -33,7 +33,7 @@ from sglang_deploy.hostops import operations as ops
 from sglang_deploy.hostops import releaseops
 from sglang_deploy.hostops.facts import REMOTE, patch_status, serving_poll
 from sglang_deploy.integration import outcomes, plan
-from sglang_deploy.integration.integration import this_run
+from sglang_deploy.integration.integration import run_of, this_run
 from sglang_deploy.stages import (
     allreduce,
     autotunecarry,
@@ -77,7 +77,7 @@ def put_p2p_record(hp: HostPlan) -> None:
 def preflight_stage() -> HostPlan:
     """The pre-flight of this host; returns its plan (``hostplan.plan``, from the facts read
     here and its Settings), which deploy.py hands to the next stages."""
-    settings = routing.settings_of(host, state)
+    settings = run_of(state).fleet.settings(host.name)
     release = lock_info(settings.sglang_lock)
     # one round trip: host state and GPU snapshot, run at once (read once per run: a group's
     # peers read it while they are prepared, ``groupprep``)
@@ -95,7 +95,7 @@ def preflight_stage() -> HostPlan:
     # does that server for the probe itself (``preflight.probe_plan``).
     kind = hostplan.probe_kind(settings, hs, read_only=plan.read_only())
     probe = groupprep.probe(host, settings, kind) if kind != "none" else None
-    group = routing.fleet_of_state(state).group_of(host.name) if settings.sglang_group \
+    group = run_of(state).fleet.group_of(host.name) if settings.sglang_group \
         else None
     hp = hostplan.plan(settings, release, hs, snap.gpu, probe, group=group,
                        read_only=plan.read_only())
@@ -324,11 +324,11 @@ def rollback_stage():
     """Restore the unit, secrets and release that last passed verification on this host,
     restart, and verify by that configuration's own standards. A host that already runs its
     known-good configuration and serves is only checked, never restarted."""
-    s = routing.settings_of(host, state)
+    s = run_of(state).fleet.settings(host.name)
     lay = Layout.of(s)
     hs = groupprep.rollback_hoststate(host, s)  # read once per run (a group's peers too)
     rb = service.rollback_plan(host.name, hs, s.sglang_root)
-    g = routing.fleet_of_state(state).group_of(host.name)
+    g = run_of(state).fleet.group_of(host.name)
     if rb.restart and g is None:  # before anything is put back (a group's: with its group)
         gpugate.check(host.name, s, hs, f"restart {s.sglang_service} on its known-good "
                                         "configuration")

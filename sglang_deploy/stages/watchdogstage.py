@@ -13,10 +13,10 @@ from pathlib import Path
 from pyinfra import host, state
 from pyinfra.api import operation
 
-from sglang_deploy.controller import routing
 from sglang_deploy.core import router as routermod
 from sglang_deploy.core import watchdogunit as wu
 from sglang_deploy.hostops import operations as ops
+from sglang_deploy.integration.integration import run_of
 
 PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def router_for(name: str, s) -> wu.Router | None:
         return None
     from sglang_deploy.controller import routerctl
 
-    for r in routerctl.routers_of(routing.fleet_of_state(state)):
+    for r in routerctl.routers_of(run_of(state).fleet):
         address = r.url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")
         if name in r.workers and (not routermod.is_loopback(address) or r.host == name):
             return wu.Router(url=r.url, worker_url=r.workers[name], key=r.key)

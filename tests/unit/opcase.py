@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyinfra.api.host as pyinfra_host
+import runobj
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import (
     FileDownloadCommand,
@@ -204,6 +205,7 @@ def run_case(name: str, case: dict, cwd: Path, monkeypatch) -> dict:
     inventory = Inventory((["somehost"], {}))
     state = State(inventory, Config(TEMP_DIR="/tmp"))  # pyinfra's temp folder: no TmpDir
     state.cwd = str(cwd)
+    runobj.start(state, cwd=cwd)  # the run object: the run's reads, its outcome recorder
     host = inventory.get_host("somehost")
     for rel, text in (case.get("local_files") or {}).items():  # files on the controller
         (cwd / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -210,8 +210,8 @@ INTERNALS = (
         "pyinfra's -v and -vv settings",
         ("Host.state", "State.print_input", "State.print_noop_info"),
         "a command run on the host's turn is shown with -vv as pyinfra shows its own "
-        "(print_input), a restart's reasons with -v (print_noop_info); the host-state read is "
-        "kept per run (the Host's State, facts.read_host_state)",
+        "(print_input), a restart's reasons with -v (print_noop_info); a host's reads are "
+        "kept in the run object of the Host's State (facts.read_host_state)",
         _has("pyinfra.api.state.State", "print_input", "print_noop_info", instance=True),
         "print unconditionally, or not at all"),
     Internal(
@@ -320,15 +320,15 @@ INTERNALS = (
                for c in ("ctx_config", "ctx_host", "ctx_inventory", "ctx_state"))),
         "read the serving fleet in a subprocess (`sglang-deploy` prints its routers as JSON)"),
     Internal(
-        "our own attributes on pyinfra's State and Host",
+        "our own attributes on pyinfra's State",
         tuple(f"own attribute {name}" for name in (
-            "_sglang_deploy_checked", "_sglang_deploy_integration", "_sglang_deploy_run",
-            "_sglang_deploy_host_state_reads", "sglang_deploy_fleet", "sglang_deploy_group_runs",
-            "sglang_deploy_journal", "sglang_deploy_recorder")),
-        "the run's per-run objects live as long as its State (a Host's host-state read as long "
-        "as the Host); pyinfra has no place for a deploy's own per-run data",
+            "_sglang_deploy_integration", "_sglang_deploy_run")),
+        "the run object (integration.ThisRun: the run's spec, journal, outcome recorder, "
+        "Fleet, groups and reads) lives as long as its run, on its State, attached once and "
+        "released at the end; the integration marks a State it is installed on; pyinfra has "
+        "no place for a deploy's own per-run data",
         lambda: _own_attributes_fit(),
-        "one per-run object attached once (issue 39, item 2)"),
+        "keep the run object in a context variable set by the wrapped State.init"),
     Internal(
         "pyinfra's log lines the log filters rewrite (integration/integration.py)",
         (),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyinfra.api.host as pyinfra_host
+import runobj
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import (
     FileDownloadCommand,
@@ -354,19 +355,16 @@ def _error(exc: BaseException) -> str:
 def start_run(state, inventory, dry: bool, spec=None) -> None:
     """What the hooks do to a run's STATE when it starts (``hooks.install``'s ``init``), but
     connecting and the controller's own checks of the data (lock files on disk, the locked
-    sglang's flags): the run object (SPEC, the run's spec, and DRY), the groups' shared
-    results, each host's Settings resolved once, and every host connected as pyinfra leaves
-    it (a group's node reads its peers' facts); no run journal (``hooks.PER_RUN``'s
-    "journal"), so no outcome records. The one place to follow when the hooks change."""
+    sglang's flags): the run object (``hooks.new_run``: SPEC, the run's spec, and DRY; its
+    journal in the case's folder, ``state.cwd``), each host's Settings resolved once (its
+    Fleet, as the check gives it), and every host connected as pyinfra leaves it (a group's
+    node reads its peers' facts). The one place to follow when the hooks change."""
     from sglang_deploy.controller import routing
-    from sglang_deploy.core.runspec import RunSpec
-    from sglang_deploy.integration import integration
-    from sglang_deploy.stages.group import groupops
 
-    integration.attach_run(state, integration.ThisRun(spec or RunSpec(), dry=dry))
-    groupops.attach(state)
     fleet = routing.fleet_of(inventory)  # the run's one Fleet (``hooks.check_run``)
-    routing.remember(state, {h.name: fleet.settings(h.name) for h in inventory})
+    for h in inventory:
+        fleet.settings(h.name)
+    runobj.start(state, spec, dry=dry, fleet=fleet, cwd=state.cwd)
     for h in inventory:  # as pyinfra's connect_all leaves them (their facts: answered here)
         h.connected = True
 
@@ -397,11 +395,8 @@ def run_case(case: dict, cwd: Path, monkeypatch) -> dict:
     """Prepare CASE's hosts with the real deploy.py (or its ``deploy_file``) in CWD (a scratch folder: the
     controller's caches go there); returns, per host, the facts read and the operations."""
     from sglang_deploy.controller import flagcache
-    from sglang_deploy.integration import hooks
 
     _environment(case, monkeypatch)
-    # the deploy file's guard: the run starts below as the hooks start it (``start_run``)
-    monkeypatch.setattr(hooks, "require_checked", lambda deploy_file: None)
     monkeypatch.setattr(flagcache, "_MEMORY", {}, raising=False)  # only this case's cache
     (cwd / "locks").symlink_to(REPO / "locks")
     for name, spec in (case.get("lock_files") or {}).items():  # a case's own lock files

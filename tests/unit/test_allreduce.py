@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import runobj
 
 from sglang_deploy.core import allreduce, data, group, service
 from sglang_deploy.core.errors import DataError, PreflightError
@@ -477,7 +478,7 @@ def test_a_groups_node_starts_the_tool_in_one_operation_and_collects_its_result_
     background on every node, then each node waits for its own output on its own host."""
     import subprocess
 
-    monkeypatch.setattr(shell, "state", SimpleNamespace())
+    monkeypatch.setattr(shell, "state", runobj.bare_state())  # the run object: its groups
     when = lambda: True
     meta, calls, fake = added(json.dumps({**GOOD, "world_size": 16}) + "\nallreduce-exit=0",
                               group_=GROUP, when=when)

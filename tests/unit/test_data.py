@@ -163,10 +163,13 @@ def test_settings_is_a_frozen_dataclass_with_one_typed_field_per_key_and_the_tab
 def test_the_stages_read_the_settings_the_validation_resolved_not_a_second_resolve(monkeypatch):
     from types import SimpleNamespace as NS
 
+    import runobj
+
     from sglang_deploy.controller import routing
+    from sglang_deploy.integration import integration
 
     resolved = {"h1": resolve(sglang_port=31000)}
     state = NS(inventory=None)
-    routing.remember(state, resolved)
+    runobj.start(state, fleet=routing.fleet_of(None, resolved))  # as the check gives it
     monkeypatch.setattr(data, "resolve", lambda *a, **k: pytest.fail("resolved a second time"))
-    assert routing.settings_of(NS(name="h1"), state) is resolved["h1"]
+    assert integration.run_of(state).fleet.settings("h1") is resolved["h1"]

@@ -11,6 +11,7 @@ import collections
 import copy
 
 import pytest
+import runobj
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
@@ -24,7 +25,6 @@ from sglang_deploy.core.restart import Facts as NodeFacts
 from sglang_deploy.core.restart import Wanted
 from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.core.service import Layout
-from sglang_deploy.hostops import facts as facts_mod
 from sglang_deploy.hostops.facts import Snapshot
 from sglang_deploy.integration import integration, plan
 from sglang_deploy.stages import stages, staging
@@ -110,10 +110,8 @@ def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
     inventory = Inventory(([("n0", dict(DATA)), ("n1", {**DATA, "ssh_hostname": "10.0.0.11"})],
                            {}))
     state = State(inventory, Config())
-    integration.attach_run(state, integration.ThisRun(RunSpec()))  # a deploy
     fleet = routing.fleet_of(inventory)
-    routing.attach(state, fleet)
-    groupops.attach(state)
+    runobj.start(state, RunSpec(), fleet=fleet)  # a deploy
     for h in inventory:
         state.activate_host(h)
         h.connected = True
@@ -132,11 +130,8 @@ def _state(monkeypatch, changed: str | None) -> tuple[State, Facts]:
             states[h.name]["secrets_sha256"] = restart.sha256_text(wanted.secrets_text)
     if changed is not None:
         states[changed]["secrets_sha256"] = "s-old"
-    groupops.release(state)
-    groupops.attach(state)
-    for h in inventory:  # a new run's reads (``facts.read_host_state`` keeps them per run)
-        if hasattr(h, facts_mod._READS):
-            delattr(h, facts_mod._READS)
+    integration.release_run(state)  # a new run: its own groups' runs and reads
+    runobj.start(state, RunSpec(), fleet=fleet)
     facts.reads.clear()
     return state, facts
 
@@ -145,7 +140,7 @@ def _plan(state, name: str) -> hostplan.HostPlan:
     """NAME's plan as its pre-flight and runtime stages hand it to the service stage
     (``hostplan.plan`` from its facts: it serves the invocation it was verified with, so no
     probe was read; the patch already applied)."""
-    fleet = routing.fleet_of_state(state)
+    fleet = integration.run_of(state).fleet
     s = fleet.settings(name)
     snap = groupprep.snapshot(state.inventory.get_host(name), s, RELEASE[0])
     return hostplan.plan(s, RELEASE, snap.state, snap.gpu, None, group=fleet.group_of(name),
@@ -268,7 +263,7 @@ def test_each_nodes_view_is_computed_once_in_the_whole_preparation(monkeypatch, 
     # host's
     assert views == {("view", "n0"): 1, ("view", "n1"): 1, "gpu health": 2 + 1}
     assert any("Stop sglang: group g1 restarts as one" in name for name, _ in ops["n0"])
-    g = routing.fleet_of_state(state).group("g1")
+    g = integration.run_of(state).fleet.group("g1")
     prepared = groupops.run_of(state, g).decision.get(lambda: pytest.fail("made again"))
     assert prepared.decision.texts() == ["n1: secrets"] and prepared.fatal == ()
 
@@ -296,7 +291,7 @@ def test_a_peer_that_is_not_connected_fails_the_node_with_the_fix(monkeypatch):
     state.inventory.get_host("n1").connected = False
     with ctx_state.use(state), ctx_host.use(state.inventory.get_host("n0")), \
             pytest.raises(GroupPreflightError, match="n1 is not connected") as exc:
-        groupprep.decide(state, routing.fleet_of_state(state).group("g1"), RELEASE)
+        groupprep.decide(state, integration.run_of(state).fleet.group("g1"), RELEASE)
     assert "--exclude" in exc.value.fix
 
 
@@ -304,7 +299,7 @@ def test_the_groups_decision_is_made_once_per_run(monkeypatch):
     """The first node prepared decides for the group; the second gets that very decision,
     no node's facts read again."""
     state, facts = _state(monkeypatch, changed="n1")
-    g = routing.fleet_of_state(state).group("g1")
+    g = integration.run_of(state).fleet.group("g1")
     made = []
     for name in ("n1", "n0"):
         with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
@@ -331,7 +326,7 @@ def test_a_rollback_decides_the_same_on_every_node_from_every_nodes_state(monkey
         return HostState.from_json(copy.deepcopy(hs[self.name]))
 
     monkeypatch.setattr(Host, "get_fact", get_fact)
-    g = routing.fleet_of_state(state).group("g1")
+    g = integration.run_of(state).fleet.group("g1")
     decisions = []
     for name in ("n1", "n0"):
         with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):

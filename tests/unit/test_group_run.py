@@ -1,7 +1,7 @@
 """A multi-node group in one pyinfra run, whatever the pool size and the order of its nodes:
 every node prepares the same operations, the group's decision is the same on every node,
 the pre-flight and the verification as one never wait for another host's operation and
-judge the same whatever order the nodes run in, the run's shared results live on its State
+judge the same whatever order the nodes run in, the run's shared results live in its run object
 (released at the end), and the modes that split a group are refused before connecting."""
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+import runobj
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 from test_pyinfra_guards import NOWHERE, pyinfra
 
 from sglang_deploy.core import group
 from sglang_deploy.core import restart as restart_mod
-from sglang_deploy.core.errors import GroupPreflightError, VerifyError
+from sglang_deploy.core.errors import GroupPreflightError, UsageError, VerifyError
 from sglang_deploy.core.hoststate import HostState
-from sglang_deploy.integration import hooks
+from sglang_deploy.integration import hooks, integration
 from sglang_deploy.stages.group import groupops, groupstage
 
 G = group.Group("g1", (group.Node("n0", 0), group.Node("n1", 1)), "10.0.0.10", 50000)
@@ -37,7 +38,7 @@ def _prepare(order: list[str], restart: bool) -> tuple[State, dict]:
     in order."""
     inventory = Inventory(([("n0", {}), ("n1", {})], {}))
     state = State(inventory, Config())
-    groupops.attach(state)
+    runobj.start(state)
     unit = (restart_mod.Reason("unit", "unit changed"),) if restart else ()
     decision = restart_mod.GroupDecision(
         ("n0", "n1"), {"n0": restart_mod.Decision(), "n1": restart_mod.Decision(reasons=unit)},
@@ -80,8 +81,10 @@ def test_the_same_state_is_one_run_and_a_new_state_a_new_one():
     b, _ = _prepare(["n0", "n1"], restart=True)
     assert groupops.run_of(a, G) is groupops.run_of(a, G)
     assert groupops.run_of(a, G) is not groupops.run_of(b, G)
-    groupops.release(a)
-    assert not hasattr(a, groupops._ATTR)
+    assert integration.run_of(a).groups.of(G) is groupops.run_of(a, G)  # the run object's
+    integration.release_run(a)
+    with pytest.raises(UsageError):  # the run ended: its groups' runs with it
+        groupops.run_of(a, G)
 
 
 class FakeHost:

@@ -10,6 +10,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+import runobj
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import Directory, File
 
@@ -130,7 +131,7 @@ class FakeHost:
 
 def _snapshot_host(answers: dict | None = None):
     hs = HostState.from_json(raw("deployed"))
-    return FakeHost(object(), {HostSnapshot: Snapshot(state=hs, gpu={}, output=""),
+    return FakeHost(runobj.bare_state(), {HostSnapshot: Snapshot(state=hs, gpu={}, output=""),
                                SglangHostState: hs, **(answers or {})}), hs
 
 
@@ -146,7 +147,7 @@ def test_the_host_state_is_read_once_per_run_and_kept_for_the_operations():
     assert facts.service_state(fake, "sglang") == hs.service
     assert facts.host_state(fake, "/opt/sglang") is hs
     assert len(fake.asked) == 1
-    fake.state = object()  # a new pyinfra run: nothing kept from the last one
+    fake.state = runobj.bare_state()  # a new pyinfra run: nothing kept from the last one
     fake.answers[PathStatus] = None
     assert facts.path_state(fake, "/opt/sglang") is None  # its own read now
     assert fake.asked[-1] == ("PathStatus", "/opt/sglang")

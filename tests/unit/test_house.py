@@ -172,8 +172,8 @@ def test_the_map_check_sees_a_stale_name():
 
 #: The module-level state the package keeps (module, name): caches only, each of something
 #: that never changes within a process (and said to be a cache where it is defined). Per-run
-#: state goes on the run's pyinfra State (``integration.PerRun``), an explicit parameter or
-#: the command's environment (``runner.VERBOSITY_ENV``), never into a module.
+#: state goes in the run object on its pyinfra State (``integration.ThisRun``), an explicit
+#: parameter or the command's environment (``runner.VERBOSITY_ENV``), never into a module.
 CACHES = {
     ("sglang_deploy.controller.flagcache", "_MEMORY"):
         "parsed server_args.py specs by sha256: a release's file never changes",

@@ -1,5 +1,5 @@
 """The one object that does everything done to pyinfra (integration/integration.py): checked against
-the pinned pyinfra, loud when pyinfra changes under it, idempotent, and the per-run objects
+the pinned pyinfra, loud when pyinfra changes under it, idempotent, and the run object
 it attaches to a run's State and releases at its end."""
 
 from __future__ import annotations
@@ -17,13 +17,17 @@ import pyinfra
 import pyinfra_internals
 import pyinfrascan
 import pytest
+import runobj
 from pyinfra import logger
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.state import BaseStateCallback
+from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_state
 
-from sglang_deploy.integration import hooks, integration
-from sglang_deploy.integration.integration import PerRun, PyinfraIntegration, RunStart
+from sglang_deploy.controller import routing
+from sglang_deploy.core.errors import UsageError
+from sglang_deploy.core.runspec import DATA_KEY
+from sglang_deploy.integration import hooks, integration, journal, outcomes
+from sglang_deploy.integration.integration import PyinfraIntegration, RunStart
 from sglang_deploy.integration.pyinfraerror import ToolError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,49 +123,62 @@ def test_install_is_idempotent():
     assert gevent.get_hub().NOT_ERROR.count(ToolError) == 1
 
 
-# ------------------------------------------------------------------ per-run objects
+# ------------------------------------------------------------------ the run object
 class Seen(BaseStateCallback):
     pass
 
 
-def recording(seen: list) -> PyinfraIntegration:
-    def attach(name: str, handler=None):
-        def do(run: RunStart):
-            seen.append((name, run.settings, run.dry))
-            setattr(run.state, name, True)
-            return handler
-        return do
+def recording(seen: list, check=None) -> PyinfraIntegration:
+    """An integration whose begin and check say when they ran (into SEEN)."""
 
-    per_run = (PerRun("early", attach("early", Seen()), checked=False),
-               PerRun("late", attach("late"), release=lambda state: seen.append(("released",))))
-    return PyinfraIntegration(handlers=lambda release, run: [release], per_run=per_run,
-                              select=lambda inventory, limit: limit,
-                              check=lambda run: {h.name: f"settings of {h.name}"
-                                                 for h in run.inventory})
+    def begin(start: RunStart) -> integration.ThisRun:
+        seen.append(("begin", start.spec.journal, start.dry))
+        return hooks.new_run(start.spec, dry=start.dry, cwd=start.cwd, state=start.state)
+
+    def fleet(start: RunStart):
+        seen.append(("check", integration.run_of(start.state).is_checked))
+        return routing.fleet_of(start.inventory, {})
+
+    return PyinfraIntegration(handlers=lambda release, start: [release, Seen()], begin=begin,
+                              select=lambda inventory, limit: limit, check=check or fleet)
 
 
-def test_per_run_objects_are_attached_at_init_and_released_with_the_last_host():
+def _inventory(tmp_path, hosts=("h1", "h2")) -> Inventory:
+    """HOSTS, their run's journal in TMP_PATH (the spec given by hand, as JSON)."""
+    return Inventory((list(hosts), {}),
+                     override_data={DATA_KEY: {"journal": str(tmp_path / "j.json")}})
+
+
+def test_the_run_object_is_attached_once_at_init_checked_and_released_with_the_last_host(
+        tmp_path):
     seen: list = []
     state = State()
     recording(seen).install(state)
     assert not integration.is_checked(state)
-    inventory = Inventory((["h1", "h2"], {}))
+    inventory = _inventory(tmp_path)
     state.init(inventory, Config())
-    assert seen == [("early", None, False),
-                    ("late", {"h1": "settings of h1", "h2": "settings of h2"}, False)]
-    assert state.early and state.late and integration.is_checked(state)
-    kinds = [type(h) for h in state.callback_handlers]
-    assert kinds[-2:] == [integration.ReleasePerRun, Seen]  # the handlers, then the per-run one
+    run = integration.run_of(state)
+    assert seen == [("begin", str(tmp_path / "j.json"), False), ("check", False)]
+    assert run.is_checked and integration.is_checked(state)
+    assert run.fleet.inventory is inventory
+    kinds = [type(h) for h in state.callback_handlers]  # the handlers, then the recorder
+    assert kinds[-3:] == [integration.ReleaseRun, Seen, outcomes.Recorder]
+    assert state.callback_handlers[-1] is run.recorder
     h1, h2 = inventory.get_host("h1"), inventory.get_host("h2")
     for host in (h1, h2):
         state.trigger_callbacks("host_connect", host)
+    state.current_stage = StateStage.Disconnect  # the run ended: pyinfra disconnects
     state.trigger_callbacks("host_disconnect", h1)
-    assert ("released",) not in seen
+    assert integration.run_of(state) is run  # h2 is still connected
     state.trigger_callbacks("host_disconnect", h2)
-    assert seen[-1] == ("released",)
+    assert not integration.is_checked(state)
+    with pytest.raises(UsageError):  # released: nothing of the run outlives it
+        integration.run_of(state)
+    # the recorder kept its own journal for the last host's record
+    assert journal.read(tmp_path / "j.json").outcome("h2").kind == "passed"
 
 
-def test_a_failed_check_leaves_the_state_unchecked_and_is_an_input_error():
+def test_a_failed_check_leaves_the_run_unchecked_and_is_an_input_error(tmp_path):
     from sglang_deploy.core.errors import DataError
     from sglang_deploy.integration.inputerror import InputError
 
@@ -169,24 +186,28 @@ def test_a_failed_check_leaves_the_state_unchecked_and_is_an_input_error():
         raise DataError(key="k", what="a good key", found="a bad one", fix="fix it")
 
     seen: list = []
-    base = recording(seen)
     state = State()
-    PyinfraIntegration(base.handlers, base.per_run, base.select, refuse).install(state)
+    recording(seen, check=refuse).install(state)
     with pytest.raises(InputError):
-        state.init(Inventory((["h1"], {})), Config())
-    assert [s[0] for s in seen] == ["early"]  # never the objects that need the check
-    assert not integration.is_checked(state)
+        state.init(_inventory(tmp_path, ["h1"]), Config())
+    assert [s[0] for s in seen] == ["begin"]
+    assert not integration.is_checked(state) and not integration.run_of(state).is_checked
+    with pytest.raises(UsageError) as exc:  # its Fleet is the check's: none was given
+        integration.run_of(state).fleet  # noqa: B018
+    assert "before that check ended" in exc.value.found
 
 
-def test_a_deploy_file_runs_only_on_a_checked_state():
-    state = State()
+def test_a_deploy_file_runs_only_on_a_checked_run(tmp_path):
+    state = State(Inventory((["h1"], {})), Config())
     with ctx_state.use(state):
-        with pytest.raises(ToolError) as err:
-            hooks.require_checked(str(REPO / "deploy.py"))
-        assert "config.py was not loaded" in str(err.value)
-        setattr(state, integration.CHECKED_ATTR, True)
+        for attach in (lambda: None,  # no run object
+                       lambda: runobj.start(state, checked=False, cwd=tmp_path)):
+            attach()
+            with pytest.raises(ToolError) as err:
+                hooks.require_checked(str(REPO / "deploy.py"))
+            assert "config.py was not loaded" in str(err.value)
+        integration.run_of(state).checked(routing.fleet_of(state.inventory))
         hooks.require_checked(str(REPO / "deploy.py"))
-
 
 
 # ------------------------------------------------------------------ pyinfra's internals, listed

@@ -1,5 +1,5 @@
 """The run journal (core/journal.py, integration/journal.py): one file per pyinfra run, one writer
-attached to the run's State, written atomically (controller/atomicfile.py), read by the commands
+in the run object on the run's State, written atomically (controller/atomicfile.py), read by the commands
 through one reader."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import runobj
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_state
 
@@ -18,9 +19,9 @@ import sglang_deploy
 from sglang_deploy.controller import atomicfile
 from sglang_deploy.core import journal as shape
 from sglang_deploy.core import outcome
-from sglang_deploy.core.errors import DataError
+from sglang_deploy.core.errors import DataError, UsageError
 from sglang_deploy.core.runspec import RunSpec
-from sglang_deploy.integration import journal, outcomes
+from sglang_deploy.integration import integration, journal, outcomes
 
 SUMMARY = {"host": "h1", "action": "restarted", "release": "r1", "time_to_ready_s": 41.5}
 
@@ -141,50 +142,59 @@ def fake_state():
     return SimpleNamespace(failed_hosts=set(), current_stage=StateStage.Disconnect, ops={})
 
 
-def test_each_run_has_its_own_journal_on_its_state(tmp_path):
-    """Nothing module-level: two States, each with its journal; what a run's code records goes
-    to the journal of the State in pyinfra's context."""
-    a = fake_state()
-    outcomes.attach(a, str(tmp_path), dry=False, spec=RunSpec(journal=str(tmp_path / "a.json")))
-    b = fake_state()
-    outcomes.attach(b, str(tmp_path), dry=True, spec=RunSpec(journal=str(tmp_path / "b.json")))
+def test_each_run_has_its_own_journal_in_its_run_object(tmp_path):
+    """Nothing module-level: two States, each with its run object and journal; what a run's
+    code records goes to the journal of the State in pyinfra's context."""
+    a, b = fake_state(), fake_state()
+    runobj.start(a, RunSpec(journal=str(tmp_path / "a.json")), checked=False)
+    runobj.start(b, RunSpec(journal=str(tmp_path / "b.json")), dry=True, checked=False)
     with ctx_state.use(a):
+        assert journal.current() is integration.run_of(a).journal
+        assert outcomes.recorder() is integration.run_of(a).recorder
         outcomes.failed("h1", DataError(key="k", what="a number", found="x", fix="y"), "data")
-        assert journal.record("h1", shape.REPORT, SUMMARY)
+        journal.record("h1", shape.REPORT, SUMMARY)
     with ctx_state.use(b):
         outcomes.note_error("h1", {"type": "ConnectionLost", "message": "gone"})
     assert journal.read(tmp_path / "a.json").outcome("h1").error_type() == "DataError"
     assert journal.read(tmp_path / "a.json").report("h1") == SUMMARY
     assert not (tmp_path / "b.json").exists()
-    assert outcomes.recorder() is None and journal.current() is None  # no run in context
-    assert journal.record("h1", shape.REPORT, SUMMARY) is False
+
+
+def test_without_a_run_object_nothing_is_recorded_and_the_lookup_raises_with_the_fix():
+    """No run in pyinfra's context (a deploy file run without config.py): every writer of the
+    journal raises the run object's ``UsageError``, none writes anywhere by default."""
+    with ctx_state.use(fake_state()):
+        for write in (journal.current, outcomes.recorder,
+                      lambda: journal.record("h1", shape.REPORT, SUMMARY),
+                      lambda: outcomes.failed("h1", RuntimeError("x"), "verify"),
+                      lambda: outcomes.note_error("h1", RuntimeError("x")),
+                      lambda: outcomes.decided("h1", {"why": "x"}, True),
+                      lambda: outcomes.verified(SUMMARY)):
+            with pytest.raises(UsageError) as exc:
+                write()
+            assert "no run object" in exc.value.found and "config.py" in exc.value.fix
 
 
 def test_the_journal_is_released_after_the_last_host_and_the_last_record_still_kept(tmp_path):
-    """The journal is a per-run object of the hooks (``hooks.PER_RUN``): attached when the run
-    starts, released with the last connected host (``integration.ReleasePerRun``, a handler
+    """The journal is a part of the run object: attached when the run starts, released with
+    it when the last connected host disconnects (``integration.ReleaseRun``, a handler
     before the recorder), whose final record the recorder still writes."""
-    from sglang_deploy.integration import hooks
-    from sglang_deploy.integration.integration import ReleasePerRun, RunStart
+    from sglang_deploy.integration.integration import ReleaseRun
 
     state = fake_state()
-    per_run = next(p for p in hooks.PER_RUN if p.name == "journal")
-    rec = per_run.attach(RunStart(state, None, None, str(tmp_path), dry=False,
-                                  spec=RunSpec(journal=str(tmp_path / "j.json"))))
-    assert journal.of(state) is rec.journal and not per_run.checked
-    release = ReleasePerRun((per_run,))
+    run = runobj.start(state, RunSpec(journal=str(tmp_path / "j.json")), checked=False)
+    rec = run.recorder
+    release = ReleaseRun()
     h1, h2 = Host("h1"), Host("h2")
     for handler in (release, rec):  # pyinfra calls the handlers in the order they were added
         handler.host_connect(state, h1)
         handler.host_connect(state, h2)
     for handler in (release, rec):
         handler.host_disconnect(state, h1)
-    assert journal.of(state) is rec.journal  # h2 is still connected
+    assert integration.run_of(state).journal is rec.journal  # h2 is still connected
     for handler in (release, rec):
         handler.host_disconnect(state, h2)
-    assert journal.of(state) is None and outcomes.recorder() is None
-    with ctx_state.use(state):  # released: nothing more is recorded for this run
-        assert outcomes.recorder() is None
+    with ctx_state.use(state), pytest.raises(UsageError):  # released: nothing more recorded
         outcomes.failed("h1", RuntimeError("late"), "verify")
     ran = journal.read(tmp_path / "j.json")
     assert ran.outcome("h1").kind == ran.outcome("h2").kind == "passed"

@@ -12,12 +12,13 @@ import os
 import subprocess
 
 import pytest
+import runobj
 import stagecase
 
 from sglang_deploy.core.hoststate import HostState, PathState, ServiceState
-from sglang_deploy.remote import hoststate as remote
 from sglang_deploy.hostops import facts
 from sglang_deploy.hostops.facts import PathStatus, ServiceStatus, SglangHostState
+from sglang_deploy.remote import hoststate as remote
 
 
 # ------------------------------------------------------------------ a no-op run's round trips
@@ -129,7 +130,8 @@ class FakeHost:
     """A Host as the run's store of reads sees it: its run, and facts answered (counted)."""
 
     def __init__(self, answers: dict) -> None:
-        self.state, self.answers, self.asked = object(), answers, []
+        self.state, self.answers, self.asked = runobj.bare_state(), answers, []
+        self.name = "h1"
 
     def get_fact(self, fact, **kwargs):
         self.asked.append(fact.__name__)

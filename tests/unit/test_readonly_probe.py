@@ -6,6 +6,7 @@ restart is an operation (``core.restart.Decision.retest``), and the plan says so
 from __future__ import annotations
 
 import pytest
+import runobj
 
 from sglang_deploy.core import preflight, restart
 from sglang_deploy.core.hostrecords import LastVerified, P2PVerified
@@ -86,13 +87,12 @@ def test_plan_read_only_in_a_plan_run_or_with_pyinfras_dry_flag(monkeypatch):
     from pyinfra.context import ctx_state
 
     from sglang_deploy.core.runspec import PLAN, RunSpec
-    from sglang_deploy.integration import integration
 
     monkeypatch.setenv("SGLANG_DEPLOY_PLAN", "1")
     for spec, dry, read_only in ((RunSpec(), False, False), (RunSpec(), True, True),
                                  (RunSpec(mode=PLAN), False, True)):
         state = State()
         with ctx_state.use(state):
-            integration.attach_run(state, integration.ThisRun(spec, dry=dry))
+            runobj.start(state, spec, dry=dry, checked=False)
             assert plan.read_only() is read_only
             assert plan.planning() is spec.planning

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import pytest
+import runobj
 from pyinfra.api import State
 from pyinfra.context import ctx_state
 
@@ -15,6 +16,7 @@ from sglang_deploy.commands import status
 from sglang_deploy.core import outcome, restart
 from sglang_deploy.core.hoststate import HostState
 from sglang_deploy.core.restart import Facts, Wanted
+from sglang_deploy.core.runspec import RunSpec
 from sglang_deploy.integration import journal, outcomes, plan
 
 OLD, NEW = "d5e0ed013b590921", "7a1c0c9a23b2d611"
@@ -154,9 +156,8 @@ def test_the_outcome_record_carries_the_decision(tmp_path):
     """The service stage's decision (``outcomes.decided``) is in every record the host gets
     from then on, and the commands read it back (``HostOutcome.restart``)."""
     path = tmp_path / "journal.json"
-    rec = outcomes.Recorder(journal.Writer(path))
     state = State()
-    setattr(state, outcomes._ATTR, rec)
+    rec = runobj.start(state, RunSpec(journal=str(path)), checked=False).recorder
     with ctx_state.use(state):
         rec.enter("fx1", "service")
         assert journal.read(path).outcome("fx1").restart is None

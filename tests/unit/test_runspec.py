@@ -132,8 +132,13 @@ def test_a_run_without_a_spec_gets_the_default_one(fake_pyinfra, tmp_path, monke
 
 # ------------------------------------------------------------------ read once, at State.init
 def bare_integration() -> PyinfraIntegration:
-    return PyinfraIntegration(handlers=lambda release, run: [release], per_run=(),
-                              select=lambda inventory, limit: limit, check=lambda run: {})
+    """The integration with this project's run object (``hooks.begin``), no data check."""
+    from sglang_deploy.controller import routing
+    from sglang_deploy.integration import hooks
+
+    return PyinfraIntegration(handlers=lambda release, run: [release], begin=hooks.begin,
+                              select=lambda inventory, limit: limit,
+                              check=lambda run: routing.fleet_of(run.inventory, {}))
 
 
 def test_the_spec_is_read_once_at_init_and_is_no_hosts_data(tmp_path):
@@ -145,7 +150,9 @@ def test_the_spec_is_read_once_at_init_and_is_no_hosts_data(tmp_path):
     inventory = Inventory((["h1", "h2"], {}), override_data={DATA_KEY: str(path), "k": 1})
     state.init(inventory, Config())
     path.unlink()  # read once: the run no longer needs the file
-    assert integration.run_of(state) == integration.ThisRun(spec, dry=False)
+    run = integration.run_of(state)
+    assert (run.spec, run.dry) == (spec, False)
+    assert run.journal.path == tmp_path / "j.json"  # the spec's journal
     with ctx_state.use(state):
         assert integration.this_run().spec.stage_only
     for host in inventory:
@@ -167,7 +174,8 @@ def test_without_the_argument_the_run_is_a_deploy_whatever_the_environment(monke
     state = State()
     bare_integration().install(state)
     state.init(Inventory((["h1"], {})), Config())
-    assert integration.run_of(state) == integration.ThisRun(RunSpec(), dry=False)
+    run = integration.run_of(state)
+    assert (run.spec, run.dry) == (RunSpec(), False)
 
 
 @pytest.mark.parametrize("value", ["missing.json", "bad.json", 7])
@@ -212,9 +220,9 @@ def test_a_plan_run_reports_every_host_and_takes_no_deploy_lock():
         config.FAIL_PERCENT = 0  # config.py's
         state.init(Inventory((["h1"], {})), config)
         run = integration.RunStart(state, state.inventory, None, None, dry=False, spec=spec)
-        next(p for p in hooks.PER_RUN if p.name == "plan mode").attach(run)
+        hooks.begin(run)
         assert state.config.FAIL_PERCENT == fail_percent
-        kinds = {type(h) for h in hooks.handlers(integration.ReleasePerRun(()), run)}
+        kinds = {type(h) for h in hooks.handlers(integration.ReleaseRun(), run)}
         assert (hooks.HoldDeployLock in kinds) is locked
 
 

@@ -13,8 +13,8 @@ run (``GroupRun.decision``, a ``Once``: made by the first node prepared, never r
 every node adds the same operations, their conditions static (``Decided``). What the nodes
 share during the run are execute-time results only, append-only (``core.group.Results``:
 each node appends its own observation, nothing replaces another's), in one ``GroupRun`` per
-group, in the ``GroupRuns`` attached to the pyinfra ``State`` (``attach``: by the hooks,
-released at the run's end). No verdict is kept: each node judges for itself, from the same
+group, in the run object's ``GroupRuns`` (``integration.ThisRun.groups``: made when the run
+starts, released at its end). No verdict is kept: each node judges for itself, from the same
 results, with the pure judges of ``core.group``:
 
 - the group pre-flight, three operations: ``rendezvous_started`` starts the rendezvous tool
@@ -50,6 +50,7 @@ from sglang_deploy.core import group as groupmod
 from sglang_deploy.core import unitstart
 from sglang_deploy.core.errors import GroupPreflightError, VerifyError
 from sglang_deploy.hostops.operations import _sh
+from sglang_deploy.integration.integration import run_of as run_object_of
 
 #: where a node's rendezvous tool writes its result (one file per run and node)
 RESULTS_DIR = "/run/sglang-deploy"
@@ -96,7 +97,8 @@ class GroupRun:
 
 
 class GroupRuns:
-    """Every group's run in one pyinfra State (``attach``), made when a node first asks."""
+    """Every group's run in one pyinfra run: a part of the run object
+    (``integration.ThisRun.groups``), a group's made when a node first asks (``of``)."""
 
     def __init__(self) -> None:
         self.runs: dict[str, GroupRun] = {}
@@ -108,32 +110,10 @@ class GroupRuns:
         return self.runs[group.name]
 
 
-#: the attribute of a pyinfra State that holds its ``GroupRuns``
-_ATTR = "sglang_deploy_group_runs"
-
-
-def attach(state) -> GroupRuns:
-    """Give STATE its own ``GroupRuns`` (the hooks do, when the run starts)."""
-    runs = GroupRuns()
-    setattr(state, _ATTR, runs)
-    return runs
-
-
-def release(state) -> None:
-    """Drop STATE's ``GroupRuns`` (the hooks do, once the run ended)."""
-    if hasattr(state, _ATTR):
-        delattr(state, _ATTR)
-
-
-def runs(state) -> GroupRuns:
-    """STATE's ``GroupRuns`` (attached when missing: a State driven through the API without
-    the hooks)."""
-    return getattr(state, _ATTR, None) or attach(state)
-
-
 def run_of(state, group: groupmod.Group) -> GroupRun:
-    """The run of GROUP in this pyinfra STATE."""
-    return runs(state).of(group)
+    """The run of GROUP in this pyinfra STATE's run (its run object's ``groups``; none
+    attached raises ``UsageError``)."""
+    return run_object_of(state).groups.of(group)
 
 
 class Decided:

@@ -13,8 +13,8 @@ pyinfra prepares them in.
 
 pyinfra 3.10 caches no fact (every ``get_fact`` is a round trip), so each fact a group's
 decision reads is read once per host in one run, whichever node asks first, through
-``facts.read_host_state`` (kept for the run on the Host, where the operations find the host
-state too); ``fact`` reads the CUDA probe and the patch status afresh once the operations
+``facts.read_host_state`` (kept for the run in the run object, where the operations find the
+host state too); ``fact`` reads the CUDA probe and the patch status afresh once the operations
 execute (a retest is never an answer kept from the preparation).
 """
 
@@ -25,7 +25,6 @@ from typing import Any
 
 from pyinfra.api.state import StateStage
 
-from sglang_deploy.controller import routing
 from sglang_deploy.core import data as datamod
 from sglang_deploy.core import gpuhealth, hostplan, nvsmi, restart, service, watchdogunit
 from sglang_deploy.core import group as groupmod
@@ -42,6 +41,7 @@ from sglang_deploy.hostops.facts import (
 )
 from sglang_deploy.hostops.facts import patch_status as patch_status_of
 from sglang_deploy.integration import plan
+from sglang_deploy.integration.integration import run_of
 from sglang_deploy.stages import gpugate, staging
 from sglang_deploy.stages.group import groupops
 
@@ -52,7 +52,7 @@ def fact(h, cls, **kwargs):
     execute, read afresh."""
     if h.state.current_stage >= StateStage.Execute:
         return h.get_fact(cls, **kwargs)
-    return read_host_state(h, cls, **kwargs)  # the run's one store of reads, on the Host
+    return read_host_state(h, cls, **kwargs)  # the run's one store of reads (its run object)
 
 
 def snapshot(h, s: datamod.Settings, release_id: str) -> Snapshot:
@@ -150,7 +150,8 @@ def decide(state, g: groupmod.Group, release: Release) -> Prepared:
     (``groupops.GroupRun.decision``), where every other node finds it."""
 
     def make() -> Prepared:
-        plans = {peer.name: node_view(peer, routing.settings_of(peer, state), g, release)
+        fleet = run_of(state).fleet
+        plans = {peer.name: node_view(peer, fleet.settings(peer.name), g, release)
                  for peer in peers(state, g)}
         order = [n for n in g.members() if n in plans]
         cards = {n: groupmod.card(n, g.rank_of(n), release[0], service.flag_map(p.settings),
@@ -179,7 +180,7 @@ def decide_rollback(state, g: groupmod.Group) -> Prepared:
     def make() -> Prepared:
         restarts, running, cards, nodes = {}, {}, {}, []
         for peer in peers(state, g):
-            s = routing.settings_of(peer, state)
+            s = run_of(state).fleet.settings(peer.name)
             hs = rollback_hoststate(peer, s)
             rb = service.rollback_plan(peer.name, hs, s.sglang_root)
             restarts[peer.name] = rb.restart
