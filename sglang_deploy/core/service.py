@@ -293,21 +293,15 @@ def rollback_plan(host_name: str, hoststate: HostState, root: str) -> RollbackPl
     """What a rollback does on a host, from its state (raises RollbackError when there is
     nothing to roll back to)."""
     kg = hoststate.releases.known_good
-    if not kg:
+    if not kg or kg.release is None:
         raise RollbackError(
             what=f"a known-good configuration on {host_name} ({root}/known-good/)",
-            found="none: this host never passed verification",
+            found="its record.json names no release" if kg
+            else "none: this host never passed verification",
             fix="nothing to roll back to: fix the cause and deploy it "
                 "(`pyinfra INVENTORY deploy.py --limit HOST`)",
             details={"reason": NO_KNOWN_GOOD})
     params, release = dict(kg.record), kg.release
-    if release is None:
-        raise RollbackError(
-            what=f"a known-good configuration on {host_name} ({root}/known-good/)",
-            found="its record.json names no release",
-            fix="nothing to roll back to: fix the cause and deploy it "
-                "(`pyinfra INVENTORY deploy.py --limit HOST`)",
-            details={"reason": NO_KNOWN_GOOD})
     if not hoststate.releases.complete(release):
         raise RollbackError(
             what=f"the known-good release {release} installed on {host_name}",
