@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from .helpers import BIN, PYINFRA, REPO, TB1, TB2, both, data_args, run_testbed
+from .helpers import BIN, REPO, TB1, TB2, both, data_args, pyinfra_deploy, run_testbed
 
 FAST = ("watchdog_interval_s=1", "watchdog_probe_timeout_s=2", "watchdog_probe_failures=2")
 DATA = ("watchdog=restart", *FAST, "gpu_p2p_min_gbps=0.05")
@@ -27,9 +27,7 @@ def grouped(testbed):
     try:
         run_testbed("up", "--hosts", "2", "--group", "2", timeout=900)
         testbed.reload()
-        r = subprocess.run([PYINFRA, "-y", str(testbed.inventory), "deploy.py", *data_args(*DATA)],
-                           cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
-                           stdin=subprocess.DEVNULL)
+        r = pyinfra_deploy(None, *data_args(*DATA), inventory=testbed.inventory)
         testbed.log.append(r)
         assert r.returncode == 0, both(r)[-4000:]
         yield testbed
